@@ -1,0 +1,59 @@
+"""Options as frozen dataclasses. They travel unchanged through every layer."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RetryConfig", "TransferConfig", "MiB"]
+
+MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """How transient store errors are retried.
+
+    ``attempts`` counts every try (1 = no retry). Backoff before try ``n`` (n >= 2) is
+    ``min(max_backoff_s, base_backoff_s * 2**(n-2))`` scaled by a random factor in
+    ``[1 - jitter, 1]``. ``deadline_s`` bounds one whole transfer (a file), retries included;
+    ``request_timeout_s`` bounds one request where the store supports it.
+    """
+
+    attempts: int = 6
+    base_backoff_s: float = 0.2
+    max_backoff_s: float = 10.0
+    jitter: float = 0.5
+    request_timeout_s: float = 60.0
+    deadline_s: float = 900.0
+
+    def __post_init__(self) -> None:
+        if self.attempts < 1:
+            raise ValueError("RetryConfig.attempts must be >= 1")
+        if not 0.0 <= self.jitter <= 1.0:
+            raise ValueError("RetryConfig.jitter must be within [0, 1]")
+        if self.deadline_s <= 0 or self.request_timeout_s <= 0:
+            raise ValueError("RetryConfig timeouts must be > 0")
+
+
+@dataclass(frozen=True)
+class TransferConfig:
+    """How the transfer engine splits and parallelises one file.
+
+    ``part_size`` is the target part size for multipart writes and ranged reads (grown
+    automatically so a file never needs more parts than the store allows).
+    ``concurrency`` is the number of parts in flight per process. ``memory_budget`` caps
+    the bytes buffered for parts not yet written (a writer blocks when it is reached).
+    ``verify_reads`` checks every range read against the manifest checksum.
+    """
+
+    part_size: int = 32 * MiB
+    concurrency: int = 8
+    memory_budget: int = 512 * MiB
+    verify_reads: bool = True
+    retry: RetryConfig = RetryConfig()
+
+    def __post_init__(self) -> None:
+        if self.part_size < 1 or self.concurrency < 1:
+            raise ValueError("TransferConfig.part_size and concurrency must be >= 1")
+        if self.memory_budget < self.part_size:
+            raise ValueError("TransferConfig.memory_budget must hold at least one part")

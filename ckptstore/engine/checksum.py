@@ -1,0 +1,90 @@
+"""Streaming CRC32C checksums (hardware-accelerated via the ``crc32c`` package).
+
+``crc32c_combine`` is written here because no well-kept Python package exposes it: it
+lets parts checksummed in parallel (or items checksummed one by one) be folded into the
+checksum of their concatenation without reading the bytes twice. It is zlib's
+``crc32_combine`` algorithm (GF(2) matrix powers), O(log n) in the length.
+"""
+
+from __future__ import annotations
+
+import crc32c as _crc32c
+
+__all__ = ["crc32c", "crc32c_combine", "format_crc", "parse_crc", "Crc32c"]
+
+_POLY = 0x82F63B78  # CRC32C (Castagnoli), reflected
+
+
+def crc32c(data: bytes | bytearray | memoryview, value: int = 0) -> int:
+    """CRC32C of ``data``, continuing from ``value`` (the CRC of the bytes before it)."""
+    return int(_crc32c.crc32c(data, value))
+
+
+def _gf2_times(mat: list[int], vec: int) -> int:
+    out = 0
+    i = 0
+    while vec:
+        if vec & 1:
+            out ^= mat[i]
+        vec >>= 1
+        i += 1
+    return out
+
+
+def _gf2_square(mat: list[int]) -> list[int]:
+    return [_gf2_times(mat, mat[n]) for n in range(32)]
+
+
+def _zero_byte_operators() -> list[list[int]]:
+    """Operators that append 2**k zero bytes to a CRC, for k = 0..63 (computed once)."""
+    op = [_POLY] + [1 << n for n in range(31)]  # one zero bit
+    for _ in range(3):  # 2, 4, 8 zero bits = one zero byte
+        op = _gf2_square(op)
+    ops = [op]
+    for _ in range(63):
+        ops.append(_gf2_square(ops[-1]))
+    return ops
+
+
+_ZERO_OPS = _zero_byte_operators()
+
+
+def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
+    """CRC32C of A+B given crc(A), crc(B) and len(B)."""
+    k = 0
+    while len2 > 0:
+        if len2 & 1:
+            crc1 = _gf2_times(_ZERO_OPS[k], crc1)
+        len2 >>= 1
+        k += 1
+    return crc1 ^ crc2
+
+
+def format_crc(value: int) -> str:
+    return f"{value:08x}"
+
+
+def parse_crc(text: str) -> int:
+    return int(text, 16)
+
+
+class Crc32c:
+    """A running CRC32C over appended pieces, which may be raw bytes or pre-computed CRCs."""
+
+    __slots__ = ("value", "length")
+
+    def __init__(self) -> None:
+        self.value = 0
+        self.length = 0
+
+    def update(self, data: bytes | bytearray | memoryview) -> None:
+        self.value = crc32c(data, self.value)
+        self.length += len(data)
+
+    def extend(self, crc: int, length: int) -> None:
+        """Append a piece whose CRC is already known."""
+        self.value = crc32c_combine(self.value, crc, length)
+        self.length += length
+
+    def hexdigest(self) -> str:
+        return format_crc(self.value)

@@ -1,0 +1,149 @@
+"""The store contract: the one small interface every storage backend implements.
+
+A ``Store`` is rooted at one URL; every path it takes is relative to that root and
+'/'-separated. Stores translate their client's exceptions into ckptstore errors:
+``TransientStoreError`` for anything worth retrying (throttling, 5xx, resets, timeouts),
+``StoreAccessError`` / ``StoreNotFoundError`` / ``StorageFullError`` / ``DurabilityError``
+for the rest. The transfer engine retries only ``TransientStoreError``.
+
+Call order for a multipart write (the engine drives it)::
+
+    up = store.begin_multipart(path)
+    part = store.put_part(up, number, offset, data)   # any order, concurrently; number 1..N
+    store.complete_multipart(up, parts)               # the object appears whole and durable
+    # or, on any failure:
+    store.abort_multipart(up)                         # nothing visible, nothing left behind
+
+Whole-object writes (``put``) are atomic and durable when they return. ``put_if_absent``
+is the commit primitive: a create-only write where exactly one of several racing writers
+succeeds (the others get ``CommitConflictError``).
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+__all__ = ["Store", "Multipart", "Part", "Buffer", "join_path"]
+
+Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class Multipart:
+    """An open multipart upload. ``upload_id`` and ``extra`` are the store's own handle."""
+
+    path: str
+    upload_id: str
+    extra: dict = field(default_factory=dict, compare=False, hash=False)
+
+
+@dataclass(frozen=True)
+class Part:
+    """One uploaded part, as ``complete_multipart`` needs it."""
+
+    number: int
+    offset: int
+    size: int
+    etag: str = ""
+
+
+def join_path(*parts: str) -> str:
+    """Join relative store paths with '/', ignoring empty pieces."""
+    return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+class Store(abc.ABC):
+    """A storage backend rooted at ``url``. See the module docstring for the call order."""
+
+    #: Most parts one multipart upload may have.
+    max_parts: int = 10_000
+    #: Smallest size of any part but the last.
+    min_part_size: int = 1
+    #: Whether ``put_if_absent`` is a true server-side create-only write.
+    atomic_create: bool = True
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}({self.url!r})"
+
+    def describe(self, path: str = "") -> str:
+        """The full URL of ``path``, for messages."""
+        return f"{self.url}/{path}" if path else self.url
+
+    @abc.abstractmethod
+    def child(self, prefix: str) -> Store:
+        """A store of the same kind rooted at ``prefix`` below this one."""
+
+    # -- whole objects -----------------------------------------------------------------
+    @abc.abstractmethod
+    def put(self, path: str, data: Buffer) -> None:
+        """Write a whole object atomically (replacing any old one); durable on return."""
+
+    @abc.abstractmethod
+    def put_if_absent(self, path: str, data: Buffer) -> None:
+        """Create ``path`` only if it does not exist; else raise ``CommitConflictError``."""
+
+    @abc.abstractmethod
+    def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        """Bytes ``[start, end)`` of an object (``end=None``: to its end)."""
+
+    @abc.abstractmethod
+    def size(self, path: str) -> int:
+        """Size in bytes; ``StoreNotFoundError`` if it does not exist."""
+
+    def exists(self, path: str) -> bool:
+        from ckptstore.errors import StoreNotFoundError
+
+        try:
+            self.size(path)
+        except StoreNotFoundError:
+            return False
+        return True
+
+    @abc.abstractmethod
+    def list(self, prefix: str = "") -> list[str]:
+        """Every object path under ``prefix`` (recursive), relative to the root, sorted.
+
+        Listing is for discovery only; completeness is never decided by it.
+        """
+
+    @abc.abstractmethod
+    def listdir(self, prefix: str = "") -> list[str]:
+        """Names of the immediate children (objects and 'directories') of ``prefix``, sorted."""
+
+    @abc.abstractmethod
+    def delete(self, path: str) -> None:
+        """Delete one object; a missing one is not an error."""
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under ``prefix`` (stores may do it in bulk)."""
+        for path in self.list(prefix):
+            self.delete(path)
+
+    # -- multipart ---------------------------------------------------------------------
+    @abc.abstractmethod
+    def begin_multipart(self, path: str) -> Multipart:
+        """Start a multipart upload of ``path``; nothing is visible until complete."""
+
+    @abc.abstractmethod
+    def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
+        """Upload part ``number`` (1-based) holding the bytes at ``offset`` of the object."""
+
+    @abc.abstractmethod
+    def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
+        """Make the object visible, whole and durable, from ``parts`` (sorted by number)."""
+
+    @abc.abstractmethod
+    def abort_multipart(self, upload: Multipart) -> None:
+        """Discard an upload and everything it stored; idempotent."""
+
+    @abc.abstractmethod
+    def list_multipart(self, prefix: str = "") -> list[Multipart]:
+        """Uploads begun under ``prefix`` and neither completed nor aborted (for cleanup)."""
+
+    def close(self) -> None:
+        """Release clients and connections."""

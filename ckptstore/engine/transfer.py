@@ -1,0 +1,355 @@
+"""The transfer engine: one bounded pool that writes and reads files as parallel parts.
+
+Call order for a streamed write::
+
+    engine = TransferEngine(TransferConfig())
+    w = engine.writer(store, "shard.bin")      # nothing visible yet
+    off = w.write(data)                         # any number of times; returns data's offset
+    info = w.close()                            # durable + visible; FileInfo(size, crc32c)
+    # on any error before close() returns: w.abort() (the context manager does it)
+    engine.close()
+
+Buffers handed to ``write`` are sliced into parts without copying where possible, so they
+must stay unchanged until ``close`` returns. At most ``TransferConfig.memory_budget`` bytes of
+parts are in flight; ``write`` blocks (back-pressure) beyond that. Every store call is
+retried per ``RetryConfig`` (transient errors only), within a per-file deadline. A failed
+part aborts the whole upload: nothing half-made is ever left visible.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TypeVar
+
+from ckptstore.config import TransferConfig
+from ckptstore.engine.checksum import Crc32c
+from ckptstore.engine.retry import Deadline, RetryStats, call_with_retry
+from ckptstore.engine.store import Buffer, Multipart, Part, Store
+from ckptstore.errors import CkptStoreError, TransferError
+
+__all__ = ["TransferEngine", "FileWriter", "FileInfo", "plan_part_size", "split_ranges"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class FileInfo:
+    """A file as written: its size and the CRC32C of all its bytes."""
+
+    path: str
+    size: int
+    crc32c: int
+
+
+def plan_part_size(total: int | None, part_size: int, min_part: int, max_parts: int) -> int:
+    """Part size for a file of ``total`` bytes: ``part_size`` grown so parts <= ``max_parts``."""
+    size = max(part_size, min_part)
+    if total is not None and total > 0:
+        size = max(size, math.ceil(total / max_parts))
+    return size
+
+
+def split_ranges(offset: int, length: int, part_size: int) -> list[tuple[int, int]]:
+    """Split ``[offset, offset+length)`` into ``(start, end)`` ranges of at most ``part_size``."""
+    return [(s, min(s + part_size, offset + length)) for s in range(offset, offset + length, part_size)]
+
+
+class _ByteBudget:
+    """A counting semaphore over bytes; ``acquire`` never blocks for a lone oversized request."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._used = 0
+        self._cond = threading.Condition()
+
+    def acquire(self, n: int, cancelled: Callable[[], bool]) -> None:
+        with self._cond:
+            while self._used and self._used + n > self._limit and not cancelled():
+                self._cond.wait(0.1)
+            self._used += n
+
+    def release(self, n: int) -> None:
+        with self._cond:
+            self._used -= n
+            self._cond.notify_all()
+
+
+def _gather(futures: Sequence[Future], combine: Callable[[], T]) -> Future[T]:
+    """A future done when all ``futures`` are: ``combine()``'s value, or the first error."""
+    out: Future[T] = Future()
+    remaining = [len(futures)]
+    lock = threading.Lock()
+
+    def done(f: Future) -> None:
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+        if out.done():
+            return
+        exc = f.exception()
+        if exc is not None:
+            if not out.done():
+                try:
+                    out.set_exception(exc)
+                except Exception:  # noqa: BLE001 - lost a race with another part's error
+                    pass
+            return
+        if last:
+            try:
+                out.set_result(combine())
+            except BaseException as e:  # noqa: BLE001
+                out.set_exception(e)
+
+    if not futures:
+        out.set_result(combine())
+    for f in futures:
+        f.add_done_callback(done)
+    return out
+
+
+class TransferEngine:
+    """A pool of I/O threads plus the retry and memory policy shared by every transfer."""
+
+    def __init__(self, config: TransferConfig | None = None) -> None:
+        self.config = config or TransferConfig()
+        self.stats = RetryStats()
+        self._budget = _ByteBudget(self.config.memory_budget)
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def pool(self) -> ThreadPoolExecutor:
+        with self._lock:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.config.concurrency, thread_name_prefix="ckptstore-io"
+                )
+            return self._pool
+
+    def close(self) -> None:
+        with self._lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=True)
+
+    def __enter__(self) -> TransferEngine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def retry(self, fn: Callable[[], T], what: str, deadline: Deadline | None = None) -> T:
+        """Run one store call under the retry policy."""
+        return call_with_retry(fn, self.config.retry, what, deadline=deadline, stats=self.stats)
+
+    # -- writes ------------------------------------------------------------------------
+    def writer(self, store: Store, path: str, size_hint: int | None = None) -> FileWriter:
+        return FileWriter(self, store, path, size_hint)
+
+    def put(self, store: Store, path: str, data: Buffer) -> FileInfo:
+        """Write a whole buffer (multipart and parallel when it is larger than a part)."""
+        with self.writer(store, path, size_hint=len(data)) as w:
+            w.write(data)
+            return w.close()
+
+    # -- reads -------------------------------------------------------------------------
+    def read_async(
+        self, store: Store, path: str, offset: int = 0, length: int | None = None
+    ) -> Future[bytes | bytearray]:
+        """Read ``length`` bytes at ``offset`` (None: to the end) as parallel ranged GETs."""
+        deadline = Deadline(self.config.retry.deadline_s)
+        what = f"read of {store.describe(path)}"
+        if length is None:
+            length = self.retry(lambda: store.size(path), what, deadline) - offset
+        if length <= self.config.part_size:
+            end = offset + length
+            return self.pool.submit(
+                self.retry, lambda: store.get(path, offset, end), what, deadline
+            )
+        buf = bytearray(length)
+        view = memoryview(buf)
+
+        def fetch(start: int, end: int) -> None:
+            data = self.retry(lambda: store.get(path, start, end), what, deadline)
+            if len(data) != end - start:
+                raise TransferError(
+                    f"{what}: range [{start}, {end}) returned {len(data)} bytes; "
+                    "the object is shorter than expected (truncated or replaced?)"
+                )
+            view[start - offset : end - offset] = data
+
+        futures = [
+            self.pool.submit(fetch, s, e)
+            for s, e in split_ranges(offset, length, self.config.part_size)
+        ]
+        return _gather(futures, lambda: buf)
+
+    def read(self, store: Store, path: str, offset: int = 0, length: int | None = None) -> bytes | bytearray:
+        return self.read_async(store, path, offset, length).result()
+
+
+class FileWriter:
+    """One file being written as parallel parts. See ``TransferEngine`` for the call order."""
+
+    def __init__(
+        self, engine: TransferEngine, store: Store, path: str, size_hint: int | None
+    ) -> None:
+        self.engine = engine
+        self.store = store
+        self.path = path
+        self.part_size = plan_part_size(
+            size_hint, engine.config.part_size, store.min_part_size, store.max_parts
+        )
+        self._what = f"upload of {store.describe(path)}"
+        self._deadline = Deadline(engine.config.retry.deadline_s)
+        self._crc = Crc32c()
+        self._pending: list[memoryview] = []
+        self._pending_bytes = 0
+        self._part_offset = 0
+        self._upload: Multipart | None = None
+        self._futures: list[Future[Part]] = []
+        self._failed = threading.Event()
+        self._state = "open"
+
+    @property
+    def size(self) -> int:
+        return self._crc.length
+
+    def __enter__(self) -> FileWriter:
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if self._state == "open":
+            self.abort()
+
+    def write(self, data: Buffer, crc: int | None = None) -> int:
+        """Append ``data`` (kept by reference until ``close``); returns its offset.
+
+        ``crc`` is data's CRC32C when the caller already computed it.
+        """
+        if self._state != "open":
+            raise TransferError(f"{self._what}: write after close/abort")
+        if self._failed.is_set():
+            self._raise_failed()
+        view = memoryview(data).cast("B")
+        offset = self._crc.length
+        if crc is None:
+            self._crc.update(view)
+        else:
+            self._crc.extend(crc, len(view))
+        if len(view):
+            self._pending.append(view)
+            self._pending_bytes += len(view)
+        while self._pending_bytes >= self.part_size:
+            self._submit_part(self._take(self.part_size))
+        return offset
+
+    def _take(self, n: int) -> Buffer:
+        """Remove the first ``n`` pending bytes: a zero-copy view when they lie in one piece."""
+        first = self._pending[0]
+        if len(first) >= n:
+            self._pending[0] = first[n:]
+            if not len(self._pending[0]):
+                self._pending.pop(0)
+            self._pending_bytes -= n
+            return first[:n]
+        out = bytearray()
+        while len(out) < n:
+            piece = self._pending[0]
+            need = n - len(out)
+            out += piece[:need]
+            if len(piece) > need:
+                self._pending[0] = piece[need:]
+            else:
+                self._pending.pop(0)
+        self._pending_bytes -= n
+        return out
+
+    def _submit_part(self, data: Buffer) -> None:
+        engine, store = self.engine, self.store
+        if self._upload is None:
+            self._upload = engine.retry(
+                lambda: store.begin_multipart(self.path), self._what, self._deadline
+            )
+        if len(self._futures) >= store.max_parts:
+            raise TransferError(f"{self._what}: more than {store.max_parts} parts; raise part_size")
+        number, offset, size = len(self._futures) + 1, self._part_offset, len(data)
+        self._part_offset += size
+        engine._budget.acquire(size, self._failed.is_set)
+        upload = self._upload
+
+        def send() -> Part:
+            try:
+                return engine.retry(
+                    lambda: store.put_part(upload, number, offset, data),
+                    f"{self._what} (part {number})",
+                    self._deadline,
+                )
+            except BaseException:
+                self._failed.set()
+                raise
+            finally:
+                engine._budget.release(size)
+
+        self._futures.append(engine.pool.submit(send))
+
+    def _raise_failed(self) -> None:
+        for f in self._futures:
+            if f.done() and f.exception() is not None:
+                exc = f.exception()
+                self.abort()
+                if isinstance(exc, CkptStoreError):
+                    raise exc
+                raise TransferError(f"{self._what} failed: {exc}") from exc
+
+    def close(self) -> FileInfo:
+        """Finish the upload; the file is durable and visible when this returns."""
+        if self._state != "open":
+            raise TransferError(f"{self._what}: close after {self._state}")
+        try:
+            if self._upload is None:
+                data = self._take(self._pending_bytes) if self._pending_bytes else b""
+                self.engine.retry(lambda: self.store.put(self.path, data), self._what, self._deadline)
+            else:
+                if self._pending_bytes:
+                    self._submit_part(self._take(self._pending_bytes))
+                parts = [f.result() for f in self._futures]
+                upload = self._upload
+                self.engine.retry(
+                    lambda: self.store.complete_multipart(upload, parts), self._what, self._deadline
+                )
+        except BaseException as exc:
+            self.abort()
+            if isinstance(exc, CkptStoreError) or not isinstance(exc, Exception):
+                raise
+            raise TransferError(f"{self._what} failed: {exc}") from exc
+        self._state = "closed"
+        return FileInfo(self.path, self._crc.length, self._crc.value)
+
+    def abort(self) -> None:
+        """Discard everything written; idempotent, never raises."""
+        if self._state == "aborted":
+            return
+        self._state = "aborted"
+        self._failed.set()
+        for f in self._futures:
+            f.cancel()
+        for f in self._futures:
+            try:
+                f.exception()
+            except BaseException:  # noqa: BLE001 - cancelled
+                pass
+        self._pending.clear()
+        if self._upload is not None:
+            upload = self._upload
+            try:
+                self.engine.retry(lambda: self.store.abort_multipart(upload), f"abort of {self._what}")
+            except Exception as exc:  # noqa: BLE001 - best effort; the sweeper cleans up later
+                log.warning("could not abort %s: %s (cleanup will retry)", self._what, exc)
+

@@ -1,0 +1,84 @@
+"""One error root for ckptstore.
+
+Every error is a ``CkptStoreError`` and also subclasses the builtin a caller would
+naturally catch (``FileNotFoundError`` for a missing checkpoint, ``PermissionError``
+for a refused credential, ...). Messages say what happened and what to do.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CkptStoreError",
+    "ConfigError",
+    "MissingDependencyError",
+    "IncompleteCheckpointError",
+    "CorruptCheckpointError",
+    "CheckpointExistsError",
+    "CommitConflictError",
+    "StoreNotFoundError",
+    "StoreAccessError",
+    "TransientStoreError",
+    "TransferError",
+    "DurabilityError",
+    "StorageFullError",
+    "missing_dependency",
+]
+
+
+class CkptStoreError(Exception):
+    """Root of every error raised by ckptstore."""
+
+
+class ConfigError(CkptStoreError, ValueError):
+    """An option, URL or argument is invalid."""
+
+
+class MissingDependencyError(CkptStoreError, ImportError):
+    """An optional dependency is not installed."""
+
+
+class IncompleteCheckpointError(CkptStoreError, FileNotFoundError):
+    """The checkpoint has no valid commit marker, or a file it needs is missing."""
+
+
+class CorruptCheckpointError(CkptStoreError, ValueError):
+    """Bytes on storage do not match the manifest (size or checksum)."""
+
+
+class CheckpointExistsError(CkptStoreError, FileExistsError):
+    """A committed checkpoint already exists where a new one was to be written."""
+
+
+class CommitConflictError(CkptStoreError, FileExistsError):
+    """Another writer committed the same checkpoint first (create-only marker lost the race)."""
+
+
+class StoreNotFoundError(CkptStoreError, FileNotFoundError):
+    """A path, bucket or container does not exist."""
+
+
+class StoreAccessError(CkptStoreError, PermissionError):
+    """The store refused the request (credentials, permissions, bad request): not retried."""
+
+
+class TransientStoreError(CkptStoreError, ConnectionError):
+    """A failure worth retrying: throttling, 5xx, reset connection, timeout."""
+
+
+class TransferError(CkptStoreError, OSError):
+    """A transfer failed for good: retries exhausted, deadline passed, or a part failed."""
+
+
+class DurabilityError(CkptStoreError, OSError):
+    """Data could not be made durable (fsync failed). The checkpoint is failed, never retried."""
+
+
+class StorageFullError(CkptStoreError, OSError):
+    """The destination is out of space (ENOSPC)."""
+
+
+def missing_dependency(module: str, extra: str) -> MissingDependencyError:
+    """The error for an optional import that failed, naming the command that fixes it."""
+    return MissingDependencyError(
+        f"{module!r} is not installed; run: pip install 'ckptstore[{extra}]'"
+    )
