@@ -143,17 +143,19 @@ class Marker:
     manifest_crc32c: int
     manifest_size: int
     step: int | None
+    attempt: str = ""
     version: int = FORMAT_VERSION
 
     @classmethod
-    def for_manifest(cls, manifest_bytes: bytes, step: int | None) -> Marker:
-        return cls(crc32c(manifest_bytes), len(manifest_bytes), step)
+    def for_manifest(cls, manifest_bytes: bytes, step: int | None, attempt: str) -> Marker:
+        return cls(crc32c(manifest_bytes), len(manifest_bytes), step, attempt)
 
     def to_bytes(self) -> bytes:
         return json.dumps(
             {
                 "version": self.version,
                 "step": self.step,
+                "attempt": self.attempt,
                 "manifest_crc32c": format_crc(self.manifest_crc32c),
                 "manifest_size": self.manifest_size,
             }
@@ -167,6 +169,7 @@ class Marker:
                 parse_crc(doc["manifest_crc32c"]),
                 int(doc["manifest_size"]),
                 doc.get("step"),
+                str(doc.get("attempt", "")),
                 int(doc.get("version", 1)),
             )
         except (ValueError, KeyError, TypeError) as exc:

@@ -105,7 +105,7 @@ class Store(abc.ABC):
         return True
 
     @abc.abstractmethod
-    def list(self, prefix: str = "") -> list[str]:
+    def find(self, prefix: str = "") -> list[str]:
         """Every object path under ``prefix`` (recursive), relative to the root, sorted.
 
         Listing is for discovery only; completeness is never decided by it.
@@ -121,7 +121,7 @@ class Store(abc.ABC):
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix`` (stores may do it in bulk)."""
-        for path in self.list(prefix):
+        for path in self.find(prefix):
             self.delete(path)
 
     # -- multipart ---------------------------------------------------------------------
@@ -145,5 +145,5 @@ class Store(abc.ABC):
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
         """Uploads begun under ``prefix`` and neither completed nor aborted (for cleanup)."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - most stores hold nothing to release
         """Release clients and connections."""

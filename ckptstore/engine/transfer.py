@@ -57,7 +57,9 @@ def plan_part_size(total: int | None, part_size: int, min_part: int, max_parts: 
 
 def split_ranges(offset: int, length: int, part_size: int) -> list[tuple[int, int]]:
     """Split ``[offset, offset+length)`` into ``(start, end)`` ranges of at most ``part_size``."""
-    return [(s, min(s + part_size, offset + length)) for s in range(offset, offset + length, part_size)]
+    return [
+        (s, min(s + part_size, offset + length)) for s in range(offset, offset + length, part_size)
+    ]
 
 
 class _ByteBudget:
@@ -190,7 +192,9 @@ class TransferEngine:
         ]
         return _gather(futures, lambda: buf)
 
-    def read(self, store: Store, path: str, offset: int = 0, length: int | None = None) -> bytes | bytearray:
+    def read(
+        self, store: Store, path: str, offset: int = 0, length: int | None = None
+    ) -> bytes | bytearray:
         return self.read_async(store, path, offset, length).result()
 
 
@@ -315,7 +319,9 @@ class FileWriter:
         try:
             if self._upload is None:
                 data = self._take(self._pending_bytes) if self._pending_bytes else b""
-                self.engine.retry(lambda: self.store.put(self.path, data), self._what, self._deadline)
+                self.engine.retry(
+                    lambda: self.store.put(self.path, data), self._what, self._deadline
+                )
             else:
                 if self._pending_bytes:
                     self._submit_part(self._take(self._pending_bytes))
@@ -349,7 +355,8 @@ class FileWriter:
         if self._upload is not None:
             upload = self._upload
             try:
-                self.engine.retry(lambda: self.store.abort_multipart(upload), f"abort of {self._what}")
+                self.engine.retry(
+                    lambda: self.store.abort_multipart(upload), f"abort of {self._what}"
+                )
             except Exception as exc:  # noqa: BLE001 - best effort; the sweeper cleans up later
                 log.warning("could not abort %s: %s (cleanup will retry)", self._what, exc)
-

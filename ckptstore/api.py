@@ -1,0 +1,100 @@
+"""The user-facing entry points: pick a store from a URL, save and load with DCP.
+
+``writer`` / ``reader`` build DCP storage backends for ``torch.distributed.checkpoint``.
+``save`` / ``load`` are thin wrappers over ``dcp.save`` / ``dcp.load`` that unwrap DCP's
+``CheckpointException`` (a ``BaseException`` holding every rank's error) into the first
+ckptstore error, so callers can ``except IncompleteCheckpointError`` as usual.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ckptstore.config import TransferConfig
+from ckptstore.dcp.reader import CkptReader
+from ckptstore.dcp.writer import CkptWriter
+from ckptstore.engine.store import Store
+from ckptstore.errors import CkptStoreError
+
+__all__ = ["writer", "reader", "save", "load", "unwrap_checkpoint_exception"]
+
+
+def writer(
+    url: str | Store,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    config: TransferConfig | None = None,
+    overwrite: bool = False,
+    codec: str = "none",
+    step: int | None = None,
+) -> CkptWriter:
+    """A DCP ``StorageWriter`` for ``url`` (a path, ``file://``, ``s3://``, ``gs://``, ...).
+
+    Raises ``CheckpointExistsError`` at once if ``url`` holds a committed checkpoint and
+    ``overwrite`` is False. ``codec="zstd"`` compresses every item (stock DCP readers then
+    cannot load it). ``step`` is recorded in the manifest (default: from ``step_<n>``).
+    """
+    w = CkptWriter(
+        url,
+        storage_options=storage_options,
+        config=config,
+        overwrite=overwrite,
+        codec=codec,
+        step=step,
+    )
+    w.check_destination()
+    return w
+
+
+def reader(
+    url: str | Store,
+    *,
+    storage_options: dict[str, Any] | None = None,
+    config: TransferConfig | None = None,
+    verify: bool = True,
+) -> CkptReader:
+    """A DCP ``StorageReader`` for a committed checkpoint at ``url``.
+
+    Raises ``IncompleteCheckpointError`` at once if ``url`` has no valid commit marker and
+    ``CorruptCheckpointError`` if the marker and manifest disagree; every range read is
+    checked against the manifest unless ``verify=False``.
+    """
+    return CkptReader(url, storage_options=storage_options, config=config, verify=verify)
+
+
+def unwrap_checkpoint_exception(exc: BaseException) -> BaseException:
+    """The first ckptstore error inside DCP's ``CheckpointException`` (else ``exc``)."""
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict):
+        return exc
+    for rank in sorted(failures):
+        inner = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
+        if isinstance(inner, CkptStoreError):
+            inner.args = (f"{inner.args[0] if inner.args else inner} (rank {rank})",)
+            return inner
+    return exc
+
+
+def save(state_dict: dict[str, Any], url: str | Store | CkptWriter, **kwargs: Any) -> CkptWriter:
+    """``dcp.save`` to ``url``; raises the ckptstore error of the first failed rank."""
+    from torch.distributed.checkpoint import save as dcp_save
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    w = url if isinstance(url, CkptWriter) else writer(url, **kwargs)
+    try:
+        dcp_save(state_dict, storage_writer=w)
+    except CheckpointException as exc:
+        raise unwrap_checkpoint_exception(exc) from exc
+    return w
+
+
+def load(state_dict: dict[str, Any], url: str | Store | CkptReader, **kwargs: Any) -> None:
+    """``dcp.load`` from ``url`` in place; raises the ckptstore error of the first failed rank."""
+    from torch.distributed.checkpoint import load as dcp_load
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    r = url if isinstance(url, CkptReader) else reader(url, **kwargs)
+    try:
+        dcp_load(state_dict, storage_reader=r)
+    except CheckpointException as exc:
+        raise unwrap_checkpoint_exception(exc) from exc

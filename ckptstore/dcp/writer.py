@@ -1,0 +1,227 @@
+"""The DCP ``StorageWriter`` over any store: parallel parts, checksums, create-only commit.
+
+Call order (driven by ``torch.distributed.checkpoint.save``)::
+
+    reset(checkpoint_id)            every rank: new attempt id (and a new URL, if given)
+    set_up_storage_writer(...)      every rank
+    prepare_local_plan(plan)        every rank: refuses a committed destination
+    prepare_global_plan(plans)      coordinator: gives each rank its file prefix + attempt
+    write_data(plan, planner)       every rank: its shard files, durable before it returns
+    finish(metadata, results)       coordinator, only if every rank succeeded: manifest,
+                                    .metadata, then the create-only COMMITTED marker
+
+Shard files keep DCP's per-rank layout, named ``__<rank>_<i>.<attempt>.distcp``; the
+attempt id keeps a racing writer (a zombie of an earlier job) from ever mixing its
+shards with ours. If any rank fails, DCP never calls ``finish``: nothing is committed and
+every rank raises.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import pickle
+import re
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch.distributed.checkpoint.filesystem import _StorageInfo
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
+from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
+from torch.futures import Future
+
+from ckptstore.config import TransferConfig
+from ckptstore.dcp.format import ItemInfo, check_codec, compress, encode_item
+from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.commit import publish, uncommit
+from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry
+from ckptstore.engine.store import Store
+from ckptstore.engine.transfer import FileInfo, TransferEngine
+from ckptstore.errors import CheckpointExistsError
+from ckptstore.stores import open_store
+
+__all__ = ["CkptWriter", "step_from_url"]
+
+_STEP_RE = re.compile(r"step_(\d+)/?$")
+
+
+def step_from_url(url: str) -> int | None:
+    """The step of a ``.../step_000000100`` URL, else None."""
+    m = _STEP_RE.search(url.rstrip("/"))
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class _RankPlan:
+    prefix: str
+    attempt: str
+
+
+def _split_items(items: list, bins: int) -> list[list]:
+    """Bytes items round-robin, tensors largest-first into the lightest bin."""
+    if bins <= 1:
+        return [list(items)]
+    out: list[list] = [[] for _ in range(bins)]
+    sizes = [0] * bins
+    blobs = [i for i in items if i.type == WriteItemType.BYTE_IO]
+    tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
+    for n, item in enumerate(blobs):
+        out[n % bins].append(item)
+    for item in sorted(tensors, key=_item_bytes, reverse=True):
+        b = sizes.index(min(sizes))
+        out[b].append(item)
+        sizes[b] += _item_bytes(item)
+    return [b for b in out if b]
+
+
+def _item_bytes(item: Any) -> int:
+    if item.tensor_data is None:
+        return 0
+    numel = 1
+    for d in item.tensor_data.size:
+        numel *= d
+    return numel * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
+
+
+class CkptWriter(StorageWriter):
+    """Writes a DCP checkpoint to any ckptstore store. Build it with ``ckptstore.writer``."""
+
+    def __init__(
+        self,
+        url: str | Store,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        config: TransferConfig | None = None,
+        overwrite: bool = False,
+        codec: str = "none",
+        step: int | None = None,
+        files_per_rank: int = 1,
+        engine: TransferEngine | None = None,
+    ) -> None:
+        super().__init__()
+        self.storage_options = storage_options
+        self.store = open_store(url, storage_options)
+        self.config = config or TransferConfig()
+        self.engine = engine or TransferEngine(self.config)
+        self.overwrite = overwrite
+        self.codec = check_codec(codec)
+        self._step = step
+        self.files_per_rank = max(1, files_per_rank)
+        self.attempt = uuid.uuid4().hex[:12]
+        self.rank = 0
+        self.is_coordinator = True
+        self.last_commit_stats: dict[str, float] = {}
+
+    @property
+    def url(self) -> str:
+        return self.store.url
+
+    @property
+    def step(self) -> int | None:
+        return self._step if self._step is not None else step_from_url(self.url)
+
+    # -- StorageWriter -----------------------------------------------------------------
+    def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        if checkpoint_id and str(checkpoint_id).rstrip("/") != self.url:
+            self.store = open_store(str(checkpoint_id), self.storage_options)
+        self.attempt = uuid.uuid4().hex[:12]
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        self.is_coordinator = is_coordinator
+        self.rank = kwargs.get("rank") or 0
+
+    def check_destination(self) -> None:
+        """Refuse a destination holding a committed checkpoint, unless ``overwrite``."""
+        if self.store.exists(MARKER_NAME) and not self.overwrite:
+            raise CheckpointExistsError(
+                f"{self.url} already holds a committed checkpoint; pick another step/path or "
+                "pass overwrite=True to replace it."
+            )
+
+    def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        if self.is_coordinator:
+            self.check_destination()
+        return plan
+
+    def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        return [
+            dataclasses.replace(plan, storage_data=_RankPlan(f"__{i}_", self.attempt))
+            for i, plan in enumerate(plans)
+        ]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        rank_plan: _RankPlan = plan.storage_data
+        self.attempt = rank_plan.attempt
+        results: list[WriteResult] = []
+        for i, items in enumerate(_split_items(plan.items, self.files_per_rank)):
+            name = f"{rank_plan.prefix}{i}.{rank_plan.attempt}.distcp"
+            results.extend(self._write_file(name, items, planner))
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def _write_file(self, name: str, items: list, planner: SavePlanner) -> list[WriteResult]:
+        written: list[tuple[Any, int, int, int, int]] = []
+        with self.engine.writer(self.store, name) as w:
+            # Bytes items first (small), then tensors, as stock DCP orders them.
+            for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
+                raw = encode_item(planner.resolve_data(item))
+                stored = compress(self.codec, raw)
+                crc = crc32c(stored)
+                offset = w.write(stored, crc)
+                written.append((item, offset, len(stored), crc, len(raw)))
+            info: FileInfo = w.close()
+        return [
+            WriteResult(
+                index=item.index,
+                size_in_bytes=length,
+                storage_data=ItemInfo(name, offset, length, crc, raw, info.size, info.crc32c),
+            )
+            for item, offset, length, crc, raw in written
+        ]
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        manifest = Manifest(
+            step=self.step,
+            world_size=len(results),
+            codec=self.codec,
+            torch_version=torch.__version__,
+            ckptstore_version=_version(),
+        )
+        storage_md = {}
+        for rank_results in results:
+            for wr in rank_results:
+                info: ItemInfo = wr.storage_data
+                storage_md[wr.index] = _StorageInfo(info.relative_path, info.offset, info.length)
+                manifest.files[info.relative_path] = FileEntry(info.file_size, info.file_crc32c)
+                manifest.ranges.append(
+                    RangeEntry(
+                        info.relative_path,
+                        info.offset,
+                        info.length,
+                        info.crc32c,
+                        key=f"{wr.index.fqn}@{','.join(map(str, wr.index.offset or ()))}",
+                        raw_length=info.raw_length if self.codec != "none" else None,
+                    )
+                )
+        metadata.storage_data = storage_md
+        metadata.storage_meta = self.storage_meta()
+        if self.overwrite:
+            uncommit(self.store)
+        publish(self.store, self.engine, self.attempt, manifest, pickle.dumps(metadata))
+
+    def storage_meta(self) -> StorageMeta | None:
+        return StorageMeta(checkpoint_id=self.url, save_id=self.attempt)
+
+    @classmethod
+    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        return True
+
+
+def _version() -> str:
+    from ckptstore import __version__
+
+    return __version__

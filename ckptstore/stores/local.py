@@ -1,0 +1,283 @@
+"""The volume store: POSIX, NFS, FUSE mounts.
+
+Every publish is write temp -> fsync(file) -> rename -> fsync(directory). Parts of a
+multipart write are ``pwrite`` at their offsets into one temp file, in parallel. The
+create-only marker is made by ``link()``-ing a fully written, fsynced temp file to its
+final name, which fails with EEXIST if another writer got there first. An fsync error
+fails the write (``DurabilityError``) and is never retried.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import uuid
+from collections.abc import Sequence
+
+from ckptstore.engine.store import Buffer, Multipart, Part, Store, join_path
+from ckptstore.errors import (
+    CommitConflictError,
+    DurabilityError,
+    StorageFullError,
+    StoreAccessError,
+    StoreNotFoundError,
+    TransientStoreError,
+)
+
+__all__ = ["LocalStore", "TMP_MARK"]
+
+#: Every temp file's name contains this; ``list_multipart`` finds stale ones by it.
+TMP_MARK = ".ckptstore-tmp-"
+
+
+def _fsync(fd: int, what: str) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise DurabilityError(
+            f"fsync of {what} failed ({exc}); the data may not be on disk. This write has "
+            "failed and will not be retried: check the volume, then save again."
+        ) from exc
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        _fsync(fd, f"directory {path}")
+    finally:
+        os.close(fd)
+
+
+def _translate(exc: OSError, what: str) -> Exception:
+    """Map an OSError to the ckptstore error a caller can act on."""
+    if isinstance(exc, FileNotFoundError):
+        return StoreNotFoundError(f"{what}: not found ({exc.strerror}); check the path")
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EROFS,):
+        return StoreAccessError(
+            f"{what}: permission denied ({exc.strerror}); check the path is writable"
+        )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"{what}: no space left on the volume; free space and retry")
+    if exc.errno in (errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE):
+        return TransientStoreError(f"{what}: {exc}")
+    return exc
+
+
+class LocalStore(Store):
+    """A store on a mounted file system, rooted at a directory."""
+
+    def __init__(self, root: str) -> None:
+        if root.startswith("file://"):
+            root = root[len("file://") :]
+        root = os.path.abspath(os.path.expanduser(root))
+        super().__init__(root)
+        self.root = root
+
+    def child(self, prefix: str) -> LocalStore:
+        return LocalStore(os.path.join(self.root, prefix))
+
+    def _abs(self, path: str) -> str:
+        return os.path.join(self.root, path) if path else self.root
+
+    def _makedirs(self, directory: str) -> None:
+        """Create ``directory`` and parents, fsyncing each parent so the entries persist."""
+        missing = []
+        d = directory
+        while not os.path.isdir(d):
+            missing.append(d)
+            parent = os.path.dirname(d)
+            if parent == d:
+                break
+            d = parent
+        for d in reversed(missing):
+            try:
+                os.mkdir(d)
+            except FileExistsError:
+                continue
+            _fsync_dir(os.path.dirname(d))
+
+    def _write_temp(self, path: str, data: Buffer) -> str:
+        """Write ``data`` to a fsynced temp file beside ``path``; returns the temp path."""
+        final = self._abs(path)
+        self._makedirs(os.path.dirname(final))
+        tmp = f"{final}{TMP_MARK}{uuid.uuid4().hex}"
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            view = memoryview(data).cast("B")
+            while len(view):
+                n = os.write(fd, view)
+                view = view[n:]
+            _fsync(fd, tmp)
+        except BaseException:
+            os.close(fd)
+            _unlink_quietly(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    # -- whole objects -----------------------------------------------------------------
+    def put(self, path: str, data: Buffer) -> None:
+        what = f"write of {self.describe(path)}"
+        try:
+            tmp = self._write_temp(path, data)
+            try:
+                os.replace(tmp, self._abs(path))
+            except BaseException:
+                _unlink_quietly(tmp)
+                raise
+            _fsync_dir(os.path.dirname(self._abs(path)))
+        except OSError as exc:
+            raise _translate(exc, what) from exc
+
+    def put_if_absent(self, path: str, data: Buffer) -> None:
+        what = f"create-only write of {self.describe(path)}"
+        final = self._abs(path)
+        try:
+            tmp = self._write_temp(path, data)
+            try:
+                os.link(tmp, final)  # atomic, fails with EEXIST if taken
+            except FileExistsError:
+                raise CommitConflictError(
+                    f"{self.describe(path)} already exists: another writer committed first"
+                ) from None
+            finally:
+                _unlink_quietly(tmp)
+            _fsync_dir(os.path.dirname(final))
+        except CommitConflictError:
+            raise
+        except OSError as exc:
+            raise _translate(exc, what) from exc
+
+    def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        what = f"read of {self.describe(path)}"
+        try:
+            fd = os.open(self._abs(path), os.O_RDONLY)
+        except OSError as exc:
+            raise _translate(exc, what) from exc
+        try:
+            if end is None:
+                end = os.fstat(fd).st_size
+            chunks = []
+            pos = start
+            while pos < end:
+                chunk = os.pread(fd, end - pos, pos)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                pos += len(chunk)
+            return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+        except OSError as exc:
+            raise _translate(exc, what) from exc
+        finally:
+            os.close(fd)
+
+    def size(self, path: str) -> int:
+        try:
+            st = os.stat(self._abs(path))
+        except OSError as exc:
+            raise _translate(exc, f"stat of {self.describe(path)}") from exc
+        if not os.path.isfile(self._abs(path)):
+            raise StoreNotFoundError(f"{self.describe(path)} is not a file")
+        return st.st_size
+
+    def find(self, prefix: str = "") -> list[str]:
+        base = self._abs(prefix)
+        if os.path.isfile(base):
+            return [prefix]
+        out = []
+        for dirpath, _dirs, files in os.walk(base):
+            rel = os.path.relpath(dirpath, self.root)
+            for name in files:
+                out.append(name if rel == "." else join_path(rel.replace(os.sep, "/"), name))
+        return sorted(out)
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        try:
+            return sorted(os.listdir(self._abs(prefix)))
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise _translate(exc, f"listing of {self.describe(prefix)}") from exc
+
+    def delete(self, path: str) -> None:
+        try:
+            os.unlink(self._abs(path))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _translate(exc, f"delete of {self.describe(path)}") from exc
+
+    def delete_prefix(self, prefix: str) -> None:
+        super().delete_prefix(prefix)
+        # Remove the emptied directories, deepest first.
+        base = self._abs(prefix)
+        for dirpath, _dirs, _files in sorted(os.walk(base), key=lambda t: -len(t[0])):
+            try:
+                os.rmdir(dirpath)
+            except OSError:
+                pass
+
+    # -- multipart: parallel pwrite into one temp file ----------------------------------
+    def begin_multipart(self, path: str) -> Multipart:
+        final = self._abs(path)
+        try:
+            self._makedirs(os.path.dirname(final))
+            tmp = f"{final}{TMP_MARK}{uuid.uuid4().hex}"
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        except OSError as exc:
+            raise _translate(exc, f"write of {self.describe(path)}") from exc
+        return Multipart(path, tmp)
+
+    def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
+        what = f"write of {self.describe(upload.path)} (part {number})"
+        try:
+            fd = os.open(upload.upload_id, os.O_WRONLY)
+        except FileNotFoundError as exc:
+            raise StoreNotFoundError(f"{what}: the upload was aborted") from exc
+        try:
+            view = memoryview(data).cast("B")
+            pos = offset
+            while len(view):
+                n = os.pwrite(fd, view, pos)
+                view = view[n:]
+                pos += n
+        except OSError as exc:
+            raise _translate(exc, what) from exc
+        finally:
+            os.close(fd)
+        return Part(number, offset, len(data))
+
+    def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
+        what = f"write of {self.describe(upload.path)}"
+        final = self._abs(upload.path)
+        try:
+            fd = os.open(upload.upload_id, os.O_WRONLY)
+            try:
+                expected = sum(p.size for p in parts)
+                if os.fstat(fd).st_size != expected:
+                    os.ftruncate(fd, expected)
+                _fsync(fd, upload.upload_id)
+            finally:
+                os.close(fd)
+            os.replace(upload.upload_id, final)
+            _fsync_dir(os.path.dirname(final))
+        except OSError as exc:
+            raise _translate(exc, what) from exc
+
+    def abort_multipart(self, upload: Multipart) -> None:
+        _unlink_quietly(upload.upload_id)
+
+    def list_multipart(self, prefix: str = "") -> list[Multipart]:
+        out = []
+        for rel in self.find(prefix):
+            name, mark, _ = rel.rpartition(TMP_MARK)
+            if mark:
+                out.append(Multipart(name, self._abs(rel)))
+        return out
+
+
+def _unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Creates .venv with everything `make test` / `make demo` need, on a fresh machine.
+# Idempotent: re-running only installs what changed (a stamp records the inputs' hash).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+stamp=.venv/.ckptstore-setup
+want=$(cat tools/requirements-dev.txt tools/constraints.txt pyproject.toml tools/package.json | sha1sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  exit 0
+fi
+[ -x .venv/bin/python ] || "$PY" -m venv .venv
+.venv/bin/pip install -q --upgrade pip
+# torch first, pinned to the CPU build on this machine's disk (an unpinned torch pulls CUDA).
+.venv/bin/pip install -q -c tools/constraints.txt "torch==2.13.0"
+.venv/bin/pip install -q -c tools/constraints.txt -r tools/requirements-dev.txt
+.venv/bin/pip install -q -c tools/constraints.txt --no-deps -e .
+.venv/bin/pip check
+# Azurite (Microsoft's Azure Blob emulator) for the Azure tests.
+if command -v npm >/dev/null 2>&1; then
+  (cd tools && npm install --no-audit --no-fund --loglevel=error >/dev/null)
+else
+  echo "warning: npm not found; Azure tests will be skipped" >&2
+fi
+echo "$want" > "$stamp"
