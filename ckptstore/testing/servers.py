@@ -73,9 +73,10 @@ class ServerProcess:
         )
         try:
             self.wait_ready()
-        except BaseException:
+        except (RuntimeError, TimeoutError) as exc:
+            log = self.log_tail()
             self.stop()
-            raise RuntimeError(f"{self.name} did not start; its log:\n{self.log_tail()}") from None
+            raise RuntimeError(f"{self.name} did not start ({exc}); its log:\n{log}") from None
         return self
 
     def log_tail(self, n: int = 4000) -> str:
