@@ -52,6 +52,8 @@ def _translate(exc: OSError, what: str) -> Exception:
     """Map an OSError to the ckptstore error a caller can act on."""
     if isinstance(exc, FileNotFoundError):
         return StoreNotFoundError(f"{what}: not found ({exc.strerror}); check the path")
+    if isinstance(exc, NotADirectoryError):
+        return StoreAccessError(f"{what}: a parent of this path is a file, not a directory")
     if isinstance(exc, PermissionError) or exc.errno in (errno.EROFS,):
         return StoreAccessError(
             f"{what}: permission denied ({exc.strerror}); check the path is writable"

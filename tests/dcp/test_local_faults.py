@@ -1,0 +1,206 @@
+"""Bad input and faults on a volume: each gives one clear exception type."""
+
+import errno
+import os
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import ckptstore
+from ckptstore.engine.commit import open_committed
+from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
+from ckptstore.errors import (
+    CheckpointExistsError,
+    CorruptCheckpointError,
+    DurabilityError,
+    IncompleteCheckpointError,
+    StoreAccessError,
+)
+from ckptstore.stores.local import LocalStore
+from ckptstore.testing.faults import Fault, FaultyStore
+
+
+def state() -> dict:
+    g = torch.Generator().manual_seed(0)
+    return {
+        "w": torch.randn(256, 64, generator=g),
+        "b": torch.arange(100, dtype=torch.int64),
+        "meta": {"step": 7, "name": "run"},
+    }
+
+
+def empty() -> dict:
+    return {
+        "w": torch.zeros(256, 64),
+        "b": torch.zeros(100, dtype=torch.int64),
+        "meta": {"step": 0, "name": ""},
+    }
+
+
+@pytest.fixture
+def ckpt(tmp_path) -> str:
+    path = str(tmp_path / "step_000000007")
+    ckptstore.save(state(), path)
+    return path
+
+
+def shard_of(path: str) -> str:
+    return next(os.path.join(path, n) for n in os.listdir(path) if n.endswith(".distcp"))
+
+
+def test_round_trip_and_manifest(ckpt) -> None:
+    out = empty()
+    ckptstore.load(out, ckpt)
+    ref = state()
+    assert torch.equal(out["w"], ref["w"]) and torch.equal(out["b"], ref["b"])
+    assert out["meta"] == ref["meta"]
+    committed = open_committed(LocalStore(ckpt))
+    assert committed.manifest.step == 7 and committed.manifest.world_size == 1
+    assert committed.manifest.torch_version == torch.__version__
+    assert len(committed.manifest.ranges) == 4  # two tensors + two objects
+
+
+def test_stock_filesystem_reader_loads_it(ckpt) -> None:
+    out = empty()
+    dcp.load(out, storage_reader=dcp.FileSystemReader(ckpt), no_dist=True)
+    assert torch.equal(out["w"], state()["w"])
+
+
+def test_stock_checkpoint_loads_with_a_warning(tmp_path) -> None:
+    dcp.save(state(), storage_writer=dcp.FileSystemWriter(str(tmp_path)), no_dist=True)
+    out = empty()
+    with pytest.warns(ckptstore.dcp.reader.StockCheckpointWarning):
+        ckptstore.load(out, str(tmp_path))
+    assert torch.equal(out["w"], state()["w"])
+
+
+def test_zstd_codec_round_trip(tmp_path) -> None:
+    path = str(tmp_path / "z")
+    ckptstore.save(state(), path, codec="zstd")
+    assert open_committed(LocalStore(path)).manifest.codec == "zstd"
+    out = empty()
+    ckptstore.load(out, path)
+    assert torch.equal(out["w"], state()["w"])
+
+
+def test_missing_marker(ckpt) -> None:
+    os.unlink(os.path.join(ckpt, MARKER_NAME))
+    with pytest.raises(IncompleteCheckpointError, match="no COMMITTED marker"):
+        ckptstore.reader(ckpt)
+
+
+def test_empty_or_missing_location(tmp_path) -> None:
+    with pytest.raises(IncompleteCheckpointError, match="no checkpoint at"):
+        ckptstore.reader(str(tmp_path / "nothing_here"))
+
+
+def test_marker_checksum_mismatch(ckpt) -> None:
+    for name in os.listdir(ckpt):
+        if name.startswith("ckptstore.manifest"):
+            with open(os.path.join(ckpt, name), "ab") as f:
+                f.write(b" ")
+    with pytest.raises(CorruptCheckpointError, match="does not match the checksum"):
+        ckptstore.reader(ckpt)
+
+
+def test_canonical_manifest_damage_falls_back_to_the_attempt_copy(ckpt) -> None:
+    with open(os.path.join(ckpt, MANIFEST_NAME), "ab") as f:
+        f.write(b" ")
+    out = empty()
+    ckptstore.load(out, ckpt)
+    assert torch.equal(out["w"], state()["w"])
+
+
+def test_missing_metadata(ckpt) -> None:
+    for name in os.listdir(ckpt):
+        if name.startswith(".metadata"):
+            os.unlink(os.path.join(ckpt, name))
+    with pytest.raises(CorruptCheckpointError, match=".metadata is missing"):
+        ckptstore.reader(ckpt)
+
+
+def test_truncated_shard(ckpt) -> None:
+    shard = shard_of(ckpt)
+    os.truncate(shard, os.path.getsize(shard) - 100)
+    with pytest.raises(CorruptCheckpointError, match="truncated"):
+        ckptstore.load(empty(), ckpt)
+
+
+def test_flipped_byte_names_file_and_range(ckpt) -> None:
+    shard = shard_of(ckpt)
+    with open(shard, "r+b") as f:
+        f.seek(os.path.getsize(shard) - 50)
+        b = f.read(1)
+        f.seek(-1, 1)
+        f.write(bytes([b[0] ^ 0x10]))
+    with pytest.raises(CorruptCheckpointError, match=r"distcp bytes \[\d+, \d+\): checksum"):
+        ckptstore.load(empty(), ckpt)
+
+
+def test_deleted_shard(ckpt) -> None:
+    os.unlink(shard_of(ckpt))
+    with pytest.raises(CorruptCheckpointError, match="is missing"):
+        ckptstore.load(empty(), ckpt)
+
+
+def test_refuses_to_overwrite_a_committed_checkpoint(ckpt) -> None:
+    before = sorted(os.listdir(ckpt))
+    with pytest.raises(CheckpointExistsError, match="overwrite=True"):
+        ckptstore.save(state(), ckpt)
+    # The DCP-level check too (a writer built before the commit appeared).
+    w = ckptstore.dcp.writer.CkptWriter(ckpt)
+    with pytest.raises(CheckpointExistsError):
+        ckptstore.save(state(), w)
+    assert sorted(os.listdir(ckpt)) == before
+
+
+def test_overwrite_replaces_and_cleans_the_old_attempt(ckpt) -> None:
+    new = state()
+    new["w"] += 1
+    ckptstore.save(new, ckpt, overwrite=True)
+    assert len([n for n in os.listdir(ckpt) if n.endswith(".distcp")]) == 1
+    out = empty()
+    ckptstore.load(out, ckpt)
+    assert torch.equal(out["w"], new["w"])
+
+
+def test_failing_write_commits_nothing(tmp_path) -> None:
+    path = tmp_path / "step_000000001"
+    store = FaultyStore(LocalStore(str(path)), [Fault("put", error=OSError(errno.EIO, "boom"))])
+    with pytest.raises(ckptstore.TransferError):
+        ckptstore.save(state(), ckptstore.dcp.writer.CkptWriter(store))
+    assert not (path / MARKER_NAME).exists()
+    assert LocalStore(str(path)).find() == []
+
+
+def test_fsync_error_fails_the_checkpoint(tmp_path, monkeypatch) -> None:
+    import ckptstore.stores.local as local
+
+    def failing_fsync(fd: int) -> None:
+        raise OSError(errno.EIO, "Input/output error")
+
+    monkeypatch.setattr(local.os, "fsync", failing_fsync)
+    path = tmp_path / "step_000000002"
+    with pytest.raises(DurabilityError, match="will not be retried"):
+        ckptstore.save(state(), str(path))
+    monkeypatch.undo()
+    assert not (path / MARKER_NAME).exists()
+    with pytest.raises(IncompleteCheckpointError):
+        ckptstore.reader(str(path))
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def test_unwritable_path(tmp_path) -> None:
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o500)
+    with pytest.raises(StoreAccessError, match="permission denied"):
+        ckptstore.save(state(), str(ro / "step_1"))
+
+
+def test_path_under_a_file(tmp_path) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StoreAccessError, match="not a directory"):
+        ckptstore.save(state(), str(blocker / "step_1"))
