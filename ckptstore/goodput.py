@@ -1,0 +1,428 @@
+"""Goodput planning math: how much a checkpoint interval, a failure rate and a price list cost.
+
+Pure functions and frozen dataclasses (no I/O, no torch); ``ckptstore-tool goodput`` renders
+:func:`plan`'s report with :func:`report_rows`.
+
+Failures are a Poisson process. A per-GPU annual failure rate ``afr`` is a rate (failures per
+GPU-year), so ``gpus`` GPUs fail ``gpus * afr / 365`` times a day and::
+
+    P(at least one failure in `days`) = 1 - exp(-failures_per_day * days)
+
+(1 % AFR, 30 days: 256 GPUs -> 19.0 %, 1,024 GPUs -> 56.9 %. The compounding form
+``1 - (1 - afr) ** (gpus * days / 365)`` gives 19.1 % / 57.1 %; we keep the exponential one
+because it is the same process the goodput models assume.)
+
+Goodput = productive training time / wall-clock time. With failure rate ``lam`` (per hour,
+``MTBF = 1 / lam``), ``tau`` the training time between two checkpoints, ``C`` the time one save
+blocks training and ``R`` the time a restart takes (all in hours):
+
+* ``"first_order"`` (default; Young 1974)::
+
+      goodput = 1 - C / tau - lam * (tau / 2 + R)        (clamped to [0, 1])
+
+  Each save costs ``C`` per ``tau`` of training; each failure loses half an interval of work on
+  average plus the restart. With ``C = R = 0`` this is ``1 - lam * tau / 2``: 8.6 failures a day
+  at a 2 h interval -> 64.2 %, at 30 min -> 91.0 % (the MISSION figures). The model drops
+  second-order terms, so it is a lower bound on the exponential model, good while
+  ``C << tau << MTBF``. Its exact optimum is Young's ``tau = sqrt(2 * C * MTBF)``.
+
+* ``"exponential"`` (Daly 2006, failures may also hit saves and restarts)::
+
+      goodput = (tau / M) * exp(-R / M) / (exp((tau + C) / M) - 1)     with M = MTBF
+
+  The same two cases give 68.4 % and 91.3 %. Daly's higher-order interval approximates its
+  optimum: ``sqrt(2*C*M) * (1 + s/3 + s**2/9) - C`` with ``s = sqrt(C / (2*M))`` for ``C < 2*M``,
+  else ``M``.
+
+The cost account (:class:`CostAccount`) uses the first-order model, so its three time losses add
+up to ``run_hours * (1 - goodput)`` before clamping.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from ckptstore.errors import ConfigError
+
+__all__ = [
+    "MODELS",
+    "CostAccount",
+    "GoodputInputs",
+    "GoodputReport",
+    "Prices",
+    "TimeLoss",
+    "daly_interval",
+    "expected_goodput",
+    "failure_probability",
+    "failures_per_day",
+    "plan",
+    "report_rows",
+    "young_interval",
+]
+
+MODELS = ("first_order", "exponential")
+_DAYS_PER_YEAR = 365.0
+_DAYS_PER_MONTH = _DAYS_PER_YEAR / 12.0
+
+
+def _check(owner: str, name: str, value: float | None, *, positive: bool = False,
+           whole: bool = False, hint: str = "") -> None:
+    """Raise ConfigError unless ``value`` is None, finite and >= 0 (> 0 / an int >= 1)."""
+    if value is None:
+        return
+    kinds = int if whole else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kinds):
+        kind = "a whole number" if whole else "a number"
+        raise ConfigError(f"{owner}.{name} must be {kind}{hint}; got {value!r}")
+    if not math.isfinite(value) or value < (1 if whole else 0) or (positive and value == 0):
+        need = "a whole number >= 1" if whole else "a finite number " + (
+            "> 0" if positive else ">= 0")
+        raise ConfigError(f"{owner}.{name} must be {need}{hint}; got {value!r}")
+
+
+def _check_afr(owner: str, afr: float | None) -> None:
+    _check(owner, "afr", afr, hint=" (a fraction per GPU-year: 1 % is 0.01)")
+    if afr is not None and afr > 1:
+        raise ConfigError(f"{owner}.afr is a fraction per GPU-year: 1 % is 0.01, not 1; "
+                          f"got {afr!r}")
+
+
+def failures_per_day(gpus: int, afr: float) -> float:
+    """Expected failures a day of ``gpus`` GPUs, each failing at ``afr`` per year (0.01 = 1 %)."""
+    _check("failures_per_day", "gpus", gpus, whole=True)
+    _check_afr("failures_per_day", afr)
+    return gpus * afr / _DAYS_PER_YEAR
+
+
+def failure_probability(failures_per_day: float, days: float) -> float:
+    """Probability of at least one failure in ``days``: ``1 - exp(-failures_per_day * days)``."""
+    _check("failure_probability", "failures_per_day", failures_per_day)
+    _check("failure_probability", "days", days)
+    return -math.expm1(-failures_per_day * days)
+
+
+def young_interval(checkpoint_cost: float, mtbf: float) -> float:
+    """Young's optimal training time between saves, ``sqrt(2 * C * MTBF)``.
+
+    ``checkpoint_cost`` (blocking time of one save) and ``mtbf`` share one unit, which is also
+    the unit of the result. ``mtbf`` may be ``math.inf`` (no failures): the result is then inf.
+    """
+    _check("young_interval", "checkpoint_cost", checkpoint_cost)
+    if not mtbf > 0:
+        raise ConfigError(f"young_interval.mtbf must be > 0; got {mtbf!r}")
+    if checkpoint_cost == 0:
+        return 0.0
+    return math.sqrt(2.0 * checkpoint_cost) * math.sqrt(mtbf)  # no under/overflow of C*M
+
+
+def daly_interval(checkpoint_cost: float, mtbf: float) -> float:
+    """Daly's higher-order optimal training time between saves (same units as the inputs).
+
+    ``sqrt(2*C*M) * (1 + s/3 + s**2/9) - C`` with ``s = sqrt(C / (2*M))`` when ``C < 2*M``,
+    else ``M``. Never longer than :func:`young_interval`. As published it jumps at ``C = 2*M``
+    (from ``8/9 * M`` to ``M``), so it is not monotone in ``mtbf`` across that point.
+    """
+    _check("daly_interval", "checkpoint_cost", checkpoint_cost)
+    if not mtbf > 0:
+        raise ConfigError(f"daly_interval.mtbf must be > 0; got {mtbf!r}")
+    if checkpoint_cost == 0 or math.isinf(mtbf):
+        return young_interval(checkpoint_cost, mtbf)
+    if checkpoint_cost >= 2.0 * mtbf:
+        return mtbf
+    s = math.sqrt(checkpoint_cost / (2.0 * mtbf))
+    # = sqrt(2*C*M) * (1 + s/3 + s**2/9) - C, since C = sqrt(2*C*M) * s; this form has no
+    # cancellation, stays > 0 and is never above Young's (the factor is <= 1).
+    return young_interval(checkpoint_cost, mtbf) * (1.0 - 2.0 * s / 3.0 + s * s / 9.0)
+
+
+def _goodput(model: str, rate: float, tau: float, cost: float, restart: float) -> float:
+    """Goodput for failure rate ``rate`` (1/h) and ``tau``, ``cost``, ``restart`` in hours.
+
+    Takes the limits for ``tau`` of 0 or inf and ``rate`` of 0, so optimal intervals of 0
+    (free saves) or inf (no failures) can be evaluated.
+    """
+    if model == "first_order":
+        blocking = (math.inf if cost > 0 else 0.0) if tau == 0 else cost / tau
+        rework = (math.inf if rate > 0 else 0.0) if math.isinf(tau) else rate * tau / 2.0
+        return min(1.0, max(0.0, 1.0 - blocking - rework - rate * restart))
+    if model == "exponential":
+        if rate == 0:
+            return 1.0 if tau + cost == 0 else (tau / (tau + cost) if math.isfinite(tau) else 1.0)
+        if math.isinf(tau):
+            return 0.0
+        period = rate * (tau + cost)
+        if period == 0:
+            return math.exp(-rate * restart)
+        try:
+            return (rate * tau) * math.exp(-rate * restart) / math.expm1(period)
+        except OverflowError:
+            return 0.0
+    raise ConfigError(f"goodput model must be one of {MODELS}; got {model!r}")
+
+
+@dataclass(frozen=True)
+class GoodputInputs:
+    """One training run to plan.
+
+    Give the failure rate either as ``failures_per_day`` or as ``gpus`` + ``afr`` (annual failure
+    rate per GPU, a fraction: 1 % is 0.01). ``gpus`` is also needed for GPU-hours and the disk
+    per node. ``interval_min`` is the training time between saves; ``blocking_s`` the time one
+    save stops training (the staging copy for async saves); ``restart_min`` the time from a
+    failure until training runs again, not counting re-done work.
+
+    Cost-account fields: ``checkpoint_gb`` (one whole checkpoint), ``keep_last`` (retention),
+    ``gpus_per_node``, ``data_cache_gb`` (local dataset cache per node) and ``staging_copies``
+    (checkpoint copies staged on local NVMe per node, each the node's even share).
+    """
+
+    interval_min: float
+    days: float = 30.0
+    failures_per_day: float | None = None
+    gpus: int | None = None
+    afr: float | None = None
+    blocking_s: float = 0.0
+    restart_min: float = 0.0
+    checkpoint_gb: float = 0.0
+    keep_last: int = 3
+    gpus_per_node: int = 8
+    data_cache_gb: float = 0.0
+    staging_copies: float = 2.0
+
+    def __post_init__(self) -> None:
+        own = "GoodputInputs"
+        _check(own, "interval_min", self.interval_min, positive=True,
+               hint=" (minutes of training between two checkpoints)")
+        _check(own, "days", self.days, positive=True, hint=" (wall-clock length of the run)")
+        _check(own, "failures_per_day", self.failures_per_day,
+               hint=" (0 plans for a run without failures)")
+        _check(own, "gpus", self.gpus, whole=True)
+        _check_afr(own, self.afr)
+        if self.failures_per_day is not None and self.afr is not None:
+            raise ConfigError(f"{own}: give the failure rate as failures_per_day or as gpus + "
+                              "afr, not both")
+        if self.failures_per_day is None and (self.afr is None or self.gpus is None):
+            raise ConfigError(f"{own}: no failure rate; set failures_per_day, or gpus and afr")
+        _check(own, "blocking_s", self.blocking_s)
+        _check(own, "restart_min", self.restart_min)
+        _check(own, "checkpoint_gb", self.checkpoint_gb)
+        _check(own, "keep_last", self.keep_last, whole=True,
+               hint=" (checkpoints kept by retention)")
+        _check(own, "gpus_per_node", self.gpus_per_node, whole=True)
+        _check(own, "data_cache_gb", self.data_cache_gb)
+        _check(own, "staging_copies", self.staging_copies)
+
+    @property
+    def rate_per_day(self) -> float:
+        """Expected failures a day, given or derived from ``gpus`` and ``afr``."""
+        if self.failures_per_day is not None:
+            return float(self.failures_per_day)
+        assert self.gpus is not None and self.afr is not None  # checked in __post_init__
+        return failures_per_day(self.gpus, self.afr)
+
+    @property
+    def mtbf_hours(self) -> float:
+        """Mean time between failures of the whole job, in hours (inf without failures)."""
+        rate = self.rate_per_day
+        return 24.0 / rate if rate > 0 else math.inf
+
+    @property
+    def nodes(self) -> int | None:
+        """Nodes of the job (``ceil(gpus / gpus_per_node)``), None when ``gpus`` is unknown."""
+        return None if self.gpus is None else -(-self.gpus // self.gpus_per_node)
+
+
+def expected_goodput(inputs: GoodputInputs, model: str = "first_order") -> float:
+    """Expected fraction of wall-clock time spent on productive training (see the module doc)."""
+    return _goodput(model, inputs.rate_per_day / 24.0, inputs.interval_min / 60.0,
+                    inputs.blocking_s / 3600.0, inputs.restart_min / 60.0)
+
+
+@dataclass(frozen=True)
+class Prices:
+    """Unit prices; any left None is not priced.
+
+    ``gpu_hour`` per GPU-hour; ``storage_gb_month`` per GB-month of checkpoint storage;
+    ``transfer_gb`` per GB written or read back; ``nvme_gb`` per GB of local NVMe staging/cache
+    capacity for the whole run (a flat charge, not prorated).
+    """
+
+    gpu_hour: float | None = None
+    storage_gb_month: float | None = None
+    transfer_gb: float | None = None
+    nvme_gb: float | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("gpu_hour", "storage_gb_month", "transfer_gb", "nvme_gb"):
+            _check("Prices", name, getattr(self, name), hint=" (or None to leave it unpriced)")
+
+
+def _price(quantity: float | None, unit_price: float | None) -> float | None:
+    return None if quantity is None or unit_price is None else quantity * unit_price
+
+
+@dataclass(frozen=True)
+class TimeLoss:
+    """Wall-clock hours of the run lost to one cause; GPU-hours and money where known."""
+
+    hours: float
+    gpu_hours: float | None
+    cost: float | None
+
+
+@dataclass(frozen=True)
+class CostAccount:
+    """What failures and checkpointing cost over the run (first-order model).
+
+    ``saves = run_hours / interval``; ``restores`` = expected failures, each reading one
+    checkpoint back. Storage is ``keep_last * checkpoint_gb`` for the whole run (an upper
+    bound: it ignores the ramp-up). Staging disk per node is ``staging_copies *
+    checkpoint_gb / nodes + data_cache_gb``; None when ``gpus`` is unknown.
+    """
+
+    run_hours: float
+    failure_rework: TimeLoss
+    failure_restarts: TimeLoss
+    checkpoint_blocking: TimeLoss
+    saves: float
+    restores: float
+    storage_gb_months: float
+    storage_cost: float | None
+    transfer_gb: float
+    transfer_cost: float | None
+    nodes: int | None
+    staging_gb_per_node: float | None
+    staging_gb_total: float | None
+    nvme_cost: float | None
+
+    @property
+    def lost_hours(self) -> float:
+        """Wall-clock hours lost to failures and blocking saves together."""
+        return sum(x.hours for x in (self.failure_rework, self.failure_restarts,
+                                     self.checkpoint_blocking))
+
+    @property
+    def total_cost(self) -> float | None:
+        """Sum of the priced items (unpriced ones count 0); None when nothing is priced."""
+        costs = [c for c in (self.failure_rework.cost, self.failure_restarts.cost,
+                             self.checkpoint_blocking.cost, self.storage_cost,
+                             self.transfer_cost, self.nvme_cost) if c is not None]
+        return sum(costs) if costs else None
+
+
+@dataclass(frozen=True)
+class GoodputReport:
+    """Result of :func:`plan`. Probabilities and goodputs are fractions; intervals in minutes."""
+
+    inputs: GoodputInputs
+    failures_per_day: float
+    mtbf_hours: float
+    failure_probability: float
+    expected_failures: float
+    goodput: float
+    goodput_exponential: float
+    young_interval_min: float
+    goodput_at_young: float
+    daly_interval_min: float
+    goodput_exponential_at_daly: float
+    account: CostAccount
+
+
+def plan(inputs: GoodputInputs, prices: Prices | None = None) -> GoodputReport:
+    """Goodput, failure odds, optimal intervals and the cost account for ``inputs``."""
+    p = prices or Prices()
+    rate_d = inputs.rate_per_day
+    rate_h = rate_d / 24.0
+    mtbf_h = inputs.mtbf_hours
+    tau_h, cost_h = inputs.interval_min / 60.0, inputs.blocking_s / 3600.0
+    restart_h = inputs.restart_min / 60.0
+    run_h = inputs.days * 24.0
+    failures = rate_d * inputs.days
+    saves = run_h / tau_h
+    young_h = young_interval(cost_h, mtbf_h)
+    daly_h = daly_interval(cost_h, mtbf_h)
+
+    def loss(hours: float) -> TimeLoss:
+        gpu_h = None if inputs.gpus is None else hours * inputs.gpus
+        return TimeLoss(hours, gpu_h, _price(gpu_h, p.gpu_hour))
+
+    storage = inputs.keep_last * inputs.checkpoint_gb * inputs.days / _DAYS_PER_MONTH
+    transfer = (saves + failures) * inputs.checkpoint_gb
+    nodes = inputs.nodes
+    per_node = total_disk = None
+    if nodes is not None:
+        per_node = inputs.staging_copies * inputs.checkpoint_gb / nodes + inputs.data_cache_gb
+        total_disk = per_node * nodes
+    account = CostAccount(
+        run_hours=run_h,
+        failure_rework=loss(failures * tau_h / 2.0),
+        failure_restarts=loss(failures * restart_h),
+        checkpoint_blocking=loss(saves * cost_h),
+        saves=saves,
+        restores=failures,
+        storage_gb_months=storage,
+        storage_cost=_price(storage, p.storage_gb_month),
+        transfer_gb=transfer,
+        transfer_cost=_price(transfer, p.transfer_gb),
+        nodes=nodes,
+        staging_gb_per_node=per_node,
+        staging_gb_total=total_disk,
+        nvme_cost=_price(total_disk, p.nvme_gb),
+    )
+    return GoodputReport(
+        inputs=inputs,
+        failures_per_day=rate_d,
+        mtbf_hours=mtbf_h,
+        failure_probability=failure_probability(rate_d, inputs.days),
+        expected_failures=failures,
+        goodput=expected_goodput(inputs),
+        goodput_exponential=expected_goodput(inputs, "exponential"),
+        young_interval_min=young_h * 60.0,
+        goodput_at_young=_goodput("first_order", rate_h, young_h, cost_h, restart_h),
+        daly_interval_min=daly_h * 60.0,
+        goodput_exponential_at_daly=_goodput("exponential", rate_h, daly_h, cost_h, restart_h),
+        account=account,
+    )
+
+
+def report_rows(report: GoodputReport, currency: str = "$") -> list[tuple[str, float, str]]:
+    """The report as ``(label, value, unit)`` table rows, fractions in percent.
+
+    Unknown or unpriced items are left out; money is labelled ``currency``.
+    """
+    a, cur = report.account, currency
+    rows: list[tuple[str, float | None, str]] = [
+        ("Failures per day", report.failures_per_day, "1/day"),
+        ("Mean time between failures", report.mtbf_hours, "h"),
+        ("P(at least one failure during the run)", 100.0 * report.failure_probability, "%"),
+        ("Expected failures during the run", report.expected_failures, "failures"),
+        ("Checkpoint interval", report.inputs.interval_min, "min"),
+        ("Goodput (first-order model)", 100.0 * report.goodput, "%"),
+        ("Goodput (exponential model)", 100.0 * report.goodput_exponential, "%"),
+        ("Young optimal interval", report.young_interval_min, "min"),
+        ("Goodput at Young interval (first-order)", 100.0 * report.goodput_at_young, "%"),
+        ("Daly optimal interval", report.daly_interval_min, "min"),
+        ("Goodput at Daly interval (exponential)",
+         100.0 * report.goodput_exponential_at_daly, "%"),
+        ("Run length", a.run_hours, "h"),
+    ]
+    for label, item in (("re-done work after failures", a.failure_rework),
+                        ("restarts", a.failure_restarts),
+                        ("blocking checkpoint saves", a.checkpoint_blocking)):
+        rows += [(f"Lost to {label}", item.hours, "h"),
+                 (f"Lost to {label}", item.gpu_hours, "GPU-h"),
+                 (f"Lost to {label}", item.cost, cur)]
+    rows += [
+        ("Checkpoints written", a.saves, "checkpoints"),
+        ("Restores", a.restores, "checkpoints"),
+        ("Checkpoint storage", a.storage_gb_months, "GB-month"),
+        ("Checkpoint storage", a.storage_cost, cur),
+        ("Transfer (saves + restores)", a.transfer_gb, "GB"),
+        ("Transfer (saves + restores)", a.transfer_cost, cur),
+        ("Nodes", None if a.nodes is None else float(a.nodes), "nodes"),
+        ("Staging + cache disk per node", a.staging_gb_per_node, "GB"),
+        ("Staging + cache disk, all nodes", a.staging_gb_total, "GB"),
+        ("Staging + cache disk", a.nvme_cost, cur),
+        ("Total (priced items)", a.total_cost, cur),
+    ]
+    return [(label, float(value), unit) for label, value, unit in rows if value is not None]

@@ -1,0 +1,319 @@
+"""Tests for ckptstore.goodput: MISSION figures, optimal intervals, properties, validation, costs."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import FrozenInstanceError, replace
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptstore.errors import CkptStoreError, ConfigError
+from ckptstore.goodput import (
+    MODELS,
+    GoodputInputs,
+    Prices,
+    daly_interval,
+    expected_goodput,
+    failure_probability,
+    failures_per_day,
+    plan,
+    report_rows,
+    young_interval,
+)
+
+PP = 0.01  # one percentage point
+
+# --- MISSION.md figures -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("interval_min", "expected"), [(120, 0.64), (30, 0.91)])
+def test_mission_goodput(interval_min: float, expected: float) -> None:
+    inputs = GoodputInputs(interval_min=interval_min, failures_per_day=8.6)
+    assert expected_goodput(inputs) == pytest.approx(expected, abs=PP)
+    # The same figure is 1 - rate * interval / 2: each failure loses half an interval.
+    assert expected_goodput(inputs) == pytest.approx(1 - 8.6 / 24 * interval_min / 60 / 2)
+
+
+@pytest.mark.parametrize(("gpus", "expected"), [(256, 0.19), (1024, 0.57)])
+def test_mission_failure_probability(gpus: int, expected: float) -> None:
+    p = failure_probability(failures_per_day(gpus, 0.01), 30)
+    assert p == pytest.approx(expected, abs=PP)
+    report = plan(GoodputInputs(interval_min=30, gpus=gpus, afr=0.01, days=30))
+    assert report.failure_probability == pytest.approx(p)
+
+
+def test_exponential_model_figures() -> None:
+    # Documented in the module: the higher-order model is a little kinder at long intervals.
+    g2h = expected_goodput(GoodputInputs(interval_min=120, failures_per_day=8.6), "exponential")
+    g30 = expected_goodput(GoodputInputs(interval_min=30, failures_per_day=8.6), "exponential")
+    assert g2h == pytest.approx(0.684, abs=0.001)
+    assert g30 == pytest.approx(0.913, abs=0.001)
+
+
+def test_costs_reduce_model_and_zero_costs_reduce_to_mission_model() -> None:
+    base = GoodputInputs(interval_min=60, failures_per_day=4.0)
+    costly = replace(base, blocking_s=36.0, restart_min=15.0)
+    lam = 4.0 / 24
+    assert expected_goodput(costly) == pytest.approx(1 - 0.01 - lam * (0.5 + 0.25))
+    assert expected_goodput(costly) < expected_goodput(base) == pytest.approx(1 - lam / 2)
+
+
+def test_no_failures() -> None:
+    inputs = GoodputInputs(interval_min=60, failures_per_day=0.0, blocking_s=36.0)
+    assert expected_goodput(inputs) == pytest.approx(0.99)
+    assert expected_goodput(inputs, "exponential") == pytest.approx(60 / 60.6)
+    report = plan(inputs)
+    assert report.failure_probability == 0.0
+    assert math.isinf(report.mtbf_hours)
+    assert math.isinf(report.young_interval_min) and math.isinf(report.daly_interval_min)
+    assert report.goodput_at_young == 1.0 and report.goodput_exponential_at_daly == 1.0
+
+
+def test_free_saves_give_zero_interval() -> None:
+    report = plan(GoodputInputs(interval_min=30, failures_per_day=8.6, restart_min=6))
+    assert report.young_interval_min == 0.0 == report.daly_interval_min
+    assert report.goodput_at_young == pytest.approx(1 - 8.6 / 24 * 0.1)
+
+
+# --- optimal intervals --------------------------------------------------------------------
+
+
+def test_young_and_daly_formulas() -> None:
+    assert young_interval(2.0, 100.0) == pytest.approx(20.0)
+    s = math.sqrt(2.0 / 200.0)
+    assert daly_interval(2.0, 100.0) == pytest.approx(20.0 * (1 + s / 3 + s * s / 9) - 2.0)
+    assert daly_interval(300.0, 100.0) == 100.0  # C >= 2 MTBF: checkpoint once per MTBF
+
+
+def _goodput_at(model: str, rate_d: float, c_s: float, r_min: float, tau_h: float) -> float:
+    inputs = GoodputInputs(interval_min=tau_h * 60, failures_per_day=rate_d, blocking_s=c_s,
+                           restart_min=r_min)
+    return expected_goodput(inputs, model)
+
+
+rates = st.floats(0.01, 100.0)           # failures per day
+blocking = st.floats(0.1, 3600.0)        # seconds per save
+restarts = st.floats(0.0, 120.0)         # minutes
+
+
+@settings(max_examples=150, deadline=None)
+@given(rates, blocking, restarts)
+def test_young_is_optimal_for_first_order(rate_d: float, c_s: float, r_min: float) -> None:
+    tau = young_interval(c_s / 3600, 24 / rate_d)
+    best = _goodput_at("first_order", rate_d, c_s, r_min, tau)
+    for k in (0.5, 2.0, 0.9, 1.1):
+        assert best >= _goodput_at("first_order", rate_d, c_s, r_min, k * tau) - 1e-12
+
+
+@settings(max_examples=150, deadline=None)
+@given(rates, blocking, restarts)
+def test_daly_beats_half_and_double(rate_d: float, c_s: float, r_min: float) -> None:
+    tau = daly_interval(c_s / 3600, 24 / rate_d)
+    for model in MODELS:
+        best = _goodput_at(model, rate_d, c_s, r_min, tau)
+        for k in (0.5, 2.0):
+            assert best >= _goodput_at(model, rate_d, c_s, r_min, k * tau) - 1e-12
+
+
+@settings(max_examples=150, deadline=None)
+@given(rates, st.floats(0.0, 0.4), restarts)
+def test_young_beats_half_and_double_in_exponential_model(
+    rate_d: float, c_over_mtbf: float, r_min: float
+) -> None:
+    # Young's first-order optimum holds for the exponential model while C is small next to the
+    # MTBF (it drifts too long from about C > 0.43 MTBF; Daly's formula covers that range).
+    mtbf_h = 24 / rate_d
+    c_s = max(c_over_mtbf * mtbf_h * 3600, 1e-3)
+    tau = young_interval(c_s / 3600, mtbf_h)
+    best = _goodput_at("exponential", rate_d, c_s, r_min, tau)
+    for k in (0.5, 2.0):
+        assert best >= _goodput_at("exponential", rate_d, c_s, r_min, k * tau) - 1e-12
+
+
+@given(st.floats(0.0, 1e4), st.floats(1e-3, 1e4))
+def test_daly_never_longer_than_young(c: float, mtbf: float) -> None:
+    assert 0.0 <= daly_interval(c, mtbf) <= young_interval(c, mtbf) * (1 + 1e-12)
+
+
+# --- monotonicity -------------------------------------------------------------------------
+
+intervals = st.floats(1.0, 24 * 60.0)   # minutes
+
+
+@settings(max_examples=100, deadline=None)
+@given(intervals, rates, blocking, restarts, st.floats(1.0, 10.0), st.sampled_from(MODELS))
+def test_goodput_falls_as_costs_rise(
+    interval: float, rate_d: float, c_s: float, r_min: float, factor: float, model: str
+) -> None:
+    base = GoodputInputs(interval_min=interval, failures_per_day=rate_d, blocking_s=c_s,
+                         restart_min=r_min)
+    g = expected_goodput(base, model)
+    assert 0.0 <= g <= 1.0
+    for worse in (replace(base, failures_per_day=rate_d * factor),
+                  replace(base, blocking_s=c_s * factor),
+                  replace(base, restart_min=r_min * factor + 1.0)):
+        assert expected_goodput(worse, model) <= g + 1e-12
+
+
+@settings(max_examples=100, deadline=None)
+@given(intervals, rates, st.floats(0.0, 3600.0), restarts)
+def test_first_order_is_a_lower_bound(interval: float, rate_d: float, c_s: float,
+                                      r_min: float) -> None:
+    inputs = GoodputInputs(interval_min=interval, failures_per_day=rate_d, blocking_s=c_s,
+                           restart_min=r_min)
+    assert expected_goodput(inputs) <= expected_goodput(inputs, "exponential") + 1e-12
+
+
+@given(st.integers(1, 100_000), st.integers(1, 100_000), st.floats(0.0, 1.0),
+       st.floats(0.1, 365.0), st.floats(1.0, 3.0))
+def test_failure_probability_grows(g1: int, g2: int, afr: float, days: float,
+                                   more: float) -> None:
+    lo, hi = sorted((g1, g2))
+    p = failure_probability(failures_per_day(lo, afr), days)
+    assert 0.0 <= p <= 1.0
+    assert failure_probability(failures_per_day(hi, afr), days) >= p
+    assert failure_probability(failures_per_day(lo, afr), days * more) >= p
+    assert failures_per_day(hi, afr) == pytest.approx(hi * afr / 365)
+
+
+@given(st.floats(0.0, 1e4), st.floats(1e-3, 1e4), st.floats(1.0, 10.0))
+def test_intervals_grow_with_cost_and_mtbf(c: float, mtbf: float, k: float) -> None:
+    for f in (young_interval, daly_interval):
+        assert f(c * k, mtbf) >= f(c, mtbf) * (1 - 1e-12)
+    assert young_interval(c, mtbf * k) >= young_interval(c, mtbf) * (1 - 1e-12)
+    if (c < 2 * mtbf) == (c < 2 * mtbf * k):  # Daly's published formula jumps at C = 2 MTBF
+        assert daly_interval(c, mtbf * k) >= daly_interval(c, mtbf) * (1 - 1e-12)
+
+
+def test_daly_jump_at_two_mtbf() -> None:
+    below = daly_interval(2.0 * (1 - 1e-9), 1.0)
+    assert below == pytest.approx(8 / 9, rel=1e-4) and daly_interval(2.0, 1.0) == 1.0
+
+
+# --- validation ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"interval_min": 0, "failures_per_day": 1}, "interval_min must be .*> 0"),
+        ({"interval_min": -5, "failures_per_day": 1}, "interval_min"),
+        ({"interval_min": math.nan, "failures_per_day": 1}, "interval_min"),
+        ({"interval_min": 30, "failures_per_day": 1, "days": 0}, "days must be .*> 0"),
+        ({"interval_min": 30, "failures_per_day": -1}, "failures_per_day must be .*>= 0"),
+        ({"interval_min": 30, "failures_per_day": 1, "blocking_s": -1}, "blocking_s"),
+        ({"interval_min": 30, "failures_per_day": 1, "restart_min": -1}, "restart_min"),
+        ({"interval_min": 30, "failures_per_day": 1, "checkpoint_gb": -1}, "checkpoint_gb"),
+        ({"interval_min": 30, "failures_per_day": 1, "keep_last": 0}, "keep_last"),
+        ({"interval_min": 30, "failures_per_day": 1, "gpus": 0}, "gpus must be a whole"),
+        ({"interval_min": 30, "failures_per_day": 1, "gpus": 2.5}, "gpus must be a whole"),
+        ({"interval_min": 30, "failures_per_day": 1, "gpus_per_node": 0}, "gpus_per_node"),
+        ({"interval_min": 30}, "no failure rate; set failures_per_day, or gpus and afr"),
+        ({"interval_min": 30, "afr": 0.01}, "no failure rate"),
+        ({"interval_min": 30, "gpus": 8, "afr": 0.01, "failures_per_day": 1}, "not both"),
+        ({"interval_min": 30, "gpus": 8, "afr": 1.5}, r"1 % is 0.01"),
+        ({"interval_min": 30, "gpus": 8, "afr": -0.01}, "afr"),
+    ],
+)
+def test_inputs_validation(kwargs: dict[str, float], match: str) -> None:
+    with pytest.raises(ConfigError, match=match) as info:
+        GoodputInputs(**kwargs)  # type: ignore[arg-type]
+    assert isinstance(info.value, ValueError) and isinstance(info.value, CkptStoreError)
+
+
+def test_function_validation() -> None:
+    with pytest.raises(ValueError, match="1 % is 0.01"):
+        failures_per_day(256, 1.0 + 1e-9)
+    with pytest.raises(ValueError, match="gpus"):
+        failures_per_day(0, 0.01)
+    with pytest.raises(ValueError, match="days"):
+        failure_probability(1.0, -1)
+    with pytest.raises(ValueError, match="mtbf"):
+        young_interval(1.0, 0.0)
+    with pytest.raises(ValueError, match="checkpoint_cost"):
+        daly_interval(-1.0, 10.0)
+    with pytest.raises(ValueError, match="Prices.gpu_hour"):
+        Prices(gpu_hour=-2.0)
+    with pytest.raises(ValueError, match="model must be one of"):
+        expected_goodput(GoodputInputs(interval_min=30, failures_per_day=1), "linear")
+
+
+def test_dataclasses_are_frozen() -> None:
+    inputs = GoodputInputs(interval_min=30, failures_per_day=1)
+    with pytest.raises(FrozenInstanceError):
+        inputs.interval_min = 10  # type: ignore[misc]
+    with pytest.raises(FrozenInstanceError):
+        plan(inputs).account.saves = 1  # type: ignore[misc]
+
+
+# --- cost account -------------------------------------------------------------------------
+
+
+def test_cost_account_hand_checked() -> None:
+    # 64 GPUs (8 nodes), 1 failure a day for 10 days, save every 60 min blocking 36 s,
+    # restart 30 min, 100 GB checkpoints, keep 3, 50 GB data cache per node.
+    inputs = GoodputInputs(interval_min=60, days=10, failures_per_day=1.0, gpus=64,
+                           blocking_s=36, restart_min=30, checkpoint_gb=100, keep_last=3,
+                           data_cache_gb=50)
+    prices = Prices(gpu_hour=2.0, storage_gb_month=0.02, transfer_gb=0.01, nvme_gb=0.1)
+    r = plan(inputs, prices)
+    a = r.account
+    assert r.expected_failures == pytest.approx(10)
+    assert a.run_hours == 240
+    # 10 failures x half of 1 h re-done = 5 h; x 0.5 h restart = 5 h; 240 saves x 0.01 h = 2.4 h.
+    assert a.failure_rework.hours == pytest.approx(5.0)
+    assert a.failure_rework.gpu_hours == pytest.approx(320.0)
+    assert a.failure_rework.cost == pytest.approx(640.0)
+    assert a.failure_restarts.hours == pytest.approx(5.0)
+    assert a.failure_restarts.cost == pytest.approx(640.0)
+    assert a.checkpoint_blocking.hours == pytest.approx(2.4)
+    assert a.checkpoint_blocking.gpu_hours == pytest.approx(153.6)
+    assert a.checkpoint_blocking.cost == pytest.approx(307.2)
+    # The three losses are exactly the first-order goodput's complement.
+    assert a.lost_hours == pytest.approx(12.4)
+    assert r.goodput == pytest.approx(1 - 12.4 / 240)
+    # Storage: 3 x 100 GB for 10 days = 300 GB x (10 / (365/12)) months.
+    months = 10 / (365 / 12)
+    assert a.storage_gb_months == pytest.approx(300 * months)
+    assert a.storage_cost == pytest.approx(6 * months)
+    # Transfer: (240 saves + 10 restores) x 100 GB = 25,000 GB -> 250.
+    assert a.saves == pytest.approx(240) and a.restores == pytest.approx(10)
+    assert a.transfer_gb == pytest.approx(25_000)
+    assert a.transfer_cost == pytest.approx(250)
+    # Disk: 2 x 100 GB / 8 nodes + 50 GB = 75 GB a node, 600 GB in all -> 60.
+    assert a.nodes == 8
+    assert a.staging_gb_per_node == pytest.approx(75)
+    assert a.staging_gb_total == pytest.approx(600)
+    assert a.nvme_cost == pytest.approx(60)
+    assert a.total_cost == pytest.approx(640 + 640 + 307.2 + 6 * months + 250 + 60)
+
+
+def test_cost_account_without_prices_or_gpus() -> None:
+    r = plan(GoodputInputs(interval_min=120, failures_per_day=8.6, checkpoint_gb=10))
+    a = r.account
+    assert a.failure_rework.hours == pytest.approx(8.6 * 30 * 1.0)
+    assert a.failure_rework.gpu_hours is None and a.failure_rework.cost is None
+    assert a.nodes is None and a.staging_gb_per_node is None and a.nvme_cost is None
+    assert a.storage_cost is None and a.transfer_cost is None and a.total_cost is None
+    # Partial price lists price what they can.
+    a2 = plan(replace(r.inputs, gpus=16), Prices(transfer_gb=0.05)).account
+    assert a2.total_cost == pytest.approx(a2.transfer_gb * 0.05)
+    assert a2.failure_rework.gpu_hours == pytest.approx(a.failure_rework.hours * 16)
+
+
+def test_report_rows() -> None:
+    inputs = GoodputInputs(interval_min=120, failures_per_day=8.6)
+    rows = report_rows(plan(inputs))
+    assert all(isinstance(v, float) and isinstance(lbl, str) and isinstance(u, str)
+               for lbl, v, u in rows)
+    by_label = {(lbl, u): v for lbl, v, u in rows}
+    assert by_label[("Goodput (first-order model)", "%")] == pytest.approx(64.17, abs=0.01)
+    assert ("Total (priced items)", "$") not in by_label
+    assert not any(u == "GPU-h" for _, _, u in rows)   # gpus unknown: left out
+    priced = report_rows(plan(replace(inputs, gpus=8, checkpoint_gb=1),
+                              Prices(gpu_hour=1.0)), currency="EUR")
+    labels = {(lbl, u) for lbl, _, u in priced}
+    assert ("Lost to restarts", "GPU-h") in labels and ("Total (priced items)", "EUR") in labels
+    assert ("Transfer (saves + restores)", "EUR") not in labels
