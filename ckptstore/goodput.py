@@ -66,8 +66,15 @@ _DAYS_PER_YEAR = 365.0
 _DAYS_PER_MONTH = _DAYS_PER_YEAR / 12.0
 
 
-def _check(owner: str, name: str, value: float | None, *, positive: bool = False,
-           whole: bool = False, hint: str = "") -> None:
+def _check(
+    owner: str,
+    name: str,
+    value: float | None,
+    *,
+    positive: bool = False,
+    whole: bool = False,
+    hint: str = "",
+) -> None:
     """Raise ConfigError unless ``value`` is None, finite and >= 0 (> 0 / an int >= 1)."""
     if value is None:
         return
@@ -76,16 +83,18 @@ def _check(owner: str, name: str, value: float | None, *, positive: bool = False
         kind = "a whole number" if whole else "a number"
         raise ConfigError(f"{owner}.{name} must be {kind}{hint}; got {value!r}")
     if not math.isfinite(value) or value < (1 if whole else 0) or (positive and value == 0):
-        need = "a whole number >= 1" if whole else "a finite number " + (
-            "> 0" if positive else ">= 0")
+        need = (
+            "a whole number >= 1" if whole else "a finite number " + ("> 0" if positive else ">= 0")
+        )
         raise ConfigError(f"{owner}.{name} must be {need}{hint}; got {value!r}")
 
 
 def _check_afr(owner: str, afr: float | None) -> None:
     _check(owner, "afr", afr, hint=" (a fraction per GPU-year: 1 % is 0.01)")
     if afr is not None and afr > 1:
-        raise ConfigError(f"{owner}.afr is a fraction per GPU-year: 1 % is 0.01, not 1; "
-                          f"got {afr!r}")
+        raise ConfigError(
+            f"{owner}.afr is a fraction per GPU-year: 1 % is 0.01, not 1; got {afr!r}"
+        )
 
 
 def failures_per_day(gpus: int, afr: float) -> float:
@@ -191,23 +200,34 @@ class GoodputInputs:
 
     def __post_init__(self) -> None:
         own = "GoodputInputs"
-        _check(own, "interval_min", self.interval_min, positive=True,
-               hint=" (minutes of training between two checkpoints)")
+        _check(
+            own,
+            "interval_min",
+            self.interval_min,
+            positive=True,
+            hint=" (minutes of training between two checkpoints)",
+        )
         _check(own, "days", self.days, positive=True, hint=" (wall-clock length of the run)")
-        _check(own, "failures_per_day", self.failures_per_day,
-               hint=" (0 plans for a run without failures)")
+        _check(
+            own,
+            "failures_per_day",
+            self.failures_per_day,
+            hint=" (0 plans for a run without failures)",
+        )
         _check(own, "gpus", self.gpus, whole=True)
         _check_afr(own, self.afr)
         if self.failures_per_day is not None and self.afr is not None:
-            raise ConfigError(f"{own}: give the failure rate as failures_per_day or as gpus + "
-                              "afr, not both")
+            raise ConfigError(
+                f"{own}: give the failure rate as failures_per_day or as gpus + afr, not both"
+            )
         if self.failures_per_day is None and (self.afr is None or self.gpus is None):
             raise ConfigError(f"{own}: no failure rate; set failures_per_day, or gpus and afr")
         _check(own, "blocking_s", self.blocking_s)
         _check(own, "restart_min", self.restart_min)
         _check(own, "checkpoint_gb", self.checkpoint_gb)
-        _check(own, "keep_last", self.keep_last, whole=True,
-               hint=" (checkpoints kept by retention)")
+        _check(
+            own, "keep_last", self.keep_last, whole=True, hint=" (checkpoints kept by retention)"
+        )
         _check(own, "gpus_per_node", self.gpus_per_node, whole=True)
         _check(own, "data_cache_gb", self.data_cache_gb)
         _check(own, "staging_copies", self.staging_copies)
@@ -234,8 +254,13 @@ class GoodputInputs:
 
 def expected_goodput(inputs: GoodputInputs, model: str = "first_order") -> float:
     """Expected fraction of wall-clock time spent on productive training (see the module doc)."""
-    return _goodput(model, inputs.rate_per_day / 24.0, inputs.interval_min / 60.0,
-                    inputs.blocking_s / 3600.0, inputs.restart_min / 60.0)
+    return _goodput(
+        model,
+        inputs.rate_per_day / 24.0,
+        inputs.interval_min / 60.0,
+        inputs.blocking_s / 3600.0,
+        inputs.restart_min / 60.0,
+    )
 
 
 @dataclass(frozen=True)
@@ -298,15 +323,25 @@ class CostAccount:
     @property
     def lost_hours(self) -> float:
         """Wall-clock hours lost to failures and blocking saves together."""
-        return sum(x.hours for x in (self.failure_rework, self.failure_restarts,
-                                     self.checkpoint_blocking))
+        return sum(
+            x.hours for x in (self.failure_rework, self.failure_restarts, self.checkpoint_blocking)
+        )
 
     @property
     def total_cost(self) -> float | None:
         """Sum of the priced items (unpriced ones count 0); None when nothing is priced."""
-        costs = [c for c in (self.failure_rework.cost, self.failure_restarts.cost,
-                             self.checkpoint_blocking.cost, self.storage_cost,
-                             self.transfer_cost, self.nvme_cost) if c is not None]
+        costs = [
+            c
+            for c in (
+                self.failure_rework.cost,
+                self.failure_restarts.cost,
+                self.checkpoint_blocking.cost,
+                self.storage_cost,
+                self.transfer_cost,
+                self.nvme_cost,
+            )
+            if c is not None
+        ]
         return sum(costs) if costs else None
 
 
@@ -402,16 +437,19 @@ def report_rows(report: GoodputReport, currency: str = "$") -> list[tuple[str, f
         ("Young optimal interval", report.young_interval_min, "min"),
         ("Goodput at Young interval (first-order)", 100.0 * report.goodput_at_young, "%"),
         ("Daly optimal interval", report.daly_interval_min, "min"),
-        ("Goodput at Daly interval (exponential)",
-         100.0 * report.goodput_exponential_at_daly, "%"),
+        ("Goodput at Daly interval (exponential)", 100.0 * report.goodput_exponential_at_daly, "%"),
         ("Run length", a.run_hours, "h"),
     ]
-    for label, item in (("re-done work after failures", a.failure_rework),
-                        ("restarts", a.failure_restarts),
-                        ("blocking checkpoint saves", a.checkpoint_blocking)):
-        rows += [(f"Lost to {label}", item.hours, "h"),
-                 (f"Lost to {label}", item.gpu_hours, "GPU-h"),
-                 (f"Lost to {label}", item.cost, cur)]
+    for label, item in (
+        ("re-done work after failures", a.failure_rework),
+        ("restarts", a.failure_restarts),
+        ("blocking checkpoint saves", a.checkpoint_blocking),
+    ):
+        rows += [
+            (f"Lost to {label}", item.hours, "h"),
+            (f"Lost to {label}", item.gpu_hours, "GPU-h"),
+            (f"Lost to {label}", item.cost, cur),
+        ]
     rows += [
         ("Checkpoints written", a.saves, "checkpoints"),
         ("Restores", a.restores, "checkpoints"),

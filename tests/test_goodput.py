@@ -1,4 +1,4 @@
-"""Tests for ckptstore.goodput: MISSION figures, optimal intervals, properties, validation, costs."""
+"""ckptstore.goodput: MISSION figures, optimal intervals, properties, validation, costs."""
 
 from __future__ import annotations
 
@@ -88,14 +88,15 @@ def test_young_and_daly_formulas() -> None:
 
 
 def _goodput_at(model: str, rate_d: float, c_s: float, r_min: float, tau_h: float) -> float:
-    inputs = GoodputInputs(interval_min=tau_h * 60, failures_per_day=rate_d, blocking_s=c_s,
-                           restart_min=r_min)
+    inputs = GoodputInputs(
+        interval_min=tau_h * 60, failures_per_day=rate_d, blocking_s=c_s, restart_min=r_min
+    )
     return expected_goodput(inputs, model)
 
 
-rates = st.floats(0.01, 100.0)           # failures per day
-blocking = st.floats(0.1, 3600.0)        # seconds per save
-restarts = st.floats(0.0, 120.0)         # minutes
+rates = st.floats(0.01, 100.0)  # failures per day
+blocking = st.floats(0.1, 3600.0)  # seconds per save
+restarts = st.floats(0.0, 120.0)  # minutes
 
 
 @settings(max_examples=150, deadline=None)
@@ -139,7 +140,7 @@ def test_daly_never_longer_than_young(c: float, mtbf: float) -> None:
 
 # --- monotonicity -------------------------------------------------------------------------
 
-intervals = st.floats(1.0, 24 * 60.0)   # minutes
+intervals = st.floats(1.0, 24 * 60.0)  # minutes
 
 
 @settings(max_examples=100, deadline=None)
@@ -147,29 +148,38 @@ intervals = st.floats(1.0, 24 * 60.0)   # minutes
 def test_goodput_falls_as_costs_rise(
     interval: float, rate_d: float, c_s: float, r_min: float, factor: float, model: str
 ) -> None:
-    base = GoodputInputs(interval_min=interval, failures_per_day=rate_d, blocking_s=c_s,
-                         restart_min=r_min)
+    base = GoodputInputs(
+        interval_min=interval, failures_per_day=rate_d, blocking_s=c_s, restart_min=r_min
+    )
     g = expected_goodput(base, model)
     assert 0.0 <= g <= 1.0
-    for worse in (replace(base, failures_per_day=rate_d * factor),
-                  replace(base, blocking_s=c_s * factor),
-                  replace(base, restart_min=r_min * factor + 1.0)):
+    for worse in (
+        replace(base, failures_per_day=rate_d * factor),
+        replace(base, blocking_s=c_s * factor),
+        replace(base, restart_min=r_min * factor + 1.0),
+    ):
         assert expected_goodput(worse, model) <= g + 1e-12
 
 
 @settings(max_examples=100, deadline=None)
 @given(intervals, rates, st.floats(0.0, 3600.0), restarts)
-def test_first_order_is_a_lower_bound(interval: float, rate_d: float, c_s: float,
-                                      r_min: float) -> None:
-    inputs = GoodputInputs(interval_min=interval, failures_per_day=rate_d, blocking_s=c_s,
-                           restart_min=r_min)
+def test_first_order_is_a_lower_bound(
+    interval: float, rate_d: float, c_s: float, r_min: float
+) -> None:
+    inputs = GoodputInputs(
+        interval_min=interval, failures_per_day=rate_d, blocking_s=c_s, restart_min=r_min
+    )
     assert expected_goodput(inputs) <= expected_goodput(inputs, "exponential") + 1e-12
 
 
-@given(st.integers(1, 100_000), st.integers(1, 100_000), st.floats(0.0, 1.0),
-       st.floats(0.1, 365.0), st.floats(1.0, 3.0))
-def test_failure_probability_grows(g1: int, g2: int, afr: float, days: float,
-                                   more: float) -> None:
+@given(
+    st.integers(1, 100_000),
+    st.integers(1, 100_000),
+    st.floats(0.0, 1.0),
+    st.floats(0.1, 365.0),
+    st.floats(1.0, 3.0),
+)
+def test_failure_probability_grows(g1: int, g2: int, afr: float, days: float, more: float) -> None:
     lo, hi = sorted((g1, g2))
     p = failure_probability(failures_per_day(lo, afr), days)
     assert 0.0 <= p <= 1.0
@@ -254,9 +264,17 @@ def test_dataclasses_are_frozen() -> None:
 def test_cost_account_hand_checked() -> None:
     # 64 GPUs (8 nodes), 1 failure a day for 10 days, save every 60 min blocking 36 s,
     # restart 30 min, 100 GB checkpoints, keep 3, 50 GB data cache per node.
-    inputs = GoodputInputs(interval_min=60, days=10, failures_per_day=1.0, gpus=64,
-                           blocking_s=36, restart_min=30, checkpoint_gb=100, keep_last=3,
-                           data_cache_gb=50)
+    inputs = GoodputInputs(
+        interval_min=60,
+        days=10,
+        failures_per_day=1.0,
+        gpus=64,
+        blocking_s=36,
+        restart_min=30,
+        checkpoint_gb=100,
+        keep_last=3,
+        data_cache_gb=50,
+    )
     prices = Prices(gpu_hour=2.0, storage_gb_month=0.02, transfer_gb=0.01, nvme_gb=0.1)
     r = plan(inputs, prices)
     a = r.account
@@ -306,14 +324,16 @@ def test_cost_account_without_prices_or_gpus() -> None:
 def test_report_rows() -> None:
     inputs = GoodputInputs(interval_min=120, failures_per_day=8.6)
     rows = report_rows(plan(inputs))
-    assert all(isinstance(v, float) and isinstance(lbl, str) and isinstance(u, str)
-               for lbl, v, u in rows)
+    assert all(
+        isinstance(v, float) and isinstance(lbl, str) and isinstance(u, str) for lbl, v, u in rows
+    )
     by_label = {(lbl, u): v for lbl, v, u in rows}
     assert by_label[("Goodput (first-order model)", "%")] == pytest.approx(64.17, abs=0.01)
     assert ("Total (priced items)", "$") not in by_label
-    assert not any(u == "GPU-h" for _, _, u in rows)   # gpus unknown: left out
-    priced = report_rows(plan(replace(inputs, gpus=8, checkpoint_gb=1),
-                              Prices(gpu_hour=1.0)), currency="EUR")
+    assert not any(u == "GPU-h" for _, _, u in rows)  # gpus unknown: left out
+    priced = report_rows(
+        plan(replace(inputs, gpus=8, checkpoint_gb=1), Prices(gpu_hour=1.0)), currency="EUR"
+    )
     labels = {(lbl, u) for lbl, _, u in priced}
     assert ("Lost to restarts", "GPU-h") in labels and ("Total (priced items)", "EUR") in labels
     assert ("Transfer (saves + restores)", "EUR") not in labels

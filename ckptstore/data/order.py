@@ -44,6 +44,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from ckptstore.errors import CkptStoreError
+
 __all__ = [
     "DataOrderError",
     "OrderState",
@@ -67,7 +69,7 @@ _MASK63 = (1 << 63) - 1
 IntArray = npt.NDArray[np.int64]
 
 
-class DataOrderError(ValueError):
+class DataOrderError(CkptStoreError, ValueError):
     """The data order cannot be computed or resumed as asked; the message says what to change."""
 
 

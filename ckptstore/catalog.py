@@ -1,0 +1,58 @@
+"""Checkpoints under a root: step naming, discovery and status.
+
+A root holds one directory (prefix) per step, ``step_<9 digits>``. Discovery lists the
+root's children only to find candidate steps; whether a step is a checkpoint is decided
+by its marker and manifest (``engine.commit``), never by the listing. "Newest" is the
+highest step number, never a modification time.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ckptstore.engine.commit import checkpoint_status
+from ckptstore.engine.store import Store
+
+__all__ = ["step_name", "parse_step", "StepEntry", "list_steps", "committed_steps"]
+
+_STEP = re.compile(r"^step_(\d+)$")
+
+
+def step_name(step: int) -> str:
+    """The directory name of ``step``: ``step_000000100``."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    return f"step_{step:09d}"
+
+
+def parse_step(name: str) -> int | None:
+    m = _STEP.match(name.rstrip("/"))
+    return int(m.group(1)) if m else None
+
+
+@dataclass(frozen=True)
+class StepEntry:
+    step: int
+    name: str
+    status: str  # committed | incomplete | corrupt
+
+
+def list_steps(root: Store, with_status: bool = True) -> list[StepEntry]:
+    """Every ``step_*`` under ``root``, ascending by step, with its commit status."""
+    found = sorted(
+        (step, name) for name in root.listdir() if (step := parse_step(name)) is not None
+    )
+    return [
+        StepEntry(step, name, checkpoint_status(root.child(name)) if with_status else "unknown")
+        for step, name in found
+    ]
+
+
+def committed_steps(root: Store, newest_first: bool = False) -> Iterator[int]:
+    """Steps whose marker matches their manifest, ascending (or newest first)."""
+    entries = list_steps(root)
+    if newest_first:
+        entries.reverse()
+    return (e.step for e in entries if e.status == "committed")
