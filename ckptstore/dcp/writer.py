@@ -37,6 +37,7 @@ from ckptstore.config import TransferConfig
 from ckptstore.dcp.format import ItemInfo, check_codec, compress, encode_item
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import publish, uncommit
+from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import FileInfo, TransferEngine
@@ -113,7 +114,8 @@ class CkptWriter(StorageWriter):
         self.attempt = uuid.uuid4().hex[:12]
         self.rank = 0
         self.is_coordinator = True
-        self.last_commit_stats: dict[str, float] = {}
+        #: Merged into the manifest's ``extra`` at commit (the manager records timings).
+        self.manifest_extra: dict[str, Any] = {}
 
     @property
     def url(self) -> str:
@@ -163,9 +165,12 @@ class CkptWriter(StorageWriter):
         fut.set_result(results)
         return fut
 
-    def _write_file(self, name: str, items: list, planner: SavePlanner) -> list[WriteResult]:
+    def _write_file(
+        self, name: str, items: list, planner: SavePlanner, store: Store | None = None
+    ) -> list[WriteResult]:
+        """Serialise ``items`` into file ``name`` of ``store`` (default: the destination)."""
         written: list[tuple[Any, int, int, int, int]] = []
-        with self.engine.writer(self.store, name) as w:
+        with self.engine.writer(store or self.store, name) as w:
             # Bytes items first (small), then tensors, as stock DCP orders them.
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
                 raw = encode_item(planner.resolve_data(item))
@@ -174,6 +179,7 @@ class CkptWriter(StorageWriter):
                 offset = w.write(stored, crc)
                 written.append((item, offset, len(stored), crc, len(raw)))
             info: FileInfo = w.close()
+        crashpoint("after_shards")
         return [
             WriteResult(
                 index=item.index,
@@ -184,12 +190,22 @@ class CkptWriter(StorageWriter):
         ]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        manifest, metadata_bytes = self._build_manifest(metadata, results)
+        if self.overwrite:
+            uncommit(self.store)
+        publish(self.store, self.engine, self.attempt, manifest, metadata_bytes)
+
+    def _build_manifest(
+        self, metadata: Metadata, results: list[list[WriteResult]]
+    ) -> tuple[Manifest, bytes]:
+        """The manifest and pickled stock ``Metadata`` (with stock ``_StorageInfo`` entries)."""
         manifest = Manifest(
             step=self.step,
             world_size=len(results),
             codec=self.codec,
             torch_version=torch.__version__,
             ckptstore_version=_version(),
+            extra=dict(self.manifest_extra),
         )
         storage_md = {}
         for rank_results in results:
@@ -209,9 +225,7 @@ class CkptWriter(StorageWriter):
                 )
         metadata.storage_data = storage_md
         metadata.storage_meta = self.storage_meta()
-        if self.overwrite:
-            uncommit(self.store)
-        publish(self.store, self.engine, self.attempt, manifest, pickle.dumps(metadata))
+        return manifest, pickle.dumps(metadata)
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.url, save_id=self.attempt)

@@ -24,6 +24,7 @@ import logging
 from dataclasses import dataclass
 
 from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -83,6 +84,7 @@ def publish(
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)]
     engine.put(store, own[0], manifest_bytes)
     engine.put(store, own[1], metadata_bytes)
+    crashpoint("before_marker")
     try:
         engine.retry(
             lambda: store.put_if_absent(MARKER_NAME, marker.to_bytes()),
@@ -95,6 +97,7 @@ def publish(
             f"{store.url} was committed by another writer while this one was saving; this "
             "attempt's files were removed and the other checkpoint is kept."
         ) from None
+    crashpoint("after_marker")
     engine.put(store, MANIFEST_NAME, manifest_bytes)
     engine.put(store, METADATA_NAME, metadata_bytes)
     keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, *own, *manifest.files}

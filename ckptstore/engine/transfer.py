@@ -28,9 +28,10 @@ from typing import TypeVar
 
 from ckptstore.config import TransferConfig
 from ckptstore.engine.checksum import Crc32c
+from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.retry import Deadline, RetryStats, call_with_retry
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
-from ckptstore.errors import CkptStoreError, TransferError
+from ckptstore.errors import CkptStoreError, CorruptCheckpointError, TransferError
 
 __all__ = ["TransferEngine", "FileWriter", "FileInfo", "plan_part_size", "split_ranges"]
 
@@ -160,6 +161,27 @@ class TransferEngine:
             w.write(data)
             return w.close()
 
+    def copy(
+        self, src: Store, src_path: str, dst: Store, dst_path: str, expect_crc: int | None = None
+    ) -> FileInfo:
+        """Stream one file from ``src`` to ``dst`` as parallel parts; checks ``expect_crc``.
+
+        On a mismatch (the source changed or rotted) the upload is aborted and
+        ``CorruptCheckpointError`` names the source file.
+        """
+        size = self.retry(lambda: src.size(src_path), f"stat of {src.describe(src_path)}")
+        with self.writer(dst, dst_path, size_hint=size) as w:
+            for start, end in split_ranges(0, size, w.part_size):
+                w.write(self.read(src, src_path, start, end - start))
+                if start == 0:
+                    crashpoint("mid_upload")
+            if expect_crc is not None and w.crc32c != expect_crc:
+                raise CorruptCheckpointError(
+                    f"{src.describe(src_path)} changed while being copied (checksum mismatch); "
+                    "nothing was published at the destination."
+                )
+            return w.close()
+
     # -- reads -------------------------------------------------------------------------
     def read_async(
         self, store: Store, path: str, offset: int = 0, length: int | None = None
@@ -224,6 +246,11 @@ class FileWriter:
     @property
     def size(self) -> int:
         return self._crc.length
+
+    @property
+    def crc32c(self) -> int:
+        """CRC32C of everything written so far."""
+        return self._crc.value
 
     def __enter__(self) -> FileWriter:
         return self

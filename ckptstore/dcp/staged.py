@@ -1,0 +1,103 @@
+"""The staged-local writer: shards go to local NVMe first, then the engine uploads them.
+
+Call order is ``CkptWriter``'s; what differs:
+
+    write_data   every rank serialises its shard files into ``staging_dir/<step>/`` (fast,
+                 local), then uploads each to the destination as parallel parts, checking
+                 the uploaded CRC32C against the local one
+    finish       coordinator: commits at the destination (the only commit that counts),
+                 then publishes the same manifest and marker locally, which makes the local
+                 copy a restore tier: ``local_tier_matches`` tells when it is identical to
+                 the committed remote checkpoint
+
+The local copy of a failed save is removed; ``keep_local`` bounds how many committed
+local copies stay on disk (oldest removed first).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from torch.distributed.checkpoint.metadata import Metadata
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
+
+from ckptstore.catalog import parse_step
+from ckptstore.dcp.writer import CkptWriter, _RankPlan, _split_items
+from ckptstore.engine.commit import publish, uncommit
+from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.store import Store
+from ckptstore.errors import StoreNotFoundError
+from ckptstore.stores.local import LocalStore
+
+__all__ = ["StagedWriter", "local_tier_matches"]
+
+
+def local_tier_matches(local: Store, remote: Store) -> bool:
+    """True when ``local`` holds a committed copy whose marker equals ``remote``'s."""
+    try:
+        same = local.get(MARKER_NAME) == remote.get(MARKER_NAME)
+    except StoreNotFoundError:
+        return False
+    if not same:
+        return False
+    from ckptstore.engine.commit import open_committed
+
+    manifest = open_committed(local).manifest
+    return all(
+        os.path.exists(os.path.join(local.url, name)) and local.size(name) == entry.size
+        for name, entry in manifest.files.items()
+    )
+
+
+class StagedWriter(CkptWriter):
+    """A ``CkptWriter`` that stages every shard on local disk before uploading it."""
+
+    def __init__(
+        self, url: str | Store, *, staging_dir: str, keep_local: int = 1, **kwargs: Any
+    ) -> None:
+        super().__init__(url, **kwargs)
+        self.staging_root = LocalStore(staging_dir)
+        self.keep_local = keep_local
+
+    @property
+    def local(self) -> LocalStore:
+        return self.staging_root.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        rank_plan: _RankPlan = plan.storage_data
+        self.attempt = rank_plan.attempt
+        local = self.local
+        results: list[WriteResult] = []
+        try:
+            for i, items in enumerate(_split_items(plan.items, self.files_per_rank)):
+                name = f"{rank_plan.prefix}{i}.{rank_plan.attempt}.distcp"
+                file_results = self._write_file(name, items, planner, store=local)
+                info = file_results[0].storage_data
+                self.engine.copy(local, name, self.store, name, expect_crc=info.file_crc32c)
+                results.extend(file_results)
+        except BaseException:
+            local.delete_prefix("")
+            raise
+        fut: Future[list[WriteResult]] = Future()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        manifest, metadata_bytes = self._build_manifest(metadata, results)
+        if self.overwrite:
+            uncommit(self.store)
+        publish(self.store, self.engine, self.attempt, manifest, metadata_bytes)
+        local = self.local
+        uncommit(local)
+        publish(local, self.engine, self.attempt, manifest, metadata_bytes)
+        self._trim_local()
+
+    def _trim_local(self) -> None:
+        steps = sorted(
+            (s, n) for n in self.staging_root.listdir() if (s := parse_step(n)) is not None
+        )
+        for _, name in steps[: max(0, len(steps) - self.keep_local)]:
+            self.staging_root.child(name).delete_prefix("")

@@ -1,0 +1,36 @@
+"""Named crash points for kill -9 fault-injection tests (FAULTS.md tool "K").
+
+``crashpoint("after_shards")`` kills the calling process with SIGKILL when the
+environment variable ``CKPTSTORE_CRASH_AT`` names that point (``after_shards``) or that
+point on its Nth visit (``after_shards:3``), and optionally only on one rank
+(``CKPTSTORE_CRASH_RANK``). It costs one environment lookup otherwise.
+
+Points: ``after_shards`` (a rank's data files are durable), ``mid_upload`` (a staged
+file is half uploaded), ``before_marker`` (manifest + .metadata written, no marker),
+``after_marker`` (committed, before canonical copies and cleanup).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections import Counter
+
+__all__ = ["crashpoint"]
+
+_visits: Counter[str] = Counter()
+
+
+def crashpoint(name: str) -> None:
+    spec = os.environ.get("CKPTSTORE_CRASH_AT")
+    if not spec:
+        return
+    point, _, nth = spec.partition(":")
+    if point != name:
+        return
+    rank = os.environ.get("CKPTSTORE_CRASH_RANK")
+    if rank is not None and rank != os.environ.get("RANK", "0"):
+        return
+    _visits[name] += 1
+    if not nth or _visits[name] == int(nth):
+        os.kill(os.getpid(), signal.SIGKILL)

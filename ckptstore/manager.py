@@ -1,0 +1,408 @@
+"""CheckpointManager: async saves, verified resume, retention, preemption.
+
+Call order::
+
+    mgr = CheckpointManager(root, staging_dir=..., keep=KeepLast(3))   # every rank, after
+                                                                       # init_process_group
+    step = mgr.restore(state)        # newest committed + verified step (falls back past a
+                                     # corrupt one), or None on a fresh run; the loop goes on
+                                     # at step + 1
+    mgr.save(step, state)            # returns once the state is copied to the staging buffer;
+                                     # serialisation, upload and commit run in the background
+    mgr.preemption_requested()       # all ranks agree whether SIGTERM arrived anywhere
+    mgr.finalize(step, state)        # on preemption: flush the in-flight save within the
+                                     # grace period and take one last checkpoint
+    mgr.close()                      # waits; raises if the last save failed
+
+Every rank calls every method in the same order. Background saves run on their own gloo
+process group (never training's), and small agreements (is any rank still busy? did
+anyone get SIGTERM?) on a second one. At most one save is in flight: a new ``save`` while
+one is uploading waits for it (``on_busy="wait"``, counted as blocking time) or is skipped
+on every rank (``on_busy="skip"``). A failed background save is reported at the next
+``save``/``wait`` (a warning, or the error with ``strict=True``) and by ``close``.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+import warnings
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+from torch.distributed.checkpoint.stateful import Stateful
+
+from ckptstore.api import unwrap_checkpoint_exception
+from ckptstore.catalog import committed_steps, list_steps, step_name
+from ckptstore.config import TransferConfig
+from ckptstore.dcp.reader import CkptReader
+from ckptstore.dcp.staged import StagedWriter, local_tier_matches
+from ckptstore.dcp.writer import CkptWriter
+from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import (
+    CkptStoreError,
+    ConfigError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+)
+from ckptstore.retention import KeepLast, RetentionPolicy, select_deletions
+from ckptstore.state import RNGState
+from ckptstore.stores import open_store
+from ckptstore.stores.local import LocalStore
+
+__all__ = ["CheckpointManager", "SaveRecord"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class SaveRecord:
+    """Timings of one save, in seconds (``blocking_s`` is what training paid)."""
+
+    step: int
+    status: str = "staging"  # staging | writing | committed | failed | skipped
+    waited_s: float = 0.0  # waiting for the previous save (part of blocking_s)
+    staging_s: float = 0.0  # copying the state into the staging buffer
+    blocking_s: float = 0.0  # save() call until training may modify the state again
+    background_s: float = 0.0  # serialise + write/upload + commit
+    total_s: float = 0.0  # save() call until committed
+    bytes: int = 0
+    error: str = ""
+
+
+def _tensor_bytes(obj: Any) -> int:
+    if isinstance(obj, dict):
+        return sum(_tensor_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in obj)
+    if torch.is_tensor(obj):
+        local = obj.to_local() if hasattr(obj, "to_local") else obj
+        return local.numel() * local.element_size()
+    return 0
+
+
+class CheckpointManager:
+    """Async checkpoints under one root URL; see the module docstring for the call order."""
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        staging_dir: str | None = None,
+        keep: RetentionPolicy | None = None,
+        config: TransferConfig | None = None,
+        async_save: bool = True,
+        on_busy: str = "wait",
+        strict: bool = False,
+        codec: str = "none",
+        grace_period_s: float = 120.0,
+        handle_sigterm: bool = False,
+    ) -> None:
+        if on_busy not in ("wait", "skip"):
+            raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
+        self.root_url = root.rstrip("/")
+        self.storage_options = storage_options
+        self.root = open_store(self.root_url, storage_options)
+        self.staging_dir = staging_dir
+        self.keep = keep or KeepLast(3)
+        self.engine = TransferEngine(config)
+        self.async_save = async_save
+        self.on_busy = on_busy
+        self.strict = strict
+        self.codec = codec
+        self.grace_period_s = grace_period_s
+        self.records: list[SaveRecord] = []
+        self._distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if self._distributed else 0
+        # Checkpoint traffic and small agreements each get their own gloo group, so they
+        # never queue behind (or interleave with) training's collectives.
+        self._pg = dist.new_group(backend="gloo") if self._distributed else None
+        self._ctl = dist.new_group(backend="gloo") if self._distributed else None
+        cuda = torch.cuda.is_available()
+        self._stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=cuda,
+            )
+        )
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
+        self._inflight: Future[None] | None = None
+        self._unreported: list[BaseException] = []
+        self._last_failed: BaseException | None = None
+        self._protected: set[int] = set()
+        self._preempted = threading.Event()
+        self._old_handler: Any = None
+        if handle_sigterm:
+            self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+
+    # -- agreement between ranks -----------------------------------------------------------
+    def _any(self, flag: bool) -> bool:
+        if not self._distributed:
+            return flag
+        t = torch.tensor([1 if flag else 0])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._ctl)
+        return bool(t.item())
+
+    def _all(self, flag: bool) -> bool:
+        return not self._any(not flag)
+
+    def _broadcast(self, value: Any) -> Any:
+        if not self._distributed:
+            return value
+        box = [value]
+        dist.broadcast_object_list(box, group_src=0, group=self._ctl)
+        return box[0]
+
+    # -- saving --------------------------------------------------------------------------
+    def save(self, step: int, state: dict[str, Any]) -> bool:
+        """Start saving ``state`` as ``step``; False if skipped. See the module docstring."""
+        self._report_failures()
+        start = time.perf_counter()
+        record = SaveRecord(step)
+        busy = self._inflight is not None and not self._inflight.done()
+        if self._any(busy):
+            if self.on_busy == "skip":
+                record.status = "skipped"
+                self.records.append(record)
+                log.info("skipping the save of step %d: the previous one is still uploading", step)
+                return False
+            self._wait_inflight()
+        record.waited_s = time.perf_counter() - start
+        if self._all(self.root.exists(f"{step_name(step)}/{MARKER_NAME}")):
+            record.status = "skipped"
+            self.records.append(record)
+            log.info("step %d is already committed under %s; not saving it again", step, self.root)
+            return False
+        t = time.perf_counter()
+        flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+        staged = self._stager.stage(flat)  # synchronous: a dict, never a Future
+        assert isinstance(staged, dict)
+        record.staging_s = time.perf_counter() - t
+        record.blocking_s = time.perf_counter() - start
+        record.bytes = _tensor_bytes(staged)
+        record.status = "writing"
+        self.records.append(record)
+        self._protected.add(step)
+        if self.async_save:
+            self._inflight = self._pool.submit(self._write, record, staged, start)
+        else:
+            self._write(record, staged, start)
+            self._report_failures()
+        return True
+
+    def _writer(self, step: int) -> CkptWriter:
+        url = f"{self.root_url}/{step_name(step)}"
+        common: dict[str, Any] = dict(
+            storage_options=self.storage_options,
+            codec=self.codec,
+            step=step,
+            engine=self.engine,
+            config=self.engine.config,
+        )
+        if self.staging_dir:
+            return StagedWriter(url, staging_dir=self.staging_dir, **common)
+        return CkptWriter(url, **common)
+
+    def _write(self, record: SaveRecord, staged: dict[str, Any], start: float) -> None:
+        t = time.perf_counter()
+        try:
+            writer = self._writer(record.step)
+            writer.manifest_extra["timings"] = {
+                k: v for k, v in asdict(record).items() if k.endswith("_s") or k == "bytes"
+            }
+            try:
+                dcp.save(staged, storage_writer=writer, process_group=self._pg)
+            except CheckpointException as exc:
+                raise unwrap_checkpoint_exception(exc) from exc
+            record.status = "committed"
+            if self.rank == 0:
+                self._apply_retention()
+        except BaseException as exc:  # noqa: BLE001 - reported at the next save/wait/close
+            record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
+            log.error("saving step %d failed: %s", record.step, record.error)
+            self._unreported.append(exc)
+            self._last_failed = exc
+        else:
+            self._last_failed = None
+        finally:
+            self._protected.discard(record.step)
+            record.background_s = time.perf_counter() - t
+            record.total_s = time.perf_counter() - start
+
+    def _wait_inflight(self, timeout: float | None = None) -> bool:
+        fut = self._inflight
+        if fut is None:
+            return True
+        try:
+            fut.result(timeout=timeout)
+        except TimeoutError:
+            return False
+        self._inflight = None
+        return True
+
+    def _report_failures(self) -> None:
+        errors, self._unreported = self._unreported, []
+        for exc in errors:
+            if self.strict:
+                raise exc
+            warnings.warn(
+                f"a background checkpoint save failed: {exc}; training goes on and the "
+                "previous checkpoint stays the newest",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+
+    def wait(self) -> None:
+        """Block until the in-flight save (if any) is committed or failed; report failures."""
+        self._wait_inflight()
+        self._report_failures()
+
+    # -- retention -----------------------------------------------------------------------
+    def _apply_retention(self) -> None:
+        entries = list_steps(self.root)
+        committed = [e.step for e in entries if e.status == "committed"]
+        for step in select_deletions(committed, self.keep, protected=self._protected):
+            self._delete_step(step)
+        newest = max(committed, default=-1)
+        for e in entries:
+            if e.status != "committed" and e.step < newest and e.step not in self._protected:
+                log.info("removing torn checkpoint %s (%s)", e.name, e.status)
+                self._delete_step(e.step)
+
+    def _delete_step(self, step: int) -> None:
+        ckpt = self.root.child(step_name(step))
+        ckpt.delete(MARKER_NAME)  # invisible first, then the rest
+        ckpt.delete_prefix("")
+
+    # -- restoring -----------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        """Committed steps, ascending."""
+        return list(committed_steps(self.root))
+
+    def latest_step(self) -> int | None:
+        steps = self.steps()
+        return steps[-1] if steps else None
+
+    def _reader(self, step: int) -> CkptReader:
+        remote = open_store(f"{self.root_url}/{step_name(step)}", self.storage_options)
+        local_ok = False
+        if self.staging_dir:
+            local = LocalStore(self.staging_dir).child(step_name(step))
+            local_ok = local_tier_matches(local, remote)
+        if self._all(local_ok):
+            log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
+            return CkptReader(local, engine=self.engine, config=self.engine.config)
+        return CkptReader(remote, engine=self.engine, config=self.engine.config)
+
+    def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:
+        """Load the newest committed, verified checkpoint (or ``step``) into ``state``.
+
+        Falls back to the previous committed step when one fails verification, with a
+        warning naming what was wrong. Returns the step loaded, or None if there is none.
+        """
+        self.wait()
+        candidates = self._broadcast(
+            [step] if step is not None else list(committed_steps(self.root, newest_first=True))
+        )
+        for s in candidates:
+            self._protected.add(s)
+            try:
+                error = self._try_load(s, state)
+            finally:
+                self._protected.discard(s)
+            if error is None:
+                return s
+            if step is not None:
+                raise error
+            warnings.warn(
+                f"checkpoint step {s} could not be restored ({error}); falling back to the "
+                "previous committed step",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        return None
+
+    def _try_load(self, step: int, state: dict[str, Any]) -> CkptStoreError | None:
+        error: CkptStoreError | None = None
+        reader = None
+        try:
+            reader = self._reader(step)
+        except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
+            error = exc
+        if not self._all(error is None):
+            return error or CorruptCheckpointError(f"step {step} failed to open on another rank")
+        assert reader is not None
+        world = reader.manifest.world_size if reader.manifest else None
+        for value in state.values():
+            if isinstance(value, RNGState):
+                value.expect_world_size(world)
+        try:
+            dcp.load(state, storage_reader=reader, process_group=self._pg)
+        except CheckpointException as exc:
+            inner = unwrap_checkpoint_exception(exc)
+            if isinstance(inner, (CorruptCheckpointError, IncompleteCheckpointError)):
+                return inner
+            raise inner from exc
+        return None
+
+    # -- preemption and shutdown ---------------------------------------------------------
+    def _on_sigterm(self, signum: int, frame: Any) -> None:
+        log.warning(
+            "SIGTERM received: finishing checkpoint work within %.0f s", self.grace_period_s
+        )
+        self._preempted.set()
+
+    def request_preemption(self) -> None:
+        """Act as if SIGTERM arrived (e.g. from a scheduler's notice)."""
+        self._preempted.set()
+
+    def preemption_requested(self) -> bool:
+        """True on every rank if any rank was asked to stop (a collective: call it everywhere)."""
+        return self._any(self._preempted.is_set())
+
+    def finalize(self, step: int | None = None, state: dict[str, Any] | None = None) -> bool:
+        """Flush the in-flight save within the grace period, then (if given) save ``step``
+        synchronously. True if everything asked for is committed."""
+        deadline = time.monotonic() + self.grace_period_s
+        if not self._wait_inflight(timeout=self.grace_period_s):
+            log.error("the in-flight save did not finish within the grace period")
+            return False
+        if step is None or state is None:
+            return self._last_failed is None
+        saved = self.save(step, state)
+        if not self._wait_inflight(timeout=max(0.0, deadline - time.monotonic())):
+            return False
+        return saved and self.records[-1].status == "committed"
+
+    def close(self) -> None:
+        """Wait for the in-flight save; raise if the last save failed."""
+        try:
+            self._wait_inflight()
+            self._unreported.clear()
+            if self._last_failed is not None:
+                raise self._last_failed
+        finally:
+            self._pool.shutdown(wait=True)
+            self._stager.close()
+            self.engine.close()
+            if self._old_handler is not None:
+                signal.signal(signal.SIGTERM, self._old_handler)
+                self._old_handler = None
+
+    def __enter__(self) -> CheckpointManager:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()

@@ -1,0 +1,90 @@
+"""Training state that is not a tensor of the model: per-rank RNG states.
+
+``RNGState`` is DCP-``Stateful``: put it in the state dict next to the model and
+optimizer. It captures Python ``random``, NumPy and torch (CPU and every CUDA device) RNG
+states of *this* rank under the key ``rank<r>``, so each rank restores its own streams.
+
+Call order on restore (``CheckpointManager`` does it): ``expect_world_size(n)`` with the
+checkpoint's world size, then DCP calls ``state_dict()`` (to learn what to load) and
+``load_state_dict()``. On the same world size every rank gets its exact streams back; on
+a different one the old per-rank streams mean nothing, so every rank re-seeds
+deterministically from ``(seed, rank)`` and a warning says so.
+"""
+
+from __future__ import annotations
+
+import pickle
+import random
+import warnings
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["RNGState", "capture_rng", "restore_rng"]
+
+
+def _rank() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def capture_rng() -> dict[str, Any]:
+    """This process's RNG states (python, numpy, torch CPU, CUDA)."""
+    out: dict[str, Any] = {
+        "python": pickle.dumps(random.getstate()),
+        "numpy": pickle.dumps(np.random.get_state()),
+        "torch": torch.get_rng_state(),
+    }
+    if torch.cuda.is_available():
+        out["cuda"] = torch.stack(torch.cuda.get_rng_state_all())
+    return out
+
+
+def restore_rng(states: dict[str, Any]) -> None:
+    random.setstate(pickle.loads(states["python"]))
+    np.random.set_state(pickle.loads(states["numpy"]))
+    torch.set_rng_state(states["torch"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(list(states["cuda"]))
+
+
+class RNGState:
+    """Per-rank RNG states as a DCP ``Stateful``; see the module docstring."""
+
+    def __init__(self, seed: int = 0) -> None:
+        self.seed = seed
+        self._saved_world_size: int | None = None
+
+    def expect_world_size(self, world_size: int | None) -> None:
+        """The world size of the checkpoint about to be loaded (None: unknown, assume same)."""
+        self._saved_world_size = world_size
+
+    def _same_world(self) -> bool:
+        return self._saved_world_size in (None, _rank()[1])
+
+    def state_dict(self) -> dict[str, Any]:
+        rank, world = _rank()
+        if not self._same_world():
+            return {"world_size": world}
+        return {"world_size": world, f"rank{rank}": capture_rng()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        rank, world = _rank()
+        key = f"rank{rank}"
+        if key in state and self._same_world():
+            restore_rng(state[key])
+            return
+        warnings.warn(
+            f"RNG state was saved on {state.get('world_size', '?')} ranks and is restored on "
+            f"{world}: per-rank streams cannot carry over, so rank {rank} is re-seeded "
+            f"deterministically from (seed={self.seed}, rank={rank}).",
+            stacklevel=2,
+        )
+        seed = self.seed * 1_000_003 + rank
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
