@@ -47,6 +47,7 @@ from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.staged import StagedWriter, local_tier_matches
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
     CkptStoreError,
@@ -95,7 +96,7 @@ class CheckpointManager:
 
     def __init__(
         self,
-        root: str,
+        root: str | Store,
         *,
         storage_options: dict[str, Any] | None = None,
         staging_dir: str | None = None,
@@ -110,9 +111,7 @@ class CheckpointManager:
     ) -> None:
         if on_busy not in ("wait", "skip"):
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
-        self.root_url = root.rstrip("/")
-        self.storage_options = storage_options
-        self.root = open_store(self.root_url, storage_options)
+        self.root = open_store(root, storage_options)
         self.staging_dir = staging_dir
         self.keep = keep or KeepLast(3)
         self.engine = TransferEngine(config)
@@ -203,9 +202,8 @@ class CheckpointManager:
         return True
 
     def _writer(self, step: int) -> CkptWriter:
-        url = f"{self.root_url}/{step_name(step)}"
+        url = self.root.child(step_name(step))
         common: dict[str, Any] = dict(
-            storage_options=self.storage_options,
             codec=self.codec,
             step=step,
             engine=self.engine,
@@ -227,6 +225,13 @@ class CheckpointManager:
             except CheckpointException as exc:
                 raise unwrap_checkpoint_exception(exc) from exc
             record.status = "committed"
+            log.info(
+                "step %d committed: blocking %.3fs, total %.2fs, %d bytes on this rank",
+                record.step,
+                record.blocking_s,
+                time.perf_counter() - start,
+                record.bytes,
+            )
             if self.rank == 0:
                 self._apply_retention()
         except BaseException as exc:  # noqa: BLE001 - reported at the next save/wait/close
@@ -296,7 +301,7 @@ class CheckpointManager:
         return steps[-1] if steps else None
 
     def _reader(self, step: int) -> CkptReader:
-        remote = open_store(f"{self.root_url}/{step_name(step)}", self.storage_options)
+        remote = self.root.child(step_name(step))
         local_ok = False
         if self.staging_dir:
             local = LocalStore(self.staging_dir).child(step_name(step))

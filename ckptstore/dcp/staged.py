@@ -10,8 +10,10 @@ Call order is ``CkptWriter``'s; what differs:
                  copy a restore tier: ``local_tier_matches`` tells when it is identical to
                  the committed remote checkpoint
 
-The local copy of a failed save is removed; ``keep_local`` bounds how many committed
-local copies stay on disk (oldest removed first).
+If writing the local copy fails (a full staging disk), its partial files are removed. If
+the upload fails (the destination unreachable past the retry policy), the complete local
+files are kept, uncommitted, and the error says where. ``keep_local`` bounds how many
+committed local copies stay on disk (oldest removed first).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from ckptstore.dcp.writer import CkptWriter, _RankPlan, _split_items
 from ckptstore.engine.commit import publish, uncommit
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.store import Store
-from ckptstore.errors import StoreNotFoundError
+from ckptstore.errors import CkptStoreError, StoreNotFoundError
 from ckptstore.stores.local import LocalStore
 
 __all__ = ["StagedWriter", "local_tier_matches"]
@@ -71,15 +73,21 @@ class StagedWriter(CkptWriter):
         self.attempt = rank_plan.attempt
         local = self.local
         results: list[WriteResult] = []
+        files = []
         try:
             for i, items in enumerate(_split_items(plan.items, self.files_per_rank)):
                 name = f"{rank_plan.prefix}{i}.{rank_plan.attempt}.distcp"
                 file_results = self._write_file(name, items, planner, store=local)
-                info = file_results[0].storage_data
-                self.engine.copy(local, name, self.store, name, expect_crc=info.file_crc32c)
+                files.append((name, file_results[0].storage_data.file_crc32c))
                 results.extend(file_results)
         except BaseException:
             local.delete_prefix("")
+            raise
+        try:
+            for name, crc in files:
+                self.engine.copy(local, name, self.store, name, expect_crc=crc)
+        except CkptStoreError as exc:
+            exc.args = (f"{exc}; the complete local copy is kept in {local.url}",)
             raise
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)

@@ -16,7 +16,13 @@ SCRIPT = os.path.join(os.path.dirname(__file__), "train_loop.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
-def torchrun(root: str, out: str, staging: str | None, crash: dict[str, str] | None = None) -> int:
+def torchrun(
+    root: str,
+    out: str,
+    staging: str | None,
+    crash: dict[str, str] | None = None,
+    extra: tuple[str, ...] = (),
+) -> int:
     env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_CRASH")}
     env.update(GLOO_SOCKET_IFNAME="lo", PYTHONPATH=REPO, OMP_NUM_THREADS="1", **(crash or {}))
     cmd = [
@@ -36,6 +42,7 @@ def torchrun(root: str, out: str, staging: str | None, crash: dict[str, str] | N
     ]
     if staging:
         cmd += ["--staging", staging]
+    cmd += list(extra)
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
     return proc.returncode
 
@@ -81,3 +88,13 @@ def test_kill_then_resume_is_bitwise_exact(tmp_path, reference, crash) -> None:
     assert_same(final_state(out), reference)
     after = list_steps(LocalStore(root))
     assert all(e.status == "committed" for e in after)  # torn leftovers were cleaned
+
+
+def test_sigterm_on_one_rank_takes_a_final_checkpoint_and_resumes_exactly(tmp_path, reference):
+    root, out, staging = str(tmp_path / "root"), str(tmp_path / "out"), str(tmp_path / "nvme")
+    assert torchrun(root, out, staging, extra=("--preempt-at", "7")) == 0
+    assert not os.path.exists(f"{out}.0")  # stopped early...
+    steps = [e.step for e in list_steps(LocalStore(root)) if e.status == "committed"]
+    assert steps[-1] == 7  # ... with a final checkpoint at the preempted step
+    assert torchrun(root, out, staging) == 0
+    assert_same(final_state(out), reference)

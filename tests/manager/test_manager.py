@@ -5,6 +5,7 @@ import os
 import pytest
 import torch
 
+import ckptstore
 from ckptstore.catalog import list_steps, step_name
 from ckptstore.errors import CommitConflictError, StorageFullError
 from ckptstore.manager import CheckpointManager
@@ -156,3 +157,39 @@ def test_retention_policies() -> None:
     assert select_deletions([1, 2, 3], KeepLast(1), protected={1}) == [2]
     with pytest.raises(ValueError):
         KeepLast(0)
+
+
+def test_unreachable_remote_fails_clearly_and_keeps_the_local_copy(tmp_path) -> None:
+    from ckptstore.config import RetryConfig, TransferConfig
+    from ckptstore.errors import TransientStoreError
+    from ckptstore.testing.faults import Fault, FaultyStore
+
+    remote = FaultyStore(
+        LocalStore(str(tmp_path / "remote")),
+        [Fault(m, error=TransientStoreError("connection refused")) for m in ("put", "put_part")],
+    )
+    fast = TransferConfig(retry=RetryConfig(attempts=3, base_backoff_s=0.01, deadline_s=5))
+    staging = str(tmp_path / "nvme")
+    mgr = CheckpointManager(remote, staging_dir=staging, config=fast)
+    mgr.save(7, state(7.0))
+    with pytest.warns(RuntimeWarning, match="after 3 attempts.*local copy is kept"):
+        mgr.wait()
+    assert mgr.records[-1].status == "failed"
+    kept = os.listdir(os.path.join(staging, step_name(7)))
+    assert any(n.endswith(".distcp") for n in kept)
+    assert mgr.steps() == []  # nothing committed remotely
+    with pytest.raises(ckptstore.TransferError):
+        mgr.close()
+
+
+def test_rng_state_on_another_world_size_reseeds_with_a_warning() -> None:
+    rng = RNGState(seed=3)
+    saved = {"world_size": 4, "rank2": rng.state_dict()["rank0"]}
+    rng.expect_world_size(4)
+    assert "rank0" not in rng.state_dict()  # nothing to load for this rank
+    with pytest.warns(UserWarning, match="re-seeded deterministically"):
+        rng.load_state_dict(saved)
+    a = torch.rand(2)
+    with pytest.warns(UserWarning):
+        rng.load_state_dict(saved)
+    assert torch.equal(torch.rand(2), a)

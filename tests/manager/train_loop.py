@@ -7,6 +7,7 @@ optimizer and RNG state to ``<out>.<rank>`` for bitwise comparison.
 
 import argparse
 import os
+import signal
 from datetime import timedelta
 
 import torch
@@ -41,6 +42,7 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--out", required=True)
+    p.add_argument("--preempt-at", type=int, default=-1, help="rank 1 gets SIGTERM at this step")
     args = p.parse_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -52,7 +54,9 @@ def main() -> None:
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     torch.manual_seed(1000 + rank)  # per-rank data stream
     state = {"app": AppState(model, opt), "rng": RNGState(seed=1000)}
-    mgr = CheckpointManager(args.root, staging_dir=args.staging, keep=KeepLast(2), strict=True)
+    mgr = CheckpointManager(
+        args.root, staging_dir=args.staging, keep=KeepLast(2), strict=True, handle_sigterm=True
+    )
     restored = mgr.restore(state)
     first = 0 if restored is None else restored + 1
     if rank == 0:
@@ -63,6 +67,14 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if step == args.preempt_at and rank == 1:
+            os.kill(os.getpid(), signal.SIGTERM)
+        if mgr.preemption_requested():  # every rank agrees, whichever got the signal
+            ok = mgr.finalize(step, state)
+            mgr.close()
+            print(f"preempted at step {step}; final checkpoint committed: {ok}", flush=True)
+            dist.destroy_process_group()
+            return
         if step % args.every == 0 or step == args.steps - 1:
             mgr.save(step, state)
     mgr.close()
