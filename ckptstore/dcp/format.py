@@ -10,12 +10,21 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
+from typing import IO, Any
 
 import torch
 
 from ckptstore.errors import ConfigError, missing_dependency
 
-__all__ = ["CODECS", "ItemInfo", "encode_item", "decode_tensor", "compress", "decompress"]
+__all__ = [
+    "CODECS",
+    "ItemInfo",
+    "write_item",
+    "encode_item",
+    "decode_tensor",
+    "compress",
+    "decompress",
+]
 
 CODECS = ("none", "zstd")
 
@@ -33,15 +42,23 @@ class ItemInfo:
     file_crc32c: int = 0
 
 
-def encode_item(data: io.BytesIO | torch.Tensor) -> memoryview:
-    """The stock DCP bytes of one item: raw bytes, or ``torch.save`` of a CPU tensor."""
+def write_item(data: io.BytesIO | torch.Tensor, sink: IO[bytes] | Any) -> None:
+    """Write the stock DCP bytes of one item into ``sink``: raw bytes, or ``torch.save``."""
     if isinstance(data, io.BytesIO):
-        return data.getbuffer()
+        sink.write(data.getbuffer())
+        return
     tensor = data.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
+    torch.save(tensor, sink)
+
+
+def encode_item(data: io.BytesIO | torch.Tensor) -> memoryview:
+    """The stock DCP bytes of one item, in memory (for codecs that need the whole item)."""
+    if isinstance(data, io.BytesIO):
+        return data.getbuffer()
     buf = io.BytesIO()
-    torch.save(tensor, buf)
+    write_item(data, buf)
     return buf.getbuffer()
 
 

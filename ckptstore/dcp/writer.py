@@ -34,7 +34,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ckptstore.config import TransferConfig
-from ckptstore.dcp.format import ItemInfo, check_codec, compress, encode_item
+from ckptstore.dcp.format import ItemInfo, check_codec, compress, encode_item, write_item
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import publish, uncommit
 from ckptstore.engine.crashpoints import crashpoint
@@ -173,7 +173,13 @@ class CkptWriter(StorageWriter):
         with self.engine.writer(store or self.store, name) as w:
             # Bytes items first (small), then tensors, as stock DCP orders them.
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
-                raw = encode_item(planner.resolve_data(item))
+                data = planner.resolve_data(item)
+                if self.codec == "none":  # stream straight into part buffers, hashed once
+                    with w.item() as sink:
+                        write_item(data, sink)
+                    written.append((item, sink.offset, sink.length, sink.crc32c, sink.length))
+                    continue
+                raw = encode_item(data)
                 stored = compress(self.codec, raw)
                 crc = crc32c(stored)
                 offset = w.write(stored, crc)

@@ -9,9 +9,10 @@ Call order for a streamed write::
     # on any error before close() returns: w.abort() (the context manager does it)
     engine.close()
 
-Buffers handed to ``write`` are sliced into parts without copying where possible, so they
-must stay unchanged until ``close`` returns. At most ``TransferConfig.memory_budget`` bytes of
-parts are in flight; ``write`` blocks (back-pressure) beyond that. Every store call is
+``write`` copies its data into reusable part buffers (one copy, into warm memory) and
+sends each part as it fills; ``item()`` gives a file-like sink (for ``torch.save``) that
+does the same and checksums the item on the way. At most ``TransferConfig.memory_budget``
+bytes of parts are in flight; writes block (back-pressure) beyond that. Every store call is
 retried per ``RetryConfig`` (transient errors only), within a per-file deadline. A failed
 part aborts the whole upload: nothing half-made is ever left visible.
 """
@@ -27,13 +28,20 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 from ckptstore.config import TransferConfig
-from ckptstore.engine.checksum import Crc32c
+from ckptstore.engine.checksum import Crc32c, crc32c
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.retry import Deadline, RetryStats, call_with_retry
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
 from ckptstore.errors import CkptStoreError, CorruptCheckpointError, TransferError
 
-__all__ = ["TransferEngine", "FileWriter", "FileInfo", "plan_part_size", "split_ranges"]
+__all__ = [
+    "TransferEngine",
+    "FileWriter",
+    "ItemSink",
+    "FileInfo",
+    "plan_part_size",
+    "split_ranges",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -63,23 +71,36 @@ def split_ranges(offset: int, length: int, part_size: int) -> list[tuple[int, in
     ]
 
 
-class _ByteBudget:
-    """A counting semaphore over bytes; ``acquire`` never blocks for a lone oversized request."""
+class _BufferPool:
+    """Reusable part buffers; at most ``limit`` bytes of them are handed out at once.
+
+    Reusing buffers matters: writing into fresh memory page-faults and costs several times
+    a copy into a warm buffer. ``acquire`` blocks (back-pressure) while the limit is
+    reached, except for a lone request larger than the limit.
+    """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._used = 0
+        self._free: dict[int, list[bytearray]] = {}
         self._cond = threading.Condition()
 
-    def acquire(self, n: int, cancelled: Callable[[], bool]) -> None:
+    def acquire(self, size: int, cancelled: Callable[[], bool]) -> bytearray:
         with self._cond:
-            while self._used and self._used + n > self._limit and not cancelled():
+            while self._used and self._used + size > self._limit and not cancelled():
                 self._cond.wait(0.1)
-            self._used += n
+            self._used += size
+            free = self._free.get(size)
+            if free:
+                return free.pop()
+        return bytearray(size)
 
-    def release(self, n: int) -> None:
+    def release(self, buf: bytearray) -> None:
         with self._cond:
-            self._used -= n
+            self._used -= len(buf)
+            pooled = sum(len(b) for bufs in self._free.values() for b in bufs)
+            if pooled + len(buf) <= self._limit:
+                self._free.setdefault(len(buf), []).append(buf)
             self._cond.notify_all()
 
 
@@ -122,7 +143,7 @@ class TransferEngine:
     def __init__(self, config: TransferConfig | None = None) -> None:
         self.config = config or TransferConfig()
         self.stats = RetryStats()
-        self._budget = _ByteBudget(self.config.memory_budget)
+        self._buffers = _BufferPool(self.config.memory_budget)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
@@ -220,6 +241,41 @@ class TransferEngine:
         return self.read_async(store, path, offset, length).result()
 
 
+class ItemSink:
+    """A file-like view of one item inside a ``FileWriter`` (``torch.save`` writes into it).
+
+    Bytes are hashed once, into the item's own CRC32C; on ``close`` the file's CRC is
+    extended with it (CRC combine), so nothing is hashed twice. Items must not interleave
+    with other writes to the same file.
+    """
+
+    def __init__(self, writer: FileWriter) -> None:
+        self._writer = writer
+        self.offset = writer.size
+        self.crc32c = 0
+        self.length = 0
+
+    def write(self, data: Buffer) -> int:
+        view = memoryview(data).cast("B")
+        self.crc32c = crc32c(view, self.crc32c)
+        self.length += len(view)
+        self._writer._append(view)
+        return len(view)
+
+    def flush(self) -> None:
+        pass
+
+    def close(self) -> None:
+        self._writer._crc.extend(self.crc32c, self.length)
+
+    def __enter__(self) -> ItemSink:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()
+
+
 class FileWriter:
     """One file being written as parallel parts. See ``TransferEngine`` for the call order."""
 
@@ -235,8 +291,8 @@ class FileWriter:
         self._what = f"upload of {store.describe(path)}"
         self._deadline = Deadline(engine.config.retry.deadline_s)
         self._crc = Crc32c()
-        self._pending: list[memoryview] = []
-        self._pending_bytes = 0
+        self._buf: bytearray | None = None
+        self._fill = 0
         self._part_offset = 0
         self._upload: Multipart | None = None
         self._futures: list[Future[Part]] = []
@@ -259,61 +315,63 @@ class FileWriter:
         if self._state == "open":
             self.abort()
 
-    def write(self, data: Buffer, crc: int | None = None) -> int:
-        """Append ``data`` (kept by reference until ``close``); returns its offset.
-
-        ``crc`` is data's CRC32C when the caller already computed it.
-        """
+    def _check_open(self) -> None:
         if self._state != "open":
-            raise TransferError(f"{self._what}: write after close/abort")
+            raise TransferError(f"{self._what}: write after {self._state}")
         if self._failed.is_set():
             self._raise_failed()
+
+    def write(self, data: Buffer, crc: int | None = None) -> int:
+        """Append a copy of ``data``; returns its offset. ``crc``: its CRC32C, if known."""
+        self._check_open()
         view = memoryview(data).cast("B")
         offset = self._crc.length
         if crc is None:
             self._crc.update(view)
         else:
             self._crc.extend(crc, len(view))
-        if len(view):
-            self._pending.append(view)
-            self._pending_bytes += len(view)
-        while self._pending_bytes >= self.part_size:
-            self._submit_part(self._take(self.part_size))
+        self._append(view)
         return offset
 
-    def _take(self, n: int) -> Buffer:
-        """Remove the first ``n`` pending bytes: a zero-copy view when they lie in one piece."""
-        first = self._pending[0]
-        if len(first) >= n:
-            self._pending[0] = first[n:]
-            if not len(self._pending[0]):
-                self._pending.pop(0)
-            self._pending_bytes -= n
-            return first[:n]
-        out = bytearray()
-        while len(out) < n:
-            piece = self._pending[0]
-            need = n - len(out)
-            out += piece[:need]
-            if len(piece) > need:
-                self._pending[0] = piece[need:]
-            else:
-                self._pending.pop(0)
-        self._pending_bytes -= n
-        return out
+    def item(self) -> ItemSink:
+        """A file-like sink for one item (see ``ItemSink``); close it when the item ends."""
+        self._check_open()
+        return ItemSink(self)
 
-    def _submit_part(self, data: Buffer) -> None:
+    def _append(self, view: memoryview) -> None:
+        """Copy ``view`` into part buffers, sending each part as it fills."""
+        while len(view):
+            if self._buf is None:
+                self._buf = self.engine._buffers.acquire(self.part_size, self._failed.is_set)
+                self._fill = 0
+            n = min(len(view), self.part_size - self._fill)
+            self._buf[self._fill : self._fill + n] = view[:n]
+            self._fill += n
+            view = view[n:]
+            if self._fill == self.part_size:
+                self._submit_part()
+
+    def _submit_part(self) -> None:
         engine, store = self.engine, self.store
-        if self._upload is None:
-            self._upload = engine.retry(
-                lambda: store.begin_multipart(self.path), self._what, self._deadline
-            )
-        if len(self._futures) >= store.max_parts:
-            raise TransferError(f"{self._what}: more than {store.max_parts} parts; raise part_size")
-        number, offset, size = len(self._futures) + 1, self._part_offset, len(data)
+        buf, size = self._buf, self._fill
+        assert buf is not None
+        self._buf, self._fill = None, 0
+        try:
+            if self._upload is None:
+                self._upload = engine.retry(
+                    lambda: store.begin_multipart(self.path), self._what, self._deadline
+                )
+            if len(self._futures) >= store.max_parts:
+                raise TransferError(
+                    f"{self._what}: more than {store.max_parts} parts; raise part_size"
+                )
+        except BaseException:
+            engine._buffers.release(buf)
+            raise
+        number, offset = len(self._futures) + 1, self._part_offset
         self._part_offset += size
-        engine._budget.acquire(size, self._failed.is_set)
         upload = self._upload
+        data = memoryview(buf)[:size]
 
         def send() -> Part:
             try:
@@ -326,7 +384,7 @@ class FileWriter:
                 self._failed.set()
                 raise
             finally:
-                engine._budget.release(size)
+                engine._buffers.release(buf)
 
         self._futures.append(engine.pool.submit(send))
 
@@ -345,17 +403,22 @@ class FileWriter:
             raise TransferError(f"{self._what}: close after {self._state}")
         try:
             if self._upload is None:
-                data = self._take(self._pending_bytes) if self._pending_bytes else b""
+                buf, size = self._buf, self._fill
+                data = memoryview(buf)[:size] if buf is not None else b""
                 self.engine.retry(
                     lambda: self.store.put(self.path, data), self._what, self._deadline
                 )
+                self._release_buffer()
             else:
-                if self._pending_bytes:
-                    self._submit_part(self._take(self._pending_bytes))
+                if self._fill:
+                    self._submit_part()
+                self._release_buffer()
                 parts = [f.result() for f in self._futures]
                 upload = self._upload
                 self.engine.retry(
-                    lambda: self.store.complete_multipart(upload, parts), self._what, self._deadline
+                    lambda: self.store.complete_multipart(upload, parts),
+                    self._what,
+                    self._deadline,
                 )
         except BaseException as exc:
             self.abort()
@@ -364,6 +427,11 @@ class FileWriter:
             raise TransferError(f"{self._what} failed: {exc}") from exc
         self._state = "closed"
         return FileInfo(self.path, self._crc.length, self._crc.value)
+
+    def _release_buffer(self) -> None:
+        if self._buf is not None:
+            self.engine._buffers.release(self._buf)
+            self._buf, self._fill = None, 0
 
     def abort(self) -> None:
         """Discard everything written; idempotent, never raises."""
@@ -378,7 +446,7 @@ class FileWriter:
                 f.exception()
             except BaseException:  # noqa: BLE001 - cancelled
                 pass
-        self._pending.clear()
+        self._release_buffer()
         if self._upload is not None:
             upload = self._upload
             try:

@@ -139,3 +139,23 @@ def test_pure_helpers() -> None:
     assert backoff_delay(cfg, 2, 0.0) == 1
     assert backoff_delay(cfg, 5, 0.0) == 3
     assert backoff_delay(cfg, 3, 1.0) == 1.0
+
+
+def test_item_sink_streams_torch_save_and_checksums_once(tmp_path) -> None:
+    import io
+
+    import torch
+
+    store = LocalStore(str(tmp_path))
+    t = torch.randn(5000)
+    with engine() as e, e.writer(store, "f") as w:
+        w.write(b"header")
+        with w.item() as sink:
+            torch.save(t, sink)
+        info = w.close()
+    ref = io.BytesIO()
+    torch.save(t, ref)
+    stored = store.get("f")
+    assert stored[sink.offset : sink.offset + sink.length] == ref.getvalue()
+    assert sink.crc32c == crc32c(ref.getvalue())
+    assert info.crc32c == crc32c(stored)
