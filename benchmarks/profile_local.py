@@ -1,0 +1,107 @@
+"""cProfile of one process saving/loading one rank's share with stock DCP and ckptstore.
+
+    python benchmarks/profile_local.py                # 512 MiB (one rank of bench_local)
+    python benchmarks/profile_local.py --size-mib 256 --top 25 --sort tottime
+
+No process group: ``dcp.save`` / ``dcp.load`` run their single-process (no_dist) path, so
+the profile shows the storage layer alone. Each contender saves into a fresh directory
+under a temp dir (deleted afterwards); the load reads it back (warm page cache) into
+preallocated tensors. Prints wall times and the top functions of each profile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import os
+import pstats
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["main"]
+
+
+def _state(size_mib: int, n: int) -> dict[str, Any]:
+    import torch
+
+    g = torch.Generator().manual_seed(0)
+    rows = size_mib * 1024 * 1024 // 4 // n // 1024
+    return {f"t{i}": torch.randn(rows, 1024, generator=g) for i in range(n)}
+
+
+def _profile(label: str, fn: Callable[[], Any], top: int, sort: str) -> float:
+    prof = cProfile.Profile()
+    t0 = time.perf_counter()
+    prof.enable()
+    fn()
+    prof.disable()
+    wall = time.perf_counter() - t0
+    out = io.StringIO()
+    pstats.Stats(prof, stream=out).sort_stats(sort).print_stats(top)
+    print(f"\n===== {label}: {wall:.2f} s (under cProfile) =====")
+    print("\n".join(line for line in out.getvalue().splitlines() if line.strip())[:6000])
+    return wall
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size-mib", type=int, default=512)
+    p.add_argument("--tensors", type=int, default=8)
+    p.add_argument("--top", type=int, default=18)
+    p.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
+    p.add_argument("--only", choices=["save", "load"], default=None)
+    a = p.parse_args(argv)
+
+    import torch
+    import torch.distributed.checkpoint as dcp
+
+    import ckptstore
+
+    torch.set_num_threads(1)
+    state = _state(a.size_mib, a.tensors)
+    dest = {k: torch.empty_like(v) for k, v in state.items()}
+    base = tempfile.mkdtemp(prefix="ckptstore-prof-")
+    walls = {}
+    try:
+        stock, ours = os.path.join(base, "stock"), os.path.join(base, "ours")
+        # Untimed warm-up (imports, first-call caches).
+        small = {"w": torch.zeros(16)}
+        dcp.save(small, storage_writer=dcp.FileSystemWriter(os.path.join(base, "w1")))
+        ckptstore.save(small, os.path.join(base, "w2"))
+        if a.only in (None, "save"):
+            walls["stock DCP save"] = _profile(
+                "stock DCP save",
+                lambda: dcp.save(state, storage_writer=dcp.FileSystemWriter(stock)),
+                a.top,
+                a.sort,
+            )
+            walls["ckptstore save"] = _profile(
+                "ckptstore save", lambda: ckptstore.save(state, ours), a.top, a.sort
+            )
+        else:
+            dcp.save(state, storage_writer=dcp.FileSystemWriter(stock))
+            ckptstore.save(state, ours)
+        if a.only in (None, "load"):
+            walls["stock DCP load"] = _profile(
+                "stock DCP load",
+                lambda: dcp.load(dest, storage_reader=dcp.FileSystemReader(stock)),
+                a.top,
+                a.sort,
+            )
+            walls["ckptstore load"] = _profile(
+                "ckptstore load (verified)", lambda: ckptstore.load(dest, ours), a.top, a.sort
+            )
+            assert all(torch.equal(dest[k], state[k]) for k in state)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    print("\n" + "\n".join(f"{k}: {v:.2f} s" for k, v in walls.items()))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
