@@ -93,13 +93,13 @@ def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) 
     for _ in range(saves):
         t = timed_max(lambda: [buffers[k].copy_(v) for k, v in state.items()])
         record("copy_ floor", t, t)
-    del buffers
+    buffers.clear()
 
     # Rank-0 torch.save of the gathered state (+ fsync).
     path = fresh("torchsave")
     for i in range(saves):
 
-        def torch_save() -> None:
+        def torch_save(i: int = i) -> None:
             gathered: list[Any] = [None] * world
             dist.gather_object(state, gathered if rank == 0 else None, dst=0)
             if rank == 0:
@@ -121,7 +121,7 @@ def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) 
             t0 = time.perf_counter()
             box: dict[str, Any] = {}
 
-            def start(i: int = i, stager: Any = stager, path: str = path) -> None:
+            def start(i: int = i, stager: Any = stager, path: str = path, box: dict = box) -> None:
                 box["f"] = dcp.async_save(
                     state,
                     storage_writer=dcp.FileSystemWriter(os.path.join(path, f"s{i}")),
@@ -145,7 +145,7 @@ def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) 
         staging_dir = fresh(f"{staging}_{rank}") if staging else None
         mgr = CheckpointManager(root, staging_dir=staging_dir, strict=True)
         for i in range(saves):
-            blocking = timed_max(lambda i=i: mgr.save(i, state))
+            blocking = timed_max(lambda i=i, mgr=mgr: mgr.save(i, state))
             mgr.wait()
             rec = mgr.records[-1]
             committed = torch.tensor([rec.total_s], dtype=torch.float64)
