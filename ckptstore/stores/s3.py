@@ -20,61 +20,36 @@ Retries: botocore's own retries are off (``total_max_attempts=1``) so the engine
 (botocore connect/read timeouts plus an overall limit that also catches a stalled upload).
 
 Create-only writes use ``PutObject`` with ``If-None-Match: *``. Whether the server honours
-it is probed once per bucket (two create-only writes of a scratch object under the root:
-the second must fail with 412). A server that ignores it gets a best-effort
-HEAD-then-PUT instead, with a ``NonAtomicCreateWarning`` and ``atomic_create = False``.
-``conditional_create=True/False`` skips the probe.
+it is probed once per endpoint and bucket in a process (two create-only writes of a
+scratch object under the store's root: the second must fail with 412). A server that
+ignores it gets a best-effort HEAD-then-PUT instead, with a ``NonAtomicCreateWarning`` and
+``atomic_create = False``. ``conditional_create=True/False`` skips the probe.
 """
 
 from __future__ import annotations
 
-import asyncio
-import base64
-import hashlib
 import threading
 import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from ckptstore.config import RetryConfig
-from ckptstore.engine.checksum import crc32c
+from ckptstore.config import MiB, RetryConfig
 from ckptstore.engine.store import Buffer, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CommitConflictError,
     ConfigError,
     StoreNotFoundError,
     TransientStoreError,
-    missing_dependency,
 )
 from ckptstore.stores._common import create_lock, same_bytes, warn_non_atomic
-from ckptstore.stores.s3_errors import error_code, translate_s3_error
+from ckptstore.stores.s3_client import CHECKSUMS, S3Client, as_body, make_s3fs, multipart_etag
+from ckptstore.stores.s3_errors import error_code
 
 __all__ = ["S3Store", "make_s3fs"]
 
-MiB = 1024 * 1024
-_CHECKSUMS = ("crc32c", "md5", "none")
 
-
-def make_s3fs(storage_options: dict[str, Any] | None, retry: RetryConfig) -> Any:
-    """An ``s3fs.S3FileSystem`` for ``storage_options`` with ckptstore's client settings.
-
-    Added to ``config_kwargs`` unless the caller set them: connect/read timeouts from
-    ``retry.request_timeout_s``, no botocore retries, checksums only when required (we send
-    our own), and a connection pool as large as a busy engine needs.
-    """
-    try:
-        import s3fs
-    except ImportError:
-        raise missing_dependency("s3fs", "s3") from None
-    options = dict(storage_options or {})
-    config = dict(options.pop("config_kwargs", None) or {})
-    config.setdefault("connect_timeout", retry.request_timeout_s)
-    config.setdefault("read_timeout", retry.request_timeout_s)
-    config.setdefault("retries", {"total_max_attempts": 1})
-    config.setdefault("request_checksum_calculation", "when_required")
-    config.setdefault("response_checksum_validation", "when_required")
-    config.setdefault("max_pool_connections", 64)
-    return s3fs.S3FileSystem(config_kwargs=config, **options)
+#: (endpoint, bucket) -> whether it honours If-None-Match, as probed in this process.
+_PROBED: dict[tuple[str, str], bool] = {}
 
 
 class _Shared:
@@ -83,6 +58,12 @@ class _Shared:
     def __init__(self, conditional: bool | None) -> None:
         self.conditional = conditional
         self.lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable (DCP may ship writers to a process)
+        return {"conditional": self.conditional}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["conditional"])  # type: ignore[misc]
 
 
 class S3Store(Store):
@@ -105,27 +86,27 @@ class S3Store(Store):
         scheme, _, rest = url.partition("://")
         if scheme.lower() not in ("s3", "s3a") or not rest.strip("/"):
             raise ConfigError(f"expected an s3://bucket[/prefix] URL, got {url!r}")
+        if checksum not in CHECKSUMS:
+            raise ConfigError(f"checksum must be one of {CHECKSUMS}, got {checksum!r}")
         bucket, _, prefix = rest.strip("/").partition("/")
-        if checksum not in _CHECKSUMS:
-            raise ConfigError(f"checksum must be one of {_CHECKSUMS}, got {checksum!r}")
-        super().__init__(
-            f"s3://{bucket}/{prefix.strip('/')}" if prefix.strip("/") else f"s3://{bucket}"
-        )
-        self.bucket = bucket
-        self.prefix = prefix.strip("/")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        super().__init__(f"s3://{join_path(self.bucket, self.prefix)}")
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryConfig()
         self.checksum = checksum
         self.fs = fs if fs is not None else make_s3fs(self.storage_options, self.retry)
-        self._shared = _shared or _Shared(conditional_create)
-        if self._shared.conditional is False:
-            self.atomic_create = False
         client_kwargs = self.storage_options.get("client_kwargs") or {}
-        self.endpoint = (
+        self.endpoint = str(
             self.storage_options.get("endpoint_url")
             or client_kwargs.get("endpoint_url")
             or "AWS S3"
         )
+        self.client = S3Client(
+            self.fs, bucket, self.endpoint, self.retry.request_timeout_s, checksum
+        )
+        self._shared = _shared or _Shared(conditional_create)
+        if self._shared.conditional is False:
+            self.atomic_create = False
 
     def child(self, prefix: str) -> S3Store:
         return S3Store(
@@ -137,61 +118,21 @@ class S3Store(Store):
             _shared=self._shared,
         )
 
-    # -- the client ----------------------------------------------------------------------
     def _key(self, path: str) -> str:
         return join_path(self.prefix, path)
 
     def _rel(self, key: str) -> str:
         return key[len(self.prefix) + 1 :] if self.prefix else key
 
-    async def _request(self, method: str, kwargs: dict[str, Any], read_body: bool) -> Any:
-        async def go() -> Any:
-            client = await self.fs.set_session()
-            response = await getattr(client, method)(**kwargs)
-            if not read_body:
-                return response
-            body = response["Body"]
-            try:
-                return await body.read()
-            finally:
-                body.close()
-
-        return await asyncio.wait_for(go(), self.retry.request_timeout_s)
-
-    def _raw(self, method: str, *, read_body: bool = False, **kwargs: Any) -> Any:
-        """Call the S3 API ``method`` once; botocore/aiohttp exceptions pass through."""
-        from fsspec.asyn import sync
-
-        kwargs.setdefault("Bucket", self.bucket)
-        return sync(self.fs.loop, self._request, method, kwargs, read_body)
-
-    def _call(self, method: str, what: str, *, read_body: bool = False, **kwargs: Any) -> Any:
-        """Call ``method`` once, raising ckptstore errors (``what`` names the operation)."""
-        try:
-            return self._raw(method, read_body=read_body, **kwargs)
-        except Exception as exc:  # noqa: BLE001 - translated, chained
-            raise self._translate(exc, what) from exc
-
-    def _translate(self, exc: BaseException, what: str) -> Exception:
-        return translate_s3_error(exc, what, self.bucket, self.endpoint)
-
-    def _integrity(self, body: bytes | bytearray) -> dict[str, Any]:
-        if self.checksum == "crc32c":
-            return {"ChecksumCRC32C": _b64(crc32c(body).to_bytes(4, "big"))}
-        if self.checksum == "md5":
-            return {"ContentMD5": _b64(hashlib.md5(body).digest())}
-        return {}
-
     # -- whole objects -----------------------------------------------------------------
-    def put(self, path: str, data: Buffer, **extra: Any) -> None:
-        body = _body(data)
-        self._call(
+    def put(self, path: str, data: Buffer) -> None:
+        body = as_body(data)
+        self.client.call(
             "put_object",
             f"write of {self.describe(path)}",
             Key=self._key(path),
             Body=body,
-            **self._integrity(body),
-            **extra,
+            **self.client.integrity(body),
         )
 
     def put_if_absent(self, path: str, data: Buffer) -> None:
@@ -203,19 +144,19 @@ class S3Store(Store):
                     raise self._conflict(path)
                 self.put(path, data)
             return
-        body = _body(data)
+        body = as_body(data)
         try:
-            self._raw(
+            self.client.raw(
                 "put_object",
                 Key=self._key(path),
                 Body=body,
                 IfNoneMatch="*",
-                **self._integrity(body),
+                **self.client.integrity(body),
             )
         except Exception as exc:  # noqa: BLE001 - translated below
             code, status = error_code(exc)
             if status != 412 and code != "PreconditionFailed":
-                raise self._translate(exc, what) from exc
+                raise self.client.translate(exc, what) from exc
             # Our own earlier try may have landed with its response lost: then it is ours.
             if same_bytes(lambda: self.get(path), body):
                 return
@@ -231,38 +172,16 @@ class S3Store(Store):
         shared = self._shared
         with shared.lock:
             if shared.conditional is None:
-                shared.conditional = self._probe_conditional()
+                where = (self.endpoint, self.bucket)
+                if where not in _PROBED:
+                    probe = self._key(f".ckptstore-probe-{uuid.uuid4().hex}")
+                    _PROBED[where] = self.client.probe_conditional(probe)
+                shared.conditional = _PROBED[where]
         if not shared.conditional:
             self.atomic_create = False
         return shared.conditional
 
-    def _probe_conditional(self) -> bool:
-        key = self._key(f".ckptstore-probe-{uuid.uuid4().hex}")
-        what = f"probe of conditional writes at {self.url}"
-        try:
-            try:
-                self._raw("put_object", Key=key, Body=b"1", IfNoneMatch="*")
-            except Exception as exc:  # noqa: BLE001
-                code, status = error_code(exc)
-                if code == "NotImplemented" or status == 501:
-                    return False
-                raise self._translate(exc, what) from exc
-            try:
-                self._raw("put_object", Key=key, Body=b"2", IfNoneMatch="*")
-            except Exception as exc:  # noqa: BLE001
-                code, status = error_code(exc)
-                if status == 412 or code == "PreconditionFailed":
-                    return True
-                raise self._translate(exc, what) from exc
-            return False
-        finally:
-            try:
-                self._raw("delete_object", Key=key)
-            except Exception:  # noqa: BLE001 - a leftover scratch object is harmless
-                pass
-
     def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
-        what = f"read of {self.describe(path)}"
         if end is not None and end <= start:
             self.size(path)  # a missing object is still an error
             return b""
@@ -270,37 +189,24 @@ class S3Store(Store):
         if start or end is not None:
             kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
         try:
-            return self._raw("get_object", read_body=True, Key=self._key(path), **kwargs)
+            data: bytes = self.client.raw(
+                "get_object", read_body=True, Key=self._key(path), **kwargs
+            )
+            return data
         except Exception as exc:  # noqa: BLE001 - translated below
             code, status = error_code(exc)
             if status == 416 or code == "InvalidRange":  # start at or past the end
                 self.size(path)
                 return b""
-            raise self._translate(exc, what) from exc
+            raise self.client.translate(exc, f"read of {self.describe(path)}") from exc
 
     def size(self, path: str) -> int:
-        head = self._call("head_object", f"stat of {self.describe(path)}", Key=self._key(path))
-        return int(head["ContentLength"])
-
-    def _list(self, prefix_key: str, delimiter: str = "") -> tuple[list[str], list[str]]:
-        """(keys, common prefixes) under ``prefix_key``, all pages."""
-        keys: list[str] = []
-        dirs: list[str] = []
-        kwargs: dict[str, Any] = {"Prefix": prefix_key}
-        if delimiter:
-            kwargs["Delimiter"] = delimiter
-        while True:
-            page = self._call("list_objects_v2", f"listing of {self.url}/{prefix_key}", **kwargs)
-            keys.extend(obj["Key"] for obj in page.get("Contents", []))
-            dirs.extend(p["Prefix"] for p in page.get("CommonPrefixes", []))
-            token = page.get("NextContinuationToken")
-            if not page.get("IsTruncated") or not token:
-                return keys, dirs
-            kwargs["ContinuationToken"] = token
+        what = f"stat of {self.describe(path)}"
+        return int(self.client.call("head_object", what, Key=self._key(path))["ContentLength"])
 
     def _keys_under(self, prefix: str) -> list[str]:
         base = self._key(prefix)
-        keys, _ = self._list(f"{base}/" if base else "")
+        keys, _ = self.client.list_objects(f"{base}/" if base else "")
         keys = [k for k in keys if not k.endswith("/")]
         if not keys and prefix and self.exists(prefix):
             return [base]
@@ -312,15 +218,14 @@ class S3Store(Store):
     def listdir(self, prefix: str = "") -> list[str]:
         base = self._key(prefix)
         list_prefix = f"{base}/" if base else ""
-        keys, dirs = self._list(list_prefix, delimiter="/")
-        names = {k[len(list_prefix) :] for k in keys} | {
-            d[len(list_prefix) :].rstrip("/") for d in dirs
-        }
+        keys, dirs = self.client.list_objects(list_prefix, delimiter="/")
+        names = {k[len(list_prefix) :] for k in keys}
+        names |= {d[len(list_prefix) :].rstrip("/") for d in dirs}
         names.discard("")
         return sorted(names)
 
     def delete(self, path: str) -> None:
-        self._call("delete_object", f"delete of {self.describe(path)}", Key=self._key(path))
+        self.client.call("delete_object", f"delete of {self.describe(path)}", Key=self._key(path))
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix`` with DeleteObjects, 1000 keys a request."""
@@ -328,38 +233,33 @@ class S3Store(Store):
         for i in range(0, len(keys), 1000):
             batch = keys[i : i + 1000]
             what = f"delete of {len(batch)} objects under {self.describe(prefix)}"
-            out = self._call(
+            out = self.client.call(
                 "delete_objects",
                 what,
                 Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
             )
             errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
-            if errors:
-                first = errors[0]
-                detail = f"{first.get('Key')}: {first.get('Code')} {first.get('Message', '')}"
-                if all(e.get("Code") in ("SlowDown", "InternalError") for e in errors):
-                    raise TransientStoreError(f"{what}: {len(errors)} failed ({detail})")
-                raise self._translate(
-                    _client_error(first.get("Code", ""), first.get("Message", "")), what
-                )
+            if not errors:
+                continue
+            first = errors[0]
+            detail = f"{len(errors)} failed, e.g. {first.get('Key')}: {first.get('Code')}"
+            if all(e.get("Code") in ("SlowDown", "InternalError") for e in errors):
+                raise TransientStoreError(f"{what}: {detail}")
+            raise self.client.translate(_client_error(first), f"{what} ({detail})")
 
     # -- multipart -----------------------------------------------------------------------
     def begin_multipart(self, path: str) -> Multipart:
         kwargs: dict[str, Any] = (
             {"ChecksumAlgorithm": "CRC32C"} if self.checksum == "crc32c" else {}
         )
-        out = self._call(
-            "create_multipart_upload",
-            f"upload of {self.describe(path)}",
-            Key=self._key(path),
-            **kwargs,
-        )
+        what = f"upload of {self.describe(path)}"
+        out = self.client.call("create_multipart_upload", what, Key=self._key(path), **kwargs)
         return Multipart(path, out["UploadId"], extra={"checksums": {}})
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
-        body = _body(data)
-        integrity = self._integrity(body)
-        out = self._call(
+        body = as_body(data)
+        integrity = self.client.integrity(body)
+        out = self.client.call(
             "upload_part",
             f"upload of {self.describe(upload.path)} (part {number})",
             Key=self._key(upload.path),
@@ -368,7 +268,7 @@ class S3Store(Store):
             Body=body,
             **integrity,
         )
-        if "ChecksumCRC32C" in integrity:
+        if "ChecksumCRC32C" in integrity:  # CompleteMultipartUpload must repeat it
             upload.extra.setdefault("checksums", {})[number] = integrity["ChecksumCRC32C"]
         return Part(number, offset, len(body), out["ETag"])
 
@@ -378,7 +278,6 @@ class S3Store(Store):
         If the server no longer knows the upload but the object exists with the size (and,
         where the ETags allow, the multipart ETag) these parts make, it is already done.
         """
-        what = f"upload of {self.describe(upload.path)}"
         checksums = upload.extra.get("checksums") or {}
         listed = []
         for p in sorted(parts, key=lambda p: p.number):
@@ -387,7 +286,7 @@ class S3Store(Store):
                 entry["ChecksumCRC32C"] = checksums[p.number]
             listed.append(entry)
         try:
-            self._raw(
+            self.client.raw(
                 "complete_multipart_upload",
                 Key=self._key(upload.path),
                 UploadId=upload.upload_id,
@@ -396,92 +295,52 @@ class S3Store(Store):
         except Exception as exc:  # noqa: BLE001 - translated below
             if error_code(exc)[0] == "NoSuchUpload" and self._already_complete(upload, parts):
                 return
-            raise self._translate(exc, what) from exc
+            raise self.client.translate(exc, f"upload of {self.describe(upload.path)}") from exc
 
     def _already_complete(self, upload: Multipart, parts: Sequence[Part]) -> bool:
+        what = f"stat of {self.describe(upload.path)}"
         try:
-            head = self._call(
-                "head_object", f"stat of {self.describe(upload.path)}", Key=self._key(upload.path)
-            )
+            head = self.client.call("head_object", what, Key=self._key(upload.path))
         except StoreNotFoundError:
             return False
         if int(head["ContentLength"]) != sum(p.size for p in parts):
             return False
-        expected = _multipart_etag(parts)
+        expected = multipart_etag(parts)
         actual = str(head.get("ETag", "")).strip('"')
         return expected is None or "-" not in actual or actual == expected
 
     def abort_multipart(self, upload: Multipart) -> None:
+        key = self._key(upload.path)
         try:
-            self._raw(
-                "abort_multipart_upload", Key=self._key(upload.path), UploadId=upload.upload_id
-            )
+            self.client.raw("abort_multipart_upload", Key=key, UploadId=upload.upload_id)
         except Exception as exc:  # noqa: BLE001 - translated below
             code, status = error_code(exc)
             if code == "NoSuchUpload" or status == 404:
                 return  # already aborted or completed: nothing left to discard
-            raise self._translate(exc, f"abort of upload of {self.describe(upload.path)}") from exc
+            what = f"abort of upload of {self.describe(upload.path)}"
+            raise self.client.translate(exc, what) from exc
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
         base = self._key(prefix)
-        kwargs: dict[str, Any] = {"Prefix": base}
         out: list[Multipart] = []
-        while True:
-            page = self._call(
-                "list_multipart_uploads", f"listing of uploads at {self.url}", **kwargs
-            )
-            uploads = page.get("Uploads", [])
-            for u in uploads:
-                key = u["Key"]
-                if base and key != base and not key.startswith(f"{base}/"):
-                    continue
-                initiated = u.get("Initiated")
-                extra = {"initiated": initiated.timestamp()} if initiated is not None else {}
-                out.append(Multipart(self._rel(key), u["UploadId"], extra=extra))
-            if not page.get("IsTruncated") or not uploads:
-                return out
-            kwargs["KeyMarker"] = page.get("NextKeyMarker") or uploads[-1]["Key"]
-            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker") or uploads[-1]["UploadId"]
+        for u in self.client.list_uploads(base):
+            key = u["Key"]
+            if base and key != base and not key.startswith(f"{base}/"):
+                continue
+            initiated = u.get("Initiated")
+            extra = {"initiated": initiated.timestamp()} if initiated is not None else {}
+            out.append(Multipart(self._rel(key), u["UploadId"], extra=extra))
+        return out
 
     def list_parts(self, upload: Multipart) -> list[Part]:
         """The parts the server holds for an unfinished upload (offsets unknown: 0)."""
-        kwargs: dict[str, Any] = {"Key": self._key(upload.path), "UploadId": upload.upload_id}
-        parts: list[Part] = []
-        while True:
-            page = self._call("list_parts", f"listing of parts of {upload.path}", **kwargs)
-            parts.extend(
-                Part(p["PartNumber"], 0, int(p["Size"]), p["ETag"]) for p in page.get("Parts", [])
-            )
-            marker = page.get("NextPartNumberMarker")
-            if not page.get("IsTruncated") or not marker:
-                return parts
-            kwargs["PartNumberMarker"] = marker
+        return [
+            Part(int(p["PartNumber"]), 0, int(p["Size"]), p["ETag"])
+            for p in self.client.list_parts(self._key(upload.path), upload.upload_id)
+        ]
 
 
-def _body(data: Buffer) -> bytes | bytearray:
-    """botocore takes bytes or bytearray (not memoryview): copy only a memoryview."""
-    return data if isinstance(data, (bytes, bytearray)) else bytes(data)
-
-
-def _b64(raw: bytes) -> str:
-    return base64.b64encode(raw).decode("ascii")
-
-
-def _multipart_etag(parts: Sequence[Part]) -> str | None:
-    """S3's ETag of a completed multipart object: md5(part md5s)-N, when ETags are md5s."""
-    digests = []
-    for p in sorted(parts, key=lambda p: p.number):
-        etag = p.etag.strip('"')
-        if len(etag) != 32:
-            return None
-        try:
-            digests.append(bytes.fromhex(etag))
-        except ValueError:
-            return None
-    return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(parts)}"
-
-
-def _client_error(code: str, message: str) -> Exception:
+def _client_error(error: dict[str, Any]) -> Exception:
     from botocore.exceptions import ClientError
 
-    return ClientError({"Error": {"Code": code, "Message": message}}, "DeleteObjects")
+    return ClientError({"Error": error}, "DeleteObjects")
