@@ -70,8 +70,8 @@ class CkptReader(StorageReader):
     ) -> None:
         super().__init__()
         self.storage_options = storage_options
-        self.store = open_store(url, storage_options)
         self.config = config or TransferConfig()
+        self.store = open_store(url, storage_options, retry=self.config.retry)
         self.engine = engine or TransferEngine(self.config)
         self.verify = verify
         self.committed: Committed | None = None
@@ -113,7 +113,9 @@ class CkptReader(StorageReader):
     # -- StorageReader -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id and str(checkpoint_id).rstrip("/") != self.url:
-            self.store = open_store(str(checkpoint_id), self.storage_options)
+            self.store = open_store(
+                str(checkpoint_id), self.storage_options, retry=self.config.retry
+            )
             self.open()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:

@@ -104,8 +104,8 @@ class CkptWriter(StorageWriter):
     ) -> None:
         super().__init__()
         self.storage_options = storage_options
-        self.store = open_store(url, storage_options)
         self.config = config or TransferConfig()
+        self.store = open_store(url, storage_options, retry=self.config.retry)
         self.engine = engine or TransferEngine(self.config)
         self.overwrite = overwrite
         self.codec = check_codec(codec)
@@ -128,7 +128,9 @@ class CkptWriter(StorageWriter):
     # -- StorageWriter -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         if checkpoint_id and str(checkpoint_id).rstrip("/") != self.url:
-            self.store = open_store(str(checkpoint_id), self.storage_options)
+            self.store = open_store(
+                str(checkpoint_id), self.storage_options, retry=self.config.retry
+            )
         self.attempt = uuid.uuid4().hex[:12]
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:

@@ -143,7 +143,11 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
-        """Uploads begun under ``prefix`` and neither completed nor aborted (for cleanup)."""
+        """Uploads begun under ``prefix`` and neither completed nor aborted (for cleanup).
+
+        Where the store knows it, ``extra["initiated"]`` is when the upload began (or was
+        last written to), in seconds since the epoch; ``sweep_multipart`` ages uploads by it.
+        """
 
     def close(self) -> None:  # noqa: B027 - most stores hold nothing to release
         """Release clients and connections."""

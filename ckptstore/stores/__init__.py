@@ -7,12 +7,23 @@ their own modules and imported lazily (their client libraries are optional extra
 
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
+from ckptstore.config import RetryConfig
 from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError
 
-__all__ = ["open_store", "split_url"]
+__all__ = ["open_store", "split_url", "STORE_CLASSES"]
+
+#: URL scheme -> "module:Class" of its native store, imported on first use. Each class is
+#: built as ``Class(url, storage_options, retry=retry)``. A scheme not listed here that
+#: fsspec knows gets the generic ``FsspecStore``.
+STORE_CLASSES: dict[str, str] = {
+    "s3": "ckptstore.stores.s3:S3Store",
+    "s3a": "ckptstore.stores.s3:S3Store",
+}
+_FSSPEC = "ckptstore.stores.fsspec_store:FsspecStore"
 
 
 def split_url(url: str) -> tuple[str, str]:
@@ -23,8 +34,30 @@ def split_url(url: str) -> tuple[str, str]:
     return scheme.lower(), rest
 
 
-def open_store(url: str | Store, storage_options: dict[str, Any] | None = None) -> Store:
-    """The store rooted at ``url`` (a ``Store`` is returned unchanged)."""
+def _load(spec: str) -> type[Store]:
+    module, _, name = spec.partition(":")
+    cls: type[Store] = getattr(importlib.import_module(module), name)
+    return cls
+
+
+def _fsspec_knows(scheme: str) -> bool:
+    try:
+        import fsspec
+    except ImportError:  # pragma: no cover - fsspec is a core dependency
+        return False
+    return scheme in fsspec.available_protocols()
+
+
+def open_store(
+    url: str | Store,
+    storage_options: dict[str, Any] | None = None,
+    *,
+    retry: RetryConfig | None = None,
+) -> Store:
+    """The store rooted at ``url`` (a ``Store`` is returned unchanged).
+
+    ``retry`` gives object stores their per-request timeout (``request_timeout_s``).
+    """
     if isinstance(url, Store):
         return url
     if not isinstance(url, str) or not url:
@@ -37,7 +70,10 @@ def open_store(url: str | Store, storage_options: dict[str, Any] | None = None) 
         if options:
             raise ConfigError(f"storage_options {sorted(options)} do not apply to a local path")
         return LocalStore(url)
-    raise ConfigError(
-        f"no store for URL scheme {scheme!r} in {url!r}; use a path, file://, s3://, gs://, "
-        "az:// or abfs://"
-    )
+    spec = STORE_CLASSES.get(scheme) or (_FSSPEC if _fsspec_knows(scheme) else None)
+    if spec is None:
+        raise ConfigError(
+            f"no store for URL scheme {scheme!r} in {url!r}; use a path, file://, s3://, "
+            "gs://, az://, abfs:// or another scheme fsspec knows"
+        )
+    return _load(spec)(url, options, retry=retry)  # type: ignore[call-arg]

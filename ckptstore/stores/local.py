@@ -274,7 +274,11 @@ class LocalStore(Store):
         for rel in self.find(prefix):
             name, mark, _ = rel.rpartition(TMP_MARK)
             if mark:
-                out.append(Multipart(name, self._abs(rel)))
+                try:  # the last write to the temp file: how long it has been idle
+                    extra = {"initiated": os.stat(self._abs(rel)).st_mtime}
+                except OSError:
+                    continue  # completed or aborted meanwhile
+                out.append(Multipart(name, self._abs(rel), extra=extra))
         return out
 
 

@@ -1,0 +1,346 @@
+"""The S3 store: native multipart uploads through s3fs's (aiobotocore) client.
+
+``S3Store("s3://bucket/prefix", storage_options)`` builds an ``s3fs.S3FileSystem`` from
+fsspec-style ``storage_options`` (key, secret, token, endpoint_url, client_kwargs,
+config_kwargs, profile, ...) and calls its botocore client directly, from the engine's
+threads, on fsspec's I/O event loop. Call order for a multipart write (the engine drives it;
+see ``ckptstore.engine.store``)::
+
+    up = store.begin_multipart(path)            # CreateMultipartUpload (ChecksumAlgorithm)
+    store.put_part(up, n, offset, data)         # UploadPart, any order, many threads at once
+    store.complete_multipart(up, parts)         # CompleteMultipartUpload
+    store.abort_multipart(up)                   # AbortMultipartUpload, on any failure
+
+Integrity: every PutObject and UploadPart carries a checksum of its body (CRC32C by
+default, or Content-MD5 with ``checksum="md5"``), so a server that checks it rejects bytes
+damaged in transit (``BadDigest``, retried). SeaweedFS checks both; moto checks neither.
+
+Retries: botocore's own retries are off (``total_max_attempts=1``) so the engine's
+``RetryConfig`` alone decides; each request is bounded by ``RetryConfig.request_timeout_s``
+(botocore connect/read timeouts plus an overall limit that also catches a stalled upload).
+
+Create-only writes use ``PutObject`` with ``If-None-Match: *``. Whether the server honours
+it is probed once per endpoint and bucket in a process (two create-only writes of a
+scratch object under the store's root: the second must fail with 412). A server that
+ignores it gets a best-effort HEAD-then-PUT instead, with a ``NonAtomicCreateWarning`` and
+``atomic_create = False``. ``conditional_create=True/False`` skips the probe.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from ckptstore.config import MiB, RetryConfig
+from ckptstore.engine.store import Buffer, Multipart, Part, Store, join_path
+from ckptstore.errors import (
+    CommitConflictError,
+    ConfigError,
+    StoreNotFoundError,
+    TransientStoreError,
+)
+from ckptstore.stores._common import create_lock, same_bytes, warn_non_atomic
+from ckptstore.stores.s3_client import CHECKSUMS, S3Client, as_body, make_s3fs, multipart_etag
+from ckptstore.stores.s3_errors import error_code
+
+__all__ = ["S3Store", "make_s3fs"]
+
+
+#: (endpoint, bucket) -> whether it honours If-None-Match, as probed in this process.
+_PROBED: dict[tuple[str, str], bool] = {}
+
+
+class _Shared:
+    """State shared by a store and its children: the conditional-create probe's answer."""
+
+    def __init__(self, conditional: bool | None) -> None:
+        self.conditional = conditional
+        self.lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:  # picklable (DCP may ship writers to a process)
+        return {"conditional": self.conditional}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(state["conditional"])  # type: ignore[misc]
+
+
+class S3Store(Store):
+    """A store rooted at ``s3://bucket/prefix``. See the module docstring."""
+
+    min_part_size = 5 * MiB
+    max_parts = 10_000
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry: RetryConfig | None = None,
+        checksum: str = "crc32c",
+        conditional_create: bool | None = None,
+        fs: Any = None,
+        _shared: _Shared | None = None,
+    ) -> None:
+        scheme, _, rest = url.partition("://")
+        if scheme.lower() not in ("s3", "s3a") or not rest.strip("/"):
+            raise ConfigError(f"expected an s3://bucket[/prefix] URL, got {url!r}")
+        if checksum not in CHECKSUMS:
+            raise ConfigError(f"checksum must be one of {CHECKSUMS}, got {checksum!r}")
+        bucket, _, prefix = rest.strip("/").partition("/")
+        self.bucket, self.prefix = bucket, prefix.strip("/")
+        super().__init__(f"s3://{join_path(self.bucket, self.prefix)}")
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryConfig()
+        self.checksum = checksum
+        self.fs = fs if fs is not None else make_s3fs(self.storage_options, self.retry)
+        client_kwargs = self.storage_options.get("client_kwargs") or {}
+        self.endpoint = str(
+            self.storage_options.get("endpoint_url")
+            or client_kwargs.get("endpoint_url")
+            or "AWS S3"
+        )
+        self.client = S3Client(
+            self.fs, bucket, self.endpoint, self.retry.request_timeout_s, checksum
+        )
+        self._shared = _shared or _Shared(conditional_create)
+        if self._shared.conditional is False:
+            self.atomic_create = False
+
+    def child(self, prefix: str) -> S3Store:
+        return S3Store(
+            f"s3://{join_path(self.bucket, self.prefix, prefix)}",
+            self.storage_options,
+            retry=self.retry,
+            checksum=self.checksum,
+            fs=self.fs,
+            _shared=self._shared,
+        )
+
+    def _key(self, path: str) -> str:
+        return join_path(self.prefix, path)
+
+    def _rel(self, key: str) -> str:
+        return key[len(self.prefix) + 1 :] if self.prefix else key
+
+    # -- whole objects -----------------------------------------------------------------
+    def put(self, path: str, data: Buffer) -> None:
+        body = as_body(data)
+        self.client.call(
+            "put_object",
+            f"write of {self.describe(path)}",
+            Key=self._key(path),
+            Body=body,
+            **self.client.integrity(body),
+        )
+
+    def put_if_absent(self, path: str, data: Buffer) -> None:
+        what = f"create-only write of {self.describe(path)}"
+        if not self._conditional_ok():
+            warn_non_atomic(f"s3://{self.bucket}", f"{self.endpoint} ignores If-None-Match")
+            with create_lock(self.describe(path)):
+                if self.exists(path):
+                    raise self._conflict(path)
+                self.put(path, data)
+            return
+        body = as_body(data)
+        try:
+            self.client.raw(
+                "put_object",
+                Key=self._key(path),
+                Body=body,
+                IfNoneMatch="*",
+                **self.client.integrity(body),
+            )
+        except Exception as exc:  # noqa: BLE001 - translated below
+            code, status = error_code(exc)
+            if status != 412 and code != "PreconditionFailed":
+                raise self.client.translate(exc, what) from exc
+            # Our own earlier try may have landed with its response lost: then it is ours.
+            if same_bytes(lambda: self.get(path), body):
+                return
+            raise self._conflict(path) from None
+
+    def _conflict(self, path: str) -> CommitConflictError:
+        return CommitConflictError(
+            f"{self.describe(path)} already exists: another writer committed first"
+        )
+
+    def _conditional_ok(self) -> bool:
+        """Whether the server honours If-None-Match on PutObject (probed once per bucket)."""
+        shared = self._shared
+        with shared.lock:
+            if shared.conditional is None:
+                where = (self.endpoint, self.bucket)
+                if where not in _PROBED:
+                    probe = self._key(f".ckptstore-probe-{uuid.uuid4().hex}")
+                    _PROBED[where] = self.client.probe_conditional(probe)
+                shared.conditional = _PROBED[where]
+        if not shared.conditional:
+            self.atomic_create = False
+        return shared.conditional
+
+    def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        if end is not None and end <= start:
+            self.size(path)  # a missing object is still an error
+            return b""
+        kwargs: dict[str, Any] = {}
+        if start or end is not None:
+            kwargs["Range"] = f"bytes={start}-{'' if end is None else end - 1}"
+        try:
+            data: bytes = self.client.raw(
+                "get_object", read_body=True, Key=self._key(path), **kwargs
+            )
+            return data
+        except Exception as exc:  # noqa: BLE001 - translated below
+            code, status = error_code(exc)
+            if status == 416 or code == "InvalidRange":  # start at or past the end
+                self.size(path)
+                return b""
+            raise self.client.translate(exc, f"read of {self.describe(path)}") from exc
+
+    def size(self, path: str) -> int:
+        what = f"stat of {self.describe(path)}"
+        return int(self.client.call("head_object", what, Key=self._key(path))["ContentLength"])
+
+    def _keys_under(self, prefix: str) -> list[str]:
+        base = self._key(prefix)
+        keys, _ = self.client.list_objects(f"{base}/" if base else "")
+        keys = [k for k in keys if not k.endswith("/")]
+        if not keys and prefix and self.exists(prefix):
+            return [base]
+        return keys
+
+    def find(self, prefix: str = "") -> list[str]:
+        return sorted(self._rel(k) for k in self._keys_under(prefix))
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        base = self._key(prefix)
+        list_prefix = f"{base}/" if base else ""
+        keys, dirs = self.client.list_objects(list_prefix, delimiter="/")
+        names = {k[len(list_prefix) :] for k in keys}
+        names |= {d[len(list_prefix) :].rstrip("/") for d in dirs}
+        names.discard("")
+        return sorted(names)
+
+    def delete(self, path: str) -> None:
+        self.client.call("delete_object", f"delete of {self.describe(path)}", Key=self._key(path))
+
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under ``prefix`` with DeleteObjects, 1000 keys a request."""
+        keys = self._keys_under(prefix)
+        for i in range(0, len(keys), 1000):
+            batch = keys[i : i + 1000]
+            what = f"delete of {len(batch)} objects under {self.describe(prefix)}"
+            out = self.client.call(
+                "delete_objects",
+                what,
+                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
+            )
+            errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
+            if not errors:
+                continue
+            first = errors[0]
+            detail = f"{len(errors)} failed, e.g. {first.get('Key')}: {first.get('Code')}"
+            if all(e.get("Code") in ("SlowDown", "InternalError") for e in errors):
+                raise TransientStoreError(f"{what}: {detail}")
+            raise self.client.translate(_client_error(first), f"{what} ({detail})")
+
+    # -- multipart -----------------------------------------------------------------------
+    def begin_multipart(self, path: str) -> Multipart:
+        kwargs: dict[str, Any] = (
+            {"ChecksumAlgorithm": "CRC32C"} if self.checksum == "crc32c" else {}
+        )
+        what = f"upload of {self.describe(path)}"
+        out = self.client.call("create_multipart_upload", what, Key=self._key(path), **kwargs)
+        return Multipart(path, out["UploadId"], extra={"checksums": {}})
+
+    def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
+        body = as_body(data)
+        integrity = self.client.integrity(body)
+        out = self.client.call(
+            "upload_part",
+            f"upload of {self.describe(upload.path)} (part {number})",
+            Key=self._key(upload.path),
+            UploadId=upload.upload_id,
+            PartNumber=number,
+            Body=body,
+            **integrity,
+        )
+        if "ChecksumCRC32C" in integrity:  # CompleteMultipartUpload must repeat it
+            upload.extra.setdefault("checksums", {})[number] = integrity["ChecksumCRC32C"]
+        return Part(number, offset, len(body), out["ETag"])
+
+    def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
+        """CompleteMultipartUpload; idempotent when a retry follows a lost response.
+
+        If the server no longer knows the upload but the object exists with the size (and,
+        where the ETags allow, the multipart ETag) these parts make, it is already done.
+        """
+        checksums = upload.extra.get("checksums") or {}
+        listed = []
+        for p in sorted(parts, key=lambda p: p.number):
+            entry = {"PartNumber": p.number, "ETag": p.etag}
+            if p.number in checksums:
+                entry["ChecksumCRC32C"] = checksums[p.number]
+            listed.append(entry)
+        try:
+            self.client.raw(
+                "complete_multipart_upload",
+                Key=self._key(upload.path),
+                UploadId=upload.upload_id,
+                MultipartUpload={"Parts": listed},
+            )
+        except Exception as exc:  # noqa: BLE001 - translated below
+            if error_code(exc)[0] == "NoSuchUpload" and self._already_complete(upload, parts):
+                return
+            raise self.client.translate(exc, f"upload of {self.describe(upload.path)}") from exc
+
+    def _already_complete(self, upload: Multipart, parts: Sequence[Part]) -> bool:
+        what = f"stat of {self.describe(upload.path)}"
+        try:
+            head = self.client.call("head_object", what, Key=self._key(upload.path))
+        except StoreNotFoundError:
+            return False
+        if int(head["ContentLength"]) != sum(p.size for p in parts):
+            return False
+        expected = multipart_etag(parts)
+        actual = str(head.get("ETag", "")).strip('"')
+        return expected is None or "-" not in actual or actual == expected
+
+    def abort_multipart(self, upload: Multipart) -> None:
+        key = self._key(upload.path)
+        try:
+            self.client.raw("abort_multipart_upload", Key=key, UploadId=upload.upload_id)
+        except Exception as exc:  # noqa: BLE001 - translated below
+            code, status = error_code(exc)
+            if code == "NoSuchUpload" or status == 404:
+                return  # already aborted or completed: nothing left to discard
+            what = f"abort of upload of {self.describe(upload.path)}"
+            raise self.client.translate(exc, what) from exc
+
+    def list_multipart(self, prefix: str = "") -> list[Multipart]:
+        base = self._key(prefix)
+        out: list[Multipart] = []
+        for u in self.client.list_uploads(base):
+            key = u["Key"]
+            if base and key != base and not key.startswith(f"{base}/"):
+                continue
+            initiated = u.get("Initiated")
+            extra = {"initiated": initiated.timestamp()} if initiated is not None else {}
+            out.append(Multipart(self._rel(key), u["UploadId"], extra=extra))
+        return out
+
+    def list_parts(self, upload: Multipart) -> list[Part]:
+        """The parts the server holds for an unfinished upload (offsets unknown: 0)."""
+        return [
+            Part(int(p["PartNumber"]), 0, int(p["Size"]), p["ETag"])
+            for p in self.client.list_parts(self._key(upload.path), upload.upload_id)
+        ]
+
+
+def _client_error(error: dict[str, Any]) -> Exception:
+    from botocore.exceptions import ClientError
+
+    return ClientError({"Error": error}, "DeleteObjects")

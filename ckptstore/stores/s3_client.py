@@ -1,0 +1,198 @@
+"""The S3 client S3Store uses: s3fs's aiobotocore client, called synchronously.
+
+``make_s3fs`` builds an ``s3fs.S3FileSystem`` from fsspec ``storage_options`` with
+ckptstore's client settings. ``S3Client`` calls the S3 API on one bucket from any thread
+(each call runs on fsspec's I/O event loop, bounded by the request timeout), translates
+failures into ckptstore errors, and walks paginated listings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import hashlib
+from collections.abc import Sequence
+from typing import Any
+
+from ckptstore.config import RetryConfig
+from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.store import Buffer, Part
+from ckptstore.errors import missing_dependency
+from ckptstore.stores.s3_errors import error_code, translate_s3_error
+
+__all__ = ["S3Client", "make_s3fs", "as_body", "multipart_etag", "CHECKSUMS"]
+
+#: Integrity headers S3Client can send with each body.
+CHECKSUMS = ("crc32c", "md5", "none")
+
+
+def make_s3fs(storage_options: dict[str, Any] | None, retry: RetryConfig) -> Any:
+    """An ``s3fs.S3FileSystem`` for ``storage_options`` with ckptstore's client settings.
+
+    Added to ``config_kwargs`` unless the caller set them: connect/read timeouts from
+    ``retry.request_timeout_s``, no botocore retries (the engine retries), checksums only
+    when required (we send our own), and a connection pool as large as a busy engine needs.
+    """
+    try:
+        import s3fs
+    except ImportError:
+        raise missing_dependency("s3fs", "s3") from None
+    options = dict(storage_options or {})
+    config = dict(options.pop("config_kwargs", None) or {})
+    config.setdefault("connect_timeout", retry.request_timeout_s)
+    config.setdefault("read_timeout", retry.request_timeout_s)
+    config.setdefault("retries", {"total_max_attempts": 1})
+    config.setdefault("request_checksum_calculation", "when_required")
+    config.setdefault("response_checksum_validation", "when_required")
+    config.setdefault("max_pool_connections", 64)
+    return s3fs.S3FileSystem(config_kwargs=config, **options)
+
+
+class S3Client:
+    """Calls on one bucket. ``raw`` lets botocore errors through; ``call`` translates them."""
+
+    def __init__(
+        self, fs: Any, bucket: str, endpoint: str, request_timeout_s: float, checksum: str
+    ) -> None:
+        self.fs = fs
+        self.bucket = bucket
+        self.endpoint = endpoint
+        self.request_timeout_s = request_timeout_s
+        self.checksum = checksum
+
+    async def _request(self, method: str, kwargs: dict[str, Any], read_body: bool) -> Any:
+        async def go() -> Any:
+            client = await self.fs.set_session()
+            response = await getattr(client, method)(**kwargs)
+            if not read_body:
+                return response
+            body = response["Body"]
+            try:
+                return await body.read()
+            finally:
+                body.close()
+
+        # The overall limit also catches a stalled upload, which no socket timeout sees.
+        return await asyncio.wait_for(go(), self.request_timeout_s)
+
+    def raw(self, method: str, *, read_body: bool = False, **kwargs: Any) -> Any:
+        """Call the S3 API ``method`` once; botocore/aiohttp exceptions pass through."""
+        from fsspec.asyn import sync
+
+        kwargs.setdefault("Bucket", self.bucket)
+        return sync(self.fs.loop, self._request, method, kwargs, read_body)
+
+    def call(self, method: str, what: str, *, read_body: bool = False, **kwargs: Any) -> Any:
+        """Call ``method`` once, raising ckptstore errors (``what`` names the operation)."""
+        try:
+            return self.raw(method, read_body=read_body, **kwargs)
+        except Exception as exc:  # noqa: BLE001 - translated, chained
+            raise self.translate(exc, what) from exc
+
+    def translate(self, exc: BaseException, what: str) -> Exception:
+        return translate_s3_error(exc, what, self.bucket, self.endpoint)
+
+    def integrity(self, body: bytes | bytearray) -> dict[str, Any]:
+        """The checksum header for ``body`` (CRC32C or Content-MD5), per ``checksum``."""
+        if self.checksum == "crc32c":
+            return {"ChecksumCRC32C": _b64(crc32c(body).to_bytes(4, "big"))}
+        if self.checksum == "md5":
+            return {"ContentMD5": _b64(hashlib.md5(body).digest())}
+        return {}
+
+    def list_objects(self, prefix: str, delimiter: str = "") -> tuple[list[str], list[str]]:
+        """(keys, common prefixes) under ``prefix``, every page of ListObjectsV2."""
+        keys: list[str] = []
+        dirs: list[str] = []
+        kwargs: dict[str, Any] = {"Prefix": prefix}
+        if delimiter:
+            kwargs["Delimiter"] = delimiter
+        what = f"listing of s3://{self.bucket}/{prefix}"
+        while True:
+            page = self.call("list_objects_v2", what, **kwargs)
+            keys.extend(obj["Key"] for obj in page.get("Contents", []))
+            dirs.extend(p["Prefix"] for p in page.get("CommonPrefixes", []))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return keys, dirs
+            kwargs["ContinuationToken"] = token
+
+    def list_uploads(self, prefix: str) -> list[dict[str, Any]]:
+        """Every unfinished upload whose key starts with ``prefix`` (ListMultipartUploads)."""
+        kwargs: dict[str, Any] = {"Prefix": prefix}
+        out: list[dict[str, Any]] = []
+        what = f"listing of uploads at s3://{self.bucket}/{prefix}"
+        while True:
+            page = self.call("list_multipart_uploads", what, **kwargs)
+            uploads = page.get("Uploads", [])
+            out.extend(uploads)
+            if not page.get("IsTruncated") or not uploads:
+                return out
+            # SeaweedFS omits NextKeyMarker: continue from the last upload listed.
+            kwargs["KeyMarker"] = page.get("NextKeyMarker") or uploads[-1]["Key"]
+            kwargs["UploadIdMarker"] = page.get("NextUploadIdMarker") or uploads[-1]["UploadId"]
+
+    def list_parts(self, key: str, upload_id: str) -> list[dict[str, Any]]:
+        """Every part the server holds for an unfinished upload (ListParts)."""
+        kwargs: dict[str, Any] = {"Key": key, "UploadId": upload_id}
+        parts: list[dict[str, Any]] = []
+        while True:
+            page = self.call(
+                "list_parts", f"listing of parts of s3://{self.bucket}/{key}", **kwargs
+            )
+            parts.extend(page.get("Parts", []))
+            marker = page.get("NextPartNumberMarker")
+            if not page.get("IsTruncated") or not marker:
+                return parts
+            kwargs["PartNumberMarker"] = marker
+
+    def probe_conditional(self, key: str) -> bool:
+        """Whether PutObject honours ``If-None-Match: *``: create ``key`` twice, expect 412.
+
+        The scratch object is deleted afterwards.
+        """
+        what = f"probe of conditional writes at s3://{self.bucket}/{key}"
+        try:
+            try:
+                self.raw("put_object", Key=key, Body=b"1", IfNoneMatch="*")
+            except Exception as exc:  # noqa: BLE001
+                code, status = error_code(exc)
+                if code == "NotImplemented" or status == 501:
+                    return False
+                raise self.translate(exc, what) from exc
+            try:
+                self.raw("put_object", Key=key, Body=b"2", IfNoneMatch="*")
+            except Exception as exc:  # noqa: BLE001
+                code, status = error_code(exc)
+                if status == 412 or code == "PreconditionFailed":
+                    return True
+                raise self.translate(exc, what) from exc
+            return False
+        finally:
+            try:
+                self.raw("delete_object", Key=key)
+            except Exception:  # noqa: BLE001 - a leftover scratch object is harmless
+                pass
+
+
+def as_body(data: Buffer) -> bytes | bytearray:
+    """botocore takes bytes or bytearray (not memoryview): copy only a memoryview."""
+    return data if isinstance(data, (bytes, bytearray)) else bytes(data)
+
+
+def _b64(raw: bytes) -> str:
+    return base64.b64encode(raw).decode("ascii")
+
+
+def multipart_etag(parts: Sequence[Part]) -> str | None:
+    """S3's ETag of a completed multipart object, md5(part md5s)-N, when ETags are md5s."""
+    digests = []
+    for p in sorted(parts, key=lambda p: p.number):
+        etag = p.etag.strip('"')
+        if len(etag) != 32:
+            return None
+        try:
+            digests.append(bytes.fromhex(etag))
+        except ValueError:
+            return None
+    return f"{hashlib.md5(b''.join(digests)).hexdigest()}-{len(parts)}"

@@ -1,0 +1,195 @@
+"""The store contract, one suite for every backend in ``conftest.STORE_FACTORIES``."""
+
+from __future__ import annotations
+
+import os
+import threading
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ckptstore.config import RetryConfig, TransferConfig
+from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.cleanup import sweep_multipart
+from ckptstore.engine.store import Part, Store
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import CommitConflictError, StoreNotFoundError
+from ckptstore.stores._common import NonAtomicCreateWarning
+
+KiB = 1024
+
+
+def part_size(store: Store) -> int:
+    return max(store.min_part_size, 256 * KiB)
+
+
+def test_put_get_ranges_size_exists(store: Store) -> None:
+    data = os.urandom(100 * KiB)
+    store.put("a/obj.bin", data)
+    assert store.get("a/obj.bin") == data
+    assert store.get("a/obj.bin", 10, 20) == data[10:20]
+    assert store.get("a/obj.bin", 5000) == data[5000:]
+    assert store.get("a/obj.bin", 0, len(data) + 50) == data  # end past the end: clipped
+    assert store.get("a/obj.bin", len(data)) == b""
+    assert store.get("a/obj.bin", 7, 7) == b""
+    assert store.size("a/obj.bin") == len(data)
+    assert store.exists("a/obj.bin")
+    assert not store.exists("a/other.bin")
+    assert not store.exists("a")  # a 'directory' is not an object
+
+
+def test_put_replaces_and_empty_objects(store: Store) -> None:
+    store.put("x", b"first version")
+    store.put("x", bytearray(b"second"))
+    assert store.get("x") == b"second"
+    store.put("empty", memoryview(b""))
+    assert store.size("empty") == 0
+    assert store.get("empty") == b""
+
+
+def test_missing_objects_raise_store_not_found(store: Store) -> None:
+    for call in (
+        lambda: store.get("nope"),
+        lambda: store.get("nope", 3, 9),
+        lambda: store.get("nope", 3, 3),
+        lambda: store.size("nope"),
+    ):
+        with pytest.raises(StoreNotFoundError):
+            call()
+    store.delete("nope")  # deleting a missing object is fine
+    assert store.find("nope") == []
+    assert store.listdir("nope") == []
+
+
+def test_find_and_listdir(store: Store) -> None:
+    for name in ("top", "a/1", "a/2", "a/b/3", "step_1/x", "step_10/y"):
+        store.put(name, name.encode())
+    assert store.find() == ["a/1", "a/2", "a/b/3", "step_1/x", "step_10/y", "top"]
+    assert store.find("a") == ["a/1", "a/2", "a/b/3"]
+    assert store.find("step_1") == ["step_1/x"]  # not step_10
+    assert store.find("a/1") == ["a/1"]
+    assert store.listdir() == ["a", "step_1", "step_10", "top"]
+    assert store.listdir("a") == ["1", "2", "b"]
+    child = store.child("a")
+    assert child.find() == ["1", "2", "b/3"]
+    child.put("c/4", b"4")
+    assert store.get("a/c/4") == b"4"
+
+
+def test_delete_and_delete_prefix(store: Store) -> None:
+    for name in ("keep/1", "gone/1", "gone/2", "gone/sub/3", "gone2"):
+        store.put(name, b"x")
+    store.delete("keep/1")
+    assert not store.exists("keep/1")
+    store.delete_prefix("gone")
+    assert store.find() == ["gone2"]
+
+
+def test_multipart_parallel_out_of_order(store: Store) -> None:
+    size = part_size(store)
+    data = os.urandom(3 * size + 1234)
+    ranges = [
+        (n + 1, off, min(off + size, len(data))) for n, off in enumerate(range(0, len(data), size))
+    ]
+    up = store.begin_multipart("mp/obj.bin")
+    with ThreadPoolExecutor(4) as pool:
+        futures = [
+            pool.submit(store.put_part, up, n, s, memoryview(data)[s:e])
+            for n, s, e in reversed(ranges)
+        ]
+        parts = [f.result() for f in futures]
+    assert not store.exists("mp/obj.bin")  # nothing visible before complete
+    assert any(u.upload_id == up.upload_id for u in store.list_multipart())
+    assert "mp/obj.bin" not in store.find()
+    store.complete_multipart(up, sorted(parts, key=lambda p: p.number))
+    assert store.get("mp/obj.bin") == data
+    assert store.find() == ["mp/obj.bin"]
+    assert store.list_multipart() == []
+
+
+def test_abort_leaves_nothing(store: Store) -> None:
+    size = part_size(store)
+    up = store.begin_multipart("ab/obj.bin")
+    store.put_part(up, 1, 0, os.urandom(size))
+    assert [u.path for u in store.list_multipart("ab")] == ["ab/obj.bin"]
+    store.abort_multipart(up)
+    store.abort_multipart(up)  # idempotent
+    assert not store.exists("ab/obj.bin")
+    assert store.list_multipart() == []
+    assert store.find() == []
+
+
+def test_sweep_multipart_aborts_only_stale_uploads(
+    store: Store, request: pytest.FixtureRequest
+) -> None:
+    size = part_size(store)
+    ups = [store.begin_multipart(f"sw/{i}.bin") for i in range(2)]
+    store.put_part(ups[0], 1, 0, os.urandom(size))
+    if request.node.callspec.params["store"] != "s3-moto":  # moto: every upload "began" in 2010
+        assert sweep_multipart(store, "sw", older_than_s=3600) == []
+    assert len(store.list_multipart("sw")) == 2
+    aborted = sweep_multipart(store, "sw", older_than_s=0)
+    assert sorted(u.path for u in aborted) == ["sw/0.bin", "sw/1.bin"]
+    assert store.list_multipart() == []
+    assert store.find() == []
+
+
+def test_put_if_absent_exactly_one_winner(store: Store) -> None:
+    writers = 8
+    barrier = threading.Barrier(writers)
+
+    def attempt(i: int) -> bool:
+        barrier.wait(timeout=30)
+        try:
+            store.put_if_absent("COMMITTED", f"writer {i}".encode())
+            return True
+        except CommitConflictError:
+            return False
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonAtomicCreateWarning)
+        with ThreadPoolExecutor(writers) as pool:
+            won = list(pool.map(attempt, range(writers)))
+    assert won.count(True) == 1
+    assert store.get("COMMITTED") == f"writer {won.index(True)}".encode()
+    with pytest.raises(CommitConflictError), warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonAtomicCreateWarning)
+        store.put_if_absent("COMMITTED", b"late writer")
+
+
+def test_engine_round_trip_many_parts(store: Store) -> None:
+    size = part_size(store)
+    config = TransferConfig(
+        part_size=size,
+        concurrency=4,
+        memory_budget=4 * size,
+        retry=RetryConfig(base_backoff_s=0.01),
+    )
+    data = os.urandom(4 * size + size // 2)
+    with TransferEngine(config) as engine:
+        with engine.writer(store, "eng/file.bin") as w:
+            for off in range(0, len(data), 100 * KiB):  # many small writes, as DCP does
+                w.write(memoryview(data)[off : off + 100 * KiB])
+            info = w.close()
+        assert info.size == len(data) and info.crc32c == crc32c(data)
+        assert store.size("eng/file.bin") == len(data)
+        assert engine.read(store, "eng/file.bin") == data
+        assert (
+            engine.read(store, "eng/file.bin", size - 10, 2 * size)
+            == data[size - 10 : 3 * size - 10]
+        )
+    assert store.list_multipart() == []
+
+
+def test_complete_needs_every_part_size(store: Store) -> None:
+    """Parts as reported by put_part are exactly what complete needs (number, size)."""
+    size = part_size(store)
+    up = store.begin_multipart("p/obj")
+    p1 = store.put_part(up, 1, 0, b"a" * size)
+    p2 = store.put_part(up, 2, size, b"b" * 10)
+    assert (p1.number, p1.offset, p1.size) == (1, 0, size)
+    assert (p2.number, p2.offset, p2.size) == (2, size, 10)
+    assert isinstance(p2, Part)
+    store.complete_multipart(up, [p1, p2])
+    assert store.get("p/obj", size - 1, size + 1) == b"ab"
