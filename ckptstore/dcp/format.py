@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import io
 from dataclasses import dataclass
-from typing import IO, Any
+from typing import IO, Any, cast
 
 import torch
 
@@ -62,8 +62,39 @@ def encode_item(data: io.BytesIO | torch.Tensor) -> memoryview:
     return buf.getbuffer()
 
 
+class _ViewReader(io.RawIOBase):
+    """A seekable file over a memoryview: ``torch.load`` reads it without a copy
+    (``io.BytesIO`` would copy anything that is not ``bytes``)."""
+
+    def __init__(self, data: bytes | bytearray | memoryview) -> None:
+        super().__init__()
+        self._view = memoryview(data).cast("B")
+        self._pos = 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = max(0, min(len(b), len(self._view) - self._pos))
+        b[:n] = self._view[self._pos : self._pos + n]
+        self._pos += n
+        return n
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._view)}[whence]
+        self._pos = base + offset
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+
 def decode_tensor(data: bytes | bytearray | memoryview) -> torch.Tensor:
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    reader = cast(IO[bytes], _ViewReader(data))
+    return torch.load(reader, map_location="cpu", weights_only=True)
 
 
 def _zstd():  # type: ignore[no-untyped-def]

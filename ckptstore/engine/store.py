@@ -91,6 +91,15 @@ class Store(abc.ABC):
     def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of an object (``end=None``: to its end)."""
 
+    def get_into(self, path: str, start: int, buf: memoryview) -> int:
+        """Read up to ``len(buf)`` bytes at ``start`` into ``buf``; returns how many were read.
+
+        Stores that can read straight into caller memory (``preadv`` on volumes) override it.
+        """
+        data = self.get(path, start, start + len(buf))
+        buf[: len(data)] = data
+        return len(data)
+
     @abc.abstractmethod
     def size(self, path: str) -> int:
         """Size in bytes; ``StoreNotFoundError`` if it does not exist."""

@@ -27,6 +27,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TypeVar
 
+import numpy as np
+
 from ckptstore.config import TransferConfig
 from ckptstore.engine.checksum import Crc32c, crc32c
 from ckptstore.engine.crashpoints import crashpoint
@@ -206,38 +208,36 @@ class TransferEngine:
     # -- reads -------------------------------------------------------------------------
     def read_async(
         self, store: Store, path: str, offset: int = 0, length: int | None = None
-    ) -> Future[bytes | bytearray]:
-        """Read ``length`` bytes at ``offset`` (None: to the end) as parallel ranged GETs."""
+    ) -> Future[memoryview]:
+        """Read ``length`` bytes at ``offset`` (None: to the end) as parallel ranged GETs.
+
+        The bytes land straight in one uninitialised buffer (no zeroing, no joining); a
+        range that comes back short raises ``CorruptCheckpointError`` (truncated object).
+        """
         deadline = Deadline(self.config.retry.deadline_s)
         what = f"read of {store.describe(path)}"
         if length is None:
             length = self.retry(lambda: store.size(path), what, deadline) - offset
-        if length <= self.config.part_size:
-            end = offset + length
-            return self.pool.submit(
-                self.retry, lambda: store.get(path, offset, end), what, deadline
-            )
-        buf = bytearray(length)
-        view = memoryview(buf)
+        view: memoryview = np.empty(length, dtype=np.uint8).data
 
         def fetch(start: int, end: int) -> None:
-            data = self.retry(lambda: store.get(path, start, end), what, deadline)
-            if len(data) != end - start:
-                raise TransferError(
-                    f"{what}: range [{start}, {end}) returned {len(data)} bytes; "
-                    "the object is shorter than expected (truncated or replaced?)"
+            target = view[start - offset : end - offset]
+            n = self.retry(lambda: store.get_into(path, start, target), what, deadline)
+            if n != end - start:
+                raise CorruptCheckpointError(
+                    f"{what}: bytes [{start}, {end}) returned only {n}; the object is "
+                    "truncated (or was replaced by a shorter one)"
                 )
-            view[start - offset : end - offset] = data
 
         futures = [
             self.pool.submit(fetch, s, e)
             for s, e in split_ranges(offset, length, self.config.part_size)
         ]
-        return _gather(futures, lambda: buf)
+        return _gather(futures, lambda: view)
 
     def read(
         self, store: Store, path: str, offset: int = 0, length: int | None = None
-    ) -> bytes | bytearray:
+    ) -> memoryview:
         return self.read_async(store, path, offset, length).result()
 
 

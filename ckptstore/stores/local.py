@@ -173,6 +173,25 @@ class LocalStore(Store):
         finally:
             os.close(fd)
 
+    def get_into(self, path: str, start: int, buf: memoryview) -> int:
+        what = f"read of {self.describe(path)}"
+        try:
+            fd = os.open(self._abs(path), os.O_RDONLY)
+        except OSError as exc:
+            raise _translate(exc, what) from exc
+        try:
+            done = 0
+            while done < len(buf):
+                n = os.preadv(fd, [buf[done:]], start + done)
+                if n == 0:
+                    break
+                done += n
+            return done
+        except OSError as exc:
+            raise _translate(exc, what) from exc
+        finally:
+            os.close(fd)
+
     def size(self, path: str) -> int:
         try:
             st = os.stat(self._abs(path))

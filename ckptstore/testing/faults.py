@@ -83,6 +83,10 @@ class FaultyStore(Store):
         self._before("get")
         return self.inner.get(path, start, end)
 
+    def get_into(self, path: str, start: int, buf: memoryview) -> int:
+        self._before("get")
+        return self.inner.get_into(path, start, buf)
+
     def size(self, path: str) -> int:
         self._before("size")
         return self.inner.size(path)
