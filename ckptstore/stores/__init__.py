@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ckptstore.engine.store import Store
-from ckptstore.errors import ConfigError
+from ckptstore.errors import ConfigError, missing_dependency
 
 __all__ = ["open_store", "split_url"]
 
@@ -37,6 +37,18 @@ def open_store(url: str | Store, storage_options: dict[str, Any] | None = None) 
         if options:
             raise ConfigError(f"storage_options {sorted(options)} do not apply to a local path")
         return LocalStore(url)
+    if scheme in ("gs", "gcs"):
+        try:
+            from ckptstore.stores.gcs import GCSStore
+        except ImportError as exc:
+            raise missing_dependency("gcsfs", "gcs") from exc
+        return GCSStore(url, options)
+    if scheme in ("az", "abfs", "abfss"):
+        try:
+            from ckptstore.stores.azure import AzureStore
+        except ImportError as exc:
+            raise missing_dependency("azure.storage.blob", "azure") from exc
+        return AzureStore(url, options)
     raise ConfigError(
         f"no store for URL scheme {scheme!r} in {url!r}; use a path, file://, s3://, gs://, "
         "az:// or abfs://"
