@@ -169,6 +169,7 @@ class AzureStore(Store):
         super().__init__(f"{scheme}://{url.split('://', 1)[1].strip('/')}")
         self.container = container
         self.root = root
+        self._owns_client = _client is None  # children share their parent's client
         self._client = _client or _Client(storage_options or {}, retry or RetryConfig(), account)
         self._container = self._client.service.get_container_client(container)
 
@@ -176,7 +177,9 @@ class AzureStore(Store):
         return AzureStore(f"{self.url}/{prefix.strip('/')}", _client=self._client)
 
     def close(self) -> None:
-        self._client.service.close()
+        """Close the client's connections (a child leaves its parent's client open)."""
+        if self._owns_client:
+            self._client.service.close()
 
     # -- requests ----------------------------------------------------------------------
     def _key(self, path: str) -> str:

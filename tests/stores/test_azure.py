@@ -35,7 +35,11 @@ from ckptstore.testing.objstore import (
     race_put_if_absent,
 )
 
-pytestmark = pytest.mark.server
+pytestmark = [
+    pytest.mark.server,
+    # single-process DCP saves/loads (no process group) are intended here
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+]
 
 PART = 64 * 1024
 FAST = RetryConfig(attempts=4, base_backoff_s=0.01, max_backoff_s=0.05, request_timeout_s=10)
@@ -130,6 +134,18 @@ def test_url_forms(server, container):
         assert s.get("k") == url.encode()
     s = open_store(f"abfs://{container}@{ACCOUNT}.dfs.core.windows.net/x", server.storage_options)
     assert s.container == container and s.root == "x"
+
+
+def test_missing_client_names_the_extra(monkeypatch):
+    import sys
+
+    from ckptstore.errors import MissingDependencyError
+    from ckptstore.stores import open_store
+
+    monkeypatch.setitem(sys.modules, "azure.storage.blob", None)
+    monkeypatch.delitem(sys.modules, "ckptstore.stores.azure", raising=False)
+    with pytest.raises(MissingDependencyError, match=r"ckptstore\[azure\]"):
+        open_store("az://cont/x")
 
 
 # -- errors -----------------------------------------------------------------------------

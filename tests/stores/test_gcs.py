@@ -37,7 +37,11 @@ from ckptstore.testing.objstore import (
     race_put_if_absent,
 )
 
-pytestmark = pytest.mark.server
+pytestmark = [
+    pytest.mark.server,
+    # single-process DCP saves/loads (no process group) are intended here
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+]
 
 PART = 64 * 1024
 FAST = RetryConfig(attempts=4, base_backoff_s=0.01, max_backoff_s=0.05, request_timeout_s=10)
@@ -127,6 +131,29 @@ def test_ranged_reads_and_listing(store):
     store.delete("d/a")  # missing is fine
     with pytest.raises(StoreNotFoundError):
         store.get("d/a")
+
+
+def test_open_store_urls(server, bucket):
+    from ckptstore.stores import open_store
+    from ckptstore.stores.gcs import GCSStore
+
+    for url in (f"gs://{bucket}/x", f"gcs://{bucket}/x/"):
+        s = open_store(url, server.storage_options)
+        assert isinstance(s, GCSStore) and s.url == f"gs://{bucket}/x"
+        s.put("k", b"v")
+        assert s.get("k") == b"v"
+
+
+def test_missing_client_names_the_extra(monkeypatch):
+    import sys
+
+    from ckptstore.errors import MissingDependencyError
+    from ckptstore.stores import open_store
+
+    monkeypatch.setitem(sys.modules, "gcsfs.core", None)
+    monkeypatch.delitem(sys.modules, "ckptstore.stores.gcs", raising=False)
+    with pytest.raises(MissingDependencyError, match=r"ckptstore\[gcs\]"):
+        open_store("gs://bkt/x")
 
 
 # -- errors -----------------------------------------------------------------------------
