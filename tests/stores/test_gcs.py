@@ -115,6 +115,20 @@ def test_more_than_32_parts_compose_as_a_tree(store):
     assert store.max_parts == 1024  # GCS composite objects: at most 1024 components
 
 
+def test_composite_crc_mismatch_is_caught_and_retryable(store):
+    import dataclasses
+
+    up = store.begin_multipart("c.bin")
+    p1 = store.put_part(up, 1, 0, b"a" * 10)
+    p2 = store.put_part(up, 2, 10, b"b" * 10)
+    wrong = dataclasses.replace(p2, etag=f"{int(p2.etag, 16) ^ 1:x}")  # as if damaged
+    with pytest.raises(TransientStoreError, match="does not match"):
+        store.complete_multipart(up, [p1, wrong])
+    assert not store.exists("c.bin")  # the bad composite was deleted
+    store.complete_multipart(up, [p1, p2])  # the parts are still there for a retry
+    assert store.get("c.bin") == b"a" * 10 + b"b" * 10 and store.find() == ["c.bin"]
+
+
 def test_ranged_reads_and_listing(store):
     store.put("d/a", b"0123456789")
     store.put("d/sub/b", b"x")
