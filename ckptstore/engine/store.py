@@ -63,6 +63,9 @@ class Store(abc.ABC):
     min_part_size: int = 1
     #: Whether ``put_if_absent`` is a true server-side create-only write.
     atomic_create: bool = True
+    #: Whether ``list_multipart`` can see unfinished uploads (Azure's uncommitted blocks
+    #: cannot be listed; the service expires them itself).
+    lists_uploads: bool = True
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")

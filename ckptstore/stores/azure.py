@@ -153,6 +153,8 @@ class _Client:
 class AzureStore(Store):
     """A store rooted at ``az://container/prefix``; see the module docstring."""
 
+    lists_uploads = False
+
     max_parts = 50_000  # committed blocks per blob
     min_part_size = 1
 

@@ -32,6 +32,7 @@ import base64
 import json
 import logging
 import struct
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +60,8 @@ except ImportError as _exc:  # pragma: no cover - exercised only without the ext
     raise missing_dependency("gcsfs", "gcs") from _exc
 
 __all__ = ["GCSStore", "PARTS_MARK", "COMPOSE_MAX"]
+
+_BEGUN = "begun"
 
 log = logging.getLogger(__name__)
 
@@ -333,7 +336,12 @@ class GCSStore(Store):
         return f"{upload.path}{PARTS_MARK}{upload.upload_id}"
 
     def begin_multipart(self, path: str) -> Multipart:
-        return Multipart(path, uuid.uuid4().hex[:16])
+        # A tiny "begun" object makes the upload visible to list_multipart (and its age
+        # known to the sweeper) before any part has landed.
+        upload = Multipart(path, uuid.uuid4().hex[:16], {"initiated": time.time()})
+        begun = f"{self._parts_dir(upload)}/{_BEGUN}.{int(upload.extra['initiated'])}"
+        self._upload(begun, b"", f"write of {self.describe(path)} (begin)")
+        return upload
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
         name = f"{self._parts_dir(upload)}/{number:05d}"
@@ -375,6 +383,7 @@ class GCSStore(Store):
             )
         try:
             _parallel(self.delete, [*(f"{base}/{p.number:05d}" for p in parts), *made])
+            self.delete_prefix(base)  # the "begun" object
         except Exception as exc:  # noqa: BLE001 - the object is complete; leftovers are swept
             log.warning("could not delete the part objects of %s: %s", what, exc)
 
@@ -382,12 +391,14 @@ class GCSStore(Store):
         self.delete_prefix(self._parts_dir(upload))
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
-        found = {}
+        found: dict[tuple[str, str], Multipart] = {}
         for rel in self.find(prefix):
             head, mark, tail = rel.partition(PARTS_MARK)
             if mark and "/" in tail:
-                upload_id = tail.split("/", 1)[0]
-                found[(head, upload_id)] = Multipart(head, upload_id)
+                upload_id, _, leaf = tail.partition("/")
+                up = found.setdefault((head, upload_id), Multipart(head, upload_id))
+                if leaf.startswith(f"{_BEGUN}."):
+                    up.extra["initiated"] = float(leaf.split(".", 1)[1])
         return [found[k] for k in sorted(found)]
 
 

@@ -100,7 +100,8 @@ def test_multipart_parallel_out_of_order(store: Store) -> None:
         ]
         parts = [f.result() for f in futures]
     assert not store.exists("mp/obj.bin")  # nothing visible before complete
-    assert any(u.upload_id == up.upload_id for u in store.list_multipart())
+    if store.lists_uploads:
+        assert any(u.upload_id == up.upload_id for u in store.list_multipart())
     assert "mp/obj.bin" not in store.find()
     store.complete_multipart(up, sorted(parts, key=lambda p: p.number))
     assert store.get("mp/obj.bin") == data
@@ -112,7 +113,8 @@ def test_abort_leaves_nothing(store: Store) -> None:
     size = part_size(store)
     up = store.begin_multipart("ab/obj.bin")
     store.put_part(up, 1, 0, os.urandom(size))
-    assert [u.path for u in store.list_multipart("ab")] == ["ab/obj.bin"]
+    if store.lists_uploads:
+        assert [u.path for u in store.list_multipart("ab")] == ["ab/obj.bin"]
     store.abort_multipart(up)
     store.abort_multipart(up)  # idempotent
     assert not store.exists("ab/obj.bin")
@@ -123,6 +125,8 @@ def test_abort_leaves_nothing(store: Store) -> None:
 def test_sweep_multipart_aborts_only_stale_uploads(
     store: Store, request: pytest.FixtureRequest
 ) -> None:
+    if not store.lists_uploads:
+        pytest.skip(f"{store} cannot list unfinished uploads (the service expires them)")
     size = part_size(store)
     ups = [store.begin_multipart(f"sw/{i}.bin") for i in range(2)]
     store.put_part(ups[0], 1, 0, os.urandom(size))
