@@ -190,13 +190,40 @@ def test_fsync_error_fails_the_checkpoint(tmp_path, monkeypatch) -> None:
         ckptstore.reader(str(path))
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
 def test_unwritable_path(tmp_path) -> None:
-    ro = tmp_path / "ro"
-    ro.mkdir()
-    ro.chmod(0o500)
-    with pytest.raises(StoreAccessError, match="permission denied"):
-        ckptstore.save(state(), str(ro / "step_1"))
+    """A directory the process may not write to. Root ignores permissions, so as root the
+    save runs in a child process stripped of the capabilities that bypass them (setpriv)."""
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+
+    prefix: list[str] = []
+    if os.geteuid() == 0:
+        if shutil.which("setpriv") is None:
+            pytest.skip("running as root without setpriv: permissions cannot be enforced")
+        prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
+
+    base = tempfile.mkdtemp(prefix="ckptstore-ro-")
+    os.chmod(base, 0o755)
+    ro = os.path.join(base, "ro")
+    os.mkdir(ro, 0o555)
+    target = os.path.join(ro, "step_000000001")
+    code = (
+        "import torch, ckptstore\n"
+        "try:\n"
+        f"    ckptstore.save({{'x': torch.ones(4)}}, {target!r})\n"
+        "except ckptstore.StoreAccessError as e:\n"
+        "    print('StoreAccessError:', e)\n"
+    )
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, PYTHONPATH=repo, HOME=base)
+    proc = subprocess.run(
+        [*prefix, sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=base
+    )
+    assert "StoreAccessError:" in proc.stdout, proc.stderr[-2000:]
+    assert "permission denied" in proc.stdout
+    assert not os.path.exists(target)
 
 
 def test_path_under_a_file(tmp_path) -> None:
