@@ -26,6 +26,9 @@ from ckptstore.errors import (
     TransferError,
     TransientStoreError,
 )
+from ckptstore.manager import CheckpointManager, SaveRecord
+from ckptstore.retention import KeepAll, KeepEvery, KeepLast, RetentionPolicy
+from ckptstore.state import RNGState
 
 __all__ = [
     "__version__",
@@ -34,6 +37,13 @@ __all__ = [
     "save",
     "load",
     "unwrap_checkpoint_exception",
+    "CheckpointManager",
+    "SaveRecord",
+    "RetentionPolicy",
+    "KeepLast",
+    "KeepEvery",
+    "KeepAll",
+    "RNGState",
     "TransferConfig",
     "RetryConfig",
     "CkptStoreError",
