@@ -1,0 +1,98 @@
+"""The library pieces the CLI is built on: verify, copy and prune (no CLI involved)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptstore.config import TransferConfig
+from ckptstore.engine.commit import open_committed
+from ckptstore.engine.copy import copy_checkpoint
+from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.engine.verify import verify_checkpoint
+from ckptstore.errors import (
+    CheckpointExistsError,
+    CorruptCheckpointError,
+    DurabilityError,
+    IncompleteCheckpointError,
+)
+from ckptstore.testing.faults import Fault, FaultyStore
+from tests.cli.conftest import Backend, sample_state, save_ckpt
+
+SMALL = TransferConfig(part_size=4096, concurrency=4, memory_budget=1 << 20)
+
+
+def shard(store) -> str:
+    return next(n for n in open_committed(store).manifest.files if n.endswith(".distcp"))
+
+
+def flip(store, name: str, offset: int) -> None:
+    data = bytearray(store.get(name))
+    data[offset] ^= 0xFF
+    store.put(name, bytes(data))
+
+
+def test_verify_names_the_bad_range(backend: Backend, root_url: str) -> None:
+    save_ckpt(backend, root_url + "/step_000000001", files_per_rank=2)
+    store = backend.open(root_url + "/step_000000001")
+    with TransferEngine(SMALL) as engine:
+        report = verify_checkpoint(store, engine)
+        assert report.ok and report.bytes_read > 8000
+        committed = open_committed(store)
+        victim = max(committed.manifest.ranges, key=lambda r: r.length)
+        flip(store, victim.file, victim.offset + victim.length // 2)
+        report = verify_checkpoint(store, engine)
+    assert not report.ok
+    [bad] = report.bad_files
+    assert bad.name == victim.file and "checksum mismatch" in bad.problem
+    assert [(r.offset, r.length) for r in bad.bad_ranges] == [(victim.offset, victim.length)]
+
+
+def test_verify_truncated_and_missing_files(backend: Backend, root_url: str) -> None:
+    url = save_ckpt(backend, root_url + "/s", files_per_rank=2)
+    store = backend.open(url)
+    names = sorted(n for n in open_committed(store).manifest.files if n.endswith(".distcp"))
+    data = store.get(names[0])
+    store.put(names[0], data[: len(data) // 2])
+    store.delete(names[1])
+    with TransferEngine(SMALL) as engine:
+        report = verify_checkpoint(store, engine)
+    by_name = {f.name: f for f in report.bad_files}
+    assert by_name[names[0]].problem.startswith("truncated")
+    assert any(r.problem == "beyond the end of the file" for r in by_name[names[0]].bad_ranges)
+    assert by_name[names[1]].problem == "missing"
+
+
+def test_copy_failure_leaves_nothing(backend: Backend, root_url: str) -> None:
+    url = save_ckpt(backend, root_url + "/src", sample_state(), files_per_rank=2)
+    src = backend.open(url)
+    dst_url = root_url + "/dst"
+    dst = FaultyStore(
+        backend.open(dst_url),
+        [Fault("complete_multipart", error=DurabilityError("injected EIO"))],
+    )
+    with TransferEngine(SMALL) as engine:
+        with pytest.raises(DurabilityError):
+            copy_checkpoint(src, dst, engine)
+        assert dst.inner.find() == []  # nothing committed, nothing left
+        result = copy_checkpoint(src, dst.inner, engine)
+        assert result.files == 2
+        assert verify_checkpoint(dst.inner, engine).ok
+        with pytest.raises(CheckpointExistsError):
+            copy_checkpoint(src, dst.inner, engine)
+        copy_checkpoint(src, dst.inner, engine, overwrite=True)
+        assert open_committed(dst.inner).manifest.extra["copied_from"] == src.url
+
+
+def test_copy_refuses_damaged_or_torn_source(backend: Backend, root_url: str) -> None:
+    url = save_ckpt(backend, root_url + "/src")
+    src = backend.open(url)
+    dst = backend.open(root_url + "/dst")
+    flip(src, shard(src), 100)
+    with TransferEngine(SMALL) as engine:
+        with pytest.raises(CorruptCheckpointError, match="crc32c"):
+            copy_checkpoint(src, dst, engine)
+        assert not dst.exists(MARKER_NAME) and dst.find() == []
+        src.delete(MARKER_NAME)
+        with pytest.raises(IncompleteCheckpointError):
+            copy_checkpoint(src, dst, engine)
