@@ -270,11 +270,20 @@ class LocalStore(Store):
         _unlink_quietly(upload.upload_id)
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
+        """Temp files of unfinished writes.
+
+        ``extra["initiated"]`` is the temp file's last write time, so an upload still being
+        written never looks stale to a sweeper.
+        """
         out = []
         for rel in self.find(prefix):
             name, mark, _ = rel.rpartition(TMP_MARK)
             if mark:
-                out.append(Multipart(name, self._abs(rel)))
+                try:
+                    extra = {"initiated": os.stat(self._abs(rel)).st_mtime}
+                except OSError:
+                    continue  # completed or aborted while we listed
+                out.append(Multipart(name, self._abs(rel), extra=extra))
         return out
 
 

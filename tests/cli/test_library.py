@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from ckptstore.config import TransferConfig
@@ -16,6 +18,8 @@ from ckptstore.errors import (
     DurabilityError,
     IncompleteCheckpointError,
 )
+from ckptstore.prune import apply_prune, plan_prune
+from ckptstore.retention import KeepLast
 from ckptstore.testing.faults import Fault, FaultyStore
 from tests.cli.conftest import Backend, sample_state, save_ckpt
 
@@ -96,3 +100,32 @@ def test_copy_refuses_damaged_or_torn_source(backend: Backend, root_url: str) ->
         src.delete(MARKER_NAME)
         with pytest.raises(IncompleteCheckpointError):
             copy_checkpoint(src, dst, engine)
+
+
+def test_prune_plan(backend: Backend, root_url: str) -> None:
+    for step in (1, 2, 3, 5):
+        save_ckpt(backend, f"{root_url}/step_{step:09d}")
+    root = backend.open(root_url)
+    root.child("step_000000002").delete(MARKER_NAME)  # torn, older than the newest
+    save_ckpt(backend, f"{root_url}/step_000000009")
+    root.child("step_000000009").delete(MARKER_NAME)  # newer than the newest: in flight
+    up = root.begin_multipart("step_000000009/__0_0.x.distcp")
+    plan = plan_prune(root, KeepLast(1), protected={1}, stale_after_s=3600, now=time.time())
+    actions = {d.step: (d.action, d.reason) for d in plan.steps}
+    assert actions[1] == ("keep", "protected")
+    assert actions[2][0] == "delete" and "torn" in actions[2][1]
+    assert actions[3][0] == "delete"
+    assert actions[5] == ("keep", "newest committed")
+    assert actions[9][0] == "keep" and "in flight" in actions[9][1]
+    assert [u.action for u in plan.uploads] == ["keep"]
+    apply_prune(root, plan)
+    assert [n for n in root.listdir() if n.startswith("step_")] == [
+        "step_000000001",
+        "step_000000005",
+        "step_000000009",
+    ]
+    plan = plan_prune(root, KeepLast(1), stale_after_s=0.0, now=time.time() + 1)
+    assert [u.action for u in plan.uploads] == ["abort"]
+    apply_prune(root, plan)
+    assert root.list_multipart() == []
+    root.abort_multipart(up)
