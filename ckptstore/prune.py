@@ -125,10 +125,7 @@ def plan_prune(
         elif newest is not None and e.step < newest:
             action, reason = "delete", "torn leftover (no marker, older than the newest commit)"
         else:
-            action, reason = (
-                "keep",
-                "incomplete and not older than the newest commit: may be in flight",
-            )
+            action, reason = "keep", "no marker, newer than the newest commit: may be in flight"
         size = _size(root.child(e.name), e.status)
         decisions.append(StepDecision(e.step, e.name, e.status, action, reason, size))
     gone = {d.name for d in decisions if d.action == "delete"}

@@ -246,10 +246,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if ctx.json:
         dump_json(result)
     else:
-        codec = " (zstd)" if args.to == "dcp" and args.compress == "zstd" else ""
+        fmt = f"{args.to}, zstd" if args.to == "dcp" and args.compress == "zstd" else args.to
+        done = "written and verified" if verified else "written (not verified: --no-verify)"
         print(
-            f"converted {args.src} ({src.format}) -> {args.dst} ({args.to}{codec}), "
-            f"{human_bytes(out.get('size'))} in {seconds:.2f} s"
-            + ("; verified." if verified else "; not verified (--no-verify).")
+            f"converted {args.src} ({src.format}) -> {args.dst} ({fmt}): "
+            f"{human_bytes(out.get('size'))} {done} in {seconds:.2f} s."
         )
     return 0

@@ -63,8 +63,8 @@ def check_empty_destination(dst: Store, overwrite: bool) -> None:
         return
     if dst.find():
         raise CheckpointExistsError(
-            f"{dst.url} is not empty; pick another destination or pass --force (overwrite=True) "
-            "to replace what is there."
+            f"{dst.url} is not empty; pick another destination, or replace what is there with "
+            "--force (overwrite=True from Python)."
         )
 
 
