@@ -23,7 +23,7 @@ import re
 import threading
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -155,7 +155,7 @@ def _read_ahead(
     path: str,
     keys: list[tuple[int, int]],
     items: dict[tuple[int, int], list[Any]],
-):  # type: ignore[no-untyped-def]
+) -> Iterator[tuple[tuple[int, int], list[Any], bytes | bytearray]]:
     """Yield ``(key, indices, bytes)`` in offset order, with reads in flight ahead of use."""
     pending = deque(keys)
     inflight: deque[tuple[tuple[int, int], Future]] = deque()

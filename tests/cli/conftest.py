@@ -50,7 +50,7 @@ class Backend:
     name: str
     base: str
     options: dict[str, Any] = field(default_factory=dict)
-    missing: str = ""  # a URL whose path / bucket does not exist
+    missing: str = ""  # a URL that does not exist (for an object store: a missing bucket)
 
     def url(self, *parts: str) -> str:
         return "/".join([self.base.rstrip("/"), *parts])
