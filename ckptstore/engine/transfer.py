@@ -22,8 +22,9 @@ from __future__ import annotations
 import logging
 import math
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -34,12 +35,18 @@ from ckptstore.engine.checksum import Crc32c, crc32c
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.retry import Deadline, RetryStats, call_with_retry
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
-from ckptstore.errors import CkptStoreError, CorruptCheckpointError, TransferError
+from ckptstore.errors import (
+    CkptStoreError,
+    CorruptCheckpointError,
+    StoreNotFoundError,
+    TransferError,
+)
 
 __all__ = [
     "TransferEngine",
     "FileWriter",
     "ItemSink",
+    "CopyCancelled",
     "FileInfo",
     "plan_part_size",
     "split_ranges",
@@ -71,6 +78,10 @@ def split_ranges(offset: int, length: int, part_size: int) -> list[tuple[int, in
     return [
         (s, min(s + part_size, offset + length)) for s in range(offset, offset + length, part_size)
     ]
+
+
+class CopyCancelled(Exception):
+    """A copy was cancelled (its ``cancel`` event was set); nothing was published."""
 
 
 class _BufferPool:
@@ -185,23 +196,63 @@ class TransferEngine:
             return w.close()
 
     def copy(
-        self, src: Store, src_path: str, dst: Store, dst_path: str, expect_crc: int | None = None
+        self,
+        src: Store,
+        src_path: str,
+        dst: Store,
+        dst_path: str,
+        *,
+        expect_size: int | None = None,
+        expect_crc: int | None = None,
+        cancel: threading.Event | None = None,
+        on_bytes: Callable[[int], None] | None = None,
     ) -> FileInfo:
-        """Stream one file from ``src`` to ``dst`` as parallel parts; checks ``expect_crc``.
+        """Stream one file ``src`` -> ``dst`` as parallel parts, reading two parts ahead.
 
-        On a mismatch (the source changed or rotted) the upload is aborted and
-        ``CorruptCheckpointError`` names the source file.
+        The CRC32C of the bytes read is checked against ``expect_crc`` (and the size against
+        ``expect_size``) *before* the destination file is made visible: on a mismatch the
+        upload is aborted and ``CorruptCheckpointError`` names the source file. Setting
+        ``cancel`` stops the copy within ~0.1 s with ``CopyCancelled`` (nothing visible).
         """
-        size = self.retry(lambda: src.size(src_path), f"stat of {src.describe(src_path)}")
+        what = src.describe(src_path)
+        try:
+            size = self.retry(lambda: src.size(src_path), f"stat of {what}")
+        except StoreNotFoundError:
+            raise CorruptCheckpointError(
+                f"{what} is missing but the manifest lists it; the source checkpoint is damaged "
+                "(run `ckptstore-tool verify`)."
+            ) from None
+        if expect_size is not None and size != expect_size:
+            raise CorruptCheckpointError(
+                f"{what} is {size} bytes but the manifest says {expect_size}; the source "
+                "checkpoint is damaged (run `ckptstore-tool verify`)."
+            )
+        windows = deque(split_ranges(0, size, self.config.part_size))
+        ahead: deque[Future[memoryview]] = deque()
         with self.writer(dst, dst_path, size_hint=size) as w:
-            for start, end in split_ranges(0, size, w.part_size):
-                w.write(self.read(src, src_path, start, end - start))
-                if start == 0:
+            while windows or ahead:
+                while windows and len(ahead) < 2:
+                    start, end = windows.popleft()
+                    ahead.append(self.read_async(src, src_path, start, end - start))
+                fut = ahead.popleft()
+                while not fut.done():  # wait, but notice a cancel within 0.1 s
+                    if cancel is not None and cancel.is_set():
+                        raise CopyCancelled(what)
+                    wait([fut], timeout=0.1)
+                if cancel is not None and cancel.is_set():
+                    raise CopyCancelled(what)
+                data = fut.result()
+                first = w.size == 0
+                w.write(data)
+                if first:
                     crashpoint("mid_upload")
+                if on_bytes is not None:
+                    on_bytes(len(data))
             if expect_crc is not None and w.crc32c != expect_crc:
                 raise CorruptCheckpointError(
-                    f"{src.describe(src_path)} changed while being copied (checksum mismatch); "
-                    "nothing was published at the destination."
+                    f"{what}: crc32c {w.crc32c:08x} of the bytes read does not match the "
+                    f"manifest's {expect_crc:08x}; the source is damaged (run `ckptstore-tool "
+                    "verify`). Nothing was published at the destination."
                 )
             return w.close()
 

@@ -289,6 +289,11 @@ class LocalStore(Store):
         _unlink_quietly(upload.upload_id)
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
+        """Temp files of unfinished writes.
+
+        ``extra["initiated"]`` is the temp file's last write time, so an upload still being
+        written never looks stale to a sweeper.
+        """
         out = []
         for rel in self.find(prefix):
             name, mark, _ = rel.rpartition(TMP_MARK)

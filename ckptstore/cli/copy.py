@@ -1,0 +1,120 @@
+"""``ckptstore-tool cp SRC DST``: copy a committed checkpoint between any two stores.
+
+Data files stream through the transfer engine as parallel parts, each file's CRC32C is checked
+against the source manifest before the file is made visible at the destination, and the
+destination is committed last (manifest, ``.metadata``, then the create-only ``COMMITTED``).
+Ctrl-C stops the copy, aborts open uploads, removes what was copied and commits nothing.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from typing import Any
+
+from ckptstore.cli.context import Context
+from ckptstore.cli.render import Progress, dump_json, human_bytes, note
+from ckptstore.cli.sources import classify, missing_error, not_a_checkpoint_error
+from ckptstore.engine.commit import METADATA_NAME, open_committed
+from ckptstore.engine.copy import check_empty_destination, copy_checkpoint
+from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.store import Store
+from ckptstore.errors import ConfigError, IncompleteCheckpointError
+
+__all__ = ["add_parser", "run", "require_committed"]
+
+EXIT_INTERRUPTED = 130
+
+
+def add_parser(sub: Any, common: Any) -> None:
+    p = sub.add_parser(
+        "cp",
+        help="copy a committed checkpoint between any two stores, verified, committed last",
+        description="Copy a committed checkpoint to another URL (any store to any store) with "
+        "parallel parts, checking every file's CRC32C against the manifest on the fly, and "
+        "committing the destination last. Interrupting it (Ctrl-C) leaves nothing committed.",
+    )
+    p.add_argument("src", metavar="SRC", help="committed checkpoint URL (one step folder)")
+    p.add_argument("dst", metavar="DST", help="destination URL (must be empty)")
+    p.add_argument(
+        "--force", action="store_true", help="replace whatever is at DST (uncommits it first)"
+    )
+    common(p, two_sided=True)
+    p.set_defaults(func=run)
+
+
+def require_committed(store: Store, url: str, verb: str) -> None:
+    """Raise a clear error unless ``store`` holds a committed ckptstore checkpoint."""
+    status = classify(store)
+    if status == "missing":
+        raise missing_error(url)
+    if status == "not-a-checkpoint":
+        raise not_a_checkpoint_error(url)
+    if status == "incomplete":
+        raise IncompleteCheckpointError(
+            f"{url} is incomplete (no COMMITTED marker: the save did not finish); refusing to "
+            f"{verb} it. `ckptstore-tool ls` shows the committed steps."
+        )
+    if status == "stock":
+        raise ConfigError(
+            f"{url} is a stock DCP checkpoint (no manifest to verify a copy against); use "
+            "`ckptstore-tool convert SRC DST --to dcp`, which verifies and adds a manifest."
+        )
+    if status == "corrupt":
+        open_committed(store)  # raises CorruptCheckpointError with the reason
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    src = ctx.open(args.src, "src")
+    dst = ctx.open(args.dst, "dst")
+    if src.url == dst.url:
+        raise ConfigError("SRC and DST are the same location")
+    require_committed(src, args.src, "copy")
+    check_empty_destination(dst, args.force)
+    committed = open_committed(src)
+    total = sum(e.size for n, e in committed.manifest.files.items() if n != METADATA_NAME)
+    cancel = threading.Event()
+    started = time.monotonic()
+    try:
+        with Progress(total, "cp", ctx.progress_enabled) as bar:
+            result = copy_checkpoint(
+                src, dst, ctx.engine, overwrite=args.force, on_bytes=bar.update, cancel=cancel
+            )
+    except KeyboardInterrupt:
+        cancel.set()
+        committed_at_dst = dst.exists(MARKER_NAME)
+        print(
+            f"interrupted: {args.dst} "
+            + (
+                "was already committed (the copy had finished)."
+                if committed_at_dst
+                else "holds no committed checkpoint; the partial copy was removed."
+            ),
+            file=sys.stderr,
+        )
+        return EXIT_INTERRUPTED
+    seconds = time.monotonic() - started
+    rate = result.bytes / seconds / 2**20 if seconds > 0 else 0.0
+    if ctx.json:
+        dump_json(
+            {
+                "src": result.src,
+                "dst": result.dst,
+                "files": result.files,
+                "bytes": result.bytes,
+                "seconds": round(seconds, 3),
+                "committed": True,
+                "step": result.marker.step,
+            }
+        )
+    else:
+        print(
+            f"copied {result.files} files ({human_bytes(result.bytes)}) {result.src} -> "
+            f"{result.dst} in {seconds:.2f} s ({rate:.0f} MiB/s); every file matched the "
+            "manifest; committed."
+        )
+    if not ctx.quiet and ctx.engine.stats.retries:
+        note(f"note: {ctx.engine.stats.retries} transient errors were retried")
+    return 0

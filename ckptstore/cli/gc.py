@@ -1,0 +1,130 @@
+"""``ckptstore-tool gc ROOT --keep-last N [--keep-every K] [--dry-run]``.
+
+Applies the retention policy the checkpoint manager uses (``ckptstore.retention``), removes
+torn leftovers and aborts stale multipart uploads (``ckptstore.prune``). Never deletes the
+newest committed checkpoint, a ``--protect``-ed step, or an incomplete step newer than the
+newest commit (it may be a save in flight).
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+from ckptstore.cli.context import Context
+from ckptstore.cli.render import dump_json, human_bytes, table
+from ckptstore.cli.sources import missing_error
+from ckptstore.errors import ConfigError
+from ckptstore.prune import apply_prune, plan_prune
+from ckptstore.retention import KeepEvery, KeepLast, RetentionPolicy
+
+__all__ = ["add_parser", "run", "policy_from_args"]
+
+
+def add_parser(sub: Any, common: Any) -> None:
+    p = sub.add_parser(
+        "gc",
+        help="apply retention, remove torn leftovers, abort stale uploads",
+        description="Delete committed checkpoints the retention policy lets go (never the "
+        "newest), torn leftovers older than the newest commit, and stale multipart uploads.",
+    )
+    p.add_argument("root", metavar="ROOT", help="folder / prefix holding step_* checkpoints")
+    p.add_argument("--keep-last", type=int, metavar="N", help="keep the N newest committed")
+    p.add_argument(
+        "--keep-every",
+        type=int,
+        metavar="K",
+        help="also keep the first committed checkpoint of every K training steps",
+    )
+    p.add_argument(
+        "--protect",
+        type=int,
+        action="append",
+        default=[],
+        metavar="STEP",
+        help="never delete this step (repeatable): one being restored or saved",
+    )
+    p.add_argument(
+        "--stale-after-hours",
+        type=float,
+        default=24.0,
+        help="abort unfinished multipart uploads older than this (default 24)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="show what would go; change nothing")
+    common(p)
+    p.set_defaults(func=run)
+
+
+def policy_from_args(keep_last: int | None, keep_every: int | None) -> RetentionPolicy:
+    """``KeepLast(n) | KeepEvery(k)`` from the flags; at least one is required."""
+    parts: list[RetentionPolicy] = []
+    if keep_last is not None:
+        parts.append(KeepLast(keep_last))
+    if keep_every is not None:
+        parts.append(KeepEvery(keep_every))
+    if not parts:
+        raise ConfigError("gc needs a retention policy: --keep-last N and/or --keep-every K")
+    policy = parts[0]
+    for p in parts[1:]:
+        policy = policy | p
+    return policy
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    policy = policy_from_args(args.keep_last, args.keep_every)
+    if args.stale_after_hours < 0:
+        raise ConfigError("--stale-after-hours must be >= 0")
+    root = ctx.open(args.root)
+    if not root.listdir():
+        raise missing_error(args.root)
+    plan = plan_prune(
+        root, policy, protected=set(args.protect), stale_after_s=args.stale_after_hours * 3600
+    )
+    if not args.dry_run:
+        apply_prune(root, plan)
+    verb = "would delete" if args.dry_run else "deleted"
+    if ctx.json:
+        dump_json(
+            {
+                "root": plan.root,
+                "policy": plan.policy,
+                "dry_run": args.dry_run,
+                "steps": plan.steps,
+                "uploads": [
+                    {"path": u.path, "action": u.action, "reason": u.reason, "age_s": u.age_s}
+                    for u in plan.uploads
+                ],
+                "deleted_steps": [d.step for d in plan.deletions],
+                "aborted_uploads": len(plan.aborts),
+                "freed_bytes": plan.freed_bytes,
+            }
+        )
+        return 0
+    if plan.steps:
+        print(
+            table(
+                ["STEP", "STATUS", "SIZE", "ACTION", "REASON"],
+                [
+                    [
+                        s.step,
+                        s.status,
+                        human_bytes(s.size),
+                        (("would " if args.dry_run else "") + s.action)
+                        if s.action == "delete"
+                        else s.action,
+                        s.reason,
+                    ]
+                    for s in plan.steps
+                ],
+                right={0, 2},
+            )
+        )
+    for u in plan.uploads:
+        act = ("would abort" if args.dry_run else "aborted") if u.action == "abort" else "kept"
+        print(f"upload {u.path}: {act} ({u.reason})")
+    print(
+        f"policy {plan.policy}: {verb} {len(plan.deletions)} checkpoints "
+        f"({human_bytes(plan.freed_bytes)}), "
+        f"{'would abort' if args.dry_run else 'aborted'} {len(plan.aborts)} uploads"
+    )
+    return 0

@@ -1,0 +1,165 @@
+"""``ckptstore-tool goodput``: the checkpoint planning calculator over ``ckptstore.goodput``.
+
+Give the failure rate as ``--failures-per-day`` or as ``--gpus`` and ``--afr`` (``1%`` or
+``0.01``). ``--from ROOT`` takes the blocking time of one save from what the checkpoint
+manager measured: the median ``extra["timings"]["blocking_s"]`` in the manifests of the
+committed checkpoints under ROOT, and the median checkpoint size as ``--checkpoint-gb``. Flags
+given explicitly override measured values.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+from typing import Any
+
+from ckptstore.catalog import list_steps
+from ckptstore.cli.context import Context
+from ckptstore.cli.render import dump_json, table
+from ckptstore.cli.sources import missing_error
+from ckptstore.engine.commit import open_committed
+from ckptstore.errors import ConfigError
+from ckptstore.goodput import GoodputInputs, Prices, plan, report_rows
+
+__all__ = ["add_parser", "run", "parse_fraction", "measured_from_root"]
+
+GB = 1e9
+
+
+def parse_fraction(text: str) -> float:
+    """``"1%"`` -> 0.01; ``"0.01"`` -> 0.01."""
+    t = text.strip()
+    try:
+        return float(t[:-1]) / 100.0 if t.endswith("%") else float(t)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a fraction (0.01) or percent (1%), got {text!r}"
+        ) from None
+
+
+def add_parser(sub: Any, common: Any) -> None:
+    p = sub.add_parser(
+        "goodput",
+        help="goodput, failure odds, optimal interval and cost account for a training run",
+        description="Plan a checkpoint interval: expected goodput (productive time / wall "
+        "time), the chance of a failure during the run, Young/Daly optimal intervals and what "
+        "failures and checkpoints cost.",
+    )
+    rate = p.add_argument_group("failure rate (one of)")
+    rate.add_argument("--failures-per-day", type=float, metavar="F", help="job failures a day")
+    rate.add_argument("--gpus", type=int, metavar="N", help="GPUs in the job")
+    rate.add_argument(
+        "--afr", type=parse_fraction, metavar="A", help="annual failure rate per GPU (1%% or 0.01)"
+    )
+    run_g = p.add_argument_group("run")
+    run_g.add_argument("--days", type=float, default=30.0, help="run length (default 30)")
+    run_g.add_argument(
+        "--interval-min", type=float, default=60.0, help="training minutes between saves (60)"
+    )
+    run_g.add_argument("--blocking-s", type=float, help="seconds one save stops training (0)")
+    run_g.add_argument("--restart-min", type=float, default=0.0, help="minutes to restart (0)")
+    run_g.add_argument("--checkpoint-gb", type=float, help="size of one checkpoint in GB (0)")
+    run_g.add_argument("--keep-last", type=int, default=3, help="checkpoints retained (3)")
+    run_g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
+    run_g.add_argument("--data-cache-gb", type=float, default=0.0, help="local data cache/node")
+    run_g.add_argument(
+        "--staging-copies", type=float, default=2.0, help="checkpoint copies on NVMe (2)"
+    )
+    run_g.add_argument(
+        "--from",
+        dest="from_root",
+        metavar="ROOT",
+        help="take --blocking-s and --checkpoint-gb from the manager's timings under ROOT",
+    )
+    prices = p.add_argument_group("prices (optional)")
+    prices.add_argument("--gpu-hour", type=float, help="price of one GPU-hour")
+    prices.add_argument("--storage-gb-month", type=float, help="price of one GB-month stored")
+    prices.add_argument("--transfer-gb", type=float, help="price of one GB transferred")
+    prices.add_argument("--nvme-gb", type=float, help="price of one GB of local NVMe (flat)")
+    prices.add_argument("--currency", default="$", help="currency label ($)")
+    common(p)
+    p.set_defaults(func=run)
+
+
+def measured_from_root(ctx: Context, url: str) -> dict[str, Any]:
+    """Median blocking time and size of the committed checkpoints under ``url`` with timings."""
+    root = ctx.open(url)
+    if not root.listdir():
+        raise missing_error(url)
+    blocking, sizes, steps = [], [], []
+    committed = 0
+    for e in list_steps(root):
+        if e.status != "committed":
+            continue
+        committed += 1
+        m = open_committed(root.child(e.name)).manifest
+        timings = m.extra.get("timings")
+        value = timings.get("blocking_s") if isinstance(timings, dict) else None
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            blocking.append(float(value))
+            sizes.append(m.total_bytes)
+            steps.append(e.step)
+    if not blocking:
+        raise ConfigError(
+            f"none of the {committed} committed checkpoints under {url} has recorded timings "
+            "(manifest extra['timings']['blocking_s'], written by CheckpointManager saves); "
+            "pass --blocking-s instead of --from."
+        )
+    return {
+        "root": root.url,
+        "checkpoints": len(blocking),
+        "steps": steps,
+        "blocking_s": statistics.median(blocking),
+        "checkpoint_gb": statistics.median(sizes) / GB,
+    }
+
+
+def _fmt(value: float, unit: str) -> str:
+    if unit == "%":
+        return f"{value:.1f}"
+    if abs(value) >= 100:
+        return f"{value:,.0f}"
+    return f"{value:,.3g}" if abs(value) < 10 else f"{value:,.1f}"
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    measured = measured_from_root(ctx, args.from_root) if args.from_root else None
+    blocking = args.blocking_s
+    if blocking is None:
+        blocking = measured["blocking_s"] if measured else 0.0
+    ckpt_gb = args.checkpoint_gb
+    if ckpt_gb is None:
+        ckpt_gb = measured["checkpoint_gb"] if measured else 0.0
+    inputs = GoodputInputs(
+        interval_min=args.interval_min,
+        days=args.days,
+        failures_per_day=args.failures_per_day,
+        gpus=args.gpus,
+        afr=args.afr,
+        blocking_s=blocking,
+        restart_min=args.restart_min,
+        checkpoint_gb=ckpt_gb,
+        keep_last=args.keep_last,
+        gpus_per_node=args.gpus_per_node,
+        data_cache_gb=args.data_cache_gb,
+        staging_copies=args.staging_copies,
+    )
+    prices = Prices(
+        gpu_hour=args.gpu_hour,
+        storage_gb_month=args.storage_gb_month,
+        transfer_gb=args.transfer_gb,
+        nvme_gb=args.nvme_gb,
+    )
+    report = plan(inputs, prices)
+    if ctx.json:
+        dump_json({"measured": measured, "report": report})
+        return 0
+    if measured:
+        print(
+            f"Measured    median blocking {measured['blocking_s']:.3g} s and size "
+            f"{measured['checkpoint_gb']:.3g} GB over {measured['checkpoints']} checkpoints "
+            f"under {measured['root']}"
+        )
+    rows = [[label, _fmt(v, unit), unit] for label, v, unit in report_rows(report, args.currency)]
+    print(table(["", "VALUE", "UNIT"], rows, right={1}))
+    return 0

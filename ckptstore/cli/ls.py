@@ -1,0 +1,179 @@
+"""``ckptstore-tool ls ROOT``: every checkpoint under a root, and unfinished uploads.
+
+Status comes from each step's marker and manifest (``committed`` / ``incomplete`` /
+``corrupt``), never from the listing; ``--verify`` re-reads every committed checkpoint's
+bytes, so damage after commit shows as ``corrupt``. Exit 1 if any checkpoint is corrupt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from typing import Any
+
+from ckptstore.catalog import list_steps
+from ckptstore.cli.context import Context
+from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, table
+from ckptstore.cli.sources import is_dcp_listing, missing_error
+from ckptstore.engine.commit import open_committed
+from ckptstore.engine.store import Multipart, Store
+from ckptstore.engine.verify import verify_checkpoint
+from ckptstore.errors import CkptStoreError, StoreNotFoundError
+
+__all__ = ["add_parser", "run", "list_root", "upload_age_s"]
+
+
+def add_parser(sub: Any, common: Any) -> None:
+    p = sub.add_parser(
+        "ls",
+        help="every checkpoint under a root: step, status, size, world size, created",
+        description="List every step_* checkpoint under ROOT with its status (from the commit "
+        "marker), size, world size, creation time and format version, and count unfinished "
+        "multipart uploads. --verify re-reads every committed checkpoint.",
+    )
+    p.add_argument("root", metavar="ROOT", help="folder / prefix holding step_* checkpoints")
+    p.add_argument(
+        "--verify",
+        action="store_true",
+        help="re-read every committed checkpoint against its manifest (slow: reads it all)",
+    )
+    p.add_argument(
+        "--stale-after-hours",
+        type=float,
+        default=24.0,
+        help="unfinished uploads older than this count as stale (default 24)",
+    )
+    common(p)
+    p.set_defaults(func=run)
+
+
+def upload_age_s(upload: Multipart, now: float | None = None) -> float | None:
+    """Seconds since ``upload`` began, when its store records it (``extra["initiated"]``)."""
+    started = upload.extra.get("initiated")
+    if started is None:
+        return None
+    return (now or time.time()) - float(started)
+
+
+def _size_of(store: Store) -> int:
+    total = 0
+    for name in store.find():
+        try:
+            total += store.size(name)
+        except StoreNotFoundError:
+            continue  # deleted while we listed
+    return total
+
+
+def list_root(
+    ctx: Context, root: Store, verify: bool = False, progress: Any = None
+) -> list[dict[str, Any]]:
+    """One dict per ``step_*`` under ``root`` (ascending step)."""
+    out = []
+    for e in list_steps(root):
+        store = root.child(e.name)
+        row: dict[str, Any] = {
+            "step": e.step,
+            "name": e.name,
+            "status": e.status,
+            "size": None,
+            "world_size": None,
+            "created": None,
+            "format_version": None,
+            "codec": None,
+            "problem": "",
+        }
+        if e.status == "committed":
+            committed = open_committed(store)
+            m = committed.manifest
+            row.update(
+                size=m.total_bytes,
+                world_size=m.world_size,
+                created=m.created,
+                format_version=m.version,
+                codec=m.codec,
+            )
+            if verify:
+                report = verify_checkpoint(
+                    store, ctx.engine, committed=committed, on_bytes=progress
+                )
+                if not report.ok:
+                    row["status"] = "corrupt"
+                    row["problem"] = "; ".join(
+                        f"{f.name}: {f.problem or 'bad ranges'}" for f in report.bad_files
+                    )
+        else:
+            row["size"] = _size_of(store)
+            if e.status == "corrupt":
+                try:
+                    open_committed(store)
+                except CkptStoreError as exc:
+                    row["problem"] = str(exc)
+        out.append(row)
+    return out
+
+
+def run(args: argparse.Namespace, ctx: Context) -> int:
+    root = ctx.open(args.root)
+    names = root.listdir()
+    if not names:
+        raise missing_error(args.root)
+    with Progress(None, "verify", ctx.progress_enabled and args.verify) as bar:
+        rows = list_root(ctx, root, verify=args.verify, progress=bar.update)
+    now = time.time()
+    uploads = root.list_multipart()
+    ages = [upload_age_s(u, now) for u in uploads]
+    stale = sum(1 for a in ages if a is not None and a > args.stale_after_hours * 3600)
+    corrupt = sum(1 for r in rows if r["status"] == "corrupt")
+    if ctx.json:
+        dump_json(
+            {
+                "root": root.url,
+                "checkpoints": rows,
+                "uploads": {
+                    "unfinished": len(uploads),
+                    "stale": stale,
+                    "stale_after_hours": args.stale_after_hours,
+                    "paths": [u.path for u in uploads],
+                },
+            }
+        )
+        return 1 if corrupt else 0
+    if rows:
+        print(
+            table(
+                ["STEP", "STATUS", "SIZE", "WORLD", "CREATED", "FORMAT"],
+                [
+                    [
+                        r["step"],
+                        r["status"],
+                        human_bytes(r["size"]),
+                        r["world_size"] if r["world_size"] is not None else "-",
+                        format_time(r["created"]),
+                        f"v{r['format_version']} {r['codec']}" if r["format_version"] else "-",
+                    ]
+                    for r in rows
+                ],
+                right={0, 2, 3},
+            )
+        )
+        for r in rows:
+            if r["problem"]:
+                print(f"step {r['step']}: {r['problem']}")
+    elif is_dcp_listing(names):
+        print(f"{args.root} is itself a checkpoint, not a root of step_* checkpoints; use inspect")
+    else:
+        print(f"no step_* checkpoints under {args.root}")
+    counts: dict[str, int] = {}
+    for r in rows:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    summary = ", ".join(f"{v} {k}" for k, v in sorted(counts.items())) or "none"
+    print(
+        f"{len(rows)} checkpoints ({summary}); {len(uploads)} unfinished multipart uploads"
+        + (
+            f", {stale} older than {args.stale_after_hours:g} h (`ckptstore-tool gc` aborts them)"
+            if stale
+            else ""
+        )
+    )
+    return 1 if corrupt else 0

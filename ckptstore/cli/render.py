@@ -1,0 +1,140 @@
+"""Output for ``ckptstore-tool``: plain-text tables, JSON, sizes, times and progress bars.
+
+Tables and reports go to stdout; progress bars, notes and errors go to stderr, so
+``ckptstore-tool ls ROOT --json | jq`` always gets clean JSON. Progress bars (tqdm) appear only
+when stderr is a terminal and ``--quiet`` is not given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import sys
+import threading
+import time
+from collections.abc import Collection, Sequence
+from typing import IO, Any
+
+__all__ = [
+    "human_bytes",
+    "format_time",
+    "format_shape",
+    "table",
+    "dump_json",
+    "Progress",
+    "note",
+]
+
+
+def human_bytes(n: int | float | None) -> str:
+    """``1.5 MiB`` (binary units); ``-`` for None."""
+    if n is None:
+        return "-"
+    n = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{int(n)} B" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+def format_time(ts: float | None) -> str:
+    """Local time ``2025-01-31 12:00:00``; ``-`` for None or 0."""
+    if not ts:
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(ts))
+
+
+def format_shape(shape: Sequence[int] | None) -> str:
+    if shape is None:
+        return "-"
+    return "x".join(str(d) for d in shape) if len(shape) else "scalar"
+
+
+def table(
+    headers: Sequence[str], rows: Sequence[Sequence[Any]], right: Collection[int] = ()
+) -> str:
+    """Columns padded to their widest cell; column numbers in ``right`` are right-aligned."""
+    cells = [[str(c) for c in headers]] + [["" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = []
+    for r in cells:
+        parts = [
+            r[i].rjust(widths[i]) if i in right else r[i].ljust(widths[i])
+            for i in range(len(headers))
+        ]
+        lines.append("  ".join(parts).rstrip())
+    return "\n".join(lines)
+
+
+def _jsonable(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return {f.name: _jsonable(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if obj is None or isinstance(obj, (str, int, float, bool)):
+        return obj
+    return str(obj)
+
+
+def dump_json(obj: Any, stream: IO[str] | None = None) -> None:
+    """Write ``obj`` (dataclasses, dicts, lists, scalars) as indented JSON and a newline."""
+    stream = stream or sys.stdout
+    json.dump(_jsonable(obj), stream, indent=2)
+    stream.write("\n")
+
+
+def note(message: str) -> None:
+    """A one-line note on stderr (not part of the output a script parses)."""
+    print(message, file=sys.stderr)
+
+
+class Progress:
+    """A thread-safe byte (or item) progress bar on stderr; does nothing when disabled."""
+
+    def __init__(self, total: float | None, desc: str, enabled: bool, unit: str = "B") -> None:
+        self._lock = threading.Lock()
+        self._bar = None
+        if enabled and sys.stderr.isatty():
+            try:
+                from tqdm import tqdm
+            except ImportError:  # the cli extra is optional; work without a bar
+                return
+            scaled = unit == "B"
+            self._bar = tqdm(
+                total=total,
+                desc=desc,
+                unit=unit,
+                unit_scale=scaled,
+                unit_divisor=1024 if scaled else 1000,
+                file=sys.stderr,
+                leave=False,
+                dynamic_ncols=True,
+            )
+
+    def update(self, n: float = 1) -> None:
+        if self._bar is not None:
+            with self._lock:
+                self._bar.update(n)
+
+    def set_description(self, desc: str) -> None:
+        if self._bar is not None:
+            with self._lock:
+                self._bar.set_description(desc)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            with self._lock:
+                self._bar.close()
+                self._bar = None
+
+    def __enter__(self) -> Progress:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

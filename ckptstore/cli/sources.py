@@ -1,0 +1,239 @@
+"""Find what a URL holds (DCP checkpoint, torch.save file, safetensors file) and load it.
+
+Every read goes through ckptstore stores and readers, so any URL works and a ckptstore DCP
+checkpoint is checked range by range against its manifest as it loads. Entry names are DCP's
+flattened names (``model.layers.0.weight``) for every format, so ``diff`` can compare a DCP
+checkpoint with a ``torch.save`` file.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+from ckptstore.cli.context import Context
+from ckptstore.engine.commit import METADATA_NAME
+from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
+from ckptstore.engine.store import Store
+from ckptstore.errors import ConfigError, StoreNotFoundError, missing_dependency
+
+__all__ = [
+    "Located",
+    "Entry",
+    "locate",
+    "classify",
+    "sniff_format",
+    "load_state",
+    "flatten",
+    "entries_of",
+    "dcp_entries",
+    "FILE_FORMATS",
+]
+
+FILE_FORMATS = ("torch", "safetensors")
+
+
+@dataclass(frozen=True)
+class Located:
+    """A URL resolved: its format and where its bytes are (``name`` for single files)."""
+
+    url: str
+    format: str  # dcp | torch | safetensors
+    store: Store  # the checkpoint (dcp) or the folder holding the file
+    name: str = ""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One state-dict entry as a table row."""
+
+    name: str
+    kind: str  # tensor | object
+    dtype: str | None = None
+    shape: tuple[int, ...] | None = None
+    nbytes: int | None = None
+
+
+def is_dcp_listing(names: list[str]) -> bool:
+    """Whether a folder listing looks like a (possibly torn) DCP checkpoint."""
+    fixed = {MARKER_NAME, METADATA_NAME, MANIFEST_NAME}
+    return any(
+        n in fixed
+        or n.endswith(".distcp")
+        or n.startswith(METADATA_NAME + ".")
+        or n.startswith("ckptstore.manifest.")
+        for n in names
+    )
+
+
+def classify(store: Store) -> str:
+    """What ``store`` holds.
+
+    ``committed``, ``corrupt``, ``incomplete``, ``stock``, ``not-a-checkpoint`` or ``missing``.
+    """
+    from ckptstore.engine.commit import checkpoint_status
+
+    names = store.listdir()
+    if not names:
+        return "missing"
+    if not is_dcp_listing(names):
+        return "not-a-checkpoint"
+    status = checkpoint_status(store)
+    if status == "incomplete" and MANIFEST_NAME not in names and METADATA_NAME in names:
+        return "stock"
+    return status
+
+
+def missing_error(url: str) -> StoreNotFoundError:
+    return StoreNotFoundError(
+        f"nothing at {url}: the path, bucket or prefix does not exist or is empty. Check the URL "
+        "(and --storage-option for object stores)."
+    )
+
+
+def not_a_checkpoint_error(url: str, what: str = "checkpoint") -> ConfigError:
+    return ConfigError(
+        f"{url} is not a {what}: it has no COMMITTED marker, .metadata, manifest or .distcp "
+        "shards. Point at one step folder (ckptstore-tool ls ROOT lists them)."
+    )
+
+
+def sniff_format(head: bytes, name: str) -> str | None:
+    """``torch`` / ``safetensors`` from a file's first bytes (and name), else None."""
+    if head[:4] == b"PK\x03\x04" or head[:1] == b"\x80":
+        return "torch"
+    if len(head) >= 9 and head[8:9] == b"{" and int.from_bytes(head[:8], "little") > 1:
+        return "safetensors"
+    lower = name.lower()
+    if lower.endswith(".safetensors"):
+        return "safetensors"
+    if lower.endswith((".pt", ".pth", ".bin", ".ckpt")):
+        return "torch"
+    return None
+
+
+def locate(ctx: Context, url: str, side: str = "") -> Located:
+    """What ``url`` holds; raises a clear error for nothing there or an unknown file."""
+    try:
+        parent, name = ctx.open_file(url, side)
+        size: int | None = parent.size(name)
+    except (StoreNotFoundError, ConfigError):
+        size = None
+    if size is not None:
+        fmt = sniff_format(parent.get(name, 0, min(size, 16)), name)
+        if fmt is None:
+            raise ConfigError(
+                f"{url} is a file but not a torch.save or safetensors checkpoint (and a DCP "
+                "checkpoint is a folder)"
+            )
+        return Located(url, fmt, parent, name)
+    store = ctx.open(url, side)
+    names = store.listdir()
+    if not names:
+        raise missing_error(url)
+    if not is_dcp_listing(names):
+        raise not_a_checkpoint_error(url)
+    return Located(url, "dcp", store)
+
+
+def _dcp_reader(ctx: Context, store: Store) -> Any:
+    from ckptstore.dcp.reader import CkptReader, StockCheckpointWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", StockCheckpointWarning)
+        reader = CkptReader(store, engine=ctx.engine, config=ctx.config)
+    if caught and not ctx.quiet:
+        from ckptstore.cli.render import note
+
+        note(f"note: {store.url} is a stock DCP checkpoint: no manifest, nothing is verified")
+    return reader
+
+
+def load_state(
+    ctx: Context, loc: Located, *, keys: list[str] | None = None, allow_pickle: bool = False
+) -> dict[str, Any]:
+    """The state dict at ``loc`` (DCP: only ``keys`` when given; nested as it was saved)."""
+    import torch
+
+    if loc.format == "dcp":
+        from torch.distributed.checkpoint.api import CheckpointException
+        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+
+        from ckptstore.api import unwrap_checkpoint_exception
+
+        reader = _dcp_reader(ctx, loc.store)
+        state: dict[str, Any] = {}
+        try:
+            _load_state_dict(
+                state,
+                storage_reader=reader,
+                planner=_EmptyStateDictLoadPlanner(keys=keys),
+                no_dist=True,
+            )
+        except CheckpointException as exc:
+            raise unwrap_checkpoint_exception(exc) from exc
+        return state
+    data = bytes(ctx.engine.read(loc.store, loc.name))
+    if loc.format == "safetensors":
+        try:
+            from safetensors.torch import load as st_load
+        except ImportError as exc:
+            raise missing_dependency("safetensors", "cli") from exc
+        return dict(st_load(data))
+    try:
+        return torch.load(  # type: ignore[no-any-return]
+            io.BytesIO(data), map_location="cpu", weights_only=not allow_pickle
+        )
+    except pickle.UnpicklingError as exc:
+        raise ConfigError(
+            f"{loc.url} holds Python objects that torch.load's safe mode refuses ({exc}). If "
+            "you trust the file, pass --allow-pickle."
+        ) from exc
+
+
+def flatten(state: dict[str, Any]) -> dict[str, Any]:
+    """DCP's flattened view: ``{"model.w": tensor, "step": 7}``."""
+    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+
+    flat, _ = flatten_state_dict(state)
+    return dict(flat)
+
+
+def entries_of(flat: dict[str, Any]) -> dict[str, Entry]:
+    """Entries of an in-memory flat state dict."""
+    import torch
+
+    out = {}
+    for name, v in flat.items():
+        if isinstance(v, torch.Tensor):
+            out[name] = Entry(
+                name, "tensor", str(v.dtype).replace("torch.", ""), tuple(v.shape), v.nbytes
+            )
+        else:
+            out[name] = Entry(name, "object")
+    return out
+
+
+def dcp_entries(metadata: Any) -> dict[str, Entry]:
+    """Entries of a DCP ``Metadata``, without reading any tensor data."""
+    import torch
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    out = {}
+    for name, md in metadata.state_dict_metadata.items():
+        if isinstance(md, TensorStorageMetadata):
+            dtype = md.properties.dtype
+            numel = 1
+            for d in md.size:
+                numel *= d
+            size = torch.empty((), dtype=dtype).element_size() * numel
+            out[name] = Entry(
+                name, "tensor", str(dtype).replace("torch.", ""), tuple(md.size), size
+            )
+        else:
+            out[name] = Entry(name, "object")
+    return out
