@@ -1,0 +1,292 @@
+"""Hugging Face: a ``transformers`` ``TrainerCallback`` and ``accelerate`` save/load hooks.
+
+One line each::
+
+    trainer = Trainer(..., callbacks=[CkptStoreCallback("s3://bucket/run1")])
+    trainer.train(resume_from_checkpoint=True)     # the newest *committed* checkpoint
+
+    ckpt = CkptStoreAccelerate("s3://bucket/run1").register(accelerator)
+    if path := ckpt.prepare_resume():               # None on a fresh run
+        accelerator.load_state(path)                # then train, save_state(...) as usual
+
+Both let the framework write its checkpoint folder locally, in its own format, and then
+upload that folder as one ckptstore step (``_folder.FolderCheckpoints``: staged, written
+and committed in the background, checksummed, verified on read). On resume the newest
+committed step that verifies is written back as the framework's local folder, and local
+folders newer than it (torn or never committed) are moved aside to ``.ckptstore-uncommitted``,
+so the framework's own "latest checkpoint" logic picks the committed one.
+
+Call order, Trainer (the Trainer calls the callback)::
+
+    on_init_end    -> prepare_resume(args.output_dir)   # before train() looks for checkpoints
+    on_save        -> upload output_dir/checkpoint-<global_step> as step global_step
+    on_train_end   -> wait for the last upload;  close() when done with the callback
+
+Call order, Accelerate (``register`` installs both hooks and registers the object for
+checkpointing, so ``save_state`` calls its ``state_dict`` after writing every other file)::
+
+    prepare_resume()   # newest committed step -> its local folder (None on a fresh run)
+    load_state(path)   # load pre-hook: the folder must match its committed step; a torn
+                       # or stale copy is replaced by the committed one first
+    save_state(dir)    # save pre-hook notes dir; state_dict() uploads it as step N, the
+                       # number dir's name ends with (checkpoint_3, step_500)
+    wait() / close()
+
+Both run in one process (multi-process jobs: use ``CheckpointManager`` directly).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import warnings
+from typing import Any
+
+from ckptstore.config import TransferConfig
+from ckptstore.errors import ConfigError, missing_dependency
+from ckptstore.retention import RetentionPolicy
+
+from ._codec import trailing_int
+from ._folder import QUARANTINE, FolderCheckpoints, quarantine
+
+try:
+    from accelerate.checkpointing import save_custom_state
+except ImportError as exc:  # pragma: no cover - exercised in a test with accelerate hidden
+    raise missing_dependency("accelerate", "hf") from exc
+try:
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+except ImportError as exc:  # pragma: no cover - exercised in a test with transformers hidden
+    raise missing_dependency("transformers", "hf") from exc
+
+__all__ = ["CkptStoreCallback", "CkptStoreAccelerate"]
+
+
+def _move_newer_aside(parent: str, pattern: re.Pattern[str], newest: int | None, qdir: str) -> None:
+    """Quarantine ``parent``'s checkpoint folders numbered above ``newest`` (torn/uncommitted)."""
+    if newest is None or not os.path.isdir(parent):
+        return
+    for name in os.listdir(parent):
+        m = pattern.fullmatch(name)
+        full = os.path.join(parent, name)
+        if m and int(m.group(1)) > newest and os.path.isdir(full):
+            quarantine(full, qdir)
+
+
+class CkptStoreCallback(TrainerCallback):
+    """Uploads every Trainer checkpoint to ``root`` and resumes from the newest committed.
+
+    With ``sync_on_init`` (default) the callback prepares ``args.output_dir`` when the
+    Trainer is built, so ``train(resume_from_checkpoint=True)`` finds the newest committed
+    checkpoint even on a machine that never saw it. ``keep`` prunes committed steps
+    (default ``KeepLast(3)``); ``save_total_limit`` still prunes the local folders.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        staging_dir: str | None = None,
+        keep: RetentionPolicy | None = None,
+        async_save: bool = True,
+        config: TransferConfig | None = None,
+        codec: str = "none",
+        strict: bool = False,
+        sync_on_init: bool = True,
+    ) -> None:
+        self.folders = FolderCheckpoints(
+            root,
+            storage_options=storage_options,
+            staging_dir=staging_dir,
+            keep=keep,
+            async_save=async_save,
+            config=config,
+            codec=codec,
+            strict=strict,
+        )
+        self.sync_on_init = sync_on_init
+
+    def prepare_resume(self, output_dir: str) -> str | None:
+        """Make ``output_dir/checkpoint-<N>`` the newest committed step N; its path, or None."""
+        qdir = os.path.join(output_dir, QUARANTINE)
+        found = self.folders.restore_newest(
+            lambda step, _index: os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}"), qdir
+        )
+        pattern = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)")
+        _move_newer_aside(output_dir, pattern, found[0] if found else None, qdir)
+        return found[1] if found else None
+
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        if self.sync_on_init and state.is_world_process_zero:
+            self.prepare_resume(args.output_dir)
+
+    def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
+        self.folders.save(state.global_step, folder)
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        self.folders.wait()
+
+    def wait(self) -> None:
+        self.folders.wait()
+
+    def close(self) -> None:
+        """Wait for the last upload and release resources; raise if it failed."""
+        self.folders.close()
+
+
+class CkptStoreAccelerate:
+    """Accelerate save/load-state hooks uploading every ``save_state`` folder to ``root``.
+
+    See the module docstring for the call order. Folder names must end with a step
+    number (``automatic_checkpoint_naming`` gives ``checkpoint_<i>``).
+    """
+
+    FORMAT = "ckptstore.accelerate"
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        staging_dir: str | None = None,
+        keep: RetentionPolicy | None = None,
+        async_save: bool = True,
+        config: TransferConfig | None = None,
+        codec: str = "none",
+        strict: bool = False,
+    ) -> None:
+        self.folders = FolderCheckpoints(
+            root,
+            storage_options=storage_options,
+            staging_dir=staging_dir,
+            keep=keep,
+            async_save=async_save,
+            config=config,
+            codec=codec,
+            strict=strict,
+        )
+        self.accelerator: Any = None
+        self._saving: tuple[int, str] | None = None
+        self._uploading = False
+        self._handles: list[Any] = []
+
+    # -- wiring --------------------------------------------------------------------------
+    def register(self, accelerator: Any) -> CkptStoreAccelerate:
+        """Install the hooks on ``accelerator`` and register for checkpointing; returns self.
+
+        Call it after ``prepare``; your own ``register_for_checkpointing`` calls may come
+        before or after it (their states are written before the upload either way).
+        """
+        self.accelerator = accelerator
+        self._handles = [
+            accelerator.register_save_state_pre_hook(self._before_save),
+            accelerator.register_load_state_pre_hook(self._before_load),
+        ]
+        accelerator.register_for_checkpointing(self)
+        return self
+
+    def _checkpoints_dir(self) -> str | None:
+        cfg = self.accelerator.project_configuration
+        if not cfg.automatic_checkpoint_naming:
+            return None
+        return os.path.join(self.accelerator.project_dir, "checkpoints")
+
+    def _qdir(self) -> str | None:
+        """Where mismatching folders go: beside them, except under automatic naming."""
+        if self._checkpoints_dir() is None:
+            return None
+        # Accelerate parses every name in checkpoints/ as a number: keep out of it.
+        return os.path.join(self.accelerator.project_dir, QUARANTINE)
+
+    @staticmethod
+    def _step(folder: str) -> int:
+        step = trailing_int(folder)
+        if step is None:
+            raise ConfigError(
+                f"cannot tell the step of {folder!r}: name checkpoint folders with a trailing "
+                "step number (f'ckpts/step_{step}'), or use ProjectConfiguration("
+                "automatic_checkpoint_naming=True)"
+            )
+        return step
+
+    # -- saving --------------------------------------------------------------------------
+    def _before_save(self, models: list[Any], weights: list[Any], output_dir: str) -> None:
+        self._saving = (self._step(output_dir), output_dir)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Called by ``save_state`` after every other file is written: upload the folder."""
+        state = {"format": self.FORMAT, "version": 1}
+        if self._saving is None or self._uploading:
+            return state
+        step, folder = self._saving
+        self._uploading = True
+        try:
+            # Write the custom states Accelerate writes after this call (this object's
+            # included) first, so the upload is the whole folder.
+            acc = self.accelerator
+            mine = next(i for i, o in enumerate(acc._custom_objects) if o is self)
+            each_node = acc.project_configuration.save_on_each_node
+            for i, obj in enumerate(acc._custom_objects[mine:], start=mine):
+                save_custom_state(obj, folder, i, save_on_each_node=each_node)
+            self.folders.save(step, folder)
+        finally:
+            self._saving = None
+            self._uploading = False
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state.get("format") != self.FORMAT:
+            raise ConfigError(f"not a {self.FORMAT} state: {state!r}")
+
+    # -- restoring -----------------------------------------------------------------------
+    def _set_iteration(self, step: int) -> None:
+        if self._checkpoints_dir() is not None:  # the next automatic name must be new
+            self.accelerator.project_configuration.iteration = step + 1
+
+    def _before_load(self, models: list[Any], input_dir: str) -> None:
+        step = trailing_int(input_dir)
+        if step is None or step not in self.folders.steps():
+            warnings.warn(
+                f"loading {input_dir}, which ckptstore has not committed under "
+                f"{self.folders.root}; use prepare_resume() for the newest committed one",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+        self.folders.ensure_local(step, input_dir, self._qdir())
+        self._set_iteration(step)
+
+    def prepare_resume(self, local_dir: str | None = None) -> str | None:
+        """Write the newest committed step as a local folder; its path, or None if none.
+
+        The folder is ``project_dir/checkpoints/checkpoint_<N>`` with automatic naming,
+        else ``local_dir/<saved name>``, else the path it was saved from.
+        """
+        auto = self._checkpoints_dir()
+
+        def dest(step: int, index: dict[str, Any]) -> str:
+            if auto is not None:
+                return os.path.join(auto, f"checkpoint_{step}")
+            return os.path.join(local_dir, index["name"]) if local_dir else index["path"]
+
+        qdir = self._qdir()
+        found = self.folders.restore_newest(dest, qdir)
+        if found is None:
+            return None
+        step, path = found
+        if auto is not None and qdir is not None:
+            _move_newer_aside(auto, re.compile(r"checkpoint_(\d+)"), step, qdir)
+        self._set_iteration(step)
+        return path
+
+    def wait(self) -> None:
+        self.folders.wait()
+
+    def close(self) -> None:
+        """Remove the hooks, wait for the last upload; raise if it failed."""
+        for handle in self._handles:
+            handle.remove()
+        self._handles = []
+        self.folders.close()

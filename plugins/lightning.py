@@ -1,0 +1,401 @@
+"""PyTorch Lightning: a ``CheckpointIO`` that saves and loads through ckptstore.
+
+One line::
+
+    trainer = Trainer(plugins=[CkptStoreIO()],            # or CkptStoreIO("s3://bucket/run1")
+                      callbacks=[ModelCheckpoint(every_n_train_steps=500, save_last=True)])
+    trainer.fit(model, ckpt_path="last")                  # newest *committed* step, if any
+
+Each checkpoint is one ckptstore step, ``<root>/step_<global_step>/``, written by a
+``CheckpointManager``: staged, then serialised, uploaded and committed in the background;
+checksummed, verified on load, falling back past a corrupt step. ``root`` defaults to the
+directory Lightning saves into (``ModelCheckpoint``'s dirpath). The file name Lightning
+asked for (``epoch=0-step=500.ckpt``, ``last.ckpt``) becomes a small JSON *pointer* to the
+step (JSON, not a ``torch.save`` file), so ``ModelCheckpoint``'s top-k, ``best_model_path``
+and ``ckpt_path="last"`` keep working unchanged. A name is written only once its step has
+committed, so "last" exists only when there is something to resume from.
+
+Call order (Lightning drives it; one process: multi-process strategies are refused)::
+
+    save_checkpoint(checkpoint, path)   # stage the dict; the step commits in the background
+                                        # and a watcher thread writes ``path`` right after
+                                        # the commit. A "last" name always means the newest
+                                        # committed step; any other name means its own step.
+    remove_checkpoint(path)             # delete the name; its step is deleted once no name
+                                        # refers to it, it is not the newest committed
+                                        # step and ``keep`` does not keep it
+    load_checkpoint(path)               # a pointer, a root (newest committed) or a step URL;
+                                        # a stock Lightning file is loaded as before
+    teardown()                          # end of fit: wait, publish names, raise if the last
+                                        # save failed
+
+ckptstore keeps one checkpoint per global step. Lightning calls ``save_checkpoint`` twice
+for one step when ``save_last=True`` (the top-k name, then "last"); both names point at the
+first save (the second dict differs only in ``ModelCheckpoint``'s ``last_model_path``).
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import threading
+import time
+import warnings
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from ckptstore.catalog import parse_step, step_name
+from ckptstore.config import TransferConfig
+from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.errors import ConfigError, IncompleteCheckpointError, missing_dependency
+from ckptstore.manager import CheckpointManager
+from ckptstore.retention import KeepAll, KeepLast, RetentionPolicy, select_deletions
+from ckptstore.stores import open_store, split_url
+
+from ._codec import OBJECTS_KEY, load_newest, load_step, pack, refuse_multiprocess, unpack
+
+try:
+    from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
+    from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+    from lightning.pytorch.callbacks import ModelCheckpoint
+except ImportError as exc:  # pragma: no cover - exercised in a test with lightning hidden
+    raise missing_dependency("lightning", "lightning") from exc
+
+__all__ = ["CkptStoreIO", "POINTER_FORMAT"]
+
+log = logging.getLogger(__name__)
+
+#: The ``format`` field of a pointer file.
+POINTER_FORMAT = "ckptstore.lightning-pointer"
+_POINTER_MAX = 64 * 1024
+
+
+@dataclass(frozen=True)
+class _Pointer:
+    root: str  # normalised root URL
+    step: int
+    newest: bool  # a "last" name: means the newest committed step under root
+
+
+def _norm(url: str) -> str:
+    scheme, rest = split_url(url)
+    if scheme in ("file", "local"):
+        return os.path.abspath(os.path.expanduser(rest))
+    return url.rstrip("/")
+
+
+def _split(url: str) -> tuple[str, str]:
+    """(directory URL, name) of a file URL or path."""
+    url = _norm(url)
+    if "://" in url:
+        parent, _, name = url.rpartition("/")
+        return parent, name
+    return os.path.split(url)
+
+
+def _is_last_name(path: str) -> bool:
+    """Whether ``ModelCheckpoint`` treats ``path`` as a "last" checkpoint (its own rule)."""
+    name = os.path.basename(str(path))
+    stem, ext = os.path.splitext(name)
+    return ext == ModelCheckpoint.FILE_EXTENSION and stem.startswith(
+        ModelCheckpoint.CHECKPOINT_NAME_LAST
+    )
+
+
+def _publish_at_exit(ref: weakref.ref[CkptStoreIO]) -> None:
+    io = ref()
+    if io is not None and io._pending:
+        try:
+            io._publish()
+        except Exception as exc:  # noqa: BLE001 - nothing left to report it to
+            log.warning("could not write checkpoint names at exit: %s", exc)
+
+
+class CkptStoreIO(CheckpointIO):
+    """Lightning ``CheckpointIO`` over ckptstore; see the module docstring for the call order.
+
+    ``keep`` keeps committed steps beyond those a checkpoint name refers to (the newest is
+    always kept); by default ``ModelCheckpoint`` alone decides. ``async_save=False`` commits
+    before ``save_checkpoint`` returns.
+    """
+
+    def __init__(
+        self,
+        root: str | None = None,
+        *,
+        storage_options: dict[str, Any] | None = None,
+        staging_dir: str | None = None,
+        keep: RetentionPolicy | None = None,
+        async_save: bool = True,
+        config: TransferConfig | None = None,
+        codec: str = "none",
+        strict: bool = False,
+    ) -> None:
+        self.root = _norm(root) if root else None
+        self.storage_options = storage_options
+        self.staging_dir = staging_dir
+        self.keep = keep or KeepLast(1)
+        self.async_save = async_save
+        self.config = config
+        self.codec = codec
+        self.strict = strict
+        self._managers: dict[str, CheckpointManager] = {}
+        self._pending: list[tuple[str, _Pointer]] = []  # names waiting for their commit
+        self._last_save: dict[str, tuple[int, frozenset[str]]] = {}
+        self._pointer_dirs: set[str] = set()
+        self._lock = threading.RLock()  # the watcher thread publishes names too
+        self._watcher: threading.Thread | None = None
+        # A save still uploading at exit is finished by the manager's worker (joined before
+        # atexit handlers run); then name it, even if nobody called teardown().
+        atexit.register(_publish_at_exit, weakref.ref(self))
+
+    # -- stores and managers ---------------------------------------------------------------
+    def _options(self, url: str) -> dict[str, Any] | None:
+        return None if split_url(url)[0] in ("file", "local") else self.storage_options
+
+    def manager(self, root: str | None = None) -> CheckpointManager:
+        """The ``CheckpointManager`` of ``root`` (default: the configured root)."""
+        root = _norm(root) if root else self.root
+        if root is None:
+            raise ConfigError("CkptStoreIO has no root yet: pass one, or save a checkpoint first")
+        with self._lock:
+            if root not in self._managers:
+                self._managers[root] = CheckpointManager(
+                    root,
+                    storage_options=self._options(root),
+                    staging_dir=self.staging_dir,
+                    keep=KeepAll(),  # pruning needs the names, so this plugin does it
+                    config=self.config,
+                    async_save=self.async_save,
+                    strict=self.strict,
+                    codec=self.codec,
+                )
+            return self._managers[root]
+
+    # -- pointers ------------------------------------------------------------------------
+    def _read_pointer(self, path: str) -> _Pointer | None:
+        parent, name = _split(path)
+        store = open_store(parent, self._options(parent))
+        try:
+            if not store.exists(name) or store.size(name) > _POINTER_MAX:
+                return None
+            data = json.loads(store.get(name))
+        except (OSError, ValueError):  # a directory, a binary .ckpt, unreadable: not ours
+            return None
+        if not isinstance(data, dict) or data.get("format") != POINTER_FORMAT:
+            return None
+        root = parent if data["root"] == "." else str(data["root"])
+        return _Pointer(root, int(data["step"]), data.get("follow") == "newest")
+
+    def _write_pointer(self, path: str, ptr: _Pointer) -> None:
+        parent, name = _split(path)
+        body = {
+            "format": POINTER_FORMAT,
+            "version": 1,
+            "root": "." if ptr.root == parent else ptr.root,
+            "step": ptr.step,
+            "follow": "newest" if ptr.newest else "step",
+        }
+        open_store(parent, self._options(parent)).put(name, json.dumps(body).encode())
+        self._pointer_dirs.add(parent)
+
+    def _status(self, ptr: _Pointer) -> str:
+        mgr = self.manager(ptr.root)
+        for rec in reversed(mgr.records):
+            if rec.step == ptr.step:
+                if rec.status == "skipped":  # already committed (an earlier run) or busy
+                    return "committed" if ptr.step in mgr.steps() else "failed"
+                return rec.status
+        return "committed" if ptr.step in mgr.steps() else "failed"
+
+    def _publish(self, report: bool = True) -> bool:
+        """Write the names whose steps have committed, prune what nothing names any more;
+        True while some step is still being written. Failures are reported (and dropped)
+        only with ``report``, so they surface on the caller's thread, not the watcher's."""
+        with self._lock:
+            waiting: list[tuple[str, _Pointer]] = []
+            roots, busy = set(), False
+            for path, ptr in self._pending:
+                status = self._status(ptr)
+                if status == "committed":
+                    self._write_pointer(path, ptr)
+                    roots.add(ptr.root)
+                elif status == "failed" and report:
+                    warnings.warn(
+                        f"{path} was not written: saving step {ptr.step} failed; the previous "
+                        "checkpoint stays the newest",
+                        RuntimeWarning,
+                        stacklevel=3,
+                    )
+                else:
+                    busy = busy or status != "failed"
+                    waiting.append((path, ptr))
+            self._pending = waiting
+            for root in roots:
+                self._prune(root)
+            return busy
+
+    def _watch(self) -> None:
+        """Publish names shortly after their steps commit, while any step is being written."""
+        while True:
+            time.sleep(0.05)
+            with self._lock:
+                try:
+                    busy = self._publish(report=False)
+                except Exception as exc:  # noqa: BLE001 - the next save/wait/teardown retries
+                    log.warning("could not write checkpoint names yet: %s", exc)
+                    busy = False
+                if not busy:
+                    self._watcher = None
+                    return
+
+    def _start_watcher(self) -> None:
+        with self._lock:
+            if self._pending and self._watcher is None:
+                self._watcher = threading.Thread(
+                    target=self._watch, name="ckptstore-lightning-names", daemon=True
+                )
+                self._watcher.start()
+
+    def _named_steps(self, root: str) -> set[int]:
+        """Steps under ``root`` that some checkpoint name (written or waiting) refers to."""
+        steps = {p.step for _, p in self._pending if p.root == root}
+        for parent in self._pointer_dirs:
+            store = open_store(parent, self._options(parent))
+            for name in store.listdir():
+                if name.endswith(ModelCheckpoint.FILE_EXTENSION):
+                    ptr = self._read_pointer(f"{parent}/{name}")
+                    if ptr is not None and not ptr.newest and ptr.root == root:
+                        steps.add(ptr.step)
+        return steps
+
+    def _prune(self, root: str) -> None:
+        mgr = self.manager(root)
+        doomed = select_deletions(mgr.steps(), self.keep, protected=self._named_steps(root))
+        for step in doomed:
+            log.info("deleting step %d under %s: no checkpoint name refers to it", step, root)
+            ckpt = mgr.root.child(step_name(step))
+            ckpt.delete(MARKER_NAME)  # invisible first (as the manager deletes), then the rest
+            ckpt.delete_prefix("")
+
+    # -- CheckpointIO ----------------------------------------------------------------------
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
+    ) -> None:
+        """Start saving ``checkpoint`` as step ``global_step``; ``path`` names it."""
+        if storage_options is not None:
+            raise TypeError(
+                "CkptStoreIO.save_checkpoint takes no storage_options; pass them to CkptStoreIO()"
+            )
+        refuse_multiprocess("CkptStoreIO")
+        path = _norm(str(path))
+        if "global_step" not in checkpoint:
+            raise ConfigError("a Lightning checkpoint dict has a 'global_step'; this one does not")
+        step = int(checkpoint["global_step"])
+        root = self.root or _split(path)[0]
+        with self._lock:
+            mgr = self.manager(root)
+            previous = self._last_save.get(root)
+            if previous is not None and previous[0] == step:
+                if not set(checkpoint) <= previous[1]:
+                    warnings.warn(
+                        f"step {step} was already saved with fewer entries; {path} refers to "
+                        "that save (ckptstore keeps one checkpoint per global step)",
+                        RuntimeWarning,
+                        stacklevel=2,
+                    )
+            else:
+                mgr.save(step, pack(checkpoint))  # waits for the previous save, if in flight
+                self._last_save[root] = (step, frozenset(checkpoint))
+            self._pending.append((path, _Pointer(root, step, newest=_is_last_name(path))))
+            self._publish()  # the previous step's names; this one's too if saved synchronously
+        self._start_watcher()
+
+    def _resolve(self, path: str) -> tuple[str, int | None] | None:
+        """(root, step or None for the newest committed) of ``path``; None: a stock file."""
+        parent, name = _split(path)
+        step = parse_step(name)
+        if step is not None:
+            return parent, step
+        with self._lock:
+            ptr = self._read_pointer(path)
+            if ptr is not None:
+                self._pointer_dirs.add(parent)
+                return ptr.root, (None if ptr.newest else ptr.step)
+        if open_store(parent, self._options(parent)).exists(name):
+            return None
+        return _norm(path), None
+
+    def load_checkpoint(
+        self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
+    ) -> dict[str, Any]:
+        """The Lightning dict of ``path``: a name, a root (newest committed) or a step URL."""
+        refuse_multiprocess("CkptStoreIO")
+        self.wait()
+        target = self._resolve(_norm(str(path)))
+        if target is None:
+            return TorchCheckpointIO().load_checkpoint(path, map_location, weights_only)
+        root, step = target
+        mgr = self.manager(root)
+        if step is None:
+            found = load_newest(mgr)
+            if found is None:
+                raise IncompleteCheckpointError(
+                    f"no committed checkpoint under {root} (from {path}); for a run that may "
+                    'be the first, pass ckpt_path="last" with ModelCheckpoint(save_last=True)'
+                )
+            step, flat = found
+        else:
+            flat = load_step(mgr, step)
+        if map_location is not None:
+            device = torch.device(map_location)
+            flat = {k: v if k == OBJECTS_KEY else v.to(device) for k, v in flat.items()}
+        checkpoint = unpack(flat, weights_only=weights_only)
+        log.info("loaded step %d from %s", step, root)
+        return checkpoint
+
+    def remove_checkpoint(self, path: Any) -> None:
+        """Delete the name ``path``; its step goes once nothing keeps it (module docstring)."""
+        path = _norm(str(path))
+        parent, name = _split(path)
+        with self._lock:
+            self._pending = [(p, ptr) for p, ptr in self._pending if p != path]
+            ptr = self._read_pointer(path)
+            if ptr is None:
+                if open_store(parent, self._options(parent)).exists(name):
+                    TorchCheckpointIO().remove_checkpoint(path)  # a stock file from before
+                return
+            open_store(parent, self._options(parent)).delete(name)
+            self._pointer_dirs.add(parent)
+            if not ptr.newest:
+                self._prune(ptr.root)
+
+    def wait(self) -> None:
+        """Block until every in-flight save has committed or failed; write their names."""
+        with self._lock:
+            managers = list(self._managers.values())
+        for mgr in managers:
+            mgr.wait()
+        self._publish()
+
+    def teardown(self) -> None:
+        """Wait, write the names, close the managers; raise if the last save failed."""
+        try:
+            self.wait()
+        finally:
+            with self._lock:
+                managers, self._managers = self._managers, {}
+                self._last_save.clear()
+            first: BaseException | None = None
+            for mgr in managers.values():
+                try:
+                    mgr.close()
+                except BaseException as exc:  # noqa: BLE001 - close every manager, then raise
+                    first = first or exc
+            if first is not None:
+                raise first

@@ -1,0 +1,107 @@
+"""A tiny Lightning run: imported by the tests, and run as a script by the kill test.
+
+Every batch is the same, so the weights after N steps depend only on N and on the model,
+optimizer and scheduler state carried across a resume, not on where in an epoch
+Lightning restarts its (non-resumable) data loader.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from torch.utils.data import DataLoader, TensorDataset
+
+from ckptstore.plugins.lightning import CkptStoreIO
+
+
+class Tiny(L.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 2)
+
+    def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.layer(x), y)
+
+    def configure_optimizers(self) -> Any:
+        opt = torch.optim.Adam(self.parameters(), lr=0.05)
+        sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
+
+
+def data() -> DataLoader:
+    x = torch.linspace(-1, 1, 16).view(4, 4)
+    y = torch.stack([x.sum(1), x[:, 0] - x[:, 3]], 1)
+    return DataLoader(TensorDataset(x.repeat(4, 1), y.repeat(4, 1)), batch_size=4)
+
+
+def snapshot(trainer: L.Trainer) -> dict[str, Any]:
+    module = trainer.lightning_module
+    return {
+        "model": {k: v.detach().clone() for k, v in module.state_dict().items()},
+        "optim": copy.deepcopy(trainer.optimizers[0].state_dict()),
+        "lr": trainer.optimizers[0].param_groups[0]["lr"],
+    }
+
+
+class Recorder(Callback):
+    """The step and state a run starts from, and its state after every step."""
+
+    def __init__(self) -> None:
+        self.start_step: int | None = None
+        self.start: dict[str, Any] = {}
+        self.by_step: dict[int, dict[str, Any]] = {}
+
+    def on_train_start(self, trainer: L.Trainer, module: L.LightningModule) -> None:
+        self.start_step = trainer.global_step
+        self.start = snapshot(trainer)
+
+    def on_train_batch_end(self, trainer: L.Trainer, *args: Any) -> None:
+        self.by_step[trainer.global_step] = snapshot(trainer)
+
+
+def fit(
+    dirpath: str,
+    root: str | None,
+    max_steps: int,
+    ckpt_path: str | None = None,
+    io: CkptStoreIO | None = None,
+    **checkpoint_kwargs: Any,
+) -> tuple[L.Trainer, Recorder]:
+    torch.manual_seed(0)
+    model = Tiny()
+    recorder = Recorder()
+    checkpoint_kwargs.setdefault("every_n_train_steps", 2)
+    checkpoint_kwargs.setdefault("save_last", True)
+    trainer = L.Trainer(
+        max_steps=max_steps,
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        default_root_dir=dirpath,
+        plugins=[io or CkptStoreIO(root)],
+        callbacks=[ModelCheckpoint(dirpath=dirpath, **checkpoint_kwargs), recorder],
+    )
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the same float reduction order in every process
+    try:
+        trainer.fit(model, data(), ckpt_path=ckpt_path)
+    finally:
+        torch.set_num_threads(threads)
+    return trainer, recorder
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--dir", required=True)
+    p.add_argument("--root", required=True)
+    p.add_argument("--max-steps", type=int, required=True)
+    a = p.parse_args()
+    fit(a.dir, a.root, a.max_steps)

@@ -1,0 +1,149 @@
+"""Hugging Face: Trainer callback and Accelerate hooks, killed / stopped and resumed."""
+
+import copy
+import os
+import shutil
+import signal
+
+import pytest
+import torch
+
+pytest.importorskip("transformers")
+pytest.importorskip("accelerate")
+
+from accelerate import Accelerator  # noqa: E402
+from accelerate.utils import ProjectConfiguration  # noqa: E402
+
+from ckptstore.plugins.hf import CkptStoreAccelerate  # noqa: E402
+from tests.plugins.hf_job import train  # noqa: E402
+from tests.plugins.util import (  # noqa: E402
+    assert_equal_tree,
+    committed,
+    damage_shard,
+    flip_tail,
+    run_killed,
+    statuses,
+)
+
+
+def test_trainer_killed_mid_upload_resumes_from_the_newest_committed(tmp_path, root_url) -> None:
+    out = str(tmp_path / "out")
+    # Killed -9 inside the upload of checkpoint-6 (data written, no commit marker): the
+    # Trainer's local checkpoint-6 is complete, but only step 4 is committed.
+    proc = run_killed(
+        "hf_job.py", ["--out", out, "--root", root_url, "--max-steps", "8"], "before_marker:3"
+    )
+    assert proc.returncode == -signal.SIGKILL, proc.stderr[-3000:]
+    st = statuses(root_url)
+    assert st[4] == "committed" and st[6] != "committed", st
+    assert os.path.isfile(os.path.join(out, "checkpoint-6", "trainer_state.json"))
+    flip_tail(os.path.join(out, "checkpoint-4", "model.safetensors"))  # the local copy rots
+
+    _, ref, _ = train(str(tmp_path / "ref"), str(tmp_path / "ref-root"), 8)  # uninterrupted
+    trainer, rec, _ = train(out, root_url, 8, resume=True)  # resume_from_checkpoint=True
+    assert rec.start_step == 4
+    assert_equal_tree(rec.start, ref.by_step[4])  # committed bytes, not the rotten copy
+    assert trainer.state.global_step == 8
+    assert_equal_tree(rec.by_step[8], ref.by_step[8])
+    # Moved aside, not deleted: the rotten 4 and the uncommitted 6 (and 8, if the Trainer
+    # wrote it before the kill landed).
+    quarantined = set(os.listdir(os.path.join(out, ".ckptstore-uncommitted")))
+    assert {"checkpoint-4", "checkpoint-6"} <= quarantined <= {f"checkpoint-{s}" for s in (4, 6, 8)}
+    assert committed(root_url) == [4, 6, 8]  # KeepLast(3); the torn 6 was redone
+
+
+def test_trainer_falls_back_past_a_corrupt_commit_on_a_fresh_machine(tmp_path, root_url):
+    out = str(tmp_path / "out")
+    train(out, root_url, 4)
+    damage_shard(root_url, 4)
+    shutil.rmtree(out)  # a new machine: nothing local
+    from ckptstore.plugins.hf import CkptStoreCallback
+
+    cb = CkptStoreCallback(root_url)
+    with pytest.warns(RuntimeWarning, match="step 4 could not be restored"):
+        path = cb.prepare_resume(out)
+    assert path == os.path.join(out, "checkpoint-2")
+    assert os.path.isfile(os.path.join(path, "trainer_state.json"))
+    cb.close()
+
+
+class Counter:
+    """The training loop's own step, registered for checkpointing like any user object."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+
+
+def accelerate_run(project: str, root: str, until: int, resume: bool, tamper=None) -> dict:
+    """Train a Linear layer with Adam + StepLR, ``save_state`` every 2 steps."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
+    acc = Accelerator(cpu=True, project_config=config)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    counter = Counter()
+    acc.register_for_checkpointing(counter)
+    ckpt = CkptStoreAccelerate(root).register(acc)
+    out: dict = {"path": None, "by_step": {}}
+    if resume:
+        out["path"] = ckpt.prepare_resume()
+        if tamper:
+            tamper(out["path"])
+        acc.load_state(out["path"])
+    out["start"] = (counter.step, acc.project_configuration.iteration)
+
+    def snap() -> dict:
+        return {
+            "model": {k: v.clone() for k, v in model.state_dict().items()},
+            "optim": copy.deepcopy(opt.state_dict()),
+            "lr": sched.get_last_lr(),
+        }
+
+    out["start_state"] = snap()
+    x = torch.linspace(-1, 1, 32).view(8, 4)
+    y = torch.stack([x.sum(1), x[:, 0]], 1)
+    while counter.step < until:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        counter.step += 1
+        out["by_step"][counter.step] = snap()
+        if counter.step % 2 == 0:
+            acc.save_state()
+    ckpt.close()
+    return out
+
+
+def test_accelerate_save_state_commits_and_resume_takes_the_committed_copy(tmp_path, root_url):
+    ref = accelerate_run(str(tmp_path / "ref"), str(tmp_path / "ref-root"), 10, resume=False)
+    project = str(tmp_path / "proj")
+    accelerate_run(project, root_url, 6, resume=False)  # saves iterations 0, 1, 2
+    assert committed(root_url) == [0, 1, 2]
+    local = os.path.join(project, "checkpoints")
+    # The run stops; the machine loses checkpoint_2, and a torn checkpoint_3 is left over.
+    shutil.rmtree(os.path.join(local, "checkpoint_2"))
+    os.makedirs(os.path.join(local, "checkpoint_3"))
+    shutil.copy(os.path.join(local, "checkpoint_1", "model.safetensors"), local + "/checkpoint_3")
+
+    def rot(path: str) -> None:  # the restored copy rots before load_state reads it
+        flip_tail(os.path.join(path, "optimizer.bin"))
+
+    res = accelerate_run(project, root_url, 10, resume=True, tamper=rot)
+    assert res["path"] == os.path.join(local, "checkpoint_2")
+    assert res["start"] == (6, 3)  # the loop's step, and the next automatic folder number
+    assert_equal_tree(res["start_state"], ref["by_step"][6])
+    assert_equal_tree(res["by_step"][10], ref["by_step"][10])
+    # The torn folder and the rotten copy were moved aside, not deleted.
+    quarantined = sorted(os.listdir(os.path.join(project, ".ckptstore-uncommitted")))
+    assert quarantined == ["checkpoint_2", "checkpoint_3"]
+    assert committed(root_url) == [2, 3, 4]  # KeepLast(3)

@@ -1,0 +1,77 @@
+"""Helpers shared by the plugin tests (no framework imports here)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from typing import Any
+
+import torch
+
+from ckptstore.catalog import list_steps, step_name
+from ckptstore.stores import open_store
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+
+def statuses(root: str) -> dict[int, str]:
+    return {e.step: e.status for e in list_steps(open_store(root))}
+
+
+def committed(root: str) -> list[int]:
+    return [s for s, status in statuses(root).items() if status == "committed"]
+
+
+def run_killed(script: str, args: list[str], crash_at: str) -> subprocess.CompletedProcess:
+    """Run a job script that ckptstore kills -9 at the named crash point."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_CRASH")}
+    env.update(
+        PYTHONPATH=REPO,
+        OMP_NUM_THREADS="1",
+        CKPTSTORE_CRASH_AT=crash_at,
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    return subprocess.run(
+        [sys.executable, os.path.join(HERE, script), *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+def assert_equal_tree(a: Any, b: Any, where: str = "") -> None:
+    """Bitwise equality of nested dicts/lists of tensors and plain values."""
+    if isinstance(a, torch.Tensor):
+        assert isinstance(b, torch.Tensor) and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert set(a) == set(b), (where, set(a) ^ set(b))
+        for k in a:
+            assert_equal_tree(a[k], b[k], f"{where}/{k}")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_equal_tree(x, y, f"{where}/{i}")
+    else:
+        assert a == b, (where, a, b)
+
+
+def flip_tail(path: str, n: int = 8) -> None:
+    """Corrupt the last ``n`` bytes of a local file."""
+    with open(path, "r+b") as f:
+        f.seek(-n, 2)
+        data = f.read(n)
+        f.seek(-n, 2)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def damage_shard(root: str, step: int) -> None:
+    """Flip bytes at the end of a committed step's data file, through the store API."""
+    ckpt = open_store(root).child(step_name(step))
+    name = next(n for n in ckpt.listdir() if n.endswith(".distcp"))
+    data = bytearray(ckpt.get(name))
+    data[-8:] = bytes(b ^ 0xFF for b in data[-8:])
+    ckpt.put(name, bytes(data))
