@@ -46,6 +46,7 @@ from ckptstore.config import TransferConfig
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.staged import StagedWriter, local_tier_matches
 from ckptstore.dcp.writer import CkptWriter
+from ckptstore.engine.commit import delete_checkpoint
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -287,9 +288,16 @@ class CheckpointManager:
                 self._delete_step(e.step)
 
     def _delete_step(self, step: int) -> None:
-        ckpt = self.root.child(step_name(step))
-        ckpt.delete(MARKER_NAME)  # invisible first, then the rest
-        ckpt.delete_prefix("")
+        delete_checkpoint(self.root.child(step_name(step)))
+
+    def delete(self, step: int) -> None:
+        """Delete ``step`` (marker first). Refuses the newest committed step and a step
+        being saved or restored, as retention does."""
+        if step in self._protected or step == self.latest_step():
+            raise ConfigError(
+                f"step {step} is the newest committed checkpoint or in use; it is not deleted"
+            )
+        self._delete_step(step)
 
     # -- restoring -----------------------------------------------------------------------
     def steps(self) -> list[int]:

@@ -27,7 +27,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ckptstore.catalog import list_steps
-from ckptstore.engine.commit import open_committed, uncommit
+from ckptstore.engine.commit import delete_checkpoint, open_committed
 from ckptstore.engine.store import Multipart, Store
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
 from ckptstore.retention import RetentionPolicy, select_deletions
@@ -149,9 +149,6 @@ def plan_prune(
 def apply_prune(root: Store, plan: PrunePlan) -> None:
     """Carry out ``plan``: delete its steps (marker first) and abort its uploads."""
     for d in plan.deletions:
-        step = root.child(d.name)
-        if d.status == "committed":
-            uncommit(step)
-        step.delete_prefix("")
+        delete_checkpoint(root.child(d.name))
     for u in plan.aborts:
         root.abort_multipart(u.upload)

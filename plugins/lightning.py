@@ -49,9 +49,8 @@ from typing import Any
 
 import torch
 
-from ckptstore.catalog import parse_step, step_name
+from ckptstore.catalog import parse_step
 from ckptstore.config import TransferConfig
-from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.errors import ConfigError, IncompleteCheckpointError, missing_dependency
 from ckptstore.manager import CheckpointManager
 from ckptstore.retention import KeepAll, KeepLast, RetentionPolicy, select_deletions
@@ -279,9 +278,7 @@ class CkptStoreIO(CheckpointIO):
         doomed = select_deletions(mgr.steps(), self.keep, protected=self._named_steps(root))
         for step in doomed:
             log.info("deleting step %d under %s: no checkpoint name refers to it", step, root)
-            ckpt = mgr.root.child(step_name(step))
-            ckpt.delete(MARKER_NAME)  # invisible first (as the manager deletes), then the rest
-            ckpt.delete_prefix("")
+            mgr.delete(step)
 
     # -- CheckpointIO ----------------------------------------------------------------------
     def save_checkpoint(

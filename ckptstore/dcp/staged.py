@@ -87,6 +87,8 @@ class StagedWriter(CkptWriter):
             for name, crc in files:
                 self.engine.copy(local, name, self.store, name, expect_crc=crc)
         except CkptStoreError as exc:
+            if isinstance(exc, StoreNotFoundError):
+                self._raise_if_committed_meanwhile(exc)
             exc.args = (f"{exc}; the complete local copy is kept in {local.url}",)
             raise
         fut: Future[list[WriteResult]] = Future()

@@ -41,7 +41,7 @@ from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import FileInfo, TransferEngine
-from ckptstore.errors import CheckpointExistsError
+from ckptstore.errors import CheckpointExistsError, CommitConflictError, StoreNotFoundError
 from ckptstore.stores import open_store
 
 __all__ = ["CkptWriter", "step_from_url"]
@@ -160,12 +160,25 @@ class CkptWriter(StorageWriter):
         rank_plan: _RankPlan = plan.storage_data
         self.attempt = rank_plan.attempt
         results: list[WriteResult] = []
-        for i, items in enumerate(_split_items(plan.items, self.files_per_rank)):
-            name = f"{rank_plan.prefix}{i}.{rank_plan.attempt}.distcp"
-            results.extend(self._write_file(name, items, planner))
+        try:
+            for i, items in enumerate(_split_items(plan.items, self.files_per_rank)):
+                name = f"{rank_plan.prefix}{i}.{rank_plan.attempt}.distcp"
+                results.extend(self._write_file(name, items, planner))
+        except StoreNotFoundError as exc:
+            self._raise_if_committed_meanwhile(exc)
+            raise
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
+
+    def _raise_if_committed_meanwhile(self, exc: Exception) -> None:
+        """A racing writer that committed this step cleans up other attempts' files, so a
+        vanished upload usually means we lost the race: say so."""
+        if self.store.exists(MARKER_NAME):
+            raise CommitConflictError(
+                f"{self.url} was committed by another writer while this one was writing "
+                f"({exc}); this attempt's files were removed and the other checkpoint is kept."
+            ) from exc
 
     def _write_file(
         self, name: str, items: list, planner: SavePlanner, store: Store | None = None

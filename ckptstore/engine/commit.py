@@ -45,6 +45,7 @@ __all__ = [
     "checkpoint_status",
     "is_committed",
     "uncommit",
+    "delete_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
@@ -177,3 +178,10 @@ def checkpoint_status(store: Store) -> str:
 def uncommit(store: Store) -> None:
     """Make a committed checkpoint invisible (before overwriting it): delete its marker."""
     store.delete(MARKER_NAME)
+
+
+def delete_checkpoint(store: Store) -> None:
+    """Delete a checkpoint: its marker first (invisible at once), then every file, so a
+    deletion cut short leaves an incomplete step, never a committed one with files missing."""
+    uncommit(store)
+    store.delete_prefix("")

@@ -74,10 +74,12 @@ def test_kill_mid_save_then_resume_from_last_is_exact(tmp_path, root_url) -> Non
 def test_names_retention_and_what_load_accepts(tmp_path) -> None:
     ckdir = str(tmp_path / "ckpts")
     trainer, rec = fit(ckdir, None, 6, io=CkptStoreIO(keep=KeepEvery(4)))  # root = dirpath
-    # Lightning's top-1 dropped the names of steps 2 and 4; KeepEvery(4) still keeps 4.
+    # Lightning's top-1 dropped the names of steps 2 and 4; KeepEvery(4) still keeps the
+    # first step of each 4-step window: 2 (of [0, 4)) and 4 (of [4, 8)).
     assert sorted(os.listdir(ckdir)) == [
         "epoch=1-step=6.ckpt",
         "last.ckpt",
+        "step_000000002",
         "step_000000004",
         "step_000000006",
     ]
