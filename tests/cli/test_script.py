@@ -7,6 +7,7 @@ traceback, and Ctrl-C during ``cp``. Behaviour in depth is in ``test_commands.py
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -108,6 +109,34 @@ def test_gc_deletes_all_but_the_newest(backend: Backend, root_url: str, script) 
     assert [n for n in backend.open(root_url).listdir() if n.startswith("step_")] == [
         "step_000000003"
     ]
+
+
+def test_storage_commands_start_without_torch(backend: Backend, root_url: str) -> None:
+    """ls, verify, cp and gc never load a tensor, so they never import torch (seconds)."""
+    url = save_ckpt(backend, root_url + "/step_000000010")
+    commands = [
+        ["ls", root_url],
+        ["verify", url],
+        ["cp", url, root_url + "/copy/step_000000010"],
+        ["gc", root_url, "--keep-last", "1", "--dry-run"],
+    ]
+    code = (
+        "import json, sys\n"
+        "from ckptstore.cli.main import main\n"
+        "rcs = [main(argv) for argv in json.loads(sys.argv[1])]\n"
+        "print(json.dumps({'rcs': rcs, 'torch': 'torch' in sys.modules}))\n"
+    )
+    argv = json.dumps([[*c, *backend.opts] for c in commands])
+    proc = subprocess.run(
+        [sys.executable, "-c", code, argv],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"rcs": [0, 0, 0, 0], "torch": False}
 
 
 def test_diff_exit_codes(backend: Backend, root_url: str, script) -> None:
