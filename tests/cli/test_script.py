@@ -69,10 +69,13 @@ def test_convert_to_safetensors_replaces_with_force(
 
 def test_cp_interrupted_commits_nothing_then_completes(backend: Backend, root_url: str) -> None:
     """SIGINT mid-copy (slowed by the test-only delay hook): nothing committed at DST."""
-    state = {f"w{i}": torch.randn(256, 1024) for i in range(4)}  # 4 MiB in 2 files
-    src = save_ckpt(backend, root_url + "/step_000000010", state, files_per_rank=2)
     dst_url = root_url + "/copy/step_000000010"
     dst = backend.open(dst_url)
+    # 2 files of 2 tensors, each file over 2 parts even where parts are >= 5 MiB (S3), so
+    # the copy is a set of slowed multipart uploads: 2 MiB files on a volume, 5.5 on S3.
+    cols = max(1024, dst.min_part_size // 2048 + 256)
+    state = {f"w{i}": torch.randn(256, cols) for i in range(4)}
+    src = save_ckpt(backend, root_url + "/step_000000010", state, files_per_rank=2)
     base = [sys.executable, "-m", "ckptstore.cli", "cp", src, dst_url, *backend.opts]
     argv = [*base, "--part-size-mib", "0.25", "--concurrency", "2"]
     env = script_env(CKPTSTORE_TOOL_TEST_DELAY="put_part=1.0")
