@@ -3,13 +3,19 @@
 import torch.distributed.checkpoint as dcp, ckptstore
 dcp.save(state_dict, storage_writer=ckptstore.writer("/mnt/ckpts/run1/step_000100"))
 dcp.load(state_dict, storage_reader=ckptstore.reader("/mnt/ckpts/run1/step_000100"))
+
+The names that need torch (``writer``, ``save``, ``CheckpointManager``, ...) are imported on
+first use, so ``import ckptstore`` (and ``ckptstore-tool ls``, ``gc``, ``cp``, ``verify``) does
+not pay for importing torch.
 """
 
 from __future__ import annotations
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 __version__ = "0.1.0"
 
-from ckptstore.api import load, reader, save, unwrap_checkpoint_exception, writer
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.errors import (
     CheckpointExistsError,
@@ -26,9 +32,38 @@ from ckptstore.errors import (
     TransferError,
     TransientStoreError,
 )
-from ckptstore.manager import CheckpointManager, SaveRecord
 from ckptstore.retention import KeepAll, KeepEvery, KeepLast, RetentionPolicy
-from ckptstore.state import RNGState
+
+if TYPE_CHECKING:
+    from ckptstore.api import load, reader, save, unwrap_checkpoint_exception, writer
+    from ckptstore.manager import CheckpointManager, SaveRecord
+    from ckptstore.state import RNGState
+
+#: name -> module, for the names imported on first use (they import torch).
+_LAZY = {
+    "writer": "ckptstore.api",
+    "reader": "ckptstore.api",
+    "save": "ckptstore.api",
+    "load": "ckptstore.api",
+    "unwrap_checkpoint_exception": "ckptstore.api",
+    "CheckpointManager": "ckptstore.manager",
+    "SaveRecord": "ckptstore.manager",
+    "RNGState": "ckptstore.state",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "__version__",

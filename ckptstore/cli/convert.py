@@ -26,7 +26,6 @@ from ckptstore.cli.context import Context
 from ckptstore.cli.copy import require_committed
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
 from ckptstore.cli.sources import Located, classify, flatten, load_state, locate
-from ckptstore.dcp.reader import StockCheckpointWarning
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import uncommit
 from ckptstore.engine.copy import check_empty_destination
@@ -159,6 +158,7 @@ def _check_destination(ctx: Context, dst_url: str, fmt: str, force: bool) -> tup
 def _convert(ctx: Context, args: argparse.Namespace, src: Located, bar: Progress) -> dict:
     dst_store, dst_name = _check_destination(ctx, args.dst, args.to, args.force)
     if args.to == "dcp" and src.format == "dcp":
+        from ckptstore.dcp.reader import StockCheckpointWarning
         from ckptstore.dcp.transcode import transcode
 
         if args.force:

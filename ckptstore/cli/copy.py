@@ -16,7 +16,12 @@ from typing import Any
 
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
-from ckptstore.cli.sources import classify, missing_error, not_a_checkpoint_error
+from ckptstore.cli.sources import (
+    classify,
+    list_or_missing,
+    missing_error,
+    not_a_checkpoint_error,
+)
 from ckptstore.engine.commit import METADATA_NAME, open_committed
 from ckptstore.engine.copy import check_empty_destination, copy_checkpoint
 from ckptstore.engine.manifest import MARKER_NAME
@@ -47,8 +52,9 @@ def add_parser(sub: Any, common: Any) -> None:
 
 def require_committed(store: Store, url: str, verb: str) -> None:
     """Raise a clear error unless ``store`` holds a committed ckptstore checkpoint."""
+    list_or_missing(store, url)  # nothing there: say why (a missing bucket, an empty prefix)
     status = classify(store)
-    if status == "missing":
+    if status == "missing":  # emptied since
         raise missing_error(url)
     if status == "not-a-checkpoint":
         raise not_a_checkpoint_error(url)

@@ -13,7 +13,7 @@ from typing import Any
 
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import dump_json, human_bytes, table
-from ckptstore.cli.sources import missing_error
+from ckptstore.cli.sources import list_or_missing
 from ckptstore.errors import ConfigError
 from ckptstore.prune import apply_prune, plan_prune
 from ckptstore.retention import KeepEvery, KeepLast, RetentionPolicy
@@ -75,8 +75,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if args.stale_after_hours < 0:
         raise ConfigError("--stale-after-hours must be >= 0")
     root = ctx.open(args.root)
-    if not root.listdir():
-        raise missing_error(args.root)
+    list_or_missing(root, args.root)
     plan = plan_prune(
         root, policy, protected=set(args.protect), stale_after_s=args.stale_after_hours * 3600
     )

@@ -16,7 +16,7 @@ from typing import Any
 from ckptstore.catalog import list_steps
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import dump_json, table
-from ckptstore.cli.sources import missing_error
+from ckptstore.cli.sources import list_or_missing
 from ckptstore.engine.commit import open_committed
 from ckptstore.errors import ConfigError
 from ckptstore.goodput import GoodputInputs, Prices, plan, report_rows
@@ -84,8 +84,7 @@ def add_parser(sub: Any, common: Any) -> None:
 def measured_from_root(ctx: Context, url: str) -> dict[str, Any]:
     """Median blocking time and size of the committed checkpoints under ``url`` with timings."""
     root = ctx.open(url)
-    if not root.listdir():
-        raise missing_error(url)
+    list_or_missing(root, url)
     blocking, sizes, steps = [], [], []
     committed = 0
     for e in list_steps(root):

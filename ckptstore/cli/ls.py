@@ -14,7 +14,7 @@ from typing import Any
 from ckptstore.catalog import list_steps
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, table
-from ckptstore.cli.sources import is_dcp_listing, missing_error
+from ckptstore.cli.sources import is_dcp_listing, list_or_missing
 from ckptstore.engine.commit import open_committed
 from ckptstore.engine.store import Multipart, Store
 from ckptstore.engine.verify import verify_checkpoint
@@ -115,9 +115,7 @@ def list_root(
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     root = ctx.open(args.root)
-    names = root.listdir()
-    if not names:
-        raise missing_error(args.root)
+    names = list_or_missing(root, args.root)
     with Progress(None, "verify", ctx.progress_enabled and args.verify) as bar:
         rows = list_root(ctx, root, verify=args.verify, progress=bar.update)
     now = time.time()

@@ -25,6 +25,8 @@ __all__ = [
     "Entry",
     "locate",
     "classify",
+    "list_or_missing",
+    "missing_error",
     "sniff_format",
     "load_state",
     "flatten",
@@ -72,11 +74,15 @@ def is_dcp_listing(names: list[str]) -> bool:
 def classify(store: Store) -> str:
     """What ``store`` holds.
 
-    ``committed``, ``corrupt``, ``incomplete``, ``stock``, ``not-a-checkpoint`` or ``missing``.
+    ``committed``, ``corrupt``, ``incomplete``, ``stock``, ``not-a-checkpoint`` or ``missing``
+    (nothing there, or its bucket / container does not exist).
     """
     from ckptstore.engine.commit import checkpoint_status
 
-    names = store.listdir()
+    try:
+        names = store.listdir()
+    except StoreNotFoundError:  # a missing bucket or container holds nothing
+        return "missing"
     if not names:
         return "missing"
     if not is_dcp_listing(names):
@@ -87,11 +93,29 @@ def classify(store: Store) -> str:
     return status
 
 
-def missing_error(url: str) -> StoreNotFoundError:
+def missing_error(url: str, reason: str = "") -> StoreNotFoundError:
+    """The usage error for nothing at ``url``; ``reason``: the store's own words, if any."""
+    if reason:
+        return StoreNotFoundError(f"nothing at {url}: {reason}")
     return StoreNotFoundError(
         f"nothing at {url}: the path, bucket or prefix does not exist or is empty. Check the URL "
         "(and --storage-option for object stores)."
     )
+
+
+def list_or_missing(store: Store, url: str) -> list[str]:
+    """The names directly under ``store`` (at ``url``), or ``missing_error`` if there are none.
+
+    A missing bucket or container is the same error as an empty prefix or a missing folder,
+    with the store's reason (which bucket, at which endpoint) added.
+    """
+    try:
+        names = store.listdir()
+    except StoreNotFoundError as exc:
+        raise missing_error(url, str(exc)) from None
+    if not names:
+        raise missing_error(url)
+    return names
 
 
 def not_a_checkpoint_error(url: str, what: str = "checkpoint") -> ConfigError:
@@ -131,9 +155,7 @@ def locate(ctx: Context, url: str, side: str = "") -> Located:
             )
         return Located(url, fmt, parent, name)
     store = ctx.open(url, side)
-    names = store.listdir()
-    if not names:
-        raise missing_error(url)
+    names = list_or_missing(store, url)
     if not is_dcp_listing(names):
         raise not_a_checkpoint_error(url)
     return Located(url, "dcp", store)

@@ -194,6 +194,29 @@ class FsspecStore(Store):
             except FileNotFoundError:
                 return
 
+    def delete_prefix(self, prefix: str) -> None:
+        """Delete every object under ``prefix``, then the directories it leaves empty.
+
+        Backends with (pseudo-)directories (memory://, sftp://, hdfs://) keep an emptied
+        directory listed until it is removed. ``rmdir`` refuses one that still holds
+        anything (an upload in flight); a top-level bucket or container is never removed.
+        """
+        super().delete_prefix(prefix)
+        top = self.fs._strip_protocol(self._full(prefix)).rstrip("/")
+        if "/" not in top.strip("/"):
+            return
+        try:
+            found = self.fs.find(top, withdirs=True, detail=True)
+        except Exception:  # noqa: BLE001 - nothing left to list, or no directories at all
+            found = {}
+        dirs = {p.rstrip("/") for p, info in found.items() if info.get("type") == "directory"}
+        dirs.add(top)
+        for d in sorted(dirs, key=lambda p: p.count("/"), reverse=True):
+            try:
+                self.fs.rmdir(d)
+            except Exception:  # noqa: BLE001 - not empty, already gone, or not supported
+                pass
+
     # -- multipart: hidden part objects, concatenated on complete -----------------------
     def begin_multipart(self, path: str) -> Multipart:
         initiated = time.time()

@@ -205,12 +205,18 @@ class S3Store(Store):
         return int(self.client.call("head_object", what, Key=self._key(path))["ContentLength"])
 
     def _keys_under(self, prefix: str) -> list[str]:
+        return self._list_under(prefix)[0]
+
+    def _list_under(self, prefix: str) -> tuple[list[str], list[str]]:
+        """(object keys, folder keys ending in '/') under ``prefix``; the object itself if
+        ``prefix`` names one."""
         base = self._key(prefix)
-        keys, _ = self.client.list_objects(f"{base}/" if base else "")
-        keys = [k for k in keys if not k.endswith("/")]
+        listed, _ = self.client.list_objects(f"{base}/" if base else "")
+        keys = [k for k in listed if not k.endswith("/")]
+        folders = [k for k in listed if k.endswith("/")]
         if not keys and prefix and self.exists(prefix):
-            return [base]
-        return keys
+            return [base], folders
+        return keys, folders
 
     def find(self, prefix: str = "") -> list[str]:
         return sorted(self._rel(k) for k in self._keys_under(prefix))
@@ -228,8 +234,27 @@ class S3Store(Store):
         self.client.call("delete_object", f"delete of {self.describe(path)}", Key=self._key(path))
 
     def delete_prefix(self, prefix: str) -> None:
-        """Delete every object under ``prefix`` with DeleteObjects, 1000 keys a request."""
-        keys = self._keys_under(prefix)
+        """Delete every object under ``prefix`` with DeleteObjects, 1000 keys a request.
+
+        Then the folder keys (``a/b/``) of ``prefix`` and of every folder the objects were
+        in, deepest first, so the prefix no longer lists (as ``LocalStore`` removes emptied
+        directories). Servers with real folders (SeaweedFS) keep an emptied folder, and list
+        it as a common prefix, until its key is deleted; on AWS such keys are folder-marker
+        objects, if any. Deleting a folder key never deletes objects still in the folder.
+        """
+        keys, markers = self._list_under(prefix)
+        self._delete_keys(keys, prefix)
+        base = self._key(prefix)
+        folders = set(markers) | ({f"{base}/"} if base else set())
+        for key in keys:
+            head = key.rpartition("/")[0]
+            while head and len(head) > len(base):
+                folders.add(f"{head}/")
+                head = head.rpartition("/")[0]
+        for depth in sorted({f.count("/") for f in folders}, reverse=True):
+            self._delete_keys(sorted(f for f in folders if f.count("/") == depth), prefix)
+
+    def _delete_keys(self, keys: list[str], prefix: str) -> None:
         for i in range(0, len(keys), 1000):
             batch = keys[i : i + 1000]
             what = f"delete of {len(batch)} objects under {self.describe(prefix)}"

@@ -83,7 +83,7 @@ def _s3(request: pytest.FixtureRequest, tmp_path: Any) -> Backend:
 #: name -> (factory, marks). Every CLI test runs on each backend.
 _BACKENDS: dict[str, tuple[Callable[[Any, Any], Backend], tuple[Any, ...]]] = {
     "volume": (_volume, ()),
-    # "s3": (_s3, (pytest.mark.server,)),  # enabled once the CLI passes on SeaweedFS
+    "s3": (_s3, (pytest.mark.server,)),
 }
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import time
 
 import pytest
+import torch
 
 from ckptstore.config import TransferConfig
 from ckptstore.engine.commit import open_committed
@@ -68,17 +69,24 @@ def test_verify_truncated_and_missing_files(backend: Backend, root_url: str) -> 
 
 
 def test_copy_failure_leaves_nothing(backend: Backend, root_url: str) -> None:
-    url = save_ckpt(backend, root_url + "/src", sample_state(), files_per_rank=2)
-    src = backend.open(url)
-    dst_url = root_url + "/dst"
     dst = FaultyStore(
-        backend.open(dst_url),
+        backend.open(root_url + "/dst"),
         [Fault("complete_multipart", error=DurabilityError("injected EIO"))],
     )
-    with TransferEngine(SMALL) as engine:
+    # One file spans several parts on every store (a file smaller than the store's smallest
+    # part, 5 MiB on S3, is one whole-object put, which never calls complete_multipart).
+    part = max(SMALL.part_size, dst.min_part_size)
+    state = sample_state()
+    state["big"] = torch.randn(part // 4 + 1024)
+    url = save_ckpt(backend, root_url + "/src", state, files_per_rank=2)
+    src = backend.open(url)
+    config = TransferConfig(part_size=part, concurrency=4, memory_budget=4 * part)
+    with TransferEngine(config) as engine:
         with pytest.raises(DurabilityError):
             copy_checkpoint(src, dst, engine)
+        assert dst.calls["complete_multipart"] >= 1  # the failure injected was the one hit
         assert dst.inner.find() == []  # nothing committed, nothing left
+        assert dst.inner.list_multipart() == []  # the failed upload was aborted
         result = copy_checkpoint(src, dst.inner, engine)
         assert result.files == 2
         assert verify_checkpoint(dst.inner, engine).ok

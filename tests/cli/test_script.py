@@ -7,6 +7,7 @@ traceback, and Ctrl-C during ``cp``. Behaviour in depth is in ``test_commands.py
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import signal
@@ -68,10 +69,13 @@ def test_convert_to_safetensors_replaces_with_force(
 
 def test_cp_interrupted_commits_nothing_then_completes(backend: Backend, root_url: str) -> None:
     """SIGINT mid-copy (slowed by the test-only delay hook): nothing committed at DST."""
-    state = {f"w{i}": torch.randn(256, 1024) for i in range(4)}  # 4 MiB in 2 files
-    src = save_ckpt(backend, root_url + "/step_000000010", state, files_per_rank=2)
     dst_url = root_url + "/copy/step_000000010"
     dst = backend.open(dst_url)
+    # 2 files of 2 tensors, each file over 2 parts even where parts are >= 5 MiB (S3), so
+    # the copy is a set of slowed multipart uploads: 2 MiB files on a volume, 5.5 on S3.
+    cols = max(1024, dst.min_part_size // 2048 + 256)
+    state = {f"w{i}": torch.randn(256, cols) for i in range(4)}
+    src = save_ckpt(backend, root_url + "/step_000000010", state, files_per_rank=2)
     base = [sys.executable, "-m", "ckptstore.cli", "cp", src, dst_url, *backend.opts]
     argv = [*base, "--part-size-mib", "0.25", "--concurrency", "2"]
     env = script_env(CKPTSTORE_TOOL_TEST_DELAY="put_part=1.0")
@@ -108,6 +112,34 @@ def test_gc_deletes_all_but_the_newest(backend: Backend, root_url: str, script) 
     assert [n for n in backend.open(root_url).listdir() if n.startswith("step_")] == [
         "step_000000003"
     ]
+
+
+def test_storage_commands_start_without_torch(backend: Backend, root_url: str) -> None:
+    """ls, verify, cp and gc never load a tensor, so they never import torch (seconds)."""
+    url = save_ckpt(backend, root_url + "/step_000000010")
+    commands = [
+        ["ls", root_url],
+        ["verify", url],
+        ["cp", url, root_url + "/copy/step_000000010"],
+        ["gc", root_url, "--keep-last", "1", "--dry-run"],
+    ]
+    code = (
+        "import json, sys\n"
+        "from ckptstore.cli.main import main\n"
+        "rcs = [main(argv) for argv in json.loads(sys.argv[1])]\n"
+        "print(json.dumps({'rcs': rcs, 'torch': 'torch' in sys.modules}))\n"
+    )
+    argv = json.dumps([[*c, *backend.opts] for c in commands])
+    proc = subprocess.run(
+        [sys.executable, "-c", code, argv],
+        env=script_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout.splitlines()[-1]) == {"rcs": [0, 0, 0, 0], "torch": False}
 
 
 def test_diff_exit_codes(backend: Backend, root_url: str, script) -> None:

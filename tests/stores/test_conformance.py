@@ -84,6 +84,11 @@ def test_delete_and_delete_prefix(store: Store) -> None:
     assert not store.exists("keep/1")
     store.delete_prefix("gone")
     assert store.find() == ["gone2"]
+    assert "gone" not in store.listdir()  # no emptied folder is left listed
+    store.child("sub").delete_prefix("")  # nothing there: a no-op
+    store.put("d/1", b"x")
+    store.child("d").delete_prefix("")  # a child store deletes its own root
+    assert "d" not in store.listdir()
 
 
 def test_multipart_parallel_out_of_order(store: Store) -> None:
