@@ -3,6 +3,7 @@
 Layout under ``cache_dir``::
 
     budget.lock                 flock'ed (exclusive) around every space decision
+    pressure                    touched by a process waiting for space: others unpin
     shards/<key>.data           a complete, verified shard
     shards/<key>.meta           its size, CRC32C and footer digest (written before .data)
     shards/<key>.data.tmp-*     a download in progress (pre-allocated to the full size)
@@ -14,9 +15,12 @@ front and a full disk fails at once), verified (size, footer digest, CRC32C reco
 renamed into place. Space is accounted by summing ``.data`` and temp files; when a new shard
 does not fit the byte budget, the shard needed farthest in the future (per
 :class:`~ckptstore.data.stream.DataOrder`) that nobody holds a ``.use`` lock on is
-evicted. A prefetch may only evict shards needed later than the one it fetches. Locks are
-``flock`` locks: a crashed process releases them, and its temp files are removed by the next
-space decision. Each process checks a cached file's CRC32C the first time it opens it and
+evicted. Readers keep shards pinned between batches; a process waiting for space touches
+``pressure`` and every process unpins its idle shards at its next batch (or while it waits
+itself), so pins never starve a waiter. A prefetch may only evict shards needed later than
+the one it fetches. Locks are ``flock`` locks: a crashed process releases them (a forked
+child closes the ones it inherits), and its temp files are removed by the next space
+decision. Each process checks a cached file's CRC32C the first time it opens it and
 re-fetches it on mismatch.
 
 Call order (per process)::
@@ -130,6 +134,22 @@ class ShardCache:
         self._vlock = threading.Lock()
         check_limit(limit, self.entries)
         self._shards, self._locks = probe_cache_dir(self.dir)
+        self._pressure = os.path.join(self.dir, "pressure")
+
+    # -- pressure: a demand read waiting for space asks every process to unpin --------
+    def signal_pressure(self) -> None:
+        try:
+            os.close(os.open(self._pressure, os.O_WRONLY | os.O_CREAT, 0o644))
+            os.utime(self._pressure)
+        except OSError:
+            pass
+
+    def pressure_stamp(self) -> int:
+        """Changes whenever a process of the node waits for cache space (checked per batch)."""
+        try:
+            return os.stat(self._pressure).st_mtime_ns
+        except OSError:
+            return 0
 
     # -- paths and locks -------------------------------------------------------------
     def data_path(self, i: int) -> str:
@@ -170,7 +190,7 @@ class ShardCache:
             dl.acquire(
                 timeout=self.wait_timeout,
                 what=f"download of {e.path}",
-                on_wait=1.0,
+                on_wait=0.05,
                 waiting=self.on_pressure,  # unpin idle shards while another process fetches
             )
             try:
@@ -261,6 +281,7 @@ class ShardCache:
                 return False
             if self.on_pressure is not None:
                 self.on_pressure()  # let this process unpin what it holds idle
+            self.signal_pressure()  # and ask the node's other processes to do the same
             if time.monotonic() > deadline:
                 raise CacheError(
                     f"waited {self.wait_timeout:.0f} s for {e.size} bytes of cache space in "

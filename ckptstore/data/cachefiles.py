@@ -33,27 +33,51 @@ class Mismatch(Exception):
         self.changed = changed
 
 
+# Every lock fd this process holds open. A forked child (a DataLoader worker) closes its
+# inherited copies at once: an flock belongs to the open file, so an inherited fd would keep
+# the parent's lock held for as long as the child lives, even after the parent released it.
+_OPEN_FDS: set[int] = set()
+_FDS_LOCK = threading.Lock()
+
+
+def _close_inherited() -> None:
+    for fd in list(_OPEN_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _OPEN_FDS.clear()
+
+
+os.register_at_fork(after_in_child=_close_inherited)
+
+
 class Lock:
     """An ``flock`` on one lock file: per open file, so it also excludes threads.
 
-    A crashed holder's lock is released by the kernel. Lock files are never deleted (a
-    deleted-and-recreated lock file would let two holders lock different inodes).
+    A crashed holder's lock is released by the kernel; a forked child never inherits one.
+    Lock files are never deleted (a deleted-and-recreated lock file would let two holders
+    lock different inodes).
     """
 
     def __init__(self, path: str) -> None:
         self.path = path
         self._fd: int | None = None
+        self._pid = 0
 
     def _open(self) -> int:
-        if self._fd is None:
+        if self._fd is None or self._pid != os.getpid():
             try:
-                self._fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
             except OSError as exc:
                 raise CacheError(
                     exc.errno or 0,
                     f"cannot create lock file {self.path} ({exc.strerror}); the cache_dir "
                     "must be writable",
                 ) from exc
+            with _FDS_LOCK:
+                _OPEN_FDS.add(fd)
+            self._fd, self._pid = fd, os.getpid()
         return self._fd
 
     def try_acquire(self, shared: bool = False) -> bool:
@@ -98,9 +122,11 @@ class Lock:
 
     def close(self) -> None:
         """Release the lock (closing the file releases the flock)."""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
+        fd, self._fd = self._fd, None
+        if fd is not None and self._pid == os.getpid():  # a parent's fd is not ours to close
+            with _FDS_LOCK:
+                _OPEN_FDS.discard(fd)
+            os.close(fd)
 
     def __enter__(self) -> Lock:
         return self

@@ -371,6 +371,7 @@ class _Runtime:
         self._cache: ShardCache | None = None
         self._open: OrderedDict[int, tuple[Handle, ShardReader]] = OrderedDict()
         self._lock = threading.RLock()
+        self._pressure_seen = 0
 
     def order(self) -> DataOrder:
         if self.order_cache is None:
@@ -416,6 +417,10 @@ class _Runtime:
                 self._close_one(shard)
 
     def fetch(self, ids: np.ndarray, cursor: int) -> list[Any]:
+        stamp = self.cache.pressure_stamp()
+        if stamp != self._pressure_seen:  # another process waits for space: unpin
+            self._pressure_seen = stamp
+            self.release_idle()
         order = self.order()
         shards = order.shard_of(ids)
         local = ids - order.shard_offsets[shards]
