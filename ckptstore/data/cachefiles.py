@@ -41,6 +41,8 @@ _FDS_LOCK = threading.Lock()
 
 
 def _close_inherited() -> None:
+    global _FDS_LOCK
+    _FDS_LOCK = threading.Lock()
     for fd in list(_OPEN_FDS):
         try:
             os.close(fd)
@@ -49,7 +51,13 @@ def _close_inherited() -> None:
     _OPEN_FDS.clear()
 
 
-os.register_at_fork(after_in_child=_close_inherited)
+# Holding _FDS_LOCK across the fork means no thread is between opening a lock fd and
+# registering it (or unregistering and closing it) when the child is made.
+os.register_at_fork(
+    before=lambda: _FDS_LOCK.acquire(),
+    after_in_parent=lambda: _FDS_LOCK.release(),
+    after_in_child=_close_inherited,
+)
 
 
 class Lock:
@@ -67,15 +75,15 @@ class Lock:
 
     def _open(self) -> int:
         if self._fd is None or self._pid != os.getpid():
-            try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            except OSError as exc:
-                raise CacheError(
-                    exc.errno or 0,
-                    f"cannot create lock file {self.path} ({exc.strerror}); the cache_dir "
-                    "must be writable",
-                ) from exc
             with _FDS_LOCK:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError as exc:
+                    raise CacheError(
+                        exc.errno or 0,
+                        f"cannot create lock file {self.path} ({exc.strerror}); the cache_dir "
+                        "must be writable",
+                    ) from exc
                 _OPEN_FDS.add(fd)
             self._fd, self._pid = fd, os.getpid()
         return self._fd
@@ -126,7 +134,7 @@ class Lock:
         if fd is not None and self._pid == os.getpid():  # a parent's fd is not ours to close
             with _FDS_LOCK:
                 _OPEN_FDS.discard(fd)
-            os.close(fd)
+                os.close(fd)
 
     def __enter__(self) -> Lock:
         return self

@@ -17,6 +17,9 @@ listing (the constructor is then collective: call it on every rank).
 
 Each process (rank or DataLoader worker) opens its own store client, transfer engine and
 cache view on first use, so the object may be forked or pickled into workers freely.
+Everything a background thread uses (numpy.random, pyarrow's readers) is imported on the
+main thread first: a module a thread is still importing when DataLoader workers are forked
+stays locked forever in the children.
 ``transform(sample, seed)`` receives :func:`~ckptstore.data.order.sample_seed` (seed,
 epoch, sample id): the same sample gets the same augmentation after any resume.
 """
@@ -36,10 +39,18 @@ from fnmatch import fnmatch
 from typing import Any
 
 import numpy as np
+import numpy.random  # noqa: F401 - fork safety: see the module docstring
 
 from ckptstore.config import MiB, TransferConfig
 from ckptstore.data.cache import CacheEntry, Handle, ShardCache, check_limit, probe_cache_dir
-from ckptstore.data.formats import EXTENSIONS, FORMATS, GroupCache, ShardReader, open_reader
+from ckptstore.data.formats import (
+    EXTENSIONS,
+    FORMATS,
+    GroupCache,
+    ShardReader,
+    open_reader,
+    preload,
+)
 from ckptstore.data.formats import read_index as _read_index
 from ckptstore.data.order import DataOrderError, sample_seed
 from ckptstore.data.stream import DataOrder
@@ -211,7 +222,9 @@ class ShardedDataset:
         self.max_open_shards = max(1, max_open_shards)
         self.cache_wait_timeout = cache_wait_timeout
         self._runtime: _Runtime | None = None
+        self.runtime()  # store client and engine made on the main thread, on every rank
         self.format, self.shards = self._list(format, include)
+        preload(self.format)
         if not self.shards:
             raise EmptyDatasetError(
                 f"no {self.format} shards under {self.url}"

@@ -39,6 +39,7 @@ __all__ = [
     "GroupCache",
     "ShardReader",
     "open_reader",
+    "preload",
     "read_index",
 ]
 
@@ -145,6 +146,18 @@ def _arrow_index(size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
     except (struct.error, IndexError) as exc:
         raise ShardFormatError(f"Arrow IPC: malformed footer or batch header ({exc})") from exc
     return rows, hashlib.sha256(footer).hexdigest()
+
+
+def preload(fmt: str) -> None:
+    """Import what reading ``fmt`` needs, now, on the calling (main) thread.
+
+    A module still being imported by a background thread when DataLoader workers are
+    forked stays locked forever in the children; importing up front avoids that.
+    """
+    if fmt in ("parquet", "arrow"):
+        _pyarrow()
+        import pyarrow.ipc  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
 
 
 def read_index(fmt: str, size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
