@@ -120,7 +120,7 @@ class DataLoader:
         worker_init_fn: Callable[[int], None] | None = None,
         multiprocessing_context: Any = None,
         prefetch: bool = True,
-        prefetch_concurrency: int = 2,
+        prefetch_concurrency: int = 4,
         metrics_sink: MetricsSink | None = None,
         log_every: int = 100,
         sink_ranks: Sequence[int] = (0,),
@@ -167,7 +167,7 @@ class DataLoader:
         self._metrics = LoaderMetrics()
         self._prefetcher: Prefetcher | None = None
         self._generation = 0
-        self._active = False
+        self._active: int | None = None  # the generation of the iteration in progress
 
     # -- position ------------------------------------------------------------------------
     @property
@@ -202,7 +202,7 @@ class DataLoader:
             self._prefetcher.start(k0)
         plan = _EpochPlan(self.dataset, k0, end, self.rank, r, b, count, self.collate_fn)
         it: Iterator[Any] = iter(()) if not count else iter(self._torch_loader(plan))
-        self._active = True
+        self._active = generation
         try:
             for s in range(count):
                 t0 = time.perf_counter()
@@ -231,7 +231,8 @@ class DataLoader:
                 self._cursor = max(self._cursor, end)  # drop_last skips the short tail
                 self._report()
         finally:
-            self._active = False
+            if self._active == generation:
+                self._active = None
             del it  # shuts torch's workers down now, not at garbage collection
 
     def _torch_loader(self, plan: _EpochPlan) -> TorchDataLoader:
@@ -288,7 +289,7 @@ class DataLoader:
         Call before iterating. A dataset built without an explicit ``buckets`` adopts the
         saved C. The error names every difference and the option that overrides it.
         """
-        if self._active:
+        if self._active is not None:
             raise DataOrderError("load_state_dict() called while iterating; call it before iter()")
         saved = OrderState.from_dict({k: _plain(v) for k, v in state.items()})
         ds = self.dataset

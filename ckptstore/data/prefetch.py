@@ -12,7 +12,7 @@ Call order::
 
     p = Prefetcher(dataset, concurrency=2)
     p.start(cursor)
-    p.advance(cursor)      # after each batch is handed to training
+    p.advance(cursor)      # after each batch is handed to training (a plain store)
     p.stop()               # at loader shutdown (a daemon thread: never blocks exit)
 """
 
@@ -66,9 +66,8 @@ class Prefetcher:
             self._cond.notify_all()
 
     def advance(self, cursor: int) -> None:
-        with self._cond:
-            self._cursor = cursor
-            self._cond.notify_all()
+        """Record the consumption cursor (no wake-up: the thread looks every ``idle_s``)."""
+        self._cursor = cursor  # a plain store: cheap on the training loop's path
 
     def stop(self) -> None:
         with self._cond:
@@ -90,8 +89,8 @@ class Prefetcher:
                 self.errors += 1
                 log.warning("prefetch scheduling failed: %s", exc)
             with self._cond:
-                if not self._stop and self._cursor == cursor:
-                    self._cond.wait(self.idle_s)
+                if not self._stop:
+                    self._cond.wait(self.idle_s)  # a finished download wakes it early
 
     def _schedule(self, cursor: int) -> None:
         """Start downloads for the next uncached shards, soonest needed first."""

@@ -74,6 +74,35 @@ def test_one_epoch_exactly_once_then_the_next(root, workers) -> None:
     dl.close()
 
 
+@pytest.mark.parametrize("k0, world, batch", [(0, 3, 4), (5, 2, 7), (57, 4, 1), (3, 5, 16)])
+def test_worker_plan_matches_epoch_batches(root, k0, world, batch) -> None:
+    from ckptstore.data.loader import _EpochPlan
+    from ckptstore.data.order import epoch_batches, num_batches
+
+    ds = _ds(root)
+    for drop_last in (False, True):
+        count = num_batches(k0, world, batch, 59, drop_last)
+        for rank in range(world):
+            plan = _EpochPlan(ds, k0, 59, rank, world, batch, count, list)
+            expected = epoch_batches(k0, rank, world, batch, 59, drop_last)
+            assert [plan.cursors(s) for s in range(count)] == expected
+
+
+@pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+def test_dcp_round_trip_in_one_process(root, tmp_path) -> None:
+    import ckptstore
+
+    dl = DataLoader(_ds(root), 4, prefetch=False)
+    it = iter(dl)
+    seen = [i for _ in range(3) for i in _ids(next(it))]
+    ckptstore.save({"data": dl}, str(tmp_path / "ckpt" / "step_000000003"))
+    del it
+    dl2 = DataLoader(_ds(root), 9, prefetch=False)
+    ckptstore.load({"data": dl2}, str(tmp_path / "ckpt" / "step_000000003"))
+    assert dl2.cursor == 12
+    assert sorted(seen + [i for b in dl2 for i in _ids(b)]) == list(range(59))
+
+
 def test_order_is_the_global_stream(root) -> None:
     ds = _ds(root)
     dl = DataLoader(ds, batch_size=5, prefetch=False)
