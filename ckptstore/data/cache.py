@@ -42,18 +42,29 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 
-from ckptstore.data.cachefiles import CacheStats, Lock, Mismatch, fetch_to_file, file_crc32c
+from ckptstore.data.cachefiles import (
+    TMP,
+    CacheEntry,
+    CacheStats,
+    Handle,
+    Lock,
+    Mismatch,
+    cache_os_error,
+    changed_error,
+    check_limit,
+    fetch_to_file,
+    file_crc32c,
+    probe_cache_dir,
+    unlink_quietly,
+)
 from ckptstore.data.formats import read_index
 from ckptstore.data.stream import DataOrder
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
     CacheError,
-    CacheTooSmallError,
     CkptStoreError,
-    DatasetChangedError,
     StoreNotFoundError,
     TransferError,
 )
@@ -61,38 +72,6 @@ from ckptstore.errors import (
 __all__ = ["CacheEntry", "Handle", "ShardCache", "check_limit", "probe_cache_dir"]
 
 log = logging.getLogger(__name__)
-_TMP = ".tmp-"
-
-
-@dataclass(frozen=True)
-class CacheEntry:
-    """What the cache needs to know of one shard: where it lives and what it must be."""
-
-    key: str  # unique per (store, path, size, content digest)
-    path: str  # in the store
-    size: int
-    fmt: str
-    digest: str  # footer digest ("" for raw files)
-    rows: tuple[int, ...]
-
-
-class Handle:
-    """A pinned local shard file: not evicted until :meth:`release`."""
-
-    def __init__(self, path: str, lock: Lock) -> None:
-        self.path = path
-        self._lock: Lock | None = lock
-
-    def release(self) -> None:
-        if self._lock is not None:
-            self._lock.close()
-            self._lock = None
-
-    def __enter__(self) -> Handle:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 class ShardCache:
@@ -292,13 +271,13 @@ class ShardCache:
         try:
             self._fetch_verified(e, tmp)
         except CkptStoreError:
-            _unlink(tmp)
+            unlink_quietly(tmp)
             raise
         except OSError as exc:  # a local write failed: the cache disk, not the store
-            _unlink(tmp)
-            raise _cache_os_error(exc, self.dir) from exc
+            unlink_quietly(tmp)
+            raise cache_os_error(exc, self.dir) from exc
         except BaseException:
-            _unlink(tmp)
+            unlink_quietly(tmp)
             raise
         return True
 
@@ -316,10 +295,10 @@ class ShardCache:
                     raise
                 continue
             except StoreNotFoundError as exc:
-                raise _changed(e, "no longer exists on the store") from exc
+                raise changed_error(e, "no longer exists on the store") from exc
             self.stats.add(downloads=1, bytes=e.size, download_seconds=time.monotonic() - t0)
             meta = {"path": e.path, "size": e.size, "crc32c": crc, "digest": e.digest}
-            meta_tmp = f"{self._meta_path(e.key)}{_TMP}{uuid.uuid4().hex}"
+            meta_tmp = f"{self._meta_path(e.key)}{TMP}{uuid.uuid4().hex}"
             with open(meta_tmp, "w") as f:
                 json.dump(meta, f)
             os.replace(meta_tmp, self._meta_path(e.key))
@@ -349,11 +328,11 @@ class ShardCache:
         try:
             size = self.engine.retry(lambda: self.store.size(e.path), f"stat of {e.path}")
         except StoreNotFoundError as err:
-            raise _changed(e, "no longer exists on the store") from err
+            raise changed_error(e, "no longer exists on the store") from err
         if size != e.size:
-            raise _changed(e, f"is now {size} bytes (listed: {e.size})") from exc
+            raise changed_error(e, f"is now {size} bytes (listed: {e.size})") from exc
         if exc.changed:
-            raise _changed(e, "has a different footer than when listed") from exc
+            raise changed_error(e, "has a different footer than when listed") from exc
         raise TransferError(
             f"download of {self.store.describe(e.path)} failed verification "
             f"{self.attempts} times ({exc}); check the store and the network"
@@ -401,12 +380,12 @@ class ShardCache:
                 if name.endswith(".data"):
                     cached[name[: -len(".data")]] = size
                     used += size
-                elif ".data" + _TMP in name:
-                    key = name.split(".data" + _TMP, 1)[0]
+                elif ".data" + TMP in name:
+                    key = name.split(".data" + TMP, 1)[0]
                     lock = self._lock(key, "dl")
                     if lock.try_acquire():  # nobody downloads it: a crashed process's leftover
                         lock.close()
-                        _unlink(d.path)
+                        unlink_quietly(d.path)
                     else:
                         lock.close()
                         used += size
@@ -424,11 +403,11 @@ class ShardCache:
         return True
 
     def _create_temp(self, e: CacheEntry) -> str:
-        tmp = os.path.join(self._shards, f"{e.key}.data{_TMP}{os.getpid()}-{uuid.uuid4().hex}")
+        tmp = os.path.join(self._shards, f"{e.key}.data{TMP}{os.getpid()}-{uuid.uuid4().hex}")
         try:
             fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
         except OSError as exc:
-            raise _cache_os_error(exc, self.dir) from exc
+            raise cache_os_error(exc, self.dir) from exc
         try:
             if e.size:
                 try:
@@ -439,62 +418,7 @@ class ShardCache:
                     os.ftruncate(fd, e.size)
         except OSError as exc:
             os.close(fd)
-            _unlink(tmp)
-            raise _cache_os_error(exc, self.dir) from exc
+            unlink_quietly(tmp)
+            raise cache_os_error(exc, self.dir) from exc
         os.close(fd)
         return tmp
-
-
-def probe_cache_dir(directory: str) -> tuple[str, str]:
-    """Create the cache layout and prove it writable; ``CacheError`` says what to fix."""
-    shards, locks = os.path.join(directory, "shards"), os.path.join(directory, "locks")
-    try:
-        os.makedirs(shards, exist_ok=True)
-        os.makedirs(locks, exist_ok=True)
-        probe = os.path.join(shards, f".probe{_TMP}{os.getpid()}-{uuid.uuid4().hex}")
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        os.unlink(probe)
-    except OSError as exc:
-        raise _cache_os_error(exc, directory) from exc
-    return shards, locks
-
-
-def check_limit(limit: int | None, entries: Sequence[CacheEntry]) -> None:
-    """Refuse a byte budget that cannot hold the largest shard (it could never make progress)."""
-    if limit is None or not entries:
-        return
-    big = max(entries, key=lambda e: e.size)
-    if big.size > limit:
-        raise CacheTooSmallError(
-            f"cache_limit of {limit} bytes cannot hold shard {big.path} ({big.size} bytes); "
-            f"set cache_limit to at least a few times the largest shard (>= {big.size})"
-        )
-
-
-def _changed(e: CacheEntry, what: str) -> DatasetChangedError:
-    return DatasetChangedError(
-        f"shard {e.path} {what}: the dataset changed after it was listed, so this run's data "
-        "order no longer holds. Re-create the ShardedDataset (it lists again) and resume from "
-        "the last checkpoint with allow_dataset_change=True, or restore the shard"
-    )
-
-
-def _cache_os_error(exc: OSError, directory: str) -> CacheError:
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return CacheError(
-            exc.errno,
-            f"cache_dir {directory} is full ({exc.strerror}); free space there or set a "
-            "cache_limit below the free space",
-        )
-    return CacheError(
-        exc.errno or errno.EIO,
-        f"cannot write to cache_dir {directory} ({exc.strerror or exc}); pass a writable "
-        "local directory",
-    )
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

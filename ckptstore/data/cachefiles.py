@@ -1,25 +1,45 @@
 """Building blocks of the shard cache: flock locks, counters, ranged download into a file.
 
 Kept apart from :mod:`ckptstore.data.cache` so the policy (what to keep, what to evict)
-reads on its own. Nothing here knows about datasets or the data order.
+reads on its own. Nothing here knows about the data order.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import threading
 import time
+import uuid
 from collections import deque
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, fields
 
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine, split_ranges
-from ckptstore.errors import CacheError
+from ckptstore.errors import CacheError, CacheTooSmallError, DatasetChangedError
 
-__all__ = ["CacheStats", "Lock", "Mismatch", "fetch_to_file", "file_crc32c"]
+__all__ = [
+    "CacheEntry",
+    "CacheStats",
+    "Handle",
+    "Lock",
+    "Mismatch",
+    "TMP",
+    "cache_os_error",
+    "changed_error",
+    "check_limit",
+    "fetch_to_file",
+    "file_crc32c",
+    "probe_cache_dir",
+    "unlink_quietly",
+]
+
+#: Every temp file in the cache has this in its name.
+TMP = ".tmp-"
 
 
 class Mismatch(Exception):
@@ -242,3 +262,89 @@ def file_crc32c(path: str, chunk: int = 8 << 20) -> int:
             if not n:
                 return value
             value = crc32c(view[:n], value)
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """What the cache needs to know of one shard: where it lives and what it must be."""
+
+    key: str  # unique per (store, path, size, content digest)
+    path: str  # in the store
+    size: int
+    fmt: str
+    digest: str  # footer digest ("" for raw files)
+    rows: tuple[int, ...]
+
+
+class Handle:
+    """A pinned local shard file: not evicted until :meth:`release`."""
+
+    def __init__(self, path: str, lock: Lock) -> None:
+        self.path = path
+        self._lock: Lock | None = lock
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def probe_cache_dir(directory: str) -> tuple[str, str]:
+    """Create the cache layout and prove it writable; ``CacheError`` says what to fix."""
+    shards, locks = os.path.join(directory, "shards"), os.path.join(directory, "locks")
+    try:
+        os.makedirs(shards, exist_ok=True)
+        os.makedirs(locks, exist_ok=True)
+        probe = os.path.join(shards, f".probe{TMP}{os.getpid()}-{uuid.uuid4().hex}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.unlink(probe)
+    except OSError as exc:
+        raise cache_os_error(exc, directory) from exc
+    return shards, locks
+
+
+def check_limit(limit: int | None, entries: Sequence[CacheEntry]) -> None:
+    """Refuse a byte budget that cannot hold the largest shard (it could never make progress)."""
+    if limit is None or not entries:
+        return
+    big = max(entries, key=lambda e: e.size)
+    if big.size > limit:
+        raise CacheTooSmallError(
+            f"cache_limit of {limit} bytes cannot hold shard {big.path} ({big.size} bytes); "
+            f"set cache_limit to at least a few times the largest shard (>= {big.size})"
+        )
+
+
+def changed_error(e: CacheEntry, what: str) -> DatasetChangedError:
+    return DatasetChangedError(
+        f"shard {e.path} {what}: the dataset changed after it was listed, so this run's data "
+        "order no longer holds. Re-create the ShardedDataset (it lists again) and resume from "
+        "the last checkpoint with allow_dataset_change=True, or restore the shard"
+    )
+
+
+def cache_os_error(exc: OSError, directory: str) -> CacheError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CacheError(
+            exc.errno,
+            f"cache_dir {directory} is full ({exc.strerror}); free space there or set a "
+            "cache_limit below the free space",
+        )
+    return CacheError(
+        exc.errno or errno.EIO,
+        f"cannot write to cache_dir {directory} ({exc.strerror or exc}); pass a writable "
+        "local directory",
+    )
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

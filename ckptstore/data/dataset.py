@@ -30,8 +30,6 @@ import hashlib
 import json
 import os
 import re
-import threading
-from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -42,22 +40,15 @@ import numpy as np
 import numpy.random  # noqa: F401 - fork safety: see the module docstring
 
 from ckptstore.config import MiB, TransferConfig
-from ckptstore.data.cache import CacheEntry, Handle, ShardCache, check_limit, probe_cache_dir
-from ckptstore.data.formats import (
-    EXTENSIONS,
-    FORMATS,
-    GroupCache,
-    ShardReader,
-    open_reader,
-    preload,
-)
+from ckptstore.data.cache import CacheEntry, ShardCache, check_limit, probe_cache_dir
+from ckptstore.data.formats import EXTENSIONS, FORMATS, preload
 from ckptstore.data.formats import read_index as _read_index
 from ckptstore.data.order import DataOrderError, sample_seed
+from ckptstore.data.runtime import ProcessRuntime
 from ckptstore.data.stream import DataOrder
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import ConfigError, EmptyDatasetError, ShardFormatError
-from ckptstore.stores import open_store
 
 __all__ = ["Shard", "ShardedDataset", "parse_size", "list_shards", "default_buckets"]
 
@@ -221,7 +212,7 @@ class ShardedDataset:
         self.decode_cache = parse_size(decode_cache) or 0
         self.max_open_shards = max(1, max_open_shards)
         self.cache_wait_timeout = cache_wait_timeout
-        self._runtime: _Runtime | None = None
+        self._runtime: ProcessRuntime | None = None
         self.runtime()  # store client and engine made on the main thread, on every rank
         self.format, self.shards = self._list(format, include)
         preload(self.format)
@@ -275,11 +266,11 @@ class ShardedDataset:
     def store(self) -> Store:
         return self.runtime().store
 
-    def runtime(self) -> _Runtime:
+    def runtime(self) -> ProcessRuntime:
         """This process's store, engine, cache and open readers (re-made after a fork)."""
         rt = self._runtime
         if rt is None or rt.pid != os.getpid():
-            rt = self._runtime = _Runtime(self)
+            rt = self._runtime = ProcessRuntime(self)
         return rt
 
     def set_buckets(self, buckets: int) -> None:
@@ -369,86 +360,3 @@ class ShardedDataset:
             f"ShardedDataset({self.url!r}, format={self.format!r}, shards={len(self.shards)}, "
             f"samples={self.num_samples}, fingerprint={self.fingerprint[:12]})"
         )
-
-
-class _Runtime:
-    """One process's working parts for a dataset: never shared across a fork."""
-
-    def __init__(self, ds: ShardedDataset) -> None:
-        self.pid = os.getpid()
-        self.ds = ds
-        self.store = ds._store_arg or open_store(ds.url, ds.storage_options)
-        self.engine = TransferEngine(ds.transfer_config)
-        self.groups = GroupCache(ds.decode_cache)
-        self.order_cache: DataOrder | None = None
-        self._cache: ShardCache | None = None
-        self._open: OrderedDict[int, tuple[Handle, ShardReader]] = OrderedDict()
-        self._lock = threading.RLock()
-        self._pressure_seen = 0
-
-    def order(self) -> DataOrder:
-        if self.order_cache is None:
-            self.order_cache = self.ds.make_order()
-        return self.order_cache
-
-    @property
-    def cache(self) -> ShardCache:
-        if self._cache is None or self._cache.order is not self.order():
-            self._cache = self.ds.make_cache(self.order())
-        return self._cache
-
-    def _reader(self, shard: int, cursor: int) -> ShardReader:
-        hit = self._open.get(shard)
-        if hit is not None:
-            self._open.move_to_end(shard)
-            return hit[1]
-        handle = self.cache.acquire(shard, cursor)
-        try:
-            e = self.ds.entries[shard]
-            reader = open_reader(
-                e.fmt, handle.path, e.path, e.rows, self.ds.columns, self.groups, e.key
-            )
-        except BaseException:
-            handle.release()
-            raise
-        self._open[shard] = (handle, reader)
-        while len(self._open) > self.ds.max_open_shards:
-            self._close_one(next(iter(self._open)))
-        return reader
-
-    def _close_one(self, shard: int) -> None:
-        handle, reader = self._open.pop(shard)
-        reader.close()
-        if self.ds.format == "arrow":  # decoded arrow batches map the file: let it go
-            self.groups.drop(self.ds.entries[shard].key)
-        handle.release()
-
-    def release_idle(self) -> None:
-        """Unpin every open shard (the cache calls this when it needs room or waits)."""
-        with self._lock:
-            for shard in list(self._open):
-                self._close_one(shard)
-
-    def fetch(self, ids: np.ndarray, cursor: int) -> list[Any]:
-        stamp = self.cache.pressure_stamp()
-        if stamp != self._pressure_seen:  # another process waits for space: unpin
-            self._pressure_seen = stamp
-            self.release_idle()
-        order = self.order()
-        shards = order.shard_of(ids)
-        local = ids - order.shard_offsets[shards]
-        out: list[Any] = [None] * len(ids)
-        with self._lock:
-            _, first = np.unique(shards, return_index=True)
-            for s in shards[np.sort(first)].tolist():
-                where = np.flatnonzero(shards == s)
-                rows = self._reader(s, cursor).take(local[where].tolist())
-                for pos, row in zip(where.tolist(), rows):
-                    out[pos] = row
-        return out
-
-    def close(self) -> None:
-        self.release_idle()
-        self.engine.close()
-        if self.ds._store_arg is None:
-            self.store.close()
