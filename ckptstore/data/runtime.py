@@ -1,0 +1,113 @@
+"""One process's working parts for a :class:`~ckptstore.data.dataset.ShardedDataset`.
+
+A rank and each of its DataLoader workers hold their own: store client, transfer engine,
+cache view, decoded-group cache and the shards they have open (pinned in the cache). The
+dataset re-makes it when it finds itself in another process (after a fork or unpickling),
+so nothing with threads or locks is ever shared across a fork.
+
+Call order: ``rt = ProcessRuntime(ds)``; ``rt.fetch(ids, cursor)`` any number of times;
+``rt.release_idle()`` when the cache asks; ``rt.close()``.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections import OrderedDict
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ckptstore.data.cache import Handle, ShardCache
+from ckptstore.data.formats import GroupCache, ShardReader, open_reader
+from ckptstore.data.stream import DataOrder
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.stores import open_store
+
+if TYPE_CHECKING:
+    from ckptstore.data.dataset import ShardedDataset
+
+__all__ = ["ProcessRuntime"]
+
+
+class ProcessRuntime:
+    """One process's working parts for a dataset: never shared across a fork."""
+
+    def __init__(self, ds: ShardedDataset) -> None:
+        self.pid = os.getpid()
+        self.ds = ds
+        self.store = ds._store_arg or open_store(ds.url, ds.storage_options)
+        self.engine = TransferEngine(ds.transfer_config)
+        self.groups = GroupCache(ds.decode_cache)
+        self.order_cache: DataOrder | None = None
+        self._cache: ShardCache | None = None
+        self._open: OrderedDict[int, tuple[Handle, ShardReader]] = OrderedDict()
+        self._lock = threading.RLock()
+        self._pressure_seen = 0
+
+    def order(self) -> DataOrder:
+        if self.order_cache is None:
+            self.order_cache = self.ds.make_order()
+        return self.order_cache
+
+    @property
+    def cache(self) -> ShardCache:
+        if self._cache is None or self._cache.order is not self.order():
+            self._cache = self.ds.make_cache(self.order())
+        return self._cache
+
+    def _reader(self, shard: int, cursor: int) -> ShardReader:
+        hit = self._open.get(shard)
+        if hit is not None:
+            self._open.move_to_end(shard)
+            return hit[1]
+        handle = self.cache.acquire(shard, cursor)
+        try:
+            e = self.ds.entries[shard]
+            reader = open_reader(
+                e.fmt, handle.path, e.path, e.rows, self.ds.columns, self.groups, e.key
+            )
+        except BaseException:
+            handle.release()
+            raise
+        self._open[shard] = (handle, reader)
+        while len(self._open) > self.ds.max_open_shards:
+            self._close_one(next(iter(self._open)))
+        return reader
+
+    def _close_one(self, shard: int) -> None:
+        handle, reader = self._open.pop(shard)
+        reader.close()
+        if self.ds.format == "arrow":  # decoded arrow batches map the file: let it go
+            self.groups.drop(self.ds.entries[shard].key)
+        handle.release()
+
+    def release_idle(self) -> None:
+        """Unpin every open shard (the cache calls this when it needs room or waits)."""
+        with self._lock:
+            for shard in list(self._open):
+                self._close_one(shard)
+
+    def fetch(self, ids: np.ndarray, cursor: int) -> list[Any]:
+        stamp = self.cache.pressure_stamp()
+        if stamp != self._pressure_seen:  # another process waits for space: unpin
+            self._pressure_seen = stamp
+            self.release_idle()
+        order = self.order()
+        shards = order.shard_of(ids)
+        local = ids - order.shard_offsets[shards]
+        out: list[Any] = [None] * len(ids)
+        with self._lock:
+            _, first = np.unique(shards, return_index=True)
+            for s in shards[np.sort(first)].tolist():
+                where = np.flatnonzero(shards == s)
+                rows = self._reader(s, cursor).take(local[where].tolist())
+                for pos, row in zip(where.tolist(), rows):
+                    out[pos] = row
+        return out
+
+    def close(self) -> None:
+        self.release_idle()
+        self.engine.close()
+        if self.ds._store_arg is None:
+            self.store.close()
