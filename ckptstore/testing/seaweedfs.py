@@ -77,12 +77,6 @@ class SeaweedFS(ServerProcess):
 
     def __init__(self) -> None:
         super().__init__()
-        taken: set[int] = set()
-        self.ports = {
-            name: free_port_pair(taken)
-            for name in ("s3", "master", "volume", "filer", "admin", "iceberg", "lance")
-        }
-        self.port = self.ports["s3"]
         self.data_dir = os.path.join(self.dir, "data")
         os.makedirs(self.data_dir)
         self.config_path = os.path.join(self.dir, "s3.json")
@@ -133,6 +127,8 @@ class SeaweedFS(ServerProcess):
         deadline = time.monotonic() + self.ready_timeout
         wait_for_port(self.port, self.ready_timeout, self.proc)
         while time.monotonic() < deadline:  # the port opens before the gateway answers
+            if self.proc is not None and self.proc.poll() is not None:
+                raise RuntimeError(f"weed exited with code {self.proc.returncode}")
             try:
                 urllib.request.urlopen(self.endpoint, timeout=2).close()
                 return
@@ -142,7 +138,19 @@ class SeaweedFS(ServerProcess):
                 time.sleep(0.1)
         raise TimeoutError(f"SeaweedFS S3 gateway did not answer within {self.ready_timeout} s")
 
-    def stop(self) -> None:
+    def pick_ports(self) -> None:
+        taken: set[int] = set()
+        self.ports = {
+            name: free_port_pair(taken)
+            for name in ("s3", "master", "volume", "filer", "admin", "iceberg", "lance")
+        }
+        self.port = self.ports["s3"]
+        data_dir = os.path.join(self.dir, "data")
+        if os.path.isdir(data_dir):  # a retried start begins from an empty store
+            shutil.rmtree(data_dir)
+            os.makedirs(data_dir)
+
+    def _kill(self) -> None:
         """Kill at once: its data directory is deleted anyway, and a graceful shutdown can
         take over 10 s on a busy machine."""
         if self.proc is not None and self.proc.poll() is None:
@@ -151,7 +159,6 @@ class SeaweedFS(ServerProcess):
             except ProcessLookupError:
                 pass
             self.proc.wait()
-        super().stop()
 
     @property
     def storage_options(self) -> dict[str, Any]:

@@ -42,10 +42,13 @@ class ServerProcess:
 
     name = "server"
     ready_timeout = 60.0
+    #: Tries with fresh ports: a port checked free can be taken before the server binds it.
+    start_attempts = 3
 
     def __init__(self) -> None:
         self.dir = tempfile.mkdtemp(prefix=f"ckptstore-{self.name}-")
-        self.port = free_port()
+        self.port = 0
+        self.pick_ports()
         self.proc: subprocess.Popen | None = None
         self._log = open(os.path.join(self.dir, "server.log"), "wb")  # noqa: SIM115
 
@@ -62,22 +65,33 @@ class ServerProcess:
     def wait_ready(self) -> None:
         wait_for_port(self.port, self.ready_timeout, self.proc)
 
+    def pick_ports(self) -> None:
+        """Choose fresh ports; called again before each retried start."""
+        self.port = free_port()
+
     def start(self) -> ServerProcess:
-        self.proc = subprocess.Popen(
-            self.command(),
-            stdout=self._log,
-            stderr=subprocess.STDOUT,
-            env=self.env(),
-            cwd=self.dir,
-            start_new_session=True,
-        )
-        try:
-            self.wait_ready()
-        except (RuntimeError, TimeoutError) as exc:
-            log = self.log_tail()
-            self.stop()
-            raise RuntimeError(f"{self.name} did not start ({exc}); its log:\n{log}") from None
-        return self
+        for attempt in range(1, self.start_attempts + 1):
+            self.proc = subprocess.Popen(
+                self.command(),
+                stdout=self._log,
+                stderr=subprocess.STDOUT,
+                env=self.env(),
+                cwd=self.dir,
+                start_new_session=True,
+            )
+            try:
+                self.wait_ready()
+                return self
+            except (RuntimeError, TimeoutError) as exc:
+                log = self.log_tail()
+                self._kill()
+                if attempt == self.start_attempts:
+                    self.stop()
+                    raise RuntimeError(
+                        f"{self.name} did not start in {attempt} tries ({exc}); its log:\n{log}"
+                    ) from None
+                self.pick_ports()
+        raise AssertionError("unreachable")
 
     def log_tail(self, n: int = 4000) -> str:
         try:
@@ -87,6 +101,12 @@ class ServerProcess:
             return ""
 
     def stop(self) -> None:
+        self._kill()
+        self._log.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def _kill(self) -> None:
+        """End the server process: SIGTERM, then SIGKILL after 10 s."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, 15)
@@ -97,8 +117,6 @@ class ServerProcess:
                 except ProcessLookupError:
                     pass
                 self.proc.wait()
-        self._log.close()
-        shutil.rmtree(self.dir, ignore_errors=True)
 
     def __enter__(self) -> ServerProcess:
         return self.start()
