@@ -72,7 +72,7 @@ class CkptReader(StorageReader):
         self.storage_options = storage_options
         self.config = config or TransferConfig()
         self.store = open_store(url, storage_options, retry=self.config.retry)
-        self.engine = engine or TransferEngine(self.config)
+        self.engine = engine or TransferEngine.shared(self.config)
         self.verify = verify
         self.committed: Committed | None = None
         self._metadata_bytes = b""

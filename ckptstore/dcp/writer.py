@@ -106,7 +106,7 @@ class CkptWriter(StorageWriter):
         self.storage_options = storage_options
         self.config = config or TransferConfig()
         self.store = open_store(url, storage_options, retry=self.config.retry)
-        self.engine = engine or TransferEngine(self.config)
+        self.engine = engine or TransferEngine.shared(self.config)
         self.overwrite = overwrite
         self.codec = check_codec(codec)
         self._step = step

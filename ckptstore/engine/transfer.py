@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -150,6 +151,10 @@ def _gather(futures: Sequence[Future], combine: Callable[[], T]) -> Future[T]:
     return out
 
 
+_SHARED: dict[tuple[TransferConfig, int], TransferEngine] = {}
+_SHARED_LOCK = threading.Lock()
+
+
 class TransferEngine:
     """A pool of I/O threads plus the retry and memory policy shared by every transfer."""
 
@@ -159,6 +164,19 @@ class TransferEngine:
         self._buffers = _BufferPool(self.config.memory_budget)
         self._pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
+
+    @classmethod
+    def shared(cls, config: TransferConfig | None = None) -> TransferEngine:
+        """One engine per (config, process), reused by every writer and reader built without
+        an engine: its part buffers stay warm across saves (fresh memory page-faults, which
+        costs several times the copy itself). A forked child gets its own."""
+        config = config or TransferConfig()
+        key = (config, os.getpid())
+        with _SHARED_LOCK:
+            engine = _SHARED.get(key)
+            if engine is None:
+                engine = _SHARED[key] = cls(config)
+            return engine
 
     @property
     def pool(self) -> ThreadPoolExecutor:
