@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup demo test test-fast lint bench bench-quick clean
+.PHONY: setup demo test test-fast lint bench bench-quick bench-objstore bench-objstore-quick clean
 
 setup:
 	bash tools/setup.sh
@@ -28,6 +28,13 @@ bench: setup
 
 bench-quick: setup
 	$(PY) benchmarks/bench_local.py --quick
+
+# S3 (a SeaweedFS it starts), direct and through a shaped link; ~20 min here, --quick a few.
+bench-objstore: setup
+	$(PY) benchmarks/bench_objstore.py
+
+bench-objstore-quick: setup
+	$(PY) benchmarks/bench_objstore.py --quick
 
 clean:
 	rm -rf .venv tools/node_modules .pytest_cache .mypy_cache .ruff_cache
