@@ -15,6 +15,7 @@ each instance uses a fresh temp directory, removed by ``stop()``.
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import random
@@ -152,13 +153,20 @@ class SeaweedFS(ServerProcess):
 
     def _kill(self) -> None:
         """Kill at once: its data directory is deleted anyway, and a graceful shutdown can
-        take over 10 s on a busy machine."""
+        take over 10 s on a busy machine. weed leaves one gRPC unix socket per service in
+        /tmp (named by port): remove ours."""
         if self.proc is not None and self.proc.poll() is None:
             try:
                 os.killpg(self.proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             self.proc.wait()
+        for port in (p + GRPC_OFFSET for p in getattr(self, "ports", {}).values()):
+            for sock in glob.glob(f"/tmp/seaweedfs-*-grpc-{port}.sock"):
+                try:
+                    os.unlink(sock)
+                except OSError:
+                    pass
 
     @property
     def storage_options(self) -> dict[str, Any]:
