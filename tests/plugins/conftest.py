@@ -1,10 +1,13 @@
 """Fixtures for the plugin tests.
 
 ``root_url`` is where checkpoints are committed. It is parametrised over stores so the
-same tests run against every one; the S3 store (SeaweedFS) is added by its own branch.
+same tests run against every one: a volume, and S3 on the session's SeaweedFS. The S3
+endpoint and credentials reach every client (these tests and the job subprocesses they
+start) through botocore's standard environment variables, as a user's job would get them.
 """
 
 import os
+import uuid
 
 import pytest
 
@@ -13,11 +16,17 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
 
-@pytest.fixture(params=["local"])
-def root_url(request: pytest.FixtureRequest, tmp_path) -> str:
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.server)])
+def root_url(request: pytest.FixtureRequest, tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "local":
         return str(tmp_path / "committed")
-    raise NotImplementedError(request.param)
+    from tests.conftest import BUCKET
+
+    server = request.getfixturevalue("seaweedfs")
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret)
+    monkeypatch.setenv("AWS_ENDPOINT_URL", server.endpoint)
+    return f"s3://{BUCKET}/plugins-{uuid.uuid4().hex[:8]}"
 
 
 @pytest.fixture(autouse=True)
