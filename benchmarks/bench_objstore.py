@@ -1,0 +1,473 @@
+"""Object-store save/load benchmark: stock FsspecWriter vs ckptstore, on a direct and a shaped link.
+
+    python benchmarks/bench_objstore.py                  # 1 GiB state, 2 gloo ranks, 3 repeats
+    python benchmarks/bench_objstore.py --quick          # 256 MiB, 2 repeats
+    python benchmarks/bench_objstore.py --part-mib 16 --concurrency 16   # + a tuned ckptstore row
+    python benchmarks/bench_objstore.py --links shaped --contenders raw,ckptstore
+
+The benchmark starts its own SeaweedFS (``weed mini``, fresh temp directory, deleted at the
+end) and a shaped link in front of it (``benchmarks/shaped_link.py``: a TCP proxy that caps
+every connection at ``--link-mbps`` and adds ``--link-latency-ms`` one way, as a cloud
+store's per-connection limits do). Every contender runs on both links, in one run:
+
+  direct   the clients talk to SeaweedFS on 127.0.0.1 (client and server share 2 cores)
+  shaped   the same server behind the shaped link
+
+Every rank holds ``size / world`` bytes as ``--tensors-per-rank`` float32 tensors with
+rank-unique names. Contenders (ids for ``--contenders`` in brackets):
+
+  raw PUT/GET ceiling [raw]   no DCP, no serialisation: each rank uploads its share's bytes
+        (made into part-sized ``bytes`` beforehand, untimed) as one multipart object, parts
+        of ckptstore's default part size, that many in flight at once, straight on s3fs's
+        aiobotocore client; the load is parallel ranged GETs of the same size (bodies read,
+        nothing copied further). The same object count, size and parallelism as ckptstore.
+  FsspecWriter / FsspecReader [fsspec]   torch's stock fsspec DCP backend at ``s3://...``
+        with default options: one file per rank, ``thread_count=1``, ``sync_files=True``
+        (which calls a machine-wide ``os.sync()`` per file on S3, because an s3fs file has
+        no ``fileno``; it syncs this machine's disks, not the object).
+  FsspecWriter sync_files=False [fsspec-nosync]   the same without the os.sync() calls
+        (save only: its checkpoint loads exactly like the one above).
+  ckptstore [ckptstore]   ``ckptstore.writer`` / ``ckptstore.reader`` with the default
+        ``TransferConfig``; the load verifies the CRC32C of every range.
+  ckptstore tuned [tuned]   the same with ``--part-mib`` / ``--concurrency`` (only when
+        either is given).
+  s3torchconnector [s3torch]   AWS's DCP ``S3StorageWriter`` / ``S3StorageReader`` (CRT
+        client; endpoint override, path-style addressing, default ``S3ClientConfig``).
+        Its ``dcp`` extra needs ``tenacity``, which is not installed here; a pass-through
+        stand-in is put in its place (it only decorates a retried delete in ``rename``).
+
+The stock and s3torchconnector writers get the client options TEST_SERVERS.md gives for
+SeaweedFS (checksums only when required); ckptstore builds its own client. Each time is
+barrier -> operation -> barrier on every rank; the sample is the max over ranks. Loads
+run right after their own save, into tensors zeroed beforehand, and are checked bitwise
+(untimed). Contenders rotate (repeat i starts with contender i mod n) and so does the link
+order; each writes a fresh prefix that rank 0 deletes afterwards (untimed), and SeaweedFS
+is vacuumed after each link's round so its disk use stays small. A tiny untimed warm-up of
+every contender on each link runs first. Results: Markdown tables on stdout and JSON in
+benchmarks/results/bench_objstore-<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import multiprocessing
+import os
+import platform
+import signal
+import statistics
+import sys
+import time
+import urllib.request
+from collections.abc import Callable
+from dataclasses import asdict
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from objstore_contenders import (  # noqa: E402 - a sibling module, found via sys.path
+    BUCKET,
+    CONTENDERS,
+    LINKS,
+    LOAD_FNS,
+    SAVE_FNS,
+    BenchConfig,
+    MiB,
+    RankCtx,
+    cpu_seconds,
+    delete_prefix,
+    import_s3torch,
+    labels,
+    make_state,
+    raw_bodies,
+)
+
+__all__ = ["BenchConfig", "main", "run"]
+
+RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+
+
+def _timed(ctx: RankCtx, fn: Callable[[], Any]) -> dict[str, float]:
+    """barrier -> fn -> barrier: wall seconds, this process's CPU; on rank 0 also the CPU
+    of the server and of the link's process, and the bytes through the shaped link."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    pids = ctx.pids if ctx.rank == 0 else {}
+    others = {k: cpu_seconds(p) for k, p in pids.items()}
+    link_bytes = sum(ctx.link_counters) if ctx.link_counters is not None else 0
+    cpu0, t0 = time.process_time(), time.perf_counter()
+    fn()
+    dist.barrier()
+    out = {"s": time.perf_counter() - t0, "cpu_s": time.process_time() - cpu0}
+    for k, before in others.items():
+        out[f"{k}_cpu_s"] = cpu_seconds(pids[k]) - before
+    if ctx.rank == 0 and ctx.link_counters is not None:
+        out["link_bytes"] = sum(ctx.link_counters) - link_bytes
+    return out
+
+
+def _vacuum(ctx: RankCtx) -> None:
+    """Let SeaweedFS reclaim deleted objects' space (deletes reach the volumes in ~1 s)."""
+    time.sleep(1.5)
+    try:
+        urllib.request.urlopen(ctx.vacuum_url, timeout=120).read()
+    except OSError:
+        pass
+
+
+def _one_round(ctx: RankCtx, link: str, tag: str, order: tuple[str, ...]) -> dict[str, Any]:
+    """Every contender once on ``link``, in ``order``; this rank's samples."""
+    import torch
+    import torch.distributed as dist
+
+    out: dict[str, Any] = {}
+    for name in order:
+        key = f"{tag}-{name}"
+        out[name] = {"save": _timed(ctx, lambda n=name, k=key: SAVE_FNS[n](ctx, link, k))}
+        if name in LOAD_FNS:
+            for t in ctx.dest.values():
+                t.zero_()
+            out[name]["load"] = _timed(ctx, lambda n=name, k=key: LOAD_FNS[n](ctx, link, k))
+            if name != "raw" and not all(torch.equal(ctx.dest[k], ctx.state[k]) for k in ctx.state):
+                raise AssertionError(f"rank {ctx.rank}: {name} on {link}: load is not equal")
+        dist.barrier()
+        if ctx.rank == 0:
+            delete_prefix(ctx, link, key)
+            done = ", ".join(f"{op} {v['s']:.2f} s" for op, v in out[name].items())
+            print(f"  {tag} {link:6} {name:13} rank 0: {done}", flush=True)
+        dist.barrier()
+    if ctx.rank == 0:
+        _vacuum(ctx)
+    dist.barrier()
+    return out
+
+
+def _rank_main(
+    rank: int,
+    world: int,
+    cfg: BenchConfig,
+    endpoints: dict[str, str],
+    pids: dict[str, int],
+    vacuum_url: str,
+    link_counters: Any,
+) -> list[dict[str, Any]]:
+    import torch
+
+    torch.set_num_threads(1)  # 2 ranks on 2 cores: one intra-op thread each
+    ctx = RankCtx(rank, world, cfg, endpoints, pids, vacuum_url, link_counters)
+    part = cfg.transfer_config(False).part_size
+    names = cfg.contenders
+    if cfg.warmup:
+        ctx.state = make_state(rank, cfg, numel=64 * 1024)
+        ctx.dest = {k: torch.empty_like(v) for k, v in ctx.state.items()}
+        ctx.bodies = raw_bodies(ctx.state, part)
+        for link in cfg.links:
+            _one_round(ctx, link, "warmup", names)
+    ctx.state = make_state(rank, cfg)
+    ctx.dest = {k: torch.empty_like(v) for k, v in ctx.state.items()}
+    ctx.bodies = raw_bodies(ctx.state, part) if "raw" in names else []
+    rounds = []
+    for r in range(cfg.repeats):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        links = cfg.links if r % 2 == 0 else tuple(reversed(cfg.links))
+        got: dict[str, Any] = {"order": list(order), "links": list(links)}
+        for link in links:
+            got[link] = _one_round(ctx, link, f"r{r}", order)
+        rounds.append(got)
+    return rounds
+
+
+# -- parent side -------------------------------------------------------------------------
+def _machine() -> dict[str, Any]:
+    import torch
+
+    mem_kib = 0
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("MemTotal:"):
+                mem_kib = int(line.split()[1])
+    cpu = ""
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    versions = {}
+    for mod in ("s3fs", "botocore", "aiobotocore", "s3torchconnector"):
+        try:
+            versions[mod] = __import__(mod).__version__
+        except (ImportError, AttributeError):
+            versions[mod] = None
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "mem_gib": round(mem_kib / 1024**2, 1),
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+        **versions,
+    }
+
+
+def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> list[dict]:
+    """One row per (operation, contender, link): medians, ranges, ratios."""
+    labs = labels(cfg)
+    rows: list[dict[str, Any]] = []
+    for op in ("save", "load"):
+        for link in cfg.links:
+            base: dict[str, float] = {}
+            for name in cfg.contenders:
+                if op == "load" and name not in LOAD_FNS:
+                    continue
+                walls, cpu, server, link_cpu, moved = [], [], [], [], []
+                for r in range(cfg.repeats):
+                    per_rank = [rounds[r][link][name][op] for rounds in rounds_by_rank]
+                    walls.append(max(p["s"] for p in per_rank))
+                    cpu.append(sum(p["cpu_s"] for p in per_rank))
+                    server.append(per_rank[0].get("server_cpu_s", 0.0))
+                    link_cpu.append(per_rank[0].get("link_cpu_s", 0.0))
+                    moved.append(per_rank[0].get("link_bytes", 0))
+                med = statistics.median(walls)
+                base.setdefault(name, med)
+                lab = labs[name]
+                rows.append(
+                    {
+                        "op": op,
+                        "contender": name,
+                        "label": lab.save if op == "save" else lab.load,
+                        "link": link,
+                        "median_s": med,
+                        "min_s": min(walls),
+                        "max_s": max(walls),
+                        "mb_per_s": cfg.state_bytes / 1e6 / med,
+                        "samples_s": walls,
+                        "client_cpu_s": statistics.median(cpu),
+                        "server_cpu_s": statistics.median(server),
+                        "link_cpu_s": statistics.median(link_cpu),
+                        "link_mb": statistics.median(moved) / 1e6,
+                    }
+                )
+            for row in rows:
+                if row["op"] == op and row["link"] == link:
+                    raw, fsspec = base.get("raw"), base.get("fsspec")
+                    row["pct_of_ceiling"] = 100 * raw / row["median_s"] if raw else None
+                    row["x_fsspec"] = fsspec / row["median_s"] if fsspec else None
+    return rows
+
+
+def format_table(rows: list[dict[str, Any]], op: str) -> str:
+    head = "FsspecWriter" if op == "save" else "FsspecReader"
+    out = [
+        f"| {op} | link | median s | min–max s | MB/s | % of ceiling | × {head} (speed-up) |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        if r["op"] != op:
+            continue
+        pct = "—" if r["pct_of_ceiling"] is None else f"{r['pct_of_ceiling']:.0f} %"
+        x = "—" if r["x_fsspec"] is None else f"{r['x_fsspec']:.2f}"
+        out.append(
+            f"| {r['label']} | {r['link']} | {r['median_s']:.2f} | "
+            f"{r['min_s']:.2f}–{r['max_s']:.2f} | {r['mb_per_s']:.0f} | {pct} | {x} |"
+        )
+    return "\n".join(out)
+
+
+def format_cpu(rows: list[dict[str, Any]]) -> str:
+    """CPU seconds of clients, server and link per operation; MB through the shaped link."""
+    out = [
+        "| contender | op | link | clients CPU s (all ranks) | SeaweedFS CPU s "
+        "| link CPU s | MB through the link |",
+        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    ]
+    for r in rows:
+        shaped = r["link"] == "shaped"
+        proxy = f"{r['link_cpu_s']:.1f}" if shaped else "—"
+        moved = f"{r['link_mb']:.0f}" if shaped else "—"
+        out.append(
+            f"| {r['label']} | {r['op']} | {r['link']} | {r['client_cpu_s']:.1f} | "
+            f"{r['server_cpu_s']:.1f} | {proxy} | {moved} |"
+        )
+    return "\n".join(out)
+
+
+def targets(rows: list[dict[str, Any]]) -> list[str]:
+    """The issue's targets, checked against ckptstore's default and tuned rows."""
+    out = []
+    for r in rows:
+        if r["contender"] not in ("ckptstore", "tuned"):
+            continue
+        if r["link"] == "direct" and r["pct_of_ceiling"] is not None:
+            ok = r["pct_of_ceiling"] >= 90
+            out.append(
+                f"direct {r['op']}: {r['label']} at {r['pct_of_ceiling']:.0f} % of the raw "
+                f"ceiling (target >= 90 %): {'met' if ok else 'MISSED'}"
+            )
+        if r["link"] == "shaped" and r["x_fsspec"] is not None:
+            ok = r["x_fsspec"] >= 3
+            base = "FsspecWriter" if r["op"] == "save" else "FsspecReader"
+            out.append(
+                f"shaped {r['op']}: {r['label']} {r['x_fsspec']:.2f}x faster than {base} "
+                f"(target >= 3x): {'met' if ok else 'MISSED'}"
+            )
+    return out
+
+
+def run(cfg: BenchConfig) -> dict[str, Any]:
+    from shaped_link import ShapedLink
+
+    from ckptstore.testing.dist import run_distributed
+    from ckptstore.testing.seaweedfs import SeaweedFS
+
+    server = SeaweedFS().start()
+    link = None
+    try:
+        server.create_bucket(BUCKET)
+        counters = multiprocessing.get_context("spawn").RawArray("q", 2)
+        link = ShapedLink(
+            server.port,
+            mbps=cfg.link_mbps,
+            latency_ms=cfg.link_latency_ms,
+            counters=counters,
+        )
+        link.start()
+        endpoints = {"direct": server.endpoint, "shaped": link.endpoint}
+        assert server.proc is not None
+        pids = {"server": server.proc.pid, "link": os.getpid()}
+        vacuum = f"http://127.0.0.1:{server.ports['master']}/vol/vacuum?garbageThreshold=0.0001"
+        env = {  # s3torchconnector's CRT client reads credentials from the environment
+            "AWS_ACCESS_KEY_ID": server.key,
+            "AWS_SECRET_ACCESS_KEY": server.secret,
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+        load_before = os.getloadavg()
+        t0 = time.perf_counter()
+        rounds_by_rank = run_distributed(
+            _rank_main, cfg.world, cfg, endpoints, pids, vacuum, counters, timeout=3600, env=env
+        )
+        wall = time.perf_counter() - t0
+        machine = _machine()
+        machine["loadavg_before"] = [round(x, 2) for x in load_before]
+        machine["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        link_stats = link.stats()
+    finally:
+        if link is not None:
+            link.stop()
+        server.stop()
+        _remove_weed_sockets(server.ports)
+    return {
+        "config": asdict(cfg),
+        "transfer_config": {
+            k: {
+                f: getattr(cfg.transfer_config(k == "tuned"), f)
+                for f in ("part_size", "concurrency", "memory_budget")
+            }
+            for k in ("ckptstore", "tuned")
+        },
+        "state_bytes": cfg.state_bytes,
+        "link": {"description": link.describe(), **link_stats},
+        "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "machine": machine,
+        "wall_s": wall,
+        "rows": _summarise(rounds_by_rank, cfg),
+        "orders": [{"order": r["order"], "links": r["links"]} for r in rounds_by_rank[0]],
+        "samples_by_rank": rounds_by_rank,
+    }
+
+
+def _remove_weed_sockets(ports: dict[str, int]) -> None:
+    """weed leaves /tmp/seaweedfs-<service>-grpc-<port>.sock behind when killed: remove ours."""
+    for name, port in ports.items():
+        for path in glob.glob(f"/tmp/seaweedfs-{name}-grpc-{port + 10_000}.sock"):
+            try:
+                os.remove(path)
+            except OSError:
+                pass
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # so that finally: blocks stop the server and the link
+
+
+def _available(names: list[str], cfg_tuned: bool) -> tuple[str, ...]:
+    out = []
+    for n in names:
+        if n == "tuned" and not cfg_tuned:
+            continue
+        if n == "s3torch":
+            try:
+                import_s3torch()
+            except ImportError as exc:
+                print(f"s3torchconnector skipped: {exc}", flush=True)
+                continue
+        out.append(n)
+    return tuple(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size-mib", type=int, default=None, help="total state size (default 1024)")
+    p.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
+    p.add_argument("--repeats", type=int, default=None, help="repeats; median reported (3)")
+    p.add_argument("--tensors-per-rank", type=int, default=8)
+    p.add_argument("--part-mib", type=int, default=0, help="tuned ckptstore row: part size")
+    p.add_argument(
+        "--concurrency", type=int, default=0, help="tuned ckptstore row: parts in flight"
+    )
+    p.add_argument("--link-mbps", type=float, default=200.0, help="shaped link, per connection")
+    p.add_argument("--link-latency-ms", type=float, default=20.0, help="shaped link, one way")
+    p.add_argument("--links", default=",".join(LINKS), help="comma list of direct,shaped")
+    p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma list of ids")
+    p.add_argument("--quick", action="store_true", help="256 MiB and 2 repeats")
+    p.add_argument("--no-warmup", action="store_true")
+    a = p.parse_args(argv)
+    links = tuple(x for x in a.links.split(",") if x)
+    names = [x for x in a.contenders.split(",") if x]
+    for bad in set(links) - set(LINKS) | set(names) - set(CONTENDERS):
+        p.error(f"unknown link or contender {bad!r}")
+    tuned = bool(a.part_mib or a.concurrency)
+    cfg = BenchConfig(
+        size_mib=a.size_mib or (256 if a.quick else 1024),
+        world=a.world,
+        repeats=a.repeats or (2 if a.quick else 3),
+        tensors_per_rank=a.tensors_per_rank,
+        part_mib=a.part_mib,
+        concurrency=a.concurrency,
+        link_mbps=a.link_mbps,
+        link_latency_ms=a.link_latency_ms,
+        links=links,
+        contenders=_available(names, tuned),
+        warmup=not a.no_warmup,
+    )
+    default = cfg.transfer_config(False)
+    print(
+        f"state {cfg.state_bytes / MiB:.0f} MiB = {cfg.world} ranks x {cfg.tensors_per_rank} "
+        f"float32 tensors; {cfg.repeats} repeats; links {', '.join(cfg.links)}; "
+        f"ckptstore default TransferConfig: part {default.part_size // MiB} MiB, "
+        f"concurrency {default.concurrency}, memory budget {default.memory_budget // MiB} MiB",
+        flush=True,
+    )
+    signal.signal(signal.SIGTERM, _sigterm)
+    res = run(cfg)
+    print(f"\nshaped link: {res['link']['description']}")
+    print("\n" + format_table(res["rows"], "save"))
+    print("\n" + format_table(res["rows"], "load"))
+    print("\nCPU and traffic per operation (medians):\n" + format_cpu(res["rows"]))
+    print("\n" + "\n".join(targets(res["rows"])))
+    m = res["machine"]
+    print(
+        f"\nwall {res['wall_s']:.0f} s; machine: {m['nproc']} cores, {m['mem_gib']} GiB; "
+        f"load average (1/5/15 min) before {m['loadavg_before']}, after {m['loadavg_after']}"
+    )
+    os.makedirs(RESULTS_DIR, exist_ok=True)
+    out = os.path.join(RESULTS_DIR, f"bench_objstore-{time.strftime('%Y%m%d-%H%M%S')}.json")
+    with open(out, "w") as f:
+        json.dump(res, f, indent=2)
+    print(f"JSON: {os.path.relpath(out)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
