@@ -13,6 +13,8 @@ kinds:
             CheckpointManager (+staging_dir): blocking and until-committed times
   objstore  bench_objstore.run: SeaweedFS started here; raw PUT/GET ceiling, FsspecWriter,
             ckptstore, s3torchconnector; ``links`` direct and/or shaped
+  objstore_torchsave   rank-0 torch.save + upload vs ckptstore vs FsspecWriter on one
+            SeaweedFS (suite_torchsave_s3.py)
   data      bench_data.main with ``args``: fsspec DataLoader vs ckptstore cold/warm cache
 """
 
@@ -37,6 +39,7 @@ QUICK = {
             "links": ["direct"],
             "contenders": _OBJ,
         },
+        {"kind": "objstore_torchsave", "size_mib": 64, "world": 2, "repeats": 2},
         {"kind": "data", "args": ["--quick", "--step-ms", "50"]},
     ],
 }
@@ -60,6 +63,7 @@ MEDIUM = {
             "links": ["direct", "shaped"],
             "contenders": _OBJ,
         },
+        {"kind": "objstore_torchsave", "size_mib": 512, "world": 2, "repeats": 2},
         {"kind": "data", "args": ["--repeat", "1"]},
     ],
 }

@@ -38,6 +38,7 @@ REFS: dict[str, list[tuple[str, str, str, str]]] = {
     ],
     "objstore": [
         ("× raw ceiling", "objstore", "ceiling", ""),
+        ("× torch.save + upload", "objstore", "*", "rank-0 torch.save"),
         ("× FsspecWriter/Reader", "objstore", "*", "Fsspec"),
         ("× s3torchconnector", "objstore", "*", "s3torchconnector"),
     ],

@@ -298,11 +298,18 @@ def run_data(scn: str, args: list[str], **_: Any) -> list[dict]:
     return out
 
 
+def run_objstore_torchsave(scn: str, **kw: Any) -> list[dict]:
+    from suite_torchsave_s3 import run_objstore_torchsave as run
+
+    return run(scn, **kw)
+
+
 RUNNERS = {
     "floor": run_floor,
     "local": run_local,
     "reshard": run_reshard,
     "async": run_async,
     "objstore": run_objstore,
+    "objstore_torchsave": run_objstore_torchsave,
     "data": run_data,
 }
