@@ -23,11 +23,14 @@ lint: setup
 	$(PY) -m ruff format --check ckptstore tests benchmarks tools plugins
 	$(PY) -m mypy
 
+# The benchmark suite (benchmarks/suite.py, scenarios in benchmarks/suite_config.py); it
+# starts its own SeaweedFS. Results: benchmarks/results/<config>-<time>/ (JSON, report, PNGs).
 bench: setup
-	$(PY) benchmarks/bench_local.py
+	PYTHONPATH=. $(PY) benchmarks/suite.py --config full
 
+# Small version of the same: under 5 minutes on 2 cores.
 bench-quick: setup
-	$(PY) benchmarks/bench_local.py --quick
+	PYTHONPATH=. $(PY) benchmarks/suite.py --config quick
 
 # S3 (a SeaweedFS it starts), direct and through a shaped link; ~20 min here, --quick a few.
 bench-objstore: setup

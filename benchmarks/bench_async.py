@@ -31,6 +31,7 @@ import json
 import os
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from typing import Any
@@ -38,7 +39,11 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from ckptstore.testing.dist import run_distributed
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling rss.py in the ranks
+
+from rss import peak_rss_mib, reset_peak  # noqa: E402 - a sibling module, found via sys.path
+
+from ckptstore.testing.dist import run_distributed  # noqa: E402
 
 TENSORS_PER_RANK = 8
 
@@ -88,12 +93,19 @@ def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) 
         dist.barrier()
         return path
 
+    def peak(name: str) -> None:  # this rank's peak RSS since the last reset_peak()
+        out[name]["peak_rss_mib"] = peak_rss_mib()  # type: ignore[assignment]
+        reset_peak()
+
     # The physical floor: copy_ into preallocated buffers.
+    reset_peak()
     buffers = {k: torch.empty_like(v) for k, v in state.items()}
     for _ in range(saves):
         t = timed_max(lambda: [buffers[k].copy_(v) for k, v in state.items()])
         record("copy_ floor", t, t)
+    peak("copy_ floor")
     buffers.clear()
+    reset_peak()
 
     # Rank-0 torch.save of the gathered state (+ fsync).
     path = fresh("torchsave")
@@ -111,6 +123,7 @@ def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) 
 
         t = timed_max(torch_save)
         record("rank-0 torch.save", t, t)
+    peak("rank-0 torch.save")
 
     # Stock dcp.async_save, default and with a caching DefaultStager.
     cpu_stager = DefaultStager(StagingOptions(False, False, False, False))
@@ -138,6 +151,7 @@ def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) 
             committed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             dist.all_reduce(committed, op=dist.ReduceOp.MAX)
             record(name, blocking, float(committed.item()))
+        peak(name)
     cpu_stager.close()
 
     for name, staging in (("ckptstore manager", None), ("ckptstore manager + staging", "nvme")):
@@ -152,10 +166,13 @@ def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) 
             dist.all_reduce(committed, op=dist.ReduceOp.MAX)
             record(name, blocking, float(committed.item()))
         mgr.close()
+        peak(name)
     return out
 
 
-def summarise(result: dict, total_mib: int) -> list[dict]:
+def summarise(results: list[dict], total_mib: int) -> list[dict]:
+    """One row per contender from every rank's results (times are already max over ranks)."""
+    result = results[0]
     rows = []
     for name, r in result.items():
         steady_b = r["blocking"][1:] or r["blocking"]
@@ -169,6 +186,7 @@ def summarise(result: dict, total_mib: int) -> list[dict]:
                 "blocking_max_s": max(steady_b),
                 "committed_s": statistics.median(steady_c),
                 "gib": total_mib / 1024,
+                "peak_rss_mib": max(res[name].get("peak_rss_mib", 0.0) for res in results),
             }
         )
     floor = next(r["blocking_s"] for r in rows if r["contender"] == "copy_ floor")
@@ -194,6 +212,16 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def run(size_mib: int, world: int, saves: int, parent: str | None = None) -> dict[str, Any]:
+    """Every contender on ``world`` gloo ranks; {"rows": summarise(...), "raw": per rank}."""
+    base = tempfile.mkdtemp(prefix="ckptstore-bench-async-", dir=parent)
+    try:
+        results = run_distributed(bench_rank, world, size_mib // world, saves, base, timeout=1800)
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+    return {"rows": summarise(results, size_mib), "raw": results}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--size-mib", type=int, default=1024, help="total state size (all ranks)")
@@ -204,20 +232,14 @@ def main() -> None:
     args = p.parse_args()
     if args.quick:
         args.size_mib, args.saves = 256, 3
-    base = tempfile.mkdtemp(prefix="ckptstore-bench-async-", dir=args.dir)
-    try:
-        results = run_distributed(
-            bench_rank, args.world, args.size_mib // args.world, args.saves, base, timeout=1800
-        )
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
-    rows = summarise(results[0], args.size_mib)
+    res = run(args.size_mib, args.world, args.saves, args.dir)
+    rows, results = res["rows"], res["raw"]
     print(f"\n{args.size_mib} MiB state on {args.world} gloo ranks, {args.saves} saves each\n")
     print(table(rows))
     os.makedirs("benchmarks/results", exist_ok=True)
     out = f"benchmarks/results/bench_async-{time.strftime('%Y%m%d-%H%M%S')}.json"
     with open(out, "w") as f:
-        json.dump({"args": vars(args), "rows": rows, "raw": results[0]}, f, indent=1)
+        json.dump({"args": vars(args), "rows": rows, "raw": results}, f, indent=1)
     print(f"\nraw results: {out}")
 
 

@@ -45,6 +45,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling rss.py in the ranks
+
 __all__ = ["BenchConfig", "main", "run"]
 
 SAVES = ("torch.save", "stock DCP", "ckptstore")
@@ -166,6 +168,15 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
+def _timed_rss(fn: Callable[[], Any]) -> tuple[float, Any, float]:
+    """``_timed`` plus this rank's peak RSS (MiB) during the operation."""
+    from rss import peak_rss_mib, reset_peak
+
+    reset_peak()
+    secs, out = _timed(fn)
+    return secs, out, peak_rss_mib()
+
+
 def _dir_bytes(path: str) -> int:
     return sum(os.path.getsize(os.path.join(d, f)) for d, _, fs in os.walk(path) for f in fs)
 
@@ -180,16 +191,16 @@ def _one_round(
     out: dict[str, Any] = {}
     for name in order:
         path = os.path.join(base, f"{tag}-{name.replace(' ', '_').replace('.', '_')}")
-        secs, parts = _timed(lambda n=name, p=path: SAVE_FNS[n](state, p, rank, world))
-        out[name] = {"s": secs, **parts}
+        secs, parts, rss = _timed_rss(lambda n=name, p=path: SAVE_FNS[n](state, p, rank, world))
+        out[name] = {"s": secs, "peak_rss_mib": rss, **parts}
         if rank == 0:
             out[name]["bytes_on_disk"] = _dir_bytes(path)
         if name in LOAD_FNS:
             for t in dest.values():
                 t.zero_()
-            secs, _ = _timed(lambda n=name, p=path: LOAD_FNS[n](dest, p))
+            secs, _, rss = _timed_rss(lambda n=name, p=path: LOAD_FNS[n](dest, p))
             ok = all(torch.equal(dest[k], state[k]) for k in state)
-            out[LOADS[name]] = {"s": secs, "bitwise_equal": ok}
+            out[LOADS[name]] = {"s": secs, "peak_rss_mib": rss, "bitwise_equal": ok}
             if not ok:
                 raise AssertionError(f"rank {rank}: {LOADS[name]} is not bitwise equal")
         dist.barrier()
@@ -246,11 +257,13 @@ def _machine(base: str) -> dict[str, Any]:
 def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> dict[str, Any]:
     names = list(SAVES) + [LOADS[n] for n in SAVES if n in LOADS]
     samples: dict[str, list[float]] = {n: [] for n in names}
+    rss: dict[str, list[float]] = {n: [] for n in names}
     extra: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for r in range(cfg.repeats):
         for n in names:
             per_rank = [rounds[r][n] for rounds in rounds_by_rank]
             samples[n].append(max(p["s"] for p in per_rank))
+            rss[n].append(max(p.get("peak_rss_mib", 0.0) for p in per_rank))
             extra[n].append({k: v for k, v in per_rank[0].items() if k != "s"})
     rows = {}
     for n in names:
@@ -261,6 +274,7 @@ def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> 
             "max_s": max(xs),
             "gb_per_s": cfg.state_bytes / 1e9 / statistics.median(xs),
             "samples_s": xs,
+            "peak_rss_mib": max(rss[n]),  # max over ranks and repeats
             "rank0_detail": extra[n],
         }
     for n in names:

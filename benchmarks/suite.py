@@ -1,0 +1,183 @@
+"""The benchmark suite: ckptstore vs torch.save, stock DCP, s3torchconnector and the floors.
+
+    python benchmarks/suite.py --config quick      # make bench-quick: < 5 min on 2 cores
+    python benchmarks/suite.py --config medium     # 1 GiB, world 1/2/4, both links (~15 min)
+    python benchmarks/suite.py --config full       # make bench: adds 4 GiB and 4-rank async
+    python benchmarks/suite.py --config my.json --only local,async
+
+The scenarios are listed in ``suite_config.py``; each runs one of the existing benchmark
+scripts (``bench_local``, ``bench_async``, ``bench_objstore`` with its own SeaweedFS,
+``bench_data``) through its ``run()`` and turns its rows into common records
+(``suite_scenarios.py``). Contenders alternate inside each script. Output, under
+``benchmarks/results/<config>-<timestamp>/``: ``results.json`` (every sample, the config,
+the machine), ``report.md`` (medians, min–max, ratios) and PNG plots. ``--readme`` also
+replaces the "Latest full run" section of ``benchmarks/README.md`` with the report.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+import traceback
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from suite_config import CONFIGS  # noqa: E402 - siblings, found via sys.path
+from suite_report import markdown, plots  # noqa: E402
+from suite_scenarios import RUNNERS  # noqa: E402
+
+__all__ = ["main", "run_suite"]
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS_DIR = os.path.join(HERE, "results")
+README = os.path.join(HERE, "README.md")
+BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
+
+
+def _sh(cmd: str) -> str:
+    try:
+        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ""
+
+
+def machine() -> dict[str, Any]:
+    import torch
+
+    mem = _sh("grep MemTotal /proc/meminfo").split()
+    cpu = _sh("grep -m1 'model name' /proc/cpuinfo").split(":", 1)[-1].strip()
+    df = _sh("df -hT /tmp | tail -1").split()
+    return {
+        "nproc": os.cpu_count(),
+        "cpu": cpu,
+        "mem_gib": round(int(mem[1]) / 1024**2, 1) if len(mem) > 1 else None,
+        "disk": f"/tmp on {df[0]} ({df[1]}, {df[2]})" if len(df) > 2 else "",
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "platform": platform.platform(),
+    }
+
+
+def scenario_id(s: dict[str, Any]) -> str:
+    parts = [s["kind"]]
+    if "size_mib" in s:
+        parts.append(f"{s['size_mib']}MiB")
+    if "world" in s:
+        parts.append(f"w{s['world']}")
+    if s["kind"] == "objstore":
+        parts.append("+".join(s["links"]))
+    if s["kind"] == "data":
+        parts.append(" ".join(s.get("args", [])) or "default")
+    return " ".join(parts)
+
+
+def run_suite(config: dict[str, Any], only: set[str] | None = None) -> dict[str, Any]:
+    recs: list[dict] = []
+    errors: dict[str, str] = {}
+    durations: dict[str, float] = {}
+    before = [round(x, 2) for x in os.getloadavg()]
+    t0 = time.perf_counter()
+    for s in config["scenarios"]:
+        if only and s["kind"] not in only:
+            continue
+        sid = scenario_id(s)
+        print(f"== {sid}", flush=True)
+        t = time.perf_counter()
+        try:
+            opts = {k: v for k, v in s.items() if k != "kind"}
+            recs += RUNNERS[s["kind"]](sid, **opts)
+        except (Exception, BaseException) as exc:  # noqa: BLE001 - report it, run the rest
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            traceback.print_exc()
+            errors[sid] = f"{type(exc).__name__}: {exc}"[:300]
+        durations[sid] = time.perf_counter() - t
+        print(f"   {sid}: {durations[sid]:.0f} s", flush=True)
+    m = machine()
+    m["loadavg_before"] = before
+    m["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    return {
+        "config": config,
+        "command": " ".join(["python", os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "date": time.strftime("%Y-%m-%d %H:%M"),
+        "machine": m,
+        "wall_s": time.perf_counter() - t0,
+        "durations_s": durations,
+        "errors": errors,
+        "records": recs,
+    }
+
+
+def update_readme(report: str, res: dict[str, Any], figs: list[str]) -> None:
+    with open(README) as f:
+        text = f.read()
+    name = res["config"]["name"]
+    label = "full" if name == "full" else f"{name} (not the full matrix: see below)"
+    embeds = "\n".join(f"![{os.path.basename(p)}](figures/{os.path.basename(p)})" for p in figs)
+    section = (
+        f"{BEGIN}\n## Latest full run\n\nConfig **{label}**, {res['date']}, "
+        f"`{res['command']}`.\n\n{report}\n{embeds}\n{END}"
+    )
+    if BEGIN in text:
+        head, rest = text.split(BEGIN, 1)
+        text = head + section + rest.split(END, 1)[1]
+    else:
+        first, _, body = text.partition("\n\n")
+        text = f"{first}\n\n{section}\n\n{body}"
+    with open(README, "w") as f:
+        f.write(text)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--config", default="quick", help="quick, medium, full or a JSON file")
+    p.add_argument("--only", default="", help="comma list of kinds to run (default: all)")
+    p.add_argument("--readme", action="store_true", help="write README's 'Latest full run'")
+    p.add_argument(
+        "--figures",
+        default="save_blocking,throughput",
+        help="with --readme: plots copied to benchmarks/figures/ and embedded",
+    )
+    a = p.parse_args(argv)
+    if a.config in CONFIGS:
+        config = CONFIGS[a.config]
+    else:
+        with open(a.config) as f:
+            config = json.load(f)
+    only = {x for x in a.only.split(",") if x} or None
+    res = run_suite(config, only)
+    outdir = os.path.join(RESULTS_DIR, f"{config['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
+    os.makedirs(outdir, exist_ok=True)
+    with open(os.path.join(outdir, "results.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    report = markdown(res["records"], res)
+    with open(os.path.join(outdir, "report.md"), "w") as f:
+        f.write(report)
+    made = plots(res["records"], outdir)
+    print("\n" + report)
+    print(
+        f"results: {os.path.relpath(outdir)}/ (results.json, report.md, "
+        f"{', '.join(os.path.basename(x) for x in made)})"
+    )
+    if a.readme:
+        import shutil
+
+        figdir = os.path.join(HERE, "figures")
+        os.makedirs(figdir, exist_ok=True)
+        figs = []
+        for want in a.figures.split(","):
+            src = os.path.join(outdir, f"{want}.png")
+            if os.path.exists(src):
+                figs.append(shutil.copy(src, os.path.join(figdir, f"{want}.png")))
+        update_readme(report, res, figs)
+    return 1 if res["errors"] else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
