@@ -21,6 +21,11 @@ __all__ = [
     "TransferError",
     "DurabilityError",
     "StorageFullError",
+    "EmptyDatasetError",
+    "DatasetChangedError",
+    "ShardFormatError",
+    "CacheError",
+    "CacheTooSmallError",
     "missing_dependency",
 ]
 
@@ -75,6 +80,30 @@ class DurabilityError(CkptStoreError, OSError):
 
 class StorageFullError(CkptStoreError, OSError):
     """The destination is out of space (ENOSPC)."""
+
+
+class EmptyDatasetError(CkptStoreError, ValueError):
+    """A dataset URL lists no shards of the requested format, or its shards hold no samples."""
+
+
+class DatasetChangedError(CkptStoreError, RuntimeError):
+    """A shard was deleted or changed on the store after the dataset was listed.
+
+    The data order of a run is fixed by its listing; re-create the dataset (it re-lists) and
+    resume from the last checkpoint, allowing the change explicitly.
+    """
+
+
+class ShardFormatError(CkptStoreError, ValueError):
+    """A shard is not a readable file of the dataset's format (no magic, bad footer)."""
+
+
+class CacheError(CkptStoreError, OSError):
+    """The node-local data cache cannot be used: unwritable, full, or no space freed in time."""
+
+
+class CacheTooSmallError(CkptStoreError, ValueError):
+    """The cache byte budget cannot hold even the largest shard."""
 
 
 def missing_dependency(module: str, extra: str) -> MissingDependencyError:

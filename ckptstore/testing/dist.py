@@ -76,8 +76,13 @@ def run_distributed(
     *args: Any,
     timeout: float = 180.0,
     env: dict[str, str] | None = None,
+    daemon: bool = True,
 ) -> list[Any]:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; their results."""
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; their results.
+
+    ``daemon=False`` lets ranks start child processes of their own (DataLoader workers);
+    the ranks are still killed here on failure or timeout.
+    """
     ctx = mp.get_context("spawn")
     results = ctx.Queue()
     port = free_port()
@@ -85,7 +90,7 @@ def run_distributed(
         ctx.Process(
             target=_entry,
             args=(fn, rank, world_size, port, args, dict(env or {}), results),
-            daemon=True,
+            daemon=daemon,
         )
         for rank in range(world_size)
     ]

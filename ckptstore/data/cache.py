@@ -1,0 +1,500 @@
+"""The node-local shard cache: one directory shared by every process of a node.
+
+Layout under ``cache_dir``::
+
+    budget.lock                 flock'ed (exclusive) around every space decision
+    pressure                    touched by a process waiting for space: others unpin
+    shards/<key>.data           a complete, verified shard
+    shards/<key>.meta           its size, CRC32C and footer digest (written before .data)
+    shards/<key>.data.tmp-*     a download in progress (pre-allocated to the full size)
+    locks/<key>.use             shared-locked by every process reading the shard
+    locks/<key>.dl              exclusively locked by the one process downloading it
+
+Rules: a download is written to a temp file (``posix_fallocate``'d, so space is claimed up
+front and a full disk fails at once), verified (size, footer digest, CRC32C recorded) and
+renamed into place. Space is accounted by summing ``.data`` and temp files; when a new shard
+does not fit the byte budget, the shard needed farthest in the future (per
+:class:`~ckptstore.data.stream.DataOrder`) that nobody holds a ``.use`` lock on is
+evicted. Readers keep shards pinned between batches; a process waiting for space touches
+``pressure`` and every process unpins its idle shards at its next batch (or while it waits
+itself), so pins never starve a waiter. A prefetch may only evict shards needed later than
+the one it fetches. Locks are ``flock`` locks: a crashed process releases them (a forked
+child closes the ones it inherits), and its temp files are removed by the next space
+decision. Each process checks a cached file's CRC32C the first time it opens it and
+re-fetches it on mismatch.
+
+Call order (per process)::
+
+    cache = ShardCache(cache_dir, limit, store, engine, entries, order)
+    h = cache.acquire(i, cursor)          # blocks until shard i is local and verified; pinned
+    ... read h.path ...
+    h.release()                           # evictable again
+    cache.prefetch(i, cursor, distance)   # background: fetch if it fits, never waits
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from ckptstore.data.cachefiles import CacheStats, Lock, Mismatch, fetch_to_file, file_crc32c
+from ckptstore.data.formats import read_index
+from ckptstore.data.stream import DataOrder
+from ckptstore.engine.store import Store
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import (
+    CacheError,
+    CacheTooSmallError,
+    CkptStoreError,
+    DatasetChangedError,
+    StoreNotFoundError,
+    TransferError,
+)
+
+__all__ = ["CacheEntry", "Handle", "ShardCache", "check_limit", "probe_cache_dir"]
+
+log = logging.getLogger(__name__)
+_TMP = ".tmp-"
+
+
+@dataclass(frozen=True)
+class CacheEntry:
+    """What the cache needs to know of one shard: where it lives and what it must be."""
+
+    key: str  # unique per (store, path, size, content digest)
+    path: str  # in the store
+    size: int
+    fmt: str
+    digest: str  # footer digest ("" for raw files)
+    rows: tuple[int, ...]
+
+
+class Handle:
+    """A pinned local shard file: not evicted until :meth:`release`."""
+
+    def __init__(self, path: str, lock: Lock) -> None:
+        self.path = path
+        self._lock: Lock | None = lock
+
+    def release(self) -> None:
+        if self._lock is not None:
+            self._lock.close()
+            self._lock = None
+
+    def __enter__(self) -> Handle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+class ShardCache:
+    """One process's view of a node-local cache directory. See the module docstring."""
+
+    def __init__(
+        self,
+        cache_dir: str,
+        limit: int | None,
+        store: Store,
+        engine: TransferEngine,
+        entries: Sequence[CacheEntry],
+        order: DataOrder,
+        *,
+        horizon: int | None = None,
+        verify: bool = True,
+        wait_timeout: float = 600.0,
+        attempts: int = 3,
+        on_pressure: Callable[[], None] | None = None,
+    ) -> None:
+        self.dir = os.path.abspath(os.path.expanduser(cache_dir))
+        self.limit = limit
+        self.store = store
+        self.engine = engine
+        self.entries = list(entries)
+        self.order = order
+        self.verify = verify
+        self.wait_timeout = wait_timeout
+        self.attempts = attempts
+        self.on_pressure = on_pressure
+        self.stats = CacheStats()
+        n, c = order.num_samples, order.buckets
+        # Look about 16 buckets ahead (at least 64k samples, at most the next epoch's end);
+        # distances are recomputed when the cursor crosses 1/512 of that (cheap per batch).
+        self.horizon = horizon or min(2 * n, max(16 * n // c, 1 << 16))
+        self._quantum = max(1, self.horizon // 512)
+        self._shard_of_key = {e.key: i for i, e in enumerate(self.entries)}
+        self._verified: dict[str, tuple[int, int, int]] = {}
+        self._vlock = threading.Lock()
+        check_limit(limit, self.entries)
+        self._shards, self._locks = probe_cache_dir(self.dir)
+        self._pressure = os.path.join(self.dir, "pressure")
+
+    # -- pressure: a demand read waiting for space asks every process to unpin --------
+    def signal_pressure(self) -> None:
+        try:
+            os.close(os.open(self._pressure, os.O_WRONLY | os.O_CREAT, 0o644))
+            os.utime(self._pressure)
+        except OSError:
+            pass
+
+    def pressure_stamp(self) -> int:
+        """Changes whenever a process of the node waits for cache space (checked per batch)."""
+        try:
+            return os.stat(self._pressure).st_mtime_ns
+        except OSError:
+            return 0
+
+    # -- paths and locks -------------------------------------------------------------
+    def data_path(self, i: int) -> str:
+        return os.path.join(self._shards, self.entries[i].key + ".data")
+
+    def _meta_path(self, key: str) -> str:
+        return os.path.join(self._shards, key + ".meta")
+
+    def _lock(self, key: str, kind: str) -> Lock:
+        return Lock(os.path.join(self._locks, f"{key}.{kind}"))
+
+    def distances(self, cursor: int) -> dict[int, int]:
+        """``{shard: samples from cursor until its next use}`` within the horizon."""
+        base = cursor - cursor % self._quantum
+        uses = self.order.next_use_distances(base, self.horizon)
+        return {s: d - (cursor - base) for s, d in uses.items()}
+
+    # -- reading -------------------------------------------------------------------------
+    def is_cached(self, i: int) -> bool:
+        return os.path.exists(self.data_path(i))
+
+    def acquire(self, i: int, cursor: int) -> Handle:
+        """Pin shard ``i`` locally (downloading it if needed) and return its handle.
+
+        Blocks while another process downloads it or while the budget is full of pinned
+        shards; raises ``CacheError`` after ``wait_timeout`` s.
+        """
+        e = self.entries[i]
+        path = self.data_path(i)
+        use = self._lock(e.key, "use")
+        use.acquire(shared=True)  # from here on nobody evicts the file
+        try:
+            if self._check(e, path) == "ok":
+                self.stats.add(hits=1)
+                return Handle(path, use)
+            t0 = time.monotonic()
+            dl = self._lock(e.key, "dl")
+            dl.acquire(
+                timeout=self.wait_timeout,
+                what=f"download of {e.path}",
+                on_wait=0.05,
+                waiting=self.on_pressure,  # unpin idle shards while another process fetches
+            )
+            try:
+                state = self._check(e, path)  # another process may have fetched it meanwhile
+                if state == "ok":
+                    self.stats.add(hits=1, wait_seconds=time.monotonic() - t0)
+                    return Handle(path, use)
+                if state == "corrupt":
+                    log.warning(
+                        "cached copy of %s is corrupt (size or checksum); re-fetching", e.path
+                    )
+                    self.stats.add(corrupt=1)
+                    self._discard(e.key)
+                self._download(e, cursor, demand=True)
+            finally:
+                dl.close()
+            self.stats.add(misses=1, wait_seconds=time.monotonic() - t0)
+            return Handle(path, use)
+        except BaseException:
+            use.close()
+            raise
+
+    def _check(self, e: CacheEntry, path: str) -> str:
+        """``"ok"``, ``"missing"`` or ``"corrupt"``; the CRC is checked once per process."""
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            return "missing"
+        ident = (st.st_ino, st.st_mtime_ns, st.st_size)
+        with self._vlock:
+            if self._verified.get(e.key) == ident:
+                return "ok"
+        ok = st.st_size == e.size
+        if ok and self.verify:
+            try:
+                with open(self._meta_path(e.key)) as f:
+                    meta = json.load(f)
+                ok = meta.get("size") == e.size and meta.get("crc32c") == file_crc32c(path)
+            except (OSError, ValueError):
+                ok = False
+        if not ok:
+            return "corrupt"
+        with self._vlock:
+            self._verified[e.key] = ident
+        return "ok"
+
+    def _discard(self, key: str) -> None:
+        for p in (os.path.join(self._shards, key + ".data"), self._meta_path(key)):
+            try:
+                os.unlink(p)
+            except FileNotFoundError:
+                pass
+        with self._vlock:
+            self._verified.pop(key, None)
+
+    # -- prefetch ------------------------------------------------------------------------
+    def prefetch(self, i: int, cursor: int, distance: int) -> str:
+        """Fetch shard ``i`` (next needed ``distance`` samples after ``cursor``) if it fits.
+
+        Never waits: returns ``"cached"``, ``"busy"`` (another process is fetching it),
+        ``"full"`` (only shards needed sooner could be evicted) or ``"fetched"``.
+        """
+        e = self.entries[i]
+        if self.is_cached(i):
+            return "cached"
+        dl = self._lock(e.key, "dl")
+        if not dl.try_acquire():
+            return "busy"
+        try:
+            if self.is_cached(i):
+                return "cached"
+            ok = self._download(e, cursor, demand=False, max_distance=distance)
+            return "fetched" if ok else "full"
+        finally:
+            dl.close()
+
+    # -- space ---------------------------------------------------------------------------
+    def _download(
+        self, e: CacheEntry, cursor: int, *, demand: bool, max_distance: int | None = None
+    ) -> bool:
+        """Reserve space, fetch, verify and publish ``e`` (caller holds its ``dl`` lock)."""
+        deadline = time.monotonic() + self.wait_timeout
+        while True:
+            tmp = self._reserve(e, cursor, max_distance if not demand else None)
+            if tmp is not None:
+                break
+            if not demand:
+                return False
+            if self.on_pressure is not None:
+                self.on_pressure()  # let this process unpin what it holds idle
+            self.signal_pressure()  # and ask the node's other processes to do the same
+            if time.monotonic() > deadline:
+                raise CacheError(
+                    f"waited {self.wait_timeout:.0f} s for {e.size} bytes of cache space in "
+                    f"{self.dir} (limit {self.limit}): every cached shard is in use. Raise "
+                    "cache_limit, or use fewer workers or ranks per node"
+                )
+            time.sleep(0.05)
+        try:
+            self._fetch_verified(e, tmp)
+        except CkptStoreError:
+            _unlink(tmp)
+            raise
+        except OSError as exc:  # a local write failed: the cache disk, not the store
+            _unlink(tmp)
+            raise _cache_os_error(exc, self.dir) from exc
+        except BaseException:
+            _unlink(tmp)
+            raise
+        return True
+
+    def _fetch_verified(self, e: CacheEntry, tmp: str) -> None:
+        for attempt in range(1, self.attempts + 1):
+            t0 = time.monotonic()
+            try:
+                crc = fetch_to_file(self.engine, self.store, e.path, e.size, tmp)
+                self._check_copy(e, tmp)
+            except Mismatch as exc:
+                self.stats.add(refetches=1)
+                log.warning("download of %s: %s (attempt %d)", e.path, exc, attempt)
+                if attempt == self.attempts:
+                    self._explain_mismatch(e, exc)
+                    raise
+                continue
+            except StoreNotFoundError as exc:
+                raise _changed(e, "no longer exists on the store") from exc
+            self.stats.add(downloads=1, bytes=e.size, download_seconds=time.monotonic() - t0)
+            meta = {"path": e.path, "size": e.size, "crc32c": crc, "digest": e.digest}
+            meta_tmp = f"{self._meta_path(e.key)}{_TMP}{uuid.uuid4().hex}"
+            with open(meta_tmp, "w") as f:
+                json.dump(meta, f)
+            os.replace(meta_tmp, self._meta_path(e.key))
+            final = os.path.join(self._shards, e.key + ".data")
+            os.replace(tmp, final)
+            st = os.stat(final)
+            with self._vlock:
+                self._verified[e.key] = (st.st_ino, st.st_mtime_ns, st.st_size)
+            return
+
+    def _check_copy(self, e: CacheEntry, tmp: str) -> None:
+        size = os.stat(tmp).st_size
+        if size != e.size:
+            raise Mismatch(f"{size} bytes on disk, {e.size} listed")
+        if e.fmt != "raw":
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                rows, digest = read_index(e.fmt, e.size, lambda off, n: os.pread(fd, n, off))
+            except Exception as exc:  # noqa: BLE001 - any unreadable footer is a mismatch
+                raise Mismatch(f"footer unreadable ({exc})", changed=True) from exc
+            finally:
+                os.close(fd)
+            if digest != e.digest or rows != e.rows:
+                raise Mismatch("footer differs from the listing", changed=True)
+
+    def _explain_mismatch(self, e: CacheEntry, exc: Mismatch) -> None:
+        try:
+            size = self.engine.retry(lambda: self.store.size(e.path), f"stat of {e.path}")
+        except StoreNotFoundError as err:
+            raise _changed(e, "no longer exists on the store") from err
+        if size != e.size:
+            raise _changed(e, f"is now {size} bytes (listed: {e.size})") from exc
+        if exc.changed:
+            raise _changed(e, "has a different footer than when listed") from exc
+        raise TransferError(
+            f"download of {self.store.describe(e.path)} failed verification "
+            f"{self.attempts} times ({exc}); check the store and the network"
+        ) from exc
+
+    def _reserve(self, e: CacheEntry, cursor: int, max_distance: int | None) -> str | None:
+        """Under the budget lock: evict as needed and create the pre-allocated temp file.
+
+        ``max_distance`` None (a demand fetch) may evict any unpinned shard; otherwise only
+        shards next needed later than ``max_distance`` (or not at all). None: no room.
+        """
+        with Lock(os.path.join(self.dir, "budget.lock")) as budget:
+            budget.acquire(timeout=self.wait_timeout, what="cache budget lock")
+            if self.limit is not None:
+                used, cached = self._usage()
+                if used + e.size > self.limit:
+                    far = self.distances(cursor)
+                    inf = float("inf")
+                    victims = sorted(
+                        (k for k in cached if k != e.key),
+                        key=lambda k: -far.get(self._shard_of_key.get(k, -1), inf),
+                    )
+                    for k in victims:
+                        d = far.get(self._shard_of_key.get(k, -1), inf)
+                        if max_distance is not None and d <= max_distance:
+                            break
+                        if self._evict(k):
+                            used -= cached[k]
+                            if used + e.size <= self.limit:
+                                break
+                    if used + e.size > self.limit:
+                        return None
+            return self._create_temp(e)
+
+    def _usage(self) -> tuple[int, dict[str, int]]:
+        """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones."""
+        used, cached = 0, {}
+        with os.scandir(self._shards) as it:
+            for d in it:
+                name = d.name
+                try:
+                    size = d.stat().st_size
+                except FileNotFoundError:
+                    continue
+                if name.endswith(".data"):
+                    cached[name[: -len(".data")]] = size
+                    used += size
+                elif ".data" + _TMP in name:
+                    key = name.split(".data" + _TMP, 1)[0]
+                    lock = self._lock(key, "dl")
+                    if lock.try_acquire():  # nobody downloads it: a crashed process's leftover
+                        lock.close()
+                        _unlink(d.path)
+                    else:
+                        lock.close()
+                        used += size
+        return used, cached
+
+    def _evict(self, key: str) -> bool:
+        use = self._lock(key, "use")
+        if not use.try_acquire():
+            return False  # pinned by a reader
+        try:
+            self._discard(key)
+        finally:
+            use.close()
+        self.stats.add(evictions=1)
+        return True
+
+    def _create_temp(self, e: CacheEntry) -> str:
+        tmp = os.path.join(self._shards, f"{e.key}.data{_TMP}{os.getpid()}-{uuid.uuid4().hex}")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except OSError as exc:
+            raise _cache_os_error(exc, self.dir) from exc
+        try:
+            if e.size:
+                try:
+                    os.posix_fallocate(fd, 0, e.size)
+                except OSError as exc:
+                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                        raise
+                    os.ftruncate(fd, e.size)
+        except OSError as exc:
+            os.close(fd)
+            _unlink(tmp)
+            raise _cache_os_error(exc, self.dir) from exc
+        os.close(fd)
+        return tmp
+
+
+def probe_cache_dir(directory: str) -> tuple[str, str]:
+    """Create the cache layout and prove it writable; ``CacheError`` says what to fix."""
+    shards, locks = os.path.join(directory, "shards"), os.path.join(directory, "locks")
+    try:
+        os.makedirs(shards, exist_ok=True)
+        os.makedirs(locks, exist_ok=True)
+        probe = os.path.join(shards, f".probe{_TMP}{os.getpid()}-{uuid.uuid4().hex}")
+        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+        os.unlink(probe)
+    except OSError as exc:
+        raise _cache_os_error(exc, directory) from exc
+    return shards, locks
+
+
+def check_limit(limit: int | None, entries: Sequence[CacheEntry]) -> None:
+    """Refuse a byte budget that cannot hold the largest shard (it could never make progress)."""
+    if limit is None or not entries:
+        return
+    big = max(entries, key=lambda e: e.size)
+    if big.size > limit:
+        raise CacheTooSmallError(
+            f"cache_limit of {limit} bytes cannot hold shard {big.path} ({big.size} bytes); "
+            f"set cache_limit to at least a few times the largest shard (>= {big.size})"
+        )
+
+
+def _changed(e: CacheEntry, what: str) -> DatasetChangedError:
+    return DatasetChangedError(
+        f"shard {e.path} {what}: the dataset changed after it was listed, so this run's data "
+        "order no longer holds. Re-create the ShardedDataset (it lists again) and resume from "
+        "the last checkpoint with allow_dataset_change=True, or restore the shard"
+    )
+
+
+def _cache_os_error(exc: OSError, directory: str) -> CacheError:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return CacheError(
+            exc.errno,
+            f"cache_dir {directory} is full ({exc.strerror}); free space there or set a "
+            "cache_limit below the free space",
+        )
+    return CacheError(
+        exc.errno or errno.EIO,
+        f"cannot write to cache_dir {directory} ({exc.strerror or exc}); pass a writable "
+        "local directory",
+    )
+
+
+def _unlink(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass

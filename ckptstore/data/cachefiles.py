@@ -1,0 +1,244 @@
+"""Building blocks of the shard cache: flock locks, counters, ranged download into a file.
+
+Kept apart from :mod:`ckptstore.data.cache` so the policy (what to keep, what to evict)
+reads on its own. Nothing here knows about datasets or the data order.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future
+from dataclasses import dataclass, fields
+
+from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.store import Store
+from ckptstore.engine.transfer import TransferEngine, split_ranges
+from ckptstore.errors import CacheError
+
+__all__ = ["CacheStats", "Lock", "Mismatch", "fetch_to_file", "file_crc32c"]
+
+
+class Mismatch(Exception):
+    """Downloaded bytes do not match the listing (truncated, or the object changed).
+
+    ``changed``: the bytes arrived whole but differ (a footer unlike the listed one).
+    """
+
+    def __init__(self, message: str, changed: bool = False) -> None:
+        super().__init__(message)
+        self.changed = changed
+
+
+# Every lock fd this process holds open. A forked child (a DataLoader worker) closes its
+# inherited copies at once: an flock belongs to the open file, so an inherited fd would keep
+# the parent's lock held for as long as the child lives, even after the parent released it.
+_OPEN_FDS: set[int] = set()
+_FDS_LOCK = threading.Lock()
+
+
+def _close_inherited() -> None:
+    global _FDS_LOCK
+    _FDS_LOCK = threading.Lock()
+    for fd in list(_OPEN_FDS):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _OPEN_FDS.clear()
+
+
+# Holding _FDS_LOCK across the fork means no thread is between opening a lock fd and
+# registering it (or unregistering and closing it) when the child is made.
+os.register_at_fork(
+    before=lambda: _FDS_LOCK.acquire(),
+    after_in_parent=lambda: _FDS_LOCK.release(),
+    after_in_child=_close_inherited,
+)
+
+
+class Lock:
+    """An ``flock`` on one lock file: per open file, so it also excludes threads.
+
+    A crashed holder's lock is released by the kernel; a forked child never inherits one.
+    Lock files are never deleted (a deleted-and-recreated lock file would let two holders
+    lock different inodes).
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self._fd: int | None = None
+        self._pid = 0
+
+    def _open(self) -> int:
+        if self._fd is None or self._pid != os.getpid():
+            with _FDS_LOCK:
+                try:
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                except OSError as exc:
+                    raise CacheError(
+                        exc.errno or 0,
+                        f"cannot create lock file {self.path} ({exc.strerror}); the cache_dir "
+                        "must be writable",
+                    ) from exc
+                _OPEN_FDS.add(fd)
+            self._fd, self._pid = fd, os.getpid()
+        return self._fd
+
+    def try_acquire(self, shared: bool = False) -> bool:
+        mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
+        try:
+            fcntl.flock(self._open(), mode)
+        except BlockingIOError:
+            return False
+        return True
+
+    def acquire(
+        self,
+        shared: bool = False,
+        timeout: float | None = None,
+        what: str = "",
+        on_wait: float | None = None,
+        waiting: object = None,
+    ) -> None:
+        """Take the lock; with ``timeout``, poll and raise ``CacheError`` when it passes.
+
+        ``waiting`` (a callable) is called once after ``on_wait`` s of waiting: a holder of
+        other locks releases them there, so two processes never wait on each other.
+        """
+        if timeout is None:
+            fcntl.flock(self._open(), fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
+            return
+        start = time.monotonic()
+        delay = 0.001
+        called = False
+        while not self.try_acquire(shared):
+            waited = time.monotonic() - start
+            if waited > timeout:
+                raise CacheError(
+                    f"waited {timeout:.0f} s for the {what or self.path} lock held by another "
+                    "process; if that process hangs, stop it (a dead process releases its locks)"
+                )
+            if callable(waiting) and not called and on_wait is not None and waited > on_wait:
+                waiting()
+                called = True
+            time.sleep(delay)
+            delay = min(0.02, delay * 2)
+
+    def close(self) -> None:
+        """Release the lock (closing the file releases the flock)."""
+        fd, self._fd = self._fd, None
+        if fd is not None and self._pid == os.getpid():  # a parent's fd is not ours to close
+            with _FDS_LOCK:
+                _OPEN_FDS.discard(fd)
+                os.close(fd)
+
+    def __enter__(self) -> Lock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+@dataclass
+class CacheStats:
+    """Counters of one process's cache activity (thread-safe through :meth:`add`)."""
+
+    hits: int = 0  # shard found cached and intact
+    misses: int = 0  # shard fetched (or waited for) on demand
+    downloads: int = 0  # shard files downloaded (demand + prefetch)
+    bytes: int = 0  # bytes downloaded
+    download_seconds: float = 0.0  # summed over downloads
+    wait_seconds: float = 0.0  # demand reads waiting on a download
+    evictions: int = 0
+    corrupt: int = 0  # cached copies that failed verification
+    refetches: int = 0  # downloads retried after a size / footer mismatch
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+        self._taken = {f.name: 0 for f in fields(self)}
+
+    def add(self, **counts: float) -> None:
+        with self._lock:
+            for k, v in counts.items():
+                setattr(self, k, getattr(self, k) + v)
+
+    def snapshot(self) -> dict[str, float]:
+        with self._lock:
+            return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    def take_delta(self) -> dict[str, float]:
+        """Counts since the previous call (what a worker ships with each batch)."""
+        with self._lock:
+            now = {f.name: getattr(self, f.name) for f in fields(self)}
+            delta = {k: v - self._taken[k] for k, v in now.items() if v != self._taken[k]}
+            self._taken = now
+            return delta
+
+
+def fetch_to_file(engine: TransferEngine, store: Store, path: str, size: int, dest: str) -> int:
+    """Download ``size`` bytes of ``path`` into the (pre-allocated) file ``dest``.
+
+    Parallel ranged GETs of ``engine.config.part_size`` on the engine's pool and retry
+    policy, at most
+    ``engine.config.concurrency`` in flight, each written at its offset as it arrives (memory
+    stays bounded for any shard size). Returns the CRC32C of the whole file. Raises
+    :class:`Mismatch` if a range comes back short (truncated or replaced object).
+    """
+    part = engine.config.part_size
+    ranges = split_ranges(0, size, part)
+    if ranges:  # one byte past the listed end too: an object that grew is caught as well
+        ranges[-1] = (ranges[-1][0], size + 1)
+    pending: deque[tuple[int, int, Future[bytes]]] = deque()
+    crc = 0
+    what = f"download of {store.describe(path)}"
+
+    def get(start: int, end: int) -> Future[bytes]:
+        return engine.pool.submit(engine.retry, lambda: store.get(path, start, end), what)
+
+    fd = os.open(dest, os.O_WRONLY)
+    try:
+        it = iter(ranges)
+        for start, end in it:
+            pending.append((start, end, get(start, end)))
+            if len(pending) >= engine.config.concurrency:
+                break
+        while pending:
+            start, end, fut = pending.popleft()
+            data = fut.result()
+            if len(data) != min(end, size) - start:
+                raise Mismatch(
+                    f"range [{start}, {min(end, size)}) returned {len(data)} bytes (a truncated "
+                    "download, or the object changed size)"
+                )
+            nxt = next(it, None)
+            if nxt is not None:
+                pending.append((nxt[0], nxt[1], get(*nxt)))
+            view = memoryview(data)
+            pos = 0
+            while pos < len(view):
+                pos += os.pwrite(fd, view[pos:], start + pos)
+            crc = crc32c(data, crc)  # ranges complete in order: continue the running CRC
+    except BaseException:
+        for _, _, f in pending:
+            f.cancel()
+        raise
+    finally:
+        os.close(fd)
+    return crc
+
+
+def file_crc32c(path: str, chunk: int = 8 << 20) -> int:
+    """CRC32C of a whole local file, read in chunks."""
+    value = 0
+    with open(path, "rb", buffering=0) as f:
+        buf = bytearray(chunk)
+        view = memoryview(buf)
+        while True:
+            n = f.readinto(buf)
+            if not n:
+                return value
+            value = crc32c(view[:n], value)

@@ -1,0 +1,293 @@
+"""Shard formats: read a shard's index from its footer, and samples from a local copy.
+
+Three formats (a *group* is what is decoded at once):
+
+- ``parquet``: a sample is a row; a group is a row group. The index comes from the footer.
+- ``arrow`` (Arrow IPC *file* format, Feather v2): a sample is a row; a group is a record
+  batch. The index comes from the footer plus each batch's message header (a few hundred
+  bytes each); bodies are never read.
+- ``raw``: a sample is a whole file (``{"path": ..., "data": bytes}``); one group of one.
+
+Call order::
+
+    rows, digest = read_index(fmt, size, read)     # read(offset, length) -> bytes, remote or local
+    reader = open_reader(fmt, local_path, shard_path, rows, columns, groups)
+    samples = reader.take([3, 0, 7])                # rows of the shard, in the order asked
+    reader.close()
+
+``digest`` (SHA-256 of the footer) identifies a shard's content cheaply: it enters the
+dataset fingerprint and is checked again on the downloaded copy.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import struct
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+
+from ckptstore.errors import ShardFormatError, missing_dependency
+
+__all__ = [
+    "FORMATS",
+    "EXTENSIONS",
+    "GroupCache",
+    "ShardReader",
+    "open_reader",
+    "preload",
+    "read_index",
+]
+
+FORMATS = ("parquet", "arrow", "raw")
+EXTENSIONS = {"parquet": (".parquet", ".parq", ".pq"), "arrow": (".arrow", ".feather", ".ipc")}
+_TAIL = 64 * 1024
+_ARROW_MAGIC = b"ARROW1"
+
+ReadFn = Callable[[int, int], bytes]
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+    except ImportError as exc:
+        raise missing_dependency("pyarrow", "data") from exc
+    return pyarrow
+
+
+def _tail(size: int, read: ReadFn, magic: bytes, what: str) -> tuple[bytes, int]:
+    """The footer bytes before ``<int32 length><magic>`` at the end of a file."""
+    trailer = 4 + len(magic)
+    if size < trailer + 4:
+        raise ShardFormatError(f"{what}: {size} bytes is too short to be a {what} file")
+    tail = read(max(0, size - _TAIL), min(size, _TAIL))
+    if len(tail) < trailer or tail[-len(magic) :] != magic:
+        raise ShardFormatError(f"{what}: no {magic.decode()} magic at the end; not a {what} file")
+    flen = int.from_bytes(tail[-trailer : -len(magic)], "little", signed=True)
+    if flen <= 0 or flen + trailer > size:
+        raise ShardFormatError(f"{what}: footer length {flen} does not fit the file")
+    if flen + trailer > len(tail):
+        tail = read(size - flen - trailer, flen + trailer)
+    return bytes(tail[-(flen + trailer) : -trailer]), flen
+
+
+def _parquet_index(size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
+    pa = _pyarrow()
+    import pyarrow.parquet as pq
+
+    footer, _ = _tail(size, read, b"PAR1", "Parquet")
+    blob = footer + len(footer).to_bytes(4, "little") + b"PAR1"
+    try:
+        md = pq.read_metadata(pa.BufferReader(blob))
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad footers
+        raise ShardFormatError(f"Parquet: unreadable footer ({exc})") from exc
+    rows = tuple(int(md.row_group(i).num_rows) for i in range(md.num_row_groups))
+    return rows, hashlib.sha256(footer).hexdigest()
+
+
+# --- Arrow IPC: just enough FlatBuffers to read the footer's blocks and batch lengths ----
+
+
+def _field(buf: bytes, table: int, field: int) -> int | None:
+    """Absolute position of ``field`` of the FlatBuffers table at ``table`` (None: absent)."""
+    vtable = table - struct.unpack_from("<i", buf, table)[0]
+    vt_size = struct.unpack_from("<H", buf, vtable)[0]
+    slot = 4 + 2 * field
+    if slot + 2 > vt_size:
+        return None
+    off = struct.unpack_from("<H", buf, vtable + slot)[0]
+    return table + off if off else None
+
+
+def _deref(buf: bytes, pos: int) -> int:
+    return pos + struct.unpack_from("<I", buf, pos)[0]
+
+
+def _arrow_blocks(footer: bytes) -> list[tuple[int, int]]:
+    """``(offset, metadata_length)`` of each record batch, from the IPC footer."""
+    root = _deref(footer, 0)
+    pos = _field(footer, root, 3)  # Footer.recordBatches: [Block]
+    if pos is None:
+        return []
+    vec = _deref(footer, pos)
+    n = struct.unpack_from("<I", footer, vec)[0]
+    out = []
+    for i in range(n):  # struct Block { offset: long; metaDataLength: int; bodyLength: long }
+        offset, meta_len = struct.unpack_from("<qi", footer, vec + 4 + 24 * i)
+        out.append((offset, meta_len))
+    return out
+
+
+def _batch_length(message: bytes) -> int:
+    """``RecordBatch.length`` (rows) from an encapsulated IPC message header."""
+    start = 8 if message[:4] == b"\xff\xff\xff\xff" else 4
+    buf = message[start:]
+    root = _deref(buf, 0)
+    kind = _field(buf, root, 1)  # Message.header_type
+    if kind is None or buf[kind] != 3:  # MessageHeader.RecordBatch
+        raise ShardFormatError("Arrow IPC: a footer block is not a record batch")
+    header = _field(buf, root, 2)
+    if header is None:
+        raise ShardFormatError("Arrow IPC: record batch message without a header")
+    batch = _deref(buf, header)
+    length = _field(buf, batch, 0)  # RecordBatch.length
+    return 0 if length is None else int(struct.unpack_from("<q", buf, length)[0])
+
+
+def _arrow_index(size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
+    footer, _ = _tail(size, read, _ARROW_MAGIC, "Arrow IPC")
+    try:
+        blocks = _arrow_blocks(footer)
+        rows = tuple(_batch_length(bytes(read(off, n))) for off, n in blocks)
+    except (struct.error, IndexError) as exc:
+        raise ShardFormatError(f"Arrow IPC: malformed footer or batch header ({exc})") from exc
+    return rows, hashlib.sha256(footer).hexdigest()
+
+
+def preload(fmt: str) -> None:
+    """Import what reading ``fmt`` needs, now, on the calling (main) thread.
+
+    A module still being imported by a background thread when DataLoader workers are
+    forked stays locked forever in the children; importing up front avoids that.
+    """
+    if fmt in ("parquet", "arrow"):
+        _pyarrow()
+        import pyarrow.ipc  # noqa: F401
+        import pyarrow.parquet  # noqa: F401
+
+
+def read_index(fmt: str, size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
+    """``(rows per group, footer digest)`` of a shard of ``size`` bytes.
+
+    ``read(offset, length)`` returns bytes of the shard (ranged GETs or local preads); only
+    the footer (and for Arrow, batch headers) is read. Raw files: ``((1,), "")``.
+    Raises ``ShardFormatError`` for a file that is not of ``fmt``.
+    """
+    if fmt == "parquet":
+        return _parquet_index(size, read)
+    if fmt == "arrow":
+        return _arrow_index(size, read)
+    if fmt == "raw":
+        return (1,), ""
+    raise ShardFormatError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
+
+
+# --- local readers ---------------------------------------------------------------------------
+
+
+class GroupCache:
+    """A byte-bounded LRU of decoded groups (pyarrow tables), shared by a process's readers."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[tuple[str, int], tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: tuple[str, int], load: Callable[[], Any]) -> Any:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is not None:
+                self._items.move_to_end(key)
+                return hit[0]
+        table = load()
+        nbytes = int(table.nbytes)
+        with self._lock:
+            if key not in self._items:
+                self._items[key] = (table, nbytes)
+                self._bytes += nbytes
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, (_, n) = self._items.popitem(last=False)
+                self._bytes -= n
+        return table
+
+    def drop(self, shard_key: str) -> None:
+        """Forget every group of one shard."""
+        with self._lock:
+            for key in [k for k in self._items if k[0] == shard_key]:
+                self._bytes -= self._items.pop(key)[1]
+
+
+class ShardReader:
+    """Samples of one local shard file. ``take`` decodes each needed group once (cached)."""
+
+    def __init__(
+        self, key: str, rows: Sequence[int], groups: GroupCache, load: Callable[[int], Any]
+    ) -> None:
+        self.key = key
+        self.offsets = np.cumsum((0, *rows), dtype=np.int64)
+        self._groups = groups
+        self._load = load
+
+    def take(self, indices: Sequence[int]) -> list[Any]:
+        """Rows ``indices`` of the shard as dicts ``{column: value}``, in the order given."""
+        idx = np.asarray(indices, dtype=np.int64)
+        group = np.searchsorted(self.offsets, idx, side="right") - 1
+        out: list[Any] = [None] * len(idx)
+        for g in np.unique(group).tolist():
+            where = np.flatnonzero(group == g)
+            table = self._groups.get((self.key, g), functools.partial(self._load, g))
+            local = idx[where] - self.offsets[g]
+            for pos, row in zip(where.tolist(), table.take(local).to_pylist()):
+                out[pos] = row
+        return out
+
+    def close(self) -> None:
+        """Drop references to the file (mapped memory is released when unreferenced)."""
+        self._load = _closed
+
+
+def _closed(_group: int) -> Any:
+    raise ShardFormatError("read from a closed shard reader")
+
+
+class _RawReader(ShardReader):
+    """A raw file is one sample: ``{"path": <path in the dataset>, "data": bytes}``."""
+
+    def __init__(self, local_path: str, shard_path: str) -> None:
+        self.shard_path = shard_path
+        self._file: Any = open(local_path, "rb")  # noqa: SIM115 - held until close()
+
+    def take(self, indices: Sequence[int]) -> list[Any]:
+        self._file.seek(0)
+        data = self._file.read()
+        return [{"path": self.shard_path, "data": data} for _ in indices]
+
+    def close(self) -> None:
+        self._file.close()
+
+
+def open_reader(
+    fmt: str,
+    local_path: str,
+    shard_path: str,
+    rows: Sequence[int],
+    columns: Sequence[str] | None,
+    groups: GroupCache,
+    key: str,
+) -> ShardReader:
+    """A reader over a verified local copy (memory-mapped; nothing is read until ``take``)."""
+    if fmt == "raw":
+        return _RawReader(local_path, shard_path)
+    pa = _pyarrow()
+    cols = list(columns) if columns is not None else None
+    if fmt == "parquet":
+        import pyarrow.parquet as pq
+
+        pf = pq.ParquetFile(local_path, memory_map=True)
+        return ShardReader(key, rows, groups, lambda g: pf.read_row_group(g, columns=cols))
+    if fmt == "arrow":
+        import pyarrow.ipc as ipc
+
+        reader = ipc.open_file(pa.memory_map(local_path, "r"))
+
+        def load(g: int) -> Any:
+            batch = reader.get_batch(g)
+            return batch.select(cols) if cols is not None else batch
+
+        return ShardReader(key, rows, groups, load)
+    raise ShardFormatError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
