@@ -226,6 +226,21 @@ def test_rng_state_on_another_world_size_reseeds_with_a_warning() -> None:
     assert torch.equal(torch.rand(2), a)
 
 
+def test_rng_state_saves_its_streams_again_after_a_resize_restore() -> None:
+    """After a restore from 4 ranks onto 1, the next checkpoint must carry this rank's
+    streams: a restart on the new world size loads them (it failed with a missing key)."""
+    rng = RNGState(seed=3)
+    rng.expect_world_size(4)
+    with pytest.warns(UserWarning, match="re-seeded"):
+        rng.load_state_dict({"world_size": 4})
+    saved = rng.state_dict()
+    assert "rank0" in saved
+    a = torch.rand(2)
+    rng.expect_world_size(1)
+    rng.load_state_dict(saved)
+    assert torch.equal(torch.rand(2), a)
+
+
 @pytest.fixture
 def tiny_disk(tmp_path):
     """A real 1 MiB tmpfs (needs root; skipped where mount is not allowed)."""
