@@ -7,6 +7,8 @@ Call order::
     step = mgr.restore(state)        # newest committed + verified step (falls back past a
                                      # corrupt one), or None on a fresh run; the loop goes on
                                      # at step + 1
+                                     # (rank 0 first finishes commits a crash cut short
+                                     # after their marker: canonical manifest/.metadata)
     mgr.save(step, state)            # returns once the state is copied to the staging buffer;
                                      # serialisation, upload and commit run in the background
     mgr.preemption_requested()       # all ranks agree whether SIGTERM arrived anywhere
@@ -46,7 +48,7 @@ from ckptstore.config import TransferConfig
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.staged import StagedWriter, local_tier_matches
 from ckptstore.dcp.writer import CkptWriter
-from ckptstore.engine.commit import delete_checkpoint
+from ckptstore.engine.commit import delete_checkpoint, finish_publish
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -326,6 +328,8 @@ class CheckpointManager:
         warning naming what was wrong. Returns the step loaded, or None if there is none.
         """
         self.wait()
+        if self.rank == 0:
+            self._finish_commits()
         candidates = self._broadcast(
             [step] if step is not None else list(committed_steps(self.root, newest_first=True))
         )
@@ -346,6 +350,19 @@ class CheckpointManager:
                 stacklevel=2,
             )
         return None
+
+    def _finish_commits(self) -> None:
+        """Write the canonical copies a crash right after a marker left out (rank 0)."""
+        for step in committed_steps(self.root):
+            try:
+                if finish_publish(self.root.child(step_name(step)), self.engine):
+                    log.warning(
+                        "step %d was committed by a process that died before writing its "
+                        "canonical manifest and .metadata; they are written now",
+                        step,
+                    )
+            except CkptStoreError as exc:  # the restore below decides what is loadable
+                log.warning("could not finish the commit of step %d: %s", step, exc)
 
     def _try_load(self, step: int, state: dict[str, Any]) -> CkptStoreError | None:
         error: CkptStoreError | None = None

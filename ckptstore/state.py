@@ -6,9 +6,10 @@ states of *this* rank under the key ``rank<r>``, so each rank restores its own s
 
 Call order on restore (``CheckpointManager`` does it): ``expect_world_size(n)`` with the
 checkpoint's world size, then DCP calls ``state_dict()`` (to learn what to load) and
-``load_state_dict()``. On the same world size every rank gets its exact streams back; on
-a different one the old per-rank streams mean nothing, so every rank re-seeds
-deterministically from ``(seed, rank)`` and a warning says so.
+``load_state_dict()``, which ends the expectation: later ``state_dict()`` calls (saves) hold
+this rank's streams on the current world size. On the same world size every rank gets its
+exact streams back; on a different one the old per-rank streams mean nothing, so every rank
+re-seeds deterministically from ``(seed, rank)`` and a warning says so.
 """
 
 from __future__ import annotations
@@ -75,7 +76,12 @@ class RNGState:
     def load_state_dict(self, state: dict[str, Any]) -> None:
         rank, world = _rank()
         key = f"rank{rank}"
-        if key in state and self._same_world():
+        same = self._same_world()
+        # The expected world size describes this load only: the checkpoints saved from now
+        # on must hold this rank's streams again (else a restart on the new world size has
+        # nothing to load).
+        self._saved_world_size = None
+        if key in state and same:
             restore_rng(state[key])
             return
         warnings.warn(

@@ -14,8 +14,10 @@ Call order on the coordinator, after every rank's data files are durable::
 
 A checkpoint exists only if COMMITTED exists and the manifest it names matches its CRC.
 ``open_committed`` finds the manifest and ``.metadata`` through the marker: the canonical
-copy when it matches, else the attempt's own copy (a crash between steps 3 and 4).
-Listing never decides completeness.
+copy when it matches, else the attempt's own copy (a crash between steps 3 and 4), and says
+which (``Committed.canonical``). ``finish_publish`` redoes steps 4 and 5 for such a
+checkpoint (``CheckpointManager.restore`` runs it on the next start), so stock readers and
+``ckptstore-tool verify`` see it whole again. Listing never decides completeness.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ __all__ = [
     "attempt_manifest_name",
     "attempt_metadata_name",
     "publish",
+    "finish_publish",
     "open_committed",
     "checkpoint_status",
     "is_committed",
@@ -68,6 +71,8 @@ class Committed:
     marker: Marker
     manifest: Manifest
     metadata_bytes: bytes
+    manifest_bytes: bytes = b""
+    canonical: bool = True  # the canonical manifest and .metadata are the committed ones
 
 
 def publish(
@@ -99,13 +104,43 @@ def publish(
             "attempt's files were removed and the other checkpoint is kept."
         ) from None
     crashpoint("after_marker")
+    _publish_canonical(store, engine, attempt, manifest, manifest_bytes, metadata_bytes)
+    return marker
+
+
+def _publish_canonical(
+    store: Store,
+    engine: TransferEngine,
+    attempt: str,
+    manifest: Manifest,
+    manifest_bytes: bytes,
+    metadata_bytes: bytes,
+) -> None:
+    """Steps 4 and 5: canonical copies, then delete what no committed file needs."""
     engine.put(store, MANIFEST_NAME, manifest_bytes)
     engine.put(store, METADATA_NAME, metadata_bytes)
+    own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)] if attempt else []
     keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, *own, *manifest.files}
     for name in store.find():
         if name not in keep:
             store.delete(name)
-    return marker
+
+
+def finish_publish(store: Store, engine: TransferEngine) -> bool:
+    """Complete a publish cut short after its marker (steps 4 and 5); True if it was.
+
+    Idempotent and a no-op for a checkpoint whose canonical copies are the committed ones.
+    Raises Incomplete/CorruptCheckpointError as ``open_committed`` does.
+    """
+    committed = open_committed(store)
+    if committed.canonical:
+        return False
+    c = committed
+    _publish_canonical(
+        store, engine, c.marker.attempt, c.manifest, c.manifest_bytes, c.metadata_bytes
+    )
+    log.info("%s: finished a commit cut short after its marker (canonical copies)", store.url)
+    return True
 
 
 def _read_marker(store: Store) -> Marker:
@@ -120,14 +155,14 @@ def _read_marker(store: Store) -> Marker:
     return Marker.from_bytes(data, store.describe(MARKER_NAME))
 
 
-def _get_first(store: Store, names: list[str], ok: object) -> bytes | None:
+def _get_first(store: Store, names: list[str], ok: object) -> tuple[str, bytes] | None:
     for name in names:
         try:
             data = store.get(name)
         except StoreNotFoundError:
             continue
         if ok(data):  # type: ignore[operator]
-            return data
+            return name, data
     return None
 
 
@@ -135,12 +170,13 @@ def open_committed(store: Store) -> Committed:
     """Open a committed checkpoint, or raise Incomplete/CorruptCheckpointError saying why."""
     marker = _read_marker(store)
     names = [MANIFEST_NAME] + ([attempt_manifest_name(marker.attempt)] if marker.attempt else [])
-    manifest_bytes = _get_first(store, names, marker.matches)
-    if manifest_bytes is None:
+    found = _get_first(store, names, marker.matches)
+    if found is None:
         raise CorruptCheckpointError(
             f"{store.url}: the manifest does not match the checksum in {MARKER_NAME} (or is "
             "missing); the checkpoint is damaged. Restore the previous checkpoint."
         )
+    manifest_name, manifest_bytes = found
     manifest = Manifest.from_bytes(manifest_bytes, store.describe(MANIFEST_NAME))
     entry = manifest.files.get(METADATA_NAME)
     if entry is None:
@@ -150,13 +186,15 @@ def open_committed(store: Store) -> Committed:
     def metadata_ok(data: bytes) -> bool:
         return len(data) == entry.size and crc32c(data) == entry.crc32c
 
-    metadata_bytes = _get_first(store, names, metadata_ok)
-    if metadata_bytes is None:
+    got = _get_first(store, names, metadata_ok)
+    if got is None:
         raise CorruptCheckpointError(
             f"{store.describe(METADATA_NAME)} is missing or does not match the manifest; the "
             "checkpoint is damaged. Restore the previous checkpoint."
         )
-    return Committed(marker, manifest, metadata_bytes)
+    metadata_name, metadata_bytes = got
+    canonical = manifest_name == MANIFEST_NAME and metadata_name == METADATA_NAME
+    return Committed(marker, manifest, metadata_bytes, manifest_bytes, canonical)
 
 
 def is_committed(store: Store) -> bool:

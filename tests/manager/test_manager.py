@@ -123,6 +123,37 @@ def test_torn_leftovers_are_cleaned_after_a_newer_commit(tmp_path) -> None:
     assert [e.step for e in list_steps(LocalStore(root))] == [2]
 
 
+def test_restore_finishes_a_commit_cut_short_after_its_marker(tmp_path) -> None:
+    """A kill between COMMITTED and the canonical copies (FAULTS row 3): the step is valid
+    and restored; the next start writes its canonical manifest and .metadata, so stock DCP
+    readers and verification see it whole, and removes a torn attempt's leftovers."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint import load as dcp_load
+
+    from ckptstore.engine.verify import verify_checkpoint
+
+    root = str(tmp_path)
+    with CheckpointManager(root, keep=KeepLast(3)) as mgr:
+        for step in (1, 2):
+            mgr.save(step, state(float(step)))
+    d = os.path.join(root, step_name(2))
+    for name in ("ckptstore.manifest.json", ".metadata"):
+        os.remove(os.path.join(d, name))
+    with open(os.path.join(d, "__1_0.0badattempt.distcp"), "wb") as f:
+        f.write(b"torn")
+    ckpt = LocalStore(d)
+    assert not verify_checkpoint(ckpt).ok
+    out = state(0.0)
+    with CheckpointManager(root) as mgr:
+        assert mgr.restore(out) == 2
+    assert torch.equal(out["w"], state(2.0)["w"])
+    assert verify_checkpoint(ckpt).ok
+    assert "__1_0.0badattempt.distcp" not in os.listdir(d)
+    stock = {"w": torch.zeros(1000)}
+    dcp_load(stock, storage_reader=FileSystemReader(d), no_dist=True)
+    assert torch.equal(stock["w"], state(2.0)["w"])
+
+
 def test_two_managers_on_one_root_commit_each_step_once(tmp_path) -> None:
     root = str(tmp_path)
     a, b = CheckpointManager(root), CheckpointManager(root)
@@ -194,6 +225,21 @@ def test_rng_state_on_another_world_size_reseeds_with_a_warning() -> None:
     a = torch.rand(2)
     with pytest.warns(UserWarning):
         rng.load_state_dict(saved)
+    assert torch.equal(torch.rand(2), a)
+
+
+def test_rng_state_saves_its_streams_again_after_a_resize_restore() -> None:
+    """After a restore from 4 ranks onto 1, the next checkpoint must carry this rank's
+    streams: a restart on the new world size loads them (it failed with a missing key)."""
+    rng = RNGState(seed=3)
+    rng.expect_world_size(4)
+    with pytest.warns(UserWarning, match="re-seeded"):
+        rng.load_state_dict({"world_size": 4})
+    saved = rng.state_dict()
+    assert "rank0" in saved
+    a = torch.rand(2)
+    rng.expect_world_size(1)
+    rng.load_state_dict(saved)
     assert torch.equal(torch.rand(2), a)
 
 
