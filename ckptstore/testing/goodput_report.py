@@ -38,10 +38,10 @@ __all__ = ["Phase", "Failure", "GoodputAccount", "account", "plot_timeline"]
 COUNTED = ("startup", "train", "redone", "blocking", "restart", "resize", "shutdown")
 
 _POINTS = {
-    "after_shards": "save: shard written to local staging, not yet uploaded",
-    "mid_upload": "save: background upload, first part sent",
-    "before_marker": "save: manifest + .metadata written, COMMITTED not yet",
-    "after_marker": "save: COMMITTED written, before cleanup",
+    "after_shards": "a save: its shard written to local staging, not yet uploaded",
+    "mid_upload": "a save's background upload (first part sent)",
+    "before_marker": "a save's commit: manifest and .metadata written, COMMITTED not yet",
+    "after_marker": "a save's commit: COMMITTED written, canonical copies not yet",
 }
 
 
@@ -182,12 +182,12 @@ def _phase_at(a: Attempt, t: float) -> str:
     saves = a.events("save")
     for e in saves:
         if e["t0"] <= t <= e["t1"]:
-            return f"save of step {e['step']}: staging copy (blocking)"
+            return f"the save of step {e['step']}: its staging copy (blocking)"
     done = {e["step"]: e["t"] for e in a.events("commit")}
     for e in reversed(saves):
         if e["t1"] <= t and (e["step"] not in done or done[e["step"]] >= t) and e["saved"]:
-            return f"between steps, save of step {e['step']} uploading in the background"
-    return "between steps"
+            return f"training, while step {e['step']}'s save uploads in the background"
+    return "training, between steps"
 
 
 def account(result: ChaosResult, attempts: list[Attempt], interval_steps: int) -> GoodputAccount:

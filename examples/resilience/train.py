@@ -232,8 +232,10 @@ def main(argv: list[str] | None = None) -> None:
 
     def report_commits() -> None:
         nonlocal logged
-        while logged < len(mgr.records) and mgr.records[logged].status != "writing":
+        while logged < len(mgr.records):
             r = mgr.records[logged]
+            if r.status == "writing" or (r.status != "skipped" and not r.total_s):
+                break  # still in flight (its timings are set last)
             log.write(
                 "commit",
                 step=r.step,

@@ -8,8 +8,9 @@ harness is ``ckptstore.testing.chaos``. Three checks:
    the commit marker) and one at a random time: the final model, optimizer and RNG states
    are bitwise those of an uninterrupted run, and every sample is consumed exactly once
    per epoch.
-2. Resize 2 -> 3 -> 1 processes mid-epoch with the same global batch: exactly-once data, the
-   same global batches step by step, and the model within a justified tolerance.
+2. Resize 2 -> 3 -> 1 processes mid-epoch with the same global batch (and a kill on 3):
+   exactly-once data, the same global batches step by step, and the model within a
+   justified tolerance.
 3. In both: every restore loaded exactly a state that was saved (no torn checkpoint is ever
    restored), and every committed checkpoint verifies byte by byte and loads in full to the
    state saved at its step.
@@ -141,14 +142,21 @@ def test_resize_2_3_1_mid_epoch_is_exactly_once_and_matches_within_reduction_noi
     ref_dir, ref_attempts = reference_no_dropout
     d = str(tmp_path)
     # Stop by SIGTERM to torchrun (a scheduler's preemption) at steps 15 and 30: mid-epoch
-    # (an epoch is 20 steps). Per-rank batch: 6 on 2 ranks, 4 on 3, 12 on 1.
-    segments = [Segment(2, stop_at_step=15), Segment(3, stop_at_step=30), Segment(1)]
+    # (an epoch is 20 steps). Per-rank batch: 6 on 2 ranks, 4 on 3, 12 on 1. On 3 ranks the
+    # second save is killed mid-upload, so that group restarts from a checkpoint it wrote
+    # itself on the new world size (RNG streams of 3 ranks, not 2).
+    segments = [
+        Segment(2, stop_at_step=15),
+        Segment(3, kills=(Kill("mid_upload:2"),), stop_at_step=30),
+        Segment(1),
+    ]
     result, attempts = run_job(d, data, segments, "--dropout", "0")
 
-    assert [a.world for a in attempts] == [2, 3, 1]
-    stops = [a.events("preempted")[0]["step"] for a in attempts[:2]]
+    assert [a.world for a in attempts] == [2, 3, 3, 1]
+    stops = [attempts[i].events("preempted")[0]["step"] for i in (0, 2)]
     restored = [a.first("ready")["restored"] for a in attempts]
-    assert restored == [None, *stops]  # each segment resumed from the final checkpoint
+    first_saved_on_3 = min(e["step"] for e in attempts[1].events("save") if e["saved"])
+    assert restored == [None, stops[0], first_saved_on_3, stops[1]]
     assert all(s % (SAMPLES // GLOBAL_BATCH) for s in stops)  # mid-epoch
     traj, ref = trajectory(attempts), trajectory(ref_attempts)
     # Check 2, data: exactly once, and step by step the same global batch as the reference.

@@ -137,7 +137,7 @@ def test_goodput_account_partitions_the_wall_clock(tmp_path) -> None:
     assert s["restart"] == pytest.approx(end0 + 3 + 2 - (end0 + 0.25))
     assert sum(s.values()) == pytest.approx(acct.wall_s)
     assert len(acct.failures) == 1 and acct.failures[0].resumed_from == 2
-    assert acct.failures[0].phase == "between steps"  # after step 4's end, no save in flight
+    assert acct.failures[0].phase == "training, between steps"  # no save in flight
     assert acct.step_s == 1.0 and acct.tau_s == 2.0
     assert 0.0 <= acct.model_first_order <= acct.model_exponential <= 1.0
     assert "productive training (6 steps kept)" in acct.format()
