@@ -19,8 +19,8 @@ test-fast: setup
 	$(PYTEST) -q -m "not server and not distributed and not slow"
 
 lint: setup
-	$(PY) -m ruff check ckptstore tests benchmarks tools plugins
-	$(PY) -m ruff format --check ckptstore tests benchmarks tools plugins
+	$(PY) -m ruff check ckptstore tests benchmarks tools plugins examples
+	$(PY) -m ruff format --check ckptstore tests benchmarks tools plugins examples
 	$(PY) -m mypy
 
 bench: setup
