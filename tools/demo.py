@@ -1,25 +1,34 @@
-"""ckptstore in one minute: train on 2 processes, checkpoint, restore on 2 fresh ones, verify.
+"""ckptstore in a few minutes: train under torchrun, kill it, resume it, prove it exact.
 
-    python tools/demo.py                     # a fresh temp dir, removed at the end
-    python tools/demo.py --dir ./demo-ckpts --keep
+    python tools/demo.py                  # ~2 min on 2 cores: a clean run, then 2 kills
+    python tools/demo.py --full           # a kill in every phase of a save, + 2 -> 3 -> 1 resize
+    python tools/demo.py --store s3       # to an S3 server it starts (SeaweedFS); saves every 8
+    python tools/demo.py --dir ./demo --keep
 
-1. train    2 gloo processes train a small MLP (DDP, AdamW) and, every ``--save-every``
-            steps, save {model, optimizer, step} with ``ckptstore.save`` to
-            ``<dir>/ckpts/step_<n>``; for comparison rank 0 also ``torch.save``s the same
-            state (+ fsync) to ``<dir>/torch-save/step_<n>.pt``.
-2. restore  2 *new* processes find the newest committed step (by its COMMITTED marker,
-            never by mtime), load it into a freshly initialised model and optimizer
-            through the verifying reader, and compare every tensor bitwise with the
-            torch.save copy of that step.
-3. report   median blocking time per save (ckptstore vs rank-0 torch.save), bytes, and
-            whether verification passed. Exit status 1 if it did not.
+The job is ``examples/resilience/train.py``: a small causal transformer (3.2 M parameters,
+38 MB with its AdamW state) on a generated Parquet token dataset, DDP over 2 gloo processes
+under ``torchrun --max-restarts``, with ``CheckpointManager`` (async saves staged on local
+disk, then uploaded and committed), ``RNGState`` and the ckptstore ``DataLoader``.
 
-Each stage is a plain function, so a kill-and-resume demo can reuse them.
+1. reference  the job runs uninterrupted; at each save rank 0 also ``torch.save``s the same
+              state (+ fsync), to compare what a save blocks training for.
+2. chaos      the same job; ``ckptstore.testing.chaos`` kills a worker during a checkpoint
+              upload (a named crash point) and once at a random time (SIGKILL of its pid);
+              torchrun restarts the group, which resumes from the newest committed step.
+              ``--full``: a kill in every phase of a save, then a resize leg.
+3. report     blocking per save (ckptstore vs rank-0 torch.save), restarts survived,
+              exactly-once data, bitwise equality with the reference, every committed
+              checkpoint verified and loaded in full, and the goodput account measured
+              against ``ckptstore.goodput``'s model, with a PNG timeline.
+
+Exit status 0 only if every check passed.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import shutil
 import statistics
@@ -29,303 +38,367 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["DemoConfig", "train", "save", "restore", "report", "main"]
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, REPO)
+
+from ckptstore.testing.chaos import ChaosResult, Kill, Segment, run_chaos  # noqa: E402
+from ckptstore.testing.ckptcheck import audit_root  # noqa: E402
+from ckptstore.testing.goodput_report import account, plot_timeline  # noqa: E402
+from ckptstore.testing.runlog import (  # noqa: E402
+    Attempt,
+    check_exactly_once,
+    check_restores,
+    read_attempts,
+    same_batches,
+    trajectory,
+)
+
+SCRIPT = os.path.join(REPO, "examples", "resilience", "train.py")
+MODEL = ["--d-model", "256", "--layers", "4", "--heads", "4", "--ff", "1024"]
 
 
 @dataclass(frozen=True)
-class DemoConfig:
-    root: str  # holds ckpts/ and torch-save/
-    steps: int = 40
-    save_every: int = 8
-    d_in: int = 512
-    hidden: int = 1024
-    classes: int = 10
-    batch: int = 64
-    lr: float = 1e-3
-    seed: int = 0
-
-    @property
-    def ckpt_root(self) -> str:
-        return os.path.join(self.root, "ckpts")
-
-    @property
-    def ref_root(self) -> str:
-        return os.path.join(self.root, "torch-save")
+class Plan:
+    steps: int
+    kills: tuple[Kill, ...]
+    resize: bool
+    samples: int = 240  # 20 steps of 12 per epoch
+    global_batch: int = 12
+    every: int = 4
+    keep: int = 3
 
 
-# -- model and data ------------------------------------------------------------------------
-def build(cfg: DemoConfig, seed: int) -> tuple[Any, Any]:
-    """A fresh MLP and its AdamW optimizer (weights from ``seed``)."""
-    import torch
-    from torch import nn
-
-    torch.manual_seed(seed)
-    model = nn.Sequential(
-        nn.Linear(cfg.d_in, cfg.hidden),
-        nn.ReLU(),
-        nn.Linear(cfg.hidden, cfg.hidden),
-        nn.ReLU(),
-        nn.Linear(cfg.hidden, cfg.classes),
-    )
-    return model, torch.optim.AdamW(model.parameters(), lr=cfg.lr)
+QUICK = Plan(48, (Kill("mid_upload:2", rank=1), Kill("random")), resize=False)
+FULL = Plan(
+    96,
+    (
+        Kill("after_shards:2"),
+        Kill("mid_upload:1"),
+        Kill("before_marker:1"),
+        Kill("after_marker:1"),
+        Kill("random"),
+        Kill("random"),
+    ),
+    resize=True,
+)
 
 
-def batch(cfg: DemoConfig, step: int, rank: int) -> tuple[Any, Any]:
-    """This rank's synthetic batch for ``step``: labels from a fixed random linear teacher."""
-    import torch
+class Demo:
+    def __init__(self, root: str, plan: Plan, store: str, seed: int) -> None:
+        self.root, self.plan, self.seed = root, plan, seed
+        self.data = os.path.join(root, "tokens")
+        self.server: Any = None
+        self.storage_options: dict[str, Any] = {}
+        self.store_label = f"local directory {root}/<run>/ckpt"
+        if store == "s3":
+            from ckptstore.testing.seaweedfs import SeaweedFS
 
-    teacher = torch.randn(cfg.d_in, cfg.classes, generator=torch.Generator().manual_seed(7))
-    g = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step * 1000 + rank)
-    x = torch.randn(cfg.batch, cfg.d_in, generator=g)
-    return x, (x @ teacher).argmax(dim=1)
+            self.server = SeaweedFS().start()
+            self.server.create_bucket("demo")
+            self.storage_options = self.server.storage_options
+            self.store_label = f"S3 (SeaweedFS on 127.0.0.1:{self.server.port}) s3://demo/<run>"
 
+    def ckpt_root(self, run: str) -> str:
+        if self.server is not None:
+            return f"s3://demo/{run}"
+        return os.path.join(self.root, run, "ckpt")
 
-def checkpoint_state(model: Any, opt: Any, step: int) -> dict[str, Any]:
-    """What a checkpoint holds: DCP state dicts of model and optimizer, plus the step."""
-    from torch.distributed.checkpoint.state_dict import get_state_dict
-
-    msd, osd = get_state_dict(model, opt)
-    return {"model": msd, "optim": osd, "step": step}
-
-
-def _max_over_ranks(x: float) -> float:
-    import torch
-    import torch.distributed as dist
-
-    t = torch.tensor([x], dtype=torch.float64)
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return float(t.item())
-
-
-# -- 1. train ------------------------------------------------------------------------------
-def train(rank: int, world: int, cfg: DemoConfig) -> dict[str, Any]:
-    """Train ``cfg.steps`` steps with DDP, saving every ``cfg.save_every``; per-save timings."""
-    import torch
-    from torch.nn.parallel import DistributedDataParallel
-
-    torch.set_num_threads(1)
-    model, opt = build(cfg, cfg.seed)
-    ddp = DistributedDataParallel(model)
-    saves, losses = [], []
-    t0 = time.perf_counter()
-    for step in range(1, cfg.steps + 1):
-        x, y = batch(cfg, step, rank)
-        loss = torch.nn.functional.cross_entropy(ddp(x), y)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-        if step % cfg.save_every == 0:
-            saves.append(save(rank, ddp, opt, step, cfg))
-    loop_s = time.perf_counter() - t0
-    return {"saves": saves, "first_loss": losses[0], "last_loss": losses[-1], "loop_s": loop_s}
-
-
-# -- checkpoint ----------------------------------------------------------------------------
-def save(rank: int, model: Any, opt: Any, step: int, cfg: DemoConfig) -> dict[str, Any]:
-    """Checkpoint ``step`` with ckptstore, then (for comparison) rank-0 torch.save + fsync.
-
-    Both times are barrier-to-barrier, max over ranks: what training is blocked for.
-    """
-    import torch
-    import torch.distributed as dist
-
-    import ckptstore
-    from ckptstore.catalog import step_name
-
-    state = checkpoint_state(model, opt, step)
-    path = os.path.join(cfg.ckpt_root, step_name(step))
-    dist.barrier()
-    t0 = time.perf_counter()
-    ckptstore.save(state, path)
-    dist.barrier()
-    ckpt_s = _max_over_ranks(time.perf_counter() - t0)
-
-    ref = os.path.join(cfg.ref_root, f"{step_name(step)}.pt")
-    dist.barrier()
-    t0 = time.perf_counter()
-    if rank == 0:  # DDP state is replicated: rank 0 already holds all of it
-        os.makedirs(cfg.ref_root, exist_ok=True)
-        with open(ref, "wb") as f:
-            torch.save(state, f)
-            f.flush()
-            os.fsync(f.fileno())
-        fd = os.open(cfg.ref_root, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-    dist.barrier()
-    torch_s = _max_over_ranks(time.perf_counter() - t0)
-    out = {"step": step, "ckptstore_s": ckpt_s, "torch_save_s": torch_s}
-    if rank == 0:
-        out["ckpt_bytes"] = _dir_bytes(path)
-        out["ckpt_files"] = len(os.listdir(path))
-        out["ckpt_shards"] = sum(n.endswith(".distcp") for n in os.listdir(path))
-        out["torch_save_bytes"] = os.path.getsize(ref)
-    return out
-
-
-def _dir_bytes(path: str) -> int:
-    return sum(os.path.getsize(os.path.join(path, n)) for n in os.listdir(path))
-
-
-# -- 2. restore ----------------------------------------------------------------------------
-def newest_step(cfg: DemoConfig) -> int | None:
-    """The newest step whose COMMITTED marker matches its manifest, or None."""
-    from ckptstore.catalog import committed_steps
-    from ckptstore.stores import open_store
-
-    return next(iter(committed_steps(open_store(cfg.ckpt_root), newest_first=True)), None)
-
-
-def restore(rank: int, world: int, cfg: DemoConfig) -> dict[str, Any]:
-    """Load the newest committed checkpoint into a fresh model + optimizer; compare bitwise."""
-    import torch
-    from torch.distributed.checkpoint.state_dict import set_state_dict
-    from torch.nn.parallel import DistributedDataParallel
-
-    import ckptstore
-    from ckptstore.catalog import step_name
-
-    torch.set_num_threads(1)
-    step = newest_step(cfg)
-    if step is None:
-        raise RuntimeError(f"no committed checkpoint under {cfg.ckpt_root}")
-    model, opt = build(cfg, seed=cfg.seed + 12345)  # deliberately different weights
-    ddp = DistributedDataParallel(model)
-    state = checkpoint_state(ddp, opt, step=-1)  # also creates AdamW's state to load into
-    reader = ckptstore.reader(os.path.join(cfg.ckpt_root, step_name(step)))  # verify=True
-    t0 = time.perf_counter()
-    ckptstore.load(state, reader)
-    load_s = _max_over_ranks(time.perf_counter() - t0)
-    set_state_dict(ddp, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])
-
-    got = checkpoint_state(ddp, opt, state["step"])
-    ref_path = os.path.join(cfg.ref_root, f"{step_name(step)}.pt")
-    expected = torch.load(ref_path, weights_only=True)
-    mismatches = _compare(got, expected)
-    n_tensors = sum(1 for _ in _leaves(expected) if torch.is_tensor(_))
-    return {
-        "step": step,
-        "load_s": load_s,
-        "ranges_verified": len(reader.manifest.ranges) if reader.manifest else 0,
-        "tensors_compared": n_tensors,
-        "mismatches": mismatches,
-    }
-
-
-def _leaves(obj: Any) -> list[Any]:
-    if isinstance(obj, dict):
-        return [leaf for k in sorted(obj, key=str) for leaf in _leaves(obj[k])]
-    if isinstance(obj, (list, tuple)):
-        return [leaf for v in obj for leaf in _leaves(v)]
-    return [obj]
-
-
-def _compare(got: Any, expected: Any, where: str = "") -> list[str]:
-    """Paths where ``got`` differs from ``expected`` (tensors bitwise, others by ==)."""
-    import torch
-
-    if isinstance(expected, dict):
-        if not isinstance(got, dict) or set(got) != set(expected):
-            return [f"{where or '/'}: keys differ"]
-        return [m for k in expected for m in _compare(got[k], expected[k], f"{where}/{k}")]
-    if torch.is_tensor(expected):
-        same = (
-            torch.is_tensor(got)
-            and got.dtype == expected.dtype
-            and got.shape == expected.shape
-            and torch.equal(got, expected)
+    def run(
+        self, name: str, segments: list[Segment], *extra: str
+    ) -> tuple[ChaosResult, list[Attempt]]:
+        d = os.path.join(self.root, name)
+        p = self.plan
+        args = [
+            "--data", self.data, "--cache", os.path.join(self.root, "cache"),
+            "--root", self.ckpt_root(name), "--storage-options", json.dumps(self.storage_options),
+            "--staging", os.path.join(d, "nvme"), "--out", os.path.join(d, "out"),
+            "--steps", str(p.steps), "--save-every", str(p.every), "--keep", str(p.keep),
+            "--global-batch", str(p.global_batch), *MODEL, *extra,
+        ]  # fmt: skip
+        result = run_chaos(
+            SCRIPT, args, segments, run_dir=d, total_steps=p.steps, seed=self.seed, timeout_s=900
         )
-        return [] if same else [where]
-    return [] if got == expected else [where]
+        return result, read_attempts(result.log_dir)
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
 
 
-# -- 3. report -----------------------------------------------------------------------------
-def report(cfg: DemoConfig, trained: dict[str, Any], restored: list[dict[str, Any]]) -> bool:
-    """Print the summary; True if the restored state matched on every rank."""
-    saves = trained["saves"]
-    ck = [s["ckptstore_s"] for s in saves]
-    ts = [s["torch_save_s"] for s in saves]
-    last = saves[-1]
-    r0 = restored[0]
-    ok = all(not r["mismatches"] for r in restored) and all(
-        r["step"] == saves[-1]["step"] for r in restored
+def model_size() -> str:
+    """'3.2 M-parameter transformer (38 MB with AdamW state)': the demo's model."""
+    from examples.resilience.train import build_model, parse_args
+
+    n = sum(
+        p.numel() for p in build_model(parse_args(["--data=-", "--root=-", *MODEL])).parameters()
     )
-    mb = 1e6
-    print(
-        f"\ntrained {cfg.steps} steps on 2 ranks: loss {trained['first_loss']:.3f} -> "
-        f"{trained['last_loss']:.3f} in {trained['loop_s']:.1f} s (saves included); "
-        f"checkpoints at steps {', '.join(str(s['step']) for s in saves)}"
+    return f"{n / 1e6:.1f} M-parameter transformer ({12 * n / 1e6:.0f} MB with AdamW state)"
+
+
+def step(text: str) -> float:
+    print(text, end=" ", flush=True)
+    return time.perf_counter()
+
+
+def done(t0: float, note: str = "") -> None:
+    print(f"done in {time.perf_counter() - t0:.0f} s{note}", flush=True)
+
+
+def final(d: str, rank: int) -> dict[str, Any]:
+    import torch
+
+    return torch.load(os.path.join(d, "out", f"final.rank{rank}.pt"), weights_only=False)
+
+
+def bitwise_mismatches(a: str, b: str, ranks: int) -> list[str]:
+    import torch
+
+    bad = []
+    for r in range(ranks):
+        x, y = final(a, r), final(b, r)
+        bad += [
+            f"rank {r} model {k}"
+            for k, v in y["model"].items()
+            if not torch.equal(x["model"][k], v)
+        ]
+        for p, st in y["optim"]["state"].items():
+            bad += [
+                f"rank {r} optim {p}.{k}"
+                for k, v in st.items()
+                if not torch.equal(x["optim"]["state"][p][k], v)
+            ]
+        if not torch.equal(x["rng"], y["rng"]):
+            bad.append(f"rank {r} rng")
+    return bad  # fmt: skip
+
+
+def relative_l2(a: str, b: str) -> float:
+    x, y = final(a, 0)["model"], final(b, 0)["model"]
+    diff = sum(((x[k] - v) ** 2).sum() for k, v in y.items()) ** 0.5
+    return float(diff / sum((v**2).sum() for v in y.values()) ** 0.5)
+
+
+def blocking_table(attempts: list[Attempt], where: str) -> list[str]:
+    """ckptstore save() blocking (max over ranks) vs rank-0 torch.save + fsync, per save."""
+    a = attempts[0]
+    per_rank = [{e["step"]: e["t1"] - e["t0"] for e in a.events("save", r)} for r in a.ranks]
+    ours = [max(r[s] for r in per_rank) for s in per_rank[0]]
+    theirs = [e["seconds"] for e in a.events("torch_save")]
+    commits = a.events("commit")
+    mb = statistics.median(e["bytes"] for e in commits) / 1e6  # staged per rank
+    ts_mb = a.events("torch_save")[0]["bytes"] / 1e6
+    med, tmed = statistics.median(ours), statistics.median(theirs)
+    waited = statistics.median(e["waited_s"] for e in commits)
+    background = statistics.median(e["background_s"] for e in commits)
+    lines = [
+        f"| what training waits for, per save ({len(ours)} saves) | median ms | min-max ms "
+        "| state MB |",
+        "| --- | ---: | ---: | ---: |",
+        f"| ckptstore `CheckpointManager.save` to {where} (async: the staging copy; upload + "
+        f"commit in the background) | {1000 * med:.0f} | {1000 * min(ours):.0f}-"
+        f"{1000 * max(ours):.0f} | {mb:.1f} |",
+        f"| rank-0 `torch.save` + fsync of the same state to local disk (barrier to barrier) | "
+        f"{1000 * tmed:.0f} | {1000 * min(theirs):.0f}-{1000 * max(theirs):.0f} | {ts_mb:.1f} |",
+    ]
+    note = (
+        f"ckptstore blocks training {tmed / med:.1f}x less"
+        if med < tmed
+        else "ckptstore blocked training longer than torch.save here"
     )
-    print(f"\nblocking time per save ({len(saves)} saves, barrier to barrier, max over ranks)")
-    print("| save | median s | min–max s | MB |")
-    print("| --- | ---: | ---: | ---: |")
-    print(
-        f"| ckptstore.save (verified, committed) | {statistics.median(ck):.3f} | "
-        f"{min(ck):.3f}–{max(ck):.3f} | {last['ckpt_bytes'] / mb:.1f} |"
+    lines.append(
+        f"{note}; its background upload + commit took {background:.2f} s (median), overlapped "
+        f"with training; waiting for the previous save's upload: {1000 * waited:.0f} ms median"
+        + (
+            " (uploads slower than the save interval: save less often, or use "
+            "CheckpointManager(on_busy='skip'))"
+            if waited > 0.2 * med
+            else ""
+        )
     )
-    print(
-        f"| rank-0 torch.save + fsync | {statistics.median(ts):.3f} | "
-        f"{min(ts):.3f}–{max(ts):.3f} | {last['torch_save_bytes'] / mb:.1f} |"
+    return lines
+
+
+def kill_lines(acct: Any, attempts: list[Attempt]) -> list[str]:
+    lines = []
+    by_id = {a.id: a for a in attempts}
+    for i, f in enumerate(acct.failures, 1):
+        resumed = f.resumed_from or 0
+        cut = [
+            e["step"] for e in by_id[f.attempt].events("save") if e["saved"] and e["step"] > resumed
+        ]
+        where = (
+            f"resumed from step {resumed}"
+            if f.resumed_from is not None
+            else "started over (no checkpoint had committed yet)"
+        )
+        lines.append(
+            f"  kill {i}: {f.how}, during {f.phase}; rank 0 had finished step {f.last_step}. "
+            f"torchrun restarted the group in {f.restart_s:.1f} s, {where}"
+            + (f"; the cut save of step {cut[-1]} was never restored" if cut else "")
+        )
+    return lines
+
+
+def check_run(
+    name: str, attempts: list[Attempt], plan: Plan, storage: dict[str, Any], root: str
+) -> tuple[bool, list[str]]:
+    """Exactly-once, restores, audit of every committed checkpoint; printed lines."""
+    data = check_exactly_once(trajectory(attempts), plan.samples, plan.steps)
+    restores = check_restores(attempts)
+    expected = {e["step"]: e["model_crc"] for a in attempts for e in a.events("save") if e["saved"]}
+    audit = audit_root(root, storage_options=storage or None, expected=expected)
+    n_restore = sum(1 for _, s in restores.restores if s is not None)
+    epochs = "; ".join(
+        f"epoch {e}: {n} seen, {rep} repeated, {mis} missed" for e, n, rep, mis in data.epochs
     )
-    print(
-        f"\nckptstore checkpoint: {last['ckpt_bytes']:,} bytes in {last['ckpt_files']} files "
-        f"({last['ckpt_shards']} shards written in parallel by the ranks, .metadata, manifest, "
-        f"COMMITTED, and the attempt's own manifest/.metadata copies); torch.save file: "
-        f"{last['torch_save_bytes']:,} bytes"
+    empty = f" ({len(audit.empty)} emptied prefixes still listed by the server)"
+    audit_ok = audit.ok and not audit.torn
+    return data.ok and restores.ok and audit_ok, [
+        f"exactly-once ({name}): {data.samples} samples over {plan.steps} steps, {epochs} -> "
+        + ("OK" if data.ok else "FAILED: " + "; ".join(data.problems)),
+        f"restores ({name}): {n_restore}, each loaded exactly the state saved at its step "
+        "(model+optimizer checksum and data cursor) -> "
+        + ("OK" if restores.ok else "FAILED: " + "; ".join(restores.problems)),
+        f"checkpoints ({name}): {len(audit.committed)} committed kept (KeepLast({plan.keep})): "
+        f"steps {', '.join(map(str, audit.committed))}; {audit.bytes_verified / 1e6:.0f} MB "
+        "re-read against their CRC32C manifests, each loaded in full and equal to the state "
+        f"saved at its step; {len(audit.torn)} torn left"
+        + (empty if audit.empty else "")
+        + " -> "
+        + ("OK" if audit_ok else f"FAILED: torn {audit.torn}; " + "; ".join(audit.problems)),
+    ]
+
+
+def resize_leg(demo: Demo, plan: Plan, root: str, png_dir: str) -> tuple[bool, list[str]]:
+    """Stop on 2 processes, go on on 3 (with a random kill), finish on 1; compare with
+    uninterrupted runs on 2 and 3 processes (no dropout: per-rank streams cannot carry over
+    a world-size change). How far apart two uninterrupted runs on 2 and 3 processes end is
+    the noise of reduction order alone; the resized run must stay within 3x of it."""
+    t = step(
+        "\nresize leg: uninterrupted runs on 2 and 3 processes, then 2 -> 3 -> 1 with a kill ..."
     )
-    print(
-        f"restore: newest committed step {r0['step']} loaded on 2 fresh processes in "
-        f"{r0['load_s']:.3f} s; {r0['ranges_verified']} stored ranges CRC32C-verified; "
-        f"{r0['tensors_compared']} tensors compared with the torch.save copy"
+    _, ref = demo.run("reference-nodrop", [Segment(2)], "--dropout", "0")
+    demo.run("reference-3procs", [Segment(3)], "--dropout", "0")
+    third = plan.steps // 3
+    segments = [
+        Segment(2, stop_at_step=third),
+        Segment(3, kills=(Kill("random"),), stop_at_step=2 * third),
+        Segment(1),
+    ]
+    resize, attempts = demo.run("resize", segments, "--dropout", "0")
+    done(t)
+    rel = relative_l2(f"{root}/resize", f"{root}/reference-nodrop")
+    floor = relative_l2(f"{root}/reference-3procs", f"{root}/reference-nodrop")
+    close = rel <= max(3 * floor, 5e-4)
+    same = same_batches(trajectory(attempts), trajectory(ref), per_rank=False) == []
+    passed, more = check_run(
+        "resize", attempts, plan, demo.storage_options, demo.ckpt_root("resize")
     )
-    for rank, r in enumerate(restored):
-        if r["mismatches"]:
-            print(f"  rank {rank} mismatches: {', '.join(r['mismatches'][:10])}")
-    print(f"verification: {'PASSED (bitwise equal on every rank)' if ok else 'FAILED'}")
-    return ok
+    worlds = " -> ".join(str(a.world) for a in attempts)
+    png = plot_timeline(
+        account(resize, attempts, plan.every),
+        os.path.join(png_dir, "ckptstore-demo-resize-timeline.png"),
+        "ckptstore demo: resize 2 -> 3 -> 1 processes, with a kill",
+    )
+    return passed and same and close, [
+        f"resize: attempts on {worlds} processes; the same global batch at every step as the "
+        f"uninterrupted run -> {'OK' if same else 'FAILED'}",
+        f"resize: ||w - w_ref|| / ||w_ref|| = {rel:.1e}; uninterrupted runs on 3 and 2 "
+        f"processes differ by {floor:.1e} (reduction order alone); within 3x -> "
+        + ("OK" if close else "FAILED"),
+        *more,
+        f"resize timeline: {png}",
+    ]
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--full", action="store_true", help="every save phase killed, + resize")
+    p.add_argument("--store", choices=("local", "s3"), default="local")
     p.add_argument("--dir", default="", help="working directory (default: a fresh temp dir)")
-    p.add_argument("--keep", action="store_true", help="keep the directory afterwards")
-    p.add_argument("--steps", type=int, default=40)
-    p.add_argument("--save-every", type=int, default=8)
+    p.add_argument("--keep", action="store_true", help="keep the working directory")
+    p.add_argument("--seed", type=int, default=1, help="seeds the random kills")
     a = p.parse_args(argv)
     if a.dir and os.path.exists(a.dir) and os.listdir(a.dir):
         print(f"{a.dir} is not empty; pass an empty or new directory", file=sys.stderr)
         return 2
     root = os.path.abspath(a.dir) if a.dir else tempfile.mkdtemp(prefix="ckptstore-demo-")
     os.makedirs(root, exist_ok=True)
-    cfg = DemoConfig(root=root, steps=a.steps, save_every=a.save_every)
-
-    from ckptstore.testing.dist import run_distributed
-
-    model, opt = build(cfg, cfg.seed)
-    n_params = sum(p.numel() for p in model.parameters())
-    del model, opt
-    print(
-        f"ckptstore demo: MLP {cfg.d_in}-{cfg.hidden}-{cfg.hidden}-{cfg.classes} "
-        f"({n_params / 1e6:.2f} M params, {n_params * 4 / 1e6:.1f} MB; with AdamW state "
-        f"~{n_params * 12 / 1e6:.0f} MB), DDP on 2 gloo processes\ncheckpoints: "
-        f"{cfg.ckpt_root}\ntorch.save copies: {cfg.ref_root}"
-    )
-    t0 = time.perf_counter()
+    plan = FULL if a.full else QUICK
+    if a.store == "s3":  # uploads to a SeaweedFS on the same 2 cores take 1-2 s per save
+        plan = dataclasses.replace(plan, every=8)
+    png_dir = root if (a.dir or a.keep) else tempfile.gettempdir()
+    t_start = time.perf_counter()
+    demo: Demo | None = None
+    ok = True
     try:
-        trained = run_distributed(train, 2, cfg)[0]
-        t1 = time.perf_counter()
-        restored = run_distributed(restore, 2, cfg)
-        t2 = time.perf_counter()
-        ok = report(cfg, trained, restored)
+        t = step("starting the store ..." if a.store == "s3" else "writing the dataset ...")
+        demo = Demo(root, plan, a.store, a.seed)
+        from examples.resilience.tokens import write_dataset
+
+        write_dataset(demo.data, samples=plan.samples, shards=6)
+        done(t)
+        print(
+            f"ckptstore demo: a {model_size()} on "
+            f"{plan.samples} Parquet token samples, {plan.steps} steps of a global batch of "
+            f"{plan.global_batch}, DDP on 2 gloo processes under torchrun; a checkpoint every "
+            f"{plan.every} steps to {demo.store_label}, staged on local disk"
+        )
+        t = step("1/3 uninterrupted reference run ...")
+        _, ref = demo.run("reference", [Segment(2)], "--torch-save-dir", f"{root}/torch-save")
+        done(t)
+        t = step(f"2/3 the same run with {len(plan.kills)} kills (torchrun --max-restarts "
+                 f"{len(plan.kills)}) ...")  # fmt: skip
+        chaos, attempts = demo.run("chaos", [Segment(2, kills=plan.kills)])
+        done(t)
+        acct = account(chaos, attempts, plan.every)
+        png = plot_timeline(
+            acct,
+            os.path.join(png_dir, "ckptstore-demo-timeline.png"),
+            f"ckptstore demo: {len(plan.kills)} kills under torchrun, resumed exactly",
+        )
+        where = "S3" if a.store == "s3" else "a local directory"
+        lines = ["", "3/3 report", "", *blocking_table(ref, where), ""]
+        lines.append(
+            f"restarts survived: {len(acct.failures)} (torchrun restarted the worker group "
+            "after each kill; the newest committed checkpoint was restored)"
+        )
+        lines += kill_lines(acct, attempts)
+        mismatch = bitwise_mismatches(f"{root}/chaos", f"{root}/reference", 2)
+        traj, ref_traj = trajectory(attempts), trajectory(ref)
+        mismatch += [f"batches of step {s}" for s in same_batches(traj, ref_traj, per_rank=True)]
+        mismatch += [
+            f"loss of step {s}"
+            for s in ref_traj.steps
+            if s not in traj.effective or traj.effective[s].loss != ref_traj.effective[s].loss
+        ]
+        ok &= not mismatch
+        lines.append(
+            "bitwise equal to the uninterrupted run: model, optimizer and RNG state on both "
+            "ranks, each rank's batches and the loss at every step -> "
+            + ("OK" if not mismatch else "FAILED: " + ", ".join(mismatch[:5]))
+        )
+        passed, more = check_run(
+            "chaos", attempts, plan, demo.storage_options, demo.ckpt_root("chaos")
+        )
+        ok &= passed
+        lines += more
+        lines += ["", "goodput of the run with kills (rank 0's clock):", acct.format()]
+        lines.append(f"timeline: {png}")
+        print("\n".join(lines), flush=True)
+        if plan.resize:
+            passed, lines = resize_leg(demo, plan, root, png_dir)
+            ok &= passed
+            print("\n".join(lines))
     finally:
-        if not a.keep:
+        if demo is not None:
+            demo.close()
+        if not a.keep and not a.dir:
             shutil.rmtree(root, ignore_errors=True)
     print(
-        f"demo took {time.perf_counter() - t0:.0f} s (train + saves {t1 - t0:.0f} s, restore "
-        f"{t2 - t1:.0f} s, each including process start)" + (f"; kept {root}" if a.keep else "")
+        f"\ndemo took {time.perf_counter() - t_start:.0f} s"
+        + (f"; kept {root}" if a.keep or a.dir else "")
+        + f"\nRESULT: {'PASSED' if ok else 'FAILED'}"
     )
     return 0 if ok else 1
 

@@ -8,8 +8,9 @@ For each ``step_*`` entry: a committed one is re-read byte by byte against its m
 (``engine.verify.verify_checkpoint``, what ``ckptstore-tool verify`` runs), then loaded in
 full through ckptstore's verifying reader (DCP with an empty-state planner, as
 ``ckptstore-tool convert`` does); the sub-dict at ``key`` must hash (``runlog.tensor_crc``)
-to ``expected[step]`` when given. Entries that are not committed are listed as torn: they
-are never restored by the manager (the restore check in ``runlog`` proves that).
+to ``expected[step]`` when given. Entries that are not committed are listed as torn (or as
+empty, when the listing shows a prefix that holds no object): the manager never restores
+them (the restore check in ``runlog`` proves that).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ __all__ = ["Audit", "audit_root", "load_full"]
 class Audit:
     committed: list[int] = field(default_factory=list)
     torn: list[tuple[int, str]] = field(default_factory=list)  # (step, status)
+    empty: list[int] = field(default_factory=list)  # listed prefixes holding no object
     bytes_verified: int = 0
     matched: list[int] = field(default_factory=list)  # steps whose content matched expected
     problems: list[str] = field(default_factory=list)
@@ -75,7 +77,10 @@ def audit_root(
     try:
         for entry in list_steps(store):
             if entry.status != "committed":
-                audit.torn.append((entry.step, entry.status))
+                if store.child(entry.name).find(""):
+                    audit.torn.append((entry.step, entry.status))
+                else:  # some S3 servers (SeaweedFS) keep listing a prefix emptied by a delete
+                    audit.empty.append(entry.step)
                 continue
             audit.committed.append(entry.step)
             child = store.child(entry.name)
