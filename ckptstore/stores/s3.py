@@ -14,6 +14,8 @@ see ``ckptstore.engine.store``)::
 Integrity: every PutObject and UploadPart carries a checksum of its body (CRC32C by
 default, or Content-MD5 with ``checksum="md5"``), so a server that checks it rejects bytes
 damaged in transit (``BadDigest``, retried). SeaweedFS checks both; moto checks neither.
+With a checksum on every body, the SigV4 signature says ``UNSIGNED-PAYLOAD`` rather than
+hashing each body with SHA-256 (see ``make_s3fs``); ``checksum="none"`` keeps the hash.
 
 Retries: botocore's own retries are off (``total_max_attempts=1``) so the engine's
 ``RetryConfig`` alone decides; each request is bounded by ``RetryConfig.request_timeout_s``
@@ -94,7 +96,11 @@ class S3Store(Store):
         self.storage_options = dict(storage_options or {})
         self.retry = retry or RetryConfig()
         self.checksum = checksum
-        self.fs = fs if fs is not None else make_s3fs(self.storage_options, self.retry)
+        self.fs = (
+            fs
+            if fs is not None
+            else make_s3fs(self.storage_options, self.retry, sign_payload=checksum == "none")
+        )
         client_kwargs = self.storage_options.get("client_kwargs") or {}
         self.endpoint = str(
             self.storage_options.get("endpoint_url")
@@ -199,6 +205,23 @@ class S3Store(Store):
                 self.size(path)
                 return b""
             raise self.client.translate(exc, f"read of {self.describe(path)}") from exc
+
+    def get_into(self, path: str, start: int, buf: memoryview) -> int:
+        """Read straight into ``buf`` (one copy per byte, from aiohttp's received chunks)."""
+        if not len(buf):
+            self.size(path)  # a missing object is still an error
+            return 0
+        what = f"read of {self.describe(path)} at {start}+{len(buf)}"
+        try:
+            return self.client.read_into(self._key(path), start, buf)
+        except TransientStoreError as exc:  # a short or overlong body
+            raise TransientStoreError(f"{what}: {exc}") from exc
+        except Exception as exc:  # noqa: BLE001 - translated below
+            code, status = error_code(exc)
+            if status == 416 or code == "InvalidRange":  # start at or past the end
+                self.size(path)
+                return 0
+            raise self.client.translate(exc, what) from exc
 
     def size(self, path: str) -> int:
         what = f"stat of {self.describe(path)}"

@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 from ckptstore.config import RetryConfig
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.store import Buffer, Part
-from ckptstore.errors import missing_dependency
+from ckptstore.errors import TransientStoreError, missing_dependency
 from ckptstore.stores.s3_errors import error_code, translate_s3_error
 
 __all__ = ["S3Client", "make_s3fs", "as_body", "multipart_etag", "CHECKSUMS"]
@@ -25,13 +26,29 @@ __all__ = ["S3Client", "make_s3fs", "as_body", "multipart_etag", "CHECKSUMS"]
 #: Integrity headers S3Client can send with each body.
 CHECKSUMS = ("crc32c", "md5", "none")
 
+# Bodies go to aiohttp as whole bytearrays on purpose (see ``as_body``); aiohttp warns
+# about every one larger than 1 MiB ("might lock the event loop"), which is the point.
+warnings.filterwarnings("ignore", message="Sending a large body directly", category=ResourceWarning)
 
-def make_s3fs(storage_options: dict[str, Any] | None, retry: RetryConfig) -> Any:
+
+def make_s3fs(
+    storage_options: dict[str, Any] | None, retry: RetryConfig, *, sign_payload: bool = True
+) -> Any:
     """An ``s3fs.S3FileSystem`` for ``storage_options`` with ckptstore's client settings.
 
     Added to ``config_kwargs`` unless the caller set them: connect/read timeouts from
     ``retry.request_timeout_s``, no botocore retries (the engine retries), checksums only
     when required (we send our own), and a connection pool as large as a busy engine needs.
+
+    ``sign_payload=False`` sends ``UNSIGNED-PAYLOAD`` instead of the SHA-256 of every body
+    in the SigV4 signature (``s3={"payload_signing_enabled": False}``). botocore only skips
+    that hash by itself over https *and* with a checksum header it recognises, which
+    ckptstore's own ``x-amz-checksum-crc32c`` is not, so without this every byte is hashed
+    twice, once by a single event-loop thread at a few hundred MB/s. S3Store turns signing
+    off only when it sends a CRC32C or MD5 of each body; the signature still covers that
+    checksum header. Over plain ``http://`` (a LAN endpoint) this trades the payload hash,
+    which an on-path attacker cannot forge, for a CRC32C they could: pass
+    ``config_kwargs={"s3": {"payload_signing_enabled": True}}`` to keep it.
     """
     try:
         import s3fs
@@ -45,6 +62,9 @@ def make_s3fs(storage_options: dict[str, Any] | None, retry: RetryConfig) -> Any
     config.setdefault("request_checksum_calculation", "when_required")
     config.setdefault("response_checksum_validation", "when_required")
     config.setdefault("max_pool_connections", 64)
+    s3_config = dict(config.get("s3") or {})
+    s3_config.setdefault("payload_signing_enabled", sign_payload)
+    config["s3"] = s3_config
     return s3fs.S3FileSystem(config_kwargs=config, **options)
 
 
@@ -74,6 +94,46 @@ class S3Client:
 
         # The overall limit also catches a stalled upload, which no socket timeout sees.
         return await asyncio.wait_for(go(), self.request_timeout_s)
+
+    async def _read_into(self, key: str, start: int, buf: memoryview) -> int:
+        """GET ``bytes=start..start+len(buf)-1`` of ``key`` straight into ``buf``.
+
+        Each chunk aiohttp received is copied once, into ``buf``; ``body.read()`` would
+        first join the chunks into one new ``bytes``.
+        """
+
+        async def go() -> int:
+            client = await self.fs.set_session()
+            response = await client.get_object(
+                Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + len(buf) - 1}"
+            )
+            body = response["Body"]
+            try:
+                stream = getattr(getattr(body, "raw_stream", None), "content", None)
+                if stream is None:  # not the aiohttp backend: no chunk access
+                    data = await body.read()
+                    buf[: len(data)] = data
+                    return len(data)
+                n = 0
+                while chunk := await stream.readany():
+                    if n + len(chunk) > len(buf):
+                        raise TransientStoreError(f"more bytes than the {len(buf)} asked for")
+                    buf[n : n + len(chunk)] = chunk
+                    n += len(chunk)
+                expected = int(response.get("ContentLength", n))
+                if n != expected:
+                    raise TransientStoreError(f"body ended after {n} of {expected} bytes")
+                return n
+            finally:
+                body.close()
+
+        return await asyncio.wait_for(go(), self.request_timeout_s)
+
+    def read_into(self, key: str, start: int, buf: memoryview) -> int:
+        """Read into ``buf`` from ``start`` of ``key``; botocore/aiohttp errors pass through."""
+        from fsspec.asyn import sync
+
+        return int(sync(self.fs.loop, self._read_into, key, start, buf))
 
     def raw(self, method: str, *, read_body: bool = False, **kwargs: Any) -> Any:
         """Call the S3 API ``method`` once; botocore/aiohttp exceptions pass through."""
@@ -175,9 +235,21 @@ class S3Client:
                 pass
 
 
-def as_body(data: Buffer) -> bytes | bytearray:
-    """botocore takes bytes or bytearray (not memoryview): copy only a memoryview."""
-    return data if isinstance(data, (bytes, bytearray)) else bytes(data)
+def as_body(data: Buffer) -> bytearray:
+    """``data`` as the ``bytearray`` botocore should send, copied only when it must be.
+
+    A bytearray goes from botocore to aiohttp untouched and is written to the socket in one
+    call. ``bytes`` would not: botocore wraps them in a ``BytesIO``, which aiohttp copies
+    out again in 64 KiB reads, and a memoryview is refused. The engine's parts are views of
+    whole pooled bytearrays, so only a short last part (or a small object) is copied here.
+    """
+    if isinstance(data, bytearray):
+        return data
+    if isinstance(data, memoryview):
+        owner = data.obj
+        if isinstance(owner, bytearray) and data.c_contiguous and data.nbytes == len(owner):
+            return owner
+    return bytearray(data)
 
 
 def _b64(raw: bytes) -> str:

@@ -15,7 +15,9 @@ Each client connection carries one request (the upstream response says
 ``status`` answers with an S3 error document without forwarding; ``stall`` holds the
 request and never answers; ``reset`` closes the connection at once (RST);
 ``drop_response`` forwards it, lets the server act, then closes without an answer (a lost
-response); ``flip`` flips one bit in the middle of the body before forwarding;
+response); ``truncate`` forwards it but sends back only the first half of the response
+body before closing (a connection cut mid-download); ``flip`` flips one bit in the
+middle of the body before forwarding;
 ``strip_conditions`` removes If-None-Match / If-Match (a server that ignores them).
 """
 
@@ -25,7 +27,7 @@ import select
 import socket
 import struct
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["FaultProxy", "Rule", "Request", "s3_operation"]
 
@@ -36,6 +38,7 @@ class Request:
     method: str
     target: str
     size: int
+    headers: dict[str, str] = field(default_factory=dict, compare=False)  # names lowercased
 
 
 def s3_operation(method: str, target: str) -> str:
@@ -78,7 +81,15 @@ class Rule:
         status: int = 503,
         code: str = "SlowDown",
     ) -> None:
-        if action not in ("status", "stall", "reset", "drop_response", "flip", "strip_conditions"):
+        if action not in (
+            "status",
+            "stall",
+            "reset",
+            "drop_response",
+            "truncate",
+            "flip",
+            "strip_conditions",
+        ):
             raise ValueError(f"unknown action {action!r}")
         self.op, self.action, self.times = op, action, times
         self.status, self.code = status, code
@@ -193,7 +204,7 @@ class FaultProxy:
         body = bytearray(_read_exact(conn, buf, int(names.get("content-length", "0"))))
         op = s3_operation(method, target)
         with self._lock:
-            self.requests.append(Request(op, method, target, len(body)))
+            self.requests.append(Request(op, method, target, len(body), names))
             rule = next((r for r in self.rules if r.take(op)), None)
         action = rule.action if rule else "forward"
         if rule is not None and action == "status":
@@ -234,7 +245,11 @@ class FaultProxy:
                 response += chunk
         if action == "drop_response":
             return
-        conn.sendall(_force_close(bytes(response)))
+        response = bytearray(_force_close(bytes(response)))
+        if action == "truncate":
+            body_at = response.find(b"\r\n\r\n") + 4
+            del response[body_at + (len(response) - body_at) // 2 :]
+        conn.sendall(response)
 
 
 def _force_close(response: bytes) -> bytes:

@@ -39,6 +39,27 @@ def test_put_get_ranges_size_exists(store: Store) -> None:
     assert not store.exists("a")  # a 'directory' is not an object
 
 
+def test_get_into_reads_in_place(store: Store) -> None:
+    data = os.urandom(300 * KiB)
+    store.put("a/obj.bin", data)
+    buf = bytearray(b"\xee" * (400 * KiB))
+    view = memoryview(buf)
+    assert store.get_into("a/obj.bin", 0, view[: 100 * KiB]) == 100 * KiB
+    assert buf[: 100 * KiB] == data[: 100 * KiB]
+    assert store.get_into("a/obj.bin", 12345, view[5 : 5 + 200 * KiB]) == 200 * KiB
+    assert buf[5 : 5 + 200 * KiB] == data[12345 : 12345 + 200 * KiB]
+    # past the end: what is there, nothing written beyond it
+    view[:] = b"\xee" * len(view)
+    assert store.get_into("a/obj.bin", 250 * KiB, view) == 50 * KiB
+    assert buf[: 50 * KiB] == data[250 * KiB :] and buf[50 * KiB :] == b"\xee" * (350 * KiB)
+    assert store.get_into("a/obj.bin", len(data), view[:10]) == 0
+    assert store.get_into("a/obj.bin", 10, view[:0]) == 0
+    with pytest.raises(StoreNotFoundError):
+        store.get_into("nope", 0, view[:10])
+    with pytest.raises(StoreNotFoundError):
+        store.get_into("nope", 0, view[:0])
+
+
 def test_put_replaces_and_empty_objects(store: Store) -> None:
     store.put("x", b"first version")
     store.put("x", bytearray(b"second"))

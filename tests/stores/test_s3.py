@@ -28,6 +28,7 @@ from ckptstore.errors import (
 from ckptstore.stores import _common
 from ckptstore.stores._common import NonAtomicCreateWarning
 from ckptstore.stores.s3 import S3Store
+from ckptstore.stores.s3_client import as_body
 from ckptstore.testing.dist import free_port
 from ckptstore.testing.faults import Fault, FaultyStore
 from ckptstore.testing.proxy import FaultProxy, Rule
@@ -189,6 +190,42 @@ def test_bit_flip_without_checksum_is_stored(
         eng.put(via(proxy, seaweedfs, s3, checksum="none"), "f.bin", data)
         assert eng.stats.retries == 0
     assert s3.get("f.bin") != data
+
+
+@pytest.mark.parametrize("checksum", ["crc32c", "none"])
+def test_bodies_are_hashed_for_the_signature_only_without_a_checksum(
+    seaweedfs: Any, s3: S3Store, proxy: FaultProxy, checksum: str
+) -> None:
+    """SHA-256 of every body is skipped (UNSIGNED-PAYLOAD) when a CRC32C travels with it."""
+    data = os.urandom(2 * PART + 10)
+    with engine() as eng:
+        eng.put(via(proxy, seaweedfs, s3, checksum=checksum), "f.bin", data)
+    signed = {r.headers.get("x-amz-content-sha256") for r in proxy.ops("UploadPart")}
+    if checksum == "none":
+        assert len(signed) == 3 and all(len(h or "") == 64 for h in signed)
+    else:
+        assert signed == {"UNSIGNED-PAYLOAD"}
+        assert all("x-amz-checksum-crc32c" in r.headers for r in proxy.ops("UploadPart"))
+    assert s3.get("f.bin") == data
+
+
+def test_bodies_go_to_the_client_without_a_copy() -> None:
+    pooled = bytearray(os.urandom(1000))
+    assert as_body(memoryview(pooled)) is pooled  # a whole pooled part: no copy
+    assert as_body(pooled) is pooled
+    last = as_body(memoryview(pooled)[:10])  # a short last part: copied
+    assert last == pooled[:10] and last is not pooled
+    assert as_body(b"abc") == bytearray(b"abc")
+
+
+def test_download_cut_short_is_retried(seaweedfs: Any, s3: S3Store, proxy: FaultProxy) -> None:
+    data = os.urandom(2 * PART + 10)
+    s3.put("f.bin", data)
+    proxy.add(Rule("GetObject", "truncate", times=1))
+    with engine() as eng:
+        assert bytes(eng.read(via(proxy, seaweedfs, s3), "f.bin")) == data
+        assert eng.stats.retries == 1
+    assert len(proxy.ops("GetObject")) == 3 + 1
 
 
 def test_always_failing_part_aborts_and_leaves_nothing(s3: S3Store) -> None:
