@@ -4,6 +4,7 @@
     python benchmarks/bench_objstore.py --quick          # 256 MiB, 2 repeats
     python benchmarks/bench_objstore.py --part-mib 16 --concurrency 16   # + a tuned ckptstore row
     python benchmarks/bench_objstore.py --links shaped --contenders raw,ckptstore
+    python benchmarks/bench_objstore.py --links shaped --link-mbps 50 --saves-only
 
 The benchmark starts its own SeaweedFS (``weed mini``, fresh temp directory, deleted at the
 end) and a shaped link in front of it (``benchmarks/shaped_link.py``: a TCP proxy that caps
@@ -17,7 +18,7 @@ Every rank holds ``size / world`` bytes as ``--tensors-per-rank`` float32 tensor
 rank-unique names. Contenders (ids for ``--contenders`` in brackets):
 
   raw PUT/GET ceiling [raw]   no DCP, no serialisation: each rank uploads its share's bytes
-        (made into part-sized ``bytes`` beforehand, untimed) as one multipart object, parts
+        (made into part-sized ``bytearray``s beforehand, untimed) as one multipart object, parts
         of ckptstore's default part size, that many in flight at once, straight on s3fs's
         aiobotocore client; the load is parallel ranged GETs of the same size (bodies read,
         nothing copied further). The same object count, size and parallelism as ckptstore.
@@ -131,7 +132,7 @@ def _one_round(ctx: RankCtx, link: str, tag: str, order: tuple[str, ...]) -> dic
     for name in order:
         key = f"{tag}-{name}"
         out[name] = {"save": _timed(ctx, lambda n=name, k=key: SAVE_FNS[n](ctx, link, k))}
-        if name in LOAD_FNS:
+        if name in LOAD_FNS and "load" in ctx.cfg.ops:
             for t in ctx.dest.values():
                 t.zero_()
             out[name]["load"] = _timed(ctx, lambda n=name, k=key: LOAD_FNS[n](ctx, link, k))
@@ -220,7 +221,7 @@ def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> 
     """One row per (operation, contender, link): medians, ranges, ratios."""
     labs = labels(cfg)
     rows: list[dict[str, Any]] = []
-    for op in ("save", "load"):
+    for op in cfg.ops:
         for link in cfg.links:
             base: dict[str, float] = {}
             for name in cfg.contenders:
@@ -425,6 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link-latency-ms", type=float, default=20.0, help="shaped link, one way")
     p.add_argument("--links", default=",".join(LINKS), help="comma list of direct,shaped")
     p.add_argument("--contenders", default=",".join(CONTENDERS), help="comma list of ids")
+    p.add_argument(
+        "--saves-only", action="store_true", help="no loads (e.g. for a slow shaped link)"
+    )
     p.add_argument("--quick", action="store_true", help="256 MiB and 2 repeats")
     p.add_argument("--no-warmup", action="store_true")
     a = p.parse_args(argv)
@@ -445,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
         links=links,
         contenders=_available(names, tuned),
         warmup=not a.no_warmup,
+        ops=("save",) if a.saves_only else ("save", "load"),
     )
     default = cfg.transfer_config(False)
     print(
@@ -458,7 +463,8 @@ def main(argv: list[str] | None = None) -> int:
     res = run(cfg)
     print(f"\nshaped link: {res['link']['description']}")
     print("\n" + format_table(res["rows"], "save"))
-    print("\n" + format_table(res["rows"], "load"))
+    if "load" in cfg.ops:
+        print("\n" + format_table(res["rows"], "load"))
     print("\nCPU and traffic per operation (medians):\n" + format_cpu(res["rows"]))
     print("\n" + "\n".join(targets(res["rows"])))
     m = res["machine"]

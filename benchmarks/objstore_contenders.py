@@ -56,6 +56,7 @@ class BenchConfig:
     links: tuple[str, ...] = LINKS
     contenders: tuple[str, ...] = CONTENDERS
     warmup: bool = True
+    ops: tuple[str, ...] = ("save", "load")  # without "load": saves only
 
     @property
     def tensor_numel(self) -> int:
@@ -110,7 +111,7 @@ class RankCtx:
     link_counters: Any = None  # shared (bytes up, bytes down) of the shaped link
     state: dict[str, Any] = field(default_factory=dict)
     dest: dict[str, Any] = field(default_factory=dict)
-    bodies: list[bytes] = field(default_factory=list)
+    bodies: list[bytearray] = field(default_factory=list)
     clients: dict[str, Any] = field(default_factory=dict)
 
     def options(self, link: str, stock: bool) -> dict[str, Any]:
@@ -138,13 +139,18 @@ def make_state(rank: int, cfg: BenchConfig, numel: int | None = None) -> dict[st
     }
 
 
-def raw_bodies(state: dict[str, Any], part_size: int) -> list[bytes]:
-    """The rank's tensor bytes, concatenated and cut into part-sized ``bytes`` (untimed)."""
+def raw_bodies(state: dict[str, Any], part_size: int) -> list[bytearray]:
+    """The rank's tensor bytes, concatenated and cut into part-sized ``bytearray``s (untimed).
+
+    ``bytearray``, not ``bytes``: botocore hands a bytearray to aiohttp as is, while it wraps
+    ``bytes`` in a ``BytesIO`` that aiohttp copies out in 64 KiB reads (S3Store sends its
+    pooled part buffers as bytearrays too).
+    """
     import torch
 
     flat = torch.cat([t.reshape(-1).view(torch.uint8) for t in state.values()])
     view = memoryview(flat.numpy()).cast("B")
-    return [bytes(view[i : i + part_size]) for i in range(0, len(view), part_size)]
+    return [bytearray(view[i : i + part_size]) for i in range(0, len(view), part_size)]
 
 
 def _raw_client(ctx: RankCtx, link: str) -> Any:
@@ -158,7 +164,13 @@ def _raw_client(ctx: RankCtx, link: str) -> Any:
             key="testing",
             secret="testing",
             endpoint_url=ctx.endpoints[link],
-            config_kwargs={**CLIENT_CONFIG, "max_pool_connections": 64},
+            # Unsigned payloads, as ckptstore sends them (with a CRC32C): the ceiling pays
+            # no SHA-256 of the bodies.
+            config_kwargs={
+                **CLIENT_CONFIG,
+                "max_pool_connections": 64,
+                "s3": {"payload_signing_enabled": False},
+            },
             skip_instance_cache=True,
         )
         ctx.clients[key] = (fs, sync(fs.loop, fs.set_session))
@@ -176,7 +188,7 @@ def save_raw(ctx: RankCtx, link: str, key: str) -> None:
         up = await client.create_multipart_upload(Bucket=BUCKET, Key=obj)
         sem = asyncio.Semaphore(conc)
 
-        async def part(i: int, body: bytes) -> dict[str, Any]:
+        async def part(i: int, body: bytearray) -> dict[str, Any]:
             async with sem:
                 out = await client.upload_part(
                     Bucket=BUCKET, Key=obj, UploadId=up["UploadId"], PartNumber=i + 1, Body=body
