@@ -27,12 +27,15 @@ def writer(
     overwrite: bool = False,
     codec: str = "none",
     step: int | None = None,
+    key_layout: str = "flat",
 ) -> CkptWriter:
     """A DCP ``StorageWriter`` for ``url`` (a path, ``file://``, ``s3://``, ``gs://``, ...).
 
     Raises ``CheckpointExistsError`` at once if ``url`` holds a committed checkpoint and
     ``overwrite`` is False. ``codec="zstd"`` compresses every item (stock DCP readers then
     cannot load it). ``step`` is recorded in the manifest (default: from ``step_<n>``).
+    ``key_layout="spread"`` spreads the shard files over 256 sub-prefixes, for object
+    stores that limit request rates per key prefix (see ``ckptstore.dcp.writer``).
     """
     w = CkptWriter(
         url,
@@ -41,6 +44,7 @@ def writer(
         overwrite=overwrite,
         codec=codec,
         step=step,
+        key_layout=key_layout,
     )
     w.check_destination()
     return w

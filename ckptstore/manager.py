@@ -47,7 +47,7 @@ from ckptstore.catalog import committed_steps, list_steps, step_name
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.staged import StagedWriter, local_tier_matches
-from ckptstore.dcp.writer import CkptWriter
+from ckptstore.dcp.writer import CkptWriter, shard_prefix
 from ckptstore.engine.commit import delete_checkpoint, finish_publish
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.store import Store
@@ -109,6 +109,7 @@ class CheckpointManager:
         on_busy: str = "wait",
         strict: bool = False,
         codec: str = "none",
+        key_layout: str = "flat",
         grace_period_s: float = 120.0,
         handle_sigterm: bool = False,
     ) -> None:
@@ -122,6 +123,8 @@ class CheckpointManager:
         self.on_busy = on_busy
         self.strict = strict
         self.codec = codec
+        shard_prefix(0, key_layout)  # validates it
+        self.key_layout = key_layout
         self.grace_period_s = grace_period_s
         self.records: list[SaveRecord] = []
         self._distributed = dist.is_available() and dist.is_initialized()
@@ -208,6 +211,7 @@ class CheckpointManager:
         url = self.root.child(step_name(step))
         common: dict[str, Any] = dict(
             codec=self.codec,
+            key_layout=self.key_layout,
             step=step,
             engine=self.engine,
             config=self.engine.config,

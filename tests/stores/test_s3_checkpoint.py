@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import ckptstore
+from ckptstore.dcp.writer import shard_prefix
 from ckptstore.engine.commit import open_committed
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.store import Buffer
@@ -147,3 +148,19 @@ def test_reshard_four_ranks_to_two(seaweedfs: Any, step_url: str) -> None:
     assert sizes == [ROWS * COLS // 4] * 4  # each rank held (and wrote) a quarter
     assert open_committed(S3Store(step_url, options)).manifest.world_size == 4
     assert run_distributed(_load_body, 2, step_url, options, 0) == [(True, 5), (True, 5)]
+
+
+def _spread_body(rank: int, world: int, url: str, options: dict) -> tuple[bool, Any]:
+    state = {"w": _mesh_tensor(world, expected_tensor(), 0), "step": 5}
+    ckptstore.save(state, ckptstore.writer(url, storage_options=options, key_layout="spread"))
+    return _load_body(rank, world, url, options, dim=1)
+
+
+@pytest.mark.distributed
+def test_two_rank_spread_key_layout(seaweedfs: Any, step_url: str) -> None:
+    options = seaweedfs.storage_options
+    assert run_distributed(_spread_body, 2, step_url, options) == [(True, 5), (True, 5)]
+    shards = [n for n in S3Store(step_url, options).find() if n.endswith(".distcp")]
+    assert sorted(n.rpartition("/")[0] + "/" for n in shards) == sorted(
+        shard_prefix(r, "spread").partition("__")[0] for r in range(2)
+    )

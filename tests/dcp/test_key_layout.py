@@ -1,0 +1,67 @@
+"""key_layout="spread": shard files under 256 sub-prefixes, loadable by every reader."""
+
+import os
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import ckptstore
+from ckptstore.dcp.writer import shard_prefix
+from ckptstore.engine.commit import open_committed
+from ckptstore.errors import ConfigError
+from ckptstore.stores.local import LocalStore
+
+pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
+
+
+def state() -> dict:
+    g = torch.Generator().manual_seed(3)
+    return {"w": torch.randn(128, 32, generator=g), "meta": {"step": 3}}
+
+
+def test_shard_prefix_spreads_ranks_evenly_and_stably() -> None:
+    assert shard_prefix(7, "flat") == "__7_"
+    spread = [shard_prefix(r, "spread") for r in range(4096)]
+    assert all(
+        p[2] == "/" and int(p[:2], 16) < 256 and p.endswith(f"__{r}_") for r, p in enumerate(spread)
+    )
+    heads = [p[:2] for p in spread]
+    assert len(set(heads)) == 256  # every sub-prefix used
+    assert max(heads.count(h) for h in set(heads)) <= 3 * 4096 // 256  # none is hot
+    assert shard_prefix(7, "spread") == shard_prefix(7, "spread")
+    with pytest.raises(ConfigError, match="key_layout"):
+        shard_prefix(0, "hashed")
+    with pytest.raises(ConfigError, match="key_layout"):
+        ckptstore.writer("/tmp/never-written", key_layout="random")
+
+
+def test_spread_checkpoint_round_trips_and_loads_with_stock_reader(tmp_path) -> None:
+    path = str(tmp_path / "step_000000003")
+    ckptstore.save(state(), ckptstore.writer(path, key_layout="spread"))
+    manifest = open_committed(LocalStore(path)).manifest
+    shards = [name for name in manifest.files if name.endswith(".distcp")]
+    assert shards and all(name.startswith(shard_prefix(0, "spread")) for name in shards)
+    assert os.path.isfile(os.path.join(path, shards[0]))
+    for load in (
+        lambda out: ckptstore.load(out, path),
+        lambda out: dcp.load(out, storage_reader=dcp.FileSystemReader(path), no_dist=True),
+    ):
+        out = {"w": torch.zeros(128, 32), "meta": {"step": 0}}
+        load(out)
+        assert torch.equal(out["w"], state()["w"]) and out["meta"] == {"step": 3}
+
+
+def test_manager_with_spread_layout_keeps_and_deletes_whole_steps(tmp_path) -> None:
+    root = str(tmp_path / "run")
+    with ckptstore.CheckpointManager(
+        root, keep=ckptstore.KeepLast(1), async_save=False, key_layout="spread"
+    ) as mgr:
+        for step in (1, 2, 3):
+            mgr.save(step, state())
+        assert mgr.steps() == [3]
+    assert sorted(os.listdir(root)) == ["step_000000003"]
+    out = {"w": torch.zeros(128, 32), "meta": {"step": 0}}
+    with ckptstore.CheckpointManager(root, key_layout="spread") as mgr:
+        assert mgr.restore(out) == 3
+    assert torch.equal(out["w"], state()["w"])
