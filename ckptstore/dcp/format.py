@@ -9,6 +9,11 @@ checkpoints. With ``codec="zstd"`` each item's bytes are zstd-compressed on thei
 from __future__ import annotations
 
 import io
+import pickle
+import struct
+import sys
+import zipfile
+from collections import OrderedDict
 from dataclasses import dataclass
 from typing import IO, Any, cast
 
@@ -93,8 +98,117 @@ class _ViewReader(io.RawIOBase):
 
 
 def decode_tensor(data: bytes | bytearray | memoryview) -> torch.Tensor:
-    reader = cast(IO[bytes], _ViewReader(data))
+    """The tensor ``torch.save`` wrote into ``data``: a view of ``data`` when it can be.
+
+    A plain dense tensor (what DCP saves) comes back as ``torch.frombuffer`` of its record,
+    with the saved size, stride and offset: no copy, and it aliases ``data`` (the caller
+    copies it into its target). Anything else (a read-only buffer, another byte order,
+    several storages, a quantized or sparse tensor) goes through ``torch.load``, which
+    copies the record into a new storage.
+    """
+    view = memoryview(data).cast("B")
+    if not view.readonly:
+        tensor = _tensor_view(view)
+        if tensor is not None:
+            return tensor
+    reader = cast(IO[bytes], _ViewReader(view))
     return torch.load(reader, map_location="cpu", weights_only=True)
+
+
+class _NotPlain(Exception):
+    """The pickle holds something other than one plain tensor: use torch.load."""
+
+
+@dataclass(frozen=True)
+class _Storage:
+    dtype: torch.dtype
+    key: str
+    numel: int
+
+
+@dataclass(frozen=True)
+class _TensorRecord:
+    storage: _Storage
+    offset: int
+    size: tuple[int, ...]
+    stride: tuple[int, ...]
+
+
+def _rebuild_tensor_v2(
+    storage: Any, offset: int, size: Any, stride: Any, *_: Any, **__: Any
+) -> _TensorRecord:
+    if not isinstance(storage, _Storage):
+        raise _NotPlain
+    return _TensorRecord(storage, int(offset), tuple(size), tuple(stride))
+
+
+class _TensorUnpickler(pickle.Unpickler):
+    """Reads the ``data.pkl`` of ``torch.save(tensor)`` without building anything.
+
+    Hand-written because torch offers no public way to load a saved tensor as a view of
+    bytes already in memory (``torch.load(mmap=True)`` needs a file name); it admits only
+    what a dense tensor's pickle holds and refuses everything else (``_NotPlain``).
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) == ("torch._utils", "_rebuild_tensor_v2"):
+            return _rebuild_tensor_v2
+        if (module, name) == ("collections", "OrderedDict"):
+            return OrderedDict
+        if module == "torch" and name.endswith("Storage"):
+            return name
+        raise _NotPlain
+
+    def persistent_load(self, pid: Any) -> _Storage:
+        if not (isinstance(pid, tuple) and len(pid) == 5 and pid[0] == "storage"):
+            raise _NotPlain
+        _, storage_type, key, _location, numel = pid
+        if not isinstance(storage_type, str):
+            raise _NotPlain
+        try:
+            from torch.storage import _get_dtype_from_pickle_storage_type
+
+            dtype = _get_dtype_from_pickle_storage_type(storage_type)
+        except (ImportError, KeyError):
+            raise _NotPlain from None
+        return _Storage(dtype, str(key), int(numel))
+
+
+def _tensor_view(view: memoryview) -> torch.Tensor | None:
+    """``torch.save(tensor)``'s bytes in ``view`` as a tensor aliasing ``view``, or None."""
+    try:
+        with zipfile.ZipFile(cast(IO[bytes], _ViewReader(view))) as zf:
+            names = zf.namelist()
+            pkl = next((n for n in names if n.endswith("/data.pkl")), None)
+            if pkl is None:
+                return None
+            root = pkl[: -len("data.pkl")]
+            order = f"{root}byteorder"
+            if order in names and zf.read(order).decode() != sys.byteorder:
+                return None
+            record = _TensorUnpickler(io.BytesIO(zf.read(pkl))).load()
+            if not isinstance(record, _TensorRecord):
+                return None
+            storage = record.storage
+            info = zf.getinfo(f"{root}data/{storage.key}")
+    except (_NotPlain, KeyError, ValueError, zipfile.BadZipFile, pickle.UnpicklingError):
+        return None
+    itemsize = torch.empty((), dtype=storage.dtype).element_size()
+    nbytes = storage.numel * itemsize
+    if info.compress_type != zipfile.ZIP_STORED or info.file_size != nbytes or nbytes == 0:
+        return None
+    header = bytes(view[info.header_offset : info.header_offset + 30])
+    if len(header) < 30 or header[:4] != b"PK\x03\x04":
+        return None
+    name_len, extra_len = struct.unpack("<HH", header[26:30])
+    start = info.header_offset + 30 + name_len + extra_len
+    last = record.offset + sum((n - 1) * st for n, st in zip(record.size, record.stride))
+    if start + nbytes > len(view) or record.offset < 0 or min(record.size, default=1) < 1:
+        return None
+    if last >= storage.numel or min(record.stride, default=0) < 0:
+        return None
+    flat = torch.frombuffer(view, dtype=storage.dtype, count=storage.numel, offset=start)
+    return flat.as_strided(record.size, record.stride, record.offset)
 
 
 def _zstd():  # type: ignore[no-untyped-def]

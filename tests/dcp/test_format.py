@@ -1,0 +1,58 @@
+"""decode_tensor: saved tensors come back as views of the read buffer, bit for bit."""
+
+import io
+
+import pytest
+import torch
+
+from ckptstore.dcp.format import _tensor_view, decode_tensor
+
+
+def saved(obj: object) -> bytearray:
+    buf = io.BytesIO()
+    torch.save(obj, buf)
+    return bytearray(buf.getvalue())
+
+
+CASES = {
+    "matrix": torch.arange(10.0).reshape(2, 5),
+    "transposed": torch.arange(10.0).reshape(2, 5).t(),
+    "bfloat16": torch.randn(3, 4, 5).to(torch.bfloat16),
+    "bool": torch.tensor([True, False, True]),
+    "scalar": torch.tensor(3.5),
+    "offset view": torch.arange(12, dtype=torch.int64)[2:],
+    "strided view": torch.randn(4, 4)[::2],
+    "int8": torch.arange(-5, 5, dtype=torch.int8),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_plain_tensors_decode_as_views_of_the_buffer(name: str) -> None:
+    tensor = CASES[name]
+    data = saved(tensor)
+    out = decode_tensor(data)
+    assert torch.equal(out, tensor) and out.dtype == tensor.dtype
+    assert out.stride() == tensor.stride() and out.storage_offset() == tensor.storage_offset()
+    base = torch.frombuffer(data, dtype=torch.uint8).data_ptr()
+    assert base <= out.data_ptr() < base + len(data)  # no copy: it aliases the buffer
+
+
+def test_everything_else_falls_back_to_torch_load() -> None:
+    for other in (
+        torch.zeros(0, 3),
+        torch.eye(3).to_sparse(),
+    ):
+        data = saved(other)
+        assert _tensor_view(memoryview(data)) is None
+        out = decode_tensor(data)
+        assert out.shape == other.shape and torch.equal(out.to_dense(), other.to_dense())
+    assert _tensor_view(memoryview(saved({"not": "a tensor"}))) is None
+    readonly = bytes(saved(CASES["matrix"]))  # a view would be read-only: copied instead
+    assert torch.equal(decode_tensor(readonly), CASES["matrix"])
+
+
+def test_damaged_bytes_never_give_an_out_of_bounds_view() -> None:
+    data = saved(torch.arange(100.0))
+    assert _tensor_view(memoryview(data[: len(data) // 2])) is None  # truncated: no zip
+    with pytest.raises(Exception):  # noqa: B017 - torch.load's own error, whatever it is
+        decode_tensor(data[: len(data) // 2])
