@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 
 import pytest
 
 import ckptstore
-from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import StoreAccessError, TransferError, TransientStoreError
@@ -22,15 +20,9 @@ from ckptstore.testing.dist import free_port
 from ckptstore.testing.faults import Fault, FaultyStore
 from ckptstore.testing.objstore import ProbeStore, StatusServer
 
-pytestmark = [
-    pytest.mark.server,
-    # single-process DCP saves/loads (no process group) are intended here
-    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
-]
+from .objstore import CFG, FAST, PART, SERVER_MARKS, new_bucket
 
-PART = 64 * 1024
-FAST = RetryConfig(attempts=4, base_backoff_s=0.01, max_backoff_s=0.05, request_timeout_s=10)
-CFG = TransferConfig(part_size=PART, concurrency=4, memory_budget=16 * PART, retry=FAST)
+pytestmark = SERVER_MARKS
 WRONG_KEY = "d3JvbmcK" * 11  # valid base64, not the account's key
 
 
@@ -42,9 +34,7 @@ def server(azurite_server):
 
 @pytest.fixture
 def container(server) -> str:
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    server.create_bucket(name)
-    return name
+    return new_bucket(server)
 
 
 @pytest.fixture

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
 
 import pytest
 
 import ckptstore
-from ckptstore.config import RetryConfig, TransferConfig
+from ckptstore.config import TransferConfig
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import StoreAccessError, TransferError, TransientStoreError
@@ -25,15 +24,9 @@ from ckptstore.testing.objstore import (
     dcp_reshard_save_rank,
 )
 
-pytestmark = [
-    pytest.mark.server,
-    # single-process DCP saves/loads (no process group) are intended here
-    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
-]
+from .objstore import CFG, FAST, PART, SERVER_MARKS, new_bucket
 
-PART = 64 * 1024
-FAST = RetryConfig(attempts=4, base_backoff_s=0.01, max_backoff_s=0.05, request_timeout_s=10)
-CFG = TransferConfig(part_size=PART, concurrency=4, memory_budget=16 * PART, retry=FAST)
+pytestmark = SERVER_MARKS
 
 
 # -- fixtures: one server per module, one bucket per test ------------------------------
@@ -44,9 +37,7 @@ def server(fake_gcs_server):
 
 @pytest.fixture
 def bucket(server) -> str:
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    server.create_bucket(name)
-    return name
+    return new_bucket(server)
 
 
 @pytest.fixture

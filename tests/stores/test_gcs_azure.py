@@ -10,7 +10,6 @@ object and range, a two-rank save and load). The store contract itself is
 from __future__ import annotations
 
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -33,15 +32,9 @@ from ckptstore.stores import open_store
 from ckptstore.testing.dist import run_distributed
 from ckptstore.testing.objstore import Blackhole, dcp_roundtrip_rank, race_put_if_absent
 
-pytestmark = [
-    pytest.mark.server,
-    # single-process DCP saves/loads (no process group) are intended here
-    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
-]
+from .objstore import CFG, FAST, SERVER_MARKS, new_bucket
 
-PART = 64 * 1024
-FAST = RetryConfig(attempts=4, base_backoff_s=0.01, max_backoff_s=0.05, request_timeout_s=10)
-CFG = TransferConfig(part_size=PART, concurrency=4, memory_budget=16 * PART, retry=FAST)
+pytestmark = SERVER_MARKS
 
 
 @dataclass(frozen=True)
@@ -96,8 +89,7 @@ class Bucket:
 def bucket(request: pytest.FixtureRequest) -> Bucket:
     backend = BACKENDS[request.param]
     server = request.getfixturevalue(backend.fixture)
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    server.create_bucket(name)
+    name = new_bucket(server)
     return Bucket(backend, server, name, server.store(f"{name}/root", retry=FAST))
 
 
