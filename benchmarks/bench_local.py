@@ -32,7 +32,6 @@ on stdout and JSON in benchmarks/results/bench_local-<timestamp>.json.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
 import shutil
@@ -47,11 +46,19 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling rss.py in the ranks
 
+from _report import (  # noqa: E402 - a sibling module, found via sys.path
+    cell,
+    load_average,
+    machine_line,
+    markdown_table,
+    mem_gib,
+    write_results,
+)
+
 __all__ = ["BenchConfig", "main", "run"]
 
 SAVES = ("torch.save", "stock DCP", "ckptstore")
 LOADS = {"stock DCP": "stock DCP load", "ckptstore": "ckptstore load (verified)"}
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 @dataclass(frozen=True)
@@ -239,14 +246,9 @@ def _machine(base: str) -> dict[str, Any]:
 
     import torch
 
-    mem_kib = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                mem_kib = int(line.split()[1])
     return {
         "nproc": os.cpu_count(),
-        "mem_gib": round(mem_kib / 1024**2, 1),
+        "mem_gib": mem_gib(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
@@ -286,17 +288,19 @@ def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> 
 
 
 def format_table(rows: dict[str, Any]) -> str:
-    out = [
-        "| contender | median s | min–max s | GB/s | × torch.save | × stock DCP |",
-        "| --- | ---: | ---: | ---: | ---: | ---: |",
+    header = ["contender", "median s", "min–max s", "GB/s", "× torch.save", "× stock DCP"]
+    cells = [
+        [
+            n,
+            cell(r["median_s"]),
+            f"{cell(r['min_s'])}–{cell(r['max_s'])}",
+            cell(r["gb_per_s"]),
+            cell(r["vs_torch_save"]),
+            cell(r["vs_stock_dcp"]),
+        ]
+        for n, r in rows.items()
     ]
-    for n, r in rows.items():
-        vs_ts = "—" if r["vs_torch_save"] is None else f"{r['vs_torch_save']:.2f}"
-        out.append(
-            f"| {n} | {r['median_s']:.2f} | {r['min_s']:.2f}–{r['max_s']:.2f} | "
-            f"{r['gb_per_s']:.2f} | {vs_ts} | {r['vs_stock_dcp']:.2f} |"
-        )
-    return "\n".join(out)
+    return markdown_table(header, "lrrrrr", cells)
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
@@ -306,13 +310,13 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
     base = tempfile.mkdtemp(prefix="ckptstore-bench-") if made_base else cfg.dir
     os.makedirs(base, exist_ok=True)
     try:
-        load_before = os.getloadavg()
+        load_before = load_average()
         t0 = time.perf_counter()
         rounds_by_rank = run_distributed(_rank_main, cfg.world, cfg, base, timeout=1800)
         wall = time.perf_counter() - t0
         machine = _machine(base)
-        machine["loadavg_before"] = [round(x, 2) for x in load_before]
-        machine["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        machine["loadavg_before"] = load_before
+        machine["loadavg_after"] = load_average()
     finally:
         if made_base:
             shutil.rmtree(base, ignore_errors=True)
@@ -364,16 +368,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{n} {res['rows'][n]['rank0_detail'][0]['bytes_on_disk'] / 2**20:.1f} MiB" for n in SAVES
     )
     print(f"bytes on disk per checkpoint: {on_disk}")
-    m = res["machine"]
-    print(
-        f"machine: {m['nproc']} cores, {m['mem_gib']} GiB; load average (1/5/15 min) "
-        f"before {m['loadavg_before']}, after {m['loadavg_after']}"
-    )
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    out = os.path.join(RESULTS_DIR, f"bench_local-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    with open(out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(f"JSON: {os.path.relpath(out)}")
+    print(machine_line(res["machine"]))
+    print(f"JSON: {os.path.relpath(write_results('bench_local', res))}")
     return 0
 
 

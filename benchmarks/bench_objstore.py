@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import argparse
 import glob
-import json
 import multiprocessing
 import os
 import platform
@@ -72,7 +71,15 @@ from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from objstore_contenders import (  # noqa: E402 - a sibling module, found via sys.path
+from _report import (  # noqa: E402 - sibling modules, found via sys.path
+    cell,
+    load_average,
+    machine_line,
+    markdown_table,
+    mem_gib,
+    write_results,
+)
+from objstore_contenders import (  # noqa: E402
     BUCKET,
     CONTENDERS,
     LINKS,
@@ -90,8 +97,6 @@ from objstore_contenders import (  # noqa: E402 - a sibling module, found via sy
 )
 
 __all__ = ["BenchConfig", "main", "run"]
-
-RESULTS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 
 
 def _timed(ctx: RankCtx, fn: Callable[[], Any]) -> dict[str, float]:
@@ -189,11 +194,6 @@ def _rank_main(
 def _machine() -> dict[str, Any]:
     import torch
 
-    mem_kib = 0
-    with open("/proc/meminfo") as f:
-        for line in f:
-            if line.startswith("MemTotal:"):
-                mem_kib = int(line.split()[1])
     cpu = ""
     with open("/proc/cpuinfo") as f:
         for line in f:
@@ -209,7 +209,7 @@ def _machine() -> dict[str, Any]:
     return {
         "nproc": os.cpu_count(),
         "cpu": cpu,
-        "mem_gib": round(mem_kib / 1024**2, 1),
+        "mem_gib": mem_gib(),
         "python": platform.python_version(),
         "torch": torch.__version__,
         "platform": platform.platform(),
@@ -265,38 +265,40 @@ def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> 
 
 def format_table(rows: list[dict[str, Any]], op: str) -> str:
     head = "FsspecWriter" if op == "save" else "FsspecReader"
-    out = [
-        f"| {op} | link | median s | min–max s | MB/s | % of ceiling | × {head} (speed-up) |",
-        "| --- | --- | ---: | ---: | ---: | ---: | ---: |",
+    header = [op, "link", "median s", "min–max s", "MB/s", "% of ceiling", f"× {head} (speed-up)"]
+    cells = [
+        [
+            r["label"],
+            r["link"],
+            cell(r["median_s"]),
+            f"{cell(r['min_s'])}–{cell(r['max_s'])}",
+            cell(r["mb_per_s"], ".0f"),
+            cell(r["pct_of_ceiling"], ".0f", " %"),
+            cell(r["x_fsspec"]),
+        ]
+        for r in rows
+        if r["op"] == op
     ]
-    for r in rows:
-        if r["op"] != op:
-            continue
-        pct = "—" if r["pct_of_ceiling"] is None else f"{r['pct_of_ceiling']:.0f} %"
-        x = "—" if r["x_fsspec"] is None else f"{r['x_fsspec']:.2f}"
-        out.append(
-            f"| {r['label']} | {r['link']} | {r['median_s']:.2f} | "
-            f"{r['min_s']:.2f}–{r['max_s']:.2f} | {r['mb_per_s']:.0f} | {pct} | {x} |"
-        )
-    return "\n".join(out)
+    return markdown_table(header, "llrrrrr", cells)
 
 
 def format_cpu(rows: list[dict[str, Any]]) -> str:
     """CPU seconds of clients, server and link per operation; MB through the shaped link."""
-    out = [
-        "| contender | op | link | clients CPU s (all ranks) | SeaweedFS CPU s "
-        "| link CPU s | MB through the link |",
-        "| --- | --- | --- | ---: | ---: | ---: | ---: |",
+    header = ["contender", "op", "link", "clients CPU s (all ranks)", "SeaweedFS CPU s"]
+    header += ["link CPU s", "MB through the link"]
+    cells = [
+        [
+            r["label"],
+            r["op"],
+            r["link"],
+            cell(r["client_cpu_s"], ".1f"),
+            cell(r["server_cpu_s"], ".1f"),
+            cell(r["link_cpu_s"] if r["link"] == "shaped" else None, ".1f"),
+            cell(r["link_mb"] if r["link"] == "shaped" else None, ".0f"),
+        ]
+        for r in rows
     ]
-    for r in rows:
-        shaped = r["link"] == "shaped"
-        proxy = f"{r['link_cpu_s']:.1f}" if shaped else "—"
-        moved = f"{r['link_mb']:.0f}" if shaped else "—"
-        out.append(
-            f"| {r['label']} | {r['op']} | {r['link']} | {r['client_cpu_s']:.1f} | "
-            f"{r['server_cpu_s']:.1f} | {proxy} | {moved} |"
-        )
-    return "\n".join(out)
+    return markdown_table(header, "lllrrrr", cells)
 
 
 def targets(rows: list[dict[str, Any]]) -> list[str]:
@@ -348,15 +350,15 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             "AWS_SECRET_ACCESS_KEY": server.secret,
             "AWS_EC2_METADATA_DISABLED": "true",
         }
-        load_before = os.getloadavg()
+        load_before = load_average()
         t0 = time.perf_counter()
         rounds_by_rank = run_distributed(
             _rank_main, cfg.world, cfg, endpoints, pids, vacuum, counters, timeout=3600, env=env
         )
         wall = time.perf_counter() - t0
         machine = _machine()
-        machine["loadavg_before"] = [round(x, 2) for x in load_before]
-        machine["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+        machine["loadavg_before"] = load_before
+        machine["loadavg_after"] = load_average()
         link_stats = link.stats()
     finally:
         if link is not None:
@@ -467,16 +469,8 @@ def main(argv: list[str] | None = None) -> int:
         print("\n" + format_table(res["rows"], "load"))
     print("\nCPU and traffic per operation (medians):\n" + format_cpu(res["rows"]))
     print("\n" + "\n".join(targets(res["rows"])))
-    m = res["machine"]
-    print(
-        f"\nwall {res['wall_s']:.0f} s; machine: {m['nproc']} cores, {m['mem_gib']} GiB; "
-        f"load average (1/5/15 min) before {m['loadavg_before']}, after {m['loadavg_after']}"
-    )
-    os.makedirs(RESULTS_DIR, exist_ok=True)
-    out = os.path.join(RESULTS_DIR, f"bench_objstore-{time.strftime('%Y%m%d-%H%M%S')}.json")
-    with open(out, "w") as f:
-        json.dump(res, f, indent=2)
-    print(f"JSON: {os.path.relpath(out)}")
+    print(f"\nwall {res['wall_s']:.0f} s; {machine_line(res['machine'])}")
+    print(f"JSON: {os.path.relpath(write_results('bench_objstore', res))}")
     return 0
 
 

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from ckptstore import errors as _errors
 from ckptstore.config import RetryConfig, TransferConfig
-from ckptstore.errors import (
+from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes from there
     CheckpointExistsError,
     CkptStoreError,
     CommitConflictError,
@@ -81,17 +82,5 @@ __all__ = [
     "RNGState",
     "TransferConfig",
     "RetryConfig",
-    "CkptStoreError",
-    "ConfigError",
-    "MissingDependencyError",
-    "IncompleteCheckpointError",
-    "CorruptCheckpointError",
-    "CheckpointExistsError",
-    "CommitConflictError",
-    "StoreNotFoundError",
-    "StoreAccessError",
-    "TransientStoreError",
-    "TransferError",
-    "DurabilityError",
-    "StorageFullError",
+    *_errors.CHECKPOINT_ERRORS,
 ]

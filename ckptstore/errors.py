@@ -7,7 +7,8 @@ for a refused credential, ...). Messages say what happened and what to do.
 
 from __future__ import annotations
 
-__all__ = [
+#: The errors ``import ckptstore`` exports too (the data layer's stay here).
+CHECKPOINT_ERRORS = [
     "CkptStoreError",
     "ConfigError",
     "MissingDependencyError",
@@ -21,12 +22,17 @@ __all__ = [
     "TransferError",
     "DurabilityError",
     "StorageFullError",
+]
+
+__all__ = [
+    *CHECKPOINT_ERRORS,
     "EmptyDatasetError",
     "DatasetChangedError",
     "ShardFormatError",
     "CacheError",
     "CacheTooSmallError",
     "missing_dependency",
+    "CHECKPOINT_ERRORS",
 ]
 
 

@@ -28,7 +28,7 @@ import shutil
 import uuid
 import warnings
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
 
@@ -41,7 +41,17 @@ from ckptstore.stores.local import LocalStore
 
 from ._codec import from_uint8, load_step, refuse_multiprocess, to_uint8
 
-__all__ = ["FolderCheckpoints", "INDEX_KEY", "FILE_PREFIX", "QUARANTINE", "quarantine"]
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
+
+__all__ = [
+    "FolderCheckpoints",
+    "ManagerOptions",
+    "INDEX_KEY",
+    "FILE_PREFIX",
+    "QUARANTINE",
+    "quarantine",
+]
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +60,23 @@ FILE_PREFIX = "folder/files/"
 INDEX_FORMAT = "ckptstore.folder"
 #: Where local folders that do not match a committed step are moved.
 QUARANTINE = ".ckptstore-uncommitted"
+
+
+class ManagerOptions(TypedDict, total=False):
+    """The ``CheckpointManager`` options a folder plugin passes through, as keywords.
+
+    Each means what it means there, with its default: ``storage_options`` (None),
+    ``staging_dir`` (None), ``keep`` (None: ``KeepLast(3)``), ``async_save`` (True),
+    ``config`` (None: ``TransferConfig()``), ``codec`` ("none"), ``strict`` (False).
+    """
+
+    storage_options: dict[str, Any] | None
+    staging_dir: str | None
+    keep: RetentionPolicy | None
+    async_save: bool
+    config: TransferConfig | None
+    codec: str
+    strict: bool
 
 
 def _read(path: str, size: int) -> torch.Tensor:
@@ -84,30 +111,21 @@ def quarantine(folder: str, qdir: str) -> str:
 
 
 class FolderCheckpoints:
-    """Local checkpoint folders as committed steps under ``root``; see the module docstring."""
+    """Local checkpoint folders as committed steps under ``root``; see the module docstring.
 
-    def __init__(
-        self,
-        root: str,
-        *,
-        storage_options: dict[str, Any] | None = None,
-        staging_dir: str | None = None,
-        keep: RetentionPolicy | None = None,
-        async_save: bool = True,
-        config: TransferConfig | None = None,
-        codec: str = "none",
-        strict: bool = False,
-    ) -> None:
+    ``options``: :class:`ManagerOptions`, for the ``CheckpointManager`` made on first use.
+    """
+
+    def __init__(self, root: str, **options: Unpack[ManagerOptions]) -> None:
+        known = ManagerOptions.__optional_keys__
+        unknown = sorted(set(options) - known)
+        if unknown:  # as a signature would: now, not when the manager is first made
+            raise TypeError(
+                f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; the "
+                f"CheckpointManager options a plugin takes are {', '.join(sorted(known))}"
+            )
         self.root = root
-        self._kwargs: dict[str, Any] = dict(
-            storage_options=storage_options,
-            staging_dir=staging_dir,
-            keep=keep,
-            async_save=async_save,
-            config=config,
-            codec=codec,
-            strict=strict,
-        )
+        self._options = options
         self._mgr: CheckpointManager | None = None
 
     @property
@@ -115,7 +133,7 @@ class FolderCheckpoints:
         """The ``CheckpointManager`` (made on first use, so a plugin costs nothing until then)."""
         if self._mgr is None:
             refuse_multiprocess(type(self).__name__)
-            self._mgr = CheckpointManager(self.root, **self._kwargs)
+            self._mgr = CheckpointManager(self.root, **self._options)
         return self._mgr
 
     # -- saving --------------------------------------------------------------------------

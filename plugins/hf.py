@@ -40,14 +40,15 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ckptstore.config import TransferConfig
 from ckptstore.errors import ConfigError, missing_dependency
-from ckptstore.retention import RetentionPolicy
 
 from ._codec import trailing_int
-from ._folder import QUARANTINE, FolderCheckpoints, quarantine
+from ._folder import QUARANTINE, FolderCheckpoints, ManagerOptions, quarantine
+
+if TYPE_CHECKING:
+    from typing_extensions import Unpack
 
 try:
     from accelerate.checkpointing import save_custom_state
@@ -79,32 +80,15 @@ class CkptStoreCallback(TrainerCallback):
     With ``sync_on_init`` (default) the callback prepares ``args.output_dir`` when the
     Trainer is built, so ``train(resume_from_checkpoint=True)`` finds the newest committed
     checkpoint even on a machine that never saw it. ``keep`` prunes committed steps
-    (default ``KeepLast(3)``); ``save_total_limit`` still prunes the local folders.
+    (default ``KeepLast(3)``); ``save_total_limit`` still prunes the local folders. The
+    other ``options`` (:class:`~ckptstore.plugins._folder.ManagerOptions`) pass through
+    to the ``CheckpointManager``.
     """
 
     def __init__(
-        self,
-        root: str,
-        *,
-        storage_options: dict[str, Any] | None = None,
-        staging_dir: str | None = None,
-        keep: RetentionPolicy | None = None,
-        async_save: bool = True,
-        config: TransferConfig | None = None,
-        codec: str = "none",
-        strict: bool = False,
-        sync_on_init: bool = True,
+        self, root: str, *, sync_on_init: bool = True, **options: Unpack[ManagerOptions]
     ) -> None:
-        self.folders = FolderCheckpoints(
-            root,
-            storage_options=storage_options,
-            staging_dir=staging_dir,
-            keep=keep,
-            async_save=async_save,
-            config=config,
-            codec=codec,
-            strict=strict,
-        )
+        self.folders = FolderCheckpoints(root, **options)
         self.sync_on_init = sync_on_init
 
     def prepare_resume(self, output_dir: str) -> str | None:
@@ -140,33 +124,15 @@ class CkptStoreAccelerate:
     """Accelerate save/load-state hooks uploading every ``save_state`` folder to ``root``.
 
     See the module docstring for the call order. Folder names must end with a step
-    number (``automatic_checkpoint_naming`` gives ``checkpoint_<i>``).
+    number (``automatic_checkpoint_naming`` gives ``checkpoint_<i>``). ``options``
+    (:class:`~ckptstore.plugins._folder.ManagerOptions`) pass through to the
+    ``CheckpointManager``.
     """
 
     FORMAT = "ckptstore.accelerate"
 
-    def __init__(
-        self,
-        root: str,
-        *,
-        storage_options: dict[str, Any] | None = None,
-        staging_dir: str | None = None,
-        keep: RetentionPolicy | None = None,
-        async_save: bool = True,
-        config: TransferConfig | None = None,
-        codec: str = "none",
-        strict: bool = False,
-    ) -> None:
-        self.folders = FolderCheckpoints(
-            root,
-            storage_options=storage_options,
-            staging_dir=staging_dir,
-            keep=keep,
-            async_save=async_save,
-            config=config,
-            codec=codec,
-            strict=strict,
-        )
+    def __init__(self, root: str, **options: Unpack[ManagerOptions]) -> None:
+        self.folders = FolderCheckpoints(root, **options)
         self.accelerator: Any = None
         self._saving: tuple[int, str] | None = None
         self._uploading = False

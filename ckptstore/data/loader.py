@@ -19,6 +19,14 @@ The cursor advances in the main process when a batch is handed to the training l
 state is one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly
 there. The epoch's last global step may be short: low ranks get full batches, one rank a
 short one, the others an empty list ``[]`` (skip the step, but keep collectives in step).
+
+Seeds: torch draws the workers' base seed from a generator seeded with
+``order.loader_seed(seed, epoch, rank)``, never from the global torch RNG, which iterating
+leaves untouched. Worker w seeds ``torch`` / ``random`` / ``numpy.random`` with base + w
+(``get_worker_info().seed``), so a resume mid-epoch gives each worker the seed it had in the
+uninterrupted epoch, whatever happened to the global RNG in between. What a worker draws
+still depends on the samples it made before; augmentation that must be the same after any
+resume uses the ``seed`` that ``transform(sample, seed)`` receives (``order.sample_seed``).
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ from ckptstore.data.order import (
     agreed_cursor,
     check_resume,
     cursor_after,
+    loader_seed,
     next_epoch_boundary,
     num_batches,
 )
@@ -239,6 +248,10 @@ class DataLoader:
         extra: dict[str, Any] = {}
         if self.num_workers and self.prefetch_factor is not None:
             extra["prefetch_factor"] = self.prefetch_factor
+        # torch draws the workers' base seed from this generator, not the global torch RNG:
+        # worker seeds follow the data position, and iterating leaves the global RNG alone.
+        epoch = plan.k0 // self.dataset.num_samples
+        generator = torch.Generator().manual_seed(loader_seed(self.dataset.seed, epoch, self.rank))
         return TorchDataLoader(
             plan,
             batch_size=None,
@@ -248,6 +261,7 @@ class DataLoader:
             timeout=self.timeout,
             worker_init_fn=self.worker_init_fn,
             multiprocessing_context=self.multiprocessing_context if self.num_workers else None,
+            generator=generator,
             in_order=True,
             **extra,
         )

@@ -18,6 +18,8 @@ Contract (DESIGN.md, "Data order"):
   ``(j // B) % R``, that rank's batch ``j // (R*B)``, produced by worker ``batch % W``.
   Batches may span epochs. The loader's whole state is one cursor (:class:`OrderState`).
 - Augmentation randomness for a sample is :func:`sample_seed` (seed, epoch, sample id).
+- The torch DataLoader under a rank's loader draws its worker base seed from a generator
+  seeded with :func:`loader_seed` (seed, epoch, rank), never from the global torch RNG.
 
 Call order for a loader on rank ``r``:
 
@@ -54,6 +56,7 @@ __all__ = [
     "cursor_after",
     "epoch_batches",
     "epoch_permutation",
+    "loader_seed",
     "next_epoch_boundary",
     "num_batches",
     "rank_batch_indices",
@@ -64,6 +67,7 @@ __all__ = [
 ORDER_STATE_VERSION = 1
 _ORDER_DOMAIN = b"ckptstore.data.order/v1"
 _SEED_DOMAIN = "ckptstore.data.sample_seed/v1"
+_LOADER_SEED_DOMAIN = "ckptstore.data.loader_seed/v1"
 _MASK63 = (1 << 63) - 1
 
 IntArray = npt.NDArray[np.int64]
@@ -145,6 +149,11 @@ def epoch_permutation(
     return out
 
 
+def _hash63(domain: str, *parts: int) -> int:
+    text = "|".join([domain, *map(str, parts)]).encode()
+    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & _MASK63
+
+
 def sample_seed(seed: int, epoch: int, sample_index: int) -> int:
     """63-bit seed for one sample's augmentation: a stable hash of (seed, epoch, sample id).
 
@@ -154,8 +163,22 @@ def sample_seed(seed: int, epoch: int, sample_index: int) -> int:
     seed = _int("seed", seed, minimum=None)
     epoch = _int("epoch", epoch)
     sample_index = _int("sample_index", sample_index)
-    text = f"{_SEED_DOMAIN}|{seed}|{epoch}|{sample_index}".encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") & _MASK63
+    return _hash63(_SEED_DOMAIN, seed, epoch, sample_index)
+
+
+def loader_seed(seed: int, epoch: int, rank: int) -> int:
+    """63-bit seed of the ``torch.Generator`` behind rank ``rank``'s loader in epoch ``epoch``.
+
+    torch's DataLoader draws each iteration's base seed from that generator; worker ``w``
+    then seeds ``torch``, ``random`` and ``numpy.random`` from ``base + w``. So worker seeds
+    depend only on (seed, epoch, rank, worker id): an iteration resumed mid-epoch gives its
+    workers the seeds the uninterrupted epoch gave them, whatever the global torch RNG holds
+    (which the loader never draws from). Ranks get different seeds. A worker's draws still
+    depend on how many samples it made before; randomness that must survive any resume
+    belongs in ``transform(sample, seed)`` (:func:`sample_seed`).
+    """
+    seed = _int("seed", seed, minimum=None)
+    return _hash63(_LOADER_SEED_DOMAIN, seed, _int("epoch", epoch), _int("rank", rank))
 
 
 # --- assignment of the global stream to ranks, batches and workers -------------------------

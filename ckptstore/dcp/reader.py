@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.format import decode_tensor, decompress
+from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import METADATA_NAME, Committed, open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry
@@ -45,7 +46,6 @@ from ckptstore.errors import (
     IncompleteCheckpointError,
     StoreNotFoundError,
 )
-from ckptstore.stores import open_store
 
 __all__ = ["CkptReader", "StockCheckpointWarning"]
 
@@ -56,7 +56,7 @@ class StockCheckpointWarning(UserWarning):
     """Loading a checkpoint written by stock DCP: no manifest, so nothing is verified."""
 
 
-class CkptReader(StorageReader):
+class CkptReader(StoreBound, StorageReader):
     """Reads a DCP checkpoint from any ckptstore store. Build it with ``ckptstore.reader``."""
 
     def __init__(
@@ -69,19 +69,12 @@ class CkptReader(StorageReader):
         engine: TransferEngine | None = None,
     ) -> None:
         super().__init__()
-        self.storage_options = storage_options
-        self.config = config or TransferConfig()
-        self.store = open_store(url, storage_options, retry=self.config.retry)
-        self.engine = engine or TransferEngine.shared(self.config)
+        self._bind(url, storage_options, config, engine)
         self.verify = verify
         self.committed: Committed | None = None
         self._metadata_bytes = b""
         self.storage_data: dict[Any, Any] = {}
         self.open()
-
-    @property
-    def url(self) -> str:
-        return self.store.url
 
     @property
     def manifest(self) -> Manifest | None:
@@ -112,10 +105,7 @@ class CkptReader(StorageReader):
 
     # -- StorageReader -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        if checkpoint_id and str(checkpoint_id).rstrip("/") != self.url:
-            self.store = open_store(
-                str(checkpoint_id), self.storage_options, retry=self.config.retry
-            )
+        if self._rebind(checkpoint_id):
             self.open()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
@@ -217,7 +207,3 @@ class CkptReader(StorageReader):
             )
         target.copy_(tensor)
         planner.commit_tensor(req, target)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return True

@@ -39,6 +39,7 @@ from torch.futures import Future
 
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.format import ItemInfo, check_codec, compress, encode_item, write_item
+from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import publish, uncommit
 from ckptstore.engine.crashpoints import crashpoint
@@ -51,7 +52,6 @@ from ckptstore.errors import (
     ConfigError,
     StoreNotFoundError,
 )
-from ckptstore.stores import open_store
 
 __all__ = ["CkptWriter", "step_from_url"]
 
@@ -112,7 +112,7 @@ def _item_bytes(item: Any) -> int:
     return numel * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
 
 
-class CkptWriter(StorageWriter):
+class CkptWriter(StoreBound, StorageWriter):
     """Writes a DCP checkpoint to any ckptstore store. Build it with ``ckptstore.writer``."""
 
     def __init__(
@@ -131,10 +131,7 @@ class CkptWriter(StorageWriter):
         super().__init__()
         shard_prefix(0, key_layout)  # validates it
         self.key_layout = key_layout
-        self.storage_options = storage_options
-        self.config = config or TransferConfig()
-        self.store = open_store(url, storage_options, retry=self.config.retry)
-        self.engine = engine or TransferEngine.shared(self.config)
+        self._bind(url, storage_options, config, engine)
         self.overwrite = overwrite
         self.codec = check_codec(codec)
         self._step = step
@@ -146,19 +143,12 @@ class CkptWriter(StorageWriter):
         self.manifest_extra: dict[str, Any] = {}
 
     @property
-    def url(self) -> str:
-        return self.store.url
-
-    @property
     def step(self) -> int | None:
         return self._step if self._step is not None else step_from_url(self.url)
 
     # -- StorageWriter -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
-        if checkpoint_id and str(checkpoint_id).rstrip("/") != self.url:
-            self.store = open_store(
-                str(checkpoint_id), self.storage_options, retry=self.config.retry
-            )
+        self._rebind(checkpoint_id)
         self.attempt = uuid.uuid4().hex[:12]
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
@@ -280,10 +270,6 @@ class CkptWriter(StorageWriter):
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.url, save_id=self.attempt)
-
-    @classmethod
-    def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
-        return True
 
 
 def _version() -> str:

@@ -32,7 +32,6 @@ import json  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -127,28 +126,6 @@ def state_crcs(app: AppState) -> tuple[str, str]:
     """Checksums of (model + optimizer state, model state) as the log records them."""
     sd = app.state_dict()
     return tensor_crc(sd), tensor_crc(sd["model"])
-
-
-def isolated(loader: Any) -> Iterator[Any]:
-    """``iter(loader)`` that leaves the global torch RNG as it found it.
-
-    Workaround: each epoch (and each resume) the ckptstore DataLoader builds a torch
-    DataLoader, whose iterator draws a base seed from the *global* torch generator. Where
-    that draw lands depends on where the run resumed, so without this the dropout stream of
-    a resumed run drifts from an uninterrupted one.
-    """
-    import torch
-
-    it = iter(loader)
-    while True:
-        rng = torch.get_rng_state()
-        try:
-            batch = next(it)
-        except StopIteration:
-            return
-        finally:
-            torch.set_rng_state(rng)
-        yield batch
 
 
 def torch_save_blocking(path: str, app: AppState, rank: int) -> tuple[float, int]:
@@ -281,7 +258,7 @@ def main(argv: list[str] | None = None) -> None:
     step = restored or 0
     loss_sum = torch.zeros(1)
     while step < a.steps:
-        batches = isolated(loader)
+        batches = iter(loader)  # leaves the global torch RNG (dropout) alone
         while step < a.steps:
             t0 = time.time()
             k0 = loader.cursor

@@ -11,6 +11,8 @@ import logging
 from collections import Counter
 
 import pytest
+import torch
+from torch.utils.data import get_worker_info
 
 from ckptstore.data import DataLoader, DataOrderError, LoggingSink, ShardedDataset, sample_seed
 from ckptstore.errors import ConfigError
@@ -220,6 +222,73 @@ def test_augmentation_seed_is_pure_in_seed_epoch_and_sample(root) -> None:
                 assert s == sample_seed(17, epoch, i)
     seeds = Counter(s for b in DataLoader(ds, 5, prefetch=False) for s in b["seed"].tolist())
     assert len(seeds) == 59  # distinct per sample
+
+
+def _worker_seeds(sample, seed):
+    info = get_worker_info()
+    assert info is not None, "runs in a worker"
+    return {"id": sample["id"], "w": info.id, "seed": info.seed, "torch": torch.initial_seed()}
+
+
+def _seed_log(batches) -> dict[int, tuple[int, int, int]]:
+    """sample id -> (worker id, ``get_worker_info().seed``, ``torch.initial_seed()``)."""
+    out = {}
+    for b in batches:
+        if isinstance(b, list):
+            continue  # an empty tail batch
+        for i, w, s, t in zip(*(b[k].tolist() for k in ("id", "w", "seed", "torch"))):
+            out[i] = (w, s, t)
+    return out
+
+
+@pytest.mark.parametrize("stop", [4, 5])  # 4: a multiple of W, so every batch keeps its worker
+def test_worker_seeds_after_resume_match_uninterrupted(root, stop) -> None:
+    def loader() -> DataLoader:
+        return DataLoader(_ds(root, transform=_worker_seeds), 4, num_workers=2, prefetch=False)
+
+    torch.manual_seed(0)
+    whole = _seed_log(loader())
+    assert all(s == t for _, s, t in whole.values())  # worker seed is what torch was seeded with
+    assert len({s for _, s, _ in whole.values()}) == 2
+
+    torch.manual_seed(1)  # another global torch RNG than the uninterrupted run had
+    dl = loader()
+    it = iter(dl)
+    first = _seed_log(next(it) for _ in range(stop))
+    state = dl.state_dict()
+    del it
+    torch.manual_seed(2)  # the restarted process: its global RNG is anywhere
+    torch.rand(3)
+    resumed = loader()
+    resumed.load_state_dict(state)
+    rest = _seed_log(resumed)
+
+    assert sorted([*first, *rest]) == list(range(59))
+    assert first == {i: whole[i] for i in first}
+    by_worker = {w: s for w, s, _ in whole.values()}
+    assert {w: s for w, s, _ in rest.values()} == by_worker  # each worker: its seed again
+    if stop % 2 == 0:
+        assert rest == {i: whole[i] for i in rest}
+
+    nxt = _seed_log(resumed)  # the next epoch draws other seeds; so does another rank
+    assert sorted(nxt) == list(range(59))
+    assert not {s for _, s, _ in nxt.values()} & set(by_worker.values())
+    other = DataLoader(
+        _ds(root, transform=_worker_seeds), 4, 2, rank=1, world_size=2, prefetch=False
+    )
+    assert not {s for _, s, _ in _seed_log(other).values()} & set(by_worker.values())
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_iterating_leaves_the_global_torch_rng_alone(root, workers) -> None:
+    torch.manual_seed(5)
+    before = torch.get_rng_state()
+    dl = DataLoader(_ds(root), 8, num_workers=workers, prefetch=False)
+    assert sorted(i for b in dl for i in _ids(b)) == list(range(59))
+    it = iter(dl)
+    next(it)
+    del it
+    assert torch.equal(torch.get_rng_state(), before)
 
 
 def test_load_state_while_iterating_is_refused(root) -> None:

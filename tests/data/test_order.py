@@ -18,6 +18,7 @@ from ckptstore.data.order import (
     cursor_after,
     epoch_batches,
     epoch_permutation,
+    loader_seed,
     next_epoch_boundary,
     num_batches,
     rank_batch_indices,
@@ -110,6 +111,7 @@ def test_golden_values_are_stable() -> None:
         8, 7, 6, 9, 5, 4, 3, 1, 2, 0,
     ]  # fmt: skip
     assert sample_seed(0, 0, 0) == 7090135488894628809
+    assert loader_seed(0, 0, 0) == 4465041966467398425
 
 
 # --- properties of the order ---------------------------------------------------------------
@@ -278,6 +280,19 @@ def test_sample_seed_is_a_stable_63_bit_function(seed: int, epoch: int, index: i
 def test_sample_seed_spreads() -> None:
     values = {sample_seed(s, e, i) for s in range(3) for e in range(3) for i in range(50)}
     assert len(values) == 450
+
+
+@FAST
+@given(seed_st, st.integers(0, 2**40), st.integers(0, 2**20))
+def test_loader_seed_is_a_stable_63_bit_function(seed: int, epoch: int, rank: int) -> None:
+    value = loader_seed(seed, epoch, rank)
+    assert 0 <= value < 2**63
+    assert value == loader_seed(seed, epoch, rank) != sample_seed(seed, epoch, rank)
+
+
+def test_loader_seed_spreads_over_seeds_epochs_and_ranks() -> None:
+    values = {loader_seed(s, e, r) for s in range(3) for e in range(10) for r in range(10)}
+    assert len(values) == 300
 
 
 # --- loader state and resume checks ----------------------------------------------------------

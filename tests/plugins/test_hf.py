@@ -147,3 +147,16 @@ def test_accelerate_save_state_commits_and_resume_takes_the_committed_copy(tmp_p
     quarantined = sorted(os.listdir(os.path.join(project, ".ckptstore-uncommitted")))
     assert quarantined == ["checkpoint_2", "checkpoint_3"]
     assert committed(root_url) == [2, 3, 4]  # KeepLast(3)
+
+
+def test_manager_options_pass_through_and_unknown_ones_fail_at_once(tmp_path) -> None:
+    from ckptstore.plugins.hf import CkptStoreCallback
+    from ckptstore.retention import KeepLast
+
+    cb = CkptStoreCallback(str(tmp_path / "root"), keep=KeepLast(5), codec="zstd", strict=True)
+    mgr = cb.folders.manager
+    assert (mgr.keep, mgr.codec, mgr.strict) == (KeepLast(5), "zstd", True)
+    cb.close()
+    for cls in (CkptStoreCallback, CkptStoreAccelerate):
+        with pytest.raises(TypeError, match="'on_busy'.*storage_options"):
+            cls(str(tmp_path / "root"), on_busy="skip")  # a manager option no plugin takes

@@ -1,10 +1,17 @@
-"""The store contract, one suite for every backend in ``conftest.STORE_FACTORIES``."""
+"""The store contract, one suite for every backend in ``conftest.STORE_FACTORIES``.
+
+Including what the transfer engine and the commit protocol need of a store: a part that
+fails is retried, an upload that fails for good or stalls past the deadline leaves
+nothing, and of two attempts racing to publish one step exactly one commits.
+"""
 
 from __future__ import annotations
 
 import os
 import threading
+import time
 import warnings
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -12,16 +19,33 @@ import pytest
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.cleanup import sweep_multipart
+from ckptstore.engine.commit import open_committed, publish
+from ckptstore.engine.manifest import FileEntry, Manifest
 from ckptstore.engine.store import Part, Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import CommitConflictError, StoreNotFoundError
+from ckptstore.errors import (
+    CommitConflictError,
+    StoreNotFoundError,
+    TransferError,
+    TransientStoreError,
+)
 from ckptstore.stores._common import NonAtomicCreateWarning
+from ckptstore.testing.faults import Fault, FaultyStore
 
 KiB = 1024
+FAST = RetryConfig(attempts=4, base_backoff_s=0.01, max_backoff_s=0.05, request_timeout_s=10)
 
 
 def part_size(store: Store) -> int:
     return max(store.min_part_size, 256 * KiB)
+
+
+@pytest.fixture
+def engine(store: Store) -> Iterator[TransferEngine]:
+    size = part_size(store)
+    config = TransferConfig(part_size=size, concurrency=4, memory_budget=8 * size, retry=FAST)
+    with TransferEngine(config) as e:
+        yield e
 
 
 def test_put_get_ranges_size_exists(store: Store) -> None:
@@ -103,6 +127,9 @@ def test_delete_and_delete_prefix(store: Store) -> None:
         store.put(name, b"x")
     store.delete("keep/1")
     assert not store.exists("keep/1")
+    with pytest.raises(StoreNotFoundError):
+        store.get("keep/1")
+    store.delete("keep/1")  # gone already: fine
     store.delete_prefix("gone")
     assert store.find() == ["gone2"]
     assert "gone" not in store.listdir()  # no emptied folder is left listed
@@ -223,3 +250,56 @@ def test_complete_needs_every_part_size(store: Store) -> None:
     assert isinstance(p2, Part)
     store.complete_multipart(up, [p1, p2])
     assert store.get("p/obj", size - 1, size + 1) == b"ab"
+
+
+# -- faults through the engine --------------------------------------------------------------
+def test_part_failing_twice_is_retried(store: Store, engine: TransferEngine) -> None:
+    data = os.urandom(5 * part_size(store) + 123)  # 6 parts
+    faulty = FaultyStore(store, [Fault("put_part", calls={2, 3}, error=TransientStoreError("503"))])
+    info = engine.put(faulty, "f.bin", data)
+    assert engine.stats.retries >= 2
+    assert info.crc32c == crc32c(data) == crc32c(store.get("f.bin"))
+    assert store.find() == ["f.bin"] and store.list_multipart() == []  # no part left over
+
+
+def test_part_failing_for_good_leaves_nothing(store: Store, engine: TransferEngine) -> None:
+    data = os.urandom(5 * part_size(store) + 123)
+    always = Fault("put_part", calls=set(range(3, 10_000)), error=TransientStoreError("503"))
+    with pytest.raises(TransferError):
+        engine.put(FaultyStore(store, [always]), "f.bin", data)
+    assert not store.exists("f.bin")
+    assert store.find() == [] and store.list_multipart() == []  # parts 1-2 were cleaned up
+
+
+def test_stalled_part_hits_the_deadline(store: Store) -> None:
+    size = part_size(store)
+    stall = Fault("put_part", calls={2}, delay=1.0, error=TransientStoreError("timed out"))
+    cfg = TransferConfig(part_size=size, retry=RetryConfig(deadline_s=0.5, base_backoff_s=0.2))
+    t0 = time.monotonic()
+    with TransferEngine(cfg) as e, pytest.raises(TransferError, match="deadline"):
+        e.put(FaultyStore(store, [stall]), "f.bin", os.urandom(4 * size))
+    assert time.monotonic() - t0 < 10
+    assert store.find() == []
+
+
+# -- commit race ----------------------------------------------------------------------------
+def test_two_attempts_racing_publish(store: Store, engine: TransferEngine) -> None:
+    def attempt(name: str) -> str:
+        data = name.encode() * 100
+        engine.put(store, f"__0_0.{name}.distcp", data)
+        m = Manifest(step=1, world_size=1)
+        m.files[f"__0_0.{name}.distcp"] = FileEntry(len(data), crc32c(data))
+        try:
+            publish(store, engine, name, m, b"metadata-" + name.encode())
+            return "won"
+        except CommitConflictError:
+            return "lost"
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", NonAtomicCreateWarning)
+        with ThreadPoolExecutor(2) as pool:
+            results = dict(zip(["a1", "b2"], pool.map(attempt, ["a1", "b2"]), strict=True))
+    assert sorted(results.values()) == ["lost", "won"]
+    winner = next(k for k, v in results.items() if v == "won")
+    assert open_committed(store).marker.attempt == winner
+    assert [n for n in store.find() if n.endswith(".distcp")] == [f"__0_0.{winner}.distcp"]

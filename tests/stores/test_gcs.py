@@ -1,50 +1,32 @@
-"""GCSStore against a real fake-gcs-server: parts + compose, faults, commit race, DCP."""
+"""GCSStore against a real fake-gcs-server: parts + compose, URL forms, errors, leftovers, DCP.
+
+What GCS shares with the other stores is in ``test_conformance.py``; with Azure (missing
+bucket, stalled server, commit race between clients, DCP checkpoints) ``test_gcs_azure.py``.
+"""
 
 from __future__ import annotations
 
 import os
 import time
-import uuid
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 import ckptstore
-from ckptstore.config import RetryConfig, TransferConfig
+from ckptstore.config import TransferConfig
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.commit import open_committed, publish
-from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import (
-    CommitConflictError,
-    CorruptCheckpointError,
-    IncompleteCheckpointError,
-    StoreAccessError,
-    StoreNotFoundError,
-    TransferError,
-    TransientStoreError,
-)
+from ckptstore.errors import StoreAccessError, TransferError, TransientStoreError
 from ckptstore.testing.dist import free_port, run_distributed
-from ckptstore.testing.faults import Fault, FaultyStore
 from ckptstore.testing.objstore import (
-    Blackhole,
     ProbeStore,
     StatusServer,
     dcp_reshard_load_rank,
     dcp_reshard_save_rank,
-    dcp_roundtrip_rank,
-    race_put_if_absent,
 )
 
-pytestmark = [
-    pytest.mark.server,
-    # single-process DCP saves/loads (no process group) are intended here
-    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
-]
+from .objstore import CFG, FAST, PART, SERVER_MARKS, new_bucket
 
-PART = 64 * 1024
-FAST = RetryConfig(attempts=4, base_backoff_s=0.01, max_backoff_s=0.05, request_timeout_s=10)
-CFG = TransferConfig(part_size=PART, concurrency=4, memory_budget=16 * PART, retry=FAST)
+pytestmark = SERVER_MARKS
 
 
 # -- fixtures: one server per module, one bucket per test ------------------------------
@@ -55,9 +37,7 @@ def server(fake_gcs_server):
 
 @pytest.fixture
 def bucket(server) -> str:
-    name = f"t-{uuid.uuid4().hex[:12]}"
-    server.create_bucket(name)
-    return name
+    return new_bucket(server)
 
 
 @pytest.fixture
@@ -126,24 +106,6 @@ def test_composite_crc_mismatch_is_caught_and_retryable(store):
     assert store.get("c.bin") == b"a" * 10 + b"b" * 10 and store.find() == ["c.bin"]
 
 
-def test_ranged_reads_and_listing(store):
-    store.put("d/a", b"0123456789")
-    store.put("d/sub/b", b"x")
-    store.put("dx", b"y")
-    assert store.get("d/a", 2, 5) == b"234"
-    assert store.get("d/a", 7) == b"789"
-    assert store.get("d/a", 10) == b""
-    assert store.size("d/a") == 10
-    assert store.find("d") == ["d/a", "d/sub/b"]
-    assert store.listdir() == ["d", "dx"]
-    assert store.listdir("d") == ["a", "sub"]
-    assert store.child("d").find() == ["a", "sub/b"]
-    store.delete("d/a")
-    store.delete("d/a")  # missing is fine
-    with pytest.raises(StoreNotFoundError):
-        store.get("d/a")
-
-
 def test_open_store_urls(server, bucket):
     from ckptstore.stores import open_store
     from ckptstore.stores.gcs import GCSStore
@@ -153,18 +115,6 @@ def test_open_store_urls(server, bucket):
         assert isinstance(s, GCSStore) and s.url == f"gs://{bucket}/x"
         s.put("k", b"v")
         assert s.get("k") == b"v"
-
-
-def test_missing_client_names_the_extra(monkeypatch):
-    import sys
-
-    from ckptstore.errors import MissingDependencyError
-    from ckptstore.stores import open_store
-
-    monkeypatch.setitem(sys.modules, "gcsfs.core", None)
-    monkeypatch.delitem(sys.modules, "ckptstore.stores.gcs", raising=False)
-    with pytest.raises(MissingDependencyError, match=r"ckptstore\[gcs\]"):
-        open_store("gs://bkt/x")
 
 
 # -- errors -----------------------------------------------------------------------------
@@ -179,13 +129,6 @@ def test_wrong_endpoint_fails_fast_and_names_it():
     with pytest.raises(StoreAccessError, match="cannot connect"):
         TransferEngine(CFG).put(GCSStore("gs://bkt/x", options), "a", b"data")
     assert time.monotonic() - t0 < 5
-
-
-def test_missing_bucket_says_so(server):
-    s = server.store("no-such-bucket/run", retry=FAST)
-    for call in (lambda: s.put("a", b"x"), lambda: s.get("a"), lambda: s.size("a")):
-        with pytest.raises(StoreNotFoundError, match="bucket 'no-such-bucket' does not exist"):
-            call()
 
 
 @pytest.mark.parametrize(
@@ -215,47 +158,7 @@ def test_http_status_mapping(status, error):
             assert e.stats.retries == 3
 
 
-def test_stalled_server_times_out_and_gives_up():
-    from ckptstore.stores.gcs import GCSStore
-
-    retry = RetryConfig(attempts=2, base_backoff_s=0.01, request_timeout_s=0.3)
-    with Blackhole() as hole:
-        s = GCSStore("gs://bkt/run", {"endpoint_url": hole.endpoint, "token": "anon"}, retry=retry)
-        t0 = time.monotonic()
-        with pytest.raises(TransferError, match="no answer within 0.3 s"):
-            TransferEngine(TransferConfig(retry=retry)).put(s, "x", b"data")
-        assert time.monotonic() - t0 < 5
-
-
-# -- faults through the engine ------------------------------------------------------------
-def test_part_failing_twice_is_retried(store, engine):
-    data = os.urandom(6 * PART)
-    faulty = FaultyStore(store, [Fault("put_part", calls={2, 3}, error=TransientStoreError("503"))])
-    info = engine.put(faulty, "f.bin", data)
-    assert engine.stats.retries >= 2
-    assert info.crc32c == crc32c(data) == store.object_crc32c("f.bin")
-    assert store.get("f.bin") == data and part_objects(store) == []
-
-
-def test_part_failing_for_good_leaves_nothing(store, engine):
-    data = os.urandom(6 * PART)
-    always = Fault("put_part", calls=set(range(3, 10_000)), error=TransientStoreError("503"))
-    with pytest.raises(TransferError):
-        engine.put(FaultyStore(store, [always]), "f.bin", data)
-    assert not store.exists("f.bin")
-    assert store.find() == [] and store.list_multipart() == []  # parts 1-2 were deleted
-
-
-def test_stalled_part_hits_the_deadline(store):
-    stall = Fault("put_part", calls={2}, delay=1.0, error=TransientStoreError("timed out"))
-    cfg = TransferConfig(part_size=PART, retry=RetryConfig(deadline_s=0.5, base_backoff_s=0.2))
-    t0 = time.monotonic()
-    with TransferEngine(cfg) as e, pytest.raises(TransferError, match="deadline"):
-        e.put(FaultyStore(store, [stall]), "f.bin", os.urandom(4 * PART))
-    assert time.monotonic() - t0 < 10
-    assert store.find() == []
-
-
+# -- leftovers ----------------------------------------------------------------------------
 def test_list_multipart_finds_leftovers_and_abort_cleans(store):
     up = store.begin_multipart("ckpt/x.distcp")
     store.put_part(up, 1, 0, b"a" * 10)
@@ -267,78 +170,7 @@ def test_list_multipart_finds_leftovers_and_abort_cleans(store):
     assert store.find() == [] and store.list_multipart() == []
 
 
-# -- commit race --------------------------------------------------------------------------
-def test_put_if_absent_race_has_one_winner(server, bucket):
-    for round_ in range(5):
-        stores = [server.store(f"{bucket}/race") for _ in range(8)]
-        winners = race_put_if_absent(stores, f"m{round_}")
-        assert len(winners) == 1, winners
-        assert stores[0].get(f"m{round_}") == f"writer-{winners[0]}".encode()
-
-
-def test_two_attempts_racing_publish(store, engine):
-    def attempt(name: str) -> str:
-        data = name.encode() * 100
-        engine.put(store, f"__0_0.{name}.distcp", data)
-        m = Manifest(step=1, world_size=1)
-        m.files[f"__0_0.{name}.distcp"] = FileEntry(len(data), crc32c(data))
-        try:
-            publish(store, engine, name, m, b"metadata-" + name.encode())
-            return "won"
-        except CommitConflictError:
-            return "lost"
-
-    with ThreadPoolExecutor(2) as pool:
-        results = dict(zip(["a1", "b2"], pool.map(attempt, ["a1", "b2"]), strict=True))
-    assert sorted(results.values()) == ["lost", "won"]
-    winner = next(k for k, v in results.items() if v == "won")
-    committed = open_committed(store)
-    assert committed.marker.attempt == winner
-    assert [n for n in store.find() if n.endswith(".distcp")] == [f"__0_0.{winner}.distcp"]
-
-
 # -- DCP ----------------------------------------------------------------------------------
-def _save_single(url: str, options: dict) -> None:
-    import torch
-
-    state = {"w": torch.arange(50_000, dtype=torch.float32), "b": torch.ones(3, 3)}
-    ckptstore.save(state, url, storage_options=options, config=CFG)
-
-
-def test_reader_refuses_shards_without_marker(server, store, bucket):
-    url = f"gs://{bucket}/root/step_000000001"
-    _save_single(url, server.storage_options)
-    store.delete(f"step_000000001/{MARKER_NAME}")
-    assert any(n.endswith(".distcp") for n in store.find("step_000000001"))
-    with pytest.raises(IncompleteCheckpointError, match="COMMITTED"):
-        ckptstore.reader(url, storage_options=server.storage_options)
-
-
-def test_corrupted_shard_is_named_with_its_range(server, store, bucket):
-    import torch
-
-    url = f"gs://{bucket}/root/step_000000002"
-    _save_single(url, server.storage_options)
-    [shard] = [n for n in store.find("step_000000002") if n.endswith(".distcp")]
-    data = bytearray(store.get(shard))
-    data[len(data) // 2] ^= 0x40
-    store.put(shard, data)
-    target = {"w": torch.zeros(50_000), "b": torch.zeros(3, 3)}
-    with pytest.raises(CorruptCheckpointError) as info:
-        ckptstore.load(target, url, storage_options=server.storage_options, config=CFG)
-    assert f"gs://{bucket}/root/{shard} bytes [" in str(info.value)
-
-
-@pytest.mark.distributed
-def test_dcp_two_ranks_save_load(server, store, bucket):
-    url = f"gs://{bucket}/root/step_000000010"
-    bad = run_distributed(dcp_roundtrip_rank, 2, url, server.storage_options, 32 * 1024)
-    assert bad == [[], []]
-    committed = open_committed(store.child("step_000000010"))
-    assert committed.manifest.world_size == 2
-    assert part_objects(store) == []
-
-
 @pytest.mark.distributed
 def test_dcp_reshard_four_to_two(server, store, bucket):
     url = f"gs://{bucket}/root/step_000000020"

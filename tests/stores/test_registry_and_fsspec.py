@@ -41,10 +41,22 @@ def test_open_store_picks_the_backend() -> None:
         S3Store("s3://")
 
 
-def test_missing_s3fs_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(sys.modules, "s3fs", None)  # makes `import s3fs` fail
-    with pytest.raises(MissingDependencyError, match=r"ckptstore\[s3\]"):
-        open_store("s3://bucket/x")
+@pytest.mark.parametrize(
+    ("client", "store_module", "url", "extra"),
+    [
+        ("s3fs", None, "s3://bucket/x", "s3"),
+        ("gcsfs.core", "ckptstore.stores.gcs", "gs://bkt/x", "gcs"),
+        ("azure.storage.blob", "ckptstore.stores.azure", "az://cont/x", "azure"),
+    ],
+)
+def test_missing_client_names_the_extra(
+    monkeypatch: pytest.MonkeyPatch, client: str, store_module: str | None, url: str, extra: str
+) -> None:
+    monkeypatch.setitem(sys.modules, client, None)  # makes importing the client fail
+    if store_module:  # it imports its client at import time: import it afresh
+        monkeypatch.delitem(sys.modules, store_module, raising=False)
+    with pytest.raises(MissingDependencyError, match=rf"ckptstore\[{extra}\]"):
+        open_store(url)
 
 
 def _client_error(code: str, status: int) -> bx.ClientError:
