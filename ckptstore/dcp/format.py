@@ -19,12 +19,16 @@ from typing import IO, Any, cast
 
 import torch
 
+from ckptstore.engine.manifest import Span
 from ckptstore.errors import ConfigError, missing_dependency
 
 __all__ = [
     "CODECS",
     "ItemInfo",
     "write_item",
+    "cpu_item",
+    "payload_of",
+    "PAYLOAD_MIN",
     "encode_item",
     "decode_tensor",
     "compress",
@@ -45,6 +49,42 @@ class ItemInfo:
     raw_length: int
     file_size: int = 0
     file_crc32c: int = 0
+    span: Span | None = None  # the tensor's raw bytes within the item (see ItemSink)
+
+
+#: Smallest tensor whose raw bytes are recorded as a span and read straight into place;
+#: below it, one read of the whole item costs less than the extra bookkeeping.
+PAYLOAD_MIN = 64 * 1024
+
+
+def cpu_item(data: io.BytesIO | torch.Tensor) -> io.BytesIO | torch.Tensor:
+    """``data`` as ``write_item`` saves it: a detached CPU tensor that is not a view into
+    a larger storage (or the bytes)."""
+    if isinstance(data, io.BytesIO):
+        return data
+    tensor = data.detach()
+    if tensor.device.type != "cpu":
+        tensor = tensor.cpu()
+    if tensor.untyped_storage().nbytes() != tensor.nbytes:
+        # torch.save writes a view's whole storage; store only the view (as stock DCP does).
+        tensor = tensor.clone()
+    return tensor
+
+
+def payload_of(data: io.BytesIO | torch.Tensor) -> tuple[int, int] | None:
+    """(address, nbytes) of the storage ``torch.save(data)`` writes as one record, if
+    ``data`` is a dense CPU tensor that is exactly its storage and at least PAYLOAD_MIN."""
+    if not isinstance(data, torch.Tensor) or data.device.type != "cpu":
+        return None
+    nbytes = data.numel() * data.element_size()
+    if (
+        nbytes < PAYLOAD_MIN
+        or not data.is_contiguous()
+        or data.storage_offset() != 0
+        or data.untyped_storage().nbytes() != nbytes
+    ):
+        return None
+    return data.data_ptr(), nbytes
 
 
 def write_item(data: io.BytesIO | torch.Tensor, sink: IO[bytes] | Any) -> None:
@@ -52,10 +92,7 @@ def write_item(data: io.BytesIO | torch.Tensor, sink: IO[bytes] | Any) -> None:
     if isinstance(data, io.BytesIO):
         sink.write(data.getbuffer())
         return
-    tensor = data.detach()
-    if tensor.device.type != "cpu":
-        tensor = tensor.cpu()
-    torch.save(tensor, sink)
+    torch.save(cpu_item(data), sink)
 
 
 def encode_item(data: io.BytesIO | torch.Tensor) -> memoryview:

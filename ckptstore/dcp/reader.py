@@ -26,10 +26,11 @@ import pickle
 import warnings
 from collections import deque
 from concurrent.futures import Future
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 
@@ -38,7 +39,7 @@ from ckptstore.dcp.format import decode_tensor, decompress
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import METADATA_NAME, Committed, open_committed
-from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry
+from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry, Span
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
@@ -50,6 +51,17 @@ from ckptstore.errors import (
 __all__ = ["CkptReader", "StockCheckpointWarning"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Direct:
+    """A tensor read straight into its target: the request, the target, where its raw
+    bytes are in the stored item, and the target's bytes."""
+
+    req: ReadItem
+    target: torch.Tensor
+    span: Span
+    buf: memoryview
 
 
 class StockCheckpointWarning(UserWarning):
@@ -74,6 +86,7 @@ class CkptReader(StoreBound, StorageReader):
         self.committed: Committed | None = None
         self._metadata_bytes = b""
         self.storage_data: dict[Any, Any] = {}
+        self.metadata: Metadata | None = None
         self.open()
 
     @property
@@ -119,6 +132,7 @@ class CkptReader(StoreBound, StorageReader):
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
+        self.metadata = metadata
         self.storage_data = metadata.storage_data or {}
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
@@ -143,19 +157,33 @@ class CkptReader(StoreBound, StorageReader):
         ranges = self.committed.manifest.range_index() if self.committed else {}
         codec = self.committed.manifest.codec if self.committed else "none"
 
-        # A sliding window of reads in flight, bounded by the memory budget.
+        # A sliding window of reads in flight, bounded by the memory budget. A tensor whose
+        # raw bytes the manifest locates (``RangeEntry.span``) and whose target is the
+        # matching contiguous CPU tensor is read straight into the target: no buffer, no
+        # decode, no copy. Everything else is read whole, checked, decoded and copied.
         pending = deque(sorted(by_range))
-        inflight: deque[tuple[tuple[str, int, int], Future]] = deque()
+        inflight: deque[tuple[tuple[str, int, int], Future, _Direct | None]] = deque()
         inflight_bytes = 0
         while pending or inflight:
             while pending and (
                 not inflight or inflight_bytes + pending[0][2] <= self.config.memory_budget
             ):
                 key = pending.popleft()
-                inflight.append((key, self.engine.read_async(self.store, key[0], key[1], key[2])))
-                inflight_bytes += key[2]
-            key, fut = inflight.popleft()
+                path, offset, length = key
+                direct = self._direct(by_range[key], ranges.get(key), codec, planner)
+                if direct is None:
+                    fut = self.engine.read_async(self.store, path, offset, length)
+                else:
+                    at = offset + direct.span.offset
+                    fut = self.engine.read_into_async(self.store, path, at, direct.buf)
+                inflight.append((key, fut, direct))
+                inflight_bytes += length
+            key, fut, direct = inflight.popleft()
             inflight_bytes -= key[2]
+            if direct is not None:
+                self._check_direct(key, fut, direct)
+                planner.commit_tensor(direct.req, direct.target)
+                continue
             data = self._checked(key, fut, ranges.get(key))
             entry = ranges.get(key)
             data = decompress(codec, data, entry.raw_length if entry else None)
@@ -165,16 +193,59 @@ class CkptReader(StoreBound, StorageReader):
         done.set_result(None)
         return done
 
-    def _checked(self, key: tuple[str, int, int], fut: Future, entry: RangeEntry | None) -> Any:
-        path, offset, length = key
-        where = f"{self.store.describe(path)} bytes [{offset}, {offset + length})"
+    def _direct(
+        self, reqs: list[ReadItem], entry: RangeEntry | None, codec: str, planner: LoadPlanner
+    ) -> _Direct | None:
+        """How to read one item straight into its target, or None if it cannot be."""
+        if codec != "none" or entry is None or entry.span is None or len(reqs) != 1:
+            return None
+        req = reqs[0]
+        assert self.metadata is not None  # set_up_storage_reader ran
+        md = self.metadata.state_dict_metadata.get(req.storage_index.fqn)
+        if req.type != LoadItemType.TENSOR or not isinstance(md, TensorStorageMetadata):
+            return None
+        chunk = next(
+            (c for c in md.chunks if tuple(c.offsets) == tuple(req.storage_index.offset or ())),
+            None,
+        )
+        if chunk is None or any(req.storage_offsets) or tuple(req.lengths) != tuple(chunk.sizes):
+            return None  # a part of the stored chunk (resharding): decode and narrow
+        target = planner.resolve_tensor(req).detach()
+        if (
+            target.device.type != "cpu"
+            or target.dtype != md.properties.dtype
+            or not target.is_contiguous()
+            or tuple(target.size()) != tuple(req.lengths)
+            or target.numel() * target.element_size() != entry.span.length
+        ):
+            return None
+        buf: memoryview = target.reshape(-1).view(torch.uint8).numpy().data
+        return _Direct(req, target, entry.span, buf)
+
+    def _check_direct(self, key: tuple[str, int, int], fut: Future, direct: _Direct) -> None:
+        path, offset, _ = key
+        start = offset + direct.span.offset
+        where = f"{self.store.describe(path)} bytes [{start}, {start + direct.span.length})"
+        self._result(path, fut)
+        if self.committed is not None and self.verify and crc32c(direct.buf) != direct.span.crc32c:
+            raise CorruptCheckpointError(
+                f"{where}: checksum mismatch (the bytes changed after commit); restore the "
+                "previous checkpoint."
+            )
+
+    def _result(self, path: str, fut: Future) -> Any:
         try:
-            data = fut.result()
+            return fut.result()
         except StoreNotFoundError as exc:
             raise CorruptCheckpointError(
                 f"{self.store.describe(path)} is missing but the checkpoint needs it; the "
                 "checkpoint is damaged: restore the previous one."
             ) from exc
+
+    def _checked(self, key: tuple[str, int, int], fut: Future, entry: RangeEntry | None) -> Any:
+        path, offset, length = key
+        where = f"{self.store.describe(path)} bytes [{offset}, {offset + length})"
+        data = self._result(path, fut)
         if len(data) != length:
             raise CorruptCheckpointError(
                 f"{where}: got {len(data)} bytes, the file is truncated; restore the previous "

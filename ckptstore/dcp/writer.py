@@ -38,12 +38,20 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ckptstore.config import TransferConfig
-from ckptstore.dcp.format import ItemInfo, check_codec, compress, encode_item, write_item
+from ckptstore.dcp.format import (
+    ItemInfo,
+    check_codec,
+    compress,
+    cpu_item,
+    encode_item,
+    payload_of,
+    write_item,
+)
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import publish, uncommit
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry
+from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import FileInfo, TransferEngine
 from ckptstore.errors import (
@@ -204,30 +212,32 @@ class CkptWriter(StoreBound, StorageWriter):
         self, name: str, items: list, planner: SavePlanner, store: Store | None = None
     ) -> list[WriteResult]:
         """Serialise ``items`` into file ``name`` of ``store`` (default: the destination)."""
-        written: list[tuple[Any, int, int, int, int]] = []
+        written: list[tuple[Any, int, int, int, int, Span | None]] = []
         with self.engine.writer(store or self.store, name) as w:
             # Bytes items first (small), then tensors, as stock DCP orders them.
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
-                data = planner.resolve_data(item)
+                data = cpu_item(planner.resolve_data(item))
                 if self.codec == "none":  # stream straight into part buffers, hashed once
-                    with w.item() as sink:
+                    with w.item(payload_of(data)) as sink:
                         write_item(data, sink)
-                    written.append((item, sink.offset, sink.length, sink.crc32c, sink.length))
+                    written.append(
+                        (item, sink.offset, sink.length, sink.crc32c, sink.length, sink.span)
+                    )
                     continue
                 raw = encode_item(data)
                 stored = compress(self.codec, raw)
                 crc = crc32c(stored)
                 offset = w.write(stored, crc)
-                written.append((item, offset, len(stored), crc, len(raw)))
+                written.append((item, offset, len(stored), crc, len(raw), None))
             info: FileInfo = w.close()
         crashpoint("after_shards")
         return [
             WriteResult(
                 index=item.index,
                 size_in_bytes=length,
-                storage_data=ItemInfo(name, offset, length, crc, raw, info.size, info.crc32c),
+                storage_data=ItemInfo(name, offset, length, crc, raw, info.size, info.crc32c, span),
             )
-            for item, offset, length, crc, raw in written
+            for item, offset, length, crc, raw, span in written
         ]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
@@ -262,6 +272,7 @@ class CkptWriter(StoreBound, StorageWriter):
                         info.crc32c,
                         key=f"{wr.index.fqn}@{','.join(map(str, wr.index.offset or ()))}",
                         raw_length=info.raw_length if self.codec != "none" else None,
+                        span=info.span,
                     )
                 )
         metadata.storage_data = storage_md

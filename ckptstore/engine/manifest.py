@@ -20,6 +20,7 @@ __all__ = [
     "MARKER_NAME",
     "FileEntry",
     "RangeEntry",
+    "Span",
     "Manifest",
     "Marker",
 ]
@@ -36,6 +37,16 @@ class FileEntry:
 
 
 @dataclass(frozen=True)
+class Span:
+    """The payload of an item (a dense tensor's raw bytes): ``length`` bytes at ``offset``
+    within the item, with their own CRC32C, so a reader can fetch them straight into place."""
+
+    offset: int
+    length: int
+    crc32c: int
+
+
+@dataclass(frozen=True)
 class RangeEntry:
     """One stored item: ``length`` bytes at ``offset`` of ``file`` (as stored, i.e. compressed)."""
 
@@ -45,6 +56,21 @@ class RangeEntry:
     crc32c: int
     key: str = ""
     raw_length: int | None = None  # uncompressed length when a codec is used
+    span: Span | None = None  # where the raw tensor bytes sit, for uncompressed tensors
+
+
+def _range_doc(r: RangeEntry) -> dict[str, Any]:
+    doc = {**asdict(r), "crc32c": format_crc(r.crc32c)}
+    doc.pop("span")
+    if r.span is not None:  # absent otherwise: the document is as before
+        doc["span"] = {**asdict(r.span), "crc32c": format_crc(r.span.crc32c)}
+    return doc
+
+
+def _parse_span(doc: dict[str, Any] | None) -> Span | None:
+    if doc is None:
+        return None
+    return Span(int(doc["offset"]), int(doc["length"]), parse_crc(doc["crc32c"]))
 
 
 @dataclass
@@ -76,8 +102,7 @@ class Manifest:
                 for name, e in sorted(self.files.items())
             },
             "ranges": [
-                {**asdict(r), "crc32c": format_crc(r.crc32c)}
-                for r in sorted(self.ranges, key=lambda r: (r.file, r.offset))
+                _range_doc(r) for r in sorted(self.ranges, key=lambda r: (r.file, r.offset))
             ],
             "extra": self.extra,
         }
@@ -110,6 +135,7 @@ class Manifest:
                         crc32c=parse_crc(r["crc32c"]),
                         key=r.get("key", ""),
                         raw_length=r.get("raw_length"),
+                        span=_parse_span(r.get("span")),
                     )
                     for r in doc["ranges"]
                 ],

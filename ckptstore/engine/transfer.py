@@ -32,8 +32,9 @@ from typing import TypeVar
 import numpy as np
 
 from ckptstore.config import TransferConfig
-from ckptstore.engine.checksum import Crc32c, crc32c
+from ckptstore.engine.checksum import Crc32c, crc32c, crc32c_combine
 from ckptstore.engine.crashpoints import crashpoint
+from ckptstore.engine.manifest import Span
 from ckptstore.engine.retry import Deadline, RetryStats, call_with_retry
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
 from ckptstore.errors import (
@@ -283,11 +284,22 @@ class TransferEngine:
         The bytes land straight in one uninitialised buffer (no zeroing, no joining); a
         range that comes back short raises ``CorruptCheckpointError`` (truncated object).
         """
+        if length is None:
+            what = f"read of {store.describe(path)}"
+            deadline = Deadline(self.config.retry.deadline_s)
+            length = self.retry(lambda: store.size(path), what, deadline) - offset
+        return self.read_into_async(store, path, offset, np.empty(length, dtype=np.uint8).data)
+
+    def read_into_async(
+        self, store: Store, path: str, offset: int, buf: memoryview
+    ) -> Future[memoryview]:
+        """Fill ``buf`` with the bytes at ``offset`` as parallel ranged GETs; resolves to it.
+
+        A range that comes back short raises ``CorruptCheckpointError`` (truncated object).
+        """
         deadline = Deadline(self.config.retry.deadline_s)
         what = f"read of {store.describe(path)}"
-        if length is None:
-            length = self.retry(lambda: store.size(path), what, deadline) - offset
-        view: memoryview = np.empty(length, dtype=np.uint8).data
+        view = buf.cast("B") if buf.format != "B" else buf
 
         def fetch(start: int, end: int) -> None:
             target = view[start - offset : end - offset]
@@ -300,7 +312,7 @@ class TransferEngine:
 
         futures = [
             self.pool.submit(fetch, s, e)
-            for s, e in split_ranges(offset, length, self.config.part_size)
+            for s, e in split_ranges(offset, len(view), self.config.part_size)
         ]
         return _gather(futures, lambda: view)
 
@@ -316,20 +328,37 @@ class ItemSink:
     Bytes are hashed once, into the item's own CRC32C; on ``close`` the file's CRC is
     extended with it (CRC combine), so nothing is hashed twice. Items must not interleave
     with other writes to the same file.
+
+    ``payload=(address, nbytes)`` names memory the item's bytes are expected to contain
+    whole (a tensor's storage, which ``torch.save`` writes in one call): the write of
+    exactly that memory is hashed on its own and recorded as ``span`` (its offset within
+    the item, length and CRC32C), so a reader can fetch it straight into place.
     """
 
-    def __init__(self, writer: FileWriter) -> None:
+    def __init__(self, writer: FileWriter, payload: tuple[int, int] | None = None) -> None:
         self._writer = writer
+        self._payload = payload
         self.offset = writer.size
         self.crc32c = 0
         self.length = 0
+        self.span: Span | None = None
 
     def write(self, data: Buffer) -> int:
         view = memoryview(data).cast("B")
-        self.crc32c = crc32c(view, self.crc32c)
+        if self._payload is not None and self.span is None and self._is_payload(view):
+            crc = crc32c(view)
+            self.span = Span(self.length, len(view), crc)
+            self.crc32c = crc32c_combine(self.crc32c, crc, len(view))
+        else:
+            self.crc32c = crc32c(view, self.crc32c)
         self.length += len(view)
         self._writer._append(view)
         return len(view)
+
+    def _is_payload(self, view: memoryview) -> bool:
+        assert self._payload is not None
+        address, nbytes = self._payload
+        return len(view) == nbytes and np.frombuffer(view, np.uint8).ctypes.data == address
 
     def flush(self) -> None:
         pass
@@ -402,10 +431,10 @@ class FileWriter:
         self._append(view)
         return offset
 
-    def item(self) -> ItemSink:
+    def item(self, payload: tuple[int, int] | None = None) -> ItemSink:
         """A file-like sink for one item (see ``ItemSink``); close it when the item ends."""
         self._check_open()
-        return ItemSink(self)
+        return ItemSink(self, payload)
 
     def _append(self, view: memoryview) -> None:
         """Copy ``view`` into part buffers, sending each part as it fills."""
