@@ -50,6 +50,9 @@ def write_item(data: io.BytesIO | torch.Tensor, sink: IO[bytes] | Any) -> None:
     tensor = data.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
+    if tensor.untyped_storage().nbytes() != tensor.nbytes:
+        # torch.save writes a view's whole storage; store only the view (as stock DCP does).
+        tensor = tensor.clone()
     torch.save(tensor, sink)
 
 
