@@ -31,6 +31,7 @@ from ckptstore.errors import (
     StoreNotFoundError,
     TransferError,
     TransientStoreError,
+    WriterProcessDiedError,
 )
 from ckptstore.retention import KeepAll, KeepEvery, KeepLast, RetentionPolicy
 
@@ -94,4 +95,5 @@ __all__ = [
     "TransferError",
     "DurabilityError",
     "StorageFullError",
+    "WriterProcessDiedError",
 ]

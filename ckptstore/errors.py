@@ -21,6 +21,7 @@ __all__ = [
     "TransferError",
     "DurabilityError",
     "StorageFullError",
+    "WriterProcessDiedError",
     "EmptyDatasetError",
     "DatasetChangedError",
     "ShardFormatError",
@@ -80,6 +81,13 @@ class DurabilityError(CkptStoreError, OSError):
 
 class StorageFullError(CkptStoreError, OSError):
     """The destination is out of space (ENOSPC)."""
+
+
+class WriterProcessDiedError(CkptStoreError, ChildProcessError):
+    """A background writer process (``background="process"``) died during a save.
+
+    That save is lost (never committed); the previous committed checkpoint is intact.
+    """
 
 
 class EmptyDatasetError(CkptStoreError, ValueError):
