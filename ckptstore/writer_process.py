@@ -299,8 +299,10 @@ class _Writer:
             try:
                 _send(self.sock, None)
                 self.proc.wait(timeout=STOP_GRACE_S)
-            except (OSError, subprocess.TimeoutExpired):
-                log.warning("the background writer process did not exit; killing it")
+            except OSError:
+                pass  # it is gone already
+            except subprocess.TimeoutExpired:
+                log.warning("the background writer process did not exit in time; killing it")
         self._finalizer()  # closes the socket; kills and reaps it if still running
 
 
