@@ -71,7 +71,8 @@ from ckptstore.retention import KeepLast, RetentionPolicy, select_deletions
 from ckptstore.state import RNGState
 from ckptstore.stores import open_store
 from ckptstore.stores.local import LocalStore
-from ckptstore.writer_process import BackgroundWriter, WriterSettings, write_step
+from ckptstore.writer_process import BackgroundWriter, write_step
+from ckptstore.writer_protocol import WriterSettings
 
 __all__ = ["CheckpointManager", "SaveRecord"]
 

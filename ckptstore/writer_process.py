@@ -20,21 +20,18 @@ Call order (training side, every rank; the manager drives it)::
                                                 # grace period, reaps it
 
 One long-lived writer process per rank, started with the manager: a fresh interpreter
-(``python -m ckptstore.writer_process``, never a fork; it does not re-import the training
-script's ``__main__``). It joins its own gloo group with the other ranks' writers through
-the rendezvous store under a prefix unique to the manager and the writer generation, so
-its collectives never meet training's. For each save it maps the staged state out of the
-shared-memory arena (no copy) and runs ``write_step``, the same serialise / upload /
-commit path as the thread mode, with the manager's codec, staging_dir, TransferConfig and
-storage_options. It ignores SIGINT and SIGTERM (the manager decides when it stops) and
-exits when told, when its socket to the training process closes, or within a second of
-the training process dying.
+running ``ckptstore.writer_main`` (never a fork); ``ckptstore.writer_protocol`` has what the
+two say to each other. The writers form their own gloo group through the rendezvous store,
+under a prefix unique to the manager and the writer generation, so their collectives never
+meet training's. Each save runs ``write_step`` there, the same serialise / upload / commit
+path as the thread mode, over the staged state mapped out of the shared-memory arena.
 
 A writer that dies (kill -9, the OOM killer) is seen at once (its socket closes): the save
 fails with ``WriterProcessDiedError`` naming the step, the previous committed checkpoint
 stays intact, and the rank marks the group broken in the rendezvous store, so writers on
 other ranks blocked on the dead one are stopped too. At the next save every rank starts a
-new writer (a new generation, a new gloo group); the staging arena is kept.
+new writer (a new generation, a new gloo group); the staging arena is kept. A writer that
+cannot start raises from ``ensure_ready``.
 """
 
 from __future__ import annotations
@@ -45,17 +42,13 @@ import pickle
 import select
 import signal
 import socket
-import struct
 import subprocess
 import sys
-import threading
 import time
-import traceback
 import uuid
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass, replace
-from datetime import timedelta
+from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
@@ -64,19 +57,28 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.api import unwrap_checkpoint_exception
 from ckptstore.catalog import step_name
-from ckptstore.config import TransferConfig
-from ckptstore.dcp.shared_staging import Arena, ArenaView, StagedState
+from ckptstore.dcp.shared_staging import Arena, StagedState
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CkptStoreError, ConfigError, WriterProcessDiedError
+from ckptstore.writer_protocol import (
+    PG_TIMEOUT,
+    Outcome,
+    Rendezvous,
+    SaveJob,
+    WriterSettings,
+    connect,
+    rebuild_error,
+    recv,
+    send,
+)
 
-__all__ = ["BackgroundWriter", "Outcome", "SaveJob", "WriterSettings", "write_step"]
+__all__ = ["BackgroundWriter", "write_step"]
 
 log = logging.getLogger(__name__)
 
-PG_TIMEOUT = timedelta(minutes=30)  # the writers' gloo group (a peer's upload may be slow)
 STOP_GRACE_S = 10.0  # a writer asked to exit is killed after this
 POLL_S = 0.2  # how often a waiting rank looks for a broken group in the store
 
@@ -108,81 +110,6 @@ def write_step(
         raise unwrap_checkpoint_exception(exc) from exc
 
 
-@dataclass(frozen=True)
-class Rendezvous:
-    host: str
-    port: int
-    prefix: str  # unique per manager; writer generation g meets under <prefix>/gen<g>/
-
-
-@dataclass(frozen=True)
-class WriterSettings:
-    """Everything a writer process needs, sent once when it starts."""
-
-    root: str | Store
-    storage_options: dict[str, Any] | None
-    staging_dir: str | None
-    codec: str
-    config: TransferConfig
-    rank: int = 0
-    world_size: int = 1
-    rendezvous: Rendezvous | None = None
-    generation: int = 0
-    parent_pid: int = 0
-    sys_path: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class SaveJob:
-    step: int
-    staged: StagedState
-    timings: dict[str, float]
-
-
-@dataclass(frozen=True)
-class Outcome:
-    """A writer's answer: ready (step -1) or a save's result."""
-
-    step: int
-    error: bytes | None = None  # the pickled exception (None: success)
-    error_text: str = ""  # "Type: message", should the exception not unpickle
-    traceback: str = ""
-    write_s: float = 0.0
-    arenas_mapped: int = 0  # arenas this writer has mapped so far
-
-
-# -- framing: an 8-byte length, then a pickle; fds ride on the length ------------------------
-def _send(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
-    data = pickle.dumps(obj, protocol=5)
-    header = struct.pack("!Q", len(data))
-    if fds:
-        sent = socket.send_fds(sock, [header], fds)
-        sock.sendall(header[sent:])
-    else:
-        sock.sendall(header)
-    sock.sendall(data)
-
-
-def _recv(sock: socket.socket) -> tuple[Any, list[int]]:
-    header, fds, _, _ = socket.recv_fds(sock, 8, 4)
-    while header and len(header) < 8:
-        more = sock.recv(8 - len(header))
-        if not more:
-            break
-        header += more
-    if len(header) < 8:
-        raise EOFError("the peer closed the socket")
-    (n,) = struct.unpack("!Q", header)
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:])
-        if k == 0:
-            raise EOFError("the peer closed the socket mid-message")
-        got += k
-    return pickle.loads(buf), list(fds)
-
-
 def _exit_description(code: int | None) -> str:
     if code is None:
         return "was stopped"
@@ -191,17 +118,6 @@ def _exit_description(code: int | None) -> str:
         hint = " (kill -9, or the out-of-memory killer)" if -code == signal.SIGKILL else ""
         return f"was killed by {name}{hint}"
     return f"exited with code {code}"
-
-
-def _rebuild_error(outcome: Outcome) -> BaseException:
-    exc: BaseException
-    try:
-        exc = pickle.loads(outcome.error) if outcome.error else CkptStoreError("unknown")
-    except Exception:  # noqa: BLE001 - an exception class this process cannot import
-        exc = CkptStoreError(outcome.error_text)
-    if outcome.traceback and hasattr(exc, "add_note"):
-        exc.add_note(f"in the background writer process:\n{outcome.traceback}")
-    return exc
 
 
 class _Died(Exception):
@@ -233,7 +149,7 @@ class _Writer:
         )
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ckptstore.writer_process", str(theirs.fileno())],
+                [sys.executable, "-m", "ckptstore.writer_main", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),),
                 env=env,
                 stdin=subprocess.DEVNULL,
@@ -248,7 +164,7 @@ class _Writer:
         self.arena_id = 0  # the arena this writer has mapped
         self._finalizer = weakref.finalize(self, _reap, self.proc, self.sock)
         try:
-            _send(self.sock, settings)
+            send(self.sock, (settings.sys_path, pickle.dumps(settings, protocol=5)))
         except OSError:
             pass  # it died at once: the first wait says so
 
@@ -258,7 +174,7 @@ class _Writer:
     def request(self, job: SaveJob, arena: Arena) -> None:
         fds = [arena.fd] if arena.arena_id != self.arena_id else None
         try:
-            _send(self.sock, job, fds)
+            send(self.sock, job, fds)
         except OSError:
             raise _Died(self._exit_code()) from None
         self.arena_id = arena.arena_id
@@ -273,7 +189,7 @@ class _Writer:
                     raise _Died(self.proc.returncode)
             if readable:
                 try:
-                    outcome, _ = _recv(self.sock)
+                    outcome, _ = recv(self.sock)
                 except (EOFError, OSError):
                     raise _Died(self._exit_code()) from None
                 return outcome
@@ -297,7 +213,7 @@ class _Writer:
     def close(self) -> None:
         if self.proc.poll() is None:
             try:
-                _send(self.sock, None)
+                send(self.sock, None)
                 self.proc.wait(timeout=STOP_GRACE_S)
             except OSError:
                 pass  # it is gone already
@@ -350,7 +266,7 @@ class BackgroundWriter:
                 rendezvous = Rendezvous(host, int(self._store.port), prefix)
             rendezvous = broadcast(rendezvous)
             if self.rank != 0:
-                self._store = _connect(rendezvous, self.rank)
+                self._store = connect(rendezvous, self.rank)
         self.settings = replace(
             settings,
             rendezvous=rendezvous,
@@ -409,7 +325,7 @@ class BackgroundWriter:
             return
         outcome = self._wait(None)
         if outcome.error is not None:
-            exc = _rebuild_error(outcome)
+            exc = rebuild_error(outcome)
             self._mark_broken(f"the writer process of rank {self.rank} failed to start ({exc})")
             self.writer.kill()
             raise exc
@@ -426,7 +342,7 @@ class BackgroundWriter:
         self.last = outcome
         if outcome.error is None:
             return outcome
-        exc = _rebuild_error(outcome)
+        exc = rebuild_error(outcome)
         if self._store is not None and not isinstance(exc, CkptStoreError):
             # A collective failed: perhaps another rank's writer died. Its rank says so
             # in the store within moments; name that rather than a socket error.
@@ -471,135 +387,3 @@ class BackgroundWriter:
     def close(self) -> None:
         self.writer.close()
         self._store = None
-
-
-def _connect(rendezvous: Rendezvous, rank: int) -> Any:
-    try:
-        return dist.TCPStore(
-            rendezvous.host, rendezvous.port, is_master=False, timeout=timedelta(seconds=60)
-        )
-    except (RuntimeError, OSError) as exc:
-        raise ConfigError(
-            f"rank {rank} cannot reach the checkpoint writers' rendezvous store at "
-            f"{rendezvous.host}:{rendezvous.port} (hosted by rank 0): {exc}. Set MASTER_ADDR "
-            "to an address of rank 0 that every node can reach, or use background='thread'"
-        ) from exc
-
-
-# -- the writer process ----------------------------------------------------------------------
-def _failure(step: int, exc: BaseException, write_s: float, mapped: int) -> Outcome:
-    try:
-        blob: bytes | None = pickle.dumps(exc)
-    except Exception:  # noqa: BLE001 - an exception that does not pickle
-        blob = None
-    return Outcome(
-        step,
-        error=blob if blob is not None else pickle.dumps(CkptStoreError(str(exc))),
-        error_text=f"{type(exc).__name__}: {exc}",
-        traceback=traceback.format_exc(),
-        write_s=write_s,
-        arenas_mapped=mapped,
-    )
-
-
-def _exit_with(parent_pid: int) -> None:
-    """Leave within a second of the training process: nobody would read our answers."""
-
-    def watch() -> None:
-        while os.getppid() == parent_pid:
-            time.sleep(0.5)
-        os._exit(3)
-
-    threading.Thread(target=watch, name="ckptstore-writer-watchdog", daemon=True).start()
-
-
-def _join_group(s: WriterSettings) -> None:
-    assert s.rendezvous is not None
-    client = _connect(s.rendezvous, s.rank)
-    store = dist.PrefixStore(f"{s.rendezvous.prefix}/gen{s.generation}/pg/", client)
-    dist.init_process_group(
-        "gloo", store=store, rank=s.rank, world_size=s.world_size, timeout=PG_TIMEOUT
-    )
-
-
-def _serve(sock: socket.socket, s: WriterSettings) -> None:
-    from ckptstore.stores import open_store
-
-    engine = TransferEngine(s.config)
-    root = open_store(s.root, s.storage_options)
-    view: ArenaView | None = None
-    mapped = 0
-    try:
-        while True:
-            try:
-                job, fds = _recv(sock)
-            except (EOFError, OSError):
-                return  # the training process closed the socket (or died)
-            if job is None:
-                return
-            assert isinstance(job, SaveJob)
-            if fds:
-                view = None
-                view = ArenaView(fds[0], job.staged.arena_size, job.staged.arena_id)
-                mapped += 1
-            t = time.perf_counter()
-            try:
-                assert view is not None, "no staging arena was sent"
-                state = job.staged.rebuild(view)
-                write_step(
-                    state,
-                    root,
-                    job.step,
-                    staging_dir=s.staging_dir,
-                    codec=s.codec,
-                    engine=engine,
-                    timings=job.timings,
-                )
-                outcome = Outcome(job.step, write_s=time.perf_counter() - t, arenas_mapped=mapped)
-            except BaseException as exc:  # noqa: BLE001 - every failure goes to the manager
-                log.error("saving step %d failed: %s: %s", job.step, type(exc).__name__, exc)
-                outcome = _failure(job.step, exc, time.perf_counter() - t, mapped)
-            state = None
-            _send(sock, outcome)
-    finally:
-        engine.close()
-
-
-def main(argv: list[str]) -> int:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the manager says when to stop
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    sock = socket.socket(fileno=int(argv[0]))
-    try:
-        settings, _ = _recv(sock)
-    except (EOFError, OSError):
-        return 2
-    assert isinstance(settings, WriterSettings)
-    if os.getppid() != settings.parent_pid:
-        return 3
-    _exit_with(settings.parent_pid)
-    sys.path.extend(p for p in settings.sys_path if p not in sys.path)
-    logging.basicConfig(
-        level=logging.WARNING,
-        format=f"ckptstore-writer[rank {settings.rank}] %(levelname)s %(name)s: %(message)s",
-    )
-    try:
-        if settings.rendezvous is not None:
-            _join_group(settings)
-    except BaseException as exc:  # noqa: BLE001 - reported to the manager
-        _send(sock, _failure(-1, exc, 0.0, 0))
-        return 1
-    try:
-        _send(sock, Outcome(-1))
-        _serve(sock, settings)
-    finally:
-        if dist.is_initialized():
-            dist.destroy_process_group()
-        sock.close()
-    return 0
-
-
-if __name__ == "__main__":
-    # Run as ``-m``: this copy is ``__main__``; the pickles name ckptstore.writer_process.
-    from ckptstore.writer_process import main as _main
-
-    sys.exit(_main(sys.argv[1:]))

@@ -106,10 +106,17 @@ def test_single_process_round_trip_reuses_the_staging_arena(tmp_path) -> None:
 
 
 def _two_ranks_round_trip(rank: int, world: int, tmp: str) -> bool:
+    import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from tests.manager.train_loop import AppState
 
+    # A FileStore job without MASTER_ADDR: the writers still find rank 0's store (by host
+    # name). The kill test below covers the default TCPStore of an env:// job.
+    dist.destroy_process_group()
+    for name in ("MASTER_ADDR", "MASTER_PORT"):
+        os.environ.pop(name)
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rdzv", rank=rank, world_size=world)
     root = os.path.join(tmp, "root")
     model, opt = model_and_optim(0)
     ddp = DDP(model)
