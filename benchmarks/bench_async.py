@@ -17,7 +17,15 @@ Contenders (one after another in the same run, same directory type):
 - stock ``dcp.async_save`` (FileSystemWriter, default stager: a fresh deep copy per save).
 - stock ``dcp.async_save`` with ``DefaultStager`` (cached staging buffers; CPU options).
 - ckptstore ``CheckpointManager.save`` (cached staging buffers; background write + commit),
-  and the same with ``staging_dir`` (local staging tier, then upload to the root).
+  the same with ``staging_dir`` (local staging tier, then upload to the root), and with
+  ``background="process"`` (shared-memory staging arena; a writer process per rank).
+
+Then the reason to pick a writer process: how much a CPU-bound training loop (one torch
+thread per rank, ``x = tanh(x @ w)`` on 128x128 float32, i.e. small ops where Python and
+the GIL matter) slows down while a background save runs. Per save: the loop's rate for
+1 s with no save in flight ("idle"), then its rate from ``save()``'s return until the
+save is committed ("during"); thread and process mode alternate save by save, with the
+state in 8 tensors per rank and in 1024. slowdown = idle / during.
 
 The first save of each contender allocates its buffers; "steady" is the median of the
 other saves. Page cache is not dropped (the machine is shared); numbers are noisy: compare
@@ -48,10 +56,12 @@ from ckptstore.testing.dist import run_distributed  # noqa: E402
 TENSORS_PER_RANK = 8
 
 
-def make_state(rank: int, mib_per_rank: int) -> dict[str, torch.Tensor]:
-    numel = mib_per_rank * 1024 * 1024 // 4 // TENSORS_PER_RANK
+def make_state(
+    rank: int, mib_per_rank: int, tensors: int = TENSORS_PER_RANK
+) -> dict[str, torch.Tensor]:
+    numel = mib_per_rank * 1024 * 1024 // 4 // tensors
     g = torch.Generator().manual_seed(rank)
-    return {f"r{rank}.t{i}": torch.randn(numel, generator=g) for i in range(TENSORS_PER_RANK)}
+    return {f"r{rank}.t{i}": torch.randn(numel, generator=g) for i in range(tensors)}
 
 
 def timed_max(fn: Any) -> float:
@@ -71,7 +81,9 @@ def fsync_path(path: str) -> None:
         os.close(fd)
 
 
-def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) -> dict:
+def bench_rank(
+    rank: int, world: int, mib_per_rank: int, saves: int, base: str
+) -> tuple[dict, dict]:
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
@@ -154,10 +166,14 @@ def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) 
         peak(name)
     cpu_stager.close()
 
-    for name, staging in (("ckptstore manager", None), ("ckptstore manager + staging", "nvme")):
-        root = fresh(name.replace(" ", "_").replace("+", ""))
+    for name, staging, background in (
+        ("ckptstore manager", None, "thread"),
+        ("ckptstore manager + staging", "nvme", "thread"),
+        ("ckptstore manager (process)", None, "process"),
+    ):
+        root = fresh(name.replace(" ", "_").replace("+", "").replace("(", "").replace(")", ""))
         staging_dir = fresh(f"{staging}_{rank}") if staging else None
-        mgr = CheckpointManager(root, staging_dir=staging_dir, strict=True)
+        mgr = CheckpointManager(root, staging_dir=staging_dir, strict=True, background=background)
         for i in range(saves):
             blocking = timed_max(lambda i=i, mgr=mgr: mgr.save(i, state))
             mgr.wait()
@@ -167,7 +183,113 @@ def bench_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str) 
             record(name, blocking, float(committed.item()))
         mgr.close()
         peak(name)
+    state.clear()
+    return out, interference(rank, mib_per_rank, saves, fresh)
+
+
+def loop_rate(min_s: float, done: Any = lambda: True) -> float:
+    """Iterations/s of a small CPU-bound "training step" over at least ``min_s`` seconds,
+    until ``done()`` (checked every 16 iterations)."""
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(128, 128, generator=g), torch.randn(128, 128, generator=g) / 12
+    n, t0 = 0, time.perf_counter()
+    while True:
+        x = torch.tanh(x @ w)
+        n += 1
+        if n % 16 == 0:
+            dt = time.perf_counter() - t0
+            if dt >= min_s and done():
+                return n / dt
+
+
+def interference(rank: int, mib_per_rank: int, saves: int, fresh: Any) -> dict[str, dict]:
+    """Training-loop rate with no save in flight vs during a background save, thread vs
+    process mode (alternating, so both see the same load), for the state in 8 tensors
+    per rank and in 1024 (a model's many parameters and optimizer moments)."""
+    from ckptstore.manager import CheckpointManager
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out: dict[str, dict] = {}
+    modes = ("thread", "process")
+    try:
+        for tensors in (TENSORS_PER_RANK, 1024):
+            state = make_state(rank, mib_per_rank, tensors)
+            mgrs = {
+                m: CheckpointManager(
+                    fresh(f"interference_{tensors}_{m}"), strict=True, background=m
+                )
+                for m in modes
+            }
+            for mgr in mgrs.values():
+                mgr.save(0, state)  # warm-up: buffers allocated, writer process started
+                mgr.wait()
+            res = {m: {"idle": [], "during": [], "background_s": []} for m in modes}
+            for i in range(1, saves + 1):
+                for m in modes if i % 2 else modes[::-1]:
+                    mgr, r = mgrs[m], res[m]
+                    dist.barrier()
+                    r["idle"].append(loop_rate(1.0))
+                    dist.barrier()
+                    mgr.save(i, state)
+                    r["during"].append(
+                        loop_rate(0.0, lambda mgr=mgr: mgr.records[-1].status != "writing")
+                    )
+                    mgr.wait()
+                    r["background_s"].append(mgr.records[-1].background_s)
+            for m, mgr in mgrs.items():
+                mgr.close()
+                out[f"{m}, {tensors} tensors/rank"] = res[m]
+    finally:
+        torch.set_num_threads(threads)
     return out
+
+
+def summarise_interference(results: list[dict]) -> list[dict]:
+    """One row per mode: medians over every rank's saves."""
+    rows = []
+    for mode in results[0]:
+        per = [res[mode] for res in results]
+        idle = [x for r in per for x in r["idle"]]
+        during = [x for r in per for x in r["during"]]
+        ratios = [i / d for r in per for i, d in zip(r["idle"], r["during"])]
+        rows.append(
+            {
+                "mode": mode,
+                "idle_its": statistics.median(idle),
+                "during_its": statistics.median(during),
+                "slowdown": statistics.median(ratios),
+                "slowdown_max": max(ratios),
+                "background_s": statistics.median(x for r in per for x in r["background_s"]),
+            }
+        )
+    return rows
+
+
+def interference_table(rows: list[dict]) -> str:
+    return markdown(
+        "background, state|loop it/s, no save|loop it/s during a save|slowdown (median)"
+        "|slowdown (max)|save's background s",
+        [
+            [
+                r["mode"],
+                f"{r['idle_its']:.0f}",
+                f"{r['during_its']:.0f}",
+                f"{r['slowdown']:.2f}x",
+                f"{r['slowdown_max']:.2f}x",
+                f"{r['background_s']:.2f}",
+            ]
+            for r in rows
+        ],
+    )
+
+
+def markdown(header: str, rows: list[list[str]]) -> str:
+    """A markdown table: ``header`` is the column names joined by "|"."""
+    names = header.split("|")
+    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines)
 
 
 def summarise(results: list[dict], total_mib: int) -> list[dict]:
@@ -198,18 +320,22 @@ def summarise(results: list[dict], total_mib: int) -> list[dict]:
 
 
 def table(rows: list[dict]) -> str:
-    lines = [
-        "| contender | blocking s (median, steady) | min–max | first save | until committed s "
-        "| × copy_ floor | torch.save ÷ this |",
-        "|---|---|---|---|---|---|---|",
-    ]
-    for r in rows:
-        lines.append(
-            f"| {r['contender']} | {r['blocking_s']:.3f} | {r['blocking_min_s']:.3f}–"
-            f"{r['blocking_max_s']:.3f} | {r['first_blocking_s']:.3f} | {r['committed_s']:.2f} "
-            f"| {r['x_floor']:.2f} | {r['torch_save_over']:.1f} |"
-        )
-    return "\n".join(lines)
+    return markdown(
+        "contender|blocking s (median, steady)|min–max|first save|until committed s"
+        "|× copy_ floor|torch.save ÷ this",
+        [
+            [
+                r["contender"],
+                f"{r['blocking_s']:.3f}",
+                f"{r['blocking_min_s']:.3f}–{r['blocking_max_s']:.3f}",
+                f"{r['first_blocking_s']:.3f}",
+                f"{r['committed_s']:.2f}",
+                f"{r['x_floor']:.2f}",
+                f"{r['torch_save_over']:.1f}",
+            ]
+            for r in rows
+        ],
+    )
 
 
 def run(size_mib: int, world: int, saves: int, parent: str | None = None) -> dict[str, Any]:
@@ -219,7 +345,14 @@ def run(size_mib: int, world: int, saves: int, parent: str | None = None) -> dic
         results = run_distributed(bench_rank, world, size_mib // world, saves, base, timeout=1800)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    return {"rows": summarise(results, size_mib), "raw": results}
+    raw = [contenders for contenders, _ in results]
+    inter = [i for _, i in results]
+    return {
+        "rows": summarise(raw, size_mib),
+        "raw": raw,
+        "interference": summarise_interference(inter),
+        "interference_raw": inter,
+    }
 
 
 def main() -> None:
@@ -233,13 +366,15 @@ def main() -> None:
     if args.quick:
         args.size_mib, args.saves = 256, 3
     res = run(args.size_mib, args.world, args.saves, args.dir)
-    rows, results = res["rows"], res["raw"]
+    rows = res["rows"]
     print(f"\n{args.size_mib} MiB state on {args.world} gloo ranks, {args.saves} saves each\n")
     print(table(rows))
+    print("\nA CPU-bound training loop while a background save runs (1 torch thread per rank)\n")
+    print(interference_table(res["interference"]))
     os.makedirs("benchmarks/results", exist_ok=True)
     out = f"benchmarks/results/bench_async-{time.strftime('%Y%m%d-%H%M%S')}.json"
     with open(out, "w") as f:
-        json.dump({"args": vars(args), "rows": rows, "raw": results}, f, indent=1)
+        json.dump({"args": vars(args), **res}, f, indent=1)
     print(f"\nraw results: {out}")
 
 

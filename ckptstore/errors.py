@@ -22,6 +22,7 @@ CHECKPOINT_ERRORS = [
     "TransferError",
     "DurabilityError",
     "StorageFullError",
+    "WriterProcessDiedError",
 ]
 
 __all__ = [
@@ -86,6 +87,13 @@ class DurabilityError(CkptStoreError, OSError):
 
 class StorageFullError(CkptStoreError, OSError):
     """The destination is out of space (ENOSPC)."""
+
+
+class WriterProcessDiedError(CkptStoreError, ChildProcessError):
+    """A background writer process (``background="process"``) died during a save.
+
+    That save is lost (never committed); the previous committed checkpoint is intact.
+    """
 
 
 class EmptyDatasetError(CkptStoreError, ValueError):

@@ -22,6 +22,15 @@ anyone get SIGTERM?) on a second one. At most one save is in flight: a new ``sav
 one is uploading waits for it (``on_busy="wait"``, counted as blocking time) or is skipped
 on every rank (``on_busy="skip"``). A failed background save is reported at the next
 ``save``/``wait`` (a warning, or the error with ``strict=True``) and by ``close``.
+
+``background="thread"`` (default) writes on a thread of the training process.
+``background="process"`` writes in one long-lived writer process per rank (see
+``ckptstore.writer_process``), started by the constructor: the staging copy goes into a
+shared-memory arena reused across saves, and serialisation, upload and commit run in the
+writer, on a gloo group of the writers' own, without the training process's GIL. A writer
+that dies fails its save with ``WriterProcessDiedError`` (reported like any failed save;
+the previous checkpoint is intact) and every rank starts a new writer at the next save.
+A writer that cannot start (its rendezvous unreachable) raises from ``save``.
 """
 
 from __future__ import annotations
@@ -32,7 +41,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import torch
@@ -46,8 +55,9 @@ from ckptstore.api import unwrap_checkpoint_exception
 from ckptstore.catalog import committed_steps, list_steps, step_name
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.reader import CkptReader
-from ckptstore.dcp.staged import StagedWriter, local_tier_matches
-from ckptstore.dcp.writer import CkptWriter, shard_prefix
+from ckptstore.dcp.shared_staging import SharedStager
+from ckptstore.dcp.staged import local_tier_matches
+from ckptstore.dcp.writer import shard_prefix
 from ckptstore.engine.commit import delete_checkpoint, finish_publish
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.store import Store
@@ -62,6 +72,8 @@ from ckptstore.retention import KeepLast, RetentionPolicy, select_deletions
 from ckptstore.state import RNGState
 from ckptstore.stores import open_store
 from ckptstore.stores.local import LocalStore
+from ckptstore.writer_process import BackgroundWriter, write_step
+from ckptstore.writer_protocol import WriterSettings
 
 __all__ = ["CheckpointManager", "SaveRecord"]
 
@@ -112,9 +124,12 @@ class CheckpointManager:
         key_layout: str = "flat",
         grace_period_s: float = 120.0,
         handle_sigterm: bool = False,
+        background: str = "thread",
     ) -> None:
         if on_busy not in ("wait", "skip"):
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
+        if background not in ("thread", "process"):
+            raise ConfigError(f"background must be 'thread' or 'process', not {background!r}")
         self.root = open_store(root, storage_options)
         self.staging_dir = staging_dir
         self.keep = keep or KeepLast(3)
@@ -126,6 +141,7 @@ class CheckpointManager:
         shard_prefix(0, key_layout)  # validates it
         self.key_layout = key_layout
         self.grace_period_s = grace_period_s
+        self.background = background
         self.records: list[SaveRecord] = []
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self._distributed else 0
@@ -134,14 +150,34 @@ class CheckpointManager:
         self._pg = dist.new_group(backend="gloo") if self._distributed else None
         self._ctl = dist.new_group(backend="gloo") if self._distributed else None
         cuda = torch.cuda.is_available()
-        self._stager = DefaultStager(
-            StagingOptions(
-                use_pinned_memory=cuda,
-                use_shared_memory=False,
-                use_async_staging=False,
-                use_non_blocking_copy=cuda,
+        self._stager: DefaultStager | None = None
+        self._shared: SharedStager | None = None
+        self._bg: BackgroundWriter | None = None
+        if background == "process":
+            self._shared = SharedStager(pin=cuda)
+            settings = WriterSettings(
+                root,
+                storage_options,
+                staging_dir,
+                codec,
+                self.engine.config,
+                self.rank,
+                key_layout=key_layout,
             )
-        )
+            if self._distributed:
+                settings = replace(settings, world_size=dist.get_world_size())
+            self._bg = BackgroundWriter(
+                settings, broadcast=self._broadcast if self._distributed else None
+            )
+        else:
+            self._stager = DefaultStager(
+                StagingOptions(
+                    use_pinned_memory=cuda,
+                    use_shared_memory=False,
+                    use_async_staging=False,
+                    use_non_blocking_copy=cuda,
+                )
+            )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self._inflight: Future[None] | None = None
         self._unreported: list[BaseException] = []
@@ -190,13 +226,23 @@ class CheckpointManager:
             self.records.append(record)
             log.info("step %d is already committed under %s; not saving it again", step, self.root)
             return False
+        if self._bg is not None:
+            if self._any(self._bg.needs_restart()):
+                self._bg.restart()
+            self._bg.ensure_ready()
         t = time.perf_counter()
         flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
-        staged = self._stager.stage(flat)  # synchronous: a dict, never a Future
-        assert isinstance(staged, dict)
+        staged: Any
+        if self._shared is not None:
+            staged = self._shared.stage(flat)
+            record.bytes = staged.nbytes
+        else:
+            assert self._stager is not None
+            staged = self._stager.stage(flat)  # synchronous: a dict, never a Future
+            assert isinstance(staged, dict)
+            record.bytes = _tensor_bytes(staged)
         record.staging_s = time.perf_counter() - t
         record.blocking_s = time.perf_counter() - start
-        record.bytes = _tensor_bytes(staged)
         record.status = "writing"
         self.records.append(record)
         self._protected.add(step)
@@ -207,30 +253,25 @@ class CheckpointManager:
             self._report_failures()
         return True
 
-    def _writer(self, step: int) -> CkptWriter:
-        url = self.root.child(step_name(step))
-        common: dict[str, Any] = dict(
-            codec=self.codec,
-            key_layout=self.key_layout,
-            step=step,
-            engine=self.engine,
-            config=self.engine.config,
-        )
-        if self.staging_dir:
-            return StagedWriter(url, staging_dir=self.staging_dir, **common)
-        return CkptWriter(url, **common)
-
-    def _write(self, record: SaveRecord, staged: dict[str, Any], start: float) -> None:
+    def _write(self, record: SaveRecord, staged: Any, start: float) -> None:
         t = time.perf_counter()
         try:
-            writer = self._writer(record.step)
-            writer.manifest_extra["timings"] = {
-                k: v for k, v in asdict(record).items() if k.endswith("_s") or k == "bytes"
-            }
-            try:
-                dcp.save(staged, storage_writer=writer, process_group=self._pg)
-            except CheckpointException as exc:
-                raise unwrap_checkpoint_exception(exc) from exc
+            timings = {k: v for k, v in asdict(record).items() if k.endswith("_s") or k == "bytes"}
+            if self._bg is not None:
+                assert self._shared is not None and self._shared.arena is not None
+                self._bg.save(record.step, staged, self._shared.arena, timings)
+            else:
+                write_step(
+                    staged,
+                    self.root,
+                    record.step,
+                    staging_dir=self.staging_dir,
+                    codec=self.codec,
+                    key_layout=self.key_layout,
+                    engine=self.engine,
+                    timings=timings,
+                    process_group=self._pg,
+                )
             record.status = "committed"
             log.info(
                 "step %d committed: blocking %.3fs, total %.2fs, %d bytes on this rank",
@@ -421,7 +462,8 @@ class CheckpointManager:
         return saved and self.records[-1].status == "committed"
 
     def close(self) -> None:
-        """Wait for the in-flight save; raise if the last save failed."""
+        """Wait for the in-flight save; raise if the last save failed. Stops the writer
+        process (``background="process"``) and frees the staging buffers."""
         try:
             self._wait_inflight()
             self._unreported.clear()
@@ -429,7 +471,12 @@ class CheckpointManager:
                 raise self._last_failed
         finally:
             self._pool.shutdown(wait=True)
-            self._stager.close()
+            if self._bg is not None:
+                self._bg.close()
+            if self._shared is not None:
+                self._shared.close()
+            if self._stager is not None:
+                self._stager.close()
             self.engine.close()
             if self._old_handler is not None:
                 signal.signal(signal.SIGTERM, self._old_handler)

@@ -84,6 +84,17 @@ def test_zstd_codec_round_trip(tmp_path) -> None:
     assert torch.equal(out["w"], state()["w"])
 
 
+def test_a_view_stores_only_its_own_bytes(tmp_path) -> None:
+    big = torch.arange(1 << 20, dtype=torch.float32)  # 4 MiB storage
+    view = big[1000:1100].view(10, 10)
+    path = str(tmp_path / "step_1")
+    ckptstore.save({"v": view}, path)
+    assert os.path.getsize(shard_of(path)) < 64 * 1024
+    out = {"v": torch.zeros(10, 10)}
+    ckptstore.load(out, path)
+    assert torch.equal(out["v"], view)
+
+
 def test_missing_marker(ckpt) -> None:
     os.unlink(os.path.join(ckpt, MARKER_NAME))
     with pytest.raises(IncompleteCheckpointError, match="no COMMITTED marker"):

@@ -90,11 +90,16 @@ def test_kill_then_resume_is_bitwise_exact(tmp_path, reference, crash) -> None:
     assert all(e.status == "committed" for e in after)  # torn leftovers were cleaned
 
 
-def test_sigterm_on_one_rank_takes_a_final_checkpoint_and_resumes_exactly(tmp_path, reference):
+@pytest.mark.parametrize("background", ["thread", "process"])
+def test_sigterm_on_one_rank_takes_a_final_checkpoint_and_resumes_exactly(
+    tmp_path, reference, background
+):
+    """In process mode the writer gets SIGTERM too (as from a scheduler) and ignores it."""
     root, out, staging = str(tmp_path / "root"), str(tmp_path / "out"), str(tmp_path / "nvme")
-    assert torchrun(root, out, staging, extra=("--preempt-at", "7")) == 0
+    mode = ("--background", background)
+    assert torchrun(root, out, staging, extra=("--preempt-at", "7", *mode)) == 0
     assert not os.path.exists(f"{out}.0")  # stopped early...
     steps = [e.step for e in list_steps(LocalStore(root)) if e.status == "committed"]
     assert steps[-1] == 7  # ... with a final checkpoint at the preempted step
-    assert torchrun(root, out, staging) == 0
+    assert torchrun(root, out, staging, extra=mode) == 0
     assert_same(final_state(out), reference)

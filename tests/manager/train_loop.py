@@ -43,6 +43,7 @@ def main() -> None:
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--out", required=True)
     p.add_argument("--preempt-at", type=int, default=-1, help="rank 1 gets SIGTERM at this step")
+    p.add_argument("--background", default="thread", choices=("thread", "process"))
     args = p.parse_args()
 
     dist.init_process_group("gloo", timeout=timedelta(seconds=60))
@@ -55,7 +56,12 @@ def main() -> None:
     torch.manual_seed(1000 + rank)  # per-rank data stream
     state = {"app": AppState(model, opt), "rng": RNGState(seed=1000)}
     mgr = CheckpointManager(
-        args.root, staging_dir=args.staging, keep=KeepLast(2), strict=True, handle_sigterm=True
+        args.root,
+        staging_dir=args.staging,
+        keep=KeepLast(2),
+        strict=True,
+        handle_sigterm=True,
+        background=args.background,
     )
     restored = mgr.restore(state)
     first = 0 if restored is None else restored + 1
@@ -68,6 +74,8 @@ def main() -> None:
         loss.backward()
         opt.step()
         if step == args.preempt_at and rank == 1:
+            if mgr._bg is not None:  # a scheduler signals the whole job: the writer too
+                os.kill(mgr._bg.writer.proc.pid, signal.SIGTERM)
             os.kill(os.getpid(), signal.SIGTERM)
         if mgr.preemption_requested():  # every rank agrees, whichever got the signal
             ok = mgr.finalize(step, state)

@@ -1,0 +1,392 @@
+"""Background saves in a separate process: ``CheckpointManager(background="process")``.
+
+Call order (training side, every rank; the manager drives it)::
+
+    bg = BackgroundWriter(settings, broadcast)  # constructor: rank 0 hosts a rendezvous
+                                                # TCPStore, its address reaches every rank
+                                                # over the manager's control group; each
+                                                # rank starts its writer process (returns
+                                                # at once: the writers meet on their own)
+    bg.needs_restart()                          # save: a writer died or its group broke;
+    bg.restart()                                # the manager agrees on it across ranks and
+                                                # every rank starts a new writer
+    bg.ensure_ready()                           # save: the writer has joined its group
+                                                # (blocks on the first save only)
+    bg.save(step, staged, arena, timings)       # background thread: sends the job (and the
+                                                # staging arena's fd, once per writer) and
+                                                # waits for the outcome; raises the writer's
+                                                # error, or WriterProcessDiedError
+    bg.close()                                  # asks the writer to exit, kills it after a
+                                                # grace period, reaps it
+
+One long-lived writer process per rank, started with the manager: a fresh interpreter
+running ``ckptstore.writer_main`` (never a fork); ``ckptstore.writer_protocol`` has what the
+two say to each other. The writers form their own gloo group through the rendezvous store,
+under a prefix unique to the manager and the writer generation, so their collectives never
+meet training's. Each save runs ``write_step`` there, the same serialise / upload / commit
+path as the thread mode, over the staged state mapped out of the shared-memory arena.
+
+A writer that dies (kill -9, the OOM killer) is seen at once (its socket closes): the save
+fails with ``WriterProcessDiedError`` naming the step, the previous committed checkpoint
+stays intact, and the rank marks the group broken in the rendezvous store, so writers on
+other ranks blocked on the dead one are stopped too. At the next save every rank starts a
+new writer (a new generation, a new gloo group); the staging arena is kept. A writer that
+cannot start raises from ``ensure_ready``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import select
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+import weakref
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ckptstore.api import unwrap_checkpoint_exception
+from ckptstore.catalog import step_name
+from ckptstore.dcp.shared_staging import Arena, StagedState
+from ckptstore.dcp.staged import StagedWriter
+from ckptstore.dcp.writer import CkptWriter
+from ckptstore.engine.store import Store
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import CkptStoreError, ConfigError, WriterProcessDiedError
+from ckptstore.writer_protocol import (
+    PG_TIMEOUT,
+    Outcome,
+    Rendezvous,
+    SaveJob,
+    WriterSettings,
+    connect,
+    rebuild_error,
+    recv,
+    send,
+)
+
+__all__ = ["BackgroundWriter", "write_step"]
+
+log = logging.getLogger(__name__)
+
+STOP_GRACE_S = 10.0  # a writer asked to exit is killed after this
+POLL_S = 0.2  # how often a waiting rank looks for a broken group in the store
+
+
+def write_step(
+    state: dict[str, Any],
+    root: Store,
+    step: int,
+    *,
+    staging_dir: str | None,
+    codec: str,
+    key_layout: str = "flat",
+    engine: TransferEngine,
+    timings: dict[str, float],
+    process_group: Any = None,
+) -> None:
+    """Serialise, write (or stage locally and upload) and commit ``state`` as ``step``:
+    the one path both background modes run. Raises the first rank's ckptstore error."""
+    url = root.child(step_name(step))
+    common: dict[str, Any] = dict(
+        codec=codec, key_layout=key_layout, step=step, engine=engine, config=engine.config
+    )
+    writer = (
+        StagedWriter(url, staging_dir=staging_dir, **common)
+        if staging_dir
+        else CkptWriter(url, **common)
+    )
+    writer.manifest_extra["timings"] = dict(timings)
+    try:
+        dcp.save(state, storage_writer=writer, process_group=process_group)
+    except CheckpointException as exc:
+        raise unwrap_checkpoint_exception(exc) from exc
+
+
+def _exit_description(code: int | None) -> str:
+    if code is None:
+        return "was stopped"
+    if code < 0:
+        name = signal.Signals(-code).name
+        hint = " (kill -9, or the out-of-memory killer)" if -code == signal.SIGKILL else ""
+        return f"was killed by {name}{hint}"
+    return f"exited with code {code}"
+
+
+class _Died(Exception):
+    def __init__(self, code: int | None) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class _GroupBroken(Exception):
+    """Another rank said its writer died or failed; ``args[0]`` says how."""
+
+
+def _reap(proc: subprocess.Popen, sock: socket.socket) -> None:
+    sock.close()
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+class _Writer:
+    """One writer process and its socket (training side)."""
+
+    def __init__(self, settings: WriterSettings) -> None:
+        ours, theirs = socket.socketpair()
+        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        env = dict(os.environ, RANK=str(settings.rank))
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (package_parent, os.environ.get("PYTHONPATH")) if p
+        )
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "ckptstore.writer_main", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),),
+                env=env,
+                stdin=subprocess.DEVNULL,
+            )
+        except BaseException:
+            ours.close()
+            raise
+        finally:
+            theirs.close()
+        self.sock = ours
+        self.ready = False
+        self.arena_id = 0  # the arena this writer has mapped
+        self._finalizer = weakref.finalize(self, _reap, self.proc, self.sock)
+        try:
+            send(self.sock, (settings.sys_path, pickle.dumps(settings, protocol=5)))
+        except OSError:
+            pass  # it died at once: the first wait says so
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def request(self, job: SaveJob, arena: Arena) -> None:
+        fds = [arena.fd] if arena.arena_id != self.arena_id else None
+        try:
+            send(self.sock, job, fds)
+        except OSError:
+            raise _Died(self._exit_code()) from None
+        self.arena_id = arena.arena_id
+
+    def wait(self, broken: Callable[[], str | None]) -> Outcome:
+        """The writer's next answer; raises _Died or (after stopping it) _GroupBroken."""
+        while True:
+            readable, _, _ = select.select([self.sock], [], [], POLL_S)
+            if not readable and not self.alive():  # its socket may live on in a fork
+                readable, _, _ = select.select([self.sock], [], [], 0)
+                if not readable:
+                    raise _Died(self.proc.returncode)
+            if readable:
+                try:
+                    outcome, _ = recv(self.sock)
+                except (EOFError, OSError):
+                    raise _Died(self._exit_code()) from None
+                return outcome
+            why = broken()
+            if why:
+                self.kill()
+                raise _GroupBroken(why)
+
+    def _exit_code(self) -> int | None:
+        try:
+            return self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:  # its socket closed but it lingers: finish it
+            self.kill()
+            return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            try:
+                send(self.sock, None)
+                self.proc.wait(timeout=STOP_GRACE_S)
+            except OSError:
+                pass  # it is gone already
+            except subprocess.TimeoutExpired:
+                log.warning("the background writer process did not exit in time; killing it")
+        self._finalizer()  # closes the socket; kills and reaps it if still running
+
+
+def _advertised_host() -> str:
+    """An address of rank 0 that every rank reaches: the default store's host if it is a
+    TCPStore, else MASTER_ADDR, else this host's name."""
+    from torch.distributed.distributed_c10d import _get_default_store
+
+    try:
+        store: Any = _get_default_store()
+    except (RuntimeError, ValueError):
+        store = None
+    while isinstance(store, dist.PrefixStore):
+        store = store.underlying_store
+    if isinstance(store, dist.TCPStore):
+        return str(store.host)
+    return os.environ.get("MASTER_ADDR") or socket.gethostname()
+
+
+class BackgroundWriter:
+    """This rank's writer process and its place in the writers' group; see the module
+    docstring for the call order."""
+
+    def __init__(
+        self, settings: WriterSettings, broadcast: Callable[[Any], Any] | None = None
+    ) -> None:
+        if not isinstance(settings.root, str):
+            try:
+                pickle.dumps(settings.root)
+            except Exception as exc:  # noqa: BLE001 - whatever pickling raised
+                raise ConfigError(
+                    f"background='process' sends the root to the writer process, and "
+                    f"{settings.root!r} cannot be pickled ({exc}); pass the root as a URL"
+                ) from exc
+        self.rank = settings.rank
+        self._store: Any = None
+        rendezvous = None
+        if broadcast is not None:
+            if self.rank == 0:
+                host = _advertised_host()
+                self._store = dist.TCPStore(
+                    host, 0, is_master=True, wait_for_workers=False, timeout=PG_TIMEOUT
+                )
+                prefix = f"ckptstore-writer/{uuid.uuid4().hex}"
+                rendezvous = Rendezvous(host, int(self._store.port), prefix)
+            rendezvous = broadcast(rendezvous)
+            if self.rank != 0:
+                self._store = connect(rendezvous, self.rank)
+        self.settings = replace(
+            settings,
+            rendezvous=rendezvous,
+            parent_pid=os.getpid(),
+            sys_path=tuple(p for p in sys.path if p),
+        )
+        self.broken = False
+        #: The last save's outcome (its timings, how many arenas the writer has mapped).
+        self.last: Outcome | None = None
+        self.writer = _Writer(self.settings)
+
+    # -- the group's health, through the rendezvous store --------------------------------
+    def _broken_key(self) -> str:
+        assert self.settings.rendezvous is not None
+        return f"{self.settings.rendezvous.prefix}/gen{self.settings.generation}/broken"
+
+    def _mark_broken(self, why: str) -> None:
+        self.broken = True
+        if self._store is not None:
+            try:
+                self._store.set(self._broken_key(), why)
+            except RuntimeError as exc:  # the store's host (rank 0) is gone
+                log.warning("could not tell the other ranks that %s: %s", why, exc)
+
+    def _group_broken(self) -> str | None:
+        if self._store is None:
+            return None
+        try:
+            if self._store.check([self._broken_key()]):
+                return bytes(self._store.get(self._broken_key())).decode()
+        except RuntimeError:
+            return None
+        return None
+
+    # -- life cycle ----------------------------------------------------------------------
+    def needs_restart(self) -> bool:
+        if not self.broken and not self.writer.alive():
+            log.warning(
+                "the background writer process %s between saves; starting a new one",
+                _exit_description(self.writer.proc.returncode),
+            )
+            self.broken = True
+        return self.broken
+
+    def restart(self) -> None:
+        """Replace this rank's writer with a new one (every rank calls it together)."""
+        self.writer.kill()
+        self.writer.close()
+        self.settings = replace(self.settings, generation=self.settings.generation + 1)
+        self.broken = False
+        self.writer = _Writer(self.settings)
+
+    def ensure_ready(self) -> None:
+        """Wait until the writer has joined its group; raise why it could not."""
+        if self.writer.ready:
+            return
+        outcome = self._wait(None)
+        if outcome.error is not None:
+            exc = rebuild_error(outcome)
+            self._mark_broken(f"the writer process of rank {self.rank} failed to start ({exc})")
+            self.writer.kill()
+            raise exc
+        self.writer.ready = True
+
+    def save(self, step: int, staged: StagedState, arena: Arena, timings: dict) -> Outcome:
+        """Have the writer save ``staged`` as ``step``; its outcome, or raise its error."""
+        job = SaveJob(step, staged, timings)
+        try:
+            self.writer.request(job, arena)
+        except _Died as died:
+            raise self._died(died, step) from None
+        outcome = self._wait(step)
+        self.last = outcome
+        if outcome.error is None:
+            return outcome
+        exc = rebuild_error(outcome)
+        if self._store is not None and not isinstance(exc, CkptStoreError):
+            # A collective failed: perhaps another rank's writer died. Its rank says so
+            # in the store within moments; name that rather than a socket error.
+            deadline = time.monotonic() + 2.0
+            while time.monotonic() < deadline:
+                why = self._group_broken()
+                if why:
+                    self.broken = True
+                    raise self._peer_error(why) from exc
+                time.sleep(POLL_S)
+        raise exc
+
+    def _wait(self, step: int | None) -> Outcome:
+        try:
+            return self.writer.wait(self._group_broken)
+        except _Died as died:
+            raise self._died(died, step) from None
+        except _GroupBroken as gb:
+            self.broken = True
+            raise self._peer_error(str(gb)) from None
+
+    def _died(self, died: _Died, step: int | None) -> WriterProcessDiedError:
+        what = (
+            f"while saving step {step}; step {step} was not committed and the previous "
+            "committed checkpoint is intact"
+            if step is not None
+            else "while starting"
+        )
+        why = (
+            f"the background writer process of rank {self.rank} (pid {self.writer.proc.pid}) "
+            f"{_exit_description(died.code)} {what}"
+        )
+        self._mark_broken(why)
+        return WriterProcessDiedError(f"{why}; a new writer process starts at the next save")
+
+    def _peer_error(self, why: str) -> WriterProcessDiedError:
+        return WriterProcessDiedError(
+            f"{why}; the writer of rank {self.rank} was stopped too, and new writer processes "
+            "start at the next save"
+        )
+
+    def close(self) -> None:
+        self.writer.close()
+        self._store = None

@@ -1,0 +1,167 @@
+"""What travels between a ``CheckpointManager`` and its writer process.
+
+Messages, each an 8-byte length then a pickle, over a Unix socket pair (file descriptors
+ride on the length, with SCM_RIGHTS)::
+
+    manager -> writer   (sys.path, pickled      once, when the writer starts (the path
+                        WriterSettings)         first: a root Store from one of the
+                                                user's modules must unpickle)
+    writer -> manager   Outcome(step=-1)        ready (joined its group), or why not
+    manager -> writer   SaveJob [+ arena fd]    a save; the fd when the arena is new to it
+    writer -> manager   Outcome(step)           committed, or the error (pickled, with its
+                                                type, message and traceback as text)
+    manager -> writer   None                    exit
+
+The writers of all ranks meet through a TCPStore that rank 0's manager hosts
+(``Rendezvous``): their gloo group under ``<prefix>/gen<g>/pg/``, and the key
+``<prefix>/gen<g>/broken`` where a rank says its writer died, so the others stop waiting.
+"""
+
+from __future__ import annotations
+
+import pickle
+import socket
+import struct
+import traceback
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from ckptstore.config import TransferConfig
+from ckptstore.dcp.shared_staging import StagedState
+from ckptstore.engine.store import Store
+from ckptstore.errors import CkptStoreError, ConfigError
+
+__all__ = [
+    "Outcome",
+    "Rendezvous",
+    "SaveJob",
+    "WriterSettings",
+    "connect",
+    "failure",
+    "rebuild_error",
+    "recv",
+    "send",
+]
+
+PG_TIMEOUT = timedelta(minutes=30)  # the writers' gloo group (a peer's upload may be slow)
+
+
+@dataclass(frozen=True)
+class Rendezvous:
+    host: str
+    port: int
+    prefix: str  # unique per manager; writer generation g meets under <prefix>/gen<g>/
+
+
+@dataclass(frozen=True)
+class WriterSettings:
+    """Everything a writer process needs, sent once when it starts."""
+
+    root: str | Store
+    storage_options: dict[str, Any] | None
+    staging_dir: str | None
+    codec: str
+    config: TransferConfig
+    rank: int = 0
+    key_layout: str = "flat"
+    world_size: int = 1
+    rendezvous: Rendezvous | None = None
+    generation: int = 0
+    parent_pid: int = 0
+    sys_path: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class SaveJob:
+    step: int
+    staged: StagedState
+    timings: dict[str, float]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A writer's answer: ready (step -1) or a save's result."""
+
+    step: int
+    error: bytes | None = None  # the pickled exception (None: success)
+    error_text: str = ""  # "Type: message", should the exception not unpickle
+    traceback: str = ""
+    write_s: float = 0.0
+    arenas_mapped: int = 0  # arenas this writer has mapped so far
+
+
+# -- framing: an 8-byte length, then a pickle; fds ride on the length ------------------------
+def send(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
+    data = pickle.dumps(obj, protocol=5)
+    header = struct.pack("!Q", len(data))
+    if fds:
+        sent = socket.send_fds(sock, [header], fds)
+        sock.sendall(header[sent:])
+    else:
+        sock.sendall(header)
+    sock.sendall(data)
+
+
+def recv(sock: socket.socket) -> tuple[Any, list[int]]:
+    header, fds, _, _ = socket.recv_fds(sock, 8, 4)
+    while header and len(header) < 8:
+        more = sock.recv(8 - len(header))
+        if not more:
+            break
+        header += more
+    if len(header) < 8:
+        raise EOFError("the peer closed the socket")
+    (n,) = struct.unpack("!Q", header)
+    buf = bytearray(n)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise EOFError("the peer closed the socket mid-message")
+        got += k
+    return pickle.loads(buf), list(fds)
+
+
+def connect(rendezvous: Rendezvous, rank: int) -> Any:
+    """A client of the rendezvous store; ConfigError naming the fix if it is unreachable."""
+    try:
+        return dist.TCPStore(
+            rendezvous.host, rendezvous.port, is_master=False, timeout=timedelta(seconds=60)
+        )
+    except (RuntimeError, OSError) as exc:
+        raise ConfigError(
+            f"rank {rank} cannot reach the checkpoint writers' rendezvous store at "
+            f"{rendezvous.host}:{rendezvous.port} (hosted by rank 0): {exc}. Set MASTER_ADDR "
+            "to an address of rank 0 that every node can reach, or use background='thread'"
+        ) from exc
+
+
+def failure(step: int, exc: BaseException, write_s: float, mapped: int) -> Outcome:
+    """The Outcome that carries ``exc`` (as a CkptStoreError if it does not pickle)."""
+    try:
+        blob: bytes | None = pickle.dumps(exc)
+    except Exception:  # noqa: BLE001 - an exception that does not pickle
+        blob = None
+    return Outcome(
+        step,
+        error=blob if blob is not None else pickle.dumps(CkptStoreError(str(exc))),
+        error_text=f"{type(exc).__name__}: {exc}",
+        traceback="".join(traceback.format_exception(exc)),
+        write_s=write_s,
+        arenas_mapped=mapped,
+    )
+
+
+def rebuild_error(outcome: Outcome) -> BaseException:
+    """The writer's exception again, with its traceback there as a note."""
+    exc: BaseException
+    try:
+        exc = pickle.loads(outcome.error) if outcome.error else CkptStoreError("unknown")
+    except Exception:  # noqa: BLE001 - an exception class this process cannot import
+        exc = CkptStoreError(outcome.error_text)
+    if outcome.traceback and hasattr(exc, "add_note"):
+        exc.add_note(f"in the background writer process:\n{outcome.traceback}")
+    return exc
