@@ -4,6 +4,7 @@
     python benchmarks/suite.py --config medium     # 1 GiB, world 1/2/4, both links (~15 min)
     python benchmarks/suite.py --config full       # make bench: adds 4 GiB and 4-rank async
     python benchmarks/suite.py --config my.json --only local,async
+    python benchmarks/suite.py --from benchmarks/results/full-<time> --readme   # no run
 
 The scenarios are listed in ``suite_config.py``; each runs one of the existing benchmark
 scripts (``bench_local``, ``bench_async``, ``bench_objstore`` with its own SeaweedFS,
@@ -144,18 +145,29 @@ def main(argv: list[str] | None = None) -> int:
         default="save_blocking,throughput",
         help="with --readme: plots copied to benchmarks/figures/ and embedded",
     )
+    p.add_argument(
+        "--from",
+        dest="from_dir",
+        default="",
+        help="render an earlier run's results.json (report, plots, --readme) without running",
+    )
     a = p.parse_args(argv)
-    if a.config in CONFIGS:
-        config = CONFIGS[a.config]
+    if a.from_dir:
+        outdir = a.from_dir
+        with open(os.path.join(outdir, "results.json")) as f:
+            res = json.load(f)
     else:
-        with open(a.config) as f:
-            config = json.load(f)
-    only = {x for x in a.only.split(",") if x} or None
-    res = run_suite(config, only)
-    outdir = os.path.join(RESULTS_DIR, f"{config['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
-    os.makedirs(outdir, exist_ok=True)
-    with open(os.path.join(outdir, "results.json"), "w") as f:
-        json.dump(res, f, indent=1)
+        if a.config in CONFIGS:
+            config = CONFIGS[a.config]
+        else:
+            with open(a.config) as f:
+                config = json.load(f)
+        only = {x for x in a.only.split(",") if x} or None
+        res = run_suite(config, only)
+        outdir = os.path.join(RESULTS_DIR, f"{config['name']}-{time.strftime('%Y%m%d-%H%M%S')}")
+        os.makedirs(outdir, exist_ok=True)
+        with open(os.path.join(outdir, "results.json"), "w") as f:
+            json.dump(res, f, indent=1)
     report = markdown(res["records"], res)
     with open(os.path.join(outdir, "report.md"), "w") as f:
         f.write(report)
