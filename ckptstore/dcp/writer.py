@@ -218,7 +218,7 @@ class CkptWriter(StoreBound, StorageWriter):
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
                 data = cpu_item(planner.resolve_data(item))
                 if self.codec == "none":  # stream straight into part buffers, hashed once
-                    with w.item(payload_of(data)) as sink:
+                    with w.item(payload_of(data), owner=data) as sink:
                         write_item(data, sink)
                     written.append(
                         (item, sink.offset, sink.length, sink.crc32c, sink.length, sink.span)

@@ -66,6 +66,10 @@ class Store(abc.ABC):
     #: Whether ``list_multipart`` can see unfinished uploads (Azure's uncommitted blocks
     #: cannot be listed; the service expires them itself).
     lists_uploads: bool = True
+    #: Whether parts of any size, many of them, cost nothing extra (a file's ``pwrite``s,
+    #: not requests): the engine then sends large writes as parts of their own, straight
+    #: from the caller's memory, instead of copying them into part buffers.
+    zero_copy_parts: bool = False
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")

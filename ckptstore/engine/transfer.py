@@ -82,6 +82,10 @@ def split_ranges(offset: int, length: int, part_size: int) -> list[tuple[int, in
     ]
 
 
+#: Smallest write a store with ``zero_copy_parts`` takes by reference (see FileWriter._append).
+ZERO_COPY_MIN = 1024 * 1024
+
+
 class CopyCancelled(Exception):
     """A copy was cancelled (its ``cancel`` event was set); nothing was published."""
 
@@ -102,13 +106,27 @@ class _BufferPool:
 
     def acquire(self, size: int, cancelled: Callable[[], bool]) -> bytearray:
         with self._cond:
-            while self._used and self._used + size > self._limit and not cancelled():
-                self._cond.wait(0.1)
-            self._used += size
+            self._wait_for_room(size, cancelled)
             free = self._free.get(size)
             if free:
                 return free.pop()
         return bytearray(size)
+
+    def reserve(self, size: int, cancelled: Callable[[], bool]) -> None:
+        """Count ``size`` bytes of the caller's own memory, sent by reference, against the
+        limit (blocking like ``acquire``), so such writes are back-pressured too."""
+        with self._cond:
+            self._wait_for_room(size, cancelled)
+
+    def unreserve(self, size: int) -> None:
+        with self._cond:
+            self._used -= size
+            self._cond.notify_all()
+
+    def _wait_for_room(self, size: int, cancelled: Callable[[], bool]) -> None:
+        while self._used and self._used + size > self._limit and not cancelled():
+            self._cond.wait(0.1)
+        self._used += size
 
     def release(self, buf: bytearray) -> None:
         with self._cond:
@@ -335,9 +353,17 @@ class ItemSink:
     the item, length and CRC32C), so a reader can fetch it straight into place.
     """
 
-    def __init__(self, writer: FileWriter, payload: tuple[int, int] | None = None) -> None:
+    def __init__(
+        self,
+        writer: FileWriter,
+        payload: tuple[int, int] | None = None,
+        owner: object = None,
+    ) -> None:
         self._writer = writer
         self._payload = payload
+        self._owned = owner is not None
+        if owner is not None:
+            writer._held.append(owner)
         self.offset = writer.size
         self.crc32c = 0
         self.length = 0
@@ -352,7 +378,7 @@ class ItemSink:
         else:
             self.crc32c = crc32c(view, self.crc32c)
         self.length += len(view)
-        self._writer._append(view)
+        self._writer._append(view, self._owned)
         return len(view)
 
     def _is_payload(self, view: memoryview) -> bool:
@@ -395,6 +421,7 @@ class FileWriter:
         self._upload: Multipart | None = None
         self._futures: list[Future[Part]] = []
         self._failed = threading.Event()
+        self._held: list[object] = []  # owners of memory that parts point into
         self._state = "open"
 
     @property
@@ -431,13 +458,38 @@ class FileWriter:
         self._append(view)
         return offset
 
-    def item(self, payload: tuple[int, int] | None = None) -> ItemSink:
-        """A file-like sink for one item (see ``ItemSink``); close it when the item ends."""
-        self._check_open()
-        return ItemSink(self, payload)
+    def item(self, payload: tuple[int, int] | None = None, owner: object = None) -> ItemSink:
+        """A file-like sink for one item (see ``ItemSink``); close it when the item ends.
 
-    def _append(self, view: memoryview) -> None:
-        """Copy ``view`` into part buffers, sending each part as it fills."""
+        ``owner``: what owns the memory the item's writes point into (the tensor
+        ``torch.save`` writes, whose record arrives as a bare memoryview); held until the
+        file is closed or aborted, so large writes can be sent without a copy.
+        """
+        self._check_open()
+        return ItemSink(self, payload, owner)
+
+    def _append(self, view: memoryview, owned: bool = False) -> None:
+        """Copy ``view`` into part buffers, sending each part as it fills.
+
+        On a store with ``zero_copy_parts``, a view of at least ``ZERO_COPY_MIN`` bytes is
+        not copied: what is buffered goes out as a (short) part, then the view itself as
+        parts of up to ``part_size``. Only a view that keeps its memory alive (``view.obj``)
+        or, with ``owned``, one into memory whose owner the writer holds (``item(owner=)``)
+        is taken so; its bytes must not change until ``close()`` returns (a state being
+        saved is not modified meanwhile).
+        """
+        if (
+            len(view) >= ZERO_COPY_MIN
+            and self.store.zero_copy_parts
+            and (owned or view.obj is not None)
+        ):
+            if self._fill:
+                self._submit_part()
+            for start in range(0, len(view), self.part_size):
+                piece = view[start : start + self.part_size]
+                self.engine._buffers.reserve(len(piece), self._failed.is_set)
+                self._submit(piece, None)
+            return
         while len(view):
             if self._buf is None:
                 self._buf = self.engine._buffers.acquire(self.part_size, self._failed.is_set)
@@ -450,10 +502,23 @@ class FileWriter:
                 self._submit_part()
 
     def _submit_part(self) -> None:
-        engine, store = self.engine, self.store
+        """Send the filled part buffer."""
         buf, size = self._buf, self._fill
         assert buf is not None
         self._buf, self._fill = None, 0
+        self._submit(memoryview(buf)[:size], buf)
+
+    def _submit(self, data: memoryview, buf: bytearray | None) -> None:
+        """Send ``data`` as the next part. ``buf``: its pooled buffer, released when sent;
+        None: ``data`` is the caller's memory, reserved in the pool and unreserved then."""
+        engine, store = self.engine, self.store
+
+        def release() -> None:
+            if buf is not None:
+                engine._buffers.release(buf)
+            else:
+                engine._buffers.unreserve(len(data))
+
         try:
             if self._upload is None:
                 self._upload = engine.retry(
@@ -464,12 +529,11 @@ class FileWriter:
                     f"{self._what}: more than {store.max_parts} parts; raise part_size"
                 )
         except BaseException:
-            engine._buffers.release(buf)
+            release()
             raise
         number, offset = len(self._futures) + 1, self._part_offset
-        self._part_offset += size
+        self._part_offset += len(data)
         upload = self._upload
-        data = memoryview(buf)[:size]
 
         def send() -> Part:
             try:
@@ -482,9 +546,12 @@ class FileWriter:
                 self._failed.set()
                 raise
             finally:
-                engine._buffers.release(buf)
+                release()
 
-        self._futures.append(engine.pool.submit(send))
+        fut = engine.pool.submit(send)
+        # A part cancelled before it ran (abort) never reaches send()'s finally.
+        fut.add_done_callback(lambda f: release() if f.cancelled() else None)
+        self._futures.append(fut)
 
     def _raise_failed(self) -> None:
         for f in self._futures:
@@ -524,6 +591,7 @@ class FileWriter:
                 raise
             raise TransferError(f"{self._what} failed: {exc}") from exc
         self._state = "closed"
+        self._held.clear()
         return FileInfo(self.path, self._crc.length, self._crc.value)
 
     def _release_buffer(self) -> None:
@@ -545,6 +613,7 @@ class FileWriter:
             except BaseException:  # noqa: BLE001 - cancelled
                 pass
         self._release_buffer()
+        self._held.clear()
         if self._upload is not None:
             upload = self._upload
             try:

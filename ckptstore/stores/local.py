@@ -68,6 +68,9 @@ def _translate(exc: OSError, what: str) -> Exception:
 class LocalStore(Store):
     """A store on a mounted file system, rooted at a directory."""
 
+    zero_copy_parts = True
+    max_parts = 2**31 - 1  # parts are pwrites into one file: no limit worth planning for
+
     def __init__(self, root: str) -> None:
         if root.startswith("file://"):
             root = root[len("file://") :]

@@ -49,6 +49,7 @@ class FaultyStore(Store):
         self.max_parts = inner.max_parts
         self.min_part_size = inner.min_part_size
         self.atomic_create = inner.atomic_create
+        self.zero_copy_parts = inner.zero_copy_parts
 
     def describe(self, path: str = "") -> str:
         return self.inner.describe(path)

@@ -4,13 +4,19 @@ import os
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.retry import backoff_delay
 from ckptstore.engine.store import Buffer, Multipart, Part
-from ckptstore.engine.transfer import TransferEngine, plan_part_size, split_ranges
+from ckptstore.engine.transfer import (
+    ZERO_COPY_MIN,
+    TransferEngine,
+    plan_part_size,
+    split_ranges,
+)
 from ckptstore.errors import StoreAccessError, TransferError, TransientStoreError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
@@ -159,3 +165,88 @@ def test_item_sink_streams_torch_save_and_checksums_once(tmp_path) -> None:
     assert stored[sink.offset : sink.offset + sink.length] == ref.getvalue()
     assert sink.crc32c == crc32c(ref.getvalue())
     assert info.crc32c == crc32c(stored)
+
+
+class PartAddresses(FaultyStore):
+    """Records the address of every part's bytes."""
+
+    def __init__(self, inner: LocalStore, zero_copy: bool) -> None:
+        super().__init__(inner)
+        self.zero_copy_parts = zero_copy
+        self.addresses: list[int] = []
+        self.sizes: dict[int, int] = {}  # part number -> size
+
+    def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
+        self.addresses.append(np.frombuffer(data, np.uint8).ctypes.data)
+        self.sizes[number] = len(data)
+        return super().put_part(upload, number, offset, data)
+
+
+@pytest.mark.parametrize("zero_copy", [True, False])
+def test_large_writes_reach_a_volume_without_a_copy(tmp_path, zero_copy: bool) -> None:
+    store = PartAddresses(LocalStore(str(tmp_path)), zero_copy)
+    part = ZERO_COPY_MIN
+    big = bytearray(os.urandom(3 * part + 5))
+    base = np.frombuffer(big, np.uint8).ctypes.data
+    with TransferEngine(TransferConfig(part_size=part, memory_budget=2 * part)) as e:
+        w = e.writer(store, "f.bin")
+        w.write(b"head")
+        w.write(big)
+        w.write(b"x" * 100)
+        w.write(memoryview(big)[: part - 1])  # under ZERO_COPY_MIN: copied
+        info = w.close()
+        assert e._buffers._used == 0  # every reservation and buffer given back
+    expected = b"head" + bytes(big) + b"x" * 100 + bytes(big[: part - 1])
+    assert store.inner.get("f.bin") == expected
+    assert (info.size, info.crc32c) == (len(expected), crc32c(expected))
+    by_reference = {base + i * part for i in range(4)} & set(store.addresses)
+    assert by_reference == ({base + i * part for i in range(4)} if zero_copy else set())
+
+
+@pytest.mark.parametrize("with_owner", [True, False])
+def test_torch_save_records_go_by_reference_only_while_their_owner_is_held(
+    tmp_path, with_owner: bool
+) -> None:
+    """torch.save hands over its record as a bare memoryview (no reference to the tensor):
+    sent without a copy only when the writer holds the tensor, and then still intact after
+    the caller dropped it and its memory could have been reused."""
+    import io
+
+    import torch
+
+    store = PartAddresses(LocalStore(str(tmp_path)), zero_copy=True)
+    expected, addresses = [], []
+    with TransferEngine(TransferConfig(part_size=ZERO_COPY_MIN)) as e:
+        w = e.writer(store, "f.bin")
+        for i in range(3):
+            t = torch.full((ZERO_COPY_MIN // 2,), float(i))  # 2 MiB, a temporary
+            ref = io.BytesIO()
+            torch.save(t, ref)
+            expected.append(ref.getvalue())
+            addresses.append(t.data_ptr())
+            with w.item(owner=t if with_owner else None) as sink:
+                torch.save(t, sink)
+            del t
+            junk = [torch.full((ZERO_COPY_MIN // 2,), -1.0) for _ in range(4)]  # reuse memory
+            del junk
+        w.close()
+    assert store.inner.get("f.bin") == b"".join(expected)
+    sizes = [store.sizes[n] for n in sorted(store.sizes)]
+    if with_owner:  # each record went out from the tensor itself, after a short header part
+        assert set(addresses) <= set(store.addresses)
+        assert any(n < ZERO_COPY_MIN for n in sizes[:-1])
+    else:  # everything was copied into full part buffers
+        assert all(n == ZERO_COPY_MIN for n in sizes[:-1])
+
+
+def test_abort_gives_back_every_buffer_and_reservation(tmp_path) -> None:
+    slow = PartAddresses(LocalStore(str(tmp_path)), zero_copy=True)
+    slow.faults = [Fault("put_part", delay=0.2)]
+    part = ZERO_COPY_MIN
+    with TransferEngine(TransferConfig(part_size=part, concurrency=1, memory_budget=8 * part)) as e:
+        w = e.writer(slow, "f.bin")
+        w.write(os.urandom(3 * part))  # pooled buffers, queued behind a slow store
+        w.write(bytearray(4 * part))  # by reference, queued too
+        w.abort()
+        assert e._buffers._used == 0
+    assert slow.inner.find() == []
