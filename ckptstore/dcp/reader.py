@@ -164,31 +164,41 @@ class CkptReader(StoreBound, StorageReader):
         pending = deque(sorted(by_range))
         inflight: deque[tuple[tuple[str, int, int], Future, _Direct | None]] = deque()
         inflight_bytes = 0
-        while pending or inflight:
-            while pending and (
-                not inflight or inflight_bytes + pending[0][2] <= self.config.memory_budget
-            ):
-                key = pending.popleft()
-                path, offset, length = key
-                direct = self._direct(by_range[key], ranges.get(key), codec, planner)
-                if direct is None:
-                    fut = self.engine.read_async(self.store, path, offset, length)
-                else:
-                    at = offset + direct.span.offset
-                    fut = self.engine.read_into_async(self.store, path, at, direct.buf)
-                inflight.append((key, fut, direct))
-                inflight_bytes += length
-            key, fut, direct = inflight.popleft()
-            inflight_bytes -= key[2]
-            if direct is not None:
-                self._check_direct(key, fut, direct)
-                planner.commit_tensor(direct.req, direct.target)
-                continue
-            data = self._checked(key, fut, ranges.get(key))
-            entry = ranges.get(key)
-            data = decompress(codec, data, entry.raw_length if entry else None)
-            for req in by_range[key]:
-                self._deliver(req, data, planner)
+        try:
+            while pending or inflight:
+                while pending and (
+                    not inflight or inflight_bytes + pending[0][2] <= self.config.memory_budget
+                ):
+                    key = pending.popleft()
+                    path, offset, length = key
+                    direct = self._direct(by_range[key], ranges.get(key), codec, planner)
+                    if direct is None:
+                        fut = self.engine.read_async(self.store, path, offset, length)
+                    else:
+                        at = offset + direct.span.offset
+                        fut = self.engine.read_into_async(self.store, path, at, direct.buf)
+                    inflight.append((key, fut, direct))
+                    inflight_bytes += length
+                key, fut, direct = inflight.popleft()
+                inflight_bytes -= key[2]
+                if direct is not None:
+                    self._check_direct(key, fut, direct)
+                    planner.commit_tensor(direct.req, direct.target)
+                    continue
+                data = self._checked(key, fut, ranges.get(key))
+                entry = ranges.get(key)
+                data = decompress(codec, data, entry.raw_length if entry else None)
+                for req in by_range[key]:
+                    self._deliver(req, data, planner)
+        except BaseException:
+            # Reads still in flight may be filling targets: let them finish before the
+            # caller (e.g. a restore falling back to an older step) reuses those tensors.
+            for _, fut, _ in inflight:
+                try:
+                    fut.exception()
+                except BaseException:  # noqa: BLE001 - already failing with the first error
+                    pass
+            raise
         done: torch.futures.Future[None] = torch.futures.Future()
         done.set_result(None)
         return done

@@ -138,30 +138,32 @@ class _BufferPool:
 
 
 def _gather(futures: Sequence[Future], combine: Callable[[], T]) -> Future[T]:
-    """A future done when all ``futures`` are: ``combine()``'s value, or the first error."""
+    """A future done when all ``futures`` are: ``combine()``'s value, or the first error.
+
+    Even on an error it waits for every future: a read that fails must not leave other
+    parts still writing into the caller's memory (reads can target the caller's tensors).
+    """
     out: Future[T] = Future()
     remaining = [len(futures)]
+    errors: list[BaseException] = []
     lock = threading.Lock()
 
     def done(f: Future) -> None:
+        exc = f.exception()
         with lock:
             remaining[0] -= 1
             last = remaining[0] == 0
-        if out.done():
+            if exc is not None:
+                errors.append(exc)
+        if not last:
             return
-        exc = f.exception()
-        if exc is not None:
-            if not out.done():
-                try:
-                    out.set_exception(exc)
-                except Exception:  # noqa: BLE001 - lost a race with another part's error
-                    pass
+        if errors:
+            out.set_exception(errors[0])
             return
-        if last:
-            try:
-                out.set_result(combine())
-            except BaseException as e:  # noqa: BLE001
-                out.set_exception(e)
+        try:
+            out.set_result(combine())
+        except BaseException as e:  # noqa: BLE001
+            out.set_exception(e)
 
     if not futures:
         out.set_result(combine())

@@ -1,6 +1,7 @@
 """Large dense tensors are read straight into their targets, checked by their own CRC32C."""
 
 import json
+import time
 
 import numpy as np
 import pytest
@@ -10,7 +11,7 @@ import ckptstore
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import open_committed
 from ckptstore.engine.manifest import Manifest, RangeEntry, Span
-from ckptstore.errors import CorruptCheckpointError
+from ckptstore.errors import CorruptCheckpointError, StoreAccessError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import FaultyStore
 
@@ -126,3 +127,29 @@ def test_manifest_keeps_spans_and_omits_them_when_absent() -> None:
     assert doc["ranges"][0]["span"] == {"offset": 10, "length": 80, "crc32c": "deadbeef"}
     assert "span" not in doc["ranges"][1]
     assert Manifest.from_bytes(m.to_bytes(), "test").ranges == m.ranges
+
+
+class FailFirstSlowSecond(FaultyStore):
+    """Fails reads into ``fail_at`` at once; reads into ``slow_at`` land 0.5 s later."""
+
+    def __init__(self, inner: LocalStore, fail_at: int, slow_at: int) -> None:
+        super().__init__(inner)
+        self.fail_at, self.slow_at = fail_at, slow_at
+
+    def get_into(self, path: str, start: int, buf: memoryview) -> int:
+        address = np.frombuffer(buf, np.uint8).ctypes.data
+        if address == self.fail_at:
+            raise StoreAccessError("injected: permission denied")
+        if address == self.slow_at:
+            time.sleep(0.5)
+        return super().get_into(path, start, buf)
+
+
+def test_a_failed_load_leaves_no_read_writing_into_the_targets(ckpt) -> None:
+    out = targets()
+    store = FailFirstSlowSecond(LocalStore(ckpt), out["big"].data_ptr(), out["half"].data_ptr())
+    with pytest.raises(StoreAccessError):
+        ckptstore.load(out, ckptstore.reader(store))
+    after = out["half"].clone()
+    time.sleep(1.0)  # nothing may still be filling it (a restore would reuse it now)
+    assert torch.equal(out["half"], after)
