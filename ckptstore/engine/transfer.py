@@ -10,8 +10,9 @@ Call order for a streamed write::
     engine.close()
 
 ``write`` copies its data into reusable part buffers (one copy, into warm memory) and
-sends each part as it fills; ``item()`` gives a file-like sink (for ``torch.save``) that
-does the same and checksums the item on the way. At most ``TransferConfig.memory_budget``
+sends each part as it fills (on a volume, large writes go out from the caller's memory
+without the copy); ``item()`` gives a file-like sink (for ``torch.save``) that does the
+same and checksums the item on the way. At most ``TransferConfig.memory_budget``
 bytes of parts are in flight; writes block (back-pressure) beyond that. Every store call is
 retried per ``RetryConfig`` (transient errors only), within a per-file deadline. A failed
 part aborts the whole upload: nothing half-made is ever left visible.
@@ -449,7 +450,11 @@ class FileWriter:
             self._raise_failed()
 
     def write(self, data: Buffer, crc: int | None = None) -> int:
-        """Append a copy of ``data``; returns its offset. ``crc``: its CRC32C, if known."""
+        """Append ``data``; returns its offset. ``crc``: its CRC32C, if known.
+
+        ``data`` is copied, except a large write to a ``zero_copy_parts`` store, which is
+        sent from ``data`` itself: leave it unchanged until ``close()`` (see ``_append``).
+        """
         self._check_open()
         view = memoryview(data).cast("B")
         offset = self._crc.length
