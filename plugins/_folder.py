@@ -67,7 +67,8 @@ class ManagerOptions(TypedDict, total=False):
 
     Each means what it means there, with its default: ``storage_options`` (None),
     ``staging_dir`` (None), ``keep`` (None: ``KeepLast(3)``), ``async_save`` (True),
-    ``config`` (None: ``TransferConfig()``), ``codec`` ("none"), ``strict`` (False).
+    ``config`` (None: ``TransferConfig()``), ``codec`` ("none"), ``strict`` (False),
+    ``key_layout`` ("flat"), ``background`` ("thread").
     """
 
     storage_options: dict[str, Any] | None
@@ -77,6 +78,8 @@ class ManagerOptions(TypedDict, total=False):
     config: TransferConfig | None
     codec: str
     strict: bool
+    key_layout: str
+    background: str
 
 
 def _read(path: str, size: int) -> torch.Tensor:
