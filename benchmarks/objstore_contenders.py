@@ -14,6 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+
+from bench_local import make_state  # noqa: E402 - a sibling module, found via sys.path
+
 __all__ = [
     "BenchConfig",
     "RankCtx",
@@ -127,17 +131,6 @@ class RankCtx:
 
     def url(self, link: str, key: str) -> str:
         return f"s3://{BUCKET}/{link}/{key}"
-
-
-def make_state(rank: int, cfg: BenchConfig, numel: int | None = None) -> dict[str, Any]:
-    import torch
-
-    numel = numel or cfg.tensor_numel
-    g = torch.Generator().manual_seed(1234 + rank)
-    return {
-        f"rank{rank}.t{i}": torch.randn(numel // 1024, 1024, generator=g)
-        for i in range(cfg.tensors_per_rank)
-    }
 
 
 def raw_bodies(state: dict[str, Any], part_size: int) -> list[bytearray]:
