@@ -214,12 +214,10 @@ class CkptReader(StoreBound, StorageReader):
         md = self.metadata.state_dict_metadata.get(req.storage_index.fqn)
         if req.type != LoadItemType.TENSOR or not isinstance(md, TensorStorageMetadata):
             return None
-        chunk = next(
-            (c for c in md.chunks if tuple(c.offsets) == tuple(req.storage_index.offset or ())),
-            None,
-        )
-        if chunk is None or any(req.storage_offsets) or tuple(req.lengths) != tuple(chunk.sizes):
+        if any(req.storage_offsets):
             return None  # a part of the stored chunk (resharding): decode and narrow
+        # A request from offset 0 whose byte count equals the stored span's (the whole
+        # stored chunk) is the whole chunk: its lengths cannot be smaller in any dimension.
         target = planner.resolve_tensor(req).detach()
         if (
             target.device.type != "cpu"
@@ -234,13 +232,16 @@ class CkptReader(StoreBound, StorageReader):
 
     def _check_direct(self, key: tuple[str, int, int], fut: Future, direct: _Direct) -> None:
         path, offset, _ = key
-        start = offset + direct.span.offset
-        where = f"{self.store.describe(path)} bytes [{start}, {start + direct.span.length})"
         self._result(path, fut)
-        if self.committed is not None and self.verify and crc32c(direct.buf) != direct.span.crc32c:
+        self._verify(path, offset + direct.span.offset, direct.buf, direct.span.crc32c)
+
+    def _verify(self, path: str, start: int, data: Any, crc: int) -> None:
+        """Raise if verification is on and ``data``, read at ``start`` of ``path``, does
+        not have the manifest's CRC32C ``crc``."""
+        if self.committed is not None and self.verify and crc32c(data) != crc:
             raise CorruptCheckpointError(
-                f"{where}: checksum mismatch (the bytes changed after commit); restore the "
-                "previous checkpoint."
+                f"{self.store.describe(path)} bytes [{start}, {start + len(data)}): checksum "
+                "mismatch (the bytes changed after commit); restore the previous checkpoint."
             )
 
     def _result(self, path: str, fut: Future) -> Any:
@@ -261,14 +262,10 @@ class CkptReader(StoreBound, StorageReader):
                 f"{where}: got {len(data)} bytes, the file is truncated; restore the previous "
                 "checkpoint."
             )
-        if self.committed is not None and self.verify:
-            if entry is None:
-                raise CorruptCheckpointError(f"{where} is not listed in the manifest")
-            if crc32c(data) != entry.crc32c:
-                raise CorruptCheckpointError(
-                    f"{where}: checksum mismatch (the bytes changed after commit); restore "
-                    "the previous checkpoint."
-                )
+        if self.committed is not None and self.verify and entry is None:
+            raise CorruptCheckpointError(f"{where} is not listed in the manifest")
+        if entry is not None:
+            self._verify(path, offset, data, entry.crc32c)
         return data
 
     @staticmethod
