@@ -8,28 +8,14 @@ highest step number, never a modification time.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 from ckptstore.engine.commit import checkpoint_status
+from ckptstore.engine.layout import parse_step, step_name
 from ckptstore.engine.store import Store
 
 __all__ = ["step_name", "parse_step", "StepEntry", "list_steps", "committed_steps"]
-
-_STEP = re.compile(r"^step_(\d+)$")
-
-
-def step_name(step: int) -> str:
-    """The directory name of ``step``: ``step_000000100``."""
-    if step < 0:
-        raise ValueError(f"step must be >= 0, got {step}")
-    return f"step_{step:09d}"
-
-
-def parse_step(name: str) -> int | None:
-    m = _STEP.match(name.rstrip("/"))
-    return int(m.group(1)) if m else None
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ import os
 import uuid
 from collections.abc import Sequence
 
+from ckptstore.engine.layout import TMP_MARK
 from ckptstore.engine.store import Buffer, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CommitConflictError,
@@ -26,8 +27,6 @@ from ckptstore.errors import (
 
 __all__ = ["LocalStore", "TMP_MARK"]
 
-#: Every temp file's name contains this; ``list_multipart`` finds stale ones by it.
-TMP_MARK = ".ckptstore-tmp-"
 
 
 def _fsync(fd: int, what: str) -> None:

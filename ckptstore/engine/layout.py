@@ -1,0 +1,77 @@
+"""Names ckptstore gives things under a root, parsed in one place.
+
+A root holds one directory (prefix) per step, named exactly ``step_<9 digits>``; inside a
+step only the names below are ckptstore's (or stock DCP's). Everything else under a root
+(a user's ``notes.txt``, a ``step_5`` directory, another tool's files) is not ours: it is
+never deleted and never taken for part of a checkpoint.
+
+Names of a step directory::
+
+    COMMITTED                                     the commit marker
+    ckptstore.manifest.json                       canonical manifest
+    ckptstore.manifest.<attempt>.json             an attempt's own manifest
+    .metadata, .metadata.<attempt>                DCP metadata (canonical / an attempt's;
+                                                  stock DCP's temp .metadata.tmp)
+    [<hh>/]__<rank>_<i>[.<attempt>].distcp        shard files (stock DCP's without attempt;
+                                                  ``<hh>/`` with ``key_layout="spread"``)
+    <any of the above>.ckptstore-tmp-<hex>        a volume's temp file of an unfinished write
+
+Pure functions; no I/O.
+"""
+
+from __future__ import annotations
+
+import re
+
+__all__ = [
+    "STEP_PREFIX",
+    "TMP_MARK",
+    "step_name",
+    "parse_step",
+    "is_step_name",
+    "is_ckptstore_file",
+]
+
+STEP_PREFIX = "step_"
+#: Every temp file's name contains this (volumes write temp -> fsync -> rename).
+TMP_MARK = ".ckptstore-tmp-"
+
+_STEP = re.compile(r"^step_(\d{9})$")
+_ATTEMPT = r"[0-9a-f]{1,64}"
+_OURS = re.compile(
+    r"^(?:"
+    r"COMMITTED"
+    rf"|ckptstore\.manifest(?:\.{_ATTEMPT})?\.json"
+    rf"|\.metadata(?:\.{_ATTEMPT}|\.tmp)?"
+    rf"|(?:[0-9a-f]{{2}}/)?__\d+_\d+(?:\.{_ATTEMPT})?\.distcp"
+    r")"
+    rf"(?:{re.escape(TMP_MARK)}[0-9a-f]+)?$"
+)
+
+
+def step_name(step: int) -> str:
+    """The directory name of ``step``: ``step_000000100``."""
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step <= 999_999_999:
+        raise ValueError(f"step must be a whole number in [0, 999999999], got {step!r}")
+    return f"{STEP_PREFIX}{step:09d}"
+
+
+def parse_step(name: str) -> int | None:
+    """The step of a canonical step directory name (``step_000000100`` -> 100), else None.
+
+    Only the exact form :func:`step_name` makes counts: ``step_5`` or ``step_0000000005``
+    are someone else's directories, never a checkpoint.
+    """
+    m = _STEP.match(name[:-1] if name.endswith("/") else name)
+    return int(m.group(1)) if m else None
+
+
+def is_step_name(name: str) -> bool:
+    """True for a canonical step directory name."""
+    return parse_step(name) is not None
+
+
+def is_ckptstore_file(name: str) -> bool:
+    """True if ``name`` (relative to a step directory, '/'-separated) is one ckptstore or
+    stock DCP writes there; see the module docstring."""
+    return _OURS.match(name) is not None
