@@ -23,6 +23,7 @@ CHECKPOINT_ERRORS = [
     "DurabilityError",
     "StorageFullError",
     "WriterProcessDiedError",
+    "UnsafePathError",
 ]
 
 __all__ = [
@@ -93,6 +94,16 @@ class WriterProcessDiedError(CkptStoreError, ChildProcessError):
     """A background writer process (``background="process"``) died during a save.
 
     That save is lost (never committed); the previous committed checkpoint is intact.
+    """
+
+
+class UnsafePathError(CorruptCheckpointError):
+    """A name from a manifest, marker, ``.metadata``, listing or caller would leave its root
+    (absolute, ``..``, empty or odd segments, NUL, backslash) or pass through a symlink.
+
+    Nothing was read, written or deleted. A checkpoint that names such a path is treated
+    as damaged (``CorruptCheckpointError``; also a ``ValueError``): restore falls back past
+    it and ``verify`` fails it. Inspect the files under the root that named it.
     """
 
 

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptstore.config import RetryConfig
-from ckptstore.engine.store import Buffer, Multipart, Part, Store, join_path
+from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CommitConflictError,
     ConfigError,
@@ -303,6 +303,19 @@ class AzureStore(Store):
 
         names = self._run(f"listing of {self.describe(prefix)}", walk)
         return sorted({n[len(base) :].rstrip("/") for n in names} - {""})
+
+    def scan(self, prefix: str = "") -> list[Entry]:
+        key = self._key(prefix)
+        base = key + "/" if key else ""
+
+        def walk() -> list[str]:
+            return [b.name for b in self._container.walk_blobs(base or None, delimiter="/")]
+
+        names = self._run(f"listing of {self.describe(prefix)}", walk)
+        out = {
+            Entry(n[len(base) :].rstrip("/"), "dir" if n.endswith("/") else "file") for n in names
+        }
+        return sorted((e for e in out if e.name), key=lambda e: (e.name, e.kind))
 
     def delete(self, path: str) -> None:
         what = f"delete of {self.describe(path)}"

@@ -10,7 +10,7 @@ upload. Multipart writes are emulated: each part is written as its own hidden ob
     store.abort_multipart(up)                #   the hidden directory (abort only deletes)
 
 Hidden upload directories never show in ``find``/``listdir``; ``list_multipart`` finds them
-(for ``sweep_multipart``). The final object is written through ``fs.open(path, "wb")``:
+(for stale-upload aborts). The final object is written through ``fs.open(path, "wb")``:
 whether a reader can see it half-written depends on the backend (object stores publish on
 close; a plain file system does not).
 
@@ -29,7 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ckptstore.config import RetryConfig
-from ckptstore.engine.store import Buffer, Multipart, Part, Store, join_path
+from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CkptStoreError,
     CommitConflictError,
@@ -187,6 +187,21 @@ class FsspecStore(Store):
         names = {self._rel(e).rpartition("/")[2] for e in entries}
         return sorted(n for n in names if n and not n.startswith(MPU_MARK))
 
+    def scan(self, prefix: str = "") -> list[Entry]:
+        with _errors(f"listing of {self.describe(prefix)}"):
+            try:
+                entries = self.fs.ls(self._full(prefix), detail=True)
+            except FileNotFoundError:
+                return []
+        out = set()
+        for info in entries:
+            name = self._rel(info["name"]).rpartition("/")[2]
+            if not name or name.startswith(MPU_MARK):
+                continue
+            kind = {"file": "file", "directory": "dir"}.get(info.get("type"), "other")
+            out.add(Entry(name, "link" if info.get("islink") else kind))
+        return sorted(out, key=lambda e: (e.name, e.kind))
+
     def delete(self, path: str) -> None:
         with _errors(f"delete of {self.describe(path)}"):
             try:
@@ -195,13 +210,15 @@ class FsspecStore(Store):
                 return
 
     def delete_prefix(self, prefix: str) -> None:
-        """Delete every object under ``prefix``, then the directories it leaves empty.
+        """Delete every object under ``prefix``, then the directories it leaves empty."""
+        super().delete_prefix(prefix)
+        self.remove_empty_dirs(prefix)
 
-        Backends with (pseudo-)directories (memory://, sftp://, hdfs://) keep an emptied
+    def remove_empty_dirs(self, prefix: str = "") -> None:
+        """Backends with (pseudo-)directories (memory://, sftp://, hdfs://) keep an emptied
         directory listed until it is removed. ``rmdir`` refuses one that still holds
         anything (an upload in flight); a top-level bucket or container is never removed.
         """
-        super().delete_prefix(prefix)
         top = self.fs._strip_protocol(self._full(prefix)).rstrip("/")
         if "/" not in top.strip("/"):
             return

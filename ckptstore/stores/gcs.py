@@ -34,13 +34,13 @@ import logging
 import struct
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from ckptstore.config import RetryConfig
 from ckptstore.engine.checksum import crc32c, crc32c_combine
-from ckptstore.engine.store import Buffer, Multipart, Part, Store, join_path
+from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CommitConflictError,
     ConfigError,
@@ -321,11 +321,22 @@ class GCSStore(Store):
         out = {n[len(base) :] for n in names} | {p[len(base) :].rstrip("/") for p in prefixes}
         return sorted(n for n in out if n)
 
+    def scan(self, prefix: str = "") -> list[Entry]:
+        key = self._key(prefix)
+        base = key + "/" if key else ""
+        names, prefixes = self._list(base, delimiter="/")
+        out = {Entry(n[len(base) :], "file") for n in names if not n.endswith("/")}
+        out |= {Entry(p[len(base) :].rstrip("/"), "dir") for p in prefixes}
+        return sorted((e for e in out if e.name), key=lambda e: (e.name, e.kind))
+
     def delete(self, path: str) -> None:
         what = f"delete of {self.describe(path)}"
         status, body = self._client.request("DELETE", self._object_url(path), what)
         if status >= 300 and status != 404:
             raise self._error(status, body, what, path)
+
+    def delete_many(self, paths: Iterable[str]) -> None:
+        _parallel(self.delete, list(paths))
 
     def delete_prefix(self, prefix: str) -> None:
         _parallel(self.delete, self.find(prefix))

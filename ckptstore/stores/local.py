@@ -5,17 +5,26 @@ multipart write are ``pwrite`` at their offsets into one temp file, in parallel.
 create-only marker is made by ``link()``-ing a fully written, fsynced temp file to its
 final name, which fails with EEXIST if another writer got there first. An fsync error
 fails the write (``DurabilityError``) and is never retried.
+
+Symlinks are never followed below the root (the root itself, as given, may be one): every
+call ``lstat``s the directories on its way and opens files with ``O_NOFOLLOW``, so a link
+there raises ``UnsafePathError``. A child store (``child("step_000000001")``) checks the
+directories between the root it came from and its own root the same way, so a step
+directory replaced by a link is refused too. ``find`` lists regular files only and never
+descends into a linked directory; ``scan`` reports links as ``"link"``.
 """
 
 from __future__ import annotations
 
 import errno
 import os
+import re
+import stat
 import uuid
 from collections.abc import Sequence
 
 from ckptstore.engine.layout import TMP_MARK
-from ckptstore.engine.store import Buffer, Multipart, Part, Store, join_path
+from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CommitConflictError,
     DurabilityError,
@@ -23,10 +32,13 @@ from ckptstore.errors import (
     StoreAccessError,
     StoreNotFoundError,
     TransientStoreError,
+    UnsafePathError,
 )
 
 __all__ = ["LocalStore", "TMP_MARK"]
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_TMP_ID = re.compile(r"^[0-9a-f]{32}$")
 
 
 def _fsync(fd: int, what: str) -> None:
@@ -61,7 +73,19 @@ def _translate(exc: OSError, what: str) -> Exception:
         return StorageFullError(f"{what}: no space left on the volume; free space and retry")
     if exc.errno in (errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE):
         return TransientStoreError(f"{what}: {exc}")
+    if exc.errno == errno.ELOOP:
+        return UnsafePathError(f"{what}: it is a symlink, which ckptstore never follows")
     return exc
+
+
+def _kind(entry: os.DirEntry) -> str:
+    if entry.is_symlink():
+        return "link"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    if entry.is_file(follow_symlinks=False):
+        return "file"
+    return "other"
 
 
 class LocalStore(Store):
@@ -70,18 +94,63 @@ class LocalStore(Store):
     zero_copy_parts = True
     max_parts = 2**31 - 1  # parts are pwrites into one file: no limit worth planning for
 
-    def __init__(self, root: str) -> None:
+    def __init__(self, root: str, *, _below: int = 0) -> None:
         if root.startswith("file://"):
             root = root[len("file://") :]
         root = os.path.abspath(os.path.expanduser(root))
         super().__init__(root)
         self.root = root
+        #: How many trailing components of ``root`` a parent store added (``child``): they
+        #: must not be symlinks either.
+        self._below = _below
 
     def child(self, prefix: str) -> LocalStore:
-        return LocalStore(os.path.join(self.root, prefix))
+        below = self._below + (len(prefix.split("/")) if prefix else 0)
+        return LocalStore(os.path.join(self.root, prefix) if prefix else self.root, _below=below)
 
     def _abs(self, path: str) -> str:
         return os.path.join(self.root, path) if path else self.root
+
+    def _check_links(self, path: str, *, last: bool = False) -> None:
+        """UnsafePathError if a directory on the way to ``path`` (below the trusted root;
+        with ``last``, ``path`` itself too) is a symlink. Stops at the first missing one."""
+        parts = self.root.split(os.sep)
+        base = os.sep.join(parts[: len(parts) - self._below]) or os.sep
+        segs = parts[len(parts) - self._below :] + (path.split("/") if path else [])
+        if not last and path:
+            segs = segs[:-1]
+        cur = base
+        for seg in segs:
+            cur = os.path.join(cur, seg)
+            try:
+                st = os.lstat(cur)
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                raise _translate(exc, f"stat of {cur}") from exc
+            if stat.S_ISLNK(st.st_mode):
+                raise UnsafePathError(
+                    f"{cur} is a symlink; ckptstore never follows links under a checkpoint root "
+                    f"({base}). Remove it or point ckptstore at the real directory."
+                )
+
+    def _open_read(self, path: str, what: str) -> int:
+        self._check_links(path)
+        try:
+            return os.open(self._abs(path), os.O_RDONLY | _NOFOLLOW)
+        except OSError as exc:
+            raise _translate(exc, what) from exc
+
+    def _check_upload(self, upload: Multipart) -> str:
+        """The temp file of ``upload``; refuses an upload id that is not one of ours."""
+        tmp = upload.upload_id
+        head = f"{self._abs(upload.path)}{TMP_MARK}"
+        if not (tmp.startswith(head) and _TMP_ID.match(tmp[len(head) :])):
+            raise UnsafePathError(
+                f"upload id {tmp!r} is not a temp file of {self.describe(upload.path)}"
+            )
+        self._check_links(upload.path)
+        return tmp
 
     def _makedirs(self, directory: str) -> None:
         """Create ``directory`` and parents, fsyncing each parent so the entries persist."""
@@ -102,10 +171,11 @@ class LocalStore(Store):
 
     def _write_temp(self, path: str, data: Buffer) -> str:
         """Write ``data`` to a fsynced temp file beside ``path``; returns the temp path."""
+        self._check_links(path)
         final = self._abs(path)
         self._makedirs(os.path.dirname(final))
         tmp = f"{final}{TMP_MARK}{uuid.uuid4().hex}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
         try:
             view = memoryview(data).cast("B")
             while len(view):
@@ -154,10 +224,7 @@ class LocalStore(Store):
 
     def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         what = f"read of {self.describe(path)}"
-        try:
-            fd = os.open(self._abs(path), os.O_RDONLY)
-        except OSError as exc:
-            raise _translate(exc, what) from exc
+        fd = self._open_read(path, what)
         try:
             if end is None:
                 end = os.fstat(fd).st_size
@@ -177,10 +244,7 @@ class LocalStore(Store):
 
     def get_into(self, path: str, start: int, buf: memoryview) -> int:
         what = f"read of {self.describe(path)}"
-        try:
-            fd = os.open(self._abs(path), os.O_RDONLY)
-        except OSError as exc:
-            raise _translate(exc, what) from exc
+        fd = self._open_read(path, what)
         try:
             done = 0
             while done < len(buf):
@@ -195,36 +259,77 @@ class LocalStore(Store):
             os.close(fd)
 
     def size(self, path: str) -> int:
+        self._check_links(path)
         try:
-            st = os.stat(self._abs(path))
+            st = os.lstat(self._abs(path))
         except OSError as exc:
             raise _translate(exc, f"stat of {self.describe(path)}") from exc
-        if not os.path.isfile(self._abs(path)):
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(
+                f"{self.describe(path)} is a symlink, which ckptstore never follows"
+            )
+        if not stat.S_ISREG(st.st_mode):
             raise StoreNotFoundError(f"{self.describe(path)} is not a file")
         return st.st_size
 
+    def _walk(self, top: str, rel: str, out: list[str], dirs: list[str] | None = None) -> None:
+        """Regular files under ``top`` (relative names into ``out``); never follows links."""
+        try:
+            entries = list(os.scandir(top))
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise _translate(exc, f"listing of {top}") from exc
+        for e in entries:
+            kind = _kind(e)
+            name = join_path(rel, e.name)
+            if kind == "file":
+                out.append(name)
+            elif kind == "dir":
+                if dirs is not None:
+                    dirs.append(name)
+                self._walk(e.path, name, out, dirs)
+
     def find(self, prefix: str = "") -> list[str]:
+        self._check_links(prefix, last=True)
         base = self._abs(prefix)
-        if os.path.isfile(base):
+        try:
+            st = os.lstat(base)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            raise _translate(exc, f"listing of {self.describe(prefix)}") from exc
+        if stat.S_ISREG(st.st_mode):
             return [prefix]
-        out = []
-        for dirpath, _dirs, files in os.walk(base):
-            rel = os.path.relpath(dirpath, self.root)
-            for name in files:
-                out.append(name if rel == "." else join_path(rel.replace(os.sep, "/"), name))
+        if not stat.S_ISDIR(st.st_mode):
+            return []
+        out: list[str] = []
+        self._walk(base, prefix, out)
         return sorted(out)
 
     def listdir(self, prefix: str = "") -> list[str]:
+        self._check_links(prefix, last=True)
         try:
             return sorted(os.listdir(self._abs(prefix)))
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+        except OSError as exc:
+            raise _translate(exc, f"listing of {self.describe(prefix)}") from exc
+
+    def scan(self, prefix: str = "") -> list[Entry]:
+        self._check_links(prefix, last=True)
+        try:
+            with os.scandir(self._abs(prefix)) as it:
+                return sorted((Entry(e.name, _kind(e)) for e in it), key=lambda e: e.name)
+        except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
             raise _translate(exc, f"listing of {self.describe(prefix)}") from exc
 
     def delete(self, path: str) -> None:
+        self._check_links(path)
         try:
-            os.unlink(self._abs(path))
+            os.unlink(self._abs(path))  # a link itself is removed, never what it points to
         except FileNotFoundError:
             return
         except OSError as exc:
@@ -232,16 +337,28 @@ class LocalStore(Store):
 
     def delete_prefix(self, prefix: str) -> None:
         super().delete_prefix(prefix)
-        # Remove the emptied directories, deepest first.
+        self.remove_empty_dirs(prefix)
+
+    def remove_empty_dirs(self, prefix: str = "") -> None:
+        self._check_links(prefix, last=True)
         base = self._abs(prefix)
-        for dirpath, _dirs, _files in sorted(os.walk(base), key=lambda t: -len(t[0])):
+        if not os.path.isdir(base) or os.path.islink(base):
+            return
+        dirs: list[str] = []
+        self._walk(base, "", [], dirs)
+        for rel in sorted(dirs, key=lambda d: -d.count("/")):
             try:
-                os.rmdir(dirpath)
+                os.rmdir(os.path.join(base, rel))
             except OSError:
-                pass
+                pass  # not empty: something is left in it
+        try:
+            os.rmdir(base)
+        except OSError:
+            pass
 
     # -- multipart: parallel pwrite into one temp file ----------------------------------
     def begin_multipart(self, path: str) -> Multipart:
+        self._check_links(path)
         final = self._abs(path)
         try:
             self._makedirs(os.path.dirname(final))
@@ -253,8 +370,9 @@ class LocalStore(Store):
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
         what = f"write of {self.describe(upload.path)} (part {number})"
+        tmp = self._check_upload(upload)
         try:
-            fd = os.open(upload.upload_id, os.O_WRONLY)
+            fd = os.open(tmp, os.O_WRONLY | _NOFOLLOW)
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{what}: the upload was aborted") from exc
         try:
@@ -273,8 +391,9 @@ class LocalStore(Store):
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
         what = f"write of {self.describe(upload.path)}"
         final = self._abs(upload.path)
+        self._check_upload(upload)
         try:
-            fd = os.open(upload.upload_id, os.O_WRONLY)
+            fd = os.open(upload.upload_id, os.O_WRONLY | _NOFOLLOW)
             try:
                 expected = sum(p.size for p in parts)
                 if os.fstat(fd).st_size != expected:
@@ -288,7 +407,7 @@ class LocalStore(Store):
             raise _translate(exc, what) from exc
 
     def abort_multipart(self, upload: Multipart) -> None:
-        _unlink_quietly(upload.upload_id)
+        _unlink_quietly(self._check_upload(upload))
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
         """Temp files of unfinished writes.

@@ -32,11 +32,11 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ckptstore.config import MiB, RetryConfig
-from ckptstore.engine.store import Buffer, Multipart, Part, Store, join_path
+from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CommitConflictError,
     ConfigError,
@@ -253,8 +253,49 @@ class S3Store(Store):
         names.discard("")
         return sorted(names)
 
+    def scan(self, prefix: str = "") -> list[Entry]:
+        base = self._key(prefix)
+        list_prefix = f"{base}/" if base else ""
+        keys, dirs = self.client.list_objects(list_prefix, delimiter="/")
+        out = {Entry(k[len(list_prefix) :], "file") for k in keys if not k.endswith("/")}
+        out |= {Entry(d[len(list_prefix) :].rstrip("/"), "dir") for d in dirs}
+        return sorted((e for e in out if e.name), key=lambda e: (e.name, e.kind))
+
     def delete(self, path: str) -> None:
         self.client.call("delete_object", f"delete of {self.describe(path)}", Key=self._key(path))
+
+    def delete_many(self, paths: Iterable[str]) -> None:
+        """DeleteObjects, 1000 keys a request."""
+        self._delete_keys([self._key(p) for p in paths], "")
+
+    def remove_empty_dirs(self, prefix: str = "") -> None:
+        """Delete the folder keys (``a/b/``) under ``prefix`` that hold no object, deepest
+        first, and ``prefix``'s own when it is empty too (servers with real folders, such as
+        SeaweedFS, list an emptied folder until its key is deleted; elsewhere these are
+        folder-marker objects, if any). A folder still holding an object is left alone."""
+        base = self._key(prefix)
+        folders: list[str] = []
+        holds: set[str] = set()  # folders with an object somewhere below
+
+        def walk(folder: str) -> bool:
+            keys, dirs = self.client.list_objects(folder, delimiter="/")
+            full = any(not k.endswith("/") for k in keys)
+            for d in dirs:
+                if d != folder and walk(d):
+                    full = True
+            folders.append(folder)
+            if full:
+                holds.add(folder)
+            return full
+
+        if base:
+            walk(f"{base}/")
+        else:
+            for d in self.client.list_objects("", delimiter="/")[1]:
+                walk(d)
+        empty = [f for f in folders if f not in holds]
+        for depth in sorted({f.count("/") for f in empty}, reverse=True):
+            self._delete_keys(sorted(f for f in empty if f.count("/") == depth), prefix)
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix`` with DeleteObjects, 1000 keys a request.

@@ -18,7 +18,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ckptstore.engine.store import Buffer, Multipart, Part, Store
+from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store
 
 __all__ = ["Fault", "FaultyStore"]
 
@@ -100,9 +100,16 @@ class FaultyStore(Store):
         self._before("listdir")
         return self.inner.listdir(prefix)
 
+    def scan(self, prefix: str = "") -> list[Entry]:
+        self._before("listdir")
+        return self.inner.scan(prefix)
+
     def delete(self, path: str) -> None:
         self._before("delete")
         self.inner.delete(path)
+
+    def remove_empty_dirs(self, prefix: str = "") -> None:
+        self.inner.remove_empty_dirs(prefix)
 
     def begin_multipart(self, path: str) -> Multipart:
         self._before("begin_multipart")
