@@ -1,21 +1,41 @@
 """Checkpoints under a root: step naming, discovery and status.
 
-A root holds one directory (prefix) per step, ``step_<9 digits>``. Discovery lists the
-root's children only to find candidate steps; whether a step is a checkpoint is decided
-by its marker and manifest (``engine.commit``), never by the listing. "Newest" is the
-highest step number, never a modification time.
+A root holds one directory (prefix) per step, named exactly ``step_<9 digits>``
+(``engine.layout``). Discovery lists the root's children only to find candidate steps;
+whether a step is a checkpoint is decided by its marker and manifest (``engine.commit``),
+never by the listing. "Newest" is the highest step number, never a modification time.
+
+Everything else under a root is someone else's: ``scan_root`` reports it (``foreign``), and
+a canonical step name that is not a plain directory (a symlink, a regular file) is skipped
+with a ``SkippedEntryWarning`` from ``list_steps``: a link is never followed.
 """
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ckptstore.engine.commit import checkpoint_status
 from ckptstore.engine.layout import parse_step, step_name
 from ckptstore.engine.store import Store
+from ckptstore.errors import UnsafePathError
 
-__all__ = ["step_name", "parse_step", "StepEntry", "list_steps", "committed_steps"]
+__all__ = [
+    "step_name",
+    "parse_step",
+    "StepEntry",
+    "Skipped",
+    "RootListing",
+    "SkippedEntryWarning",
+    "scan_root",
+    "list_steps",
+    "committed_steps",
+]
+
+
+class SkippedEntryWarning(UserWarning):
+    """A name under a checkpoint root looks like a step but is not a step directory."""
 
 
 @dataclass(frozen=True)
@@ -25,15 +45,75 @@ class StepEntry:
     status: str  # committed | incomplete | corrupt
 
 
-def list_steps(root: Store, with_status: bool = True) -> list[StepEntry]:
-    """Every ``step_*`` under ``root``, ascending by step, with its commit status."""
-    found = sorted(
-        (step, name) for name in root.listdir() if (step := parse_step(name)) is not None
-    )
-    return [
-        StepEntry(step, name, checkpoint_status(root.child(name)) if with_status else "unknown")
-        for step, name in found
+@dataclass(frozen=True)
+class Skipped:
+    """A root entry that is not one of ckptstore's step directories: left alone."""
+
+    name: str
+    reason: str
+
+
+@dataclass
+class RootListing:
+    steps: list[StepEntry]
+    #: Step-named entries that are not plain directories (links, files): never touched.
+    skipped: list[Skipped] = field(default_factory=list)
+    #: Every other entry of the root (``notes.txt``, ``step_5/``): not ckptstore's.
+    foreign: list[Skipped] = field(default_factory=list)
+
+
+_WHY = {
+    "link": "a symlink, never followed: not a step directory",
+    "file": "a file named like a step, not a step directory",
+    "other": "not a directory (device, socket or FIFO)",
+}
+
+
+def _status(store: Store) -> str:
+    try:
+        return checkpoint_status(store)
+    except UnsafePathError:  # a symlinked marker or manifest: left for inspection
+        return "corrupt"
+
+
+def scan_root(root: Store, with_status: bool = True) -> RootListing:
+    """Every canonical step directory under ``root`` (ascending), and what was left out."""
+    found: dict[int, str] = {}
+    skipped, foreign = [], []
+    dirs = set()
+    entries = root.scan()
+    for e in entries:
+        if e.kind == "dir":
+            dirs.add(e.name)
+    for e in entries:
+        step = parse_step(e.name)
+        if step is not None and e.kind == "dir":
+            found[step] = e.name
+        elif step is not None and not (e.kind == "file" and e.name in dirs):
+            skipped.append(Skipped(e.name, _WHY.get(e.kind, "not a directory")))
+        elif step is not None:  # an object beside a prefix of the same name
+            skipped.append(Skipped(e.name, "an object named like a step, beside the step"))
+        else:
+            kind = "directory" if e.kind == "dir" else e.kind
+            foreign.append(Skipped(e.name, f"not ckptstore's ({kind}): left alone"))
+    steps = [
+        StepEntry(step, name, _status(root.child(name)) if with_status else "unknown")
+        for step, name in sorted(found.items())
     ]
+    return RootListing(steps, skipped, foreign)
+
+
+def list_steps(root: Store, with_status: bool = True) -> list[StepEntry]:
+    """Every ``step_%09d`` directory under ``root``, ascending by step, with its status.
+
+    Step-named entries that are not directories are skipped with a ``SkippedEntryWarning``.
+    """
+    listing = scan_root(root, with_status)
+    for s in listing.skipped:
+        warnings.warn(
+            f"{root.describe(s.name)} skipped: {s.reason}", SkippedEntryWarning, stacklevel=2
+        )
+    return listing.steps
 
 
 def committed_steps(root: Store, newest_first: bool = False) -> Iterator[int]:

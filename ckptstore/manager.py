@@ -52,14 +52,16 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ckptstore.api import unwrap_checkpoint_exception
-from ckptstore.catalog import committed_steps, list_steps, step_name
+from ckptstore.catalog import committed_steps, step_name
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.staged import local_tier_matches
 from ckptstore.dcp.writer import shard_prefix
-from ckptstore.engine.commit import delete_checkpoint, finish_publish
+from ckptstore.engine.commit import finish_publish
+from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
@@ -68,7 +70,8 @@ from ckptstore.errors import (
     CorruptCheckpointError,
     IncompleteCheckpointError,
 )
-from ckptstore.retention import KeepLast, RetentionPolicy, select_deletions
+from ckptstore.prune import apply_prune, plan_prune
+from ckptstore.retention import KeepLast, RetentionPolicy
 from ckptstore.state import RNGState
 from ckptstore.stores import open_store
 from ckptstore.stores.local import LocalStore
@@ -131,6 +134,7 @@ class CheckpointManager:
         if background not in ("thread", "process"):
             raise ConfigError(f"background must be 'thread' or 'process', not {background!r}")
         self.root = open_store(root, storage_options)
+        check_staging_dir(self.root.url, staging_dir)
         self.staging_dir = staging_dir
         self.keep = keep or KeepLast(3)
         self.engine = TransferEngine(config)
@@ -183,6 +187,9 @@ class CheckpointManager:
         self._unreported: list[BaseException] = []
         self._last_failed: BaseException | None = None
         self._protected: set[int] = set()
+        #: Steps found corrupt at load although their marker matched: retention neither
+        #: counts them toward what it keeps nor deletes them (left for inspection).
+        self._damaged: set[int] = set()
         self._preempted = threading.Event()
         self._old_handler: Any = None
         if handle_sigterm:
@@ -324,18 +331,21 @@ class CheckpointManager:
 
     # -- retention -----------------------------------------------------------------------
     def _apply_retention(self) -> None:
-        entries = list_steps(self.root)
-        committed = [e.step for e in entries if e.status == "committed"]
-        for step in select_deletions(committed, self.keep, protected=self._protected):
-            self._delete_step(step)
-        newest = max(committed, default=-1)
-        for e in entries:
-            if e.status != "committed" and e.step < newest and e.step not in self._protected:
-                log.info("removing torn checkpoint %s (%s)", e.name, e.status)
-                self._delete_step(e.step)
+        """Prune the root as ``ckptstore-tool gc`` does (``ckptstore.prune``): steps the
+        policy lets go, torn leftovers, stale uploads; never the newest good commit, a step
+        in use or a damaged one. Only ckptstore's own files are deleted."""
+        plan = plan_prune(
+            self.root,
+            self.keep,
+            protected=set(self._protected),
+            damaged=set(self._damaged),
+        )
+        for d in plan.deletions:
+            log.info("removing %s (%s)", d.name, d.reason)
+        apply_prune(self.root, plan)
 
     def _delete_step(self, step: int) -> None:
-        delete_checkpoint(self.root.child(step_name(step)))
+        delete_step(self.root, step_name(step))
 
     def delete(self, step: int) -> None:
         """Delete ``step`` (marker first). Refuses the newest committed step and a step

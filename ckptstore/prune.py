@@ -4,18 +4,23 @@
     print(plan.deletions)          # look before you leap (``gc --dry-run`` prints this)
     apply_prune(root, plan)
 
-What is deleted:
+What is deleted (through ``engine.deletion``, the one deletion path, which deletes only
+ckptstore's own files of canonical ``step_%09d`` directories):
 
 * committed steps the policy lets go (``retention.select_deletions``: never the newest
   committed step, never a protected one);
 * torn leftovers: steps without a valid marker that are *older* than the newest committed
   step (a save that died). Incomplete steps newer than the newest commit may be saves in
   flight and are never touched; corrupt steps (a marker that matches no manifest) are left
-  for a human to inspect;
-* unfinished multipart uploads under a deleted step, and any older than ``stale_after_s``
-  (stores record the start time in ``Multipart.extra["initiated"]``; uploads of unknown age
-  are kept).
+  for a human to inspect, and so are ``damaged`` ones (their marker matched but their bytes
+  did not: the checkpoint manager found them at restore). Neither counts toward what the
+  policy keeps: ``KeepLast(2)`` keeps two *good* checkpoints;
+* unfinished multipart uploads of ckptstore files under a deleted step, and any older than
+  ``stale_after_s`` (stores record the start time in ``Multipart.extra["initiated"]``;
+  uploads of unknown age are kept).
 
+Anything else under the root (``notes.txt``, ``step_5/``, a symlink or file named like a
+step, a user's file inside a step) is left alone and listed in ``PrunePlan.left_alone``.
 A committed step is deleted marker first, so a deletion cut short leaves an incomplete step
 (which the next prune removes), never a committed one with files missing.
 """
@@ -26,32 +31,45 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from ckptstore.catalog import list_steps
-from ckptstore.engine.commit import delete_checkpoint, open_committed
-from ckptstore.engine.store import Multipart, Store
+from ckptstore.catalog import scan_root
+from ckptstore.engine.commit import is_committed, open_committed
+from ckptstore.engine.deletion import (
+    UploadDecision,
+    abort_uploads,
+    delete_step,
+    plan_uploads,
+    step_files,
+)
+from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
 from ckptstore.retention import RetentionPolicy, select_deletions
 
-__all__ = ["StepDecision", "UploadDecision", "PrunePlan", "plan_prune", "apply_prune"]
+__all__ = [
+    "StepDecision",
+    "UploadDecision",
+    "LeftAlone",
+    "PrunePlan",
+    "plan_prune",
+    "apply_prune",
+]
 
 
 @dataclass(frozen=True)
 class StepDecision:
     step: int
     name: str
-    status: str  # committed | incomplete | corrupt
+    status: str  # committed | incomplete | corrupt | damaged
     action: str  # keep | delete
     reason: str
     size: int | None = None
 
 
 @dataclass(frozen=True)
-class UploadDecision:
+class LeftAlone:
+    """Something under the root that is not ckptstore's: never deleted."""
+
     path: str
-    action: str  # keep | abort
     reason: str
-    age_s: float | None
-    upload: Multipart = field(repr=False, compare=False)
 
 
 @dataclass
@@ -60,6 +78,8 @@ class PrunePlan:
     policy: str
     steps: list[StepDecision]
     uploads: list[UploadDecision]
+    left_alone: list[LeftAlone] = field(default_factory=list)
+    newest: str | None = None  # the newest good committed step's name (never deleted)
 
     @property
     def deletions(self) -> list[StepDecision]:
@@ -74,14 +94,14 @@ class PrunePlan:
         return sum(s.size or 0 for s in self.deletions)
 
 
-def _size(store: Store, status: str) -> int | None:
+def _size(store: Store, status: str, files: list[str]) -> int | None:
     if status == "committed":
         try:
             return open_committed(store).manifest.total_bytes
         except CkptStoreError:
             return None
     total = 0
-    for name in store.find():
+    for name in files:
         try:
             total += store.size(name)
         except StoreNotFoundError:
@@ -100,55 +120,78 @@ def plan_prune(
     policy: RetentionPolicy,
     *,
     protected: Collection[int] = (),
+    damaged: Collection[int] = (),
     stale_after_s: float = 24 * 3600.0,
     now: float | None = None,
 ) -> PrunePlan:
-    """Decide what to delete under ``root`` (nothing is changed; see the module docstring)."""
+    """Decide what to delete under ``root`` (nothing is changed; see the module docstring).
+
+    ``damaged``: steps whose marker matches but whose bytes were found corrupt (at restore):
+    they are kept for inspection and do not count toward what ``policy`` keeps.
+    """
     now = time.time() if now is None else now
-    entries = list_steps(root)
-    committed = [e.step for e in entries if e.status == "committed"]
+    listing = scan_root(root)
+    bad = set(damaged)
+    committed = [e.step for e in listing.steps if e.status == "committed" and e.step not in bad]
     newest = max(committed) if committed else None
     doomed = set(select_deletions(committed, policy, protected))
     decisions = []
-    for e in entries:
+    left = [LeftAlone(s.name, s.reason) for s in listing.skipped + listing.foreign]
+    for e in listing.steps:
+        status = "damaged" if e.step in bad and e.status == "committed" else e.status
+        listed = status != "committed" or e.step in doomed
+        files = step_files(root, e.name) if listed else None
         if e.step in protected:
             action, reason = "keep", "protected"
-        elif e.status == "committed":
+        elif status == "committed":
             if e.step in doomed:
                 action, reason = "delete", f"not kept by {policy.describe()}"
             elif e.step == newest:
                 action, reason = "keep", "newest committed"
             else:
                 action, reason = "keep", _keep_reason(e.step, committed, policy)
-        elif e.status == "corrupt":
+        elif status == "damaged":
+            action, reason = "keep", "damaged (found corrupt at restore): left for inspection"
+        elif status == "corrupt":
             action, reason = "keep", "corrupt: left for inspection (ckptstore-tool verify)"
+        elif files is not None and not files.ours:
+            action, reason = "keep", "no ckptstore files: not ckptstore's, left alone"
         elif newest is not None and e.step < newest:
             action, reason = "delete", "torn leftover (no marker, older than the newest commit)"
         else:
             action, reason = "keep", "no marker, newer than the newest commit: may be in flight"
-        size = _size(root.child(e.name), e.status)
-        decisions.append(StepDecision(e.step, e.name, e.status, action, reason, size))
+        if action == "delete" and files is not None:
+            left += [
+                LeftAlone(f"{e.name}/{f}", "not ckptstore's: left alone") for f in files.foreign
+            ]
+        size = _size(root.child(e.name), status, files.ours if files else [])
+        decisions.append(StepDecision(e.step, e.name, status, action, reason, size))
     gone = {d.name for d in decisions if d.action == "delete"}
-    uploads = []
-    for up in root.list_multipart():
-        started = up.extra.get("initiated")
-        age = None if started is None else now - float(started)
-        top = up.path.split("/", 1)[0]
-        if top in gone:
-            uploads.append(UploadDecision(up.path, "abort", f"under deleted {top}", age, up))
-        elif age is not None and age > stale_after_s:
-            uploads.append(
-                UploadDecision(up.path, "abort", f"stale: {age / 3600:.1f} h old", age, up)
-            )
-        else:
-            why = "age unknown" if age is None else f"recent: {age / 3600:.1f} h old"
-            uploads.append(UploadDecision(up.path, "keep", why, age, up))
-    return PrunePlan(root.url, policy.describe(), decisions, uploads)
+    uploads = plan_uploads(root, gone, stale_after_s, now)
+    left += [LeftAlone(u.path, u.reason) for u in uploads if u.reason.startswith("not ckptstore")]
+    by_step = {d.step: d.name for d in decisions}
+    return PrunePlan(
+        root.url,
+        policy.describe(),
+        decisions,
+        uploads,
+        left,
+        by_step.get(newest) if newest is not None else None,
+    )
 
 
 def apply_prune(root: Store, plan: PrunePlan) -> None:
-    """Carry out ``plan``: delete its steps (marker first) and abort its uploads."""
+    """Carry out ``plan``: delete its steps (marker first) and abort its uploads.
+
+    Committed steps are deleted only while the newest good commit the plan saw is still
+    committed, so a root is never left without a checkpoint by a prune racing another.
+    """
+    try:
+        newest_ok = plan.newest is not None and is_committed(root.child(plan.newest))
+    except CkptStoreError:
+        newest_ok = False
     for d in plan.deletions:
-        delete_checkpoint(root.child(d.name))
-    for u in plan.aborts:
-        root.abort_multipart(u.upload)
+        if d.status == "committed" and not newest_ok:
+            continue
+        delete_step(root, d.name)
+    abort_uploads(root, plan.uploads)

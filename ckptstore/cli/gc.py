@@ -3,7 +3,9 @@
 Applies the retention policy the checkpoint manager uses (``ckptstore.retention``), removes
 torn leftovers and aborts stale multipart uploads (``ckptstore.prune``). Never deletes the
 newest committed checkpoint, a ``--protect``-ed step, or an incomplete step newer than the
-newest commit (it may be a save in flight).
+newest commit (it may be a save in flight). Deletes only ckptstore's own files of canonical
+``step_%09d`` directories; everything else under ROOT is listed as "not ckptstore's: left
+alone".
 """
 
 from __future__ import annotations
@@ -93,6 +95,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                     {"path": u.path, "action": u.action, "reason": u.reason, "age_s": u.age_s}
                     for u in plan.uploads
                 ],
+                "left_alone": [{"path": a.path, "reason": a.reason} for a in plan.left_alone],
                 "deleted_steps": [d.step for d in plan.deletions],
                 "aborted_uploads": len(plan.aborts),
                 "freed_bytes": plan.freed_bytes,
@@ -121,6 +124,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     for u in plan.uploads:
         act = ("would abort" if args.dry_run else "aborted") if u.action == "abort" else "kept"
         print(f"upload {u.path}: {act} ({u.reason})")
+    uploads = {u.path for u in plan.uploads}
+    for a in plan.left_alone:
+        if a.path not in uploads:
+            print(f"{a.path}: {a.reason}")
     print(
         f"policy {plan.policy}: {verb} {len(plan.deletions)} checkpoints "
         f"({human_bytes(plan.freed_bytes)}), "

@@ -11,7 +11,7 @@ import argparse
 import time
 from typing import Any
 
-from ckptstore.catalog import list_steps
+from ckptstore.catalog import Skipped, scan_root
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, table
 from ckptstore.cli.sources import is_dcp_listing, list_or_missing
@@ -66,11 +66,22 @@ def _size_of(store: Store) -> int:
 
 
 def list_root(
-    ctx: Context, root: Store, verify: bool = False, progress: Any = None
+    ctx: Context,
+    root: Store,
+    verify: bool = False,
+    progress: Any = None,
+    skipped: list[Skipped] | None = None,
 ) -> list[dict[str, Any]]:
-    """One dict per ``step_*`` under ``root`` (ascending step)."""
+    """One dict per ``step_%09d`` directory under ``root`` (ascending step).
+
+    Step-named entries that are not directories (a symlink, a file) are never followed or
+    read: they go into ``skipped`` when it is given.
+    """
     out = []
-    for e in list_steps(root):
+    listing = scan_root(root)
+    if skipped is not None:
+        skipped.extend(listing.skipped)
+    for e in listing.steps:
         store = root.child(e.name)
         row: dict[str, Any] = {
             "step": e.step,
@@ -116,8 +127,9 @@ def list_root(
 def run(args: argparse.Namespace, ctx: Context) -> int:
     root = ctx.open(args.root)
     names = list_or_missing(root, args.root)
+    skipped: list[Skipped] = []
     with Progress(None, "verify", ctx.progress_enabled and args.verify) as bar:
-        rows = list_root(ctx, root, verify=args.verify, progress=bar.update)
+        rows = list_root(ctx, root, verify=args.verify, progress=bar.update, skipped=skipped)
     now = time.time()
     uploads = root.list_multipart()
     ages = [upload_age_s(u, now) for u in uploads]
@@ -128,6 +140,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             {
                 "root": root.url,
                 "checkpoints": rows,
+                "skipped": [{"name": k.name, "reason": k.reason} for k in skipped],
                 "uploads": {
                     "unfinished": len(uploads),
                     "stale": stale,
@@ -162,6 +175,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"{args.root} is itself a checkpoint, not a root of step_* checkpoints; use inspect")
     else:
         print(f"no step_* checkpoints under {args.root}")
+    for k in skipped:
+        print(f"{k.name}: skipped ({k.reason})")
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

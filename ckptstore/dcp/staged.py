@@ -27,9 +27,11 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore.catalog import parse_step
-from ckptstore.dcp.writer import CkptWriter, _RankPlan, _split_items
+from ckptstore.dcp.writer import CkptWriter, _RankPlan, _split_items, step_from_url
 from ckptstore.engine.commit import publish, uncommit
+from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
 from ckptstore.stores.local import LocalStore
@@ -61,6 +63,10 @@ class StagedWriter(CkptWriter):
         self, url: str | Store, *, staging_dir: str, keep_local: int = 1, **kwargs: Any
     ) -> None:
         super().__init__(url, **kwargs)
+        url = self.store.url  # a step's staging must not overlap its run root either
+        check_staging_dir(
+            url.rpartition("/")[0] if step_from_url(url) is not None else url, staging_dir
+        )
         self.staging_root = LocalStore(staging_dir)
         self.keep_local = keep_local
 
@@ -110,4 +116,4 @@ class StagedWriter(CkptWriter):
             (s, n) for n in self.staging_root.listdir() if (s := parse_step(n)) is not None
         )
         for _, name in steps[: max(0, len(steps) - self.keep_local)]:
-            self.staging_root.child(name).delete_prefix("")
+            delete_step(self.staging_root, name)

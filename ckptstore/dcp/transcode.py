@@ -35,6 +35,7 @@ from ckptstore.dcp.format import check_codec, compress, decompress
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import attempt_manifest_name, attempt_metadata_name, publish
+from ckptstore.engine.deletion import remove_made
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, Marker, RangeEntry
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -141,11 +142,7 @@ def transcode(
         return publish(dst, engine, attempt, manifest, pickle.dumps(metadata))
     except BaseException:
         if not dst.exists(MARKER_NAME):
-            for name in made:
-                try:
-                    dst.delete(name)
-                except Exception as exc:  # noqa: BLE001 - cleanup must not hide the error
-                    log.warning("could not remove %s: %s", dst.describe(name), exc)
+            remove_made(dst, made)  # the one deletion path: only ckptstore's names
         raise
 
 

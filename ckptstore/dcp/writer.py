@@ -25,7 +25,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import pickle
-import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
@@ -51,6 +50,7 @@ from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import publish, uncommit
 from ckptstore.engine.crashpoints import crashpoint
+from ckptstore.engine.layout import parse_step
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import FileInfo, TransferEngine
@@ -63,13 +63,10 @@ from ckptstore.errors import (
 
 __all__ = ["CkptWriter", "step_from_url"]
 
-_STEP_RE = re.compile(r"step_(\d+)/?$")
-
 
 def step_from_url(url: str) -> int | None:
-    """The step of a ``.../step_000000100`` URL, else None."""
-    m = _STEP_RE.search(url.rstrip("/"))
-    return int(m.group(1)) if m else None
+    """The step of a ``.../step_000000100`` URL (``engine.layout``'s exact form), else None."""
+    return parse_step(url.rstrip("/").rpartition("/")[2])
 
 
 @dataclass(frozen=True)

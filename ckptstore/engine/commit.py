@@ -10,7 +10,8 @@ Call order on the coordinator, after every rank's data files are durable::
               are deleted; the winner's are untouched)
         4. ckptstore.manifest.json, .metadata     (put)   canonical copies, for humans and
                                                           stock DCP readers
-        5. files of other attempts (torn leftovers, replaced checkpoints) are deleted
+        5. ckptstore files of other attempts (torn leftovers, replaced checkpoints) are
+           deleted; files ckptstore did not name (a user's notes.txt) stay
 
 A checkpoint exists only if COMMITTED exists and the manifest it names matches its CRC.
 ``open_committed`` finds the manifest and ``.metadata`` through the marker: the canonical
@@ -27,6 +28,7 @@ from dataclasses import dataclass
 
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.crashpoints import crashpoint
+from ckptstore.engine.layout import is_ckptstore_file
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -48,7 +50,6 @@ __all__ = [
     "checkpoint_status",
     "is_committed",
     "uncommit",
-    "delete_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
@@ -122,7 +123,7 @@ def _publish_canonical(
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)] if attempt else []
     keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, *own, *manifest.files}
     for name in store.find():
-        if name not in keep:
+        if name not in keep and is_ckptstore_file(name):  # a user's file in a step stays
             store.delete(name)
 
 
@@ -216,10 +217,3 @@ def checkpoint_status(store: Store) -> str:
 def uncommit(store: Store) -> None:
     """Make a committed checkpoint invisible (before overwriting it): delete its marker."""
     store.delete(MARKER_NAME)
-
-
-def delete_checkpoint(store: Store) -> None:
-    """Delete a checkpoint: its marker first (invisible at once), then every file, so a
-    deletion cut short leaves an incomplete step, never a committed one with files missing."""
-    uncommit(store)
-    store.delete_prefix("")

@@ -11,8 +11,11 @@ Call order::
         4. publish(dst, ...)              manifest + .metadata, then the create-only COMMITTED
 
 If anything fails, or ``cancel`` is set (Ctrl-C), the file copies stop, open uploads are
-aborted, the files this copy made are deleted, and no marker is written: the destination
-never holds a committed checkpoint that was not fully copied and checked.
+aborted, the files this copy made are deleted (through ``engine.deletion.remove_made``: only
+ckptstore's own names), and no marker is written: the destination never holds a committed
+checkpoint that was not fully copied and checked. Every name the source manifest lists is
+checked (``engine.paths``) before anything is read or written: a crafted ``../x`` or ``/x``
+raises ``UnsafePathError`` and the copy does nothing.
 """
 
 from __future__ import annotations
@@ -32,7 +35,9 @@ from ckptstore.engine.commit import (
     publish,
     uncommit,
 )
+from ckptstore.engine.deletion import remove_made
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, Marker
+from ckptstore.engine.paths import check_name
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import CopyCancelled, TransferEngine
 from ckptstore.errors import CheckpointExistsError
@@ -96,6 +101,8 @@ def copy_checkpoint(
 ) -> CopyResult:
     """Copy the committed checkpoint at ``src`` to ``dst``; see the module docstring."""
     committed = open_committed(src)
+    for name in committed.manifest.files:
+        check_name(name, src.url)
     check_empty_destination(dst, overwrite)
     if overwrite:
         uncommit(dst)
@@ -123,16 +130,7 @@ def copy_checkpoint(
             f.cancel()
         pool.shutdown(wait=True)
         if not dst.exists(MARKER_NAME):
-            _remove(dst, made)
+            remove_made(dst, made)
         raise
     pool.shutdown(wait=True)
     return CopyResult(src.url, dst.url, len(files), sum(e.size for e in files.values()), marker)
-
-
-def _remove(dst: Store, names: list[str]) -> None:
-    """Best-effort removal of what a failed copy made (never raises)."""
-    for name in names:
-        try:
-            dst.delete(name)
-        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the real error
-            log.warning("could not remove %s: %s", dst.describe(name), exc)

@@ -55,7 +55,7 @@ def test_ls_lists_status_size_and_uploads(backend, root_url, cli) -> None:
     for n in (100, 200, 300):
         save_ckpt(backend, step(root_url, n), sample_state(step=n))
     tear(backend, step(root_url, 200))
-    upload = backend.open(root_url).begin_multipart("step_000000300/__0_0.x.distcp")
+    upload = backend.open(root_url).begin_multipart("step_000000300/__0_0.a1.distcp")
     r = cli("ls", root_url)
     assert r.rc == 0, r.err
     lines = r.out.splitlines()
@@ -234,7 +234,7 @@ def test_gc_retention_torn_and_uploads(backend, root_url, cli) -> None:
     save_ckpt(backend, step(root_url, 2800))
     tear(backend, step(root_url, 2800))  # newer than the newest commit: maybe in flight
     root = backend.open(root_url)
-    root.begin_multipart("step_000002800/__0_0.y.distcp")
+    root.begin_multipart("step_000002800/__0_0.b2.distcp")
     r = cli("gc", root_url, "--keep-last", "2", "--keep-every", "1000", "--dry-run")
     assert r.rc == 0 and "would delete" in r.out
     assert len([n for n in root.listdir() if n.startswith("step_")]) == 7  # dry run

@@ -117,7 +117,7 @@ def test_prune_plan(backend: Backend, root_url: str) -> None:
     root.child("step_000000002").delete(MARKER_NAME)  # torn, older than the newest
     save_ckpt(backend, f"{root_url}/step_000000009")
     root.child("step_000000009").delete(MARKER_NAME)  # newer than the newest: in flight
-    up = root.begin_multipart("step_000000009/__0_0.x.distcp")
+    up = root.begin_multipart("step_000000009/__0_0.a1.distcp")
     plan = plan_prune(root, KeepLast(1), protected={1}, stale_after_s=3600, now=time.time())
     actions = {d.step: (d.action, d.reason) for d in plan.steps}
     assert actions[1] == ("keep", "protected")

@@ -18,8 +18,8 @@ import pytest
 
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.cleanup import sweep_multipart
 from ckptstore.engine.commit import open_committed, publish
+from ckptstore.engine.deletion import abort_uploads, plan_uploads
 from ckptstore.engine.manifest import FileEntry, Manifest
 from ckptstore.engine.store import Part, Store
 from ckptstore.engine.transfer import TransferEngine
@@ -175,19 +175,26 @@ def test_abort_leaves_nothing(store: Store) -> None:
     assert store.find() == []
 
 
-def test_sweep_multipart_aborts_only_stale_uploads(
+def test_stale_upload_aborts_take_only_stale_uploads(
     store: Store, request: pytest.FixtureRequest
 ) -> None:
+    """The one deletion path ages every store's uploads alike (strictly older than)."""
     if not store.lists_uploads:
         pytest.skip(f"{store} cannot list unfinished uploads (the service expires them)")
     size = part_size(store)
-    ups = [store.begin_multipart(f"sw/{i}.bin") for i in range(2)]
+    names = [f"step_000000001/__{i}_0.a1.distcp" for i in range(2)]
+    ups = [store.begin_multipart(n) for n in names]
     store.put_part(ups[0], 1, 0, os.urandom(size))
+
+    def sweep(older_than_s: float) -> list[str]:
+        now = time.time() + 1
+        done = abort_uploads(store, plan_uploads(store, stale_after_s=older_than_s, now=now))
+        return sorted(d.path for d in done)
+
     if request.node.callspec.params["store"] != "s3-moto":  # moto: every upload "began" in 2010
-        assert sweep_multipart(store, "sw", older_than_s=3600) == []
-    assert len(store.list_multipart("sw")) == 2
-    aborted = sweep_multipart(store, "sw", older_than_s=0)
-    assert sorted(u.path for u in aborted) == ["sw/0.bin", "sw/1.bin"]
+        assert sweep(3600) == []
+    assert len(store.list_multipart("step_000000001")) == 2
+    assert sweep(0) == names
     assert store.list_multipart() == []
     assert store.find() == []
 

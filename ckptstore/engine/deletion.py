@@ -1,0 +1,179 @@
+"""The one deletion path: everything ckptstore deletes under a root goes through here.
+
+Used by ``ckptstore-tool gc`` and the checkpoint manager's retention (through
+``ckptstore.prune``), by the clean-up of torn leftovers, by failed ``cp`` / ``convert``
+outputs, and for aborting stale multipart uploads. It deletes only what it can prove
+ckptstore made:
+
+* a step directory only under its canonical name (``step_%09d`` exactly, from
+  ``engine.layout``); ``step_5``, ``step_0000000005``, a symlink or a regular file of a step's
+  name are never touched;
+* inside it only files whose names ckptstore or stock DCP write (``is_ckptstore_file``);
+  a user's ``notes.txt`` stays, and is reported;
+* the marker first, so a deletion cut short (a crash, kill -9) leaves an incomplete step
+  that the next prune finishes, never a committed checkpoint with files missing; then the
+  other files; then the directory, only if nothing is left in it;
+* an unfinished upload only of such a file inside such a step, and only when it is stale
+  (older than ``stale_after_s``; an upload of unknown age is kept).
+
+Names go through the stores, which refuse anything that would leave the root
+(``engine.paths``) and never follow a symlink. Which committed steps may go at all
+(never the newest, never a protected one) is ``ckptstore.prune``'s decision.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from ckptstore.engine.crashpoints import crashpoint
+from ckptstore.engine.layout import is_ckptstore_file, parse_step
+from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.paths import is_safe_name
+from ckptstore.engine.store import Multipart, Store
+from ckptstore.errors import CkptStoreError, UnsafePathError
+
+__all__ = [
+    "StepFiles",
+    "UploadDecision",
+    "step_files",
+    "delete_step",
+    "remove_made",
+    "upload_is_ours",
+    "plan_uploads",
+    "abort_uploads",
+]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepFiles:
+    """The files of one step directory, split into ckptstore's and everyone else's."""
+
+    ours: list[str]
+    foreign: list[str]
+
+
+@dataclass(frozen=True)
+class UploadDecision:
+    path: str
+    action: str  # keep | abort
+    reason: str
+    age_s: float | None
+    upload: Multipart = field(repr=False, compare=False)
+
+
+def _step_store(root: Store, name: str) -> Store:
+    if parse_step(name) is None:
+        raise UnsafePathError(
+            f"{root.describe(name)} is not a step directory name (step_%09d): ckptstore never "
+            "deletes it"
+        )
+    return root.child(name)
+
+
+def step_files(root: Store, name: str) -> StepFiles:
+    """The files under step directory ``name`` of ``root``: ckptstore's and the rest."""
+    files = _step_store(root, name).find()
+    return StepFiles(
+        [f for f in files if is_ckptstore_file(f)], [f for f in files if not is_ckptstore_file(f)]
+    )
+
+
+def delete_step(root: Store, name: str) -> list[str]:
+    """Delete ckptstore's files of step directory ``name``: marker first, then the rest,
+    then the directory if it is empty. Returns the files left alone (not ckptstore's)."""
+    step = _step_store(root, name)
+    files = step_files(root, name)
+    if MARKER_NAME in files.ours:
+        step.delete(MARKER_NAME)  # invisible at once: the rest is a torn leftover
+    crashpoint("after_unmark")
+    step.delete_many([f for f in files.ours if f != MARKER_NAME])
+    step.remove_empty_dirs()
+    for f in files.foreign:
+        log.warning("%s: not ckptstore's, left alone", step.describe(f))
+    crashpoint("after_step_deleted")
+    return files.foreign
+
+
+def remove_made(store: Store, names: Iterable[str]) -> list[str]:
+    """Best-effort removal of the files a failed copy or conversion made (never raises).
+
+    Only safe names of ckptstore's kind are deleted; returns the ones left alone.
+    """
+    left = []
+    for name in names:
+        if not (is_safe_name(name) and is_ckptstore_file(name)) or name == MARKER_NAME:
+            left.append(name)
+            continue
+        try:
+            store.delete(name)
+        except Exception as exc:  # noqa: BLE001 - cleanup must not hide the real error
+            log.warning("could not remove %s: %s", store.describe(name), exc)
+    if left:
+        log.warning("%s: left alone (not ckptstore's to delete): %s", store.url, left)
+    try:
+        store.remove_empty_dirs()
+    except Exception as exc:  # noqa: BLE001 - as above
+        log.warning("could not remove emptied directories of %s: %s", store.url, exc)
+    return left
+
+
+def upload_is_ours(path: str) -> bool:
+    """True for an upload of a ckptstore file inside a canonical step directory."""
+    top, _, rest = path.partition("/")
+    return parse_step(top) is not None and is_safe_name(path) and is_ckptstore_file(rest)
+
+
+def plan_uploads(
+    root: Store,
+    deleted_steps: Iterable[str] = (),
+    stale_after_s: float = 24 * 3600.0,
+    now: float | None = None,
+) -> list[UploadDecision]:
+    """What to do with each unfinished upload under ``root``.
+
+    Aborted: ours under a step being deleted, or ours older than ``stale_after_s`` (strictly;
+    stores record the start in ``Multipart.extra["initiated"]``; moto reports 2010 for every
+    upload, so there every upload is stale). Kept: younger or of unknown age ones, and
+    uploads that are not ckptstore's (reported as left alone).
+    """
+    now = time.time() if now is None else now
+    gone = set(deleted_steps)
+    out = []
+    for up in root.list_multipart():
+        started = up.extra.get("initiated")
+        age = None if started is None else now - float(started)
+        top = up.path.split("/", 1)[0]
+        if not upload_is_ours(up.path):
+            out.append(UploadDecision(up.path, "keep", "not ckptstore's: left alone", age, up))
+        elif top in gone:
+            out.append(UploadDecision(up.path, "abort", f"under deleted {top}", age, up))
+        elif age is not None and age > stale_after_s:
+            out.append(UploadDecision(up.path, "abort", f"stale: {age / 3600:.1f} h old", age, up))
+        else:
+            why = "age unknown" if age is None else f"recent: {age / 3600:.1f} h old"
+            out.append(UploadDecision(up.path, "keep", why, age, up))
+    return out
+
+
+def abort_uploads(root: Store, decisions: Iterable[UploadDecision]) -> list[UploadDecision]:
+    """Abort the uploads marked ``abort``; returns those aborted.
+
+    One that cannot be aborted (a transient error, a permission the caller lacks) is logged
+    and skipped, so one bad upload never stops a prune; the next one tries it again.
+    """
+    done = []
+    for d in decisions:
+        if d.action != "abort" or not upload_is_ours(d.upload.path):
+            continue
+        try:
+            root.abort_multipart(d.upload)
+        except CkptStoreError as exc:
+            log.warning("could not abort the upload of %s: %s", root.describe(d.path), exc)
+            continue
+        done.append(d)
+    return done
