@@ -11,6 +11,9 @@ computed in the worker; they are folded together with ``crc32c_combine``, so eac
 read once and nothing needs the whole file in memory. A damaged file is reported with the
 item ranges whose bytes changed (or lie beyond a truncated end), so the caller can name them.
 
+A name in the manifest that would leave the checkpoint (``../x``, ``/x``: ``engine.paths``)
+is never read: it is reported as a bad file ("unsafe name"), so the checkpoint fails.
+
 The canonical manifest and ``.metadata`` are checked too: ``open_committed`` silently falls
 back to the attempt's own copies when a canonical copy is damaged, but stock DCP readers read
 the canonical ``.metadata``, so a damaged one is reported here.
@@ -26,9 +29,10 @@ from dataclasses import dataclass, field
 from ckptstore.engine.checksum import crc32c, crc32c_combine, format_crc
 from ckptstore.engine.commit import Committed, open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, RangeEntry
+from ckptstore.engine.paths import check_name
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine, split_ranges
-from ckptstore.errors import StoreNotFoundError
+from ckptstore.errors import StoreNotFoundError, UnsafePathError
 
 __all__ = ["BadRange", "FileCheck", "VerifyReport", "verify_checkpoint", "verify_files"]
 
@@ -54,11 +58,13 @@ class FileCheck:
     size: int | None = None  # None: the file is missing
     crc32c: int | None = None  # of the bytes read (up to the expected size)
     bad_ranges: list[BadRange] = field(default_factory=list)
+    unsafe: str = ""  # why the name was refused (never read), '' for a safe name
 
     @property
     def ok(self) -> bool:
         return (
-            self.size == self.expected_size
+            not self.unsafe
+            and self.size == self.expected_size
             and self.crc32c == self.expected_crc32c
             and not self.bad_ranges
         )
@@ -66,6 +72,8 @@ class FileCheck:
     @property
     def problem(self) -> str:
         """One line saying what is wrong ('' when the file is fine)."""
+        if self.unsafe:
+            return f"unsafe name, not read: {self.unsafe}"
         if self.size is None:
             return "missing"
         out = []
@@ -137,6 +145,12 @@ def verify_files(
     for r in ranges:
         by_file.setdefault(r.file, []).append(r)
     checks = {name: FileCheck(name, e.size, e.crc32c) for name, e in files.items()}
+    for name, check in checks.items():
+        try:
+            check_name(name, store.url)
+        except UnsafePathError as exc:
+            check.unsafe = str(exc)
+    files = {n: e for n, e in files.items() if not checks[n].unsafe}
 
     def stat(name: str) -> int | None:
         try:
