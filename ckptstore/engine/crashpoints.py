@@ -7,7 +7,9 @@ point on its Nth visit (``after_shards:3``), and optionally only on one rank
 
 Points: ``after_shards`` (a rank's data files are durable), ``mid_upload`` (a staged
 file is half uploaded), ``before_marker`` (manifest + .metadata written, no marker),
-``after_marker`` (committed, before canonical copies and cleanup).
+``after_marker`` (committed, before canonical copies and cleanup); in the deletion path
+(``engine.deletion.delete_step``): ``after_unmark`` (a step's marker deleted, its files not
+yet) and ``after_step_deleted`` (a step's files deleted).
 """
 
 from __future__ import annotations
