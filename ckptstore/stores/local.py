@@ -300,7 +300,7 @@ class LocalStore(Store):
         except OSError as exc:
             raise _translate(exc, f"listing of {self.describe(prefix)}") from exc
         if stat.S_ISREG(st.st_mode):
-            return [prefix]
+            return [prefix] if prefix else []  # a root that is a file holds nothing
         if not stat.S_ISDIR(st.st_mode):
             return []
         out: list[str] = []

@@ -106,6 +106,11 @@ def test_local_store_never_writes_outside_its_root(tmp_path) -> None:
     with pytest.raises(UnsafePathError):
         root.abort_multipart(Multipart("a.bin", str(victim)))
     assert victim.read_bytes() == b"precious"
+    # a store rooted at a file holds nothing: emptying it leaves the file
+    on_file = LocalStore(str(victim))
+    assert on_file.find() == []
+    on_file.delete_prefix("")
+    assert victim.read_bytes() == b"precious"
 
 
 # -- crafted checkpoints ---------------------------------------------------------------
