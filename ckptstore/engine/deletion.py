@@ -115,11 +115,7 @@ def remove_made(store: Store, names: Iterable[str]) -> list[str]:
             log.warning("could not remove %s: %s", store.describe(name), exc)
     if left:
         log.warning("%s: left alone (not ckptstore's to delete): %s", store.url, left)
-    try:
-        store.remove_empty_dirs()
-    except Exception as exc:  # noqa: BLE001 - as above
-        log.warning("could not remove emptied directories of %s: %s", store.url, exc)
-    return left
+    return left  # directories stay: the destination may be one the user made
 
 
 def upload_is_ours(path: str) -> bool:
