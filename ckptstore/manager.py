@@ -46,7 +46,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.stateful import Stateful
@@ -54,6 +53,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from ckptstore.api import unwrap_checkpoint_exception
 from ckptstore.catalog import committed_steps, list_steps, step_name
 from ckptstore.config import TransferConfig
+from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.staged import local_tier_matches
