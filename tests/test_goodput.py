@@ -432,3 +432,31 @@ def test_cli_errors_name_flags_and_help_has_no_transfer_options(capsys) -> None:
     rc, out, _ = tool(capsys, "--help")
     assert rc == 0 and "--blocking-s" in out and "--json" in out
     assert "--part-size-mib" not in out and "--concurrency" not in out
+
+
+# --- the demo's timeline --------------------------------------------------------------------
+
+
+def test_timeline_legend_names_only_what_happened_in_distinct_colours(tmp_path) -> None:
+    from ckptstore.testing.chaos import ChaosResult, KillRecord, SegmentRecord
+    from ckptstore.testing.goodput_report import _COLORS, account, plot_timeline, timeline_kinds
+    from ckptstore.testing.runlog import read_attempts
+    from tests.resilience.test_runlog import write_attempt
+
+    d = str(tmp_path)
+    end0 = write_attempt(d, 0, range(1, 5), t=0.0, saves={2: "aa"})
+    end1 = write_attempt(d, 1, range(3, 7), t=end0 + 3, restored=2, saves={2: "aa", 4: "bb"})
+    result = ChaosResult(
+        d,
+        d,
+        [SegmentRecord(2, launched=0.0, exited=end1 + 1, returncode=0)],
+        [KillRecord(0, 0, "random", 1, pid=1001, t=end0 + 0.25, step=4)],
+    )
+    acct = account(result, read_attempts(d), interval_steps=2)
+    kinds = timeline_kinds(acct)
+    assert "resize" not in kinds  # no resize happened: not in the legend
+    assert {"startup", "train", "redone", "restart", "shutdown"} <= set(kinds)
+    assert len(set(_COLORS.values())) == len(_COLORS)  # startup and shutdown told apart
+    png = plot_timeline(acct, str(tmp_path / "t.png"))
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

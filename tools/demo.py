@@ -327,7 +327,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = FULL if a.full else QUICK
     if a.store == "s3":  # uploads to a SeaweedFS on the same 2 cores take 1-2 s per save
         plan = dataclasses.replace(plan, every=8)
-    png_dir = root if (a.dir or a.keep) else tempfile.gettempdir()
+    # The timeline outlives a removed run directory: its own per-run directory (printed).
+    png_dir = root if (a.dir or a.keep) else tempfile.mkdtemp(prefix="ckptstore-demo-timeline-")
     t_start = time.perf_counter()
     demo: Demo | None = None
     ok = True
