@@ -39,7 +39,7 @@ from ckptstore.retention import KeepAll, KeepEvery, KeepLast, RetentionPolicy
 if TYPE_CHECKING:
     from ckptstore.api import load, reader, save, unwrap_checkpoint_exception, writer
     from ckptstore.manager import CheckpointManager, SaveRecord
-    from ckptstore.state import RNGState
+    from ckptstore.state import AppState, RNGState
 
 #: name -> module, for the names imported on first use (they import torch).
 _LAZY = {
@@ -51,6 +51,7 @@ _LAZY = {
     "CheckpointManager": "ckptstore.manager",
     "SaveRecord": "ckptstore.manager",
     "RNGState": "ckptstore.state",
+    "AppState": "ckptstore.state",
 }
 
 
@@ -81,6 +82,7 @@ __all__ = [
     "KeepEvery",
     "KeepAll",
     "RNGState",
+    "AppState",
     "TransferConfig",
     "RetryConfig",
     *_errors.CHECKPOINT_ERRORS,
