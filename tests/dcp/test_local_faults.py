@@ -207,6 +207,7 @@ def test_unwritable_path(tmp_path, request) -> None:
     import shutil
     import subprocess
     import sys
+
     prefix: list[str] = []
     if os.geteuid() == 0:
         if shutil.which("setpriv") is None:
