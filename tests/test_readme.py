@@ -222,3 +222,24 @@ def test_every_ckptstore_tool_line_parses() -> None:
         if all(a.startswith("--") or a[0].isdigit() for a in argv[1:]):  # runs as written
             r = tool(*argv)
             assert r.returncode == 0 and "Goodput (first-order model)" in r.stdout, r.stderr
+
+
+@pytest.mark.distributed
+@pytest.mark.slow
+def test_the_resume_loop_runs_under_torchrun_after_init_process_group(tmp_path) -> None:
+    """ "Under torchrun the same code runs on every rank once init_process_group has been
+    called": the block, preceded by that call, on 2 ranks under stock torchrun."""
+    (code,) = [c for _, c in PYTHON if "checkpoints/run2" in c]
+    script = tmp_path / "loop.py"
+    script.write_text('import torch.distributed as dist\ndist.init_process_group("gloo")\n' + code)
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    proc = subprocess.run(
+        [torchrun, "--nproc-per-node", "2", str(script)],
+        cwd=str(tmp_path),
+        env=dict(os.environ, PYTHONPATH=REPO),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert committed(str(tmp_path / "checkpoints/run2")) == [5, 10, 15]
