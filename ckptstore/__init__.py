@@ -40,7 +40,7 @@ from ckptstore.retention import KeepAll, KeepEvery, KeepLast, RetentionPolicy
 if TYPE_CHECKING:
     from ckptstore.api import load, reader, save, unwrap_checkpoint_exception, writer
     from ckptstore.manager import CheckpointManager, SaveRecord
-    from ckptstore.state import RNGState
+    from ckptstore.state import AppState, RNGState
 
 #: name -> module, for the names imported on first use (they import torch).
 _LAZY = {
@@ -52,6 +52,7 @@ _LAZY = {
     "CheckpointManager": "ckptstore.manager",
     "SaveRecord": "ckptstore.manager",
     "RNGState": "ckptstore.state",
+    "AppState": "ckptstore.state",
 }
 
 
@@ -82,6 +83,7 @@ __all__ = [
     "KeepEvery",
     "KeepAll",
     "RNGState",
+    "AppState",
     "TransferConfig",
     "RetryConfig",
     *_errors.CHECKPOINT_ERRORS,

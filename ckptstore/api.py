@@ -81,8 +81,9 @@ def unwrap_checkpoint_exception(exc: BaseException) -> BaseException:
 
 def save(state_dict: dict[str, Any], url: str | Store | CkptWriter, **kwargs: Any) -> CkptWriter:
     """``dcp.save`` to ``url``; raises the ckptstore error of the first failed rank."""
-    from torch.distributed.checkpoint import save as dcp_save
     from torch.distributed.checkpoint.api import CheckpointException
+
+    from ckptstore.dcp.calls import save as dcp_save
 
     w = url if isinstance(url, CkptWriter) else writer(url, **kwargs)
     try:
@@ -94,8 +95,9 @@ def save(state_dict: dict[str, Any], url: str | Store | CkptWriter, **kwargs: An
 
 def load(state_dict: dict[str, Any], url: str | Store | CkptReader, **kwargs: Any) -> None:
     """``dcp.load`` from ``url`` in place; raises the ckptstore error of the first failed rank."""
-    from torch.distributed.checkpoint import load as dcp_load
     from torch.distributed.checkpoint.api import CheckpointException
+
+    from ckptstore.dcp.calls import load as dcp_load
 
     r = url if isinstance(url, CkptReader) else reader(url, **kwargs)
     try:

@@ -50,6 +50,7 @@ __all__ = [
     "CostAccount",
     "GoodputInputs",
     "GoodputReport",
+    "InputError",
     "Prices",
     "TimeLoss",
     "daly_interval",
@@ -66,6 +67,29 @@ _DAYS_PER_YEAR = 365.0
 _DAYS_PER_MONTH = _DAYS_PER_YEAR / 12.0
 
 
+class InputError(ConfigError):
+    """A planning input is out of range or missing.
+
+    ``fields`` are the inputs the message is about and ``template`` is the message with a
+    ``{field}`` placeholder for each, so a front end can name them its own way
+    (``ckptstore-tool goodput`` names its flags: :meth:`render`). ``str()`` says
+    ``Owner.field must ...`` or ``Owner: ... field ...``.
+    """
+
+    def __init__(self, owner: str, template: str, *fields: str) -> None:
+        self.owner, self.template, self.fields = owner, template, fields
+        lead = fields[0]
+        if template.startswith("{" + lead + "}"):
+            message = self.render({lead: f"{owner}.{lead}"})
+        else:
+            message = f"{owner}: {self.render({})}"
+        super().__init__(message)
+
+    def render(self, names: dict[str, str]) -> str:
+        """The message with each field spelled as ``names[field]`` (else the field's name)."""
+        return self.template.format(**{f: names.get(f, f) for f in self.fields})
+
+
 def _check(
     owner: str,
     name: str,
@@ -75,25 +99,26 @@ def _check(
     whole: bool = False,
     hint: str = "",
 ) -> None:
-    """Raise ConfigError unless ``value`` is None, finite and >= 0 (> 0 / an int >= 1)."""
+    """Raise InputError unless ``value`` is None, finite and >= 0 (> 0 / an int >= 1)."""
     if value is None:
         return
+    got = f"; got {value!r}".replace("{", "{{").replace("}", "}}")
     kinds = int if whole else (int, float)
     if isinstance(value, bool) or not isinstance(value, kinds):
         kind = "a whole number" if whole else "a number"
-        raise ConfigError(f"{owner}.{name} must be {kind}{hint}; got {value!r}")
+        raise InputError(owner, f"{{{name}}} must be {kind}{hint}{got}", name)
     if not math.isfinite(value) or value < (1 if whole else 0) or (positive and value == 0):
         need = (
             "a whole number >= 1" if whole else "a finite number " + ("> 0" if positive else ">= 0")
         )
-        raise ConfigError(f"{owner}.{name} must be {need}{hint}; got {value!r}")
+        raise InputError(owner, f"{{{name}}} must be {need}{hint}{got}", name)
 
 
 def _check_afr(owner: str, afr: float | None) -> None:
     _check(owner, "afr", afr, hint=" (a fraction per GPU-year: 1 % is 0.01)")
     if afr is not None and afr > 1:
-        raise ConfigError(
-            f"{owner}.afr is a fraction per GPU-year: 1 % is 0.01, not 1; got {afr!r}"
+        raise InputError(
+            owner, f"{{afr}} is a fraction per GPU-year: 1 % is 0.01, not 1; got {afr!r}", "afr"
         )
 
 
@@ -180,7 +205,8 @@ class GoodputInputs:
     save stops training (the staging copy for async saves); ``restart_min`` the time from a
     failure until training runs again, not counting re-done work.
 
-    Cost-account fields: ``checkpoint_gb`` (one whole checkpoint), ``keep_last`` (retention),
+    Cost-account fields: ``checkpoint_gb`` (one whole checkpoint; None, the default, when
+    unknown: the storage, transfer and staging-disk items are then None), ``keep_last`` (retention),
     ``gpus_per_node``, ``data_cache_gb`` (local dataset cache per node) and ``staging_copies``
     (checkpoint copies staged on local NVMe per node, each the node's even share).
     """
@@ -192,7 +218,7 @@ class GoodputInputs:
     afr: float | None = None
     blocking_s: float = 0.0
     restart_min: float = 0.0
-    checkpoint_gb: float = 0.0
+    checkpoint_gb: float | None = None
     keep_last: int = 3
     gpus_per_node: int = 8
     data_cache_gb: float = 0.0
@@ -217,11 +243,17 @@ class GoodputInputs:
         _check(own, "gpus", self.gpus, whole=True)
         _check_afr(own, self.afr)
         if self.failures_per_day is not None and self.afr is not None:
-            raise ConfigError(
-                f"{own}: give the failure rate as failures_per_day or as gpus + afr, not both"
+            raise InputError(
+                own,
+                "give the failure rate as {failures_per_day} or as {gpus} + {afr}, not both",
+                *("failures_per_day", "gpus", "afr"),
             )
         if self.failures_per_day is None and (self.afr is None or self.gpus is None):
-            raise ConfigError(f"{own}: no failure rate; set failures_per_day, or gpus and afr")
+            raise InputError(
+                own,
+                "no failure rate; set {failures_per_day}, or {gpus} and {afr}",
+                *("failures_per_day", "gpus", "afr"),
+            )
         _check(own, "blocking_s", self.blocking_s)
         _check(own, "restart_min", self.restart_min)
         _check(own, "checkpoint_gb", self.checkpoint_gb)
@@ -302,7 +334,8 @@ class CostAccount:
     ``saves = run_hours / interval``; ``restores`` = expected failures, each reading one
     checkpoint back. Storage is ``keep_last * checkpoint_gb`` for the whole run (an upper
     bound: it ignores the ramp-up). Staging disk per node is ``staging_copies *
-    checkpoint_gb / nodes + data_cache_gb``; None when ``gpus`` is unknown.
+    checkpoint_gb / nodes + data_cache_gb``; None when ``gpus`` is unknown. Storage, transfer
+    and staging disk are None when ``checkpoint_gb`` is.
     """
 
     run_hours: float
@@ -311,9 +344,9 @@ class CostAccount:
     checkpoint_blocking: TimeLoss
     saves: float
     restores: float
-    storage_gb_months: float
+    storage_gb_months: float | None
     storage_cost: float | None
-    transfer_gb: float
+    transfer_gb: float | None
     transfer_cost: float | None
     nodes: int | None
     staging_gb_per_node: float | None
@@ -381,12 +414,15 @@ def plan(inputs: GoodputInputs, prices: Prices | None = None) -> GoodputReport:
         gpu_h = None if inputs.gpus is None else hours * inputs.gpus
         return TimeLoss(hours, gpu_h, _price(gpu_h, p.gpu_hour))
 
-    storage = inputs.keep_last * inputs.checkpoint_gb * inputs.days / _DAYS_PER_MONTH
-    transfer = (saves + failures) * inputs.checkpoint_gb
+    size = inputs.checkpoint_gb
+    storage = transfer = None
+    if size is not None:
+        storage = inputs.keep_last * size * inputs.days / _DAYS_PER_MONTH
+        transfer = (saves + failures) * size
     nodes = inputs.nodes
     per_node = total_disk = None
-    if nodes is not None:
-        per_node = inputs.staging_copies * inputs.checkpoint_gb / nodes + inputs.data_cache_gb
+    if nodes is not None and size is not None:
+        per_node = inputs.staging_copies * size / nodes + inputs.data_cache_gb
         total_disk = per_node * nodes
     account = CostAccount(
         run_hours=run_h,
@@ -423,9 +459,12 @@ def plan(inputs: GoodputInputs, prices: Prices | None = None) -> GoodputReport:
 def report_rows(report: GoodputReport, currency: str = "$") -> list[tuple[str, float, str]]:
     """The report as ``(label, value, unit)`` table rows, fractions in percent.
 
-    Unknown or unpriced items are left out; money is labelled ``currency``.
+    Unknown or unpriced items are left out; money is labelled ``currency``. Without a
+    checkpoint cost (``blocking_s == 0``) the optimal-interval rows and the blocking loss are
+    left out too: with free saves the optimum is to save continuously, which plans nothing.
     """
     a, cur = report.account, currency
+    costly = report.inputs.blocking_s > 0
     rows: list[tuple[str, float | None, str]] = [
         ("Failures per day", report.failures_per_day, "1/day"),
         ("Mean time between failures", report.mtbf_hours, "h"),
@@ -434,17 +473,23 @@ def report_rows(report: GoodputReport, currency: str = "$") -> list[tuple[str, f
         ("Checkpoint interval", report.inputs.interval_min, "min"),
         ("Goodput (first-order model)", 100.0 * report.goodput, "%"),
         ("Goodput (exponential model)", 100.0 * report.goodput_exponential, "%"),
-        ("Young optimal interval", report.young_interval_min, "min"),
-        ("Goodput at Young interval (first-order)", 100.0 * report.goodput_at_young, "%"),
-        ("Daly optimal interval", report.daly_interval_min, "min"),
-        ("Goodput at Daly interval (exponential)", 100.0 * report.goodput_exponential_at_daly, "%"),
-        ("Run length", a.run_hours, "h"),
     ]
-    for label, item in (
-        ("re-done work after failures", a.failure_rework),
-        ("restarts", a.failure_restarts),
-        ("blocking checkpoint saves", a.checkpoint_blocking),
-    ):
+    if costly:
+        rows += [
+            ("Young optimal interval", report.young_interval_min, "min"),
+            ("Goodput at Young interval (first-order)", 100.0 * report.goodput_at_young, "%"),
+            ("Daly optimal interval", report.daly_interval_min, "min"),
+            (
+                "Goodput at Daly interval (exponential)",
+                100.0 * report.goodput_exponential_at_daly,
+                "%",
+            ),
+        ]
+    rows.append(("Run length", a.run_hours, "h"))
+    losses = [("re-done work after failures", a.failure_rework), ("restarts", a.failure_restarts)]
+    if costly:
+        losses.append(("blocking checkpoint saves", a.checkpoint_blocking))
+    for label, item in losses:
         rows += [
             (f"Lost to {label}", item.hours, "h"),
             (f"Lost to {label}", item.gpu_hours, "GPU-h"),

@@ -46,7 +46,6 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.stateful import Stateful
@@ -54,6 +53,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from ckptstore.api import unwrap_checkpoint_exception
 from ckptstore.catalog import committed_steps, step_name
 from ckptstore.config import TransferConfig
+from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.staged import local_tier_matches
@@ -82,10 +82,20 @@ __all__ = ["CheckpointManager", "SaveRecord"]
 
 log = logging.getLogger(__name__)
 
+#: The SaveRecord fields written into each manifest: those known before the marker.
+MANIFEST_TIMINGS = ("waited_s", "staging_s", "blocking_s", "bytes")
+
 
 @dataclass
 class SaveRecord:
-    """Timings of one save, in seconds (``blocking_s`` is what training paid)."""
+    """Timings of one save, in seconds (``blocking_s`` is what training paid).
+
+    ``mgr.records`` holds one per ``save()`` call, complete once the save has ended. The
+    manifest (``extra["timings"]``) holds the fields known before the commit marker is
+    written: ``waited_s``, ``staging_s``, ``blocking_s`` and ``bytes`` (rank 0's values);
+    ``background_s`` and ``total_s`` end after the marker, so only the record and the
+    ``step N committed`` log line have them.
+    """
 
     step: int
     status: str = "staging"  # staging | writing | committed | failed | skipped
@@ -263,7 +273,7 @@ class CheckpointManager:
     def _write(self, record: SaveRecord, staged: Any, start: float) -> None:
         t = time.perf_counter()
         try:
-            timings = {k: v for k, v in asdict(record).items() if k.endswith("_s") or k == "bytes"}
+            timings = {k: v for k, v in asdict(record).items() if k in MANIFEST_TIMINGS}
             if self._bg is not None:
                 assert self._shared is not None and self._shared.arena is not None
                 self._bg.save(record.step, staged, self._shared.arena, timings)

@@ -1,4 +1,9 @@
-"""Training state that is not a tensor of the model: per-rank RNG states.
+"""DCP ``Stateful`` wrappers for a training state: model + optimizer, per-rank RNG states.
+
+``AppState(model, optimizer)`` is the model and optimizer as one ``Stateful``, through
+``torch.distributed.checkpoint.state_dict``'s ``get_state_dict`` / ``set_state_dict`` (which
+handle DDP, FSDP and DTensor FQNs and optimizer state keyed by parameter name), so
+``{"app": AppState(model, optim)}`` is a state a ``CheckpointManager`` saves and restores.
 
 ``RNGState`` is DCP-``Stateful``: put it in the state dict next to the model and
 optimizer. It captures Python ``random``, NumPy and torch (CPU and every CUDA device) RNG
@@ -22,7 +27,42 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["RNGState", "capture_rng", "restore_rng"]
+__all__ = ["AppState", "RNGState", "capture_rng", "restore_rng"]
+
+
+class AppState:
+    """A model and (optionally) its optimizer as one DCP ``Stateful``.
+
+    ``state_dict()`` is ``{"model": ..., "optim": ...}`` from DCP's ``get_state_dict``
+    (``{"model": ...}`` without an optimizer); ``load_state_dict()`` puts a loaded one back
+    with ``set_state_dict``, in place. ``options`` is DCP's ``StateDictOptions`` (None: its
+    defaults, sharded state for FSDP/DTensor models).
+    """
+
+    def __init__(self, model: torch.nn.Module, optimizer: Any = None, options: Any = None):
+        self.model, self.optimizer, self.options = model, optimizer, options
+
+    def state_dict(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint import state_dict as sd
+
+        if self.optimizer is None:
+            return {"model": sd.get_model_state_dict(self.model, options=self.options)}
+        model, optim = sd.get_state_dict(self.model, self.optimizer, options=self.options)
+        return {"model": model, "optim": optim}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        from torch.distributed.checkpoint import state_dict as sd
+
+        if self.optimizer is None:
+            sd.set_model_state_dict(self.model, state["model"], options=self.options)
+            return
+        sd.set_state_dict(
+            self.model,
+            self.optimizer,
+            model_state_dict=state["model"],
+            optim_state_dict=state["optim"],
+            options=self.options,
+        )
 
 
 def _rank() -> tuple[int, int]:

@@ -52,11 +52,11 @@ from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
-import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.api import unwrap_checkpoint_exception
 from ckptstore.catalog import step_name
+from ckptstore.dcp import calls as dcp  # dcp.save, quiet without a process group
 from ckptstore.dcp.shared_staging import Arena, StagedState
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.dcp.writer import CkptWriter

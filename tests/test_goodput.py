@@ -13,6 +13,7 @@ from ckptstore.errors import CkptStoreError, ConfigError
 from ckptstore.goodput import (
     MODELS,
     GoodputInputs,
+    InputError,
     Prices,
     daly_interval,
     expected_goodput,
@@ -317,6 +318,7 @@ def test_cost_account_without_prices_or_gpus() -> None:
     assert a.storage_cost is None and a.transfer_cost is None and a.total_cost is None
     # Partial price lists price what they can.
     a2 = plan(replace(r.inputs, gpus=16), Prices(transfer_gb=0.05)).account
+    assert a2.transfer_gb is not None
     assert a2.total_cost == pytest.approx(a2.transfer_gb * 0.05)
     assert a2.failure_rework.gpu_hours == pytest.approx(a.failure_rework.hours * 16)
 
@@ -337,3 +339,124 @@ def test_report_rows() -> None:
     labels = {(lbl, u) for lbl, _, u in priced}
     assert ("Lost to restarts", "GPU-h") in labels and ("Total (priced items)", "EUR") in labels
     assert ("Transfer (saves + restores)", "EUR") not in labels
+
+
+def test_unknown_size_and_free_saves_are_left_out_not_shown_as_zero() -> None:
+    report = plan(GoodputInputs(interval_min=60, failures_per_day=1, gpus=16))
+    a = report.account
+    assert a.storage_gb_months is None and a.transfer_gb is None
+    assert a.staging_gb_per_node is None and a.staging_gb_total is None
+    labels = {lbl for lbl, _, _ in report_rows(report)}
+    assert not {"Checkpoint storage", "Transfer (saves + restores)"} & labels
+    assert not any("Young" in lbl or "Daly" in lbl or "blocking" in lbl for lbl in labels)
+    costly = report_rows(plan(replace(report.inputs, blocking_s=5.0, checkpoint_gb=2.0)))
+    labels = {lbl for lbl, _, _ in costly}
+    assert {
+        "Young optimal interval",
+        "Checkpoint storage",
+        "Lost to blocking checkpoint saves",
+    } <= labels
+
+
+def test_input_errors_render_in_the_callers_names() -> None:
+    with pytest.raises(InputError) as info:
+        GoodputInputs(interval_min=30, failures_per_day=-1)
+    assert str(info.value).startswith("GoodputInputs.failures_per_day must be")
+    assert info.value.render({"failures_per_day": "--failures-per-day"}).startswith(
+        "--failures-per-day must be a finite number >= 0"
+    )
+    with pytest.raises(InputError) as info:
+        GoodputInputs(interval_min=30)
+    assert info.value.fields == ("failures_per_day", "gpus", "afr")
+    assert info.value.render({"gpus": "--gpus"}) == (
+        "no failure rate; set failures_per_day, or --gpus and afr"
+    )
+
+
+# --- ckptstore-tool goodput -----------------------------------------------------------------
+
+
+def tool(capsys, *argv: str) -> tuple[int, str, str]:
+    from ckptstore.cli.main import main
+
+    rc = main(["goodput", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def values(out: str) -> dict[str, str]:
+    rows = [line.rsplit(None, 2) for line in out.splitlines()[1:] if line.strip()]
+    return {f"{label.strip()} [{unit}]": value for label, value, unit in rows}
+
+
+def test_cli_without_a_checkpoint_cost_or_size_says_what_to_pass(capsys) -> None:
+    rc, out, err = tool(capsys, "--failures-per-day", "8.6", "--interval-min", "120")
+    assert rc == 0 and values(out)["Goodput (first-order model) [%]"] == "64.2"
+    assert "Young" not in out and "Daly" not in out and "GB-month" not in out
+    assert "no checkpoint cost given" in err and "--blocking-s" in err and "--from" in err
+    assert "checkpoint size unknown" in err and "--checkpoint-gb" in err
+    rc, out, err = tool(
+        capsys,
+        *("--failures-per-day", "8.6", "--interval-min", "30", "--blocking-s", "2"),
+        *("--checkpoint-gb", "10", "--gpus", "16"),
+    )
+    assert rc == 0 and err == ""
+    assert values(out)["Young optimal interval [min]"] == "3.3"  # sqrt(2 * 2 s * 2.79 h)
+    assert values(out)["Checkpoint storage [GB-month]"] == "29.6"  # 3 kept x 10 GB x 30 days
+
+
+def test_cli_numbers_share_one_format(capsys) -> None:
+    import re
+
+    rc, out, _ = tool(
+        capsys,
+        *("--gpus", "256", "--afr", "1%", "--blocking-s", "3", "--checkpoint-gb", "0.01"),
+        *("--gpu-hour", "2", "--storage-gb-month", "0.02"),
+    )
+    got = values(out)
+    assert rc == 0 and len(got) > 20
+    one_decimal, small = re.compile(r"^-?\d{1,3}(,\d{3})*\.\d$"), re.compile(r"^0\.0\d*$|e-")
+    assert all(one_decimal.match(v) or small.search(v) for v in got.values()), got
+    assert got["Failures per day [1/day]"] == "0.00701" and got["Run length [h]"] == "720.0"
+    assert got["Mean time between failures [h]"] == "3,421.9"
+
+
+def test_cli_errors_name_flags_and_help_has_no_transfer_options(capsys) -> None:
+    rc, _, err = tool(capsys, "--failures-per-day", "-1")
+    assert rc == 2 and "--failures-per-day must be a finite number >= 0" in err
+    assert "failures_per_day" not in err
+    rc, _, err = tool(capsys, "--gpus", "8", "--afr", "0.01", "--failures-per-day", "1")
+    assert rc == 2 and "--failures-per-day or as --gpus + --afr, not both" in err
+    rc, _, err = tool(capsys, "--interval-min", "0", "--failures-per-day", "1")
+    assert rc == 2 and err.startswith("ckptstore-tool: error: --interval-min must be")
+    rc, out, _ = tool(capsys, "--help")
+    assert rc == 0 and "--blocking-s" in out and "--json" in out
+    assert "--part-size-mib" not in out and "--concurrency" not in out
+
+
+# --- the demo's timeline --------------------------------------------------------------------
+
+
+def test_timeline_legend_names_only_what_happened_in_distinct_colours(tmp_path) -> None:
+    from ckptstore.testing.chaos import ChaosResult, KillRecord, SegmentRecord
+    from ckptstore.testing.goodput_report import _COLORS, account, plot_timeline, timeline_kinds
+    from ckptstore.testing.runlog import read_attempts
+    from tests.resilience.test_runlog import write_attempt
+
+    d = str(tmp_path)
+    end0 = write_attempt(d, 0, range(1, 5), t=0.0, saves={2: "aa"})
+    end1 = write_attempt(d, 1, range(3, 7), t=end0 + 3, restored=2, saves={2: "aa", 4: "bb"})
+    result = ChaosResult(
+        d,
+        d,
+        [SegmentRecord(2, launched=0.0, exited=end1 + 1, returncode=0)],
+        [KillRecord(0, 0, "random", 1, pid=1001, t=end0 + 0.25, step=4)],
+    )
+    acct = account(result, read_attempts(d), interval_steps=2)
+    kinds = timeline_kinds(acct)
+    assert "resize" not in kinds  # no resize happened: not in the legend
+    assert {"startup", "train", "redone", "restart", "shutdown"} <= set(kinds)
+    assert len(set(_COLORS.values())) == len(_COLORS)  # startup and shutdown told apart
+    png = plot_timeline(acct, str(tmp_path / "t.png"))
+    with open(png, "rb") as f:
+        assert f.read(8) == b"\x89PNG\r\n\x1a\n"

@@ -1,6 +1,6 @@
 """ckptstore in a few minutes: train under torchrun, kill it, resume it, prove it exact.
 
-    python tools/demo.py                  # ~2 min on 2 cores: a clean run, then 2 kills
+    python tools/demo.py                  # ~1 min on 2 cores (2 if busy): a clean run, 2 kills
     python tools/demo.py --full           # a kill in every phase of a save, + 2 -> 3 -> 1 resize
     python tools/demo.py --store s3       # to an S3 server it starts (SeaweedFS); saves every 8
     python tools/demo.py --dir ./demo --keep
@@ -19,7 +19,8 @@ disk, then uploaded and committed), ``RNGState`` and the ckptstore ``DataLoader`
 3. report     blocking per save (ckptstore vs rank-0 torch.save), restarts survived,
               exactly-once data, bitwise equality with the reference, every committed
               checkpoint verified and loaded in full, and the goodput account measured
-              against ``ckptstore.goodput``'s model, with a PNG timeline.
+              against ``ckptstore.goodput``'s model, with a PNG timeline (written to a new
+              directory per run, or the ``--dir`` / ``--keep`` one; its path is printed).
 
 Exit status 0 only if every check passed.
 """
@@ -327,7 +328,8 @@ def main(argv: list[str] | None = None) -> int:
     plan = FULL if a.full else QUICK
     if a.store == "s3":  # uploads to a SeaweedFS on the same 2 cores take 1-2 s per save
         plan = dataclasses.replace(plan, every=8)
-    png_dir = root if (a.dir or a.keep) else tempfile.gettempdir()
+    # The timeline outlives a removed run directory: its own per-run directory (printed).
+    png_dir = root if (a.dir or a.keep) else tempfile.mkdtemp(prefix="ckptstore-demo-timeline-")
     t_start = time.perf_counter()
     demo: Demo | None = None
     ok = True

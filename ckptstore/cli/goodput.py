@@ -5,12 +5,19 @@ Give the failure rate as ``--failures-per-day`` or as ``--gpus`` and ``--afr`` (
 manager measured: the median ``extra["timings"]["blocking_s"]`` in the manifests of the
 committed checkpoints under ROOT, and the median checkpoint size as ``--checkpoint-gb``. Flags
 given explicitly override measured values.
+
+Without a checkpoint cost (no ``--blocking-s``, no ``--from``) the goodput rows assume saves
+that block for 0 s and the optimal-interval rows are left out; without a checkpoint size
+(``--checkpoint-gb`` or ``--from``) the storage, transfer and disk rows are. A note on
+stderr says which flag gives each. Values print with one decimal (three significant digits
+below 0.05); errors name the flags.
 """
 
 from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 from typing import Any
 
 from ckptstore.catalog import list_steps
@@ -19,9 +26,9 @@ from ckptstore.cli.render import dump_json, table
 from ckptstore.cli.sources import list_or_missing
 from ckptstore.engine.commit import open_committed
 from ckptstore.errors import ConfigError
-from ckptstore.goodput import GoodputInputs, Prices, plan, report_rows
+from ckptstore.goodput import GoodputInputs, InputError, Prices, plan, report_rows
 
-__all__ = ["add_parser", "run", "parse_fraction", "measured_from_root"]
+__all__ = ["add_parser", "run", "parse_fraction", "measured_from_root", "fmt", "FLAGS"]
 
 GB = 1e9
 
@@ -56,9 +63,17 @@ def add_parser(sub: Any, common: Any) -> None:
     run_g.add_argument(
         "--interval-min", type=float, default=60.0, help="training minutes between saves (60)"
     )
-    run_g.add_argument("--blocking-s", type=float, help="seconds one save stops training (0)")
+    run_g.add_argument(
+        "--blocking-s",
+        type=float,
+        help="seconds one save stops training (the optimal intervals need it; or --from)",
+    )
     run_g.add_argument("--restart-min", type=float, default=0.0, help="minutes to restart (0)")
-    run_g.add_argument("--checkpoint-gb", type=float, help="size of one checkpoint in GB (0)")
+    run_g.add_argument(
+        "--checkpoint-gb",
+        type=float,
+        help="size of one checkpoint in GB (the storage, transfer and disk rows need it)",
+    )
     run_g.add_argument("--keep-last", type=int, default=3, help="checkpoints retained (3)")
     run_g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
     run_g.add_argument("--data-cache-gb", type=float, default=0.0, help="local data cache/node")
@@ -77,7 +92,16 @@ def add_parser(sub: Any, common: Any) -> None:
     prices.add_argument("--transfer-gb", type=float, help="price of one GB transferred")
     prices.add_argument("--nvme-gb", type=float, help="price of one GB of local NVMe (flat)")
     prices.add_argument("--currency", default="$", help="currency label ($)")
-    common(p)
+    out = p.add_argument_group("output and --from's store")
+    out.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    out.add_argument(
+        "-o",
+        "--storage-option",
+        action="append",
+        metavar="KEY=VALUE",
+        help="fsspec storage option for an object-store --from URL (repeatable; as for ls)",
+    )
+    # `common` (parts, concurrency, progress) is not added: goodput transfers nothing.
     p.set_defaults(func=run)
 
 
@@ -113,22 +137,56 @@ def measured_from_root(ctx: Context, url: str) -> dict[str, Any]:
     }
 
 
-def _fmt(value: float, unit: str) -> str:
-    if unit == "%":
-        return f"{value:.1f}"
-    if abs(value) >= 100:
-        return f"{value:,.0f}"
-    return f"{value:,.3g}" if abs(value) < 10 else f"{value:,.1f}"
+def fmt(value: float) -> str:
+    """One format for every value: one decimal, thousands separated; three significant digits
+    for a nonzero value below 0.05 (which one decimal would print as 0.0)."""
+    if value != 0 and abs(value) < 0.05:
+        return f"{value:.3g}"
+    return f"{value:,.1f}"
+
+
+#: GoodputInputs / Prices field -> the flag that sets it (for error messages).
+FLAGS = {
+    name: "--" + name.replace("_", "-")
+    for name in (
+        *("interval_min", "days", "failures_per_day", "gpus", "afr", "blocking_s"),
+        *("restart_min", "checkpoint_gb", "keep_last", "gpus_per_node", "data_cache_gb"),
+        *("staging_copies", "gpu_hour", "storage_gb_month", "transfer_gb", "nvme_gb"),
+    )
+}
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    try:
+        return _run(args, ctx)
+    except InputError as exc:
+        raise ConfigError(exc.render(FLAGS)) from None
+
+
+def _notes(blocking: float, ckpt_gb: float | None) -> list[str]:
+    notes = []
+    if blocking == 0:
+        notes.append(
+            "note: no checkpoint cost given, so the goodput rows assume saves that block "
+            "training for 0 s and there is no optimal interval to show; pass --blocking-s "
+            "SECONDS (what one save stops training) or --from ROOT (the manager's measurements)"
+        )
+    if ckpt_gb is None:
+        notes.append(
+            "note: checkpoint size unknown, so storage, transfer and disk rows are left out; "
+            "pass --checkpoint-gb GB or --from ROOT"
+        )
+    return notes
+
+
+def _run(args: argparse.Namespace, ctx: Context) -> int:
     measured = measured_from_root(ctx, args.from_root) if args.from_root else None
     blocking = args.blocking_s
     if blocking is None:
         blocking = measured["blocking_s"] if measured else 0.0
     ckpt_gb = args.checkpoint_gb
-    if ckpt_gb is None:
-        ckpt_gb = measured["checkpoint_gb"] if measured else 0.0
+    if ckpt_gb is None and measured:
+        ckpt_gb = measured["checkpoint_gb"]
     inputs = GoodputInputs(
         interval_min=args.interval_min,
         days=args.days,
@@ -155,10 +213,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         return 0
     if measured:
         print(
-            f"Measured    median blocking {measured['blocking_s']:.3g} s and size "
-            f"{measured['checkpoint_gb']:.3g} GB over {measured['checkpoints']} checkpoints "
+            f"Measured    median blocking {fmt(measured['blocking_s'])} s and size "
+            f"{fmt(measured['checkpoint_gb'])} GB over {measured['checkpoints']} checkpoints "
             f"under {measured['root']}"
         )
-    rows = [[label, _fmt(v, unit), unit] for label, v, unit in report_rows(report, args.currency)]
+    rows = [[label, fmt(v), unit] for label, v, unit in report_rows(report, args.currency)]
     print(table(["", "VALUE", "UNIT"], rows, right={1}))
+    for note in _notes(blocking, ckpt_gb):
+        print(note, file=sys.stderr)
     return 0

@@ -33,7 +33,7 @@ from ckptstore.goodput import GoodputInputs, expected_goodput
 from ckptstore.testing.chaos import ChaosResult, KillRecord
 from ckptstore.testing.runlog import Attempt, trajectory
 
-__all__ = ["Phase", "Failure", "GoodputAccount", "account", "plot_timeline"]
+__all__ = ["Phase", "Failure", "GoodputAccount", "account", "plot_timeline", "timeline_kinds"]
 
 COUNTED = ("startup", "train", "redone", "blocking", "restart", "resize", "shutdown")
 
@@ -318,12 +318,21 @@ _COLORS = {
     "restart": "#7f7f7f",
     "resize": "#9467bd",
     "startup": "#c5b0d5",
-    "shutdown": "#c5b0d5",
+    "shutdown": "#8c564b",
 }
 
 
+def timeline_kinds(acct: GoodputAccount) -> list[str]:
+    """The kinds of time the run had (a phase of them lasted > 0 s), in legend order."""
+    had = {p.kind for p in acct.phases if p.seconds > 0}
+    return [kind for kind in _COLORS if kind in had]
+
+
 def plot_timeline(acct: GoodputAccount, path: str, title: str = "") -> str:
-    """A PNG of the run: step reached over time, and lanes of what each second went to."""
+    """A PNG of the run: step reached over time, and lanes of what each second went to.
+
+    The legend names only the kinds of time the run had (no "resize" without a resize).
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -363,16 +372,17 @@ def plot_timeline(acct: GoodputAccount, path: str, title: str = "") -> str:
     top.set_title(title or "training under chaos: steps, commits, failures, resizes")
     lanes = {"train": 2, "redone": 2, "blocking": 1, "upload": 1, "restart": 0, "resize": 0,
              "startup": 0, "shutdown": 0}  # fmt: skip
+    shown = timeline_kinds(acct)
     for kind, lane in lanes.items():
         spans = [(p.t0 - t0, p.seconds) for p in acct.phases if p.kind == kind and p.seconds > 0]
         if spans:
             h = 0.35 if kind == "upload" else 0.7
             y = lane - (0.45 if kind == "upload" else 0.35)
             bottom.broken_barh(spans, (y, h), facecolors=_COLORS[kind])
-    bottom.set_yticks([0, 1, 2], ["restarts", "checkpoint", "training"])
+    bottom.set_yticks([0, 1, 2], ["start, restarts, exit", "checkpoint", "training"])
     bottom.set_xlabel("seconds since launch")
     bottom.legend(
-        handles=[Patch(color=c, label=k) for k, c in _COLORS.items()],
+        handles=[Patch(color=c, label=k) for k, c in _COLORS.items() if k in shown],
         loc="upper center",
         bbox_to_anchor=(0.5, -0.45),
         ncol=8,

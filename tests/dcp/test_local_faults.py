@@ -201,13 +201,12 @@ def test_fsync_error_fails_the_checkpoint(tmp_path, monkeypatch) -> None:
         ckptstore.reader(str(path))
 
 
-def test_unwritable_path(tmp_path) -> None:
+def test_unwritable_path(tmp_path, request) -> None:
     """A directory the process may not write to. Root ignores permissions, so as root the
     save runs in a child process stripped of the capabilities that bypass them (setpriv)."""
     import shutil
     import subprocess
     import sys
-    import tempfile
 
     prefix: list[str] = []
     if os.geteuid() == 0:
@@ -215,10 +214,11 @@ def test_unwritable_path(tmp_path) -> None:
             pytest.skip("running as root without setpriv: permissions cannot be enforced")
         prefix = ["setpriv", "--bounding-set=-dac_override,-dac_read_search"]
 
-    base = tempfile.mkdtemp(prefix="ckptstore-ro-")
+    base = str(tmp_path)
     os.chmod(base, 0o755)
     ro = os.path.join(base, "ro")
     os.mkdir(ro, 0o555)
+    request.addfinalizer(lambda: os.chmod(ro, 0o755))  # so pytest can remove tmp_path
     target = os.path.join(ro, "step_000000001")
     code = (
         "import torch, ckptstore\n"

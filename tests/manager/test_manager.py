@@ -273,3 +273,20 @@ def test_full_staging_disk_is_a_clean_error_and_training_goes_on(tmp_path, tiny_
     mgr.save(2, state(2.0))  # a small one still fits: training went on
     mgr.close()
     assert CheckpointManager(root).steps() == [2]
+
+
+def test_manifest_holds_the_timings_known_before_the_marker(tmp_path) -> None:
+    import json
+
+    from ckptstore.manager import MANIFEST_TIMINGS
+
+    with CheckpointManager(str(tmp_path)) as mgr:
+        mgr.save(1, state(1.0))
+        mgr.wait()
+        record = mgr.records[-1]
+    with open(tmp_path / step_name(1) / "ckptstore.manifest.json") as f:
+        timings = json.load(f)["extra"]["timings"]
+    assert tuple(timings) == MANIFEST_TIMINGS  # no field that is only known after the marker
+    assert timings == {k: getattr(record, k) for k in MANIFEST_TIMINGS}
+    assert timings["blocking_s"] > 0 and timings["bytes"] == 4000
+    assert record.background_s > 0 and record.total_s >= record.blocking_s  # in the record only

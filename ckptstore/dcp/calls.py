@@ -1,0 +1,73 @@
+"""``dcp.save`` / ``dcp.load`` for ckptstore's own calls, quiet in a single process.
+
+Stock ``dcp.save`` / ``dcp.load`` (torch 2.13) warn "torch.distributed is disabled,
+unavailable or uninitialized, assuming the intent is to save in a single process" on every
+call made without an initialised process group, even when passed ``no_dist=True``. A script
+that saves without ``torch.distributed`` means to, so :func:`save` and :func:`load` do not
+make torch say so each time:
+
+- with an initialised process group they *are* ``dcp.save`` / ``dcp.load``;
+- without one they run the same steps those functions run (each ``Stateful``'s
+  ``state_dict()``, the planner-driven save or load with ``no_dist=True``, then each
+  ``Stateful``'s ``load_state_dict()`` on load) through DCP's own internal functions. A torch
+  without those internals gets the stock call and its warning.
+
+Users calling ``dcp.save(..., storage_writer=ckptstore.writer(url))`` themselves get torch's
+behaviour, warning included: this module only serves ckptstore's calls.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.stateful import Stateful
+
+try:  # DCP internals (torch >= 2.4); without them the stock calls are used
+    from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+    from torch.distributed.checkpoint.state_dict_saver import (
+        _save_state_dict,
+        _stateful_to_state_dict,
+    )
+except ImportError:  # pragma: no cover - depends on the torch version
+    _save_state_dict = _load_state_dict = _stateful_to_state_dict = None  # type: ignore[assignment]
+
+__all__ = ["save", "load"]
+
+
+def _single_process(process_group: Any) -> bool:
+    return (
+        process_group is None
+        and _save_state_dict is not None
+        and not (dist.is_available() and dist.is_initialized())
+    )
+
+
+def save(state_dict: dict[str, Any], storage_writer: Any, process_group: Any = None) -> Any:
+    """``dcp.save(state_dict, storage_writer=..., process_group=...)``; see the module doc."""
+    if not _single_process(process_group):
+        return dcp.save(state_dict, storage_writer=storage_writer, process_group=process_group)
+    return _save_state_dict(
+        state_dict=_stateful_to_state_dict(state_dict),
+        storage_writer=storage_writer,
+        no_dist=True,
+    )
+
+
+def load(state_dict: dict[str, Any], storage_reader: Any, process_group: Any = None) -> None:
+    """``dcp.load(state_dict, storage_reader=..., process_group=...)`` in place; see the doc."""
+    if not _single_process(process_group):
+        dcp.load(state_dict, storage_reader=storage_reader, process_group=process_group)
+        return
+    keys = sorted(state_dict)  # the order dcp.load uses
+    loaded = {
+        k: state_dict[k].state_dict() if isinstance(state_dict[k], Stateful) else state_dict[k]
+        for k in keys
+    }
+    _load_state_dict(state_dict=loaded, storage_reader=storage_reader, no_dist=True)
+    for k in keys:
+        if isinstance(state_dict[k], Stateful):
+            state_dict[k].load_state_dict(loaded[k])
+        else:
+            state_dict[k] = loaded[k]
