@@ -44,12 +44,13 @@ def _save_and_load(rank: int, world: int, url: str, mode: str, tmp: str, options
         ckptstore.save(
             _replicated(), StagedWriter(url, staging_dir=staging, storage_options=options)
         )
-    else:  # the manager's writer process (writer_process.write_step)
+    else:  # the manager's writer process (writer_process.write_step), staged locally
         from ckptstore.manager import CheckpointManager
 
         root = url.rsplit("/", 1)[0]
+        staging = os.path.join(tmp, "staging")
         with CheckpointManager(
-            root, storage_options=options, background="process", strict=True
+            root, storage_options=options, staging_dir=staging, background="process", strict=True
         ) as mgr:
             mgr.save(5, _replicated())
             mgr.wait()
