@@ -55,7 +55,7 @@ from ckptstore.errors import (
     StoreNotFoundError,
 )
 
-__all__ = ["CkptReader", "StockCheckpointWarning"]
+__all__ = ["CkptReader", "StockCheckpointWarning", "check_safe_object", "item_codec"]
 
 log = logging.getLogger(__name__)
 
@@ -160,7 +160,10 @@ class CkptReader(StoreBound, StorageReader):
             key = (info.relative_path, info.offset, info.length)
             by_range.setdefault(key, []).append(req)
             codecs[key] = item_codec(
-                manifest_codec, getattr(info, "transform_descriptors", None), req, self.url
+                manifest_codec,
+                getattr(info, "transform_descriptors", None),
+                req.storage_index.fqn,
+                self.url,
             )
         ranges = self.committed.manifest.range_index() if self.committed else {}
 
@@ -297,7 +300,7 @@ class CkptReader(StoreBound, StorageReader):
         planner.commit_tensor(req, target)
 
 
-def item_codec(manifest_codec: str, descriptors: Any, req: ReadItem, url: str) -> str:
+def item_codec(manifest_codec: str, descriptors: Any, fqn: str, url: str) -> str:
     """The codec of one stored item: the manifest's, or that of DCP's stream transforms
     named in its ``.metadata`` entry (only ``stream.zstd`` is known)."""
     if not descriptors:
@@ -306,7 +309,7 @@ def item_codec(manifest_codec: str, descriptors: Any, req: ReadItem, url: str) -
     versions = {str(d).partition("/")[2].partition(".")[0] for d in descriptors}
     if names != {"stream.zstd"} or versions != {"1"} or len(descriptors) != 1:
         raise CorruptCheckpointError(
-            f"{url}: item {req.storage_index.fqn} uses DCP stream transforms "
+            f"{url}: item {fqn} uses DCP stream transforms "
             f"{list(descriptors)}; ckptstore reads only DCP's ZStandard one (stream.zstd/1). "
             "Load it with torch's FileSystemReader and the extension that wrote it."
         )
