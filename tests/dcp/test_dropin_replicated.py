@@ -39,8 +39,18 @@ def _same(got: dict[str, Any]) -> bool:
 def _save_and_load(rank: int, world: int, url: str, mode: str, tmp: str, options: Any) -> bool:
     if mode == "thread":
         ckptstore.save(_replicated(), ckptstore.writer(url, storage_options=options))
-    elif mode == "staged":
+    elif mode.startswith("staged"):
         staging = os.path.join(tmp, "staging")
+        if mode == "staged-coordinator-empty":  # the coordinator is the rank with nothing
+            import warnings
+
+            import torch.distributed.checkpoint as dcp
+
+            w = StagedWriter(url, staging_dir=staging, storage_options=options)
+            with warnings.catch_warnings():  # dcp.save has no coordinator_rank; this still does
+                warnings.simplefilter("ignore", FutureWarning)
+                dcp.save_state_dict(_replicated(), storage_writer=w, coordinator_rank=1)
+            return _loaded(url, options)
         ckptstore.save(
             _replicated(), StagedWriter(url, staging_dir=staging, storage_options=options)
         )
@@ -54,24 +64,32 @@ def _save_and_load(rank: int, world: int, url: str, mode: str, tmp: str, options
         ) as mgr:
             mgr.save(5, _replicated())
             mgr.wait()
+    return _loaded(url, options)
+
+
+def _loaded(url: str, options: Any) -> bool:
     got = _empty()
     ckptstore.load(got, ckptstore.reader(url, storage_options=options))
     return _same(got)
 
 
-def _check(url: str, options: Any, tmp: str, mode: str) -> None:
+def _check(url: str, options: Any, tmp: str, mode: str) -> list[str]:
     assert run_distributed(_save_and_load, 2, url, mode, tmp, options, daemon=False) == [True] * 2
     manifest = open_committed(open_store(url, options)).manifest
     assert manifest.world_size == 2
-    assert len([n for n in manifest.files if n.endswith(".distcp")]) == 1  # one rank wrote
+    shards = [n for n in manifest.files if n.endswith(".distcp")]
+    assert len(shards) == 1  # one rank wrote
     got = _empty()
     ckptstore.load(got, ckptstore.reader(url, storage_options=options))  # on 1 rank
     assert _same(got)
+    return shards
 
 
-@pytest.mark.parametrize("mode", ["thread", "staged", "process"])
+@pytest.mark.parametrize("mode", ["thread", "staged", "staged-coordinator-empty", "process"])
 def test_replicated_state_on_a_volume(tmp_path, mode: str) -> None:
-    _check(str(tmp_path / "root" / "step_000000005"), None, str(tmp_path), mode)
+    shards = _check(str(tmp_path / "root" / "step_000000005"), None, str(tmp_path), mode)
+    if mode == "staged-coordinator-empty":
+        assert shards[0].startswith("__0_")  # rank 0 wrote; the coordinator (1) had nothing
 
 
 @pytest.mark.server
