@@ -32,6 +32,7 @@ from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes 
     StoreNotFoundError,
     TransferError,
     TransientStoreError,
+    UnsafePickleError,
     WriterProcessDiedError,
 )
 from ckptstore.retention import KeepAll, KeepEvery, KeepLast, RetentionPolicy

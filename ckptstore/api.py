@@ -64,7 +64,7 @@ def reader(
     Raises ``IncompleteCheckpointError`` at once if ``url`` has no valid commit marker and
     ``CorruptCheckpointError`` if the marker and manifest disagree; every range read is
     checked against the manifest unless ``verify=False``. Object items load only if they
-    load with ``weights_only=True`` (else ``CorruptCheckpointError`` names the item);
+    load with ``weights_only=True`` (else ``UnsafePickleError`` names the item);
     ``allow_pickle=True`` lets DCP unpickle anything, for checkpoints you trust.
     """
     return CkptReader(

@@ -7,6 +7,8 @@ for a refused credential, ...). Messages say what happened and what to do.
 
 from __future__ import annotations
 
+import pickle
+
 #: The errors ``import ckptstore`` exports too (the data layer's stay here).
 CHECKPOINT_ERRORS = [
     "CkptStoreError",
@@ -23,6 +25,7 @@ CHECKPOINT_ERRORS = [
     "DurabilityError",
     "StorageFullError",
     "WriterProcessDiedError",
+    "UnsafePickleError",
 ]
 
 __all__ = [
@@ -55,6 +58,11 @@ class IncompleteCheckpointError(CkptStoreError, FileNotFoundError):
 
 class CorruptCheckpointError(CkptStoreError, ValueError):
     """Bytes on storage do not match the manifest (size or checksum)."""
+
+
+class UnsafePickleError(CkptStoreError, pickle.UnpicklingError):
+    """An object item's pickle needs more than ``weights_only`` loading allows; it was not
+    unpickled (opt in with ``allow_pickle=True`` for a checkpoint you trust)."""
 
 
 class CheckpointExistsError(CkptStoreError, FileExistsError):

@@ -18,7 +18,7 @@ warning and without verification; items written with DCP's ``ZStandard`` extensi
 (``stream.zstd/1``) are decompressed. Object (BYTE_IO) items reach DCP's default load
 planner, which unpickles them with ``torch.load(weights_only=False)``, only after a
 ``weights_only=True`` load of the same bytes succeeded: a pickle that would import or
-run anything else raises ``CorruptCheckpointError`` naming the item, unless the reader
+run anything else raises ``UnsafePickleError`` naming the item, unless the reader
 was built with ``allow_pickle=True`` (for a checkpoint you trust). Readers pickle (see
 ``ckptstore.dcp.storebound``).
 """
@@ -53,6 +53,7 @@ from ckptstore.errors import (
     CorruptCheckpointError,
     IncompleteCheckpointError,
     StoreNotFoundError,
+    UnsafePickleError,
 )
 
 __all__ = ["CkptReader", "StockCheckpointWarning", "check_safe_object", "item_codec"]
@@ -325,14 +326,15 @@ def _unpickles_unsafely(planner: LoadPlanner) -> bool:
 
 
 def check_safe_object(data: Any, fqn: str, url: str) -> None:
-    """Raise ``CorruptCheckpointError`` unless ``data`` loads with ``weights_only=True``
+    """Raise ``UnsafePickleError`` unless ``data`` loads with ``weights_only=True``
     (plain containers, numbers, strings, tensors): nothing else is imported or run."""
     try:
         torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
     except Exception as exc:  # noqa: BLE001 - any refusal means: do not unpickle it
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise CorruptCheckpointError(
+        raise UnsafePickleError(
             f"{url}: object item {fqn!r} is a pickle that weights_only loading refuses "
             f"({reason[:200]}); it was not unpickled. If you trust this checkpoint and "
-            "its writer, load it with ckptstore.reader(url, allow_pickle=True)."
+            "its writer, load it with ckptstore.reader(url, allow_pickle=True) (or "
+            "CheckpointManager(..., allow_pickle=True))."
         ) from None

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.errors import ConfigError, CorruptCheckpointError
+from ckptstore.errors import ConfigError, UnsafePickleError
 from ckptstore.testing.dist import run_distributed
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -70,8 +70,20 @@ def tampered(tmp_path, monkeypatch):
 def test_a_tampered_object_item_is_not_unpickled(tampered) -> None:
     url, marker = tampered
     state = {"w": torch.zeros(3), "cfg": None}
-    with pytest.raises(CorruptCheckpointError, match=r"'cfg'.*allow_pickle=True"):
+    with pytest.raises(UnsafePickleError, match=r"'cfg'.*allow_pickle=True"):
         ckptstore.load(state, ckptstore.reader(url))
+    assert not os.path.exists(marker)
+
+
+def test_the_manager_refuses_it_too_and_does_not_fall_back(tampered) -> None:
+    from ckptstore.manager import CheckpointManager
+
+    url, marker = tampered
+    with (
+        CheckpointManager(os.path.dirname(url)) as mgr,
+        pytest.raises(UnsafePickleError, match="'cfg'"),
+    ):
+        mgr.restore({"w": torch.zeros(3), "cfg": None})
     assert not os.path.exists(marker)
 
 
