@@ -61,7 +61,7 @@ def _async_process_save(rank: int, world: int, url: str, options: dict | None, s
 @pytest.mark.distributed
 @pytest.mark.parametrize(
     "stager",
-    [pytest.param(False, marks=pytest.mark.slow), True],
+    [pytest.param(False, marks=pytest.mark.slow), pytest.param(True, marks=pytest.mark.slow)],
     ids=["no-stager", "default-stager"],
 )
 def test_async_save_process_executor_on_a_volume(tmp_path, stager: bool) -> None:
