@@ -33,6 +33,7 @@ from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes 
     TransferError,
     TransientStoreError,
     UnsafePathError,
+    UnsafePickleError,
     WriterProcessDiedError,
 )
 from ckptstore.retention import KeepAll, KeepEvery, KeepLast, RetentionPolicy

@@ -32,8 +32,9 @@ def writer(
     """A DCP ``StorageWriter`` for ``url`` (a path, ``file://``, ``s3://``, ``gs://``, ...).
 
     Raises ``CheckpointExistsError`` at once if ``url`` holds a committed checkpoint and
-    ``overwrite`` is False. ``codec="zstd"`` compresses every item (stock DCP readers then
-    cannot load it). ``step`` is recorded in the manifest (default: from ``step_<n>``).
+    ``overwrite`` is False. ``codec="zstd"`` compresses every item in the format of DCP's
+    own ``ZStandard`` extension (stock readers load it when ``zstandard`` is installed).
+    ``step`` is recorded in the manifest (default: from ``step_<n>``).
     ``key_layout="spread"`` spreads the shard files over 256 sub-prefixes, for object
     stores that limit request rates per key prefix (see ``ckptstore.dcp.writer``).
     """
@@ -56,14 +57,23 @@ def reader(
     storage_options: dict[str, Any] | None = None,
     config: TransferConfig | None = None,
     verify: bool = True,
+    allow_pickle: bool = False,
 ) -> CkptReader:
     """A DCP ``StorageReader`` for a committed checkpoint at ``url``.
 
     Raises ``IncompleteCheckpointError`` at once if ``url`` has no valid commit marker and
     ``CorruptCheckpointError`` if the marker and manifest disagree; every range read is
-    checked against the manifest unless ``verify=False``.
+    checked against the manifest unless ``verify=False``. Object items load only if they
+    load with ``weights_only=True`` (else ``UnsafePickleError`` names the item);
+    ``allow_pickle=True`` lets DCP unpickle anything, for checkpoints you trust.
     """
-    return CkptReader(url, storage_options=storage_options, config=config, verify=verify)
+    return CkptReader(
+        url,
+        storage_options=storage_options,
+        config=config,
+        verify=verify,
+        allow_pickle=allow_pickle,
+    )
 
 
 def unwrap_checkpoint_exception(exc: BaseException) -> BaseException:

@@ -7,6 +7,8 @@ for a refused credential, ...). Messages say what happened and what to do.
 
 from __future__ import annotations
 
+import pickle
+
 #: The errors ``import ckptstore`` exports too (the data layer's stay here).
 CHECKPOINT_ERRORS = [
     "CkptStoreError",
@@ -24,6 +26,7 @@ CHECKPOINT_ERRORS = [
     "StorageFullError",
     "WriterProcessDiedError",
     "UnsafePathError",
+    "UnsafePickleError",
 ]
 
 __all__ = [
@@ -56,6 +59,11 @@ class IncompleteCheckpointError(CkptStoreError, FileNotFoundError):
 
 class CorruptCheckpointError(CkptStoreError, ValueError):
     """Bytes on storage do not match the manifest (size or checksum)."""
+
+
+class UnsafePickleError(CkptStoreError, pickle.UnpicklingError):
+    """An object item's pickle needs more than ``weights_only`` loading allows; it was not
+    unpickled (opt in with ``allow_pickle=True`` for a checkpoint you trust)."""
 
 
 class CheckpointExistsError(CkptStoreError, FileExistsError):

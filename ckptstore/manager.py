@@ -138,6 +138,7 @@ class CheckpointManager:
         grace_period_s: float = 120.0,
         handle_sigterm: bool = False,
         background: str = "thread",
+        allow_pickle: bool = False,
     ) -> None:
         if on_busy not in ("wait", "skip"):
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
@@ -154,6 +155,7 @@ class CheckpointManager:
         self.codec = codec
         shard_prefix(0, key_layout)  # validates it
         self.key_layout = key_layout
+        self.allow_pickle = allow_pickle  # restore unpickles any object item (trusted roots)
         self.grace_period_s = grace_period_s
         self.background = background
         self.records: list[SaveRecord] = []
@@ -383,14 +385,21 @@ class CheckpointManager:
             local_ok = local_tier_matches(local, remote)
         if self._all(local_ok):
             log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
-            return CkptReader(local, engine=self.engine, config=self.engine.config)
-        return CkptReader(remote, engine=self.engine, config=self.engine.config)
+            return CkptReader(
+                local, engine=self.engine, config=self.engine.config, allow_pickle=self.allow_pickle
+            )
+        return CkptReader(
+            remote, engine=self.engine, config=self.engine.config, allow_pickle=self.allow_pickle
+        )
 
     def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:
         """Load the newest committed, verified checkpoint (or ``step``) into ``state``.
 
         Falls back to the previous committed step when one fails verification, with a
         warning naming what was wrong. Returns the step loaded, or None if there is none.
+        An object item that needs more than ``weights_only`` unpickling raises
+        ``UnsafePickleError`` (no fallback: every step would hold it) unless the manager
+        was built with ``allow_pickle=True``.
         """
         self.wait()
         if self.rank == 0:

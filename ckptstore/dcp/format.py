@@ -1,9 +1,15 @@
 """How one DCP item becomes bytes in a shard file, and back.
 
 Items keep stock DCP's encoding (``torch.save`` of each tensor, raw bytes for BYTE_IO
-items) so stock ``FileSystemReader`` / ``FsspecReader`` load uncompressed ckptstore
-checkpoints. With ``codec="zstd"`` each item's bytes are zstd-compressed on their own
-(stock readers cannot load those; the codec is recorded in the manifest).
+items) so stock ``FileSystemReader`` / ``FsspecReader`` load ckptstore checkpoints. With
+``codec="zstd"`` each item's bytes are one zstd frame of their own: the format of DCP's
+``ZStandard`` stream extension, which the writer names in ``.metadata`` so stock readers
+decompress them too (the codec is also recorded in the manifest).
+
+A conjugate or negative view is stored resolved (its values as plain bytes), so every
+stored tensor's bytes are its values. Decoding honours whatever ``torch.load`` honours:
+the fast path takes only a plain dense tensor record (no conj / neg / other metadata,
+no hooks) and hands anything else to ``torch.load(weights_only=True)``.
 """
 
 from __future__ import annotations
@@ -65,6 +71,8 @@ def cpu_item(data: io.BytesIO | torch.Tensor) -> io.BytesIO | torch.Tensor:
     tensor = data.detach()
     if tensor.device.type != "cpu":
         tensor = tensor.cpu()
+    if tensor.is_conj() or tensor.is_neg():
+        tensor = tensor.resolve_conj().resolve_neg()  # its values, in storage of its own
     if tensor.untyped_storage().nbytes() != tensor.nbytes:
         # torch.save writes a view's whole storage; store only the view (as stock DCP does).
         tensor = tensor.clone()
@@ -172,9 +180,18 @@ class _TensorRecord:
 
 
 def _rebuild_tensor_v2(
-    storage: Any, offset: int, size: Any, stride: Any, *_: Any, **__: Any
+    storage: Any,
+    offset: int,
+    size: Any,
+    stride: Any,
+    requires_grad: Any = False,
+    backward_hooks: Any = None,
+    metadata: Any = None,
+    *rest: Any,
 ) -> _TensorRecord:
-    if not isinstance(storage, _Storage):
+    # ``metadata`` carries torch's conj / neg bits (and whatever torch adds): refuse any.
+    # requires_grad does not matter: DCP copies the values into its own target.
+    if not isinstance(storage, _Storage) or backward_hooks or metadata or rest:
         raise _NotPlain
     return _TensorRecord(storage, int(offset), tuple(size), tuple(stride))
 
@@ -275,4 +292,7 @@ def decompress(
 ) -> bytes | bytearray | memoryview:
     if codec == "none":
         return data
-    return _zstd().ZstdDecompressor().decompress(data, max_output_size=raw_length or 0)
+    if raw_length is None:  # a frame of DCP's stream extension may not record its size
+        out = _zstd().ZstdDecompressor().decompressobj().decompress(data)
+        return cast(bytes, out)
+    return _zstd().ZstdDecompressor().decompress(data, max_output_size=raw_length)

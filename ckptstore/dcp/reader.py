@@ -14,7 +14,13 @@ Call order (driven by ``torch.distributed.checkpoint.load``)::
                                     against its manifest CRC32C before it is decoded
 
 A stock DCP checkpoint (``.metadata`` but no manifest and no marker) loads with a
-warning and without verification.
+warning and without verification; items written with DCP's ``ZStandard`` extension
+(``stream.zstd/1``) are decompressed. Object (BYTE_IO) items reach DCP's default load
+planner, which unpickles them with ``torch.load(weights_only=False)``, only after a
+``weights_only=True`` load of the same bytes succeeded: a pickle that would import or
+run anything else raises ``UnsafePickleError`` naming the item, unless the reader
+was built with ``allow_pickle=True`` (for a checkpoint you trust). Readers pickle (see
+``ckptstore.dcp.storebound``).
 """
 
 from __future__ import annotations
@@ -30,6 +36,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
@@ -46,9 +53,10 @@ from ckptstore.errors import (
     CorruptCheckpointError,
     IncompleteCheckpointError,
     StoreNotFoundError,
+    UnsafePickleError,
 )
 
-__all__ = ["CkptReader", "StockCheckpointWarning"]
+__all__ = ["CkptReader", "StockCheckpointWarning", "check_safe_object", "item_codec"]
 
 log = logging.getLogger(__name__)
 
@@ -78,11 +86,13 @@ class CkptReader(StoreBound, StorageReader):
         storage_options: dict[str, Any] | None = None,
         config: TransferConfig | None = None,
         verify: bool = True,
+        allow_pickle: bool = False,
         engine: TransferEngine | None = None,
     ) -> None:
         super().__init__()
         self._bind(url, storage_options, config, engine)
         self.verify = verify
+        self.allow_pickle = allow_pickle
         self.committed: Committed | None = None
         self._metadata_bytes = b""
         self.storage_data: dict[Any, Any] = {}
@@ -144,18 +154,19 @@ class CkptReader(StoreBound, StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         # One read per distinct stored range, however many requests share it.
         by_range: dict[tuple[str, int, int], list[ReadItem]] = {}
+        codecs: dict[tuple[str, int, int], str] = {}
+        manifest_codec = self.committed.manifest.codec if self.committed else "none"
         for req in plan.items:
             info = self.storage_data[req.storage_index]
-            if getattr(info, "transform_descriptors", None):
-                raise CorruptCheckpointError(
-                    f"{self.url}: item {req.storage_index.fqn} uses DCP stream transforms "
-                    f"{info.transform_descriptors}, which ckptstore does not read; load it "
-                    "with torch's FileSystemReader."
-                )
             key = (info.relative_path, info.offset, info.length)
             by_range.setdefault(key, []).append(req)
+            codecs[key] = item_codec(
+                manifest_codec,
+                getattr(info, "transform_descriptors", None),
+                req.storage_index.fqn,
+                self.url,
+            )
         ranges = self.committed.manifest.range_index() if self.committed else {}
-        codec = self.committed.manifest.codec if self.committed else "none"
 
         # A sliding window of reads in flight, bounded by the memory budget. A tensor whose
         # raw bytes the manifest locates (``RangeEntry.span``) and whose target is the
@@ -171,7 +182,7 @@ class CkptReader(StoreBound, StorageReader):
                 ):
                     key = pending.popleft()
                     path, offset, length = key
-                    direct = self._direct(by_range[key], ranges.get(key), codec, planner)
+                    direct = self._direct(by_range[key], ranges.get(key), codecs[key], planner)
                     if direct is None:
                         fut = self.engine.read_async(self.store, path, offset, length)
                     else:
@@ -187,7 +198,7 @@ class CkptReader(StoreBound, StorageReader):
                     continue
                 data = self._checked(key, fut, ranges.get(key))
                 entry = ranges.get(key)
-                data = decompress(codec, data, entry.raw_length if entry else None)
+                data = decompress(codecs[key], data, entry.raw_length if entry else None)
                 for req in by_range[key]:
                     self._deliver(req, data, planner)
         except BaseException:
@@ -221,6 +232,8 @@ class CkptReader(StoreBound, StorageReader):
         target = planner.resolve_tensor(req).detach()
         if (
             target.device.type != "cpu"
+            or target.is_conj()
+            or target.is_neg()
             or target.dtype != md.properties.dtype
             or not target.is_contiguous()
             or tuple(target.size()) != tuple(req.lengths)
@@ -268,9 +281,10 @@ class CkptReader(StoreBound, StorageReader):
             self._verify(path, offset, data, entry.crc32c)
         return data
 
-    @staticmethod
-    def _deliver(req: ReadItem, data: Any, planner: LoadPlanner) -> None:
+    def _deliver(self, req: ReadItem, data: Any, planner: LoadPlanner) -> None:
         if req.type == LoadItemType.BYTE_IO:
+            if not self.allow_pickle and _unpickles_unsafely(planner):
+                check_safe_object(data, req.storage_index.fqn, self.url)
             planner.load_bytes(req, io.BytesIO(data))
             return
         tensor = decode_tensor(data)
@@ -285,3 +299,42 @@ class CkptReader(StoreBound, StorageReader):
             )
         target.copy_(tensor)
         planner.commit_tensor(req, target)
+
+
+def item_codec(manifest_codec: str, descriptors: Any, fqn: str, url: str) -> str:
+    """The codec of one stored item: the manifest's, or that of DCP's stream transforms
+    named in its ``.metadata`` entry (only ``stream.zstd`` is known)."""
+    if not descriptors:
+        return manifest_codec
+    names = {str(d).partition("/")[0] for d in descriptors}
+    versions = {str(d).partition("/")[2].partition(".")[0] for d in descriptors}
+    if names != {"stream.zstd"} or versions != {"1"} or len(descriptors) != 1:
+        raise CorruptCheckpointError(
+            f"{url}: item {fqn} uses DCP stream transforms "
+            f"{list(descriptors)}; ckptstore reads only DCP's ZStandard one (stream.zstd/1). "
+            "Load it with torch's FileSystemReader and the extension that wrote it."
+        )
+    return "zstd"
+
+
+def _unpickles_unsafely(planner: LoadPlanner) -> bool:
+    """True if ``planner`` hands object bytes to ``torch.load(weights_only=False)``: DCP's
+    default planner does (a planner of one's own is its author's to make safe)."""
+    return isinstance(planner, DefaultLoadPlanner) and (
+        type(planner).load_bytes is DefaultLoadPlanner.load_bytes
+    )
+
+
+def check_safe_object(data: Any, fqn: str, url: str) -> None:
+    """Raise ``UnsafePickleError`` unless ``data`` loads with ``weights_only=True``
+    (plain containers, numbers, strings, tensors): nothing else is imported or run."""
+    try:
+        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - any refusal means: do not unpickle it
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UnsafePickleError(
+            f"{url}: object item {fqn!r} is a pickle that weights_only loading refuses "
+            f"({reason[:200]}); it was not unpickled. If you trust this checkpoint and "
+            "its writer, load it with ckptstore.reader(url, allow_pickle=True) (or "
+            "CheckpointManager(..., allow_pickle=True))."
+        ) from None

@@ -4,7 +4,8 @@ Call order is ``CkptWriter``'s; what differs:
 
     write_data   every rank serialises its shard files into ``staging_dir/<step>/`` (fast,
                  local), then uploads each to the destination as parallel parts, checking
-                 the uploaded CRC32C against the local one
+                 the uploaded CRC32C against the local one (a rank with an empty plan,
+                 as DCP's dedup of replicated state leaves, writes and uploads nothing)
     finish       coordinator: commits at the destination (the only commit that counts),
                  then publishes the same manifest and marker locally, which makes the local
                  copy a restore tier: ``local_tier_matches`` tells when it is identical to
@@ -27,7 +28,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore.catalog import parse_step
-from ckptstore.dcp.writer import CkptWriter, _RankPlan, _split_items, step_from_url
+from ckptstore.dcp.writer import CkptWriter, step_from_url
 from ckptstore.engine.commit import publish, uncommit
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME
@@ -75,14 +76,11 @@ class StagedWriter(CkptWriter):
         return self.staging_root.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        rank_plan: _RankPlan = plan.storage_data
-        self.attempt = rank_plan.attempt
         local = self.local
         results: list[WriteResult] = []
         files = []
         try:
-            for i, items in enumerate(_split_items(plan.items, self.files_per_rank)):
-                name = f"{rank_plan.prefix}{i}.{rank_plan.attempt}.distcp"
+            for name, items in self.shard_names(plan):
                 file_results = self._write_file(name, items, planner, store=local)
                 files.append((name, file_results[0].storage_data.file_crc32c))
                 results.extend(file_results)

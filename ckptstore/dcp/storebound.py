@@ -6,6 +6,14 @@ Call order (``CkptWriter`` / ``CkptReader`` inherit it, before DCP's base class)
     self._rebind(checkpoint_id)                         in reset(): reopen the store if DCP
                                                         names another URL; True if it did
     self.url                                            the store's URL
+    pickle.dumps(self) / pickle.loads(...)              the store and engine are re-made in
+                                                        the receiving process (see below)
+
+A backend pickles (``dcp.async_save`` with the process executor sends it to another
+process): its store is sent as its URL (re-opened there with the same storage_options
+and config) or, for a ``Store`` the caller built, as that store object; its engine (a
+thread pool and locks) is never sent: the receiving process uses its own shared engine
+for the same config.
 """
 
 from __future__ import annotations
@@ -37,15 +45,33 @@ class StoreBound:
         engine: TransferEngine | None,
     ) -> None:
         self.storage_options = storage_options
-        self.config = config or TransferConfig()
+        if config is None:
+            config = engine.config if engine is not None else TransferConfig()
+        self.config = config
         self.store = open_store(url, storage_options, retry=self.config.retry)
+        self._opened = not isinstance(url, Store)  # re-openable from its URL
         self.engine = engine or TransferEngine.shared(self.config)
 
     def _rebind(self, checkpoint_id: str | os.PathLike | None) -> bool:
         if not checkpoint_id or str(checkpoint_id).rstrip("/") == self.url:
             return False
         self.store = open_store(str(checkpoint_id), self.storage_options, retry=self.config.retry)
+        self._opened = True
         return True
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        del state["engine"]
+        if state.pop("_opened", False):
+            state["store"] = self.store.url
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._opened = isinstance(self.store, str)
+        if self._opened:
+            self.store = open_store(self.store, self.storage_options, retry=self.config.retry)
+        self.engine = TransferEngine.shared(self.config)
 
     @property
     def url(self) -> str:

@@ -32,7 +32,8 @@ from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ckptstore.dcp.format import check_codec, compress, decompress
-from ckptstore.dcp.reader import CkptReader
+from ckptstore.dcp.reader import CkptReader, item_codec
+from ckptstore.dcp.writer import ZSTD_DESCRIPTOR
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import attempt_manifest_name, attempt_metadata_name, publish
 from ckptstore.engine.deletion import remove_made
@@ -75,16 +76,16 @@ def transcode(
     src_codec = src_manifest.codec if src_manifest else "none"
     index = src_manifest.range_index() if src_manifest else {}
     by_file: dict[str, dict[tuple[int, int], list[Any]]] = {}
+    codecs: dict[tuple[str, int, int], str] = {}
     for idx, info in (metadata.storage_data or {}).items():
-        if getattr(info, "transform_descriptors", None):
-            raise CorruptCheckpointError(
-                f"{src.url}: item {idx.fqn} uses DCP stream transforms, which ckptstore cannot "
-                "transcode; convert it with torch's own tools."
-            )
+        descriptors = getattr(info, "transform_descriptors", None)
+        key = (info.relative_path, info.offset, info.length)
+        codecs[key] = item_codec(src_codec, descriptors, idx.fqn, src.url)
         by_file.setdefault(info.relative_path, {}).setdefault((info.offset, info.length), [])
         by_file[info.relative_path][(info.offset, info.length)].append(idx)
 
     attempt = uuid.uuid4().hex[:12]
+    descriptors = [ZSTD_DESCRIPTOR] if codec == "zstd" else None
     cancel = cancel or threading.Event()
     manifest = Manifest(
         step=step if step is not None else (src_manifest.step if src_manifest else None),
@@ -115,13 +116,17 @@ def transcode(
                             "verify`)."
                         )
                     raw = memoryview(
-                        decompress(src_codec, data, entry.raw_length if entry else None)
+                        decompress(
+                            codecs[(old, off, length)], data, entry.raw_length if entry else None
+                        )
                     )
                     stored = compress(codec, raw)
                     crc = crc32c(stored)
                     new_off = w.write(stored, crc)
                     for idx in idxs:
-                        storage_md[idx] = _StorageInfo(new, new_off, len(stored))
+                        storage_md[idx] = _StorageInfo(
+                            new, new_off, len(stored), transform_descriptors=descriptors
+                        )
                     fqn = idxs[0]
                     manifest.ranges.append(
                         RangeEntry(

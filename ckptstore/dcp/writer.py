@@ -2,21 +2,36 @@
 
 Call order (driven by ``torch.distributed.checkpoint.save``)::
 
-    reset(checkpoint_id)            every rank: new attempt id (and a new URL, if given)
-    set_up_storage_writer(...)      every rank
+    reset(checkpoint_id)            every rank, when DCP is given a checkpoint_id: the URL
+    set_up_storage_writer(...)      every rank, every save: a new attempt id of its own;
+                                    refuses use_collectives=False on several ranks
     prepare_local_plan(plan)        every rank: refuses a committed destination
-    prepare_global_plan(plans)      coordinator: gives each rank its file prefix + attempt
+    prepare_global_plan(plans)      coordinator: gives each rank its file prefix
     write_data(plan, planner)       every rank: its shard files, durable before it returns
+                                    (none for a rank whose plan is empty: DCP's dedup of
+                                    replicated state often leaves one)
     finish(metadata, results)       coordinator, only if every rank succeeded: manifest,
                                     .metadata, then the create-only COMMITTED marker
 
-Shard files keep DCP's per-rank layout, named ``__<rank>_<i>.<attempt>.distcp``; the
-attempt id keeps a racing writer (a zombie of an earlier job) from ever mixing its
-shards with ours. ``key_layout="spread"`` puts each rank's files under one of 256
+Shard files keep DCP's per-rank layout, named ``__<rank>_<i>.<attempt>.distcp``, where
+``attempt`` is that rank's id for this save; the results carry each file's name to the
+coordinator, whose own attempt names the manifest, ``.metadata`` copy and marker. So
+ranks need not agree on an id, and nothing DCP may cache across saves (the plans of
+``DefaultSavePlanner(enable_plan_caching=True)``) holds one: every save, overwrites of
+one step included, writes files of new names and never touches a committed one. The id
+also keeps a racing writer (a zombie of an earlier job) from mixing its shards with ours.
+
+``key_layout="spread"`` puts each rank's files under one of 256
 two-hex-digit sub-prefixes (``<hh>/__<rank>_<i>...``, see ``shard_prefix``), so an object
 store that partitions its request rate by key prefix (S3: about 3,500 PUT and 5,500 GET
 per second per prefix) can spread a checkpoint of thousands of ranks; stock DCP readers
-load either layout. If any rank fails, DCP never calls ``finish``: nothing is committed and
+load either layout.
+
+With ``codec="zstd"`` every item's ``.metadata`` entry names DCP's own
+``stream.zstd/1`` transform, so stock readers (which have that extension) load it too.
+Writers pickle (``dcp.async_save`` with the process executor sends them to a
+subprocess): the store and engine are re-opened there from the URL, options and config.
+If any rank fails, DCP never calls ``finish``: nothing is committed and
 every rank raises.
 """
 
@@ -71,8 +86,14 @@ def step_from_url(url: str) -> int | None:
 
 @dataclass(frozen=True)
 class _RankPlan:
+    """A rank's part of the global plan: only what is the same on every save (DCP may
+    cache it), never a per-save id."""
+
     prefix: str
-    attempt: str
+
+
+#: DCP's descriptor of its zstd stream extension (``torch.distributed.checkpoint._extension``).
+ZSTD_DESCRIPTOR = "stream.zstd/1"
 
 
 KEY_LAYOUTS = ("flat", "spread")
@@ -91,8 +112,15 @@ def shard_prefix(rank: int, layout: str) -> str:
     raise ConfigError(f"key_layout must be one of {KEY_LAYOUTS}, not {layout!r}")
 
 
+def _new_attempt() -> str:
+    return uuid.uuid4().hex[:12]
+
+
 def _split_items(items: list, bins: int) -> list[list]:
-    """Bytes items round-robin, tensors largest-first into the lightest bin."""
+    """Bytes items round-robin, tensors largest-first into the lightest bin; no empty bin
+    (an empty plan gives no bins: that rank writes no file)."""
+    if not items:
+        return []
     if bins <= 1:
         return [list(items)]
     out: list[list] = [[] for _ in range(bins)]
@@ -141,7 +169,7 @@ class CkptWriter(StoreBound, StorageWriter):
         self.codec = check_codec(codec)
         self._step = step
         self.files_per_rank = max(1, files_per_rank)
-        self.attempt = uuid.uuid4().hex[:12]
+        self.attempt = _new_attempt()
         self.rank = 0
         self.is_coordinator = True
         #: Merged into the manifest's ``extra`` at commit (the manager records timings).
@@ -154,11 +182,20 @@ class CkptWriter(StoreBound, StorageWriter):
     # -- StorageWriter -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         self._rebind(checkpoint_id)
-        self.attempt = uuid.uuid4().hex[:12]
+        self.attempt = _new_attempt()
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank") or 0
+        # DCP calls reset() only when given a checkpoint_id; this runs on every save.
+        self.attempt = _new_attempt()
+        if kwargs.get("use_collectives", True) is False and _world_size() > 1:
+            raise ConfigError(
+                f"dcp.save(use_collectives=False) makes every rank write a checkpoint of its "
+                f"own (stock DCP's __<rank>.metadata); ckptstore commits one checkpoint for "
+                f"all ranks at {self.url}. Save with use_collectives=True (the default); for "
+                "one checkpoint per rank, give each rank its own URL and pass no_dist=True."
+            )
 
     def check_destination(self) -> None:
         """Refuse a destination holding a committed checkpoint, unless ``overwrite``."""
@@ -175,19 +212,22 @@ class CkptWriter(StoreBound, StorageWriter):
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
         return [
-            dataclasses.replace(
-                plan, storage_data=_RankPlan(shard_prefix(i, self.key_layout), self.attempt)
-            )
+            dataclasses.replace(plan, storage_data=_RankPlan(shard_prefix(i, self.key_layout)))
             for i, plan in enumerate(plans)
         ]
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+    def shard_names(self, plan: SavePlan) -> list[tuple[str, list]]:
+        """(file name, items) of each shard file this rank writes for ``plan``."""
         rank_plan: _RankPlan = plan.storage_data
-        self.attempt = rank_plan.attempt
+        return [
+            (f"{rank_plan.prefix}{i}.{self.attempt}.distcp", items)
+            for i, items in enumerate(_split_items(plan.items, self.files_per_rank))
+        ]
+
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         results: list[WriteResult] = []
         try:
-            for i, items in enumerate(_split_items(plan.items, self.files_per_rank)):
-                name = f"{rank_plan.prefix}{i}.{rank_plan.attempt}.distcp"
+            for name, items in self.shard_names(plan):
                 results.extend(self._write_file(name, items, planner))
         except StoreNotFoundError as exc:
             self._raise_if_committed_meanwhile(exc)
@@ -259,7 +299,12 @@ class CkptWriter(StoreBound, StorageWriter):
         for rank_results in results:
             for wr in rank_results:
                 info: ItemInfo = wr.storage_data
-                storage_md[wr.index] = _StorageInfo(info.relative_path, info.offset, info.length)
+                storage_md[wr.index] = _StorageInfo(
+                    info.relative_path,
+                    info.offset,
+                    info.length,
+                    transform_descriptors=[ZSTD_DESCRIPTOR] if self.codec == "zstd" else None,
+                )
                 manifest.files[info.relative_path] = FileEntry(info.file_size, info.file_crc32c)
                 manifest.ranges.append(
                     RangeEntry(
@@ -278,6 +323,12 @@ class CkptWriter(StoreBound, StorageWriter):
 
     def storage_meta(self) -> StorageMeta | None:
         return StorageMeta(checkpoint_id=self.url, save_id=self.attempt)
+
+
+def _world_size() -> int:
+    import torch.distributed as dist
+
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
 
 
 def _version() -> str:
