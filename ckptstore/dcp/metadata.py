@@ -45,9 +45,10 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
+from ckptstore.engine.manifest import is_contained_name
 from ckptstore.errors import CorruptCheckpointError
 
-__all__ = ["load_metadata", "validate", "check_metadata", "is_contained_name"]
+__all__ = ["load_metadata", "validate", "check_metadata"]
 
 _MAX_NDIM = 64  # torch's own limit on tensor dimensions
 _MAX_PATH = 4096
@@ -216,16 +217,6 @@ def _check_storage_meta(sm: Any, source: str) -> None:
     modules = f["modules"]
     if type(modules) is not list or any(type(m) is not str for m in modules):
         raise _corrupt(source, "has a malformed storage_meta.modules")
-
-
-def is_contained_name(name: Any) -> bool:
-    """True for a relative, normalised '/'-separated name that stays inside its directory:
-    no absolute path, no ``..`` / ``.`` / empty part, no backslash, NUL or drive."""
-    if type(name) is not str or not name or len(name) > _MAX_PATH:
-        return False
-    if "\0" in name or "\\" in name or name.startswith("/") or ":" in name.split("/")[0]:
-        return False
-    return all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def _check_storage_info(index: Any, info: Any, source: str) -> None:

@@ -221,3 +221,205 @@ def test_fuzz_metadata_fields(saved: dict[str, Path], data: st.DataObject) -> No
     except CorruptCheckpointError:
         return
     check_metadata_or_corrupt(copy.deepcopy(got), saved["ck"])
+
+
+# -- manifest and marker ---------------------------------------------------------------
+import json  # noqa: E402
+
+from ckptstore.engine.commit import open_committed  # noqa: E402
+from ckptstore.engine.manifest import (  # noqa: E402
+    MANIFEST_NAME,
+    MARKER_NAME,
+    Manifest,
+    Marker,
+)
+from ckptstore.errors import IncompleteCheckpointError  # noqa: E402
+from ckptstore.manager import CheckpointManager  # noqa: E402
+from ckptstore.stores.local import LocalStore  # noqa: E402
+
+
+def _resign(step_dir: Path, manifest_bytes: bytes) -> None:
+    """Write ``manifest_bytes`` as the canonical manifest and a marker that commits it
+    (what an attacker who can write the bucket can do)."""
+    old = json.loads((step_dir / MARKER_NAME).read_bytes())
+    (step_dir / MANIFEST_NAME).write_bytes(manifest_bytes)
+    marker = Marker.for_manifest(manifest_bytes, old["step"], old["attempt"])
+    (step_dir / MARKER_NAME).write_bytes(marker.to_bytes())
+
+
+@pytest.fixture
+def two_steps(tmp_path: Path) -> Path:
+    with CheckpointManager(str(tmp_path)) as mgr:
+        for step in (1, 2):
+            mgr.save(step, {"w": torch.full((64,), float(step)), "n": step})
+    return tmp_path
+
+
+def _doc(step_dir: Path) -> dict[str, Any]:
+    return json.loads((step_dir / MANIFEST_NAME).read_bytes())  # type: ignore[no-any-return]
+
+
+def _shard_range(doc: dict[str, Any]) -> dict[str, Any]:
+    return next(r for r in doc["ranges"] if r["file"].endswith(".distcp"))
+
+
+def _bad_manifests(doc: dict[str, Any]) -> list[tuple[str, Any]]:
+    def with_range(**kw: Any) -> dict[str, Any]:
+        d = copy.deepcopy(doc)
+        _shard_range(d).update(kw)
+        return d
+
+    def with_file(name: str, entry: Any) -> dict[str, Any]:
+        d = copy.deepcopy(doc)
+        d["files"][name] = entry
+        return d
+
+    return [
+        ("list", []),
+        ("files-list", {**doc, "files": []}),
+        ("ranges-dict", {**doc, "ranges": {}}),
+        ("range-str", {**doc, "ranges": ["x"]}),
+        ("huge-length", with_range(length=2**40)),
+        ("neg-offset", with_range(offset=-8)),
+        ("neg-length", with_range(length=-1)),
+        ("float-offset", with_range(offset=1.5)),
+        ("past-end", with_range(offset=10**6)),
+        ("raw-huge", with_range(raw_length=2**40)),
+        ("span-past", with_range(span={"offset": 0, "length": 2**40, "crc32c": "00000000"})),
+        ("span-list", with_range(span=[1])),
+        ("unlisted-file", with_range(file="other.distcp")),
+        ("crc-neg", with_range(crc32c="-1")),
+        ("crc-int", with_range(crc32c=5)),
+        ("abs-file", with_file("/etc/passwd", {"size": 1, "crc32c": "00000000"})),
+        ("dotdot-file", with_file("../x", {"size": 1, "crc32c": "00000000"})),
+        ("size-neg", with_file("a", {"size": -1, "crc32c": "00000000"})),
+        ("size-str", with_file("a", {"size": "1", "crc32c": "00000000"})),
+        ("entry-list", with_file("a", [])),
+        ("step-str", {**doc, "step": "2"}),
+        ("world-neg", {**doc, "world_size": -1}),
+        ("extra-list", {**doc, "extra": []}),
+        ("codec-int", {**doc, "codec": 3}),
+    ]
+
+
+def test_every_bad_manifest_is_corrupt_and_restore_falls_back(two_steps: Path) -> None:
+    step_dir = two_steps / "step_000000002"
+    original = (step_dir / MANIFEST_NAME).read_bytes()
+    marker = (step_dir / MARKER_NAME).read_bytes()
+    for name, doc in _bad_manifests(json.loads(original)):
+        data = json.dumps(doc).encode()
+        with pytest.raises(CorruptCheckpointError):
+            Manifest.from_bytes(data, "m")
+        _resign(step_dir, data)
+        # the attempt's own manifest still matches the old marker only: the re-signed one is
+        # what the marker names now, so the checkpoint is the crafted one
+        with pytest.raises(CorruptCheckpointError):
+            open_committed(LocalStore(str(step_dir)))
+        out = {"w": torch.zeros(64), "n": 0}
+        with CheckpointManager(str(two_steps)) as mgr:
+            assert mgr.restore(out) == 1, name
+        assert out["n"] == 1 and torch.equal(out["w"], torch.full((64,), 1.0))
+        (step_dir / MANIFEST_NAME).write_bytes(original)
+        (step_dir / MARKER_NAME).write_bytes(marker)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b"[]",
+        b"null",
+        b'{"manifest_crc32c": 5, "manifest_size": 1}',
+        b'{"manifest_crc32c": "zz", "manifest_size": 1}',
+        b'{"manifest_crc32c": "00000001", "manifest_size": -1}',
+        b'{"manifest_crc32c": "00000001", "manifest_size": 1, "attempt": "../../x"}',
+        b'{"manifest_crc32c": "00000001", "manifest_size": 1, "attempt": 7}',
+        b'{"manifest_crc32c": "00000001", "manifest_size": 1, "step": "x"}',
+        b"\xff\xfe",
+        b"[" * 100_000,
+    ],
+)
+def test_bad_marker_is_corrupt(data: bytes) -> None:
+    with pytest.raises(CorruptCheckpointError):
+        Marker.from_bytes(data, "COMMITTED")
+
+
+def test_real_manifest_and_marker_parse(two_steps: Path) -> None:
+    step_dir = two_steps / "step_000000002"
+    m = Manifest.from_bytes((step_dir / MANIFEST_NAME).read_bytes(), "m")
+    assert m.step == 2 and m.files and m.ranges
+    assert Marker.from_bytes((step_dir / MARKER_NAME).read_bytes(), "c").step == 2
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers(-(2**64), 2**64)
+    | st.floats(allow_nan=False)
+    | st.text(max_size=6),
+    lambda inner: (
+        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3)
+    ),
+    max_leaves=6,
+)
+
+
+def _paths(obj: Any, at: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+    out = [at]
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            out += _paths(v, (*at, k))
+    elif isinstance(obj, list):
+        for i, v in enumerate(obj):
+            out += _paths(v, (*at, i))
+    return out
+
+
+def _set(obj: Any, path: tuple[Any, ...], value: Any) -> Any:
+    if not path:
+        return value
+    obj[path[0]] = _set(obj[path[0]], path[1:], value)
+    return obj
+
+
+@FUZZ
+@given(st.data())
+def test_fuzz_manifest_structure(two_steps: Path, data: st.DataObject) -> None:
+    step_dir = two_steps / "step_000000002"
+    doc = _doc(step_dir)
+    for _ in range(data.draw(st.integers(1, 3))):
+        path = data.draw(st.sampled_from(_paths(doc)))
+        doc = _set(doc, path, data.draw(_JSON))
+    try:
+        Manifest.from_bytes(json.dumps(doc).encode(), "m")
+    except CorruptCheckpointError:
+        pass
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=list(HealthCheck))
+@given(st.data())
+def test_fuzz_resigned_manifest_through_the_reader(two_steps: Path, data: st.DataObject) -> None:
+    """A crafted, re-signed manifest: the reader and load end in a checkpoint error."""
+    step_dir = two_steps / "step_000000002"
+    original = (step_dir / MANIFEST_NAME).read_bytes()
+    marker = (step_dir / MARKER_NAME).read_bytes()
+    doc = json.loads(original)
+    r = _shard_range(doc)
+    field = data.draw(st.sampled_from(["offset", "length", "raw_length", "file", "crc32c"]))
+    r[field] = data.draw(_JSON | st.sampled_from([2**40, -1, 0, 10**6]))
+    _resign(step_dir, json.dumps(doc).encode())
+    try:
+        ckptstore.load({"w": torch.zeros(64), "n": 0}, f"file://{step_dir}")
+    except (CorruptCheckpointError, IncompleteCheckpointError):
+        pass
+    finally:
+        (step_dir / MANIFEST_NAME).write_bytes(original)
+        (step_dir / MARKER_NAME).write_bytes(marker)
+
+
+@FUZZ
+@given(st.binary(max_size=200) | _JSON.map(lambda v: json.dumps(v).encode()))
+def test_fuzz_marker_bytes(data: bytes) -> None:
+    try:
+        Marker.from_bytes(data, "COMMITTED")
+    except CorruptCheckpointError:
+        pass
