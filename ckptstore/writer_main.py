@@ -102,6 +102,7 @@ def _serve(sock: socket.socket, s: WriterSettings) -> None:
                     key_layout=s.key_layout,
                     engine=engine,
                     timings=job.timings,
+                    overwrite=job.overwrite,
                 )
                 outcome = Outcome(job.step, write_s=time.perf_counter() - t, arenas_mapped=mapped)
             except BaseException as exc:  # noqa: BLE001 - every failure goes to the manager

@@ -79,6 +79,7 @@ class SaveJob:
     step: int
     staged: StagedState
     timings: dict[str, float]
+    overwrite: bool = False  # replace a committed step found damaged
 
 
 @dataclass(frozen=True)

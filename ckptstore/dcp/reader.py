@@ -40,6 +40,7 @@ from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import METADATA_NAME, Committed, open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry, Span
+from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
@@ -95,6 +96,8 @@ class CkptReader(StoreBound, StorageReader):
 
     def open(self) -> None:
         """Read and check the marker, manifest and metadata (see the module docstring)."""
+        # Control reads (marker, manifest, .metadata, listings) retried per RetryConfig.
+        self.store = retrying(self.store, self.config.retry, self.engine.stats)
         try:
             self.committed = open_committed(self.store)
             self._metadata_bytes = self.committed.metadata_bytes

@@ -139,7 +139,7 @@ def test_restore_finishes_a_commit_cut_short_after_its_marker(tmp_path) -> None:
     d = os.path.join(root, step_name(2))
     for name in ("ckptstore.manifest.json", ".metadata"):
         os.remove(os.path.join(d, name))
-    with open(os.path.join(d, "__1_0.0badattempt.distcp"), "wb") as f:
+    with open(os.path.join(d, "__1_0.0badc0ffee00.distcp"), "wb") as f:
         f.write(b"torn")
     ckpt = LocalStore(d)
     assert not verify_checkpoint(ckpt).ok
@@ -148,7 +148,7 @@ def test_restore_finishes_a_commit_cut_short_after_its_marker(tmp_path) -> None:
         assert mgr.restore(out) == 2
     assert torch.equal(out["w"], state(2.0)["w"])
     assert verify_checkpoint(ckpt).ok
-    assert "__1_0.0badattempt.distcp" not in os.listdir(d)
+    assert "__1_0.0badc0ffee00.distcp" not in os.listdir(d)
     stock = {"w": torch.zeros(1000)}
     dcp_load(stock, storage_reader=FileSystemReader(d), no_dist=True)
     assert torch.equal(stock["w"], state(2.0)["w"])
