@@ -35,7 +35,9 @@ MAX_MANIFEST_SIZE = 1 << 30
 #: zstd cannot expand a stored item more than this (a 128 KiB block takes >= 4 bytes).
 MAX_ZSTD_RATIO = 32768
 _MAX_COUNT = 1 << 62
-_ATTEMPT = re.compile(r"^[0-9a-f]{1,64}$")
+#: An attempt id becomes part of file names: one plain name component (ckptstore makes
+#: hex ids; other tools re-committing a checkpoint may use words).
+_ATTEMPT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _CRC = re.compile(r"^[0-9a-f]{1,8}$")
 
 
@@ -170,7 +172,7 @@ class Marker:
                 raise _Bad("not a JSON object")
             attempt = doc.get("attempt", "")
             if type(attempt) is not str or (attempt and not _ATTEMPT.match(attempt)):
-                raise _Bad(f"attempt {attempt!r:.80} is not a hex attempt id")
+                raise _Bad(f"attempt {attempt!r:.80} is not an attempt id")
             return cls(
                 _crc(doc, "manifest_crc32c"),
                 _count(doc, "manifest_size", MAX_MANIFEST_SIZE),
@@ -256,7 +258,8 @@ def _obj(v: Any, what: str) -> dict[str, Any]:
 
 def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
     """The manifest in ``doc``, every field checked: types, counts >= 0, names contained,
-    every range inside its file, spans inside their item, raw lengths zstd can reach."""
+    every range inside its (listed) file, spans inside their item, raw lengths zstd can
+    reach."""
     doc = _obj(doc, "the document")
     if doc.get("format") != "ckptstore":
         raise _Bad("not a ckptstore manifest")
@@ -296,10 +299,12 @@ def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
 
 def _parse_range(r: dict[str, Any], files: dict[str, FileEntry]) -> RangeEntry:
     name = r.get("file")
-    if type(name) is not str or name not in files:
-        raise _Bad(f"a range is in {name!r:.200}, which 'files' does not list")
+    if not is_contained_name(name):
+        raise _Bad(f"a range is in {name!r:.200}, not a relative name inside the step")
     offset, length = _count(r, "offset"), _count(r, "length")
-    if offset + length > files[name].size:
+    # A range of a file 'files' does not list is never read (the reader reads only what
+    # the checked .metadata names, and that must be in 'files'); bounds apply to the rest.
+    if name in files and offset + length > files[name].size:
         raise _Bad(
             f"range [{offset}, {offset + length}) of {name!r} is past its end "
             f"({files[name].size} bytes)"

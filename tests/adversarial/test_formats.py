@@ -287,7 +287,7 @@ def _bad_manifests(doc: dict[str, Any]) -> list[tuple[str, Any]]:
         ("raw-huge", with_range(raw_length=2**40)),
         ("span-past", with_range(span={"offset": 0, "length": 2**40, "crc32c": "00000000"})),
         ("span-list", with_range(span=[1])),
-        ("unlisted-file", with_range(file="other.distcp")),
+        ("abs-range-file", with_range(file="/etc/passwd")),
         ("crc-neg", with_range(crc32c="-1")),
         ("crc-int", with_range(crc32c=5)),
         ("abs-file", with_file("/etc/passwd", {"size": 1, "crc32c": "00000000"})),
