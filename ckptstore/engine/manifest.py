@@ -298,7 +298,7 @@ def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
 
 
 def _parse_range(r: dict[str, Any], files: dict[str, FileEntry]) -> RangeEntry:
-    name = r.get("file")
+    name: Any = r.get("file")
     if not is_contained_name(name):
         raise _Bad(f"a range is in {name!r:.200}, not a relative name inside the step")
     offset, length = _count(r, "offset"), _count(r, "length")

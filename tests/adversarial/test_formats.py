@@ -423,3 +423,52 @@ def test_fuzz_marker_bytes(data: bytes) -> None:
         Marker.from_bytes(data, "COMMITTED")
     except CorruptCheckpointError:
         pass
+
+
+def _resign_metadata(step_dir: Path, metadata_bytes: bytes) -> None:
+    """Replace ``.metadata`` and re-sign the manifest and marker to match it."""
+    from ckptstore.engine.checksum import crc32c, format_crc
+
+    doc = _doc(step_dir)
+    doc["files"][".metadata"] = {
+        "size": len(metadata_bytes),
+        "crc32c": format_crc(crc32c(metadata_bytes)),
+    }
+    (step_dir / ".metadata").write_bytes(metadata_bytes)
+    _resign(step_dir, json.dumps(doc).encode())
+
+
+@pytest.mark.parametrize("what", ["global", "absolute", "huge", "negative"])
+def test_resigned_hostile_metadata_is_refused_and_restore_falls_back(
+    two_steps: Path, what: str
+) -> None:
+    step_dir = two_steps / "step_000000002"
+    md = pickle.loads((step_dir / ".metadata").read_bytes())
+    info = next(i for i in md.storage_data.values())
+    if what == "global":
+        md.planner_data = _Boom()
+    elif what == "absolute":
+        info.relative_path = str(step_dir.parent / "step_000000001" / "COMMITTED")
+    elif what == "huge":
+        info.length = 2**40
+    else:
+        info.offset = -4
+    _resign_metadata(step_dir, pickle.dumps(md))
+    with pytest.raises(CorruptCheckpointError, match=r"\.metadata"):
+        ckptstore.reader(f"file://{step_dir}")
+    out = {"w": torch.zeros(64), "n": 0}
+    with CheckpointManager(str(two_steps)) as mgr, pytest.warns(RuntimeWarning, match="step 2"):
+        assert mgr.restore(out) == 1
+    assert out["n"] == 1
+
+
+def test_stock_checkpoint_with_hostile_metadata_is_refused(saved: dict[str, Path]) -> None:
+    import shutil
+
+    d = saved["stock"].parent / "stock-hostile"
+    shutil.copytree(saved["stock"], d)
+    md = pickle.loads((d / ".metadata").read_bytes())
+    next(iter(md.storage_data.values())).relative_path = "../../etc/passwd"
+    (d / ".metadata").write_bytes(pickle.dumps(md))
+    with pytest.raises(CorruptCheckpointError, match="not a name inside"):
+        ckptstore.reader(f"file://{d}")

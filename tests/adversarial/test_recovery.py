@@ -148,6 +148,7 @@ def _race_entry(root: str, who: int, barrier: Any, steps: int, results: Any) -> 
     results.put((who, _racer(root, who, barrier, steps)))
 
 
+@pytest.mark.slow  # two spawned processes: ~25 s on two busy cores
 def test_racing_managers_loser_always_gets_a_conflict(tmp_path: Path) -> None:
     root, steps = str(tmp_path), 8
     ctx = mp.get_context("spawn")
