@@ -237,8 +237,9 @@ class CheckpointManager:
                 return False
             self._wait_inflight()
         record.waited_s = time.perf_counter() - start
-        overwrite = self._any(self._needs_replacing(step))
-        if not overwrite and self._all(self.root.exists(f"{step_name(step)}/{MARKER_NAME}")):
+        exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
+        overwrite = self._any(exists and self._needs_replacing(step))
+        if not overwrite and self._all(exists):
             record.status = "skipped"
             self.records.append(record)
             log.info("step %d is already committed under %s; not saving it again", step, self.root)
@@ -271,13 +272,12 @@ class CheckpointManager:
         return True
 
     def _needs_replacing(self, step: int) -> bool:
-        """True if ``step`` has a marker but is not a loadable checkpoint: restore found it
-        damaged (``_damaged``), or its marker does not commit a valid manifest. Saving it
-        then replaces it (a new attempt and marker) rather than skipping it."""
+        """For a ``step`` with a marker: True if it is not a loadable checkpoint (restore
+        found it damaged, or its marker does not commit a valid manifest). Saving it then
+        replaces it (a new attempt and marker) rather than skipping it."""
         if step in self._damaged:
             return True
-        child = self.root.child(step_name(step))
-        return child.exists(MARKER_NAME) and checkpoint_status(child) != "committed"
+        return checkpoint_status(self.root.child(step_name(step))) != "committed"
 
     def _write(self, record: SaveRecord, staged: Any, start: float, overwrite: bool) -> None:
         t = time.perf_counter()
