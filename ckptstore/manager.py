@@ -285,7 +285,8 @@ class CheckpointManager:
             timings = {k: v for k, v in asdict(record).items() if k.endswith("_s") or k == "bytes"}
             if self._bg is not None:
                 assert self._shared is not None and self._shared.arena is not None
-                self._bg.save(record.step, staged, self._shared.arena, timings, overwrite)
+                outcome = self._bg.save(record.step, staged, self._shared.arena, timings, overwrite)
+                record.warnings.extend(outcome.warnings)
             else:
                 with collect_warnings() as notes:
                     write_step(

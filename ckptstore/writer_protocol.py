@@ -92,6 +92,7 @@ class Outcome:
     traceback: str = ""
     write_s: float = 0.0
     arenas_mapped: int = 0  # arenas this writer has mapped so far
+    warnings: tuple[str, ...] = ()  # a committed save's post-commit problems
 
 
 # -- framing: an 8-byte length, then a pickle; fds ride on the length ------------------------
