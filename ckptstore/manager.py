@@ -41,7 +41,7 @@ import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import torch
@@ -58,10 +58,11 @@ from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.staged import local_tier_matches
 from ckptstore.dcp.writer import shard_prefix
-from ckptstore.engine.commit import finish_publish
+from ckptstore.engine.commit import checkpoint_status, collect_warnings, finish_publish
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.paths import check_staging_dir
+from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
@@ -106,6 +107,9 @@ class SaveRecord:
     total_s: float = 0.0  # save() call until committed
     bytes: int = 0
     error: str = ""
+    #: Problems after the commit (canonical copies, cleanup, retention): the save is
+    #: committed all the same; ``ckptstore-tool gc`` or the next restore tidies up.
+    warnings: list[str] = field(default_factory=list)
 
 
 def _tensor_bytes(obj: Any) -> int:
@@ -144,11 +148,15 @@ class CheckpointManager:
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
         if background not in ("thread", "process"):
             raise ConfigError(f"background must be 'thread' or 'process', not {background!r}")
-        self.root = open_store(root, storage_options)
+        self.engine = TransferEngine(config)
+        # Every control call on the root (HEAD of a marker, listings, marker and manifest
+        # GETs, deletes) is retried per the engine's RetryConfig through this view.
+        self.root = retrying(
+            open_store(root, storage_options), self.engine.config.retry, self.engine.stats
+        )
         check_staging_dir(self.root.url, staging_dir)
         self.staging_dir = staging_dir
         self.keep = keep or KeepLast(3)
-        self.engine = TransferEngine(config)
         self.async_save = async_save
         self.on_busy = on_busy
         self.strict = strict
@@ -199,8 +207,9 @@ class CheckpointManager:
         self._unreported: list[BaseException] = []
         self._last_failed: BaseException | None = None
         self._protected: set[int] = set()
-        #: Steps found corrupt at load although their marker matched: retention neither
-        #: counts them toward what it keeps nor deletes them (left for inspection).
+        #: Committed steps restore found corrupt (their marker matched): retention neither
+        #: counts them toward what it keeps nor deletes them, and saving one again
+        #: replaces it (a new attempt and marker) instead of skipping it.
         self._damaged: set[int] = set()
         self._preempted = threading.Event()
         self._old_handler: Any = None
@@ -240,7 +249,9 @@ class CheckpointManager:
                 return False
             self._wait_inflight()
         record.waited_s = time.perf_counter() - start
-        if self._all(self.root.exists(f"{step_name(step)}/{MARKER_NAME}")):
+        exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
+        overwrite = self._any(exists and self._needs_replacing(step))
+        if not overwrite and self._all(exists):
             record.status = "skipped"
             self.records.append(record)
             log.info("step %d is already committed under %s; not saving it again", step, self.root)
@@ -266,32 +277,45 @@ class CheckpointManager:
         self.records.append(record)
         self._protected.add(step)
         if self.async_save:
-            self._inflight = self._pool.submit(self._write, record, staged, start)
+            self._inflight = self._pool.submit(self._write, record, staged, start, overwrite)
         else:
-            self._write(record, staged, start)
+            self._write(record, staged, start, overwrite)
             self._report_failures()
         return True
 
-    def _write(self, record: SaveRecord, staged: Any, start: float) -> None:
+    def _needs_replacing(self, step: int) -> bool:
+        """For a ``step`` with a marker: True if it is not a loadable checkpoint (restore
+        found it damaged, or its marker does not commit a valid manifest). Saving it then
+        replaces it (a new attempt and marker) rather than skipping it."""
+        if step in self._damaged:
+            return True
+        return checkpoint_status(self.root.child(step_name(step))) != "committed"
+
+    def _write(self, record: SaveRecord, staged: Any, start: float, overwrite: bool) -> None:
         t = time.perf_counter()
         try:
             timings = {k: v for k, v in asdict(record).items() if k in MANIFEST_TIMINGS}
             if self._bg is not None:
                 assert self._shared is not None and self._shared.arena is not None
-                self._bg.save(record.step, staged, self._shared.arena, timings)
+                outcome = self._bg.save(record.step, staged, self._shared.arena, timings, overwrite)
+                record.warnings.extend(outcome.warnings)
             else:
-                write_step(
-                    staged,
-                    self.root,
-                    record.step,
-                    staging_dir=self.staging_dir,
-                    codec=self.codec,
-                    key_layout=self.key_layout,
-                    engine=self.engine,
-                    timings=timings,
-                    process_group=self._pg,
-                )
+                with collect_warnings() as notes:
+                    write_step(
+                        staged,
+                        self.root,
+                        record.step,
+                        staging_dir=self.staging_dir,
+                        codec=self.codec,
+                        key_layout=self.key_layout,
+                        engine=self.engine,
+                        timings=timings,
+                        process_group=self._pg,
+                        overwrite=overwrite,
+                    )
+                record.warnings.extend(notes)
             record.status = "committed"
+            self._damaged.discard(record.step)
             log.info(
                 "step %d committed: blocking %.3fs, total %.2fs, %d bytes on this rank",
                 record.step,
@@ -300,7 +324,12 @@ class CheckpointManager:
                 record.bytes,
             )
             if self.rank == 0:
-                self._apply_retention()
+                try:
+                    self._apply_retention()
+                except CkptStoreError as exc:  # the step is committed: a warning, not a failure
+                    note = f"retention after step {record.step} failed: {exc}"
+                    log.warning("%s", note)
+                    record.warnings.append(note)
         except BaseException as exc:  # noqa: BLE001 - reported at the next save/wait/close
             record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
             log.error("saving step %d failed: %s", record.step, record.error)
@@ -377,19 +406,22 @@ class CheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def _reader(self, step: int) -> CkptReader:
-        remote = self.root.child(step_name(step))
-        local_ok = False
+    def _local_tier(self, step: int) -> Store | None:
+        """The local staged copy of ``step`` if every rank has one identical to the
+        committed remote checkpoint (a collective), else None."""
+        local: Store | None = None
         if self.staging_dir:
             local = LocalStore(self.staging_dir).child(step_name(step))
-            local_ok = local_tier_matches(local, remote)
-        if self._all(local_ok):
-            log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
-            return CkptReader(
-                local, engine=self.engine, config=self.engine.config, allow_pickle=self.allow_pickle
-            )
+            try:
+                if not local_tier_matches(local, self.root.child(step_name(step))):
+                    local = None
+            except (IncompleteCheckpointError, CorruptCheckpointError):
+                local = None
+        return local if self._all(local is not None) else None
+
+    def _reader(self, store: Store) -> CkptReader:
         return CkptReader(
-            remote, engine=self.engine, config=self.engine.config, allow_pickle=self.allow_pickle
+            store, engine=self.engine, config=self.engine.config, allow_pickle=self.allow_pickle
         )
 
     def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:
@@ -415,6 +447,7 @@ class CheckpointManager:
                 self._protected.discard(s)
             if error is None:
                 return s
+            self._damaged.add(s)
             if step is not None:
                 raise error
             warnings.warn(
@@ -439,10 +472,27 @@ class CheckpointManager:
                 log.warning("could not finish the commit of step %d: %s", step, exc)
 
     def _try_load(self, step: int, state: dict[str, Any]) -> CkptStoreError | None:
+        """Load ``step`` (its local copy first, if any, then the remote one); the error
+        that makes it unloadable, or None. The same on every rank."""
+        local = self._local_tier(step)
+        if local is not None:
+            log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
+            error = self._load_from(local, step, state)
+            if error is None:
+                return None
+            warnings.warn(
+                f"the local copy of step {step} in {self.staging_dir} could not be restored "
+                f"({error}); loading the same step from {self.root.url} instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return self._load_from(self.root.child(step_name(step)), step, state)
+
+    def _load_from(self, store: Store, step: int, state: dict[str, Any]) -> CkptStoreError | None:
         error: CkptStoreError | None = None
         reader = None
         try:
-            reader = self._reader(step)
+            reader = self._reader(store)
         except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
             error = exc
         if not self._all(error is None):

@@ -31,6 +31,7 @@ import time
 import torch.distributed as dist
 
 from ckptstore.dcp.shared_staging import ArenaView
+from ckptstore.engine.commit import collect_warnings
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.writer_process import write_step
 from ckptstore.writer_protocol import (
@@ -93,17 +94,24 @@ def _serve(sock: socket.socket, s: WriterSettings) -> None:
             try:
                 assert view is not None, "no staging arena was sent"
                 state = job.staged.rebuild(view)
-                write_step(
-                    state,
-                    root,
+                with collect_warnings() as notes:
+                    write_step(
+                        state,
+                        root,
+                        job.step,
+                        staging_dir=s.staging_dir,
+                        codec=s.codec,
+                        key_layout=s.key_layout,
+                        engine=engine,
+                        timings=job.timings,
+                        overwrite=job.overwrite,
+                    )
+                outcome = Outcome(
                     job.step,
-                    staging_dir=s.staging_dir,
-                    codec=s.codec,
-                    key_layout=s.key_layout,
-                    engine=engine,
-                    timings=job.timings,
+                    write_s=time.perf_counter() - t,
+                    arenas_mapped=mapped,
+                    warnings=tuple(notes),
                 )
-                outcome = Outcome(job.step, write_s=time.perf_counter() - t, arenas_mapped=mapped)
             except BaseException as exc:  # noqa: BLE001 - every failure goes to the manager
                 log.error("saving step %d failed: %s: %s", job.step, type(exc).__name__, exc)
                 outcome = failure(job.step, exc, time.perf_counter() - t, mapped)

@@ -60,6 +60,7 @@ from ckptstore.dcp import calls as dcp  # dcp.save, quiet without a process grou
 from ckptstore.dcp.shared_staging import Arena, StagedState
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.dcp.writer import CkptWriter
+from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CkptStoreError, ConfigError, WriterProcessDiedError
@@ -94,12 +95,19 @@ def write_step(
     engine: TransferEngine,
     timings: dict[str, float],
     process_group: Any = None,
+    overwrite: bool = False,
 ) -> None:
     """Serialise, write (or stage locally and upload) and commit ``state`` as ``step``:
-    the one path both background modes run. Raises the first rank's ckptstore error."""
-    url = root.child(step_name(step))
+    the one path both background modes run. Raises the first rank's ckptstore error.
+    ``overwrite`` replaces a committed ``step`` (one found damaged) atomically."""
+    url = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
     common: dict[str, Any] = dict(
-        codec=codec, key_layout=key_layout, step=step, engine=engine, config=engine.config
+        codec=codec,
+        key_layout=key_layout,
+        step=step,
+        engine=engine,
+        config=engine.config,
+        overwrite=overwrite,
     )
     writer = (
         StagedWriter(url, staging_dir=staging_dir, **common)
@@ -334,9 +342,16 @@ class BackgroundWriter:
             raise exc
         self.writer.ready = True
 
-    def save(self, step: int, staged: StagedState, arena: Arena, timings: dict) -> Outcome:
+    def save(
+        self,
+        step: int,
+        staged: StagedState,
+        arena: Arena,
+        timings: dict,
+        overwrite: bool = False,
+    ) -> Outcome:
         """Have the writer save ``staged`` as ``step``; its outcome, or raise its error."""
-        job = SaveJob(step, staged, timings)
+        job = SaveJob(step, staged, timings, overwrite)
         try:
             self.writer.request(job, arena)
         except _Died as died:

@@ -79,6 +79,7 @@ class SaveJob:
     step: int
     staged: StagedState
     timings: dict[str, float]
+    overwrite: bool = False  # replace a committed step found damaged
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class Outcome:
     traceback: str = ""
     write_s: float = 0.0
     arenas_mapped: int = 0  # arenas this writer has mapped so far
+    warnings: tuple[str, ...] = ()  # a committed save's post-commit problems
 
 
 # -- framing: an 8-byte length, then a pickle; fds ride on the length ------------------------

@@ -29,7 +29,7 @@ from torch.futures import Future
 
 from ckptstore.catalog import parse_step
 from ckptstore.dcp.writer import CkptWriter, step_from_url
-from ckptstore.engine.commit import publish, uncommit
+from ckptstore.engine.commit import publish
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.paths import check_staging_dir
@@ -101,12 +101,10 @@ class StagedWriter(CkptWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         manifest, metadata_bytes = self._build_manifest(metadata, results)
-        if self.overwrite:
-            uncommit(self.store)
-        publish(self.store, self.engine, self.attempt, manifest, metadata_bytes)
-        local = self.local
-        uncommit(local)
-        publish(local, self.engine, self.attempt, manifest, metadata_bytes)
+        publish(
+            self.store, self.engine, self.attempt, manifest, metadata_bytes, replace=self.overwrite
+        )
+        publish(self.local, self.engine, self.attempt, manifest, metadata_bytes, replace=True)
         self._trim_local()
 
     def _trim_local(self) -> None:

@@ -63,7 +63,7 @@ from ckptstore.dcp.format import (
 )
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.commit import publish, uncommit
+from ckptstore.engine.commit import publish
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.layout import parse_step
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
@@ -279,9 +279,9 @@ class CkptWriter(StoreBound, StorageWriter):
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
         manifest, metadata_bytes = self._build_manifest(metadata, results)
-        if self.overwrite:
-            uncommit(self.store)
-        publish(self.store, self.engine, self.attempt, manifest, metadata_bytes)
+        publish(
+            self.store, self.engine, self.attempt, manifest, metadata_bytes, replace=self.overwrite
+        )
 
     def _build_manifest(
         self, metadata: Metadata, results: list[list[WriteResult]]

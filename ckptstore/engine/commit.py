@@ -2,16 +2,33 @@
 
 Call order on the coordinator, after every rank's data files are durable::
 
-    publish(store, engine, attempt, manifest, metadata_bytes)
+    publish(store, engine, attempt, manifest, metadata_bytes, replace=False)
         1. ckptstore.manifest.<attempt>.json     (put)   the attempt's own copies: a racing
         2. .metadata.<attempt>                    (put)   writer can never clobber them
         3. COMMITTED                              (create-only; names attempt + manifest CRC)
            -> CommitConflictError if another attempt committed first (the loser's files
               are deleted; the winner's are untouched)
+           replace=True (re-saving a step found damaged): a plain put, which swaps the
+              old marker for the new one in one atomic write
         4. ckptstore.manifest.json, .metadata     (put)   canonical copies, for humans and
                                                           stock DCP readers
-        5. ckptstore files of other attempts (torn leftovers, replaced checkpoints) are
-           deleted; files ckptstore did not name (a user's notes.txt) stay
+        5. files of other attempts (torn leftovers, replaced checkpoints) are deleted:
+           only names ckptstore or DCP make (``layout.is_ckptstore_file``), never a temp
+           file (``.ckptstore-tmp-``) a live writer is still creating (a racing loser's;
+           the stale-upload sweep removes abandoned ones)
+
+Steps 4 and 5 are best effort: the checkpoint is committed once step 3 returns, so a
+failure there is a warning (logged, and collected by :func:`collect_warnings` into the
+save's record), never a failed save; ``finish_publish`` completes them later.
+
+Replacing a committed step (``replace=True``) never shows a reader a committed step with
+files missing, and a crash at any point leaves the old or the new checkpoint whole: the
+new attempt's files all have names of their own (attempt ids) and are durable before
+step 3; until step 3 the old marker names the old attempt, whose files are untouched;
+after it the marker names the new attempt, whose own manifest and ``.metadata`` are
+found through the marker (the canonical copies still being the old ones until step 4);
+the old attempt's files go only in step 5. Two writers replacing the same step at once
+both succeed; the later marker wins and its step 5 removes the other's files.
 
 A checkpoint exists only if COMMITTED exists and the manifest it names matches its CRC.
 ``open_committed`` finds the manifest and ``.metadata`` through the marker: the canonical
@@ -19,20 +36,29 @@ copy when it matches, else the attempt's own copy (a crash between steps 3 and 4
 which (``Committed.canonical``). ``finish_publish`` redoes steps 4 and 5 for such a
 checkpoint (``CheckpointManager.restore`` runs it on the next start), so stock readers and
 ``ckptstore-tool verify`` see it whole again. Listing never decides completeness.
+
+Every store call here goes through ``retry.retrying`` (control calls retried per the
+engine's ``RetryConfig``; data calls by the engine itself).
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
+from ckptstore.config import RetryConfig
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.layout import is_ckptstore_file
+from ckptstore.engine.layout import TMP_MARK, is_ckptstore_file
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
+from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
+    CkptStoreError,
     CommitConflictError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
@@ -46,6 +72,7 @@ __all__ = [
     "attempt_metadata_name",
     "publish",
     "finish_publish",
+    "collect_warnings",
     "open_committed",
     "checkpoint_status",
     "is_committed",
@@ -55,6 +82,28 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 METADATA_NAME = ".metadata"
+
+_collecting = threading.local()
+
+
+@contextmanager
+def collect_warnings() -> Iterator[list[str]]:
+    """Collect, in this thread, the warnings of commits that succeeded with a step 4 or 5
+    failure (each also logged); the manager puts them in the save's record."""
+    notes: list[str] = []
+    outer = getattr(_collecting, "notes", None)
+    _collecting.notes = notes
+    try:
+        yield notes
+    finally:
+        _collecting.notes = outer
+
+
+def _warn(message: str) -> None:
+    log.warning("%s", message)
+    notes = getattr(_collecting, "notes", None)
+    if notes is not None:
+        notes.append(message)
 
 
 def attempt_manifest_name(attempt: str) -> str:
@@ -82,8 +131,11 @@ def publish(
     attempt: str,
     manifest: Manifest,
     metadata_bytes: bytes,
+    *,
+    replace: bool = False,
 ) -> Marker:
     """Commit a checkpoint whose data files are durable; see the module docstring."""
+    store = retrying(store, engine.config.retry, engine.stats)
     manifest.files[METADATA_NAME] = FileEntry(len(metadata_bytes), crc32c(metadata_bytes))
     manifest.extra["attempt"] = attempt
     manifest_bytes = manifest.to_bytes()
@@ -92,21 +144,38 @@ def publish(
     engine.put(store, own[0], manifest_bytes)
     engine.put(store, own[1], metadata_bytes)
     crashpoint("before_marker")
-    try:
-        engine.retry(
-            lambda: store.put_if_absent(MARKER_NAME, marker.to_bytes()),
-            f"commit of {store.describe(MARKER_NAME)}",
-        )
-    except CommitConflictError:
-        for name in [*own, *(n for n in manifest.files if n != METADATA_NAME)]:
-            store.delete(name)
-        raise CommitConflictError(
-            f"{store.url} was committed by another writer while this one was saving; this "
-            "attempt's files were removed and the other checkpoint is kept."
-        ) from None
+    what = f"commit of {store.describe(MARKER_NAME)}"
+    if replace:
+        engine.retry(lambda: store.put(MARKER_NAME, marker.to_bytes()), what)
+    else:
+        try:
+            engine.retry(lambda: store.put_if_absent(MARKER_NAME, marker.to_bytes()), what)
+        except CommitConflictError:
+            _remove_loser(store, [*own, *(n for n in manifest.files if n != METADATA_NAME)])
+            raise CommitConflictError(
+                f"{store.url} was committed by another writer while this one was saving; "
+                "this attempt's files were removed and the other checkpoint is kept."
+            ) from None
     crashpoint("after_marker")
-    _publish_canonical(store, engine, attempt, manifest, manifest_bytes, metadata_bytes)
+    try:
+        _publish_canonical(store, engine, attempt, manifest, manifest_bytes, metadata_bytes)
+    except CkptStoreError as exc:
+        _warn(
+            f"{store.url} is committed, but writing its canonical copies or removing other "
+            f"attempts' files failed ({exc}); CheckpointManager.restore (or "
+            "ckptstore-tool gc) completes it later"
+        )
     return marker
+
+
+def _remove_loser(store: Store, names: list[str]) -> None:
+    """Delete a losing attempt's own files; a failure leaves them to gc (the loser's
+    error is the conflict, whatever happens here)."""
+    for name in names:
+        try:
+            store.delete(name)
+        except CkptStoreError as exc:
+            log.warning("could not remove %s of a lost commit: %s", store.describe(name), exc)
 
 
 def _publish_canonical(
@@ -117,13 +186,14 @@ def _publish_canonical(
     manifest_bytes: bytes,
     metadata_bytes: bytes,
 ) -> None:
-    """Steps 4 and 5: canonical copies, then delete what no committed file needs."""
+    """Steps 4 and 5: canonical copies, then delete what no committed file needs (only
+    ckptstore's own names, never a live writer's temp file)."""
     engine.put(store, MANIFEST_NAME, manifest_bytes)
     engine.put(store, METADATA_NAME, metadata_bytes)
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)] if attempt else []
     keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, *own, *manifest.files}
     for name in store.find():
-        if name not in keep and is_ckptstore_file(name):  # a user's file in a step stays
+        if name not in keep and is_ckptstore_file(name) and TMP_MARK not in name:
             store.delete(name)
 
 
@@ -133,6 +203,7 @@ def finish_publish(store: Store, engine: TransferEngine) -> bool:
     Idempotent and a no-op for a checkpoint whose canonical copies are the committed ones.
     Raises Incomplete/CorruptCheckpointError as ``open_committed`` does.
     """
+    store = retrying(store, engine.config.retry, engine.stats)
     committed = open_committed(store)
     if committed.canonical:
         return False
@@ -167,8 +238,12 @@ def _get_first(store: Store, names: list[str], ok: object) -> tuple[str, bytes] 
     return None
 
 
-def open_committed(store: Store) -> Committed:
-    """Open a committed checkpoint, or raise Incomplete/CorruptCheckpointError saying why."""
+def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
+    """Open a committed checkpoint, or raise Incomplete/CorruptCheckpointError saying why.
+
+    Every read is retried per ``retry`` (default ``RetryConfig()``) unless ``store`` is
+    already a retrying view."""
+    store = retrying(store, retry)
     marker = _read_marker(store)
     names = [MANIFEST_NAME] + ([attempt_manifest_name(marker.attempt)] if marker.attempt else [])
     found = _get_first(store, names, marker.matches)
@@ -198,15 +273,15 @@ def open_committed(store: Store) -> Committed:
     return Committed(marker, manifest, metadata_bytes, manifest_bytes, canonical)
 
 
-def is_committed(store: Store) -> bool:
+def is_committed(store: Store, retry: RetryConfig | None = None) -> bool:
     """True if ``store`` holds a checkpoint whose marker matches its manifest."""
-    return checkpoint_status(store) == "committed"
+    return checkpoint_status(store, retry) == "committed"
 
 
-def checkpoint_status(store: Store) -> str:
+def checkpoint_status(store: Store, retry: RetryConfig | None = None) -> str:
     """``committed``, ``incomplete`` (no marker) or ``corrupt`` (marker/manifest mismatch)."""
     try:
-        open_committed(store)
+        open_committed(store, retry)
     except IncompleteCheckpointError:
         return "incomplete"
     except CorruptCheckpointError:
@@ -216,4 +291,4 @@ def checkpoint_status(store: Store) -> str:
 
 def uncommit(store: Store) -> None:
     """Make a committed checkpoint invisible (before overwriting it): delete its marker."""
-    store.delete(MARKER_NAME)
+    retrying(store).delete(MARKER_NAME)

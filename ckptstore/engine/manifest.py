@@ -7,6 +7,7 @@ holds. Unknown keys are kept (forward compatible); a newer major ``version`` is 
 from __future__ import annotations
 
 import json
+import re
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -23,11 +24,21 @@ __all__ = [
     "Span",
     "Manifest",
     "Marker",
+    "is_contained_name",
 ]
 
 FORMAT_VERSION = 1
 MANIFEST_NAME = "ckptstore.manifest.json"
 MARKER_NAME = "COMMITTED"
+#: A marker naming a bigger manifest is refused (a real one is a few MiB at most).
+MAX_MANIFEST_SIZE = 1 << 30
+#: zstd cannot expand a stored item more than this (a 128 KiB block takes >= 4 bytes).
+MAX_ZSTD_RATIO = 32768
+_MAX_COUNT = 1 << 62
+#: An attempt id becomes part of file names: one plain name component (ckptstore makes
+#: hex ids; other tools re-committing a checkpoint may use words).
+_ATTEMPT = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_CRC = re.compile(r"^[0-9a-f]{1,8}$")
 
 
 @dataclass(frozen=True)
@@ -110,49 +121,15 @@ class Manifest:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Manifest:
+        """Parse and schema-check a manifest (see :func:`_parse_manifest`); anything
+        malformed is ``CorruptCheckpointError`` naming ``where``."""
         try:
-            doc = json.loads(data)
-            if doc.get("format") != "ckptstore":
-                raise ValueError("not a ckptstore manifest")
-            version = int(doc["version"])
-            if version > FORMAT_VERSION:
-                raise CorruptCheckpointError(
-                    f"{where} has format version {version}, newer than this ckptstore "
-                    f"understands ({FORMAT_VERSION}); upgrade ckptstore to read it."
-                )
-            return cls(
-                step=doc["step"],
-                world_size=int(doc["world_size"]),
-                files={
-                    n: FileEntry(int(e["size"]), parse_crc(e["crc32c"]))
-                    for n, e in doc["files"].items()
-                },
-                ranges=[
-                    RangeEntry(
-                        file=r["file"],
-                        offset=int(r["offset"]),
-                        length=int(r["length"]),
-                        crc32c=parse_crc(r["crc32c"]),
-                        key=r.get("key", ""),
-                        raw_length=r.get("raw_length"),
-                        span=_parse_span(r.get("span")),
-                    )
-                    for r in doc["ranges"]
-                ],
-                codec=doc.get("codec", "none"),
-                torch_version=doc.get("torch_version", ""),
-                ckptstore_version=doc.get("ckptstore_version", ""),
-                created=float(doc.get("created", 0.0)),
-                extra=doc.get("extra", {}),
-                version=version,
-            )
-        except CorruptCheckpointError:
-            raise
-        except (ValueError, KeyError, TypeError) as exc:
+            return _parse_manifest(cls, _json(data), where)
+        except _Bad as exc:
             raise CorruptCheckpointError(
                 f"{where} is not a valid ckptstore manifest ({exc}); the checkpoint is "
                 "damaged: restore from the previous checkpoint."
-            ) from exc
+            ) from None
 
     def range_index(self) -> dict[tuple[str, int, int], RangeEntry]:
         return {(r.file, r.offset, r.length): r for r in self.ranges}
@@ -190,22 +167,164 @@ class Marker:
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Marker:
         try:
-            doc = json.loads(data)
+            doc = _json(data)
+            if type(doc) is not dict:
+                raise _Bad("not a JSON object")
+            attempt = doc.get("attempt", "")
+            if type(attempt) is not str or (attempt and not _ATTEMPT.match(attempt)):
+                raise _Bad(f"attempt {attempt!r:.80} is not an attempt id")
             return cls(
-                parse_crc(doc["manifest_crc32c"]),
-                int(doc["manifest_size"]),
-                doc.get("step"),
-                str(doc.get("attempt", "")),
-                int(doc.get("version", 1)),
+                _crc(doc, "manifest_crc32c"),
+                _count(doc, "manifest_size", MAX_MANIFEST_SIZE),
+                _step(doc.get("step")),
+                attempt,
+                _count(doc, "version", 1 << 31, default=1),
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except _Bad as exc:
             raise CorruptCheckpointError(
                 f"{where} is not a valid commit marker ({exc}); treat this checkpoint as "
                 "incomplete and restore from the previous one."
-            ) from exc
+            ) from None
 
     def matches(self, manifest_bytes: bytes) -> bool:
         return (
             len(manifest_bytes) == self.manifest_size
             and crc32c(manifest_bytes) == self.manifest_crc32c
         )
+
+
+class _Bad(Exception):
+    """A schema violation inside a manifest or marker (turned into CorruptCheckpointError)."""
+
+
+def _json(data: bytes) -> Any:
+    try:
+        return json.loads(data)
+    except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError
+        raise _Bad(f"not JSON: {str(exc)[:120]}") from None
+
+
+def is_contained_name(name: Any) -> bool:
+    """True for a relative, normalised '/'-separated name that stays inside its directory:
+    no absolute path, no ``..`` / ``.`` / empty part, no backslash, NUL or drive letter."""
+    if type(name) is not str or not name or len(name) > 4096:
+        return False
+    if "\0" in name or "\\" in name or name.startswith("/") or ":" in name.split("/")[0]:
+        return False
+    return all(part not in ("", ".", "..") for part in name.split("/"))
+
+
+def _get(doc: dict[str, Any], key: str, default: Any = ...) -> Any:
+    if key in doc:
+        return doc[key]
+    if default is ...:
+        raise _Bad(f"no {key!r}")
+    return default
+
+
+def _count(doc: dict[str, Any], key: str, limit: int = _MAX_COUNT, default: Any = ...) -> int:
+    """``doc[key]``: a whole number in [0, limit] (JSON floats and bools are refused)."""
+    v = _get(doc, key, default)
+    if type(v) is not int or not 0 <= v <= limit:
+        raise _Bad(f"{key!r} is {v!r:.80}, not a whole number in [0, {limit}]")
+    return v
+
+
+def _crc(doc: dict[str, Any], key: str) -> int:
+    v = _get(doc, key)
+    if type(v) is not str or not _CRC.match(v):
+        raise _Bad(f"{key!r} is {v!r:.80}, not a CRC32C in hex")
+    return parse_crc(v)
+
+
+def _str(doc: dict[str, Any], key: str, default: str = "") -> str:
+    v = doc.get(key, default)
+    if type(v) is not str:
+        raise _Bad(f"{key!r} is not a string")
+    return v
+
+
+def _step(v: Any) -> int | None:
+    if v is not None and (type(v) is not int or not 0 <= v <= 999_999_999):
+        raise _Bad(f"step {v!r:.80} is not a step number")
+    return v  # type: ignore[no-any-return]
+
+
+def _obj(v: Any, what: str) -> dict[str, Any]:
+    if type(v) is not dict:
+        raise _Bad(f"{what} is not a JSON object")
+    return v
+
+
+def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
+    """The manifest in ``doc``, every field checked: types, counts >= 0, names contained,
+    every range inside its (listed) file, spans inside their item, raw lengths zstd can
+    reach."""
+    doc = _obj(doc, "the document")
+    if doc.get("format") != "ckptstore":
+        raise _Bad("not a ckptstore manifest")
+    version = _count(doc, "version", 1 << 31)
+    if version > FORMAT_VERSION:
+        raise CorruptCheckpointError(
+            f"{where} has format version {version}, newer than this ckptstore "
+            f"understands ({FORMAT_VERSION}); upgrade ckptstore to read it."
+        )
+    codec = _str(doc, "codec", "none")
+    files: dict[str, FileEntry] = {}
+    for name, e in _obj(_get(doc, "files"), "'files'").items():
+        if not is_contained_name(name):
+            raise _Bad(f"file name {name!r:.200} is not a relative name inside the step")
+        e = _obj(e, f"the entry of {name!r}")
+        files[name] = FileEntry(_count(e, "size"), _crc(e, "crc32c"))
+    raw_ranges = _get(doc, "ranges")
+    if type(raw_ranges) is not list:
+        raise _Bad("'ranges' is not a list")
+    ranges = [_parse_range(_obj(r, "a range"), files) for r in raw_ranges]
+    created = doc.get("created", 0.0)
+    if type(created) not in (int, float):
+        raise _Bad("'created' is not a number")
+    return cls(
+        step=_step(doc.get("step")),
+        world_size=_count(doc, "world_size", 1 << 31),
+        files=files,
+        ranges=ranges,
+        codec=codec,
+        torch_version=_str(doc, "torch_version"),
+        ckptstore_version=_str(doc, "ckptstore_version"),
+        created=float(created),
+        extra=_obj(doc.get("extra", {}), "'extra'"),
+        version=version,
+    )
+
+
+def _parse_range(r: dict[str, Any], files: dict[str, FileEntry]) -> RangeEntry:
+    name: Any = r.get("file")
+    if not is_contained_name(name):
+        raise _Bad(f"a range is in {name!r:.200}, not a relative name inside the step")
+    offset, length = _count(r, "offset"), _count(r, "length")
+    # A range of a file 'files' does not list is never read (the reader reads only what
+    # the checked .metadata names, and that must be in 'files'); bounds apply to the rest.
+    if name in files and offset + length > files[name].size:
+        raise _Bad(
+            f"range [{offset}, {offset + length}) of {name!r} is past its end "
+            f"({files[name].size} bytes)"
+        )
+    raw_length = r.get("raw_length")
+    if raw_length is not None:
+        raw_length = _count(r, "raw_length", max(length, 1) * MAX_ZSTD_RATIO)
+    item_length = raw_length if raw_length is not None else length
+    span = None
+    if r.get("span") is not None:
+        s = _obj(r["span"], "a span")
+        span = Span(_count(s, "offset"), _count(s, "length"), _crc(s, "crc32c"))
+        if span.offset + span.length > item_length:
+            raise _Bad(f"a span of {name!r} at {offset} is past the end of its item")
+    return RangeEntry(
+        file=name,
+        offset=offset,
+        length=length,
+        crc32c=_crc(r, "crc32c"),
+        key=_str(r, "key"),
+        raw_length=raw_length,
+        span=span,
+    )

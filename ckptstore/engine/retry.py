@@ -1,4 +1,8 @@
-"""Retries with exponential backoff and jitter, bounded by attempts and a deadline."""
+"""Retries with exponential backoff and jitter, bounded by attempts and a deadline.
+
+``call_with_retry`` runs one call under a ``RetryConfig``; ``retrying(store)`` is the view
+through which every control call (GET/HEAD/LIST/delete) of a checkpoint is retried.
+"""
 
 from __future__ import annotations
 
@@ -6,13 +10,22 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
-from typing import TypeVar
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
 
 from ckptstore.config import RetryConfig
+from ckptstore.engine.store import Buffer, Multipart, Part, Store
 from ckptstore.errors import TransferError, TransientStoreError
 
-__all__ = ["backoff_delay", "call_with_retry", "RetryStats", "Deadline"]
+__all__ = [
+    "backoff_delay",
+    "call_with_retry",
+    "RetryStats",
+    "Deadline",
+    "RetryingStore",
+    "retrying",
+    "unretried",
+]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -93,3 +106,115 @@ def call_with_retry(
                 stats.count(retries=1)
             time.sleep(delay)
             attempt += 1
+
+
+class RetryingStore(Store):
+    """A view of ``inner`` whose control calls are retried per ``config``.
+
+    The one mechanism by which ckptstore retries *control* calls (marker and manifest GETs,
+    HEAD/size/exists, LIST, deletes): ``retrying(store, config)`` wraps a store once (it is
+    idempotent) wherever a checkpoint is opened, committed, listed or cleaned up (the
+    manager's root, ``open_committed``, ``publish``, the reader), so every call through it,
+    including those of catalog listing and retention, is retried without each call site
+    remembering to. A view rather than wrapping each call site: call sites in five modules
+    and two layers (engine, manager) would each need the engine at hand and one missed
+    site is the bug this fixes; ``child()`` keeps the view.
+
+    *Data* calls (``get_into``, ``put``, ``put_if_absent``, multipart) pass straight
+    through: the transfer engine already retries each of them under the transfer's own
+    deadline (and the commit retries ``put_if_absent`` itself), so retrying them here too
+    would multiply the attempts. The engine reaches the raw store with :func:`unretried`.
+    Only ``TransientStoreError`` is retried; deletes are idempotent (a missing file is not
+    an error), so a retried delete whose first response was lost is harmless.
+    """
+
+    def __init__(self, inner: Store, config: RetryConfig, stats: RetryStats | None = None):
+        super().__init__(inner.url)
+        self.inner = inner
+        self.config = config
+        self.stats = stats
+        self.max_parts = inner.max_parts
+        self.min_part_size = inner.min_part_size
+        self.atomic_create = inner.atomic_create
+        self.lists_uploads = inner.lists_uploads
+        self.zero_copy_parts = inner.zero_copy_parts
+
+    def __getattr__(self, name: str) -> Any:
+        # Store-specific attributes (a LocalStore's root, ...) read through the view.
+        return getattr(self.__dict__["inner"], name)
+
+    def __repr__(self) -> str:
+        return repr(self.inner)
+
+    def _retry(self, fn: Callable[[], T], what: str, path: str) -> T:
+        return call_with_retry(fn, self.config, f"{what} {self.describe(path)}", stats=self.stats)
+
+    def describe(self, path: str = "") -> str:
+        return self.inner.describe(path)
+
+    def child(self, prefix: str) -> RetryingStore:
+        return RetryingStore(self.inner.child(prefix), self.config, self.stats)
+
+    def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        return self._retry(lambda: self.inner.get(path, start, end), "read of", path)
+
+    def size(self, path: str) -> int:
+        return self._retry(lambda: self.inner.size(path), "size of", path)
+
+    def exists(self, path: str) -> bool:
+        return self._retry(lambda: self.inner.exists(path), "existence check of", path)
+
+    def find(self, prefix: str = "") -> list[str]:
+        return self._retry(lambda: self.inner.find(prefix), "listing of", prefix)
+
+    def listdir(self, prefix: str = "") -> list[str]:
+        return self._retry(lambda: self.inner.listdir(prefix), "listing of", prefix)
+
+    def delete(self, path: str) -> None:
+        self._retry(lambda: self.inner.delete(path), "deletion of", path)
+
+    def delete_prefix(self, prefix: str) -> None:
+        self._retry(lambda: self.inner.delete_prefix(prefix), "deletion of", prefix)
+
+    def list_multipart(self, prefix: str = "") -> list[Multipart]:
+        return self._retry(lambda: self.inner.list_multipart(prefix), "upload listing of", prefix)
+
+    # -- data calls: retried by the transfer engine --------------------------------------
+    def get_into(self, path: str, start: int, buf: memoryview) -> int:
+        return self.inner.get_into(path, start, buf)
+
+    def put(self, path: str, data: Buffer) -> None:
+        self.inner.put(path, data)
+
+    def put_if_absent(self, path: str, data: Buffer) -> None:
+        self.inner.put_if_absent(path, data)
+
+    def begin_multipart(self, path: str) -> Multipart:
+        return self.inner.begin_multipart(path)
+
+    def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
+        return self.inner.put_part(upload, number, offset, data)
+
+    def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
+        self.inner.complete_multipart(upload, parts)
+
+    def abort_multipart(self, upload: Multipart) -> None:
+        self.inner.abort_multipart(upload)
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+def retrying(
+    store: Store, config: RetryConfig | None = None, stats: RetryStats | None = None
+) -> Store:
+    """``store`` with its control calls retried (see :class:`RetryingStore`); a store
+    that is already such a view is returned as it is."""
+    if isinstance(store, RetryingStore):
+        return store
+    return RetryingStore(store, config or RetryConfig(), stats)
+
+
+def unretried(store: Store) -> Store:
+    """The store under a :class:`RetryingStore` view (for calls retried by the caller)."""
+    return store.inner if isinstance(store, RetryingStore) else store

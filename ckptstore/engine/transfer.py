@@ -36,7 +36,7 @@ from ckptstore.config import TransferConfig
 from ckptstore.engine.checksum import Crc32c, crc32c, crc32c_combine
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.manifest import Span
-from ckptstore.engine.retry import Deadline, RetryStats, call_with_retry
+from ckptstore.engine.retry import Deadline, RetryStats, call_with_retry, unretried
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
 from ckptstore.errors import (
     CkptStoreError,
@@ -308,7 +308,8 @@ class TransferEngine:
         if length is None:
             what = f"read of {store.describe(path)}"
             deadline = Deadline(self.config.retry.deadline_s)
-            length = self.retry(lambda: store.size(path), what, deadline) - offset
+            raw = unretried(store)  # retried here, under this read's deadline
+            length = self.retry(lambda: raw.size(path), what, deadline) - offset
         return self.read_into_async(store, path, offset, np.empty(length, dtype=np.uint8).data)
 
     def read_into_async(
