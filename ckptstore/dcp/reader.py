@@ -22,7 +22,6 @@ from __future__ import annotations
 import io
 import logging
 import os
-import pickle
 import warnings
 from collections import deque
 from concurrent.futures import Future
@@ -36,6 +35,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.format import decode_tensor, decompress
+from ckptstore.dcp.metadata import check_metadata, load_metadata
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import METADATA_NAME, Committed, open_committed
@@ -98,6 +98,8 @@ class CkptReader(StoreBound, StorageReader):
         try:
             self.committed = open_committed(self.store)
             self._metadata_bytes = self.committed.metadata_bytes
+            files = {n: e.size for n, e in self.committed.manifest.files.items()}
+            check_metadata(self._parse_metadata(), files, self.store.describe(METADATA_NAME))
             return
         except IncompleteCheckpointError:
             if self.store.exists(MANIFEST_NAME) or not self.store.exists(METADATA_NAME):
@@ -115,6 +117,23 @@ class CkptReader(StoreBound, StorageReader):
             stacklevel=3,
         )
         self._metadata_bytes = self.store.get(METADATA_NAME)
+        metadata = self._parse_metadata()
+        check_metadata(metadata, self._stock_sizes(metadata), self.store.describe(METADATA_NAME))
+
+    def _parse_metadata(self) -> Metadata:
+        """The checked DCP Metadata of the opened checkpoint (a fresh object each call)."""
+        return load_metadata(self._metadata_bytes, self.store.describe(METADATA_NAME))
+
+    def _stock_sizes(self, metadata: Metadata) -> dict[str, int]:
+        """The size of every file a stock checkpoint's metadata names (names already
+        checked to be inside the checkpoint); a missing one is left out."""
+        sizes = {}
+        for path in {info.relative_path for info in (metadata.storage_data or {}).values()}:
+            try:
+                sizes[path] = self.store.size(path)
+            except StoreNotFoundError:
+                continue
+        return sizes
 
     # -- StorageReader -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
@@ -124,7 +143,7 @@ class CkptReader(StoreBound, StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         if kwargs.get("rank") is not None:
             raise IncompleteCheckpointError(f"{self.url} has no rank-local metadata")
-        metadata: Metadata = pickle.loads(self._metadata_bytes)
+        metadata = self._parse_metadata()
         if getattr(metadata, "storage_meta", None) is None:
             metadata.storage_meta = StorageMeta()
         return metadata
