@@ -115,16 +115,25 @@ class Context:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Context:
         kwargs: dict[str, Any] = {}
-        if getattr(args, "part_size_mib", None):
-            kwargs["part_size"] = int(args.part_size_mib * MiB)
-        if getattr(args, "concurrency", None):
-            kwargs["concurrency"] = args.concurrency
+        part_size_mib = getattr(args, "part_size_mib", None)
+        if part_size_mib is not None:
+            if not part_size_mib > 0 or part_size_mib * MiB > 2**40:
+                raise ConfigError(
+                    f"--part-size-mib {part_size_mib:g} is not a part size: give a number of "
+                    "MiB above 0 (default 32)"
+                )
+            kwargs["part_size"] = max(1, int(part_size_mib * MiB))
+        concurrency = getattr(args, "concurrency", None)
+        if concurrency is not None:
+            if concurrency < 1:
+                raise ConfigError(f"--concurrency {concurrency} must be 1 or more (default 8)")
+            kwargs["concurrency"] = concurrency
         if "part_size" in kwargs:
             kwargs["memory_budget"] = max(TransferConfig().memory_budget, 4 * kwargs["part_size"])
         try:
             config = TransferConfig(**kwargs)
         except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+            raise ConfigError(f"--part-size-mib / --concurrency: {exc}") from exc
         return cls(
             json=bool(getattr(args, "json", False)),
             quiet=bool(getattr(args, "quiet", False)),
