@@ -37,6 +37,7 @@ __all__ = [
     "REPORT_HINT",
     "cli_wording",
     "explain",
+    "first_failure",
 ]
 
 EXIT_OK = 0
@@ -88,7 +89,7 @@ def cli_wording(message: str) -> str:
     return re.sub(r"\s*\n\s*", " ", message.strip())
 
 
-def _unwrap(exc: BaseException) -> BaseException:
+def first_failure(exc: BaseException) -> BaseException:
     """DCP's ``CheckpointException`` (``failures``: rank -> error) -> the first rank's error."""
     failures = getattr(exc, "failures", None)
     if not isinstance(failures, dict) or not failures:
@@ -138,7 +139,7 @@ def explain(
     exc: BaseException, urls: Sequence[str], options_given: Sequence[str] = ()
 ) -> tuple[int, str]:
     """``(exit code, one-line message)`` for ``exc`` raised by a command on ``urls``."""
-    exc = _unwrap(exc)
+    exc = first_failure(exc)
     if isinstance(exc, CorruptCheckpointError):
         return EXIT_CHECK_FAILED, cli_wording(str(exc))
     if isinstance(exc, CkptStoreError):

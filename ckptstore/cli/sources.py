@@ -224,7 +224,7 @@ def load_state(
         from torch.distributed.checkpoint.api import CheckpointException
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-        from ckptstore.api import unwrap_checkpoint_exception
+        from ckptstore.cli.failures import first_failure
         from ckptstore.cli.safeload import SafeLoadPlanner
 
         reader = dcp_reader(ctx, loc.store)
@@ -237,8 +237,8 @@ def load_state(
         state: dict[str, Any] = {}
         try:
             _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
-        except CheckpointException as exc:
-            raise unwrap_checkpoint_exception(exc) from exc
+        except CheckpointException as exc:  # one process: rank 0's error is the error
+            raise first_failure(exc) from exc
         return state
     data = bytes(ctx.engine.read(loc.store, loc.name))
     if loc.format == "safetensors":

@@ -195,6 +195,13 @@ CASES: list[tuple[str, str, int, str, str]] = [
         "az://container/run1",
         "connection_string=garbage",
     ),
+    (
+        "ls-s3-partial-credentials",
+        "ls s3://bucket/run1 -o endpoint_url=http://127.0.0.1:{port} -o key=abc",
+        2,
+        "s3://bucket/run1",
+        "-o key=... -o secret=...",
+    ),
     ("ls-option-no-value", "ls {d}/run -o novalue", 2, "novalue", "key=value"),
     (
         "ls-unknown-flag",
@@ -351,6 +358,7 @@ def test_hostile_input(
         lines = [ln for ln in err.splitlines() if ln.strip()]
         assert 1 <= len(lines) <= 2 or lines[0].startswith("usage:"), err
     assert _unknown_flags(both, argv.split()) == set(), both
+    assert "storage_options" not in both and "overwrite=True" not in both, both  # Python words
     assert not (inputs / PWNED).exists(), f"{argv} ran a pickle"
 
 
