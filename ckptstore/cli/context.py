@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,8 @@ __all__ = [
     "split_file_url",
     "TEST_DELAY_ENV",
     "add_common_arguments",
+    "non_negative",
+    "positive",
 ]
 
 TEST_DELAY_ENV = "CKPTSTORE_TOOL_TEST_DELAY"
@@ -88,6 +91,26 @@ def split_file_url(url: str) -> tuple[str, str]:
     if not name or head.endswith(":/"):
         raise ConfigError(f"{url!r} names a bucket, not a file; give the file's full URL")
     return head, name
+
+
+def _number(text: str, ok: Any, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected a {what} number, got {text!r}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    return _number(text, lambda v: v >= 0, "finite, non-negative")
+
+
+def positive(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    return _number(text, lambda v: v > 0, "finite, positive")
 
 
 def _delays_from_env() -> dict[str, float]:
@@ -209,7 +232,7 @@ def add_common_arguments(p: argparse.ArgumentParser, two_sided: bool = False) ->
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no notes")
     p.add_argument(
         "--part-size-mib",
-        type=float,
+        type=positive,
         metavar="MIB",
         help="part size for parallel reads and writes (default 32)",
     )

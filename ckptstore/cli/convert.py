@@ -232,7 +232,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     src = locate(ctx, args.src, "src")
     if src.format == "dcp":
         if classify(src.store) == "stock":
-            if not ctx.quiet:
+            if not ctx.quiet and args.to == "dcp":  # (load_state notes it for the others)
                 note(f"note: {args.src} is a stock DCP checkpoint: no manifest, nothing verified")
         else:
             require_committed(src.store, args.src, "convert")

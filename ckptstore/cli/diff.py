@@ -13,7 +13,7 @@ import argparse
 import math
 from typing import Any
 
-from ckptstore.cli.context import Context
+from ckptstore.cli.context import Context, non_negative, positive
 from ckptstore.cli.render import Progress, dump_json, table
 from ckptstore.cli.sources import Entry, Located, dcp_entries, entries_of, flatten, load_state
 from ckptstore.cli.sources import locate as locate_url
@@ -31,7 +31,7 @@ def add_parser(sub: Any, common: Any) -> None:
     p.add_argument("b", metavar="B", help="second checkpoint")
     p.add_argument(
         "--atol",
-        type=float,
+        type=non_negative,
         default=0.0,
         help="tensors whose max abs difference is <= ATOL count as equal (default 0: exact)",
     )
@@ -39,7 +39,7 @@ def add_parser(sub: Any, common: Any) -> None:
         "--all", action="store_true", help="list equal entries too (default: only differences)"
     )
     p.add_argument(
-        "--batch-mib", type=float, default=1024.0, help="DCP entries loaded per batch (MiB)"
+        "--batch-mib", type=positive, default=1024.0, help="DCP entries loaded per batch (MiB)"
     )
     p.add_argument(
         "--allow-pickle",

@@ -121,6 +121,12 @@ def _os_error(exc: OSError, urls: Sequence[str]) -> str:
             "from this machine."
         )
     what = f" ({exc.filename})" if exc.filename else ""
+    if isinstance(exc, (IsADirectoryError, NotADirectoryError)):
+        return (
+            f"{where}{what}: a name that should be a file is a folder, or the reverse "
+            f"({exc.strerror or exc}): the checkpoint is damaged or this is not one. "
+            "`ckptstore-tool ls ROOT` lists the checkpoints of a root."
+        )
     return (
         f"{where}{what}: {exc.strerror or exc}. Check the path or URL and its permissions "
         "(and the -o storage options for object stores)."
