@@ -354,7 +354,6 @@ CASES: list[tuple[str, str, int, str, str]] = [
     ("diff-evil-stock-meta", "diff {d}/evilstock {d}/stock", 1, ".metadata", ""),
     ("diff-negative-atol", "diff {d}/full.pt {d}/full.pt --atol -1", 2, "'-1'", "usage:"),
     ("diff-nan-batch", "diff {d}/full.pt {d}/full.pt --batch-mib nan", 2, "'nan'", "usage:"),
-    ("ls-negative-stale", "ls {d}/run --stale-after-hours -5", 2, "'-5'", "usage:"),
     # goodput
     ("goodput-bad-afr", "goodput --gpus 8 --afr zz", 2, "'zz'", "usage: ckptstore-tool goodput"),
     ("goodput-from-missing", "goodput --gpus 8 --afr 1% --from {d}/nope", 2, "{d}/nope", ""),
