@@ -143,7 +143,7 @@ class Context:
             if not part_size_mib > 0 or part_size_mib * MiB > 2**40:
                 raise ConfigError(
                     f"--part-size-mib {part_size_mib:g} is not a part size: give a number of "
-                    "MiB above 0 (default 32)"
+                    "MiB above 0 and at most 1 TiB (default 32)"
                 )
             kwargs["part_size"] = max(1, int(part_size_mib * MiB))
         concurrency = getattr(args, "concurrency", None)
