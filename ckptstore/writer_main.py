@@ -1,9 +1,11 @@
 """The writer process of ``CheckpointManager(background="process")``.
 
-Started by ``ckptstore.writer_process`` as ``python -m ckptstore.writer_main <fd>`` (a fresh
-interpreter: never a fork, and the training script's ``__main__`` is not imported again).
-Its life, in the order of ``ckptstore.writer_protocol``'s messages::
+Started by ``ckptstore.writer_process`` as ``python -m ckptstore.writer_main <fd> <pid>``
+(a fresh interpreter: never a fork, and the training script's ``__main__`` is not imported
+again; ``pid`` is the training process's). Its life, in the order of
+``ckptstore.writer_protocol``'s messages::
 
+    watch_parent(pid)            # first, before any heavy import: see below
     settings = recv()            # WriterSettings
     join the writers' gloo group (rendezvous through rank 0's store); answer ready or why not
     loop: job = recv()           # None, or the socket closing: exit
@@ -14,54 +16,73 @@ Its life, in the order of ``ckptstore.writer_protocol``'s messages::
           answer the Outcome (the error, pickled, if it failed)
 
 It ignores SIGINT and SIGTERM (the manager decides when it stops, within its grace
-period) and exits within a second of the training process dying.
+period) and exits within a second of the training process dying, whenever that happens —
+while importing torch, in the rendezvous, idle or saving: ``watch_parent`` arms Linux's
+PR_SET_PDEATHSIG (SIGKILL) and starts a thread polling the parent pid (every platform).
 """
 
 from __future__ import annotations
 
+# Only the standard library above the parent-death watch: the heavy imports (torch, gloo,
+# the stores) take seconds, and the writer must not outlive its trainer while they run.
 import logging
 import os
-import pickle
 import signal
 import socket
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:
+    from ckptstore.dcp.shared_staging import ArenaView
+    from ckptstore.writer_protocol import WriterSettings
 
-from ckptstore.dcp.shared_staging import ArenaView
-from ckptstore.engine.commit import collect_warnings
-from ckptstore.engine.transfer import TransferEngine
-from ckptstore.writer_process import write_step
-from ckptstore.writer_protocol import (
-    PG_TIMEOUT,
-    Outcome,
-    SaveJob,
-    WriterSettings,
-    connect,
-    failure,
-    recv,
-    send,
-)
-
-__all__ = ["main"]
+__all__ = ["main", "watch_parent", "PARENT_POLL_S"]
 
 log = logging.getLogger(__name__)
 
+PARENT_POLL_S = 0.1  # how often the watch thread looks at its parent pid
+_PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 
-def _exit_with(parent_pid: int) -> None:
-    """Leave within a second of the training process: nobody would read our answers."""
+
+def _set_parent_death_signal() -> bool:
+    """Have Linux SIGKILL this process when the thread that started it ends (the
+    training side starts writers from a thread that lives as long as its process:
+    ``writer_process``); False where prctl is not there."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return int(libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def watch_parent(parent_pid: int) -> None:
+    """Exit within a second of the training process ``parent_pid``, at any point of this
+    process's life: PR_SET_PDEATHSIG on Linux (the kernel kills us, even inside a long C
+    call that holds the GIL), and everywhere a thread that polls our parent pid (it
+    changes when the parent dies). Call it first, before any heavy import."""
+    _set_parent_death_signal()
+    if os.getppid() != parent_pid:  # it died before the signal was armed
+        os._exit(3)
 
     def watch() -> None:
         while os.getppid() == parent_pid:
-            time.sleep(0.5)
+            time.sleep(PARENT_POLL_S)
         os._exit(3)
 
     threading.Thread(target=watch, name="ckptstore-writer-watchdog", daemon=True).start()
 
 
 def _join_group(s: WriterSettings) -> None:
+    import torch.distributed as dist
+
+    from ckptstore.writer_protocol import PG_TIMEOUT, connect
+
     assert s.rendezvous is not None
     client = connect(s.rendezvous, s.rank)
     store = dist.PrefixStore(f"{s.rendezvous.prefix}/gen{s.generation}/pg/", client)
@@ -71,7 +92,12 @@ def _join_group(s: WriterSettings) -> None:
 
 
 def _serve(sock: socket.socket, s: WriterSettings) -> None:
+    from ckptstore.dcp.shared_staging import ArenaView
+    from ckptstore.engine.commit import collect_warnings
+    from ckptstore.engine.transfer import TransferEngine
     from ckptstore.stores import open_store
+    from ckptstore.writer_process import write_step
+    from ckptstore.writer_protocol import Outcome, SaveJob, failure, recv, send
 
     engine = TransferEngine(s.config)
     root = open_store(s.root, s.storage_options)
@@ -122,8 +148,17 @@ def _serve(sock: socket.socket, s: WriterSettings) -> None:
 
 
 def main(argv: list[str]) -> int:
+    """``argv``: the socket's fd, and the training process's pid (else our parent's)."""
+    parent_pid = int(argv[1]) if len(argv) > 1 else os.getppid()
+    watch_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the manager says when to stop
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    import pickle
+
+    import torch.distributed as dist
+
+    from ckptstore.writer_protocol import Outcome, WriterSettings, failure, recv, send
+
     sock = socket.socket(fileno=int(argv[0]))
     try:
         (sys_path, blob), _ = recv(sock)
@@ -132,9 +167,8 @@ def main(argv: list[str]) -> int:
     sys.path.extend(p for p in sys_path if p not in sys.path)
     settings = pickle.loads(blob)
     assert isinstance(settings, WriterSettings)
-    if os.getppid() != settings.parent_pid:
+    if settings.parent_pid != parent_pid or os.getppid() != parent_pid:
         return 3
-    _exit_with(settings.parent_pid)
     logging.basicConfig(
         level=logging.WARNING,
         format=f"ckptstore-writer[rank {settings.rank}] %(levelname)s %(name)s: %(message)s",

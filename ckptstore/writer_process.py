@@ -39,11 +39,13 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import queue
 import select
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import uuid
 import weakref
@@ -148,6 +150,48 @@ def _reap(proc: subprocess.Popen, sock: socket.socket) -> None:
     proc.wait()
 
 
+class _Spawner:
+    """Starts processes from one thread that lives as long as this process.
+
+    A writer arms PR_SET_PDEATHSIG, which Linux fires when the *thread* that started it
+    ends: a writer started from a short-lived thread (a user's, calling ``save``) would be
+    killed with that thread. The main thread lives as long as the process, so a call from
+    it starts the process directly; any other call hands the start to this thread.
+    """
+
+    _lock = threading.Lock()
+    _jobs: queue.SimpleQueue | None = None
+
+    @classmethod
+    def popen(cls, argv: list[str], **kwargs: Any) -> subprocess.Popen:
+        if threading.current_thread() is threading.main_thread():
+            return subprocess.Popen(argv, **kwargs)
+        with cls._lock:
+            if cls._jobs is None:
+                cls._jobs = queue.SimpleQueue()
+                threading.Thread(
+                    target=cls._serve, args=(cls._jobs,), name="ckptstore-spawner", daemon=True
+                ).start()
+        done: queue.SimpleQueue = queue.SimpleQueue()
+        cls._jobs.put((argv, kwargs, done))
+        ok, value = done.get()
+        if not ok:
+            raise value
+        return value  # type: ignore[no-any-return]
+
+    @staticmethod
+    def _serve(jobs: queue.SimpleQueue) -> None:
+        while True:
+            argv, kwargs, done = jobs.get()
+            try:
+                done.put((True, subprocess.Popen(argv, **kwargs)))
+            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+                done.put((False, exc))
+
+
+_spawn = _Spawner.popen
+
+
 class _Writer:
     """One writer process and its socket (training side)."""
 
@@ -159,8 +203,14 @@ class _Writer:
             p for p in (package_parent, os.environ.get("PYTHONPATH")) if p
         )
         try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "ckptstore.writer_main", str(theirs.fileno())],
+            self.proc = _spawn(
+                [
+                    sys.executable,
+                    "-m",
+                    "ckptstore.writer_main",
+                    str(theirs.fileno()),
+                    str(os.getpid()),
+                ],
                 pass_fds=(theirs.fileno(),),
                 env=env,
                 stdin=subprocess.DEVNULL,

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -32,6 +33,8 @@ __all__ = [
     "split_file_url",
     "TEST_DELAY_ENV",
     "add_common_arguments",
+    "non_negative",
+    "positive",
 ]
 
 TEST_DELAY_ENV = "CKPTSTORE_TOOL_TEST_DELAY"
@@ -90,6 +93,26 @@ def split_file_url(url: str) -> tuple[str, str]:
     return head, name
 
 
+def _number(text: str, ok: Any, what: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not math.isfinite(value) or not ok(value):
+        raise argparse.ArgumentTypeError(f"expected a {what} number, got {text!r}")
+    return value
+
+
+def non_negative(text: str) -> float:
+    """argparse type: a finite number >= 0."""
+    return _number(text, lambda v: v >= 0, "finite, non-negative")
+
+
+def positive(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    return _number(text, lambda v: v > 0, "finite, positive")
+
+
 def _delays_from_env() -> dict[str, float]:
     spec = os.environ.get(TEST_DELAY_ENV, "").strip()
     if not spec:
@@ -115,16 +138,25 @@ class Context:
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Context:
         kwargs: dict[str, Any] = {}
-        if getattr(args, "part_size_mib", None):
-            kwargs["part_size"] = int(args.part_size_mib * MiB)
-        if getattr(args, "concurrency", None):
-            kwargs["concurrency"] = args.concurrency
+        part_size_mib = getattr(args, "part_size_mib", None)
+        if part_size_mib is not None:
+            if not part_size_mib > 0 or part_size_mib * MiB > 2**40:
+                raise ConfigError(
+                    f"--part-size-mib {part_size_mib:g} is not a part size: give a number of "
+                    "MiB above 0 and at most 1 TiB (default 32)"
+                )
+            kwargs["part_size"] = max(1, int(part_size_mib * MiB))
+        concurrency = getattr(args, "concurrency", None)
+        if concurrency is not None:
+            if concurrency < 1:
+                raise ConfigError(f"--concurrency {concurrency} must be 1 or more (default 8)")
+            kwargs["concurrency"] = concurrency
         if "part_size" in kwargs:
             kwargs["memory_budget"] = max(TransferConfig().memory_budget, 4 * kwargs["part_size"])
         try:
             config = TransferConfig(**kwargs)
         except ValueError as exc:
-            raise ConfigError(str(exc)) from exc
+            raise ConfigError(f"--part-size-mib / --concurrency: {exc}") from exc
         return cls(
             json=bool(getattr(args, "json", False)),
             quiet=bool(getattr(args, "quiet", False)),
@@ -200,7 +232,7 @@ def add_common_arguments(p: argparse.ArgumentParser, two_sided: bool = False) ->
     p.add_argument("-q", "--quiet", action="store_true", help="no progress bar, no notes")
     p.add_argument(
         "--part-size-mib",
-        type=float,
+        type=positive,
         metavar="MIB",
         help="part size for parallel reads and writes (default 32)",
     )

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import os
 import threading
 import time
 import warnings
@@ -25,7 +26,7 @@ from typing import Any
 from ckptstore.cli.context import Context
 from ckptstore.cli.copy import require_committed
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
-from ckptstore.cli.sources import Located, classify, flatten, load_state, locate
+from ckptstore.cli.sources import Located, classify, flatten, load_state, local_path, locate
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import uncommit
 from ckptstore.engine.copy import check_empty_destination
@@ -64,8 +65,9 @@ def add_parser(sub: Any, common: Any) -> None:
     p.add_argument(
         "--allow-pickle",
         action="store_true",
-        help="let torch.load run arbitrary pickled objects in a torch.save source (trusted "
-        "files only; default: torch.load(weights_only=True))",
+        help="let torch.load run arbitrary pickled objects: a torch.save source, or the "
+        "non-tensor entries of a DCP source read for --to torch / safetensors (trusted "
+        "checkpoints only; default: torch.load(weights_only=True))",
     )
     p.add_argument(
         "--drop-objects",
@@ -140,11 +142,29 @@ def save_file(
     return info.size
 
 
+def _tensor_names(ctx: Context, src: Located) -> list[str]:
+    from ckptstore.cli.sources import dcp_entries, dcp_reader
+
+    metadata = dcp_reader(ctx, src.store, note_stock=False).read_metadata()
+    return [n for n, e in dcp_entries(metadata).items() if e.kind == "tensor"]
+
+
 def _check_destination(ctx: Context, dst_url: str, fmt: str, force: bool) -> tuple[Store, str]:
+    path = local_path(dst_url)
     if fmt == "dcp":
+        if path is not None and os.path.isfile(path):
+            raise ConfigError(
+                f"{dst_url} is a file; --to dcp writes a folder (a DCP checkpoint): pick a "
+                "folder that is empty or does not exist yet"
+            )
         dst = ctx.open(dst_url, "dst")
         check_empty_destination(dst, force)
         return dst, ""
+    if path is not None and os.path.isdir(path):
+        raise ConfigError(
+            f"{dst_url} is a folder; --to {fmt} writes a single file: give the file's path "
+            f"(e.g. {dst_url.rstrip('/')}/model.{'pt' if fmt == 'torch' else fmt})"
+        )
     parent, name = ctx.open_file(dst_url, "dst")
     if parent.exists(name) and not force:
         raise CheckpointExistsError(
@@ -180,7 +200,10 @@ def _convert(ctx: Context, args: argparse.Namespace, src: Located, bar: Progress
             raise
         return {"dst_store": dst_store}
     bar.set_description("read")
-    state = load_state(ctx, src, allow_pickle=args.allow_pickle)
+    keys = None
+    if args.to == "safetensors" and args.drop_objects and src.format == "dcp":
+        keys = _tensor_names(ctx, src)  # objects left out are never read, let alone unpickled
+    state = load_state(ctx, src, keys=keys, allow_pickle=args.allow_pickle)
     bar.set_description("write")
     if args.to == "dcp":
         import ckptstore
@@ -209,7 +232,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     src = locate(ctx, args.src, "src")
     if src.format == "dcp":
         if classify(src.store) == "stock":
-            if not ctx.quiet:
+            if not ctx.quiet and args.to == "dcp":  # (load_state notes it for the others)
                 note(f"note: {args.src} is a stock DCP checkpoint: no manifest, nothing verified")
         else:
             require_committed(src.store, args.src, "convert")

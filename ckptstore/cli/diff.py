@@ -13,7 +13,7 @@ import argparse
 import math
 from typing import Any
 
-from ckptstore.cli.context import Context
+from ckptstore.cli.context import Context, non_negative, positive
 from ckptstore.cli.render import Progress, dump_json, table
 from ckptstore.cli.sources import Entry, Located, dcp_entries, entries_of, flatten, load_state
 from ckptstore.cli.sources import locate as locate_url
@@ -31,7 +31,7 @@ def add_parser(sub: Any, common: Any) -> None:
     p.add_argument("b", metavar="B", help="second checkpoint")
     p.add_argument(
         "--atol",
-        type=float,
+        type=non_negative,
         default=0.0,
         help="tensors whose max abs difference is <= ATOL count as equal (default 0: exact)",
     )
@@ -39,9 +39,14 @@ def add_parser(sub: Any, common: Any) -> None:
         "--all", action="store_true", help="list equal entries too (default: only differences)"
     )
     p.add_argument(
-        "--batch-mib", type=float, default=1024.0, help="DCP entries loaded per batch (MiB)"
+        "--batch-mib", type=positive, default=1024.0, help="DCP entries loaded per batch (MiB)"
     )
-    p.add_argument("--allow-pickle", action="store_true", help="trust pickles in torch files")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="let torch.load run arbitrary pickled objects (torch.save files, DCP object "
+        "entries); trusted checkpoints only. Default: torch.load(weights_only=True)",
+    )
     common(p, two_sided=True)
     p.set_defaults(func=run)
 
@@ -91,11 +96,9 @@ class _Side:
         self.ctx, self.loc, self.allow_pickle = ctx, loc, allow_pickle
         self._flat: dict[str, Any] | None = None
         if loc.format == "dcp":
-            from ckptstore.cli.sources import _dcp_reader
+            from ckptstore.cli.sources import dcp_reader
 
-            self.entries: dict[str, Entry] = dcp_entries(
-                _dcp_reader(ctx, loc.store).read_metadata()
-            )
+            self.entries: dict[str, Entry] = dcp_entries(dcp_reader(ctx, loc.store).read_metadata())
         else:
             self._flat = flatten(load_state(ctx, loc, allow_pickle=allow_pickle))
             self.entries = entries_of(self._flat)
@@ -103,7 +106,7 @@ class _Side:
     def load(self, names: list[str]) -> dict[str, Any]:
         if self._flat is not None:
             return {n: self._flat[n] for n in names}
-        flat = flatten(load_state(self.ctx, self.loc, keys=names))
+        flat = flatten(load_state(self.ctx, self.loc, keys=names, allow_pickle=self.allow_pickle))
         return {n: flat[n] for n in names}
 
 

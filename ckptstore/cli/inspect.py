@@ -3,19 +3,24 @@
 Works on committed ckptstore checkpoints, stock DCP checkpoints (no manifest), torn ones
 (says so, and shows what the attempt left: its manifest / .metadata copies, its shard files)
 and single ``torch.save`` / safetensors files. Reads only metadata for DCP checkpoints.
+
+Nothing is unpickled freely: ``.metadata`` (and a torn attempt's ``.metadata.<attempt>``,
+checked against the attempt's manifest first) goes through ``load_metadata``, which builds
+DCP's metadata classes only; torch.save files load weights-only unless ``--allow-pickle``.
+Every file is stat-ed: a size other than the manifest's, a missing file or an item past
+its file's end makes the status ``damaged`` (exit 1), as does a ``corrupt`` marker.
 """
 
 from __future__ import annotations
 
 import argparse
-import pickle
 from typing import Any
 
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import dump_json, format_shape, format_time, human_bytes, table
 from ckptstore.cli.sources import Located, classify, dcp_entries, entries_of, flatten, load_state
 from ckptstore.cli.sources import locate as locate_url
-from ckptstore.engine.checksum import format_crc
+from ckptstore.engine.checksum import crc32c, format_crc
 from ckptstore.engine.commit import METADATA_NAME, open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, Manifest
 from ckptstore.engine.store import Store
@@ -28,6 +33,7 @@ _STATUS_TEXT = {
     "incomplete": "INCOMPLETE: no COMMITTED marker; the save did not finish. Do not load it.",
     "corrupt": "CORRUPT: COMMITTED does not match any manifest copy. Do not load it.",
     "stock": "stock DCP checkpoint (no ckptstore manifest or marker: nothing is verified)",
+    "damaged": "DAMAGED: files or metadata do not match (see the notes). Do not load it.",
 }
 
 
@@ -40,28 +46,73 @@ def add_parser(sub: Any, common: Any) -> None:
         "ones (says so) and on torch.save / safetensors files.",
     )
     p.add_argument("ckpt", metavar="CKPT", help="checkpoint URL (one step folder) or file")
+    p.add_argument(
+        "--allow-pickle",
+        action="store_true",
+        help="let torch.load run arbitrary pickled objects in a torch.save file (trusted files "
+        "only; default: torch.load(weights_only=True)). DCP .metadata is never unpickled freely",
+    )
     common(p)
     p.set_defaults(func=run)
 
 
-def _best_manifest(store: Store, names: list[str]) -> Manifest | None:
+def _manifest_copies(store: Store, names: list[str]) -> list[tuple[str, Manifest]]:
+    """Every manifest copy that parses, the canonical one first."""
+    out = []
     for name in [MANIFEST_NAME] + sorted(
         n for n in names if n.startswith("ckptstore.manifest.") and n != MANIFEST_NAME
     ):
         try:
-            return Manifest.from_bytes(store.get(name), store.describe(name))
-        except (StoreNotFoundError, CkptStoreError):
+            out.append((name, Manifest.from_bytes(store.get(name), store.describe(name))))
+        except CkptStoreError:  # missing, torn or foreign: try the next copy
             continue
-    return None
+    return out
 
 
-def _best_metadata(store: Store, names: list[str]) -> Any:
-    for name in [METADATA_NAME] + sorted(n for n in names if n.startswith(METADATA_NAME + ".")):
+def _metadata_matches(data: bytes, manifest: Manifest) -> bool:
+    entry = manifest.files.get(METADATA_NAME)
+    return entry is not None and len(data) == entry.size and crc32c(data) == entry.crc32c
+
+
+def _uncommitted_metadata(
+    store: Store, names: list[str], manifests: list[tuple[str, Manifest]], notes: list[str]
+) -> tuple[Any, Manifest | None]:
+    """The entries of a torn or corrupt checkpoint: the first ``.metadata`` copy that one of
+    the attempt's manifests vouches for (and that manifest), else the first copy that reads
+    as DCP metadata at all, noted as unverified. Never a plain unpickle: every copy goes
+    through ``load_metadata`` (DCP's classes only)."""
+    from ckptstore.dcp.metadata import load_metadata
+
+    copies = [n for n in [METADATA_NAME] if n in names] + sorted(
+        n for n in names if n.startswith(METADATA_NAME + ".")
+    )
+    readable: list[tuple[str, Any]] = []
+    for name in copies:
         try:
-            return pickle.loads(store.get(name))
-        except Exception:  # noqa: BLE001 - a torn or foreign file: try the next copy
+            data = store.get(name)
+            metadata = load_metadata(data, store.describe(name))
+        except CkptStoreError as exc:
+            notes.append(str(exc))
             continue
-    return None
+        for _, manifest in manifests:
+            if _metadata_matches(data, manifest):
+                return metadata, manifest
+        readable.append((name, metadata))
+    if readable:
+        name, metadata = readable[0]
+        notes.append(f"{name} matches no manifest copy: its entries are shown unverified")
+        return metadata, manifests[0][1] if manifests else None
+    return None, manifests[0][1] if manifests else None
+
+
+def _stock_metadata(store: Store, notes: list[str]) -> Any:
+    from ckptstore.dcp.metadata import load_metadata
+
+    try:
+        return load_metadata(store.get(METADATA_NAME), store.describe(METADATA_NAME))
+    except CkptStoreError as exc:
+        notes.append(str(exc))
+        return None
 
 
 def _manifest_facts(m: Manifest | None) -> dict[str, Any] | None:
@@ -89,17 +140,28 @@ def _describe_dcp(store: Store) -> dict[str, Any]:
     notes: list[str] = []
     manifest: Manifest | None = None
     metadata: Any = None
+    from ckptstore.dcp.metadata import load_metadata
+
     if status == "committed":
-        committed = open_committed(store)
-        manifest, metadata = committed.manifest, pickle.loads(committed.metadata_bytes)
+        committed = open_committed(store)  # .metadata's bytes verified against the manifest
+        manifest = committed.manifest
+        try:
+            metadata = load_metadata(committed.metadata_bytes, store.describe(METADATA_NAME))
+        except CkptStoreError as exc:  # vouched for by a (re-signed?) manifest, yet hostile
+            notes.append(str(exc))
+            status = "damaged"
+    elif status == "stock":
+        metadata = _stock_metadata(store, notes)
+        if metadata is None:
+            status = "damaged"
     else:
         if status == "corrupt":
             try:
                 open_committed(store)
             except CkptStoreError as exc:
                 notes.append(str(exc))
-        manifest = None if status == "stock" else _best_manifest(store, names)
-        metadata = _best_metadata(store, names)
+        manifests = _manifest_copies(store, names)
+        metadata, manifest = _uncommitted_metadata(store, names, manifests, notes)
         if status in ("incomplete", "corrupt"):
             if manifest is not None:
                 notes.append("manifest shown is an uncommitted copy (what the attempt wrote)")
@@ -124,7 +186,12 @@ def _describe_dcp(store: Store) -> dict[str, Any]:
                 "files": sorted({i.relative_path for i in infos}),
             }
         )
-    files = _files(store, names, manifest, storage, status == "committed")
+    files = _files(store, names, manifest, storage, only_manifest=status == "committed")
+    problems = _file_problems(files, metadata, store)
+    if problems:
+        notes += problems
+        if status in ("committed", "stock"):
+            status = "damaged"
     tensors = [e for e in entries if e["kind"] == "tensor"]
     objects = [e for e in entries if e["kind"] != "tensor"]
     return {
@@ -152,34 +219,63 @@ def _files(
     names: list[str],
     manifest: Manifest | None,
     storage: dict[Any, Any],
-    committed: bool,
+    only_manifest: bool,
 ) -> list[dict[str, Any]]:
-    """The checkpoint's files: the manifest's list when committed, else what is there."""
+    """The checkpoint's files as they really are (each one stat-ed), with the size and
+    checksum the manifest expects, when there is one: the manifest's files for a committed
+    checkpoint, else what the metadata and manifest name and the shards that are there."""
     items: dict[str, int] = {}
     for info in storage.values():
         items[info.relative_path] = items.get(info.relative_path, 0) + 1
-    listed: dict[str, tuple[int | None, str | None]]
-    if committed:
-        assert manifest is not None
-        listed = {n: (e.size, format_crc(e.crc32c)) for n, e in manifest.files.items()}
-    else:  # what is really there, with the checksums the attempt's manifest expected
-        expected = manifest.files if manifest is not None else {}
-        wanted = set(items) | {n for n in names if n.endswith(".distcp")} | set(expected)
-        listed = {}
-        for n in sorted(wanted):
-            crc = format_crc(expected[n].crc32c) if n in expected else None
-            try:
-                listed[n] = (store.size(n), crc)
-            except StoreNotFoundError:
-                listed[n] = (None, crc)
-    return [
-        {"name": n, "size": size, "crc32c": crc, "items": items.get(n, 0)}
-        for n, (size, crc) in sorted(listed.items())
-    ]
+    expected = manifest.files if manifest is not None else {}
+    wanted = set(expected)
+    if not only_manifest:
+        wanted |= set(items) | {n for n in names if n.endswith(".distcp")}
+    out = []
+    for n in sorted(wanted):
+        try:
+            size: int | None = store.size(n)
+        except StoreNotFoundError:
+            size = None
+        entry = expected.get(n)
+        out.append(
+            {
+                "name": n,
+                "size": size,
+                "expected_size": entry.size if entry is not None else None,
+                "crc32c": format_crc(entry.crc32c) if entry is not None else None,
+                "items": items.get(n, 0),
+            }
+        )
+    return out
 
 
-def _describe_file(ctx: Context, loc: Located) -> dict[str, Any]:
-    flat = flatten(load_state(ctx, loc, allow_pickle=False))
+def _file_problems(files: list[dict[str, Any]], metadata: Any, store: Store) -> list[str]:
+    """What the sizes alone show is wrong: files missing or of another size than the
+    manifest says, items reaching past the end of their file."""
+    problems = []
+    for f in files:
+        want = f["expected_size"]
+        if f["size"] is None and (want is not None or f["items"]):
+            problems.append(f"{f['name']} is missing")
+        elif want is not None and f["size"] != want:
+            problems.append(
+                f"{f['name']} is {f['size']} bytes, the manifest says {want}: the file is "
+                "damaged (`ckptstore-tool verify` checks every byte)"
+            )
+    if metadata is not None and not problems:
+        from ckptstore.dcp.metadata import check_metadata
+
+        sizes = {f["name"]: f["size"] for f in files if f["size"] is not None}
+        try:
+            check_metadata(metadata, sizes, store.describe(METADATA_NAME))
+        except CkptStoreError as exc:
+            problems.append(str(exc))
+    return problems
+
+
+def _describe_file(ctx: Context, loc: Located, allow_pickle: bool) -> dict[str, Any]:
+    flat = flatten(load_state(ctx, loc, allow_pickle=allow_pickle))
     entries = [
         {
             "name": e.name,
@@ -201,7 +297,15 @@ def _describe_file(ctx: Context, loc: Located) -> dict[str, Any]:
         "status": "file (no manifest: nothing is verified)",
         "manifest": None,
         "entries": entries,
-        "files": [{"name": loc.name, "size": size, "crc32c": None, "items": len(entries)}],
+        "files": [
+            {
+                "name": loc.name,
+                "size": size,
+                "expected_size": None,
+                "crc32c": None,
+                "items": len(entries),
+            }
+        ],
         "totals": {
             "entries": len(entries),
             "tensors": len(tensors),
@@ -215,10 +319,21 @@ def _describe_file(ctx: Context, loc: Located) -> dict[str, Any]:
     }
 
 
-def describe(ctx: Context, url: str) -> dict[str, Any]:
+def describe(ctx: Context, url: str, allow_pickle: bool = False) -> dict[str, Any]:
     """Everything ``inspect`` shows, as a JSON-ready dict."""
     loc = locate_url(ctx, url)
-    return _describe_dcp(loc.store) if loc.format == "dcp" else _describe_file(ctx, loc)
+    if loc.format == "dcp":
+        return _describe_dcp(loc.store)
+    return _describe_file(ctx, loc, allow_pickle)
+
+
+def _size_cell(f: dict[str, Any]) -> str:
+    if f["size"] is None:
+        return "missing"
+    want = f.get("expected_size")
+    if want is not None and want != f["size"]:
+        return f"{human_bytes(f['size'])} (manifest: {human_bytes(want)})"
+    return human_bytes(f["size"])
 
 
 def _print(info: dict[str, Any]) -> None:
@@ -278,7 +393,7 @@ def _print(info: dict[str, Any]) -> None:
                 [
                     [
                         f["name"],
-                        human_bytes(f["size"]) if f["size"] is not None else "missing",
+                        _size_cell(f),
                         f["crc32c"] or "-",
                         f["items"],
                     ]
@@ -290,9 +405,9 @@ def _print(info: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
-    info = describe(ctx, args.ckpt)
+    info = describe(ctx, args.ckpt, allow_pickle=args.allow_pickle)
     if ctx.json:
         dump_json(info)
     else:
         _print(info)
-    return 0
+    return 1 if info["status"] in ("corrupt", "damaged") else 0

@@ -4,22 +4,27 @@ Exit codes (the same for every subcommand):
 
 ====  ===========================================================================
 0     success
-1     a check failed: ``verify`` / ``ls`` found damage, ``diff`` found differences,
-      or a copy / conversion stopped on bytes that do not match the manifest
+1     a check failed: ``verify`` / ``ls`` / ``inspect`` found damage, ``diff`` found
+      differences, a file is not a readable torch.save / safetensors file, or a copy /
+      conversion stopped on bytes that do not match the manifest
 2     usage or access error: bad arguments, nothing at the URL, not a checkpoint,
       an incomplete checkpoint where a committed one is needed, an existing
-      destination without ``--force``, credentials refused, missing extra
-3     internal error (a bug: the traceback is printed; please report it)
+      destination without ``--force``, credentials or storage options refused, a store
+      that cannot be reached, objects that need ``--allow-pickle``, a missing extra
+3     internal error (a bug): one line saying so and asking for a report; the
+      traceback only with ``CKPTSTORE_TOOL_TRACEBACK=1``
 130   interrupted (Ctrl-C); ``cp`` / ``convert`` leave nothing committed
 ====  ===========================================================================
 
-Every ``CkptStoreError`` is printed as one line on stderr, without a traceback.
+Every failure is one line on stderr, without a traceback (``ckptstore.cli.failures``).
+A usage error after a subcommand prints that subcommand's usage.
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import traceback
 import warnings
@@ -27,7 +32,15 @@ from collections.abc import Sequence
 
 from ckptstore.cli import convert, copy, diff, gc, goodput, inspect, ls, verify
 from ckptstore.cli.context import Context, add_common_arguments
-from ckptstore.errors import CkptStoreError, CorruptCheckpointError
+from ckptstore.cli.failures import (
+    EXIT_CHECK_FAILED,
+    EXIT_INTERNAL,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_USAGE,
+    TRACEBACK_ENV,
+    explain,
+)
 
 __all__ = [
     "main",
@@ -39,23 +52,21 @@ __all__ = [
     "EXIT_INTERRUPTED",
 ]
 
-EXIT_OK = 0
-EXIT_CHECK_FAILED = 1
-EXIT_USAGE = 2
-EXIT_INTERNAL = 3
-EXIT_INTERRUPTED = 130
-
 _EPILOG = """\
-exit codes: 0 ok; 1 check failed (damage found, checkpoints differ); 2 usage or access error
-(bad arguments, nothing at the URL, not a checkpoint, incomplete checkpoint, destination
-exists); 3 internal error; 130 interrupted.
+exit codes: 0 ok; 1 check failed (damage found, checkpoints differ, unreadable file); 2 usage
+or access error (bad arguments, nothing at the URL, not a checkpoint, incomplete checkpoint,
+destination exists, store unreachable, needs --allow-pickle); 3 internal error (a bug: please
+report it); 130 interrupted.
 
 URLs: a path or file://, s3://, gs://, az:// / abfs://. Credentials and endpoints go in
 -o/--storage-option KEY=VALUE (after the subcommand), e.g.
-  ckptstore-tool ls s3://bucket/run1 -o client_kwargs.endpoint_url=http://127.0.0.1:8333
+  ckptstore-tool ls s3://bucket/run1 -o endpoint_url=http://127.0.0.1:8333 -o key=... -o secret=...
 """
 
 COMMANDS = (ls, inspect, verify, convert, copy, gc, diff, goodput)
+
+#: The argument names that hold a command's URLs, in the order they are named in errors.
+_URL_ARGS = ("root", "ckpt", "src", "dst", "a", "b", "from_root")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -75,6 +86,26 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _subcommand_parser(
+    parser: argparse.ArgumentParser, name: str | None
+) -> argparse.ArgumentParser | None:
+    for action in parser._actions:  # noqa: SLF001 - argparse keeps subparsers only here
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            found = action.choices.get(name) if name else None
+            return found if isinstance(found, argparse.ArgumentParser) else None
+    return None
+
+
+def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argparse.Namespace:
+    """``parser.parse_args``, except that an argument the subcommand does not know is that
+    subcommand's usage error (its usage line), not the top-level one. May raise SystemExit."""
+    args, extra = parser.parse_known_args(argv)
+    if extra:
+        owner = _subcommand_parser(parser, getattr(args, "command", None)) or parser
+        owner.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
 def _error(message: str) -> None:
     print(f"ckptstore-tool: error: {message}", file=sys.stderr)
 
@@ -88,11 +119,22 @@ def _quiet_library_chatter() -> None:
     logging.basicConfig(level=logging.WARNING, format="ckptstore-tool: %(message)s")
 
 
+def _urls(args: argparse.Namespace) -> list[str]:
+    return [str(v) for k in _URL_ARGS if (v := getattr(args, k, None))]
+
+
+def _options_given(args: argparse.Namespace) -> list[str]:
+    out: list[str] = []
+    for name in ("storage_option", "src_option", "dst_option"):
+        out += getattr(args, name, None) or []
+    return out
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``ckptstore-tool`` command; returns the exit code (never raises SystemExit)."""
     parser = build_parser()
     try:
-        args = parser.parse_args(list(argv) if argv is not None else None)
+        args = parse_args(parser, list(argv) if argv is not None else None)
     except SystemExit as exc:  # --help, --version, or a usage error argparse printed
         return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_USAGE
     _quiet_library_chatter()
@@ -100,28 +142,26 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         ctx = Context.from_args(args)
         return int(args.func(args, ctx))
-    except CorruptCheckpointError as exc:
-        _error(str(exc))
-        return EXIT_CHECK_FAILED
-    except CkptStoreError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
     except KeyboardInterrupt:
         _error("interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `ckptstore-tool ls ROOT | head`
         sys.stderr.close()
         return EXIT_OK
-    except OSError as exc:
-        _error(str(exc))
-        return EXIT_USAGE
-    except Exception:  # noqa: BLE001 - anything else is a bug: show it
-        traceback.print_exc()
-        _error("internal error (a bug in ckptstore-tool: please report it with the traceback)")
-        return EXIT_INTERNAL
+    except (SystemExit, GeneratorExit):
+        raise
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        code, message = explain(exc, _urls(args), _options_given(args))
+        if code == EXIT_INTERNAL and os.environ.get(TRACEBACK_ENV):
+            traceback.print_exception(exc)
+        _error(message)
+        return code
     finally:
         if ctx is not None:
-            ctx.close()
+            try:
+                ctx.close()
+            except Exception as exc:  # noqa: BLE001 - the command's own result stands
+                _error(f"while closing: {type(exc).__name__}: {exc}")
 
 
 if __name__ == "__main__":

@@ -8,8 +8,7 @@ checkpoint with a ``torch.save`` file.
 
 from __future__ import annotations
 
-import io
-import pickle
+import os
 import warnings
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +17,14 @@ from ckptstore.cli.context import Context
 from ckptstore.engine.commit import METADATA_NAME
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.engine.store import Store
-from ckptstore.errors import ConfigError, StoreNotFoundError, missing_dependency
+from ckptstore.errors import (
+    CkptStoreError,
+    ConfigError,
+    CorruptCheckpointError,
+    StoreNotFoundError,
+    missing_dependency,
+)
+from ckptstore.stores import split_url
 
 __all__ = [
     "Located",
@@ -27,8 +33,11 @@ __all__ = [
     "classify",
     "list_or_missing",
     "missing_error",
+    "not_a_folder_error",
+    "local_path",
     "sniff_format",
     "load_state",
+    "dcp_reader",
     "flatten",
     "entries_of",
     "dcp_entries",
@@ -103,12 +112,34 @@ def missing_error(url: str, reason: str = "") -> StoreNotFoundError:
     )
 
 
+def not_a_folder_error(url: str) -> ConfigError:
+    """The usage error for a single file where a folder of checkpoints is needed."""
+    return ConfigError(
+        f"{url} is a file, not a folder: give the folder holding the step_* checkpoints (or "
+        f"one step folder); `ckptstore-tool inspect {url}` shows what the file holds."
+    )
+
+
+def local_path(url: str) -> str | None:
+    """The filesystem path of a local ``url`` (a path or ``file://``), else None."""
+    scheme, rest = split_url(url)
+    return os.path.expanduser(rest) if scheme in ("file", "local") else None
+
+
+def _is_local_file(url: str) -> bool:
+    path = local_path(url)
+    return path is not None and os.path.isfile(path)
+
+
 def list_or_missing(store: Store, url: str) -> list[str]:
     """The names directly under ``store`` (at ``url``), or ``missing_error`` if there are none.
 
     A missing bucket or container is the same error as an empty prefix or a missing folder,
-    with the store's reason (which bucket, at which endpoint) added.
+    with the store's reason (which bucket, at which endpoint) added; a local file is
+    ``not_a_folder_error``.
     """
+    if _is_local_file(url):
+        raise not_a_folder_error(url)
     try:
         names = store.listdir()
     except StoreNotFoundError as exc:
@@ -146,12 +177,15 @@ def locate(ctx: Context, url: str, side: str = "") -> Located:
         size: int | None = parent.size(name)
     except (StoreNotFoundError, ConfigError):
         size = None
+    except CkptStoreError:  # e.g. a parent of the path is a file: the URL is no file
+        size = None
     if size is not None:
         fmt = sniff_format(parent.get(name, 0, min(size, 16)), name)
         if fmt is None:
             raise ConfigError(
                 f"{url} is a file but not a torch.save or safetensors checkpoint (and a DCP "
-                "checkpoint is a folder)"
+                "checkpoint is a folder holding .metadata): point at a .pt / .safetensors file "
+                "or a step folder."
             )
         return Located(url, fmt, parent, name)
     store = ctx.open(url, side)
@@ -161,13 +195,15 @@ def locate(ctx: Context, url: str, side: str = "") -> Located:
     return Located(url, "dcp", store)
 
 
-def _dcp_reader(ctx: Context, store: Store) -> Any:
+def dcp_reader(ctx: Context, store: Store, note_stock: bool = True) -> Any:
+    """ckptstore's verifying ``CkptReader`` over ``store`` (its ``.metadata`` read through
+    ``load_metadata`` and checked); notes on stderr that a stock checkpoint is unverified."""
     from ckptstore.dcp.reader import CkptReader, StockCheckpointWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StockCheckpointWarning)
         reader = CkptReader(store, engine=ctx.engine, config=ctx.config)
-    if caught and not ctx.quiet:
+    if caught and note_stock and not ctx.quiet:
         from ckptstore.cli.render import note
 
         note(f"note: {store.url} is a stock DCP checkpoint: no manifest, nothing is verified")
@@ -177,44 +213,58 @@ def _dcp_reader(ctx: Context, store: Store) -> Any:
 def load_state(
     ctx: Context, loc: Located, *, keys: list[str] | None = None, allow_pickle: bool = False
 ) -> dict[str, Any]:
-    """The state dict at ``loc`` (DCP: only ``keys`` when given; nested as it was saved)."""
-    import torch
+    """The state dict at ``loc`` (DCP: only ``keys`` when given; nested as it was saved).
+
+    Nothing runs pickled code unless ``allow_pickle`` (``ckptstore.cli.safeload``): object
+    items and torch.save files load weights-only, ``.metadata`` through DCP's classes only.
+    """
+    from ckptstore.cli.safeload import load_torch_file
 
     if loc.format == "dcp":
         from torch.distributed.checkpoint.api import CheckpointException
-        from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
         from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
-        from ckptstore.api import unwrap_checkpoint_exception
+        from ckptstore.cli.failures import first_failure
+        from ckptstore.cli.safeload import SafeLoadPlanner
 
-        reader = _dcp_reader(ctx, loc.store)
+        reader = dcp_reader(ctx, loc.store)
+        planner = SafeLoadPlanner(
+            keys,
+            source=loc.url,
+            allow_pickle=allow_pickle,
+            unverified=reader.committed is None,
+        )
         state: dict[str, Any] = {}
         try:
-            _load_state_dict(
-                state,
-                storage_reader=reader,
-                planner=_EmptyStateDictLoadPlanner(keys=keys),
-                no_dist=True,
-            )
-        except CheckpointException as exc:
-            raise unwrap_checkpoint_exception(exc) from exc
+            _load_state_dict(state, storage_reader=reader, planner=planner, no_dist=True)
+        except CheckpointException as exc:  # one process: rank 0's error is the error
+            raise first_failure(exc) from exc
         return state
     data = bytes(ctx.engine.read(loc.store, loc.name))
     if loc.format == "safetensors":
-        try:
-            from safetensors.torch import load as st_load
-        except ImportError as exc:
-            raise missing_dependency("safetensors", "cli") from exc
-        return dict(st_load(data))
-    try:
-        return torch.load(  # type: ignore[no-any-return]
-            io.BytesIO(data), map_location="cpu", weights_only=not allow_pickle
-        )
-    except pickle.UnpicklingError as exc:
+        return _load_safetensors(data, loc.url)
+    state = load_torch_file(data, loc.url, allow_pickle=allow_pickle)
+    if not isinstance(state, dict):
         raise ConfigError(
-            f"{loc.url} holds Python objects that torch.load's safe mode refuses ({exc}). If "
-            "you trust the file, pass --allow-pickle."
-        ) from exc
+            f"{loc.url} holds a {type(state).__name__}, not a state dict (a dict of tensors and "
+            "values); ckptstore-tool works on state dicts."
+        )
+    return state
+
+
+def _load_safetensors(data: bytes, url: str) -> dict[str, Any]:
+    try:
+        from safetensors.torch import load as st_load
+    except ImportError as exc:
+        raise missing_dependency("safetensors", "cli") from exc
+    try:
+        return dict(st_load(data))
+    except Exception as exc:  # noqa: BLE001 - SafetensorError and friends: a damaged file
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CorruptCheckpointError(
+            f"{url} is not a readable safetensors file ({first[:200]}): it is truncated, "
+            "damaged or another format. Copy it again from where it was written."
+        ) from None
 
 
 def flatten(state: dict[str, Any]) -> dict[str, Any]:

@@ -9,7 +9,6 @@ file ``.metadata`` names exists and is long enough, and says that is all it can 
 from __future__ import annotations
 
 import argparse
-import pickle
 import time
 from typing import Any
 
@@ -38,8 +37,17 @@ def add_parser(sub: Any, common: Any) -> None:
 
 
 def verify_stock(store: Store) -> list[str]:
-    """Problems of a stock DCP checkpoint that can be found without checksums."""
-    metadata = pickle.loads(store.get(METADATA_NAME))
+    """Problems of a stock DCP checkpoint that can be found without checksums.
+
+    ``.metadata`` is read with ``load_metadata`` (DCP's metadata classes only: never a
+    plain unpickle of bytes nothing vouches for); one it refuses is the one problem.
+    """
+    from ckptstore.dcp.metadata import load_metadata
+
+    try:
+        metadata = load_metadata(store.get(METADATA_NAME), store.describe(METADATA_NAME))
+    except CkptStoreError as exc:
+        return [str(exc)]
     need: dict[str, int] = {}
     for info in (metadata.storage_data or {}).values():
         need[info.relative_path] = max(need.get(info.relative_path, 0), info.offset + info.length)
