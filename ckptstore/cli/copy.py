@@ -9,6 +9,7 @@ Ctrl-C stops the copy, aborts open uploads, removes what was copied and commits 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import threading
 import time
@@ -82,15 +83,22 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     committed = open_committed(src)
     total = sum(e.size for n, e in committed.manifest.files.items() if n != METADATA_NAME)
     cancel = threading.Event()
+    # A volume destination this copy creates is removed again if the copy fails (only while
+    # it is empty); one that existed before, perhaps the user's, stays.
+    made_dst = os.path.isabs(dst.url) and not os.path.lexists(dst.url)
     started = time.monotonic()
     try:
         with Progress(total, "cp", ctx.progress_enabled) as bar:
             result = copy_checkpoint(
                 src, dst, ctx.engine, overwrite=args.force, on_bytes=bar.update, cancel=cancel
             )
-    except KeyboardInterrupt:
+    except BaseException as exc:
         cancel.set()
         committed_at_dst = dst.exists(MARKER_NAME)
+        if made_dst and not committed_at_dst:
+            dst.remove_empty_dirs()
+        if not isinstance(exc, KeyboardInterrupt):
+            raise
         print(
             f"interrupted: {args.dst} "
             + (

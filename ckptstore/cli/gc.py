@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ckptstore.cli.context import Context
+from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import dump_json, human_bytes, table
 from ckptstore.cli.sources import list_or_missing
 from ckptstore.errors import ConfigError
@@ -48,7 +48,7 @@ def add_parser(sub: Any, common: Any) -> None:
     )
     p.add_argument(
         "--stale-after-hours",
-        type=float,
+        type=non_negative,
         default=24.0,
         help="abort unfinished multipart uploads older than this (default 24)",
     )
@@ -74,8 +74,6 @@ def policy_from_args(keep_last: int | None, keep_every: int | None) -> Retention
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     policy = policy_from_args(args.keep_last, args.keep_every)
-    if args.stale_after_hours < 0:
-        raise ConfigError("--stale-after-hours must be >= 0")
     root = ctx.open(args.root)
     list_or_missing(root, args.root)
     plan = plan_prune(

@@ -12,7 +12,7 @@ import time
 from typing import Any
 
 from ckptstore.catalog import Skipped, scan_root
-from ckptstore.cli.context import Context
+from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, table
 from ckptstore.cli.sources import is_dcp_listing, list_or_missing
 from ckptstore.engine.commit import open_committed
@@ -39,7 +39,7 @@ def add_parser(sub: Any, common: Any) -> None:
     )
     p.add_argument(
         "--stale-after-hours",
-        type=float,
+        type=non_negative,
         default=24.0,
         help="unfinished uploads older than this count as stale (default 24)",
     )

@@ -224,6 +224,8 @@ CASES: list[tuple[str, str, int, str, str]] = [
     ("ls-bad-scheme", "ls nosuchscheme://x/y", 2, "nosuchscheme://x/y", "scheme"),
     ("ls-concurrency-0", "ls {d}/run --concurrency 0", 2, "--concurrency", ""),
     ("ls-part-size-neg", "ls {d}/run --part-size-mib -1", 2, "--part-size-mib", ""),
+    ("ls-stale-neg", "ls {d}/run --stale-after-hours -5", 2, "'-5'", "usage: ckptstore-tool ls"),
+    ("gc-stale-nan", "gc {d}/run --stale-after-hours nan", 2, "'nan'", "usage: ckptstore-tool gc"),
     # inspect
     ("inspect-missing", "inspect {d}/nope", 2, "{d}/nope", "nothing at"),
     ("inspect-emptydir", "inspect {d}/emptydir", 2, "{d}/emptydir", "nothing at"),
