@@ -88,9 +88,9 @@ def _agree(store: Any, rank: int, world_size: int, timeout: timedelta) -> str:
             if pending:
                 time.sleep(POLL_S)
         return token
-    nonce = uuid.uuid4().hex
-    welcome = f"{BASE}/welcome/{nonce}"
-    store.set(f"{BASE}/join/{rank}", nonce)
+    mine = uuid.uuid4().hex
+    welcome = f"{BASE}/welcome/{mine}"
+    store.set(f"{BASE}/join/{rank}", mine)
     while not store.check([welcome]):
         if time.monotonic() > deadline:
             raise ConfigError(
