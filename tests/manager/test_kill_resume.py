@@ -140,7 +140,8 @@ def test_first_restart_resumes_under_torchrun_defaults(tmp_path, reference, back
     assert_same(final_state(out), reference)
 
 
-def test_two_agent_job_resumes_after_one_nodes_worker_dies(tmp_path, reference):
+@pytest.mark.parametrize("background", ["thread", "process"])
+def test_two_agent_job_resumes_after_one_nodes_worker_dies(tmp_path, reference, background):
     """Two torchrun agents ("nodes", one worker each) meet in a c10d rendezvous on
     127.0.0.1; the worker of rank 1 is killed; both agents restart their workers, which
     resume from the newest committed step, bitwise exact."""
@@ -149,7 +150,8 @@ def test_two_agent_job_resumes_after_one_nodes_worker_dies(tmp_path, reference):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
     cmd += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
     cmd += ["--rdzv-id", run_id, "--max-restarts", "1"]
-    args = loop_args(root, out, None, ("--kill-at", "7", "--kill-rank", "1"))
+    extra = ("--kill-at", "7", "--kill-rank", "1", "--background", background)
+    args = loop_args(root, out, None, extra)
     logs = [open(tmp_path / f"agent{i}.log", "w+") for i in range(2)]  # noqa: SIM115
     try:
         agents = [
