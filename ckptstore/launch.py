@@ -55,7 +55,7 @@ def shares_agent_store() -> bool:
 
 def made_here() -> bool:
     """True if the current default group was made by :func:`init_process_group`."""
-    return dist.is_initialized() and id(dist.distributed_c10d._get_default_group()) in _OURS
+    return dist.is_initialized() and id(dist.group.WORLD) in _OURS
 
 
 def _agree(store: Any, rank: int, world_size: int, timeout: timedelta) -> str:
@@ -110,7 +110,7 @@ def init_process_group(backend: str = "gloo", timeout: timedelta | None = None) 
     timeout = timeout or timedelta(minutes=10)
     if not shares_agent_store():
         dist.init_process_group(backend, timeout=timeout)
-        _OURS.add(id(dist.distributed_c10d._get_default_group()))
+        _OURS.add(id(dist.group.WORLD))
         return
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -118,7 +118,7 @@ def init_process_group(backend: str = "gloo", timeout: timedelta | None = None) 
     token = _agree(client, rank, world_size, timeout)
     store = dist.PrefixStore(f"{BASE}/{token}/", client)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
-    _OURS.add(id(dist.distributed_c10d._get_default_group()))
+    _OURS.add(id(dist.group.WORLD))
 
 
 def fresh_new_group(backend: str = "gloo", timeout: timedelta | None = None) -> Any:

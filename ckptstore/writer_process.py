@@ -25,8 +25,9 @@ two say to each other. The writers form their own gloo group through the rendezv
 under a prefix unique to the manager and the writer generation, so their collectives never
 meet training's. That store is a new server per manager (never torchrun's shared one) and
 its address travels over the manager's control group, so after a torchrun restart no writer
-reads a key a dead attempt wrote. Each save runs ``write_step`` there, the same serialise / upload / commit
-path as the thread mode, over the staged state mapped out of the shared-memory arena.
+reads a key a dead attempt wrote. Each save runs ``write_step`` there, the same serialise /
+upload / commit path as the thread mode, over the staged state mapped out of the
+shared-memory arena.
 
 A writer that dies (kill -9, the OOM killer) is seen at once (its socket closes): the save
 fails with ``WriterProcessDiedError`` naming the step, the previous committed checkpoint
