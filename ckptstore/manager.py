@@ -18,9 +18,12 @@ Call order::
 
 Every rank calls every method in the same order. Background saves run on their own gloo
 process group (never training's), and small agreements (is any rank still busy? did
-anyone get SIGTERM?) on a second one. At most one save is in flight: a new ``save`` while
-one is uploading waits for it (``on_busy="wait"``, counted as blocking time) or is skipped
-on every rank (``on_busy="skip"``). A failed background save is reported at the next
+anyone get SIGTERM?) on a second one. Both are made so that they connect after a restart
+under torchrun's default shared store (``ckptstore.launch.fresh_new_group``); for the
+training script's own default group, use ``ckptstore.launch.init_process_group``.
+At most one save is in flight: a new ``save`` while one is uploading waits for it
+(``on_busy="wait"``, counted as blocking time) or is skipped on every rank
+(``on_busy="skip"``). A failed background save is reported at the next
 ``save``/``wait`` (a warning, or the error with ``strict=True``) and by ``close``.
 
 ``background="thread"`` (default) writes on a thread of the training process.
@@ -71,6 +74,7 @@ from ckptstore.errors import (
     CorruptCheckpointError,
     IncompleteCheckpointError,
 )
+from ckptstore.launch import fresh_new_group
 from ckptstore.prune import apply_prune, plan_prune
 from ckptstore.retention import KeepLast, RetentionPolicy
 from ckptstore.state import RNGState
@@ -170,9 +174,10 @@ class CheckpointManager:
         self._distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if self._distributed else 0
         # Checkpoint traffic and small agreements each get their own gloo group, so they
-        # never queue behind (or interleave with) training's collectives.
-        self._pg = dist.new_group(backend="gloo") if self._distributed else None
-        self._ctl = dist.new_group(backend="gloo") if self._distributed else None
+        # never queue behind (or interleave with) training's collectives; named so that a
+        # restart under torchrun's shared store never meets a dead attempt's keys.
+        self._pg = fresh_new_group("gloo") if self._distributed else None
+        self._ctl = fresh_new_group("gloo") if self._distributed else None
         cuda = torch.cuda.is_available()
         self._stager: DefaultStager | None = None
         self._shared: SharedStager | None = None

@@ -23,8 +23,11 @@ One long-lived writer process per rank, started with the manager: a fresh interp
 running ``ckptstore.writer_main`` (never a fork); ``ckptstore.writer_protocol`` has what the
 two say to each other. The writers form their own gloo group through the rendezvous store,
 under a prefix unique to the manager and the writer generation, so their collectives never
-meet training's. Each save runs ``write_step`` there, the same serialise / upload / commit
-path as the thread mode, over the staged state mapped out of the shared-memory arena.
+meet training's. That store is a new server per manager (never torchrun's shared one) and
+its address travels over the manager's control group, so after a torchrun restart no writer
+reads a key a dead attempt wrote. Each save runs ``write_step`` there, the same serialise /
+upload / commit path as the thread mode, over the staged state mapped out of the
+shared-memory arena.
 
 A writer that dies (kill -9, the OOM killer) is seen at once (its socket closes): the save
 fails with ``WriterProcessDiedError`` naming the step, the previous committed checkpoint

@@ -320,11 +320,8 @@ def run_chaos(
         }
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_CRASH")}
         child_env.update(env or {})
+        child_env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # torchrun's defaults
         child_env.update(
-            # torchrun's agent shares one TCPStore with the workers across restarts and the
-            # new group reads the dead group's gloo addresses (pytorch#135712): a fresh
-            # store per attempt, hosted by the workers' rank 0, avoids that.
-            TORCH_DISABLE_SHARE_RDZV_TCP_STORE="1",
             GLOO_SOCKET_IFNAME="lo",
             OMP_NUM_THREADS="1",
             PYTHONPATH=os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p),

@@ -1,12 +1,12 @@
 """A small, real training job for torchrun: tiny causal transformer, Parquet tokens, ckptstore.
 
     python examples/resilience/tokens.py /tmp/tokens
-    TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 python -m torch.distributed.run --standalone \\
-        --nproc-per-node 2 --max-restarts 3 examples/resilience/train.py \\
+    torchrun --standalone --nproc-per-node 2 --max-restarts 3 examples/resilience/train.py \\
         --data /tmp/tokens --root /tmp/ckpts --staging /tmp/nvme --events /tmp/log
 
-(``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``: with torchrun's default shared store, a restarted
-gloo group can read the dead group's addresses and fail to connect, pytorch#135712.)
+torchrun's defaults as they are: the process group comes from
+``ckptstore.launch.init_process_group``, which meets in torchrun's shared store under a
+namespace of the attempt's own, so a restarted group never reads the dead one's addresses.
 
 It uses the three pieces a fault-tolerant loop needs: ``CheckpointManager`` (async saves,
 verified resume, retention, SIGTERM preemption), ``RNGState`` (each rank's dropout stream)
@@ -156,11 +156,12 @@ def main(argv: list[str] | None = None) -> None:
 
     from ckptstore import CheckpointManager, KeepAll, KeepLast, RNGState
     from ckptstore.data import DataLoader, ShardedDataset
+    from ckptstore.launch import init_process_group
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from tokens import collate, crop
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     log = RunLog(a.events or CTX.log_dir, CTX.segment, CTX.restart, rank)
     log.write("start", t=T_START, pid=os.getpid(), world=world, crash=CTX.crash)

@@ -1,19 +1,42 @@
-"""kill -9 at named points of a 2-rank torchrun job, then resume: bitwise equal to a clean run."""
+"""kill -9 at named points of a 2-rank torchrun job, then resume: bitwise equal to a clean run.
+
+Every job runs under torchrun's defaults (its shared rendezvous store included): the
+environment is the test's own minus any opt-out a developer may have set.
+"""
 
 import os
+import re
 import subprocess
 import sys
+import uuid
 
 import pytest
 import torch
 
 from ckptstore.catalog import list_steps
 from ckptstore.stores.local import LocalStore
+from ckptstore.testing.dist import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 SCRIPT = os.path.join(os.path.dirname(__file__), "train_loop.py")
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
+
+
+def job_env(crash: dict[str, str] | None = None) -> dict[str, str]:
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith("CKPTSTORE_CRASH") and k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
+    }
+    env.update(GLOO_SOCKET_IFNAME="lo", PYTHONPATH=REPO, OMP_NUM_THREADS="1", **(crash or {}))
+    return env
+
+
+def loop_args(root: str, out: str, staging: str | None, extra: tuple[str, ...]) -> list[str]:
+    return [SCRIPT, "--root", root, "--out", out, *(["--staging", staging] if staging else [])] + [
+        *extra
+    ]
 
 
 def torchrun(
@@ -22,29 +45,22 @@ def torchrun(
     staging: str | None,
     crash: dict[str, str] | None = None,
     extra: tuple[str, ...] = (),
+    max_restarts: int = 0,
 ) -> int:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_CRASH")}
-    env.update(GLOO_SOCKET_IFNAME="lo", PYTHONPATH=REPO, OMP_NUM_THREADS="1", **(crash or {}))
-    cmd = [
-        sys.executable,
-        "-m",
-        "torch.distributed.run",
-        "--standalone",
-        "--nproc-per-node",
-        "2",
-        "--max-restarts",
-        "0",
-        SCRIPT,
-        "--root",
-        root,
-        "--out",
-        out,
-    ]
-    if staging:
-        cmd += ["--staging", staging]
-    cmd += list(extra)
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=240)
-    return proc.returncode
+    return torchrun_output(root, out, staging, crash, extra, max_restarts).returncode
+
+
+def torchrun_output(
+    root: str,
+    out: str,
+    staging: str | None,
+    crash: dict[str, str] | None = None,
+    extra: tuple[str, ...] = (),
+    max_restarts: int = 0,
+) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
+    cmd += ["--max-restarts", str(max_restarts), *loop_args(root, out, staging, extra)]
+    return subprocess.run(cmd, env=job_env(crash), capture_output=True, text=True, timeout=240)
 
 
 def final_state(out: str) -> list[dict]:
@@ -103,3 +119,84 @@ def test_sigterm_on_one_rank_takes_a_final_checkpoint_and_resumes_exactly(
     assert steps[-1] == 7  # ... with a final checkpoint at the preempted step
     assert torchrun(root, out, staging, extra=mode) == 0
     assert_same(final_state(out), reference)
+
+
+def committed(root: str) -> list[int]:
+    return [e.step for e in list_steps(LocalStore(root)) if e.status == "committed"]
+
+
+@pytest.mark.parametrize("background", ["thread", "process"])
+def test_first_restart_resumes_under_torchrun_defaults(tmp_path, reference, background):
+    """kill -9 of rank 1 while a save uploads, ``--max-restarts 1``: the first restart (the
+    only one allowed) joins, restores the newest committed step and ends bitwise exact."""
+    root, out, staging = str(tmp_path / "root"), str(tmp_path / "out"), str(tmp_path / "nvme")
+    extra = ("--kill-at", "7", "--kill-rank", "1", "--background", background)
+    proc = torchrun_output(root, out, staging, extra=extra, max_restarts=1)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "resumed from None (restart count 0)" in proc.stdout
+    resumed = re.search(r"resumed from (\d+) \(restart count 1\)", proc.stdout)
+    assert resumed, proc.stdout  # the first restart resumed, from a step saved before the kill
+    assert int(resumed.group(1)) in (3, 6)  # 6 if its upload finished before the kill
+    assert_same(final_state(out), reference)
+
+
+@pytest.mark.parametrize("background", ["thread", "process"])
+def test_two_agent_job_resumes_after_one_nodes_worker_dies(tmp_path, reference, background):
+    """Two torchrun agents ("nodes", one worker each) meet in a c10d rendezvous on
+    127.0.0.1; the worker of rank 1 is killed; both agents restart their workers, which
+    resume from the newest committed step, bitwise exact."""
+    root, out, staging = str(tmp_path / "root"), str(tmp_path / "out"), str(tmp_path / "nvme")
+    endpoint, run_id = f"127.0.0.1:{free_port()}", uuid.uuid4().hex[:8]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2"]
+    cmd += ["--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint]
+    cmd += ["--rdzv-id", run_id, "--max-restarts", "1"]
+    extra = ("--kill-at", "7", "--kill-rank", "1", "--background", background)
+    args = loop_args(root, out, None, extra)
+    logs = [open(tmp_path / f"agent{i}.log", "w+") for i in range(2)]  # noqa: SIM115
+    try:
+        agents = [
+            subprocess.Popen(
+                cmd + ["--node-rank", str(i)] + args,
+                env=job_env(),
+                stdout=f,
+                stderr=subprocess.STDOUT,
+            )
+            for i, f in enumerate(logs)
+        ]
+        codes = [a.wait(timeout=240) for a in agents]
+    finally:
+        for a in locals().get("agents", []):
+            if a.poll() is None:
+                a.kill()
+                a.wait()
+        text = ""
+        for f in logs:
+            f.seek(0)
+            text += f.read()
+            f.close()
+    assert codes == [0, 0], text[-6000:]
+    assert re.search(r"resumed from [36] ", text), text[-6000:]
+    assert committed(root)[-1] == 11
+    assert_same(final_state(out), reference)
+
+
+def test_torchrun_hands_every_attempt_the_same_store(tmp_path):
+    """The root cause, shown: with torchrun's defaults a restarted worker gets the same
+    store (same MASTER_PORT) with the dead attempt's keys still in it, so anything keyed by
+    a name that restarts at the same value (gloo's group addresses) reads stale values."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(
+        "import os, signal, torch.distributed as dist\n"
+        "store = dist.TCPStore(os.environ['MASTER_ADDR'], int(os.environ['MASTER_PORT']),"
+        " is_master=False)\n"
+        "attempt = os.environ['TORCHELASTIC_RESTART_COUNT']\n"
+        "if attempt == '0':\n"
+        "    store.set('probe', os.environ['MASTER_PORT'])\n"
+        "    os.kill(os.getpid(), signal.SIGKILL)\n"
+        "print('stale', bytes(store.get('probe')).decode() == os.environ['MASTER_PORT'])\n"
+    )
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node"]
+    cmd += ["1", "--max-restarts", "1", str(probe)]
+    proc = subprocess.run(cmd, env=job_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "stale True" in proc.stdout

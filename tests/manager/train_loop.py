@@ -10,12 +10,17 @@ import os
 import signal
 from datetime import timedelta
 
+if os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") != "0":  # crash points: first attempt only
+    for _name in ("CKPTSTORE_CRASH_AT", "CKPTSTORE_CRASH_RANK"):
+        os.environ.pop(_name, None)
+
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+from ckptstore.launch import init_process_group
 from ckptstore.manager import CheckpointManager
 from ckptstore.retention import KeepLast
 from ckptstore.state import RNGState
@@ -44,10 +49,13 @@ def main() -> None:
     p.add_argument("--out", required=True)
     p.add_argument("--preempt-at", type=int, default=-1, help="rank 1 gets SIGTERM at this step")
     p.add_argument("--background", default="thread", choices=("thread", "process"))
+    p.add_argument("--kill-at", type=int, default=-1, help="first attempt: kill -9 at this step")
+    p.add_argument("--kill-rank", type=int, default=1)
     args = p.parse_args()
 
-    dist.init_process_group("gloo", timeout=timedelta(seconds=60))
+    init_process_group("gloo", timeout=timedelta(seconds=60))
     rank = dist.get_rank()
+    first_attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") == "0"
     torch.manual_seed(0)
     model = DDP(
         torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.Tanh(), torch.nn.Linear(64, 1))
@@ -66,7 +74,8 @@ def main() -> None:
     restored = mgr.restore(state)
     first = 0 if restored is None else restored + 1
     if rank == 0:
-        print(f"resumed from {restored}", flush=True)
+        attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+        print(f"resumed from {restored} (restart count {attempt})", flush=True)
     for step in range(first, args.steps):
         x = torch.randn(16, 32)
         loss = (model(x) - x.sum(dim=1, keepdim=True).sin()).square().mean()
@@ -85,6 +94,8 @@ def main() -> None:
             return
         if step % args.every == 0 or step == args.steps - 1:
             mgr.save(step, state)
+        if step == args.kill_at and rank == args.kill_rank and first_attempt:
+            os.kill(os.getpid(), signal.SIGKILL)  # mid-upload when a save just started
     mgr.close()
     msd, osd = get_state_dict(model, opt)
     torch.save({"model": msd, "optim": osd, "rng": torch.get_rng_state()}, f"{args.out}.{rank}")

@@ -1,0 +1,140 @@
+"""Process groups that survive a restart under torchrun's default settings.
+
+Why this exists (torch 2.13, c10d rendezvous, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` unset):
+the rank-0 agent hosts one TCPStore for the whole job (``dynamic_rendezvous`` creates it on
+the first rendezvous only) and every attempt of the worker group gets that same store at
+the same ``MASTER_ADDR:MASTER_PORT``, as a plain client with no per-attempt prefix
+(``torch.distributed.rendezvous._create_c10d_store``). A process group's keys are named
+after its group name (``default_pg/0/...``, then ``1/``, ``2/``... from a counter that starts
+at 0 in every process), so a restarted group finds the dead attempt's gloo addresses under
+its own keys. gloo sets its own key and reads its peers' at once: a rank that arrives before
+its peer has rewritten that key connects to a dead process ("Gloo connectFullMesh failed")
+and the attempt dies. ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each agent
+counts only its own restarts, so two nodes disagree (pytorch#135712, #108158).
+
+:func:`init_process_group` meets in that store under a prefix fresh for the attempt, agreed
+through keys no earlier attempt can have written (each rank's own random nonce), then
+creates the default group there; every later ``new_group`` (the CheckpointManager's too)
+nests under it. Without the agent store (no torchrun, or the opt-out variable set) it is
+plain ``dist.init_process_group``.
+
+Call order (every rank, once, before anything else distributed)::
+
+    ckptstore.launch.init_process_group("gloo")      # instead of dist.init_process_group
+    ...
+    dist.destroy_process_group()
+
+:func:`fresh_new_group` is for a library that did not create the default group (the
+CheckpointManager): a ``dist.new_group`` whose name no earlier attempt used.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import time
+import uuid
+from datetime import timedelta
+from typing import Any
+
+import torch.distributed as dist
+
+from ckptstore.errors import ConfigError
+
+__all__ = ["fresh_new_group", "init_process_group", "made_here", "shares_agent_store"]
+
+BASE = "ckptstore/attempt"
+POLL_S = 0.01
+_OURS: set[int] = set()  # id() of default groups this module created
+
+
+def shares_agent_store() -> bool:
+    """True in a torchrun worker whose store is the agent's, shared by every attempt."""
+    return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def made_here() -> bool:
+    """True if the current default group was made by :func:`init_process_group`."""
+    return dist.is_initialized() and id(dist.group.WORLD) in _OURS
+
+
+def _agree(store: Any, rank: int, world_size: int, timeout: timedelta) -> str:
+    """A token every rank of this attempt gets from rank 0, and no earlier attempt had.
+
+    Rank r > 0 publishes a fresh nonce under ``join/r`` and waits for ``welcome/<nonce>``:
+    a key only this attempt's rank 0 can write, since only it has seen the nonce. Rank 0
+    answers every nonce it finds under ``join/r`` (a dead attempt's too; harmless) until
+    each rank has confirmed under ``<token>/joined/r``, a key named by its own fresh token.
+    """
+    deadline = time.monotonic() + timeout.total_seconds()
+    if rank == 0:
+        token = uuid.uuid4().hex
+        answered: dict[int, bytes] = {}
+        pending = list(range(1, world_size))
+        while pending:
+            for r in pending:
+                join = f"{BASE}/join/{r}"
+                if store.check([join]):
+                    nonce = bytes(store.get(join))
+                    if answered.get(r) != nonce:
+                        store.set(f"{BASE}/welcome/{nonce.decode()}", token)
+                        answered[r] = nonce
+            pending = [r for r in pending if not store.check([f"{BASE}/{token}/joined/{r}"])]
+            if pending and time.monotonic() > deadline:
+                raise ConfigError(
+                    f"ranks {pending} did not join the process group within {timeout}; "
+                    "check that every worker of the job started"
+                )
+            if pending:
+                time.sleep(POLL_S)
+        return token
+    mine = uuid.uuid4().hex
+    welcome = f"{BASE}/welcome/{mine}"
+    store.set(f"{BASE}/join/{rank}", mine)
+    while not store.check([welcome]):
+        if time.monotonic() > deadline:
+            raise ConfigError(
+                f"rank {rank} heard nothing from rank 0 within {timeout}; check that every "
+                "worker of the job started and that MASTER_ADDR is reachable"
+            )
+        time.sleep(POLL_S)
+    token = bytes(store.get(welcome)).decode()
+    store.set(f"{BASE}/{token}/joined/{rank}", b"1")
+    store.delete_key(welcome)
+    return token
+
+
+def init_process_group(backend: str = "gloo", timeout: timedelta | None = None) -> None:
+    """``dist.init_process_group(backend)`` from torchrun's environment, in a store
+    namespace of this attempt's own; see the module docstring."""
+    timeout = timeout or timedelta(minutes=10)
+    if not shares_agent_store():
+        dist.init_process_group(backend, timeout=timeout)
+        _OURS.add(id(dist.group.WORLD))
+        return
+    rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
+    client = dist.TCPStore(host, port, world_size, is_master=False, timeout=timeout)
+    token = _agree(client, rank, world_size, timeout)
+    store = dist.PrefixStore(f"{BASE}/{token}/", client)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    _OURS.add(id(dist.group.WORLD))
+
+
+def fresh_new_group(backend: str = "gloo", timeout: timedelta | None = None) -> Any:
+    """``dist.new_group(backend=backend)`` (all ranks) whose store keys no earlier attempt
+    wrote. Under a default group from :func:`init_process_group`, or outside torchrun's
+    shared store, that is plain ``new_group``; else the group is named from a number
+    rank 0 draws and broadcasts on the default group (whose own connection is fresh),
+    and the name counter is put back for the caller's own groups."""
+    if made_here() or not shares_agent_store():
+        return dist.new_group(backend=backend, timeout=timeout)
+    box = [secrets.randbits(62) | (1 << 62)]  # far above any counter a program reaches
+    dist.broadcast_object_list(box, src=0)
+    world = dist.distributed_c10d._world
+    saved = world.group_count
+    world.group_count = box[0]
+    try:
+        return dist.new_group(backend=backend, timeout=timeout)
+    finally:
+        world.group_count = saved
