@@ -6,9 +6,9 @@ Three kinds of pickle reach the CLI, and none runs arbitrary code by default:
   that resolves only DCP's metadata classes), then ``check_metadata``; ``--allow-pickle``
   does not change that.
 * a ``torch.save`` file, and each non-tensor (object) item of a DCP checkpoint, load with
-  ``torch.load(weights_only=True)``: tensors, containers, numbers, strings. Anything else
-  (a custom class, ``fractions.Fraction``, a crafted reduce) is refused with an error naming
-  the file or item, the class, and ``--allow-pickle``.
+  ``torch.load(weights_only=True)``: tensors, containers, numbers, strings, ``io.BytesIO``.
+  Anything else (a custom class, ``fractions.Fraction``, a crafted reduce) is refused with
+  an error naming the file or item, the class, and ``--allow-pickle``.
 * with ``--allow-pickle`` they load with ``weights_only=False``: the user trusts the file.
 
 A checkpoint whose bytes verify against a committed manifest only proves the bytes are the
@@ -62,7 +62,11 @@ def _refused(source: str, what: str, cls: str, unverified: bool) -> ConfigError:
 def _torch_load(data: bytes, allow_pickle: bool) -> Any:
     import torch
 
-    return torch.load(io.BytesIO(data), map_location="cpu", weights_only=not allow_pickle)
+    if allow_pickle:
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
+    from ckptstore.dcp.reader import load_safe_object
+
+    return load_safe_object(data)
 
 
 def load_object(

@@ -57,7 +57,13 @@ from ckptstore.errors import (
     UnsafePickleError,
 )
 
-__all__ = ["CkptReader", "StockCheckpointWarning", "check_safe_object", "item_codec"]
+__all__ = [
+    "CkptReader",
+    "StockCheckpointWarning",
+    "check_safe_object",
+    "item_codec",
+    "load_safe_object",
+]
 
 log = logging.getLogger(__name__)
 
@@ -347,11 +353,20 @@ def _unpickles_unsafely(planner: LoadPlanner) -> bool:
     )
 
 
+def load_safe_object(data: bytes | memoryview) -> Any:
+    """Unpickle one DCP object item with ``torch.load(weights_only=True)``: plain
+    containers, numbers, strings, tensors, and ``io.BytesIO`` (a value type DCP saves as
+    its own kind of item; rebuilding one from bytes runs nothing). Raises what torch raises.
+    """
+    with torch.serialization.safe_globals([io.BytesIO]):
+        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+
+
 def check_safe_object(data: Any, fqn: str, url: str) -> None:
-    """Raise ``UnsafePickleError`` unless ``data`` loads with ``weights_only=True``
-    (plain containers, numbers, strings, tensors): nothing else is imported or run."""
+    """Raise ``UnsafePickleError`` unless ``data`` loads with :func:`load_safe_object`:
+    nothing else is imported or run."""
     try:
-        torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
+        load_safe_object(data)
     except Exception as exc:  # noqa: BLE001 - any refusal means: do not unpickle it
         reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise UnsafePickleError(

@@ -2,16 +2,14 @@
 
 Every case runs once per column: ckptstore's writer/reader on a volume, ckptstore on S3
 (a real SeaweedFS), and stock ``FileSystemWriter`` / ``FileSystemReader`` as the control,
-which must pass everything. A ckptstore case that fails for a known, tracked reason is
-marked with ``known_gap("<what>")``: a strict xfail on the ckptstore columns only, so it
-turns into a failure (to remove the mark) the day the gap is fixed.
+which must pass everything. Where ckptstore deliberately differs from stock DCP
+(``use_collectives=False`` is refused), the case says so and checks the refusal.
 """
 
 from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,14 +77,3 @@ def backend(request: pytest.FixtureRequest, tmp_path: Any) -> Backend:
         return Backend("s3", base, dict(server.storage_options))
     kind = "volume" if request.param == "ckptstore-volume" else "stock"
     return Backend(kind, str(tmp_path / "ckpts"))
-
-
-@pytest.fixture
-def known_gap(request: pytest.FixtureRequest, backend: Backend) -> Callable[[str], None]:
-    """``known_gap("what")``: this case is a strict xfail on the ckptstore columns."""
-
-    def mark(what: str) -> None:
-        if backend.is_ckptstore:
-            request.applymarker(pytest.mark.xfail(strict=True, reason=f"issue 14: {what}"))
-
-    return mark
