@@ -57,7 +57,13 @@ _LAZY = {
 }
 
 
+#: submodules reachable as attributes without an import of their own (they import torch).
+_SUBMODULES = {"launch"}
+
+
 def __getattr__(name: str) -> Any:
+    if name in _SUBMODULES:
+        return importlib.import_module(f"ckptstore.{name}")
     module = _LAZY.get(name)
     if module is None:
         raise AttributeError(f"module 'ckptstore' has no attribute {name!r}")
@@ -67,7 +73,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(_LAZY))
+    return sorted(set(globals()) | set(_LAZY) | _SUBMODULES)
 
 
 __all__ = [

@@ -227,11 +227,12 @@ def test_every_ckptstore_tool_line_parses() -> None:
 @pytest.mark.distributed
 @pytest.mark.slow
 def test_the_resume_loop_runs_under_torchrun_after_init_process_group(tmp_path) -> None:
-    """ "Under torchrun the same code runs on every rank once init_process_group has been
-    called": the block, preceded by that call, on 2 ranks under stock torchrun."""
+    """ "Under torchrun the same code runs on every rank once
+    ckptstore.launch.init_process_group has been called": the block, preceded by that call,
+    on 2 ranks under stock torchrun."""
     (code,) = [c for _, c in PYTHON if "checkpoints/run2" in c]
     script = tmp_path / "loop.py"
-    script.write_text('import torch.distributed as dist\ndist.init_process_group("gloo")\n' + code)
+    script.write_text('import ckptstore\nckptstore.launch.init_process_group("gloo")\n' + code)
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
     proc = subprocess.run(
         [torchrun, "--nproc-per-node", "2", str(script)],
