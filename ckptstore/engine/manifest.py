@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptstore.engine.checksum import crc32c, format_crc, parse_crc
+from ckptstore.engine.paths import is_safe_name
 from ckptstore.errors import CorruptCheckpointError
 
 __all__ = [
@@ -205,13 +206,10 @@ def _json(data: bytes) -> Any:
 
 
 def is_contained_name(name: Any) -> bool:
-    """True for a relative, normalised '/'-separated name that stays inside its directory:
-    no absolute path, no ``..`` / ``.`` / empty part, no backslash, NUL or drive letter."""
-    if type(name) is not str or not name or len(name) > 4096:
-        return False
-    if "\0" in name or "\\" in name or name.startswith("/") or ":" in name.split("/")[0]:
-        return False
-    return all(part not in ("", ".", "..") for part in name.split("/"))
+    """True for a name a manifest, marker or ``.metadata`` may hold: one the stores accept
+    (``engine.paths.is_safe_name``: relative, normalised, inside its root), at most 4096
+    characters, and no drive letter or scheme (``C:``, ``s3:``) in its first segment."""
+    return is_safe_name(name) and len(name) <= 4096 and ":" not in name.split("/")[0]
 
 
 def _get(doc: dict[str, Any], key: str, default: Any = ...) -> Any:
