@@ -10,11 +10,11 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, TypeVar
 
 from ckptstore.config import RetryConfig
-from ckptstore.engine.store import Buffer, Multipart, Part, Store
+from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store
 from ckptstore.errors import TransferError, TransientStoreError
 
 __all__ = [
@@ -170,8 +170,18 @@ class RetryingStore(Store):
     def listdir(self, prefix: str = "") -> list[str]:
         return self._retry(lambda: self.inner.listdir(prefix), "listing of", prefix)
 
+    def scan(self, prefix: str = "") -> list[Entry]:
+        return self._retry(lambda: self.inner.scan(prefix), "listing of", prefix)
+
     def delete(self, path: str) -> None:
         self._retry(lambda: self.inner.delete(path), "deletion of", path)
+
+    def delete_many(self, paths: Iterable[str]) -> None:
+        names = list(paths)  # retried as a whole: each delete is idempotent
+        self._retry(lambda: self.inner.delete_many(names), "deletion of", ", ".join(names[:3]))
+
+    def remove_empty_dirs(self, prefix: str = "") -> None:
+        self._retry(lambda: self.inner.remove_empty_dirs(prefix), "directory cleanup of", prefix)
 
     def delete_prefix(self, prefix: str) -> None:
         self._retry(lambda: self.inner.delete_prefix(prefix), "deletion of", prefix)
