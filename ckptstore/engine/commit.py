@@ -10,8 +10,12 @@ Call order on the coordinator, after every rank's data files are durable::
               are deleted; the winner's are untouched)
            replace=True (re-saving a step found damaged): a plain put, which swaps the
               old marker for the new one in one atomic write
-        4. ckptstore.manifest.json, .metadata     (put)   canonical copies, for humans and
-                                                          stock DCP readers
+        4. .metadata, ckptstore.manifest.json     (put)   canonical copies, for humans and
+                                                          stock DCP readers (.metadata first:
+                                                          a canonical manifest matching the
+                                                          marker vouches for the .metadata
+                                                          beside it, so one another writer
+                                                          replaced is refused as corrupt)
         5. files of other attempts (torn leftovers, replaced checkpoints) are deleted:
            only names ckptstore or DCP make (``layout.is_ckptstore_file``), never a temp
            file (``.ckptstore-tmp-``) a live writer is still creating (a racing loser's;
@@ -188,8 +192,10 @@ def _publish_canonical(
 ) -> None:
     """Steps 4 and 5: canonical copies, then delete what no committed file needs (only
     ckptstore's own names, never a live writer's temp file)."""
-    engine.put(store, MANIFEST_NAME, manifest_bytes)
+    # .metadata before the manifest: a canonical manifest that matches the marker then
+    # proves the canonical .metadata beside it was ckptstore's (see open_committed).
     engine.put(store, METADATA_NAME, metadata_bytes)
+    engine.put(store, MANIFEST_NAME, manifest_bytes)
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)] if attempt else []
     keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, *own, *manifest.files}
     for name in store.find():
@@ -269,6 +275,15 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
             "checkpoint is damaged. Restore the previous checkpoint."
         )
     metadata_name, metadata_bytes = got
+    if manifest_name == MANIFEST_NAME and metadata_name != METADATA_NAME:
+        if store.exists(METADATA_NAME):  # written after ours (ours goes before the manifest)
+            raise CorruptCheckpointError(
+                f"{store.describe(METADATA_NAME)} is not the one ckptstore committed: another "
+                "writer (a stock dcp.save into this directory?) replaced it after the commit, "
+                "so stock readers now load a different checkpoint than the manifest vouches "
+                "for. The directory no longer holds one consistent checkpoint: restore the "
+                "previous one, and give every save a directory of its own."
+            )
     canonical = manifest_name == MANIFEST_NAME and metadata_name == METADATA_NAME
     return Committed(marker, manifest, metadata_bytes, manifest_bytes, canonical)
 
