@@ -28,7 +28,6 @@ __all__ = [
     "TMP_MARK",
     "step_name",
     "parse_step",
-    "is_step_name",
     "is_ckptstore_file",
 ]
 
@@ -64,11 +63,6 @@ def parse_step(name: str) -> int | None:
     """
     m = _STEP.match(name[:-1] if name.endswith("/") else name)
     return int(m.group(1)) if m else None
-
-
-def is_step_name(name: str) -> bool:
-    """True for a canonical step directory name."""
-    return parse_step(name) is not None
 
 
 def is_ckptstore_file(name: str) -> bool:
