@@ -1,6 +1,6 @@
 """Process groups that survive a restart under torchrun's default settings.
 
-Why this exists (torch 2.13, c10d rendezvous, ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE`` unset):
+Why this exists (torch 2.13, c10d rendezvous, torchrun's default shared store):
 the rank-0 agent hosts one TCPStore for the whole job (``dynamic_rendezvous`` creates it on
 the first rendezvous only) and every attempt of the worker group gets that same store at
 the same ``MASTER_ADDR:MASTER_PORT``, as a plain client with no per-attempt prefix

@@ -320,7 +320,6 @@ def run_chaos(
         }
         child_env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_CRASH")}
         child_env.update(env or {})
-        child_env.pop("TORCH_DISABLE_SHARE_RDZV_TCP_STORE", None)  # torchrun's defaults
         child_env.update(
             GLOO_SOCKET_IFNAME="lo",
             OMP_NUM_THREADS="1",

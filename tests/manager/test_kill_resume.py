@@ -24,11 +24,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
 
 def job_env(crash: dict[str, str] | None = None) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in os.environ.items()
-        if not k.startswith("CKPTSTORE_CRASH") and k != "TORCH_DISABLE_SHARE_RDZV_TCP_STORE"
-    }
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_CRASH")}
     env.update(GLOO_SOCKET_IFNAME="lo", PYTHONPATH=REPO, OMP_NUM_THREADS="1", **(crash or {}))
     return env
 
