@@ -18,7 +18,7 @@ import torch
 import ckptstore
 from ckptstore.catalog import SkippedEntryWarning, list_steps, scan_root
 from ckptstore.engine.deletion import delete_step, remove_made
-from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
+from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.verify import verify_checkpoint
 from ckptstore.errors import ConfigError, UnsafePathError
 from ckptstore.manager import CheckpointManager
@@ -30,17 +30,9 @@ from tests.cli.conftest import (
     sample_state,
     save_ckpt,
     script_env,
+    step,
+    tear,
 )
-
-
-def step(root: str, n: int) -> str:
-    return f"{root}/step_{n:09d}"
-
-
-def tear(backend: Backend, url: str) -> None:
-    store = backend.open(url)
-    for name in (MARKER_NAME, MANIFEST_NAME, ".metadata"):
-        store.delete(name)
 
 
 def committed(backend: Backend, root: str) -> list[int]:

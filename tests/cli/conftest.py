@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import ckptstore
+from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.engine.store import Store
 from ckptstore.stores import open_store
 
@@ -119,6 +120,17 @@ def save_ckpt(backend: Backend, url: str, state: dict[str, Any] | None = None, *
         warnings.simplefilter("ignore")
         ckptstore.save(state if state is not None else sample_state(), w)
     return url
+
+
+def step(root: str, n: int) -> str:
+    return f"{root}/step_{n:09d}"
+
+
+def tear(backend: Backend, url: str) -> None:
+    """Make ``url`` look like a save that died before its marker."""
+    store = backend.open(url)
+    for name in (MARKER_NAME, MANIFEST_NAME, ".metadata"):
+        store.delete(name)
 
 
 @dataclass

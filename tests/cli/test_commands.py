@@ -14,20 +14,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ckptstore.engine.commit import open_committed, publish
-from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
+from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.transfer import TransferEngine
-from tests.cli.conftest import Backend, sample_state, save_ckpt
-
-
-def step(root: str, n: int) -> str:
-    return f"{root}/step_{n:09d}"
-
-
-def tear(backend: Backend, url: str) -> None:
-    """Make ``url`` look like a save that died before its marker."""
-    store = backend.open(url)
-    for name in (MARKER_NAME, MANIFEST_NAME, ".metadata"):
-        store.delete(name)
+from tests.cli.conftest import Backend, sample_state, save_ckpt, step, tear
 
 
 def corrupt_largest_range(backend: Backend, url: str) -> tuple[str, int, int]:
