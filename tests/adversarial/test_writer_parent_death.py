@@ -18,6 +18,8 @@ import time
 
 import pytest
 
+from tests.manager.test_background_process import gone
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
@@ -51,14 +53,6 @@ if when != "starting":
     print("at", when, flush=True)
 time.sleep(300)
 """
-
-
-def gone(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[0] == "Z"  # a zombie nobody reaped
-    except FileNotFoundError:
-        return True
 
 
 def _line(proc: subprocess.Popen, timeout: float = 90.0) -> str:
