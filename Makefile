@@ -19,8 +19,8 @@ test-fast: setup
 	$(PYTEST) -q -m "not server and not distributed and not slow"
 
 lint: setup
-	$(PY) -m ruff check ckptstore tests benchmarks tools plugins examples
-	$(PY) -m ruff format --check ckptstore tests benchmarks tools plugins examples
+	$(PY) -m ruff check ckptstore harness tests benchmarks tools examples
+	$(PY) -m ruff format --check ckptstore harness tests benchmarks tools examples
 	$(PY) -m mypy
 
 # The benchmark suite (benchmarks/suite.py, scenarios in benchmarks/suite_config.py); it
@@ -34,10 +34,10 @@ bench-quick: setup
 
 # S3 (a SeaweedFS it starts), direct and through a shaped link; ~20 min here, --quick a few.
 bench-objstore: setup
-	$(PY) benchmarks/bench_objstore.py
+	PYTHONPATH=. $(PY) benchmarks/bench_objstore.py
 
 bench-objstore-quick: setup
-	$(PY) benchmarks/bench_objstore.py --quick
+	PYTHONPATH=. $(PY) benchmarks/bench_objstore.py --quick
 
 clean:
 	rm -rf .venv tools/node_modules .pytest_cache .mypy_cache .ruff_cache

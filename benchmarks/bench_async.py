@@ -51,7 +51,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling rss.py
 
 from rss import peak_rss_mib, reset_peak  # noqa: E402 - a sibling module, found via sys.path
 
-from ckptstore.testing.dist import run_distributed  # noqa: E402
+from harness.dist import run_distributed  # noqa: E402
 
 TENSORS_PER_RANK = 8
 

@@ -304,7 +304,7 @@ def format_table(rows: dict[str, Any]) -> str:
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
-    from ckptstore.testing.dist import run_distributed
+    from harness.dist import run_distributed
 
     made_base = not cfg.dir
     base = tempfile.mkdtemp(prefix="ckptstore-bench-") if made_base else cfg.dir

@@ -327,8 +327,8 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 def run(cfg: BenchConfig) -> dict[str, Any]:
     from shaped_link import ShapedLink
 
-    from ckptstore.testing.dist import run_distributed
-    from ckptstore.testing.seaweedfs import SeaweedFS
+    from harness.dist import run_distributed
+    from harness.seaweedfs import SeaweedFS
 
     server = SeaweedFS().start()
     link = None

@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     from shaped_link import ShapedLink
 
-    from ckptstore.testing.seaweedfs import SeaweedFS
+    from harness.seaweedfs import SeaweedFS
 
     torch.set_num_threads(1)
     names = tuple(x for x in a.contenders.split(",") if x)

@@ -79,7 +79,7 @@ def _floor_rank(rank: int, world: int, nbytes: int, repeats: int, base: str) -> 
 
 
 def run_floor(scn: str, size_mib: int, repeats: int = 3, **_: Any) -> list[dict]:
-    from ckptstore.testing.dist import run_distributed
+    from harness.dist import run_distributed
 
     base = tempfile.mkdtemp(prefix="ckptstore-suite-floor-")
     nbytes = size_mib * MiB
@@ -162,7 +162,7 @@ def run_reshard(
 ) -> list[dict]:
     import bench_local
 
-    from ckptstore.testing.dist import run_distributed
+    from harness.dist import run_distributed
 
     cfg = bench_local.BenchConfig(size_mib=size_mib, world=world, repeats=repeats)
     base = tempfile.mkdtemp(prefix="ckptstore-suite-reshard-")

@@ -72,8 +72,8 @@ def run_objstore_torchsave(
     import objstore_contenders as oc
     from suite_scenarios import record
 
-    from ckptstore.testing.dist import run_distributed
-    from ckptstore.testing.seaweedfs import SeaweedFS
+    from harness.dist import run_distributed
+    from harness.seaweedfs import SeaweedFS
 
     cfg = oc.BenchConfig(size_mib=size_mib, world=world, repeats=repeats)
     server = SeaweedFS().start()

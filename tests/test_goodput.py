@@ -1,4 +1,4 @@
-"""ckptstore.goodput: MISSION figures, optimal intervals, properties, validation, costs."""
+"""ckptstore.planning.goodput: MISSION figures, optimal intervals, properties, validation, costs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptstore.errors import CkptStoreError, ConfigError
-from ckptstore.goodput import (
+from ckptstore.planning.goodput import (
     MODELS,
     GoodputInputs,
     InputError,
@@ -438,9 +438,9 @@ def test_cli_errors_name_flags_and_help_has_no_transfer_options(capsys) -> None:
 
 
 def test_timeline_legend_names_only_what_happened_in_distinct_colours(tmp_path) -> None:
-    from ckptstore.testing.chaos import ChaosResult, KillRecord, SegmentRecord
-    from ckptstore.testing.goodput_report import _COLORS, account, plot_timeline, timeline_kinds
-    from ckptstore.testing.runlog import read_attempts
+    from harness.chaos import ChaosResult, KillRecord, SegmentRecord
+    from harness.goodput_report import _COLORS, account, plot_timeline, timeline_kinds
+    from harness.runlog import read_attempts
     from tests.resilience.test_runlog import write_attempt
 
     d = str(tmp_path)

@@ -23,7 +23,7 @@ from typing import Any
 
 import pytest
 
-from ckptstore.catalog import list_steps
+from ckptstore.engine.catalog import list_steps
 from ckptstore.stores import open_store
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,14 +12,14 @@ disk, then uploaded and committed), ``RNGState`` and the ckptstore ``DataLoader`
 
 1. reference  the job runs uninterrupted; at each save rank 0 also ``torch.save``s the same
               state (+ fsync), to compare what a save blocks training for.
-2. chaos      the same job; ``ckptstore.testing.chaos`` kills a worker during a checkpoint
+2. chaos      the same job; ``harness.chaos`` kills a worker during a checkpoint
               upload (a named crash point) and once at a random time (SIGKILL of its pid);
               torchrun restarts the group, which resumes from the newest committed step.
               ``--full``: a kill in every phase of a save, then a resize leg.
 3. report     blocking per save (ckptstore vs rank-0 torch.save), restarts survived,
               exactly-once data, bitwise equality with the reference, every committed
               checkpoint verified and loaded in full, and the goodput account measured
-              against ``ckptstore.goodput``'s model, with a PNG timeline (written to a new
+              against ``ckptstore.planning.goodput``'s model, with a PNG timeline (written to a new
               directory per run, or the ``--dir`` / ``--keep`` one; its path is printed).
 
 Exit status 0 only if every check passed.
@@ -42,10 +42,10 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
-from ckptstore.testing.chaos import ChaosResult, Kill, Segment, run_chaos  # noqa: E402
-from ckptstore.testing.ckptcheck import audit_root  # noqa: E402
-from ckptstore.testing.goodput_report import account, plot_timeline  # noqa: E402
-from ckptstore.testing.runlog import (  # noqa: E402
+from harness.chaos import ChaosResult, Kill, Segment, run_chaos  # noqa: E402
+from harness.ckptcheck import audit_root  # noqa: E402
+from harness.goodput_report import account, plot_timeline  # noqa: E402
+from harness.runlog import (  # noqa: E402
     Attempt,
     check_exactly_once,
     check_restores,
@@ -92,7 +92,7 @@ class Demo:
         self.storage_options: dict[str, Any] = {}
         self.store_label = f"local directory {root}/<run>/ckpt"
         if store == "s3":
-            from ckptstore.testing.seaweedfs import SeaweedFS
+            from harness.seaweedfs import SeaweedFS
 
             self.server = SeaweedFS().start()
             self.server.create_bucket("demo")

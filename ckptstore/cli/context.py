@@ -6,9 +6,6 @@ endpoints on every URL: the value is parsed as JSON when it parses (``true``, ``
 (``client_kwargs.endpoint_url=http://127.0.0.1:8333`` becomes
 ``{"client_kwargs": {"endpoint_url": ...}}``). Shared options apply to every URL that is not
 a local path; ``--src-option`` / ``--dst-option`` apply to one side only and override.
-
-``CKPTSTORE_TOOL_TEST_DELAY`` (tests only) slows store calls down so a test can interrupt a
-copy mid-way: ``put_part=0.2,put=0.2`` delays each named store method by that many seconds.
 """
 
 from __future__ import annotations
@@ -31,13 +28,10 @@ __all__ = [
     "merge_options",
     "Context",
     "split_file_url",
-    "TEST_DELAY_ENV",
     "add_common_arguments",
     "non_negative",
     "positive",
 ]
-
-TEST_DELAY_ENV = "CKPTSTORE_TOOL_TEST_DELAY"
 
 
 def _parse_value(text: str) -> Any:
@@ -113,17 +107,6 @@ def positive(text: str) -> float:
     return _number(text, lambda v: v > 0, "finite, positive")
 
 
-def _delays_from_env() -> dict[str, float]:
-    spec = os.environ.get(TEST_DELAY_ENV, "").strip()
-    if not spec:
-        return {}
-    out = {}
-    for item in spec.split(","):
-        method, _, seconds = item.partition("=")
-        out[method.strip()] = float(seconds)
-    return out
-
-
 @dataclass
 class Context:
     """Options every subcommand reads, and the URL -> store helpers built on them."""
@@ -179,14 +162,8 @@ class Context:
         return merge_options(base, self.side_options.get(side, {}))
 
     def open(self, url: str, side: str = "") -> Store:
-        """The store rooted at ``url`` with its storage options (and the test delay hook)."""
-        store = open_store(url, self.options_for(url, side))
-        delays = _delays_from_env()
-        if delays:
-            from ckptstore.testing.faults import Fault, FaultyStore
-
-            store = FaultyStore(store, [Fault(m, delay=s) for m, s in delays.items()])
-        return store
+        """The store rooted at ``url`` with its storage options."""
+        return open_store(url, self.options_for(url, side))
 
     def open_file(self, url: str, side: str = "") -> tuple[Store, str]:
         """The store holding the single file ``url``, and the file's name in it."""

@@ -1,7 +1,7 @@
 """``ckptstore-tool gc ROOT --keep-last N [--keep-every K] [--dry-run]``.
 
-Applies the retention policy the checkpoint manager uses (``ckptstore.retention``), removes
-torn leftovers and aborts stale multipart uploads (``ckptstore.prune``). Never deletes the
+Applies the retention policy the checkpoint manager uses (``ckptstore.manager.retention``), removes
+torn leftovers and aborts stale multipart uploads (``ckptstore.manager.prune``). Never deletes the
 newest committed checkpoint, a ``--protect``-ed step, or an incomplete step newer than the
 newest commit (it may be a save in flight). Deletes only ckptstore's own files of canonical
 ``step_%09d`` directories; everything else under ROOT is listed as "not ckptstore's: left
@@ -17,8 +17,8 @@ from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import dump_json, human_bytes, table
 from ckptstore.cli.sources import list_or_missing
 from ckptstore.errors import ConfigError
-from ckptstore.prune import apply_prune, plan_prune
-from ckptstore.retention import KeepEvery, KeepLast, RetentionPolicy
+from ckptstore.manager.prune import apply_prune, plan_prune
+from ckptstore.manager.retention import KeepEvery, KeepLast, RetentionPolicy
 
 __all__ = ["add_parser", "run", "policy_from_args"]
 

@@ -1,4 +1,4 @@
-"""``ckptstore-tool goodput``: the checkpoint planning calculator over ``ckptstore.goodput``.
+"""``ckptstore-tool goodput``: the planning calculator over ``ckptstore.planning.goodput``.
 
 Give the failure rate as ``--failures-per-day`` or as ``--gpus`` and ``--afr`` (``1%`` or
 ``0.01``). ``--from ROOT`` takes the blocking time of one save from what the checkpoint
@@ -20,13 +20,13 @@ import statistics
 import sys
 from typing import Any
 
-from ckptstore.catalog import list_steps
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import dump_json, table
 from ckptstore.cli.sources import list_or_missing
+from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import open_committed
 from ckptstore.errors import ConfigError
-from ckptstore.goodput import GoodputInputs, InputError, Prices, plan, report_rows
+from ckptstore.planning.goodput import GoodputInputs, InputError, Prices, plan, report_rows
 
 __all__ = ["add_parser", "run", "parse_fraction", "measured_from_root", "fmt", "FLAGS"]
 

@@ -27,8 +27,8 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from ckptstore.catalog import parse_step
 from ckptstore.dcp.writer import CkptWriter, step_from_url
+from ckptstore.engine.catalog import parse_step
 from ckptstore.engine.commit import publish
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME

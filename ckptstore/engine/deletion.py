@@ -1,7 +1,7 @@
 """The one deletion path: everything ckptstore deletes under a root goes through here.
 
 Used by ``ckptstore-tool gc`` and the checkpoint manager's retention (through
-``ckptstore.prune``), by the clean-up of torn leftovers, by failed ``cp`` / ``convert``
+``ckptstore.manager.prune``), by the clean-up of torn leftovers, by failed ``cp`` / ``convert``
 outputs, and for aborting stale multipart uploads. It deletes only what it can prove
 ckptstore made:
 
@@ -18,7 +18,7 @@ ckptstore made:
 
 Names go through the stores, which refuse anything that would leave the root
 (``engine.paths``) and never follow a symlink. Which committed steps may go at all
-(never the newest, never a protected one) is ``ckptstore.prune``'s decision.
+(never the newest, never a protected one) is ``ckptstore.manager.prune``'s decision.
 """
 
 from __future__ import annotations

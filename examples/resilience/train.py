@@ -15,9 +15,9 @@ and the ckptstore ``DataLoader`` (the data position: one cursor, exact on any wo
 another number of processes trains on the same global batches.
 
 Every rank logs, per step, the sample ids it consumed, the loss and timings, and each save
-and restore with a checksum of the model + optimizer state (:mod:`ckptstore.testing.runlog`);
+and restore with a checksum of the model + optimizer state (:mod:`harness.runlog`);
 at the end it writes its final model, optimizer and RNG state to ``--out/final.rank<r>.pt``.
-``ckptstore.testing.chaos`` kills and resizes this job; ``tools/demo.py`` drives the whole
+``harness.chaos`` kills and resizes this job; ``tools/demo.py`` drives the whole
 story. Deterministic: same seeds and world size give bitwise the same run.
 """
 
@@ -37,8 +37,8 @@ from typing import Any  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
-from ckptstore.testing.chaos import worker_context  # noqa: E402
-from ckptstore.testing.runlog import RunLog, tensor_crc  # noqa: E402
+from harness.chaos import worker_context  # noqa: E402
+from harness.runlog import RunLog, tensor_crc  # noqa: E402
 
 CTX = worker_context()  # arms this attempt's crash point before anything saves
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckptstore.catalog import SkippedEntryWarning, scan_root
+from ckptstore.engine.catalog import SkippedEntryWarning, scan_root
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
@@ -240,7 +240,7 @@ def _tree(path: str) -> dict[str, bytes]:
 def test_a_symlinked_step_is_skipped_never_followed(tmp_path, capsys) -> None:
     from ckptstore.cli.main import main
     from ckptstore.manager import CheckpointManager
-    from ckptstore.retention import KeepLast
+    from ckptstore.manager.retention import KeepLast
 
     root, backend = _committed_root(tmp_path, (1, 2, 3))
     elsewhere = tmp_path / "elsewhere"
@@ -250,7 +250,7 @@ def test_a_symlinked_step_is_skipped_never_followed(tmp_path, capsys) -> None:
     os.symlink(elsewhere, os.path.join(root, "step_000000000"))
     with pytest.warns(SkippedEntryWarning, match="symlink"):
         listing = scan_root(LocalStore(root)).skipped
-        from ckptstore.catalog import list_steps
+        from ckptstore.engine.catalog import list_steps
 
         assert [e.step for e in list_steps(LocalStore(root))] == [1, 2, 3]
     assert [s.name for s in listing] == ["step_000000000"]

@@ -19,10 +19,10 @@ from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.retry import RetryingStore, retrying
 from ckptstore.errors import TransientStoreError
 from ckptstore.manager import CheckpointManager
-from ckptstore.retention import KeepLast
+from ckptstore.manager.retention import KeepLast
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
-from ckptstore.testing.proxy import FaultProxy, Rule
+from harness.proxy import FaultProxy, Rule
 from tests.conftest import BUCKET
 
 FAST = TransferConfig(retry=RetryConfig(attempts=4, base_backoff_s=0.01, max_backoff_s=0.05))

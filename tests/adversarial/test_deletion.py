@@ -16,14 +16,14 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.catalog import SkippedEntryWarning, list_steps, scan_root
+from ckptstore.engine.catalog import SkippedEntryWarning, list_steps, scan_root
 from ckptstore.engine.deletion import delete_step, remove_made
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.verify import verify_checkpoint
 from ckptstore.errors import ConfigError, UnsafePathError
 from ckptstore.manager import CheckpointManager
-from ckptstore.prune import apply_prune, plan_prune
-from ckptstore.retention import KeepLast
+from ckptstore.manager.prune import apply_prune, plan_prune
+from ckptstore.manager.retention import KeepLast
 from tests.cli.conftest import (
     REPO,
     Backend,
@@ -222,7 +222,7 @@ def test_kill_9_during_gc_never_loses_a_kept_checkpoint(tmp_path) -> None:
 _SAVER = """
 import sys, torch
 from ckptstore.manager import CheckpointManager
-from ckptstore.retention import KeepLast
+from ckptstore.manager.retention import KeepLast
 root, first, last = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
 with CheckpointManager(root, keep=KeepLast(2), async_save=False) as mgr:
     for n in range(first, last + 1):

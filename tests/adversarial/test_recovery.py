@@ -12,10 +12,10 @@ from typing import Any
 import pytest
 import torch
 
-from ckptstore.catalog import list_steps, step_name
+from ckptstore.engine.catalog import list_steps, step_name
 from ckptstore.engine.commit import open_committed
 from ckptstore.manager import CheckpointManager
-from ckptstore.retention import KeepLast
+from ckptstore.manager.retention import KeepLast
 from ckptstore.stores.local import LocalStore
 
 

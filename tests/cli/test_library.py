@@ -19,8 +19,8 @@ from ckptstore.errors import (
     DurabilityError,
     IncompleteCheckpointError,
 )
-from ckptstore.prune import apply_prune, plan_prune
-from ckptstore.retention import KeepLast
+from ckptstore.manager.prune import apply_prune, plan_prune
+from ckptstore.manager.retention import KeepLast
 from ckptstore.testing.faults import Fault, FaultyStore
 from tests.cli.conftest import Backend, sample_state, save_ckpt
 

@@ -5,7 +5,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptstore.errors import ConfigError
-from ckptstore.retention import AnyOf, KeepAll, KeepEvery, KeepLast, select_deletions
+from ckptstore.manager.retention import AnyOf, KeepAll, KeepEvery, KeepLast, select_deletions
 
 STEPS = [100, 200, 300, 400, 500]
 

@@ -22,6 +22,8 @@ from ckptstore.engine.commit import open_committed
 from ckptstore.engine.manifest import MARKER_NAME
 from tests.cli.conftest import REPO, Backend, run_script, sample_state, save_ckpt, script_env
 
+SLOW_CLI = os.path.join(REPO, "tests", "cli", "slow_cli.py")
+
 
 def no_traceback(err: str) -> bool:
     return "Traceback" not in err and len(err.strip().splitlines()) == 1
@@ -68,7 +70,7 @@ def test_convert_to_safetensors_replaces_with_force(
 
 
 def test_cp_interrupted_commits_nothing_then_completes(backend: Backend, root_url: str) -> None:
-    """SIGINT mid-copy (slowed by the test-only delay hook): nothing committed at DST."""
+    """SIGINT mid-copy (slowed by tests/cli/slow_cli.py): nothing committed at DST."""
     dst_url = root_url + "/copy/step_000000010"
     dst = backend.open(dst_url)
     # 2 files of 2 tensors, each file over 2 parts even where parts are >= 5 MiB (S3), so
@@ -76,11 +78,14 @@ def test_cp_interrupted_commits_nothing_then_completes(backend: Backend, root_ur
     cols = max(1024, dst.min_part_size // 2048 + 256)
     state = {f"w{i}": torch.randn(256, cols) for i in range(4)}
     src = save_ckpt(backend, root_url + "/step_000000010", state, files_per_rank=2)
-    base = [sys.executable, "-m", "ckptstore.cli", "cp", src, dst_url, *backend.opts]
-    argv = [*base, "--part-size-mib", "0.25", "--concurrency", "2"]
-    env = script_env(CKPTSTORE_TOOL_TEST_DELAY="put_part=1.0")
+    args = ["cp", src, dst_url, *backend.opts]
+    slow = [sys.executable, SLOW_CLI, "put_part=1.0", *args, "--part-size-mib", "0.25"]
     proc = subprocess.Popen(
-        argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        [*slow, "--concurrency", "2"],
+        env=script_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         deadline = time.monotonic() + 90
@@ -101,6 +106,7 @@ def test_cp_interrupted_commits_nothing_then_completes(backend: Backend, root_ur
     if os.path.isabs(dst_url):  # a volume: the step directory the copy made is gone too
         assert not os.path.lexists(dst_url)
     # the same copy, not interrupted, completes and commits
+    base = [sys.executable, "-m", "ckptstore.cli", *args]
     done = subprocess.run(base, env=script_env(), capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "committed" in done.stdout, done.stderr
     assert dst.exists(MARKER_NAME)

@@ -58,7 +58,7 @@ def _resume(rank: int, world: int, root: str, ckpt: str) -> dict:
 
 
 def test_resume_from_2_ranks_on_3_ranks_is_exactly_once(tmp_path) -> None:
-    from ckptstore.testing.dist import run_distributed
+    from harness.dist import run_distributed
 
     root = str(tmp_path)
     make_parquet(f"{root}/ds", SIZES, row_group=4)

@@ -8,7 +8,7 @@ import torch.distributed as dist
 import torch.nn as nn
 
 import ckptstore
-from ckptstore.testing.dist import DistributedRunError, run_distributed
+from harness.dist import DistributedRunError, run_distributed
 
 pytestmark = pytest.mark.distributed
 

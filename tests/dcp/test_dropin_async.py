@@ -13,7 +13,7 @@ import torch
 import ckptstore
 from ckptstore.engine.commit import open_committed
 from ckptstore.stores.local import LocalStore
-from ckptstore.testing.dist import run_distributed
+from harness.dist import run_distributed
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 

@@ -14,7 +14,7 @@ import torch
 
 import ckptstore
 from ckptstore.errors import ConfigError, UnsafePickleError
-from ckptstore.testing.dist import run_distributed
+from harness.dist import run_distributed
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 

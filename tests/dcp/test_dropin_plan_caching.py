@@ -14,7 +14,7 @@ import ckptstore
 from ckptstore.engine.commit import open_committed
 from ckptstore.engine.verify import verify_checkpoint
 from ckptstore.stores.local import LocalStore
-from ckptstore.testing.dist import DistributedRunError, run_distributed
+from harness.dist import DistributedRunError, run_distributed
 
 pytestmark = [
     pytest.mark.distributed,

@@ -15,7 +15,7 @@ import ckptstore
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.engine.commit import open_committed
 from ckptstore.stores import open_store
-from ckptstore.testing.dist import run_distributed
+from harness.dist import run_distributed
 
 pytestmark = [
     pytest.mark.distributed,

@@ -12,7 +12,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
 from ckptstore.errors import ConfigError
-from ckptstore.testing.dist import run_distributed
+from harness.dist import run_distributed
 from tests.dcp_conformance.conftest import Backend
 
 pytestmark = [pytest.mark.distributed, pytest.mark.filterwarnings("ignore::UserWarning")]

@@ -10,11 +10,11 @@ import warnings
 import pytest
 import torch
 
-from ckptstore.catalog import step_name
 from ckptstore.dcp.shared_staging import SharedStager
+from ckptstore.engine.catalog import step_name
 from ckptstore.errors import ConfigError, StoreAccessError
 from ckptstore.manager import CheckpointManager
-from ckptstore.testing.dist import run_distributed
+from harness.dist import run_distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 

@@ -13,9 +13,9 @@ import uuid
 import pytest
 import torch
 
-from ckptstore.catalog import list_steps
+from ckptstore.engine.catalog import list_steps
 from ckptstore.stores.local import LocalStore
-from ckptstore.testing.dist import free_port
+from harness.dist import free_port
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 

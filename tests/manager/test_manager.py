@@ -6,11 +6,11 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.catalog import list_steps, step_name
+from ckptstore.engine.catalog import list_steps, step_name
 from ckptstore.errors import StorageFullError
 from ckptstore.manager import CheckpointManager
-from ckptstore.retention import KeepEvery, KeepLast, select_deletions
-from ckptstore.state import RNGState
+from ckptstore.manager.retention import KeepEvery, KeepLast, select_deletions
+from ckptstore.manager.state import RNGState
 from ckptstore.stores.local import LocalStore
 
 
@@ -278,7 +278,7 @@ def test_full_staging_disk_is_a_clean_error_and_training_goes_on(tmp_path, tiny_
 def test_manifest_holds_the_timings_known_before_the_marker(tmp_path) -> None:
     import json
 
-    from ckptstore.manager import MANIFEST_TIMINGS
+    from ckptstore.manager.manager import MANIFEST_TIMINGS
 
     with CheckpointManager(str(tmp_path)) as mgr:
         mgr.save(1, state(1.0))

@@ -22,8 +22,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ckptstore.launch import init_process_group
 from ckptstore.manager import CheckpointManager
-from ckptstore.retention import KeepLast
-from ckptstore.state import RNGState
+from ckptstore.manager.retention import KeepLast
+from ckptstore.manager.state import RNGState
 
 
 class AppState(Stateful):

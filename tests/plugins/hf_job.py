@@ -24,7 +24,7 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 
-from ckptstore.plugins.hf import CkptStoreCallback  # noqa: E402
+from ckptstore.integrations.hf import CkptStoreCallback  # noqa: E402
 
 
 def tiny_model() -> GPT2LMHeadModel:

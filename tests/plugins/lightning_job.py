@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from ckptstore.plugins.lightning import CkptStoreIO
+from ckptstore.integrations.lightning import CkptStoreIO
 
 
 class Tiny(L.LightningModule):

@@ -14,7 +14,7 @@ pytest.importorskip("accelerate")
 from accelerate import Accelerator  # noqa: E402
 from accelerate.utils import ProjectConfiguration  # noqa: E402
 
-from ckptstore.plugins.hf import CkptStoreAccelerate  # noqa: E402
+from ckptstore.integrations.hf import CkptStoreAccelerate  # noqa: E402
 from tests.plugins.hf_job import train  # noqa: E402
 from tests.plugins.util import (  # noqa: E402
     assert_equal_tree,
@@ -57,7 +57,7 @@ def test_trainer_falls_back_past_a_corrupt_commit_on_a_fresh_machine(tmp_path, r
     train(out, root_url, 4)
     damage_shard(root_url, 4)
     shutil.rmtree(out)  # a new machine: nothing local
-    from ckptstore.plugins.hf import CkptStoreCallback
+    from ckptstore.integrations.hf import CkptStoreCallback
 
     cb = CkptStoreCallback(root_url)
     with pytest.warns(RuntimeWarning, match="step 4 could not be restored"):
@@ -150,8 +150,8 @@ def test_accelerate_save_state_commits_and_resume_takes_the_committed_copy(tmp_p
 
 
 def test_manager_options_pass_through_and_unknown_ones_fail_at_once(tmp_path) -> None:
-    from ckptstore.plugins.hf import CkptStoreCallback
-    from ckptstore.retention import KeepLast
+    from ckptstore.integrations.hf import CkptStoreCallback
+    from ckptstore.manager.retention import KeepLast
 
     cb = CkptStoreCallback(
         str(tmp_path / "root"), keep=KeepLast(5), codec="zstd", strict=True, key_layout="spread"

@@ -11,8 +11,8 @@ import torch
 pytest.importorskip("lightning")
 
 from ckptstore.errors import CorruptCheckpointError, IncompleteCheckpointError  # noqa: E402
-from ckptstore.plugins.lightning import POINTER_FORMAT, CkptStoreIO  # noqa: E402
-from ckptstore.retention import KeepEvery  # noqa: E402
+from ckptstore.integrations.lightning import POINTER_FORMAT, CkptStoreIO  # noqa: E402
+from ckptstore.manager.retention import KeepEvery  # noqa: E402
 from tests.plugins.lightning_job import fit  # noqa: E402
 from tests.plugins.util import (  # noqa: E402
     assert_equal_tree,

@@ -1,5 +1,5 @@
 """Plugins import only with their framework, name the install command otherwise, and ship
-as ``ckptstore.plugins`` through extras."""
+as ``ckptstore.integrations`` through extras."""
 
 import importlib
 import os
@@ -22,9 +22,9 @@ def hide(monkeypatch: pytest.MonkeyPatch, package: str) -> None:
 @pytest.mark.parametrize(
     "module, hidden, extra",
     [
-        ("ckptstore.plugins.lightning", "lightning", "lightning"),
-        ("ckptstore.plugins.hf", "transformers", "hf"),
-        ("ckptstore.plugins.hf", "accelerate", "hf"),
+        ("ckptstore.integrations.lightning", "lightning", "lightning"),
+        ("ckptstore.integrations.hf", "transformers", "hf"),
+        ("ckptstore.integrations.hf", "accelerate", "hf"),
     ],
 )
 def test_missing_framework_names_the_install_command(monkeypatch, module, hidden, extra):
@@ -40,19 +40,28 @@ def test_missing_framework_names_the_install_command(monkeypatch, module, hidden
 def test_ckptstore_and_the_plugins_package_import_no_framework(monkeypatch) -> None:
     for name in ("lightning", "transformers", "accelerate"):
         hide(monkeypatch, name)
-    for name in ("ckptstore.plugins", "ckptstore"):
+    for name in ("ckptstore.integrations", "ckptstore"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     importlib.import_module("ckptstore")
-    plugins = importlib.import_module("ckptstore.plugins")
-    # In a source checkout the package's code is the top-level plugins/ directory.
-    assert os.path.join(REPO, "plugins") in [os.path.abspath(p) for p in plugins.__path__]
+    integrations = importlib.import_module("ckptstore.integrations")
+    # An ordinary subpackage of ckptstore: no search-path additions.
+    assert [os.path.abspath(p) for p in integrations.__path__] == [
+        os.path.join(REPO, "ckptstore", "integrations")
+    ]
 
 
-def test_pyproject_maps_the_package_and_declares_the_extras() -> None:
+def test_the_old_plugins_path_still_imports_with_a_deprecation_warning() -> None:
+    sys.modules.pop("ckptstore.plugins", None)
+    with pytest.warns(DeprecationWarning, match="ckptstore.integrations"):
+        old = importlib.import_module("ckptstore.plugins")
+    assert old is importlib.import_module("ckptstore.integrations")
+
+
+def test_pyproject_declares_the_extras() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
         project = tomllib.load(f)
-    assert project["tool"]["setuptools"]["package-dir"]["ckptstore.plugins"] == "plugins"
+    assert "package-dir" not in project["tool"].get("setuptools", {})
     extras = project["project"]["optional-dependencies"]
     assert any(re.match(r"lightning\b", d) for d in extras["lightning"])
     assert {re.split(r"[<>=!~ \[]", d)[0] for d in extras["hf"]} == {"transformers", "accelerate"}

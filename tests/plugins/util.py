@@ -9,7 +9,7 @@ from typing import Any
 
 import torch
 
-from ckptstore.catalog import list_steps, step_name
+from ckptstore.engine.catalog import list_steps, step_name
 from ckptstore.stores import open_store
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -2,7 +2,7 @@
 
 The job is ``examples/resilience/train.py`` (tiny transformer, Parquet tokens, DDP over
 gloo, CheckpointManager with staged async saves, RNGState, ckptstore DataLoader); the
-harness is ``ckptstore.testing.chaos``. Three checks:
+harness is ``harness.chaos``. Three checks:
 
 1. Same world size, a kill in every phase of a save (local staging, upload, before and after
    the commit marker) and one at a random time: the final model, optimizer and RNG states
@@ -24,9 +24,9 @@ from typing import Any
 import pytest
 import torch
 
-from ckptstore.testing.chaos import ChaosResult, Kill, Segment, run_chaos
-from ckptstore.testing.ckptcheck import audit_root
-from ckptstore.testing.runlog import (
+from harness.chaos import ChaosResult, Kill, Segment, run_chaos
+from harness.ckptcheck import audit_root
+from harness.runlog import (
     Attempt,
     check_exactly_once,
     check_restores,

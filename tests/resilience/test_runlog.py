@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from ckptstore.testing.chaos import (
+from harness.chaos import (
     ENV_PLAN,
     ChaosResult,
     Kill,
@@ -15,8 +15,8 @@ from ckptstore.testing.chaos import (
     SegmentRecord,
     worker_context,
 )
-from ckptstore.testing.goodput_report import account, plot_timeline
-from ckptstore.testing.runlog import (
+from harness.goodput_report import account, plot_timeline
+from harness.runlog import (
     RunLog,
     check_exactly_once,
     check_restores,

@@ -15,10 +15,10 @@ import ckptstore
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import StoreAccessError, TransferError, TransientStoreError
-from ckptstore.testing.azurite import ACCOUNT
-from ckptstore.testing.dist import free_port
 from ckptstore.testing.faults import Fault, FaultyStore
-from ckptstore.testing.objstore import ProbeStore, StatusServer
+from harness.azurite import ACCOUNT
+from harness.dist import free_port
+from harness.objstore import ProbeStore, StatusServer
 
 from .objstore import CFG, FAST, PART, SERVER_MARKS, new_bucket
 

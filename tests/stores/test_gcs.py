@@ -16,8 +16,8 @@ from ckptstore.config import TransferConfig
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import StoreAccessError, TransferError, TransientStoreError
-from ckptstore.testing.dist import free_port, run_distributed
-from ckptstore.testing.objstore import (
+from harness.dist import free_port, run_distributed
+from harness.objstore import (
     ProbeStore,
     StatusServer,
     dcp_reshard_load_rank,

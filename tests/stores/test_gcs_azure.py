@@ -29,8 +29,8 @@ from ckptstore.errors import (
     TransferError,
 )
 from ckptstore.stores import open_store
-from ckptstore.testing.dist import run_distributed
-from ckptstore.testing.objstore import Blackhole, dcp_roundtrip_rank, race_put_if_absent
+from harness.dist import run_distributed
+from harness.objstore import Blackhole, dcp_roundtrip_rank, race_put_if_absent
 
 from .objstore import CFG, FAST, SERVER_MARKS, new_bucket
 

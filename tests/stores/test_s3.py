@@ -29,9 +29,9 @@ from ckptstore.stores import _common
 from ckptstore.stores._common import NonAtomicCreateWarning
 from ckptstore.stores.s3 import S3Store
 from ckptstore.stores.s3_client import as_body
-from ckptstore.testing.dist import free_port
 from ckptstore.testing.faults import Fault, FaultyStore
-from ckptstore.testing.proxy import FaultProxy, Rule
+from harness.dist import free_port
+from harness.proxy import FaultProxy, Rule
 
 from .conftest import BUCKET, unique
 

@@ -21,8 +21,8 @@ from ckptstore.errors import (
     IncompleteCheckpointError,
 )
 from ckptstore.stores.s3 import S3Store
-from ckptstore.testing.dist import run_distributed
 from ckptstore.testing.faults import FaultyStore
+from harness.dist import run_distributed
 
 from .conftest import BUCKET, unique
 

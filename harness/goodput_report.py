@@ -14,7 +14,7 @@ last step to the exit: the final upload, writing results). ``other`` is what rem
 (logging, the loss all-reduce's wait, epoch changes). Uploads run in the background and
 overlap training; they are drawn but not counted.
 
-The model (:mod:`ckptstore.goodput`) gets the *measured* inputs: failure rate = failures /
+The model (:mod:`ckptstore.planning.goodput`) gets the *measured* inputs: failure rate = failures /
 ``run_s`` (the wall clock minus startup, resize and shutdown, where failures could strike),
 interval ``tau`` = ``interval_steps`` times the median effective step, blocking ``C`` = the mean
 blocking of a save, restart ``R`` = the mean restart. Measured goodput over the same window is
@@ -29,9 +29,9 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptstore.goodput import GoodputInputs, expected_goodput
-from ckptstore.testing.chaos import ChaosResult, KillRecord
-from ckptstore.testing.runlog import Attempt, trajectory
+from ckptstore.planning.goodput import GoodputInputs, expected_goodput
+from harness.chaos import ChaosResult, KillRecord
+from harness.runlog import Attempt, trajectory
 
 __all__ = ["Phase", "Failure", "GoodputAccount", "account", "plot_timeline", "timeline_kinds"]
 
@@ -106,7 +106,7 @@ class GoodputAccount:
         Per ``tau`` of kept work the job also pays ``C`` and, at ``rate`` failures per wall
         second, ``rate * W * (tau/2 + R)`` for a wall time ``W`` per interval; solving
         ``W = tau + C + rate * W * (tau/2 + R)`` gives ``tau / W`` below. To first order it
-        is ckptstore.goodput's ``1 - C/tau - rate*(tau/2 + R)``, which charges ``C`` per
+        is ckptstore.planning.goodput's ``1 - C/tau - rate*(tau/2 + R)``, which charges ``C`` per
         ``tau`` of *wall* time and so falls apart when losses are large.
         """
         lam = len(self.failures) / self.run_s if self.run_s > 0 else 0.0
@@ -149,9 +149,9 @@ class GoodputAccount:
             "| goodput over the run window | % |",
             "| --- | ---: |",
             f"| measured: productive / run window | {100 * self.measured:.1f} |",
-            f"| model, first-order `1 - C/tau - rate*(tau/2 + R)` (ckptstore.goodput) | "
+            f"| model, first-order `1 - C/tau - rate*(tau/2 + R)` (ckptstore.planning.goodput) | "
             f"{100 * self.model_first_order:.1f} |",
-            "| model, exponential (Daly; ckptstore.goodput) | "
+            "| model, exponential (Daly; ckptstore.planning.goodput) | "
             f"{100 * self.model_exponential:.1f} |",
             f"| model, same terms per productive interval `(1 - rate*(tau/2 + R)) * tau/(tau + C)` "
             f"| {100 * self.model_per_interval:.1f} |",

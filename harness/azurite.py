@@ -17,7 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
-from ckptstore.testing.servers import ServerProcess
+from harness.servers import ServerProcess
 
 __all__ = ["Azurite", "azurite_binary", "ACCOUNT", "ACCOUNT_KEY"]
 

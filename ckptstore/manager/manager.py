@@ -28,7 +28,7 @@ At most one save is in flight: a new ``save`` while one is uploading waits for i
 
 ``background="thread"`` (default) writes on a thread of the training process.
 ``background="process"`` writes in one long-lived writer process per rank (see
-``ckptstore.writer_process``), started by the constructor: the staging copy goes into a
+``ckptstore.manager.writer_process``), started by the constructor: the staging copy goes into a
 shared-memory arena reused across saves, and serialisation, upload and commit run in the
 writer, on a gloo group of the writers' own, without the training process's GIL. A writer
 that dies fails its save with ``WriterProcessDiedError`` (reported like any failed save;
@@ -54,13 +54,13 @@ from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ckptstore.api import unwrap_checkpoint_exception
-from ckptstore.catalog import committed_steps, step_name
 from ckptstore.config import TransferConfig
 from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.staged import local_tier_matches
 from ckptstore.dcp.writer import shard_prefix
+from ckptstore.engine.catalog import committed_steps, step_name
 from ckptstore.engine.commit import checkpoint_status, collect_warnings, finish_publish
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME
@@ -75,13 +75,13 @@ from ckptstore.errors import (
     IncompleteCheckpointError,
 )
 from ckptstore.launch import fresh_new_group
-from ckptstore.prune import apply_prune, plan_prune
-from ckptstore.retention import KeepLast, RetentionPolicy
-from ckptstore.state import RNGState
+from ckptstore.manager.prune import apply_prune, plan_prune
+from ckptstore.manager.retention import KeepLast, RetentionPolicy
+from ckptstore.manager.state import RNGState
+from ckptstore.manager.writer_process import BackgroundWriter, write_step
+from ckptstore.manager.writer_protocol import WriterSettings
 from ckptstore.stores import open_store
 from ckptstore.stores.local import LocalStore
-from ckptstore.writer_process import BackgroundWriter, write_step
-from ckptstore.writer_protocol import WriterSettings
 
 __all__ = ["CheckpointManager", "SaveRecord"]
 
@@ -377,7 +377,7 @@ class CheckpointManager:
 
     # -- retention -----------------------------------------------------------------------
     def _apply_retention(self) -> None:
-        """Prune the root as ``ckptstore-tool gc`` does (``ckptstore.prune``): steps the
+        """Prune the root as ``ckptstore-tool gc`` does (``ckptstore.manager.prune``): steps the
         policy lets go, torn leftovers, stale uploads; never the newest good commit, a step
         in use or a damaged one. Only ckptstore's own files are deleted."""
         plan = plan_prune(

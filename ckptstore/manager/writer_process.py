@@ -20,7 +20,8 @@ Call order (training side, every rank; the manager drives it)::
                                                 # grace period, reaps it
 
 One long-lived writer process per rank, started with the manager: a fresh interpreter
-running ``ckptstore.writer_main`` (never a fork); ``ckptstore.writer_protocol`` has what the
+running ``ckptstore.manager.writer_main`` (never a fork);
+``ckptstore.manager.writer_protocol`` has what the
 two say to each other. The writers form their own gloo group through the rendezvous store,
 under a prefix unique to the manager and the writer generation, so their collectives never
 meet training's. That store is a new server per manager (never torchrun's shared one) and
@@ -60,16 +61,16 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.api import unwrap_checkpoint_exception
-from ckptstore.catalog import step_name
 from ckptstore.dcp import calls as dcp  # dcp.save, quiet without a process group
 from ckptstore.dcp.shared_staging import Arena, StagedState
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.dcp.writer import CkptWriter
+from ckptstore.engine.catalog import step_name
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CkptStoreError, ConfigError, WriterProcessDiedError
-from ckptstore.writer_protocol import (
+from ckptstore.manager.writer_protocol import (
     PG_TIMEOUT,
     Outcome,
     Rendezvous,
@@ -210,7 +211,7 @@ class _Writer:
                 [
                     sys.executable,
                     "-m",
-                    "ckptstore.writer_main",
+                    "ckptstore.manager.writer_main",
                     str(theirs.fileno()),
                     str(os.getpid()),
                 ],

@@ -31,7 +31,7 @@ import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
-from ckptstore.catalog import scan_root
+from ckptstore.engine.catalog import scan_root
 from ckptstore.engine.commit import is_committed, open_committed
 from ckptstore.engine.deletion import (
     UploadDecision,
@@ -42,7 +42,7 @@ from ckptstore.engine.deletion import (
 )
 from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
-from ckptstore.retention import RetentionPolicy, select_deletions
+from ckptstore.manager.retention import RetentionPolicy, select_deletions
 
 __all__ = [
     "StepDecision",

@@ -49,11 +49,11 @@ from typing import Any
 
 import torch
 
-from ckptstore.catalog import parse_step
 from ckptstore.config import TransferConfig
+from ckptstore.engine.catalog import parse_step
 from ckptstore.errors import ConfigError, IncompleteCheckpointError, missing_dependency
 from ckptstore.manager import CheckpointManager
-from ckptstore.retention import KeepAll, KeepLast, RetentionPolicy, select_deletions
+from ckptstore.manager.retention import KeepAll, KeepLast, RetentionPolicy, select_deletions
 from ckptstore.stores import open_store, split_url
 
 from ._codec import OBJECTS_KEY, load_newest, load_step, pack, refuse_multiprocess, unpack

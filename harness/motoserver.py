@@ -20,8 +20,8 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ckptstore.testing.seaweedfs import create_bucket
-from ckptstore.testing.servers import ServerProcess, wait_for_port
+from harness.seaweedfs import create_bucket
+from harness.servers import ServerProcess, wait_for_port
 
 __all__ = ["MotoServer"]
 

@@ -81,7 +81,7 @@ class CkptStoreCallback(TrainerCallback):
     Trainer is built, so ``train(resume_from_checkpoint=True)`` finds the newest committed
     checkpoint even on a machine that never saw it. ``keep`` prunes committed steps
     (default ``KeepLast(3)``); ``save_total_limit`` still prunes the local folders. The
-    other ``options`` (:class:`~ckptstore.plugins._folder.ManagerOptions`) pass through
+    other ``options`` (:class:`~ckptstore.integrations._folder.ManagerOptions`) pass through
     to the ``CheckpointManager``.
     """
 
@@ -125,7 +125,7 @@ class CkptStoreAccelerate:
 
     See the module docstring for the call order. Folder names must end with a step
     number (``automatic_checkpoint_naming`` gives ``checkpoint_<i>``). ``options``
-    (:class:`~ckptstore.plugins._folder.ManagerOptions`) pass through to the
+    (:class:`~ckptstore.integrations._folder.ManagerOptions`) pass through to the
     ``CheckpointManager``.
     """
 

@@ -36,7 +36,7 @@ from ckptstore.config import TransferConfig
 from ckptstore.engine.checksum import crc32c
 from ckptstore.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError
 from ckptstore.manager import CheckpointManager
-from ckptstore.retention import RetentionPolicy
+from ckptstore.manager.retention import RetentionPolicy
 from ckptstore.stores.local import LocalStore
 
 from ._codec import from_uint8, load_step, refuse_multiprocess, to_uint8

@@ -1,9 +1,10 @@
 """The writer process of ``CheckpointManager(background="process")``.
 
-Started by ``ckptstore.writer_process`` as ``python -m ckptstore.writer_main <fd> <pid>``
+Started by ``ckptstore.manager.writer_process`` as
+``python -m ckptstore.manager.writer_main <fd> <pid>``
 (a fresh interpreter: never a fork, and the training script's ``__main__`` is not imported
 again; ``pid`` is the training process's). Its life, in the order of
-``ckptstore.writer_protocol``'s messages::
+``ckptstore.manager.writer_protocol``'s messages::
 
     watch_parent(pid)            # first, before any heavy import: see below
     settings = recv()            # WriterSettings
@@ -36,7 +37,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ckptstore.dcp.shared_staging import ArenaView
-    from ckptstore.writer_protocol import WriterSettings
+    from ckptstore.manager.writer_protocol import WriterSettings
 
 __all__ = ["main", "watch_parent", "PARENT_POLL_S"]
 
@@ -81,7 +82,7 @@ def watch_parent(parent_pid: int) -> None:
 def _join_group(s: WriterSettings) -> None:
     import torch.distributed as dist
 
-    from ckptstore.writer_protocol import PG_TIMEOUT, connect
+    from ckptstore.manager.writer_protocol import PG_TIMEOUT, connect
 
     assert s.rendezvous is not None
     client = connect(s.rendezvous, s.rank)
@@ -95,9 +96,9 @@ def _serve(sock: socket.socket, s: WriterSettings) -> None:
     from ckptstore.dcp.shared_staging import ArenaView
     from ckptstore.engine.commit import collect_warnings
     from ckptstore.engine.transfer import TransferEngine
+    from ckptstore.manager.writer_process import write_step
+    from ckptstore.manager.writer_protocol import Outcome, SaveJob, failure, recv, send
     from ckptstore.stores import open_store
-    from ckptstore.writer_process import write_step
-    from ckptstore.writer_protocol import Outcome, SaveJob, failure, recv, send
 
     engine = TransferEngine(s.config)
     root = open_store(s.root, s.storage_options)
@@ -157,7 +158,7 @@ def main(argv: list[str]) -> int:
 
     import torch.distributed as dist
 
-    from ckptstore.writer_protocol import Outcome, WriterSettings, failure, recv, send
+    from ckptstore.manager.writer_protocol import Outcome, WriterSettings, failure, recv, send
 
     sock = socket.socket(fileno=int(argv[0]))
     try:

@@ -1,8 +1,8 @@
-"""Framework integrations, installed as ``ckptstore.plugins`` through extras.
+"""Framework integrations; each needs its extra.
 
-- ``ckptstore.plugins.lightning``: ``CkptStoreIO``, a Lightning ``CheckpointIO``
+- ``ckptstore.integrations.lightning``: ``CkptStoreIO``, a Lightning ``CheckpointIO``
   (``pip install 'ckptstore[lightning]'``)
-- ``ckptstore.plugins.hf``: ``CkptStoreCallback`` for ``transformers.Trainer`` and
+- ``ckptstore.integrations.hf``: ``CkptStoreCallback`` for ``transformers.Trainer`` and
   ``CkptStoreAccelerate`` for ``accelerate.Accelerator`` (``pip install 'ckptstore[hf]'``)
 
 Importing this package imports no framework; importing a plugin module without its

@@ -18,7 +18,7 @@ import tempfile
 import time
 from typing import Any
 
-from ckptstore.testing.dist import free_port
+from harness.dist import free_port
 
 __all__ = ["ServerProcess", "free_port", "wait_for_port"]
 

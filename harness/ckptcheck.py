@@ -19,12 +19,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptstore.catalog import list_steps
+from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.engine.verify import verify_checkpoint
 from ckptstore.stores import open_store
-from ckptstore.testing.runlog import tensor_crc
+from harness.runlog import tensor_crc
 
 __all__ = ["Audit", "audit_root", "load_full"]
 

@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 
 import ckptstore
-from ckptstore.catalog import step_name
+from ckptstore.engine.catalog import step_name
 from ckptstore.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError
 from ckptstore.manager import CheckpointManager
 

@@ -17,7 +17,7 @@ import os
 import urllib.request
 from typing import Any
 
-from ckptstore.testing.servers import ServerProcess
+from harness.servers import ServerProcess
 
 __all__ = ["FakeGCS", "fake_gcs_binary"]
 

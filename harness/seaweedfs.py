@@ -28,7 +28,7 @@ import urllib.error
 import urllib.request
 from typing import Any
 
-from ckptstore.testing.servers import ServerProcess, wait_for_port
+from harness.servers import ServerProcess, wait_for_port
 
 __all__ = ["SeaweedFS", "weed_binary", "free_port_pair"]
 

@@ -1,0 +1,24 @@
+"""The checkpoint manager and what it runs on: save backends, retention, rng state.
+
+``CheckpointManager`` and ``SaveRecord`` (they import torch) load on first use, so
+``ckptstore.manager.retention`` and ``ckptstore.manager.prune`` (which ``ckptstore-tool gc``
+uses) do not pay for torch, and ``python -m ckptstore.manager.writer_main`` starts light.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ckptstore.manager.manager import CheckpointManager, SaveRecord
+
+__all__ = ["CheckpointManager", "SaveRecord"]
+
+
+def __getattr__(name: str) -> Any:
+    if name not in __all__:
+        raise AttributeError(f"module 'ckptstore.manager' has no attribute {name!r}")
+    value = getattr(importlib.import_module("ckptstore.manager.manager"), name)
+    globals()[name] = value
+    return value
