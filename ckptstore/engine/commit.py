@@ -79,7 +79,6 @@ __all__ = [
     "collect_warnings",
     "open_committed",
     "checkpoint_status",
-    "is_committed",
     "uncommit",
 ]
 
@@ -286,11 +285,6 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
             )
     canonical = manifest_name == MANIFEST_NAME and metadata_name == METADATA_NAME
     return Committed(marker, manifest, metadata_bytes, manifest_bytes, canonical)
-
-
-def is_committed(store: Store, retry: RetryConfig | None = None) -> bool:
-    """True if ``store`` holds a checkpoint whose marker matches its manifest."""
-    return checkpoint_status(store, retry) == "committed"
 
 
 def checkpoint_status(store: Store, retry: RetryConfig | None = None) -> str:

@@ -32,7 +32,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ckptstore.engine.catalog import scan_root
-from ckptstore.engine.commit import is_committed, open_committed
+from ckptstore.engine.commit import checkpoint_status, open_committed
 from ckptstore.engine.deletion import (
     UploadDecision,
     abort_uploads,
@@ -187,7 +187,9 @@ def apply_prune(root: Store, plan: PrunePlan) -> None:
     committed, so a root is never left without a checkpoint by a prune racing another.
     """
     try:
-        newest_ok = plan.newest is not None and is_committed(root.child(plan.newest))
+        newest_ok = (
+            plan.newest is not None and checkpoint_status(root.child(plan.newest)) == "committed"
+        )
     except CkptStoreError:
         newest_ok = False
     for d in plan.deletions:
