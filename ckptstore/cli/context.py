@@ -17,11 +17,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptstore.config import MiB, TransferConfig
-from ckptstore.engine.store import Store
-from ckptstore.engine.transfer import TransferEngine
+from ckptstore import Store, TransferConfig, TransferEngine, open_store
+from ckptstore.config import MiB
 from ckptstore.errors import ConfigError
-from ckptstore.stores import open_store, split_url
+from ckptstore.stores import split_url
 
 __all__ = [
     "parse_storage_options",

@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from ckptstore import Store, copy_checkpoint, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
 from ckptstore.cli.sources import (
@@ -23,10 +24,9 @@ from ckptstore.cli.sources import (
     missing_error,
     not_a_checkpoint_error,
 )
-from ckptstore.engine.commit import METADATA_NAME, open_committed
-from ckptstore.engine.copy import check_empty_destination, copy_checkpoint
+from ckptstore.engine.commit import METADATA_NAME
+from ckptstore.engine.copy import check_empty_destination
 from ckptstore.engine.manifest import MARKER_NAME
-from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError, IncompleteCheckpointError
 
 __all__ = ["add_parser", "run", "require_committed"]

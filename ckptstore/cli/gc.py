@@ -13,12 +13,11 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ckptstore import KeepEvery, KeepLast, RetentionPolicy, apply_prune, plan_prune
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import dump_json, human_bytes, table
 from ckptstore.cli.sources import list_or_missing
 from ckptstore.errors import ConfigError
-from ckptstore.manager.prune import apply_prune, plan_prune
-from ckptstore.manager.retention import KeepEvery, KeepLast, RetentionPolicy
 
 __all__ = ["add_parser", "run", "policy_from_args"]
 

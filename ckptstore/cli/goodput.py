@@ -20,11 +20,10 @@ import statistics
 import sys
 from typing import Any
 
+from ckptstore import list_steps, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import dump_json, table
 from ckptstore.cli.sources import list_or_missing
-from ckptstore.engine.catalog import list_steps
-from ckptstore.engine.commit import open_committed
 from ckptstore.errors import ConfigError
 from ckptstore.planning.goodput import GoodputInputs, InputError, Prices, plan, report_rows
 

@@ -16,14 +16,14 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ckptstore import Store, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import dump_json, format_shape, format_time, human_bytes, table
 from ckptstore.cli.sources import Located, classify, dcp_entries, entries_of, flatten, load_state
 from ckptstore.cli.sources import locate as locate_url
 from ckptstore.engine.checksum import crc32c, format_crc
-from ckptstore.engine.commit import METADATA_NAME, open_committed
+from ckptstore.engine.commit import METADATA_NAME
 from ckptstore.engine.manifest import MANIFEST_NAME, Manifest
-from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
 
 __all__ = ["add_parser", "run", "describe"]

@@ -11,13 +11,12 @@ import argparse
 import time
 from typing import Any
 
+from ckptstore import Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, table
 from ckptstore.cli.sources import is_dcp_listing, list_or_missing
 from ckptstore.engine.catalog import Skipped, scan_root
-from ckptstore.engine.commit import open_committed
-from ckptstore.engine.store import Multipart, Store
-from ckptstore.engine.verify import verify_checkpoint
+from ckptstore.engine.store import Multipart
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
 
 __all__ = ["add_parser", "run", "list_root", "upload_age_s"]

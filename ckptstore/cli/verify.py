@@ -12,12 +12,11 @@ import argparse
 import time
 from typing import Any
 
+from ckptstore import Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note, table
 from ckptstore.cli.sources import locate
-from ckptstore.engine.commit import METADATA_NAME, open_committed
-from ckptstore.engine.store import Store
-from ckptstore.engine.verify import verify_checkpoint
+from ckptstore.engine.commit import METADATA_NAME
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 
 __all__ = ["add_parser", "run", "verify_stock"]
