@@ -10,15 +10,15 @@ Call order (every rank; the state calls are collective when torch.distributed is
     loader.metrics                             # fetch_seconds p50/p99/total, downloads, hits
     loader.close()
 
-How batches are made (DESIGN.md, "Data order"): an ``iter()`` starting at cursor k0 serves
-``G[k0 : end of k0's epoch]``; ``G[k0 + j]`` goes to rank ``(j // B) % R``, that rank's
-batch ``j // (R*B)``, made by worker ``batch % W``. Underneath is a torch DataLoader over an
-IterableDataset in which worker w yields exactly its batches w, w+W, ... and torch's
-round-robin with ``in_order=True`` hands them back in batch order (checked on arrival).
-The cursor advances in the main process when a batch is handed to the training loop, so the
-state is one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly
-there. The epoch's last global step may be short: low ranks get full batches, one rank a
-short one, the others an empty list ``[]`` (skip the step, but keep collectives in step).
+How batches are made (the contract of ``ckptstore.data.order``): an ``iter()`` starting at
+cursor k0 serves ``G[k0 : end of k0's epoch]``; ``G[k0 + j]`` goes to rank ``(j // B) % R``,
+that rank's batch ``j // (R*B)``, made by worker ``batch % W``. Underneath is a torch DataLoader
+over an IterableDataset in which worker w yields exactly its batches w, w+W, ... and torch's
+round-robin with ``in_order=True`` hands them back in batch order (checked on arrival). The
+cursor advances in the main process when a batch is handed to the training loop, so the state is
+one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly there. The
+epoch's last global step may be short: low ranks get full batches, one rank a short one, the
+others an empty list ``[]`` (skip the step, but keep collectives in step).
 
 Seeds: torch draws the workers' base seed from a generator seeded with
 ``order.loader_seed(seed, epoch, rank)``, never from the global torch RNG, which iterating

@@ -1,6 +1,6 @@
 """The data order: which sample is served when, as pure functions (no I/O, no torch).
 
-Contract (DESIGN.md, "Data order"):
+Contract:
 
 - A dataset is a list of shard sample counts ``n_0, n_1, ...`` (N = their sum). A sample's id
   is its index in the unshuffled concatenation of the shards.

@@ -22,7 +22,7 @@ blocks training and ``R`` the time a restart takes (all in hours):
 
   Each save costs ``C`` per ``tau`` of training; each failure loses half an interval of work on
   average plus the restart. With ``C = R = 0`` this is ``1 - lam * tau / 2``: 8.6 failures a day
-  at a 2 h interval -> 64.2 %, at 30 min -> 91.0 % (the MISSION figures). The model drops
+  at a 2 h interval -> 64.2 %, at 30 min -> 91.0 %. The model drops
   second-order terms, so it is a lower bound on the exponential model, good while
   ``C << tau << MTBF``. Its exact optimum is Young's ``tau = sqrt(2 * C * MTBF)``.
 
