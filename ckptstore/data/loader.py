@@ -48,6 +48,7 @@ from ckptstore.data.order import (
     agreed_cursor,
     check_resume,
     cursor_after,
+    epoch_batch,
     loader_seed,
     next_epoch_boundary,
     num_batches,
@@ -82,14 +83,8 @@ class _EpochPlan(IterableDataset):
         self.collate_fn = collate_fn
 
     def cursors(self, s: int) -> list[int]:
-        """Global cursors of this rank's batch ``s`` (``order.epoch_batches``, lazily)."""
-        r, b = self.world_size, self.batch_size
-        full = (self.end - self.k0) // (r * b)
-        if s < full:
-            start = self.k0 + s * r * b + self.rank * b
-            return list(range(start, start + b))
-        lo = min(self.end, self.k0 + full * r * b + self.rank * b)
-        return list(range(lo, min(self.end, lo + b)))
+        """Global cursors of this rank's batch ``s`` (:func:`~ckptstore.data.order.epoch_batch`)."""
+        return epoch_batch(self.k0, self.rank, self.world_size, self.batch_size, self.end, s)
 
     def __iter__(self) -> Iterator[tuple[int, int, Any, dict[str, float]]]:
         info = get_worker_info()
