@@ -119,6 +119,7 @@ class Context:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Context:
+        """The context the common flags in ``args`` ask for (bad values raise ``ConfigError``)."""
         kwargs: dict[str, Any] = {}
         part_size_mib = getattr(args, "part_size_mib", None)
         if part_size_mib is not None:
@@ -152,6 +153,7 @@ class Context:
 
     @property
     def progress_enabled(self) -> bool:
+        """Whether to draw progress bars: not with ``--quiet`` or ``--json``."""
         return not self.quiet and not self.json
 
     def options_for(self, url: str, side: str = "") -> dict[str, Any]:
@@ -171,11 +173,13 @@ class Context:
 
     @property
     def engine(self) -> TransferEngine:
+        """The transfer engine of this command, made on first use with ``config``."""
         if self._engine is None:
             self._engine = TransferEngine(self.config)
         return self._engine
 
     def close(self) -> None:
+        """Close the engine, if one was made (its threads and buffers)."""
         if self._engine is not None:
             self._engine.close()
             self._engine = None

@@ -35,6 +35,7 @@ EXIT_INTERRUPTED = 130
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``cp`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "cp",
         help="copy a committed checkpoint between any two stores, verified, committed last",
@@ -74,6 +75,7 @@ def require_committed(store: Store, url: str, verb: str) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``cp``; the exit status."""
     src = ctx.open(args.src, "src")
     dst = ctx.open(args.dst, "dst")
     if src.url == dst.url:

@@ -44,6 +44,7 @@ def parse_fraction(text: str) -> float:
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``goodput`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "goodput",
         help="goodput, failure odds, optimal interval and cost account for a training run",
@@ -156,6 +157,7 @@ FLAGS = {
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``goodput``; a bad input raises ``ConfigError`` naming the flag."""
     try:
         return _run(args, ctx)
     except InputError as exc:

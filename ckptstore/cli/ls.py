@@ -23,6 +23,7 @@ __all__ = ["add_parser", "run", "list_root", "upload_age_s"]
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``ls`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "ls",
         help="every checkpoint under a root: step, status, size, world size, created",
@@ -124,6 +125,7 @@ def list_root(
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``ls``; the exit status."""
     root = ctx.open(args.root)
     names = list_or_missing(root, args.root)
     skipped: list[Skipped] = []

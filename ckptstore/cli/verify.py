@@ -23,6 +23,7 @@ __all__ = ["add_parser", "run", "verify_stock"]
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``verify`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "verify",
         help="re-read every byte against the manifest (exit 1 if damaged)",
@@ -67,6 +68,7 @@ def _result(url: str, status: str, ok: bool, **more: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``verify``; the exit status (1 if anything fails verification)."""
     loc = locate(ctx, args.ckpt)
     if loc.format != "dcp":
         raise ConfigError(

@@ -115,6 +115,7 @@ class ShardCache:
 
     # -- pressure: a demand read waiting for space asks every process to unpin --------
     def signal_pressure(self) -> None:
+        """Tell the node's other processes that one waits for space (they unpin idle shards)."""
         try:
             os.close(os.open(self._pressure, os.O_WRONLY | os.O_CREAT, 0o644))
             os.utime(self._pressure)
@@ -130,6 +131,7 @@ class ShardCache:
 
     # -- paths and locks -------------------------------------------------------------
     def data_path(self, i: int) -> str:
+        """Where shard ``i``'s cached copy lives (it may not exist yet)."""
         return os.path.join(self._shards, self.entries[i].key + ".data")
 
     def _meta_path(self, key: str) -> str:
@@ -146,6 +148,7 @@ class ShardCache:
 
     # -- reading -------------------------------------------------------------------------
     def is_cached(self, i: int) -> bool:
+        """Whether shard ``i`` has a published copy (not yet verified by this process)."""
         return os.path.exists(self.data_path(i))
 
     def acquire(self, i: int, cursor: int) -> Handle:

@@ -181,6 +181,7 @@ class DataLoader:
 
     @property
     def epoch(self) -> int:
+        """The epoch the cursor is in."""
         return self._cursor // self.dataset.num_samples
 
     def _view(self) -> tuple[int, int, int]:

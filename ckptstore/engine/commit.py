@@ -110,10 +110,12 @@ def _warn(message: str) -> None:
 
 
 def attempt_manifest_name(attempt: str) -> str:
+    """The name of save attempt ``attempt``'s own manifest copy."""
     return f"ckptstore.manifest.{attempt}.json"
 
 
 def attempt_metadata_name(attempt: str) -> str:
+    """The name of save attempt ``attempt``'s own ``.metadata`` copy."""
     return f"{METADATA_NAME}.{attempt}"
 
 
