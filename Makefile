@@ -22,6 +22,8 @@ lint: setup
 	$(PY) -m ruff check ckptstore harness tests benchmarks tools examples
 	$(PY) -m ruff format --check ckptstore harness tests benchmarks tools examples
 	$(PY) -m mypy
+	$(PY) -m mypy --python-version 3.10
+	PYTHONPATH=. .venv/bin/lint-imports
 
 # The benchmark suite (benchmarks/suite.py, scenarios in benchmarks/suite_config.py); it
 # starts its own SeaweedFS. Results: benchmarks/results/<config>-<time>/ (JSON, report, PNGs).

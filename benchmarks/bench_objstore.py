@@ -38,20 +38,19 @@ rank-unique names. Contenders (ids for ``--contenders`` in brackets):
         Its ``dcp`` extra needs ``tenacity``, which is not installed here; a pass-through
         stand-in is put in its place (it only decorates a retried delete in ``rename``).
 
-The stock writer/reader and the raw ceiling get the s3fs client options TEST_SERVERS.md
-gives for SeaweedFS (checksums only when required); ckptstore builds its own s3fs client;
-s3torchconnector its CRT client (credentials from AWS_* variables set for the ranks). Each time is
-barrier -> operation -> barrier on every rank; the sample is the max over ranks. Loads
-run right after their own save, into tensors zeroed beforehand, and are checked bitwise
-(untimed). Contenders rotate (repeat i starts with contender i mod n) and so does the link
-order; each writes a fresh prefix that rank 0 deletes afterwards (untimed), and SeaweedFS
-is vacuumed after each link's round so its disk use stays small. A tiny untimed warm-up of
-every contender on each link runs first. Besides times, rank 0 records the CPU seconds of
-SeaweedFS and of the link's process and the bytes through the shaped link; each rank its
-own CPU. Results: Markdown tables on stdout and JSON in
-benchmarks/results/bench_objstore-<timestamp>.json. On this project's 2-core machines the
-default run takes 15-20 minutes (SeaweedFS needs 12-14 CPU s per GiB written); ``--quick``
-a few.
+The stock writer/reader and the raw ceiling get the s3fs client options for SeaweedFS
+(``objstore_contenders.CLIENT_CONFIG``: checksums only when required); ckptstore builds its own
+s3fs client; s3torchconnector its CRT client (credentials from AWS_* variables set for the
+ranks). Each time is barrier -> operation -> barrier on every rank; the sample is the max over
+ranks. Loads run right after their own save, into tensors zeroed beforehand, and are checked
+bitwise (untimed). Contenders rotate (repeat i starts with contender i mod n) and so does the
+link order; each writes a fresh prefix that rank 0 deletes afterwards (untimed), and SeaweedFS
+is vacuumed after each link's round so its disk use stays small. A tiny untimed warm-up of every
+contender on each link runs first. Besides times, rank 0 records the CPU seconds of SeaweedFS
+and of the link's process and the bytes through the shaped link; each rank its own CPU. Results:
+Markdown tables on stdout and JSON in benchmarks/results/bench_objstore-<timestamp>.json. On
+this project's 2-core machines the default run takes 15-20 minutes (SeaweedFS needs 12-14 CPU s
+per GiB written); ``--quick`` a few.
 """
 
 from __future__ import annotations

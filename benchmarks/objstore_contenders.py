@@ -38,7 +38,8 @@ __all__ = [
 BUCKET = "bench"
 REGION = "us-east-1"
 MiB = 1024 * 1024
-#: Client options TEST_SERVERS.md gives for SeaweedFS (stock fsspec and the raw ceiling).
+#: s3fs client options for SeaweedFS (stock fsspec and the raw ceiling): checksums only when
+#: required.
 CLIENT_CONFIG = {
     "request_checksum_calculation": "when_required",
     "response_checksum_validation": "when_required",

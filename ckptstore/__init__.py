@@ -7,6 +7,17 @@ dcp.load(state_dict, storage_reader=ckptstore.reader("/mnt/ckpts/run1/step_00010
 The names that need torch (``writer``, ``save``, ``CheckpointManager``, ...) are imported on
 first use, so ``import ckptstore`` (and ``ckptstore-tool ls``, ``gc``, ``cp``, ``verify``) does
 not pay for importing torch.
+
+Working with a checkpoint root without DCP (torch-free, also imported on first use)::
+
+    root = ckptstore.open_store("s3://bucket/run1")     # a Store; .child("step_000000100")
+    list(ckptstore.committed_steps(root))                 # committed step numbers, ascending
+    ckptstore.checkpoint_status(root.child(name))         # "committed" / "incomplete" / "corrupt"
+    report = ckptstore.verify_checkpoint(root.child(name))          # re-read every byte
+    with ckptstore.TransferEngine() as engine:
+        ckptstore.copy_checkpoint(src, dst, engine)                 # src, dst: Stores
+    plan = ckptstore.plan_prune(root, ckptstore.KeepLast(3))        # decide, change nothing
+    ckptstore.apply_prune(root, plan)                               # then delete
 """
 
 from __future__ import annotations
@@ -14,10 +25,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 from ckptstore import _moved
 from ckptstore import errors as _errors
+from ckptstore._version import __version__
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes from there
     CheckpointExistsError,
@@ -41,12 +51,21 @@ from ckptstore.manager.retention import KeepAll, KeepEvery, KeepLast, RetentionP
 
 if TYPE_CHECKING:
     from ckptstore.api import load, reader, save, unwrap_checkpoint_exception, writer
+    from ckptstore.engine.catalog import committed_steps, list_steps
+    from ckptstore.engine.commit import checkpoint_status, open_committed
+    from ckptstore.engine.copy import copy_checkpoint
+    from ckptstore.engine.store import Store
+    from ckptstore.engine.transfer import TransferEngine
+    from ckptstore.engine.verify import verify_checkpoint
     from ckptstore.manager import CheckpointManager, SaveRecord
+    from ckptstore.manager.prune import apply_prune, plan_prune
     from ckptstore.manager.state import AppState, RNGState
+    from ckptstore.stores import open_store
 
 _moved.install()
 
-#: name -> module, for the names imported on first use (they import torch).
+#: name -> module, for the names imported on first use. The first group imports torch; the
+#: second (stores, verify, copy, prune) does not, but is not paid for by ``import ckptstore``.
 _LAZY = {
     "writer": "ckptstore.api",
     "reader": "ckptstore.api",
@@ -57,6 +76,18 @@ _LAZY = {
     "SaveRecord": "ckptstore.manager",
     "RNGState": "ckptstore.manager.state",
     "AppState": "ckptstore.manager.state",
+    # torch-free
+    "Store": "ckptstore.engine.store",
+    "open_store": "ckptstore.stores",
+    "TransferEngine": "ckptstore.engine.transfer",
+    "open_committed": "ckptstore.engine.commit",
+    "checkpoint_status": "ckptstore.engine.commit",
+    "committed_steps": "ckptstore.engine.catalog",
+    "list_steps": "ckptstore.engine.catalog",
+    "verify_checkpoint": "ckptstore.engine.verify",
+    "copy_checkpoint": "ckptstore.engine.copy",
+    "plan_prune": "ckptstore.manager.prune",
+    "apply_prune": "ckptstore.manager.prune",
 }
 
 
@@ -96,5 +127,16 @@ __all__ = [
     "AppState",
     "TransferConfig",
     "RetryConfig",
+    "Store",
+    "open_store",
+    "TransferEngine",
+    "open_committed",
+    "checkpoint_status",
+    "committed_steps",
+    "list_steps",
+    "verify_checkpoint",
+    "copy_checkpoint",
+    "plan_prune",
+    "apply_prune",
     *_errors.CHECKPOINT_ERRORS,
 ]

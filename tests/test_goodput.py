@@ -1,4 +1,5 @@
-"""ckptstore.planning.goodput: MISSION figures, optimal intervals, properties, validation, costs."""
+"""ckptstore.planning.goodput: the 8.6 failures/day figures, optimal intervals, properties,
+validation, costs."""
 
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ from ckptstore.planning.goodput import (
 
 PP = 0.01  # one percentage point
 
-# --- MISSION.md figures -------------------------------------------------------------------
+# --- 8.6 failures a day at 2 h and 30 min intervals -----------------------------------------------
 
 
 @pytest.mark.parametrize(("interval_min", "expected"), [(120, 0.64), (30, 0.91)])

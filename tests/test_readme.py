@@ -93,7 +93,7 @@ def store_env(code: str, request: pytest.FixtureRequest) -> tuple[dict[str, str]
         env = {
             "GCS_TOKEN": "anon",
             "STORAGE_EMULATOR_HOST": server.endpoint,
-            # fake-gcs-server: without it gcsfs makes a 60 s call per open (TEST_SERVERS.md)
+            # fake-gcs-server: without it gcsfs makes a 60 s call per open
             "GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT": "false",
         }
         return env, lambda: committed("gs://my-bucket/run1", server.storage_options)

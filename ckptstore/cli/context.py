@@ -17,11 +17,10 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptstore.config import MiB, TransferConfig
-from ckptstore.engine.store import Store
-from ckptstore.engine.transfer import TransferEngine
+from ckptstore import Store, TransferConfig, TransferEngine, open_store
+from ckptstore.config import MiB
 from ckptstore.errors import ConfigError
-from ckptstore.stores import open_store, split_url
+from ckptstore.stores import split_url
 
 __all__ = [
     "parse_storage_options",
@@ -120,6 +119,7 @@ class Context:
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> Context:
+        """The context the common flags in ``args`` ask for (bad values raise ``ConfigError``)."""
         kwargs: dict[str, Any] = {}
         part_size_mib = getattr(args, "part_size_mib", None)
         if part_size_mib is not None:
@@ -153,6 +153,7 @@ class Context:
 
     @property
     def progress_enabled(self) -> bool:
+        """Whether to draw progress bars: not with ``--quiet`` or ``--json``."""
         return not self.quiet and not self.json
 
     def options_for(self, url: str, side: str = "") -> dict[str, Any]:
@@ -172,11 +173,13 @@ class Context:
 
     @property
     def engine(self) -> TransferEngine:
+        """The transfer engine of this command, made on first use with ``config``."""
         if self._engine is None:
             self._engine = TransferEngine(self.config)
         return self._engine
 
     def close(self) -> None:
+        """Close the engine, if one was made (its threads and buffers)."""
         if self._engine is not None:
             self._engine.close()
             self._engine = None

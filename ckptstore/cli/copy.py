@@ -15,6 +15,7 @@ import threading
 import time
 from typing import Any
 
+from ckptstore import Store, copy_checkpoint, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
 from ckptstore.cli.sources import (
@@ -23,10 +24,9 @@ from ckptstore.cli.sources import (
     missing_error,
     not_a_checkpoint_error,
 )
-from ckptstore.engine.commit import METADATA_NAME, open_committed
-from ckptstore.engine.copy import check_empty_destination, copy_checkpoint
+from ckptstore.engine.commit import METADATA_NAME
+from ckptstore.engine.copy import check_empty_destination
 from ckptstore.engine.manifest import MARKER_NAME
-from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError, IncompleteCheckpointError
 
 __all__ = ["add_parser", "run", "require_committed"]
@@ -35,6 +35,7 @@ EXIT_INTERRUPTED = 130
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``cp`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "cp",
         help="copy a committed checkpoint between any two stores, verified, committed last",
@@ -74,6 +75,7 @@ def require_committed(store: Store, url: str, verb: str) -> None:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``cp``; the exit status."""
     src = ctx.open(args.src, "src")
     dst = ctx.open(args.dst, "dst")
     if src.url == dst.url:

@@ -22,6 +22,7 @@ __all__ = ["add_parser", "run", "compare_values"]
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``diff`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "diff",
         help="per-entry equal / max abs difference / missing (exit 1 if they differ)",
@@ -124,6 +125,7 @@ def _batches(names: list[str], entries: dict[str, Entry], limit: int) -> list[li
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``diff``; the exit status (1 if the checkpoints differ)."""
     side_a = _Side(ctx, locate_url(ctx, args.a, "src"), args.allow_pickle)
     side_b = _Side(ctx, locate_url(ctx, args.b, "dst"), args.allow_pickle)
     names_a, names_b = set(side_a.entries), set(side_b.entries)

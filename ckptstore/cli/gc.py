@@ -13,17 +13,17 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ckptstore import KeepEvery, KeepLast, RetentionPolicy, apply_prune, plan_prune
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import dump_json, human_bytes, table
 from ckptstore.cli.sources import list_or_missing
 from ckptstore.errors import ConfigError
-from ckptstore.manager.prune import apply_prune, plan_prune
-from ckptstore.manager.retention import KeepEvery, KeepLast, RetentionPolicy
 
 __all__ = ["add_parser", "run", "policy_from_args"]
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``gc`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "gc",
         help="apply retention, remove torn leftovers, abort stale uploads",
@@ -73,6 +73,7 @@ def policy_from_args(keep_last: int | None, keep_every: int | None) -> Retention
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``gc``; the exit status."""
     policy = policy_from_args(args.keep_last, args.keep_every)
     root = ctx.open(args.root)
     list_or_missing(root, args.root)

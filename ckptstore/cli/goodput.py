@@ -20,11 +20,10 @@ import statistics
 import sys
 from typing import Any
 
+from ckptstore import list_steps, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import dump_json, table
 from ckptstore.cli.sources import list_or_missing
-from ckptstore.engine.catalog import list_steps
-from ckptstore.engine.commit import open_committed
 from ckptstore.errors import ConfigError
 from ckptstore.planning.goodput import GoodputInputs, InputError, Prices, plan, report_rows
 
@@ -45,6 +44,7 @@ def parse_fraction(text: str) -> float:
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``goodput`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "goodput",
         help="goodput, failure odds, optimal interval and cost account for a training run",
@@ -157,6 +157,7 @@ FLAGS = {
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``goodput``; a bad input raises ``ConfigError`` naming the flag."""
     try:
         return _run(args, ctx)
     except InputError as exc:

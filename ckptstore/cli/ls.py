@@ -11,19 +11,19 @@ import argparse
 import time
 from typing import Any
 
+from ckptstore import Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, table
 from ckptstore.cli.sources import is_dcp_listing, list_or_missing
 from ckptstore.engine.catalog import Skipped, scan_root
-from ckptstore.engine.commit import open_committed
-from ckptstore.engine.store import Multipart, Store
-from ckptstore.engine.verify import verify_checkpoint
+from ckptstore.engine.store import Multipart
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
 
 __all__ = ["add_parser", "run", "list_root", "upload_age_s"]
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``ls`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "ls",
         help="every checkpoint under a root: step, status, size, world size, created",
@@ -125,6 +125,7 @@ def list_root(
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``ls``; the exit status."""
     root = ctx.open(args.root)
     names = list_or_missing(root, args.root)
     skipped: list[Skipped] = []

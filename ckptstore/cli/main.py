@@ -70,6 +70,7 @@ _URL_ARGS = ("root", "ckpt", "src", "dst", "a", "b", "from_root")
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The ``ckptstore-tool`` argument parser with every subcommand registered."""
     from ckptstore import __version__
 
     parser = argparse.ArgumentParser(

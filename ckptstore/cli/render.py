@@ -47,6 +47,7 @@ def format_time(ts: float | None) -> str:
 
 
 def format_shape(shape: Sequence[int] | None) -> str:
+    """``2x3`` for a shape, ``scalar`` for ``()``, ``-`` when unknown."""
     if shape is None:
         return "-"
     return "x".join(str(d) for d in shape) if len(shape) else "scalar"
@@ -118,16 +119,19 @@ class Progress:
             )
 
     def update(self, n: float = 1) -> None:
+        """Advance the bar by ``n`` (thread-safe; nothing when disabled)."""
         if self._bar is not None:
             with self._lock:
                 self._bar.update(n)
 
     def set_description(self, desc: str) -> None:
+        """Set the bar's label (thread-safe; nothing when disabled)."""
         if self._bar is not None:
             with self._lock:
                 self._bar.set_description(desc)
 
     def close(self) -> None:
+        """Close the bar (idempotent)."""
         if self._bar is not None:
             with self._lock:
                 self._bar.close()

@@ -144,6 +144,7 @@ class SafeLoadPlanner(_EmptyStateDictLoadPlanner):  # type: ignore[misc]
         return False
 
     def load_bytes(self, read_item: ReadItem, value: io.BytesIO) -> None:
+        """Load an object item through ``load_object`` (weights-only unless ``allow_pickle``)."""
         fqn = read_item.dest_index.fqn
         obj = load_object(
             value.getvalue(),

@@ -13,10 +13,10 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
+from ckptstore import Store
 from ckptstore.cli.context import Context
 from ckptstore.engine.commit import METADATA_NAME
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
-from ckptstore.engine.store import Store
 from ckptstore.errors import (
     CkptStoreError,
     ConfigError,
@@ -86,7 +86,7 @@ def classify(store: Store) -> str:
     ``committed``, ``corrupt``, ``incomplete``, ``stock``, ``not-a-checkpoint`` or ``missing``
     (nothing there, or its bucket / container does not exist).
     """
-    from ckptstore.engine.commit import checkpoint_status
+    from ckptstore import checkpoint_status
 
     try:
         names = store.listdir()

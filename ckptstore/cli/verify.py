@@ -12,18 +12,18 @@ import argparse
 import time
 from typing import Any
 
+from ckptstore import Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note, table
 from ckptstore.cli.sources import locate
-from ckptstore.engine.commit import METADATA_NAME, open_committed
-from ckptstore.engine.store import Store
-from ckptstore.engine.verify import verify_checkpoint
+from ckptstore.engine.commit import METADATA_NAME
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 
 __all__ = ["add_parser", "run", "verify_stock"]
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register ``verify`` on the subparsers ``sub`` (``common``: the shared flags)."""
     p = sub.add_parser(
         "verify",
         help="re-read every byte against the manifest (exit 1 if damaged)",
@@ -68,6 +68,7 @@ def _result(url: str, status: str, ok: bool, **more: Any) -> dict[str, Any]:
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Run ``verify``; the exit status (1 if anything fails verification)."""
     loc = locate(ctx, args.ckpt)
     if loc.format != "dcp":
         raise ConfigError(

@@ -34,7 +34,6 @@ Call order (per process)::
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
@@ -43,6 +42,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 
+from ckptstore.data.cachedownload import check_copy, create_temp, explain_mismatch
 from ckptstore.data.cachefiles import (
     TMP,
     CacheEntry,
@@ -58,7 +58,6 @@ from ckptstore.data.cachefiles import (
     probe_cache_dir,
     unlink_quietly,
 )
-from ckptstore.data.formats import read_index
 from ckptstore.data.stream import DataOrder
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -66,7 +65,6 @@ from ckptstore.errors import (
     CacheError,
     CkptStoreError,
     StoreNotFoundError,
-    TransferError,
 )
 
 __all__ = ["CacheEntry", "Handle", "ShardCache", "check_limit", "probe_cache_dir"]
@@ -117,6 +115,7 @@ class ShardCache:
 
     # -- pressure: a demand read waiting for space asks every process to unpin --------
     def signal_pressure(self) -> None:
+        """Tell the node's other processes that one waits for space (they unpin idle shards)."""
         try:
             os.close(os.open(self._pressure, os.O_WRONLY | os.O_CREAT, 0o644))
             os.utime(self._pressure)
@@ -132,6 +131,7 @@ class ShardCache:
 
     # -- paths and locks -------------------------------------------------------------
     def data_path(self, i: int) -> str:
+        """Where shard ``i``'s cached copy lives (it may not exist yet)."""
         return os.path.join(self._shards, self.entries[i].key + ".data")
 
     def _meta_path(self, key: str) -> str:
@@ -148,6 +148,7 @@ class ShardCache:
 
     # -- reading -------------------------------------------------------------------------
     def is_cached(self, i: int) -> bool:
+        """Whether shard ``i`` has a published copy (not yet verified by this process)."""
         return os.path.exists(self.data_path(i))
 
     def acquire(self, i: int, cursor: int) -> Handle:
@@ -286,12 +287,12 @@ class ShardCache:
             t0 = time.monotonic()
             try:
                 crc = fetch_to_file(self.engine, self.store, e.path, e.size, tmp)
-                self._check_copy(e, tmp)
+                check_copy(e, tmp)
             except Mismatch as exc:
                 self.stats.add(refetches=1)
                 log.warning("download of %s: %s (attempt %d)", e.path, exc, attempt)
                 if attempt == self.attempts:
-                    self._explain_mismatch(e, exc)
+                    explain_mismatch(self.engine, self.store, e, exc, self.attempts)
                     raise
                 continue
             except StoreNotFoundError as exc:
@@ -308,35 +309,6 @@ class ShardCache:
             with self._vlock:
                 self._verified[e.key] = (st.st_ino, st.st_mtime_ns, st.st_size)
             return
-
-    def _check_copy(self, e: CacheEntry, tmp: str) -> None:
-        size = os.stat(tmp).st_size
-        if size != e.size:
-            raise Mismatch(f"{size} bytes on disk, {e.size} listed")
-        if e.fmt != "raw":
-            fd = os.open(tmp, os.O_RDONLY)
-            try:
-                rows, digest = read_index(e.fmt, e.size, lambda off, n: os.pread(fd, n, off))
-            except Exception as exc:  # noqa: BLE001 - any unreadable footer is a mismatch
-                raise Mismatch(f"footer unreadable ({exc})", changed=True) from exc
-            finally:
-                os.close(fd)
-            if digest != e.digest or rows != e.rows:
-                raise Mismatch("footer differs from the listing", changed=True)
-
-    def _explain_mismatch(self, e: CacheEntry, exc: Mismatch) -> None:
-        try:
-            size = self.engine.retry(lambda: self.store.size(e.path), f"stat of {e.path}")
-        except StoreNotFoundError as err:
-            raise changed_error(e, "no longer exists on the store") from err
-        if size != e.size:
-            raise changed_error(e, f"is now {size} bytes (listed: {e.size})") from exc
-        if exc.changed:
-            raise changed_error(e, "has a different footer than when listed") from exc
-        raise TransferError(
-            f"download of {self.store.describe(e.path)} failed verification "
-            f"{self.attempts} times ({exc}); check the store and the network"
-        ) from exc
 
     def _reserve(self, e: CacheEntry, cursor: int, max_distance: int | None) -> str | None:
         """Under the budget lock: evict as needed and create the pre-allocated temp file.
@@ -365,7 +337,7 @@ class ShardCache:
                                 break
                     if used + e.size > self.limit:
                         return None
-            return self._create_temp(e)
+            return create_temp(self._shards, e, self.dir)
 
     def _usage(self) -> tuple[int, dict[str, int]]:
         """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones."""
@@ -401,24 +373,3 @@ class ShardCache:
             use.close()
         self.stats.add(evictions=1)
         return True
-
-    def _create_temp(self, e: CacheEntry) -> str:
-        tmp = os.path.join(self._shards, f"{e.key}.data{TMP}{os.getpid()}-{uuid.uuid4().hex}")
-        try:
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except OSError as exc:
-            raise cache_os_error(exc, self.dir) from exc
-        try:
-            if e.size:
-                try:
-                    os.posix_fallocate(fd, 0, e.size)
-                except OSError as exc:
-                    if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                        raise
-                    os.ftruncate(fd, e.size)
-        except OSError as exc:
-            os.close(fd)
-            unlink_quietly(tmp)
-            raise cache_os_error(exc, self.dir) from exc
-        os.close(fd)
-        return tmp

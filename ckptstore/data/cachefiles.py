@@ -109,6 +109,7 @@ class Lock:
         return self._fd
 
     def try_acquire(self, shared: bool = False) -> bool:
+        """Take the lock (shared or exclusive) if it is free now; False if it is not."""
         mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
         try:
             fcntl.flock(self._open(), mode)
@@ -182,11 +183,13 @@ class CacheStats:
         self._taken = {f.name: 0 for f in fields(self)}
 
     def add(self, **counts: float) -> None:
+        """Add ``counts`` to the named counters (thread-safe)."""
         with self._lock:
             for k, v in counts.items():
                 setattr(self, k, getattr(self, k) + v)
 
     def snapshot(self) -> dict[str, float]:
+        """Every counter's current value."""
         with self._lock:
             return {f.name: getattr(self, f.name) for f in fields(self)}
 
@@ -284,6 +287,7 @@ class Handle:
         self._lock: Lock | None = lock
 
     def release(self) -> None:
+        """Unpin the shard (idempotent): it may be evicted again."""
         if self._lock is not None:
             self._lock.close()
             self._lock = None
@@ -322,6 +326,7 @@ def check_limit(limit: int | None, entries: Sequence[CacheEntry]) -> None:
 
 
 def changed_error(e: CacheEntry, what: str) -> DatasetChangedError:
+    """The error for shard ``e`` having changed on the store since it was listed."""
     return DatasetChangedError(
         f"shard {e.path} {what}: the dataset changed after it was listed, so this run's data "
         "order no longer holds. Re-create the ShardedDataset (it lists again) and resume from "
@@ -330,6 +335,7 @@ def changed_error(e: CacheEntry, what: str) -> DatasetChangedError:
 
 
 def cache_os_error(exc: OSError, directory: str) -> CacheError:
+    """A ``CacheError`` for a local write that failed in ``directory`` (full disk said so)."""
     if exc.errno in (errno.ENOSPC, errno.EDQUOT):
         return CacheError(
             exc.errno,
@@ -344,6 +350,7 @@ def cache_os_error(exc: OSError, directory: str) -> CacheError:
 
 
 def unlink_quietly(path: str) -> None:
+    """Remove ``path``, ignoring any error (cleanup on a failure path)."""
     try:
         os.unlink(path)
     except OSError:

@@ -86,6 +86,7 @@ class Shard:
 
     @property
     def num_samples(self) -> int:
+        """Samples in the shard (the sum of its row groups' rows)."""
         return sum(self.rows)
 
 
@@ -264,6 +265,7 @@ class ShardedDataset:
     # -- per-process state ---------------------------------------------------------------
     @property
     def store(self) -> Store:
+        """This process's store of the dataset's URL."""
         return self.runtime().store
 
     def runtime(self) -> ProcessRuntime:

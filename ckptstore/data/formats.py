@@ -189,6 +189,7 @@ class GroupCache:
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, int], load: Callable[[], Any]) -> Any:
+        """The group cached under ``key``, else ``load()``'s, cached (evicting the oldest)."""
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:

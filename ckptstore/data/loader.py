@@ -10,15 +10,15 @@ Call order (every rank; the state calls are collective when torch.distributed is
     loader.metrics                             # fetch_seconds p50/p99/total, downloads, hits
     loader.close()
 
-How batches are made (DESIGN.md, "Data order"): an ``iter()`` starting at cursor k0 serves
-``G[k0 : end of k0's epoch]``; ``G[k0 + j]`` goes to rank ``(j // B) % R``, that rank's
-batch ``j // (R*B)``, made by worker ``batch % W``. Underneath is a torch DataLoader over an
-IterableDataset in which worker w yields exactly its batches w, w+W, ... and torch's
-round-robin with ``in_order=True`` hands them back in batch order (checked on arrival).
-The cursor advances in the main process when a batch is handed to the training loop, so the
-state is one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly
-there. The epoch's last global step may be short: low ranks get full batches, one rank a
-short one, the others an empty list ``[]`` (skip the step, but keep collectives in step).
+How batches are made (the contract of ``ckptstore.data.order``): an ``iter()`` starting at
+cursor k0 serves ``G[k0 : end of k0's epoch]``; ``G[k0 + j]`` goes to rank ``(j // B) % R``,
+that rank's batch ``j // (R*B)``, made by worker ``batch % W``. Underneath is a torch DataLoader
+over an IterableDataset in which worker w yields exactly its batches w, w+W, ... and torch's
+round-robin with ``in_order=True`` hands them back in batch order (checked on arrival). The
+cursor advances in the main process when a batch is handed to the training loop, so the state is
+one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly there. The
+epoch's last global step may be short: low ranks get full batches, one rank a short one, the
+others an empty list ``[]`` (skip the step, but keep collectives in step).
 
 Seeds: torch draws the workers' base seed from a generator seeded with
 ``order.loader_seed(seed, epoch, rank)``, never from the global torch RNG, which iterating
@@ -48,6 +48,7 @@ from ckptstore.data.order import (
     agreed_cursor,
     check_resume,
     cursor_after,
+    epoch_batch,
     loader_seed,
     next_epoch_boundary,
     num_batches,
@@ -82,14 +83,8 @@ class _EpochPlan(IterableDataset):
         self.collate_fn = collate_fn
 
     def cursors(self, s: int) -> list[int]:
-        """Global cursors of this rank's batch ``s`` (``order.epoch_batches``, lazily)."""
-        r, b = self.world_size, self.batch_size
-        full = (self.end - self.k0) // (r * b)
-        if s < full:
-            start = self.k0 + s * r * b + self.rank * b
-            return list(range(start, start + b))
-        lo = min(self.end, self.k0 + full * r * b + self.rank * b)
-        return list(range(lo, min(self.end, lo + b)))
+        """Global cursors of this rank's batch ``s`` (:func:`~ckptstore.data.order.epoch_batch`)."""
+        return epoch_batch(self.k0, self.rank, self.world_size, self.batch_size, self.end, s)
 
     def __iter__(self) -> Iterator[tuple[int, int, Any, dict[str, float]]]:
         info = get_worker_info()
@@ -186,6 +181,7 @@ class DataLoader:
 
     @property
     def epoch(self) -> int:
+        """The epoch the cursor is in."""
         return self._cursor // self.dataset.num_samples
 
     def _view(self) -> tuple[int, int, int]:

@@ -35,7 +35,8 @@ __all__ = ["FetchSeconds", "LoaderMetrics", "LoggingSink", "MLflowSink", "Metric
 class MetricsSink(Protocol):
     """Receives flat ``{name: value}`` metrics at a step (the loader's cursor, in samples)."""
 
-    def log(self, metrics: Mapping[str, float], step: int) -> None: ...
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Record ``metrics`` at ``step`` (the cursor, in samples)."""
 
 
 class FetchSeconds:
@@ -56,18 +57,22 @@ class FetchSeconds:
 
     @property
     def p50(self) -> float:
+        """Median wait, in seconds (0 before any batch)."""
         return self._pct(50)
 
     @property
     def p99(self) -> float:
+        """99th-percentile wait, in seconds (0 before any batch)."""
         return self._pct(99)
 
     @property
     def max(self) -> float:
+        """Longest wait, in seconds (0 before any batch)."""
         return max(self.values) if self.values else 0.0
 
     @property
     def total(self) -> float:
+        """Sum of the waits, in seconds."""
         return float(sum(self.values))
 
     def __repr__(self) -> str:
@@ -104,6 +109,7 @@ class LoaderMetrics:
         self._window_t = self.started
 
     def record(self, fetch_s: float, samples: int, worker_counts: Mapping[str, float]) -> None:
+        """Count one batch handed to training: its wait, its samples and its worker's counters."""
         if not self.batches:  # the clock of wait_fraction starts with the first batch's wait
             self.started = self._window_t = time.monotonic() - fetch_s
         self.fetch_seconds.values.append(fetch_s)
@@ -114,6 +120,7 @@ class LoaderMetrics:
                 self.worker[k] += v
 
     def set_prefetch(self, counts: Mapping[str, float]) -> None:
+        """Replace the prefetch thread's counters with ``counts``."""
         for k in _COUNTERS:
             self.prefetch[k] = counts.get(k, 0)
 
@@ -183,6 +190,7 @@ class LoggingSink:
         self.level = level
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Write ``metrics`` to the logger as one line."""
         body = " ".join(
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
         )
@@ -228,6 +236,7 @@ class MLflowSink:
         self.prefix = prefix
 
     def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Send ``metrics`` to the MLflow run in one ``log_batch`` call."""
         ts = int(time.time() * 1000)
         batch = [self._metric(self.prefix + k, float(v), ts, int(step)) for k, v in metrics.items()]
         self.client.log_batch(self.run_id, metrics=batch)

@@ -52,9 +52,11 @@ class Prefetcher:
 
     @property
     def stats(self) -> dict[str, float]:
+        """The cache counters of this process's prefetch cache."""
         return self.cache.stats.snapshot()
 
     def start(self, cursor: int) -> None:
+        """Start the thread (once) and point it at ``cursor``."""
         with self._cond:
             self._cursor = cursor
             if self._thread is None:
@@ -70,6 +72,7 @@ class Prefetcher:
         self._cursor = cursor  # a plain store: cheap on the training loop's path
 
     def stop(self) -> None:
+        """Stop the thread and wait for it (up to 5 s); ``start`` may run it again."""
         with self._cond:
             self._stop = True
             thread, self._thread = self._thread, None

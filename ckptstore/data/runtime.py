@@ -46,12 +46,14 @@ class ProcessRuntime:
         self._pressure_seen = 0
 
     def order(self) -> DataOrder:
+        """The dataset's data order, made on first use."""
         if self.order_cache is None:
             self.order_cache = self.ds.make_order()
         return self.order_cache
 
     @property
     def cache(self) -> ShardCache:
+        """The shard cache for the current order, made on first use."""
         if self._cache is None or self._cache.order is not self.order():
             self._cache = self.ds.make_cache(self.order())
         return self._cache
@@ -89,6 +91,7 @@ class ProcessRuntime:
                 self._close_one(shard)
 
     def fetch(self, ids: np.ndarray, cursor: int) -> list[Any]:
+        """The samples ``ids`` (in that order), reading their shards through the cache."""
         stamp = self.cache.pressure_stamp()
         if stamp != self._pressure_seen:  # another process waits for space: unpin
             self._pressure_seen = stamp
@@ -107,6 +110,7 @@ class ProcessRuntime:
         return out
 
     def close(self) -> None:
+        """Unpin every shard and close the engine (and the store, if this runtime opened it)."""
         self.release_idle()
         self.engine.close()
         if self.ds._store_arg is None:

@@ -16,14 +16,13 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ckptstore.data.order import (
+from ckptstore.data.order import OrderState, epoch_permutation
+from ckptstore.data.order_checks import (
     DataOrderError,
     IntArray,
-    OrderState,
-    _check_str,
-    _int,
-    _sizes,
-    epoch_permutation,
+    check_int,
+    check_sizes,
+    check_str,
 )
 
 __all__ = ["DataOrder"]
@@ -46,14 +45,14 @@ class DataOrder:
         shuffle: bool = True,
         cache_epochs: int = 2,
     ) -> None:
-        self.fingerprint = _check_str("fingerprint", fingerprint)
-        self.seed = _int("seed", seed, minimum=None)
-        self.buckets = _int("buckets", buckets, minimum=1)
+        self.fingerprint = check_str("fingerprint", fingerprint)
+        self.seed = check_int("seed", seed, minimum=None)
+        self.buckets = check_int("buckets", buckets, minimum=1)
         self.shuffle = bool(shuffle)
-        self.shard_sizes = _sizes(shard_sizes)
+        self.shard_sizes = check_sizes(shard_sizes)
         self.num_samples = sum(self.shard_sizes)
         self.shard_offsets: IntArray = np.cumsum((0, *self.shard_sizes), dtype=np.int64)
-        self._cache_epochs = _int("cache_epochs", cache_epochs, minimum=1)
+        self._cache_epochs = check_int("cache_epochs", cache_epochs, minimum=1)
         self._cache: OrderedDict[int, IntArray] = OrderedDict()
         self._lock = threading.Lock()
         self._last_use: tuple[tuple[int, int], dict[int, int]] | None = None
@@ -76,7 +75,7 @@ class DataOrder:
 
     def permutation(self, epoch: int) -> IntArray:
         """Epoch ``epoch``'s sample ids in order (cached, read-only)."""
-        epoch = _int("epoch", epoch)
+        epoch = check_int("epoch", epoch)
         with self._lock:
             perm = self._cache.get(epoch)
             if perm is None:
@@ -99,7 +98,7 @@ class DataOrder:
 
     def global_sample(self, k: int) -> tuple[int, int, int]:
         """``(epoch, position_in_epoch, sample_id)`` of cursor ``k``."""
-        epoch, pos = divmod(_int("k", k), self.num_samples)
+        epoch, pos = divmod(check_int("k", k), self.num_samples)
         return epoch, pos, int(self.permutation(epoch)[pos])
 
     def sample_ids(self, cursors: Iterable[int] | npt.ArrayLike) -> IntArray:
@@ -116,7 +115,7 @@ class DataOrder:
 
     def stream(self, cursor: int, count: int) -> IntArray:
         """Sample ids ``G[cursor : cursor + count]`` (contiguous slices, no fancy indexing)."""
-        cursor, count = _int("cursor", cursor), _int("count", count)
+        cursor, count = check_int("cursor", cursor), check_int("count", count)
         parts = []
         while count > 0:
             epoch, pos = divmod(cursor, self.num_samples)
@@ -134,11 +133,11 @@ class DataOrder:
 
     def locate(self, sample_id: int) -> tuple[int, int]:
         """``(shard, index_in_shard)`` of one sample id."""
-        shard = int(self.shard_of(np.int64(_int("sample_id", sample_id))))
+        shard = int(self.shard_of(np.int64(check_int("sample_id", sample_id))))
         return shard, int(sample_id) - int(self.shard_offsets[shard])
 
     def _first_use(self, cursor: int, horizon: int) -> tuple[IntArray, IntArray]:
-        cursor, horizon = _int("cursor", cursor), _int("horizon", horizon)
+        cursor, horizon = check_int("cursor", cursor), check_int("horizon", horizon)
         # Every non-empty shard is used before the end of the next epoch: look no further.
         span = min(horizon, 2 * self.num_samples - cursor % self.num_samples)
         used = self.shard_of(self.stream(cursor, span))
@@ -157,7 +156,7 @@ class DataOrder:
         return [int(s) for s in self._first_use(cursor, horizon)[0]]
 
     def _use_map(self, cursor: int, horizon: int) -> dict[int, int]:
-        key = (_int("cursor", cursor), _int("horizon", horizon))
+        key = (check_int("cursor", cursor), check_int("horizon", horizon))
         last = self._last_use
         if last is not None and last[0] == key:
             return last[1]
@@ -176,7 +175,7 @@ class DataOrder:
         The cache evicts the shard with the largest distance (None first). Repeated calls at
         one (cursor, horizon) share one computation.
         """
-        shard = _int("shard", shard)
+        shard = check_int("shard", shard)
         if shard >= len(self.shard_sizes):
             raise DataOrderError(
                 f"shard {shard} is not below the shard count {len(self.shard_sizes)}"

@@ -79,7 +79,6 @@ __all__ = [
     "collect_warnings",
     "open_committed",
     "checkpoint_status",
-    "is_committed",
     "uncommit",
 ]
 
@@ -111,10 +110,12 @@ def _warn(message: str) -> None:
 
 
 def attempt_manifest_name(attempt: str) -> str:
+    """The name of save attempt ``attempt``'s own manifest copy."""
     return f"ckptstore.manifest.{attempt}.json"
 
 
 def attempt_metadata_name(attempt: str) -> str:
+    """The name of save attempt ``attempt``'s own ``.metadata`` copy."""
     return f"{METADATA_NAME}.{attempt}"
 
 
@@ -286,11 +287,6 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
             )
     canonical = manifest_name == MANIFEST_NAME and metadata_name == METADATA_NAME
     return Committed(marker, manifest, metadata_bytes, manifest_bytes, canonical)
-
-
-def is_committed(store: Store, retry: RetryConfig | None = None) -> bool:
-    """True if ``store`` holds a checkpoint whose marker matches its manifest."""
-    return checkpoint_status(store, retry) == "committed"
 
 
 def checkpoint_status(store: Store, retry: RetryConfig | None = None) -> str:

@@ -1,4 +1,4 @@
-"""Named crash points for kill -9 fault-injection tests (FAULTS.md tool "K").
+"""Named crash points for kill -9 fault-injection tests (a real SIGKILL at a named point).
 
 ``crashpoint("after_shards")`` kills the calling process with SIGKILL when the
 environment variable ``CKPTSTORE_CRASH_AT`` names that point (``after_shards``) or that

@@ -32,7 +32,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ckptstore.engine.catalog import scan_root
-from ckptstore.engine.commit import is_committed, open_committed
+from ckptstore.engine.commit import checkpoint_status, open_committed
 from ckptstore.engine.deletion import (
     UploadDecision,
     abort_uploads,
@@ -56,6 +56,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class StepDecision:
+    """What a prune does with one ``step_*`` directory, and why."""
+
     step: int
     name: str
     status: str  # committed | incomplete | corrupt | damaged
@@ -74,6 +76,8 @@ class LeftAlone:
 
 @dataclass
 class PrunePlan:
+    """Everything :func:`plan_prune` decided for a root; :func:`apply_prune` carries it out."""
+
     root: str
     policy: str
     steps: list[StepDecision]
@@ -83,14 +87,17 @@ class PrunePlan:
 
     @property
     def deletions(self) -> list[StepDecision]:
+        """The steps to delete."""
         return [s for s in self.steps if s.action == "delete"]
 
     @property
     def aborts(self) -> list[UploadDecision]:
+        """The stale uploads to abort."""
         return [u for u in self.uploads if u.action == "abort"]
 
     @property
     def freed_bytes(self) -> int:
+        """Bytes the deletions free (steps of unknown size count 0)."""
         return sum(s.size or 0 for s in self.deletions)
 
 
@@ -187,7 +194,9 @@ def apply_prune(root: Store, plan: PrunePlan) -> None:
     committed, so a root is never left without a checkpoint by a prune racing another.
     """
     try:
-        newest_ok = plan.newest is not None and is_committed(root.child(plan.newest))
+        newest_ok = (
+            plan.newest is not None and checkpoint_status(root.child(plan.newest)) == "committed"
+        )
     except CkptStoreError:
         newest_ok = False
     for d in plan.deletions:

@@ -57,9 +57,11 @@ class KeepLast(RetentionPolicy):
         _positive_int("KeepLast(n)", self.n)
 
     def keep(self, steps: list[int]) -> set[int]:
+        """The newest ``n`` of ``steps``."""
         return set(steps[-self.n :])
 
     def describe(self) -> str:
+        """``keep-last <n>``."""
         return f"keep-last {self.n}"
 
 
@@ -80,12 +82,14 @@ class KeepEvery(RetentionPolicy):
         _positive_int("KeepEvery(n_steps)", self.n_steps)
 
     def keep(self, steps: list[int]) -> set[int]:
+        """The first step of each ``n_steps`` window."""
         first: dict[int, int] = {}
         for step in steps:
             first.setdefault(step // self.n_steps, step)
         return set(first.values())
 
     def describe(self) -> str:
+        """``keep-every <n> steps``."""
         return f"keep-every {self.n_steps} steps"
 
 
@@ -94,9 +98,11 @@ class KeepAll(RetentionPolicy):
     """Keep everything (retention off)."""
 
     def keep(self, steps: list[int]) -> set[int]:
+        """Every step."""
         return set(steps)
 
     def describe(self) -> str:
+        """``keep all``."""
         return "keep all"
 
 
@@ -107,12 +113,14 @@ class AnyOf(RetentionPolicy):
     policies: tuple[RetentionPolicy, ...]
 
     def keep(self, steps: list[int]) -> set[int]:
+        """The union of what each policy keeps."""
         out: set[int] = set()
         for p in self.policies:
             out |= p.keep(steps)
         return out
 
     def describe(self) -> str:
+        """The policies' descriptions joined by `` | ``."""
         return " | ".join(p.describe() for p in self.policies)
 
 

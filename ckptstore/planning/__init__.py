@@ -1,2 +1,3 @@
-"""Pure calculators over measured figures (``goodput``: checkpoint interval, lost work,
-goodput); torch-free and storage-free."""
+"""Pure calculators over measured figures, torch-free and storage-free: ``models`` (failure
+odds, optimal intervals, goodput), ``checks`` (input validation), ``goodput`` (a run's plan and
+cost account, the calculator ``ckptstore-tool goodput`` renders)."""

@@ -3,36 +3,9 @@
 Pure functions and frozen dataclasses (no I/O, no torch); ``ckptstore-tool goodput`` renders
 :func:`plan`'s report with :func:`report_rows`.
 
-Failures are a Poisson process. A per-GPU annual failure rate ``afr`` is a rate (failures per
-GPU-year), so ``gpus`` GPUs fail ``gpus * afr / 365`` times a day and::
-
-    P(at least one failure in `days`) = 1 - exp(-failures_per_day * days)
-
-(1 % AFR, 30 days: 256 GPUs -> 19.0 %, 1,024 GPUs -> 56.9 %. The compounding form
-``1 - (1 - afr) ** (gpus * days / 365)`` gives 19.1 % / 57.1 %; we keep the exponential one
-because it is the same process the goodput models assume.)
-
-Goodput = productive training time / wall-clock time. With failure rate ``lam`` (per hour,
-``MTBF = 1 / lam``), ``tau`` the training time between two checkpoints, ``C`` the time one save
-blocks training and ``R`` the time a restart takes (all in hours):
-
-* ``"first_order"`` (default; Young 1974)::
-
-      goodput = 1 - C / tau - lam * (tau / 2 + R)        (clamped to [0, 1])
-
-  Each save costs ``C`` per ``tau`` of training; each failure loses half an interval of work on
-  average plus the restart. With ``C = R = 0`` this is ``1 - lam * tau / 2``: 8.6 failures a day
-  at a 2 h interval -> 64.2 %, at 30 min -> 91.0 % (the MISSION figures). The model drops
-  second-order terms, so it is a lower bound on the exponential model, good while
-  ``C << tau << MTBF``. Its exact optimum is Young's ``tau = sqrt(2 * C * MTBF)``.
-
-* ``"exponential"`` (Daly 2006, failures may also hit saves and restarts)::
-
-      goodput = (tau / M) * exp(-R / M) / (exp((tau + C) / M) - 1)     with M = MTBF
-
-  The same two cases give 68.4 % and 91.3 %. Daly's higher-order interval approximates its
-  optimum: ``sqrt(2*C*M) * (1 + s/3 + s**2/9) - C`` with ``s = sqrt(C / (2*M))`` for ``C < 2*M``,
-  else ``M``.
+The failure and goodput models themselves (formulas, sources, worked figures) are in
+:mod:`ckptstore.planning.models`; input validation in :mod:`ckptstore.planning.checks`. Their
+public names are re-exported here.
 
 The cost account (:class:`CostAccount`) uses the first-order model, so its three time losses add
 up to ``run_hours * (1 - goodput)`` before clamping.
@@ -43,7 +16,15 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ckptstore.errors import ConfigError
+from ckptstore.planning.checks import InputError, check, check_afr
+from ckptstore.planning.models import (
+    MODELS,
+    daly_interval,
+    failure_probability,
+    failures_per_day,
+    goodput_of,
+    young_interval,
+)
 
 __all__ = [
     "MODELS",
@@ -62,137 +43,7 @@ __all__ = [
     "young_interval",
 ]
 
-MODELS = ("first_order", "exponential")
-_DAYS_PER_YEAR = 365.0
-_DAYS_PER_MONTH = _DAYS_PER_YEAR / 12.0
-
-
-class InputError(ConfigError):
-    """A planning input is out of range or missing.
-
-    ``fields`` are the inputs the message is about and ``template`` is the message with a
-    ``{field}`` placeholder for each, so a front end can name them its own way
-    (``ckptstore-tool goodput`` names its flags: :meth:`render`). ``str()`` says
-    ``Owner.field must ...`` or ``Owner: ... field ...``.
-    """
-
-    def __init__(self, owner: str, template: str, *fields: str) -> None:
-        self.owner, self.template, self.fields = owner, template, fields
-        lead = fields[0]
-        if template.startswith("{" + lead + "}"):
-            message = self.render({lead: f"{owner}.{lead}"})
-        else:
-            message = f"{owner}: {self.render({})}"
-        super().__init__(message)
-
-    def render(self, names: dict[str, str]) -> str:
-        """The message with each field spelled as ``names[field]`` (else the field's name)."""
-        return self.template.format(**{f: names.get(f, f) for f in self.fields})
-
-
-def _check(
-    owner: str,
-    name: str,
-    value: float | None,
-    *,
-    positive: bool = False,
-    whole: bool = False,
-    hint: str = "",
-) -> None:
-    """Raise InputError unless ``value`` is None, finite and >= 0 (> 0 / an int >= 1)."""
-    if value is None:
-        return
-    got = f"; got {value!r}".replace("{", "{{").replace("}", "}}")
-    kinds = int if whole else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kinds):
-        kind = "a whole number" if whole else "a number"
-        raise InputError(owner, f"{{{name}}} must be {kind}{hint}{got}", name)
-    if not math.isfinite(value) or value < (1 if whole else 0) or (positive and value == 0):
-        need = (
-            "a whole number >= 1" if whole else "a finite number " + ("> 0" if positive else ">= 0")
-        )
-        raise InputError(owner, f"{{{name}}} must be {need}{hint}{got}", name)
-
-
-def _check_afr(owner: str, afr: float | None) -> None:
-    _check(owner, "afr", afr, hint=" (a fraction per GPU-year: 1 % is 0.01)")
-    if afr is not None and afr > 1:
-        raise InputError(
-            owner, f"{{afr}} is a fraction per GPU-year: 1 % is 0.01, not 1; got {afr!r}", "afr"
-        )
-
-
-def failures_per_day(gpus: int, afr: float) -> float:
-    """Expected failures a day of ``gpus`` GPUs, each failing at ``afr`` per year (0.01 = 1 %)."""
-    _check("failures_per_day", "gpus", gpus, whole=True)
-    _check_afr("failures_per_day", afr)
-    return gpus * afr / _DAYS_PER_YEAR
-
-
-def failure_probability(failures_per_day: float, days: float) -> float:
-    """Probability of at least one failure in ``days``: ``1 - exp(-failures_per_day * days)``."""
-    _check("failure_probability", "failures_per_day", failures_per_day)
-    _check("failure_probability", "days", days)
-    return -math.expm1(-failures_per_day * days)
-
-
-def young_interval(checkpoint_cost: float, mtbf: float) -> float:
-    """Young's optimal training time between saves, ``sqrt(2 * C * MTBF)``.
-
-    ``checkpoint_cost`` (blocking time of one save) and ``mtbf`` share one unit, which is also
-    the unit of the result. ``mtbf`` may be ``math.inf`` (no failures): the result is then inf.
-    """
-    _check("young_interval", "checkpoint_cost", checkpoint_cost)
-    if not mtbf > 0:
-        raise ConfigError(f"young_interval.mtbf must be > 0; got {mtbf!r}")
-    if checkpoint_cost == 0:
-        return 0.0
-    return math.sqrt(2.0 * checkpoint_cost) * math.sqrt(mtbf)  # no under/overflow of C*M
-
-
-def daly_interval(checkpoint_cost: float, mtbf: float) -> float:
-    """Daly's higher-order optimal training time between saves (same units as the inputs).
-
-    ``sqrt(2*C*M) * (1 + s/3 + s**2/9) - C`` with ``s = sqrt(C / (2*M))`` when ``C < 2*M``,
-    else ``M``. Never longer than :func:`young_interval`. As published it jumps at ``C = 2*M``
-    (from ``8/9 * M`` to ``M``), so it is not monotone in ``mtbf`` across that point.
-    """
-    _check("daly_interval", "checkpoint_cost", checkpoint_cost)
-    if not mtbf > 0:
-        raise ConfigError(f"daly_interval.mtbf must be > 0; got {mtbf!r}")
-    if checkpoint_cost == 0 or math.isinf(mtbf):
-        return young_interval(checkpoint_cost, mtbf)
-    if checkpoint_cost >= 2.0 * mtbf:
-        return mtbf
-    s = math.sqrt(checkpoint_cost / (2.0 * mtbf))
-    # = sqrt(2*C*M) * (1 + s/3 + s**2/9) - C, since C = sqrt(2*C*M) * s; this form has no
-    # cancellation, stays > 0 and is never above Young's (the factor is <= 1).
-    return young_interval(checkpoint_cost, mtbf) * (1.0 - 2.0 * s / 3.0 + s * s / 9.0)
-
-
-def _goodput(model: str, rate: float, tau: float, cost: float, restart: float) -> float:
-    """Goodput for failure rate ``rate`` (1/h) and ``tau``, ``cost``, ``restart`` in hours.
-
-    Takes the limits for ``tau`` of 0 or inf and ``rate`` of 0, so optimal intervals of 0
-    (free saves) or inf (no failures) can be evaluated.
-    """
-    if model == "first_order":
-        blocking = (math.inf if cost > 0 else 0.0) if tau == 0 else cost / tau
-        rework = (math.inf if rate > 0 else 0.0) if math.isinf(tau) else rate * tau / 2.0
-        return min(1.0, max(0.0, 1.0 - blocking - rework - rate * restart))
-    if model == "exponential":
-        if rate == 0:
-            return 1.0 if tau + cost == 0 else (tau / (tau + cost) if math.isfinite(tau) else 1.0)
-        if math.isinf(tau):
-            return 0.0
-        period = rate * (tau + cost)
-        if period == 0:
-            return math.exp(-rate * restart)
-        try:
-            return (rate * tau) * math.exp(-rate * restart) / math.expm1(period)
-        except OverflowError:
-            return 0.0
-    raise ConfigError(f"goodput model must be one of {MODELS}; got {model!r}")
+_DAYS_PER_MONTH = 365.0 / 12.0
 
 
 @dataclass(frozen=True)
@@ -226,22 +77,22 @@ class GoodputInputs:
 
     def __post_init__(self) -> None:
         own = "GoodputInputs"
-        _check(
+        check(
             own,
             "interval_min",
             self.interval_min,
             positive=True,
             hint=" (minutes of training between two checkpoints)",
         )
-        _check(own, "days", self.days, positive=True, hint=" (wall-clock length of the run)")
-        _check(
+        check(own, "days", self.days, positive=True, hint=" (wall-clock length of the run)")
+        check(
             own,
             "failures_per_day",
             self.failures_per_day,
             hint=" (0 plans for a run without failures)",
         )
-        _check(own, "gpus", self.gpus, whole=True)
-        _check_afr(own, self.afr)
+        check(own, "gpus", self.gpus, whole=True)
+        check_afr(own, self.afr)
         if self.failures_per_day is not None and self.afr is not None:
             raise InputError(
                 own,
@@ -254,15 +105,13 @@ class GoodputInputs:
                 "no failure rate; set {failures_per_day}, or {gpus} and {afr}",
                 *("failures_per_day", "gpus", "afr"),
             )
-        _check(own, "blocking_s", self.blocking_s)
-        _check(own, "restart_min", self.restart_min)
-        _check(own, "checkpoint_gb", self.checkpoint_gb)
-        _check(
-            own, "keep_last", self.keep_last, whole=True, hint=" (checkpoints kept by retention)"
-        )
-        _check(own, "gpus_per_node", self.gpus_per_node, whole=True)
-        _check(own, "data_cache_gb", self.data_cache_gb)
-        _check(own, "staging_copies", self.staging_copies)
+        check(own, "blocking_s", self.blocking_s)
+        check(own, "restart_min", self.restart_min)
+        check(own, "checkpoint_gb", self.checkpoint_gb)
+        check(own, "keep_last", self.keep_last, whole=True, hint=" (checkpoints kept by retention)")
+        check(own, "gpus_per_node", self.gpus_per_node, whole=True)
+        check(own, "data_cache_gb", self.data_cache_gb)
+        check(own, "staging_copies", self.staging_copies)
 
     @property
     def rate_per_day(self) -> float:
@@ -286,7 +135,7 @@ class GoodputInputs:
 
 def expected_goodput(inputs: GoodputInputs, model: str = "first_order") -> float:
     """Expected fraction of wall-clock time spent on productive training (see the module doc)."""
-    return _goodput(
+    return goodput_of(
         model,
         inputs.rate_per_day / 24.0,
         inputs.interval_min / 60.0,
@@ -311,7 +160,7 @@ class Prices:
 
     def __post_init__(self) -> None:
         for name in ("gpu_hour", "storage_gb_month", "transfer_gb", "nvme_gb"):
-            _check("Prices", name, getattr(self, name), hint=" (or None to leave it unpriced)")
+            check("Prices", name, getattr(self, name), hint=" (or None to leave it unpriced)")
 
 
 def _price(quantity: float | None, unit_price: float | None) -> float | None:
@@ -449,9 +298,9 @@ def plan(inputs: GoodputInputs, prices: Prices | None = None) -> GoodputReport:
         goodput=expected_goodput(inputs),
         goodput_exponential=expected_goodput(inputs, "exponential"),
         young_interval_min=young_h * 60.0,
-        goodput_at_young=_goodput("first_order", rate_h, young_h, cost_h, restart_h),
+        goodput_at_young=goodput_of("first_order", rate_h, young_h, cost_h, restart_h),
         daly_interval_min=daly_h * 60.0,
-        goodput_exponential_at_daly=_goodput("exponential", rate_h, daly_h, cost_h, restart_h),
+        goodput_exponential_at_daly=goodput_of("exponential", rate_h, daly_h, cost_h, restart_h),
         account=account,
     )
 

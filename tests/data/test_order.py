@@ -16,6 +16,7 @@ from ckptstore.data.order import (
     agreed_cursor,
     check_resume,
     cursor_after,
+    epoch_batch,
     epoch_batches,
     epoch_permutation,
     loader_seed,
@@ -91,6 +92,13 @@ def test_epoch_view_tail_split() -> None:
     assert epoch_batches(7, 0, 2, 3, 10) == [[7, 8, 9]]
     assert epoch_batches(7, 1, 2, 3, 10) == [[]]
     assert epoch_batches(10, 0, 2, 3, 10) == []
+
+
+def test_epoch_batch_is_one_batch_of_the_view_and_refuses_past_its_end() -> None:
+    assert epoch_batch(0, 1, 3, 2, 10, 1) == [8, 9]
+    assert epoch_batch(0, 2, 3, 2, 10, 1) == []
+    with pytest.raises(DataOrderError, match="batch 2 is past the view"):
+        epoch_batch(0, 0, 3, 2, 10, 2)
 
 
 def test_identity_order_and_global_sample() -> None:

@@ -4,7 +4,10 @@ as ``ckptstore.integrations`` through extras."""
 import importlib
 import os
 import re
+import shutil
+import subprocess
 import sys
+import zipfile
 
 import pytest
 
@@ -65,3 +68,50 @@ def test_pyproject_declares_the_extras() -> None:
     extras = project["project"]["optional-dependencies"]
     assert any(re.match(r"lightning\b", d) for d in extras["lightning"])
     assert {re.split(r"[<>=!~ \[]", d)[0] for d in extras["hf"]} == {"transformers", "accelerate"}
+
+
+def test_the_wheel_ships_the_library_and_no_test_code(tmp_path) -> None:
+    """Build the wheel offline (setuptools from the venv, no index) from a copy of the sources,
+    so the checkout gets no build/ or egg-info, and check what it ships."""
+    src = tmp_path / "src"
+    shutil.copytree(
+        os.path.join(REPO, "ckptstore"),
+        src / "ckptstore",
+        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"),
+    )
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(os.path.join(REPO, name), src / name)
+    for name in ("harness", "tests"):  # present beside the package, as in the checkout
+        shutil.copytree(
+            os.path.join(REPO, name), src / name, ignore=shutil.ignore_patterns("__pycache__")
+        )
+    out = tmp_path / "dist"
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "--no-index",
+            "-q",
+            "-w",
+            str(out),
+            str(src),
+        ],
+        check=True,
+        capture_output=True,
+        timeout=300,
+    )
+    (wheel,) = out.glob("ckptstore-*.whl")
+    with zipfile.ZipFile(wheel) as z:
+        names = z.namelist()
+    assert "ckptstore/py.typed" in names
+    assert "ckptstore/testing/faults.py" in names
+    for module in ("__init__", "lightning", "hf"):
+        assert f"ckptstore/integrations/{module}.py" in names
+    top = {n.split("/")[0] for n in names}
+    assert top == {"ckptstore", wheel.name.split("-py3")[0] + ".dist-info"}
+    assert [n for n in names if n.startswith("ckptstore/plugins/")] == []
+    assert [n for n in names if "/harness/" in n or "/tests/" in n] == []

@@ -1,0 +1,58 @@
+"""The import-layer contract in pyproject.toml holds, statically and at run time."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def test_import_linter_contracts_are_kept() -> None:
+    """``lint-imports`` (import-linter) with the repository's contracts: every one kept."""
+    pytest.importorskip("importlinter")
+    env = {**os.environ, "PYTHONPATH": REPO}
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from importlinter.cli import lint_imports_command;"
+            " sys.exit(lint_imports_command())",
+            "--no-cache",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 broken" in done.stdout
+
+
+def test_torch_free_layers_import_no_torch() -> None:
+    """``import ckptstore``, the engine, the stores registry and planning leave torch out."""
+    code = (
+        "import json, sys, pkgutil, importlib\n"
+        "import ckptstore, ckptstore.engine, ckptstore.planning, ckptstore.stores\n"
+        "for pkg in (ckptstore.engine, ckptstore.planning):\n"
+        "    for m in pkgutil.iter_modules(pkg.__path__):\n"
+        "        importlib.import_module(pkg.__name__ + '.' + m.name)\n"
+        "import ckptstore.manager.prune, ckptstore.manager.retention\n"
+        "torch = [n for n in sys.modules if n == 'torch' or n.startswith('torch.')]\n"
+        "print(json.dumps(sorted(torch)))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": REPO},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
