@@ -14,10 +14,9 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 from ckptstore import _moved
 from ckptstore import errors as _errors
+from ckptstore._version import __version__
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes from there
     CheckpointExistsError,

@@ -332,6 +332,6 @@ def _world_size() -> int:
 
 
 def _version() -> str:
-    from ckptstore import __version__
+    from ckptstore._version import __version__
 
     return __version__
