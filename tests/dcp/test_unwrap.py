@@ -1,0 +1,47 @@
+"""unwrap_checkpoint_exception: the first rank's ckptstore error, as a copy naming the rank."""
+
+import pickle
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ckptstore.api import unwrap_checkpoint_exception as public
+from ckptstore.dcp.calls import unwrap_checkpoint_exception
+from ckptstore.errors import IncompleteCheckpointError, StorageFullError
+
+
+def _raised(exc: BaseException) -> BaseException:
+    try:
+        raise exc
+    except BaseException as caught:  # noqa: BLE001 - the exception, with its traceback
+        return caught
+
+
+def test_the_first_ranks_error_names_its_rank_and_the_original_is_untouched() -> None:
+    full = _raised(StorageFullError(28, "no space left"))
+    full.add_note("a note")
+    full.hint = "free some space"  # type: ignore[attr-defined]
+    missing = IncompleteCheckpointError("no marker")
+    wrapped = CheckpointException("save failed", {1: (missing, None), 0: full})
+
+    got = unwrap_checkpoint_exception(wrapped)
+
+    assert public is unwrap_checkpoint_exception  # the facade re-exports the dcp layer's
+    assert type(got) is StorageFullError and got is not full
+    assert str(got) == "[Errno 28] no space left (rank 0)" and got.errno == 28
+    assert got.hint == "free some space" and got.__notes__ == ["a note"]  # type: ignore[attr-defined]
+    assert got.__traceback__ is full.__traceback__
+    assert full.args == (28, "no space left")  # the caller's exception is not changed
+    assert str(unwrap_checkpoint_exception(wrapped)) == str(got)  # twice: the same text
+    back = pickle.loads(pickle.dumps(got))  # it travels from a writer process
+    assert type(back) is StorageFullError and str(back) == str(got)
+    only_missing = CheckpointException("load failed", {1: missing, 0: RuntimeError("gloo")})
+    got = unwrap_checkpoint_exception(only_missing)
+    assert type(got) is IncompleteCheckpointError and got.args == ("no marker (rank 1)",)
+    assert missing.args == ("no marker",)
+
+
+def test_an_exception_without_a_ckptstore_error_comes_back_as_it_is() -> None:
+    other = CheckpointException("save failed", {0: (RuntimeError("gloo"), None)})
+    assert unwrap_checkpoint_exception(other) is other
+    plain = ValueError("x")
+    assert unwrap_checkpoint_exception(plain) is plain
