@@ -11,10 +11,10 @@ from __future__ import annotations
 from typing import Any
 
 from ckptstore.config import TransferConfig
+from ckptstore.dcp.calls import unwrap_checkpoint_exception
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.store import Store
-from ckptstore.errors import CkptStoreError
 
 __all__ = ["writer", "reader", "save", "load", "unwrap_checkpoint_exception"]
 
@@ -74,19 +74,6 @@ def reader(
         verify=verify,
         allow_pickle=allow_pickle,
     )
-
-
-def unwrap_checkpoint_exception(exc: BaseException) -> BaseException:
-    """The first ckptstore error inside DCP's ``CheckpointException`` (else ``exc``)."""
-    failures = getattr(exc, "failures", None)
-    if not isinstance(failures, dict):
-        return exc
-    for rank in sorted(failures):
-        inner = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
-        if isinstance(inner, CkptStoreError):
-            inner.args = (f"{inner.args[0] if inner.args else inner} (rank {rank})",)
-            return inner
-    return exc
 
 
 def save(state_dict: dict[str, Any], url: str | Store | CkptWriter, **kwargs: Any) -> CkptWriter:

@@ -14,6 +14,10 @@ make torch say so each time:
 
 Users calling ``dcp.save(..., storage_writer=ckptstore.writer(url))`` themselves get torch's
 behaviour, warning included: this module only serves ckptstore's calls.
+
+:func:`unwrap_checkpoint_exception` turns DCP's ``CheckpointException`` (a ``BaseException``
+holding every rank's error) into the first rank's ckptstore error; ``ckptstore.api``
+re-exports it.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
+from ckptstore.errors import CkptStoreError
+
 try:  # DCP internals (torch >= 2.4); without them the stock calls are used
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
     from torch.distributed.checkpoint.state_dict_saver import (
@@ -33,7 +39,7 @@ try:  # DCP internals (torch >= 2.4); without them the stock calls are used
 except ImportError:  # pragma: no cover - depends on the torch version
     _save_state_dict = _load_state_dict = _stateful_to_state_dict = None  # type: ignore[assignment]
 
-__all__ = ["save", "load"]
+__all__ = ["save", "load", "unwrap_checkpoint_exception"]
 
 
 def _single_process(process_group: Any) -> bool:
@@ -71,3 +77,37 @@ def load(state_dict: dict[str, Any], storage_reader: Any, process_group: Any = N
             state_dict[k].load_state_dict(loaded[k])
         else:
             state_dict[k] = loaded[k]
+
+
+def unwrap_checkpoint_exception(exc: BaseException) -> BaseException:
+    """The first rank's ckptstore error inside DCP's ``CheckpointException``, else ``exc``.
+
+    The error returned is a copy of that rank's (same type, attributes, traceback, cause
+    and notes) whose message ends with `` (rank N)``; the exception inside ``exc`` is left
+    as it was, so unwrapping twice never names the rank twice.
+    """
+    failures = getattr(exc, "failures", None)
+    if not isinstance(failures, dict):
+        return exc
+    for rank in sorted(failures):
+        inner = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
+        if isinstance(inner, CkptStoreError):
+            return _with_rank(inner, rank)
+    return exc
+
+
+def _with_rank(exc: CkptStoreError, rank: int) -> CkptStoreError:
+    """A copy of ``exc`` whose message names ``rank``; ``exc`` itself is not changed."""
+    args: tuple[Any, ...] = (f"{exc.args[0] if exc.args else exc} (rank {rank})",)
+    if isinstance(exc, OSError) and exc.errno is not None and exc.strerror is not None:
+        args = (exc.errno, f"{exc.strerror} (rank {rank})")  # "[Errno N] what (rank r)"
+        args += tuple(f for f in (exc.filename, exc.filename2) if f is not None)
+    cls = type(exc)
+    try:
+        fresh = cls.__new__(cls, *args)  # sets args; no __init__: its signature is the class's
+    except Exception:  # noqa: BLE001 - a class whose __new__ wants more: leave it as it is
+        return exc
+    fresh.__dict__.update(vars(exc))  # attributes and __notes__
+    fresh.__cause__, fresh.__context__ = exc.__cause__, exc.__context__
+    fresh.__suppress_context__ = exc.__suppress_context__
+    return fresh.with_traceback(exc.__traceback__)

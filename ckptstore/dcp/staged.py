@@ -1,6 +1,7 @@
 """The staged-local writer: shards go to local NVMe first, then the engine uploads them.
 
-Call order is ``CkptWriter``'s; what differs:
+Call order is ``CkptWriter``'s; it overrides only ``CkptWriter``'s hooks
+(``_shard_store``, ``_shards_failed``, ``_shards_written``, ``_committed``). What differs:
 
     write_data   every rank serialises its shard files into ``staging_dir/<step>/`` (fast,
                  local), then uploads each to the destination as parallel parts, checking
@@ -22,16 +23,11 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from torch.distributed.checkpoint.metadata import Metadata
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
-from torch.distributed.checkpoint.storage import WriteResult
-from torch.futures import Future
-
 from ckptstore.dcp.writer import CkptWriter, step_from_url
-from ckptstore.engine.catalog import parse_step
 from ckptstore.engine.commit import publish
 from ckptstore.engine.deletion import delete_step
-from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.layout import parse_step
+from ckptstore.engine.manifest import MARKER_NAME, Manifest
 from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
@@ -75,18 +71,19 @@ class StagedWriter(CkptWriter):
     def local(self) -> LocalStore:
         return self.staging_root.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
 
-    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+    # -- CkptWriter's hooks ------------------------------------------------------------
+    def _shard_store(self) -> Store:
+        """Shards are serialised into the local copy, ``staging_dir/<step>/``."""
+        return self.local
+
+    def _shards_failed(self, exc: BaseException) -> None:
+        """Writing the local copy failed (a full staging disk): remove its partial files."""
+        self.local.delete_prefix("")
+
+    def _shards_written(self, files: list[tuple[str, int]]) -> None:
+        """Upload each local shard file to the destination, checking its CRC32C; on
+        failure the complete local files are kept and the error says where."""
         local = self.local
-        results: list[WriteResult] = []
-        files = []
-        try:
-            for name, items in self.shard_names(plan):
-                file_results = self._write_file(name, items, planner, store=local)
-                files.append((name, file_results[0].storage_data.file_crc32c))
-                results.extend(file_results)
-        except BaseException:
-            local.delete_prefix("")
-            raise
         try:
             for name, crc in files:
                 self.engine.copy(local, name, self.store, name, expect_crc=crc)
@@ -95,15 +92,10 @@ class StagedWriter(CkptWriter):
                 self._raise_if_committed_meanwhile(exc)
             exc.args = (f"{exc}; the complete local copy is kept in {local.url}",)
             raise
-        fut: Future[list[WriteResult]] = Future()
-        fut.set_result(results)
-        return fut
 
-    def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        manifest, metadata_bytes = self._build_manifest(metadata, results)
-        publish(
-            self.store, self.engine, self.attempt, manifest, metadata_bytes, replace=self.overwrite
-        )
+    def _committed(self, manifest: Manifest, metadata_bytes: bytes) -> None:
+        """Publish the same manifest and marker locally (the restore tier), then trim the
+        committed local copies to ``keep_local``."""
         publish(self.local, self.engine, self.attempt, manifest, metadata_bytes, replace=True)
         self._trim_local()
 

@@ -189,6 +189,6 @@ def _world_size(by_file: dict[str, Any]) -> int:
 
 
 def _version() -> str:
-    from ckptstore import __version__
+    from ckptstore._version import __version__
 
     return __version__

@@ -33,6 +33,12 @@ Writers pickle (``dcp.async_save`` with the process executor sends them to a
 subprocess): the store and engine are re-opened there from the URL, options and config.
 If any rank fails, DCP never calls ``finish``: nothing is committed and
 every rank raises.
+
+Subclasses change where shards go and what follows the commit through four protected
+hooks, called in this order: ``_shard_store()`` (where ``write_data`` serialises the
+shard files), then ``_shards_failed(exc)`` if that raised, else ``_shards_written(files)``;
+``_committed(manifest, metadata_bytes)`` at the end of ``finish``. ``StagedWriter``
+(``ckptstore.dcp.staged``) overrides only these.
 """
 
 from __future__ import annotations
@@ -225,16 +231,41 @@ class CkptWriter(StoreBound, StorageWriter):
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        target = self._shard_store()
         results: list[WriteResult] = []
+        files: list[tuple[str, int]] = []
         try:
             for name, items in self.shard_names(plan):
-                results.extend(self._write_file(name, items, planner))
-        except StoreNotFoundError as exc:
-            self._raise_if_committed_meanwhile(exc)
+                file_results = self._write_file(name, items, planner, store=target)
+                files.append((name, file_results[0].storage_data.file_crc32c))
+                results.extend(file_results)
+        except BaseException as exc:
+            self._shards_failed(exc)
             raise
+        self._shards_written(files)
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut
+
+    # -- hooks for subclasses (``StagedWriter``), in the order write_data / finish call them
+    def _shard_store(self) -> Store:
+        """Where ``write_data`` serialises this rank's shard files: the destination."""
+        return self.store
+
+    def _shards_failed(self, exc: BaseException) -> None:
+        """Serialising a shard file raised ``exc`` (re-raised after this returns): clean up
+        or raise a better error. Here: a vanished upload may mean a racing writer won."""
+        if isinstance(exc, StoreNotFoundError):
+            self._raise_if_committed_meanwhile(exc)
+
+    def _shards_written(self, files: list[tuple[str, int]]) -> None:
+        """Every shard file of this rank is serialised and durable in ``_shard_store()``:
+        ``files`` holds (name, CRC32C of the whole file) of each. Here: nothing to do."""
+
+    def _committed(self, manifest: Manifest, metadata_bytes: bytes) -> None:
+        """``finish`` committed the checkpoint at the destination (coordinator only): its
+        manifest and pickled ``.metadata``. A failure here fails the save after the commit
+        counted. Here: nothing to do."""
 
     def _raise_if_committed_meanwhile(self, exc: Exception) -> None:
         """A racing writer that committed this step cleans up other attempts' files, so a
@@ -282,6 +313,7 @@ class CkptWriter(StoreBound, StorageWriter):
         publish(
             self.store, self.engine, self.attempt, manifest, metadata_bytes, replace=self.overwrite
         )
+        self._committed(manifest, metadata_bytes)
 
     def _build_manifest(
         self, metadata: Metadata, results: list[list[WriteResult]]
@@ -332,6 +364,6 @@ def _world_size() -> int:
 
 
 def _version() -> str:
-    from ckptstore import __version__
+    from ckptstore._version import __version__
 
     return __version__

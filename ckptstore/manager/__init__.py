@@ -1,8 +1,9 @@
 """The checkpoint manager and what it runs on: save backends, retention, rng state.
 
-``CheckpointManager`` and ``SaveRecord`` (they import torch) load on first use, so
-``ckptstore.manager.retention`` and ``ckptstore.manager.prune`` (which ``ckptstore-tool gc``
-uses) do not pay for torch, and ``python -m ckptstore.manager.writer_main`` starts light.
+``CheckpointManager``, ``SaveRecord`` and ``SaveStatus`` (they import torch) load on first
+use, so ``ckptstore.manager.retention`` and ``ckptstore.manager.prune`` (which
+``ckptstore-tool gc`` uses) do not pay for torch, and ``python -m
+ckptstore.manager.writer_main`` starts light.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ckptstore.manager.manager import CheckpointManager, SaveRecord
+    from ckptstore.manager.manager import CheckpointManager, SaveRecord, SaveStatus
 
-__all__ = ["CheckpointManager", "SaveRecord"]
+__all__ = ["CheckpointManager", "SaveRecord", "SaveStatus"]
 
 
 def __getattr__(name: str) -> Any:

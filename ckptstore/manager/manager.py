@@ -26,6 +26,8 @@ At most one save is in flight: a new ``save`` while one is uploading waits for i
 (``on_busy="skip"``). A failed background save is reported at the next
 ``save``/``wait`` (a warning, or the error with ``strict=True``) and by ``close``.
 
+Saves run on the backend ``background`` picks once, in the constructor
+(``ckptstore.manager.backend``): both end in the same ``save_step``.
 ``background="thread"`` (default) writes on a thread of the training process.
 ``background="process"`` writes in one long-lived writer process per rank (see
 ``ckptstore.manager.writer_process``), started by the constructor: the staging copy goes into a
@@ -38,93 +40,44 @@ A writer that cannot start (its rendezvous unreachable) raises from ``save``.
 
 from __future__ import annotations
 
+import concurrent.futures
 import logging
 import signal
 import threading
 import time
 import warnings
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-import torch
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
-from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 from torch.distributed.checkpoint.stateful import Stateful
 
-from ckptstore.api import unwrap_checkpoint_exception
 from ckptstore.config import TransferConfig
-from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
-from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.shared_staging import SharedStager
-from ckptstore.dcp.staged import local_tier_matches
 from ckptstore.dcp.writer import shard_prefix
-from ckptstore.engine.catalog import committed_steps, step_name
-from ckptstore.engine.commit import checkpoint_status, collect_warnings, finish_publish
+from ckptstore.engine.catalog import committed_steps
+from ckptstore.engine.commit import checkpoint_status
 from ckptstore.engine.deletion import delete_step
+from ckptstore.engine.layout import step_name
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import (
-    CkptStoreError,
-    ConfigError,
-    CorruptCheckpointError,
-    IncompleteCheckpointError,
-)
+from ckptstore.errors import CkptStoreError, ConfigError
 from ckptstore.launch import fresh_new_group
+from ckptstore.manager.agreement import Agreement
+from ckptstore.manager.backend import BACKENDS, ProcessBackend, make_backend
 from ckptstore.manager.prune import apply_prune, plan_prune
+from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
+from ckptstore.manager.restore import StepLoader
 from ckptstore.manager.retention import KeepLast, RetentionPolicy
-from ckptstore.manager.state import RNGState
-from ckptstore.manager.writer_process import BackgroundWriter, write_step
-from ckptstore.manager.writer_protocol import WriterSettings
+from ckptstore.manager.writer_process import BackgroundWriter
 from ckptstore.stores import open_store
-from ckptstore.stores.local import LocalStore
 
-__all__ = ["CheckpointManager", "SaveRecord"]
+__all__ = ["CheckpointManager", "MANIFEST_TIMINGS", "SaveRecord", "SaveStatus"]
 
 log = logging.getLogger(__name__)
-
-#: The SaveRecord fields written into each manifest: those known before the marker.
-MANIFEST_TIMINGS = ("waited_s", "staging_s", "blocking_s", "bytes")
-
-
-@dataclass
-class SaveRecord:
-    """Timings of one save, in seconds (``blocking_s`` is what training paid).
-
-    ``mgr.records`` holds one per ``save()`` call, complete once the save has ended. The
-    manifest (``extra["timings"]``) holds the fields known before the commit marker is
-    written: ``waited_s``, ``staging_s``, ``blocking_s`` and ``bytes`` (rank 0's values);
-    ``background_s`` and ``total_s`` end after the marker, so only the record and the
-    ``step N committed`` log line have them.
-    """
-
-    step: int
-    status: str = "staging"  # staging | writing | committed | failed | skipped
-    waited_s: float = 0.0  # waiting for the previous save (part of blocking_s)
-    staging_s: float = 0.0  # copying the state into the staging buffer
-    blocking_s: float = 0.0  # save() call until training may modify the state again
-    background_s: float = 0.0  # serialise + write/upload + commit
-    total_s: float = 0.0  # save() call until committed
-    bytes: int = 0
-    error: str = ""
-    #: Problems after the commit (canonical copies, cleanup, retention): the save is
-    #: committed all the same; ``ckptstore-tool gc`` or the next restore tidies up.
-    warnings: list[str] = field(default_factory=list)
-
-
-def _tensor_bytes(obj: Any) -> int:
-    if isinstance(obj, dict):
-        return sum(_tensor_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(_tensor_bytes(v) for v in obj)
-    if torch.is_tensor(obj):
-        local = obj.to_local() if hasattr(obj, "to_local") else obj
-        return local.numel() * local.element_size()
-    return 0
 
 
 class CheckpointManager:
@@ -150,7 +103,7 @@ class CheckpointManager:
     ) -> None:
         if on_busy not in ("wait", "skip"):
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
-        if background not in ("thread", "process"):
+        if background not in BACKENDS:
             raise ConfigError(f"background must be 'thread' or 'process', not {background!r}")
         self.engine = TransferEngine(config)
         # Every control call on the root (HEAD of a marker, listings, marker and manifest
@@ -171,42 +124,35 @@ class CheckpointManager:
         self.grace_period_s = grace_period_s
         self.background = background
         self.records: list[SaveRecord] = []
-        self._distributed = dist.is_available() and dist.is_initialized()
-        self.rank = dist.get_rank() if self._distributed else 0
+        distributed = dist.is_available() and dist.is_initialized()
+        self.rank = dist.get_rank() if distributed else 0
         # Checkpoint traffic and small agreements each get their own gloo group, so they
         # never queue behind (or interleave with) training's collectives; named so that a
         # restart under torchrun's shared store never meets a dead attempt's keys.
-        self._pg = fresh_new_group("gloo") if self._distributed else None
-        self._ctl = fresh_new_group("gloo") if self._distributed else None
-        cuda = torch.cuda.is_available()
-        self._stager: DefaultStager | None = None
-        self._shared: SharedStager | None = None
-        self._bg: BackgroundWriter | None = None
-        if background == "process":
-            self._shared = SharedStager(pin=cuda)
-            settings = WriterSettings(
-                root,
-                storage_options,
-                staging_dir,
-                codec,
-                self.engine.config,
-                self.rank,
-                key_layout=key_layout,
-            )
-            if self._distributed:
-                settings = replace(settings, world_size=dist.get_world_size())
-            self._bg = BackgroundWriter(
-                settings, broadcast=self._broadcast if self._distributed else None
-            )
-        else:
-            self._stager = DefaultStager(
-                StagingOptions(
-                    use_pinned_memory=cuda,
-                    use_shared_memory=False,
-                    use_async_staging=False,
-                    use_non_blocking_copy=cuda,
-                )
-            )
+        self._pg = fresh_new_group("gloo") if distributed else None
+        self._agree = Agreement(fresh_new_group("gloo") if distributed else None)
+        self._backend = make_backend(
+            background,
+            root,
+            self.root,
+            storage_options=storage_options,
+            engine=self.engine,
+            staging_dir=staging_dir,
+            codec=codec,
+            key_layout=key_layout,
+            rank=self.rank,
+            world_size=dist.get_world_size() if distributed else 1,
+            process_group=self._pg,
+            agree=self._agree,
+        )
+        self._loader = StepLoader(
+            self.root,
+            engine=self.engine,
+            staging_dir=staging_dir,
+            allow_pickle=allow_pickle,
+            process_group=self._pg,
+            agree=self._agree,
+        )
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self._inflight: Future[None] | None = None
         self._unreported: list[BaseException] = []
@@ -221,23 +167,16 @@ class CheckpointManager:
         if handle_sigterm:
             self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
-    # -- agreement between ranks -----------------------------------------------------------
-    def _any(self, flag: bool) -> bool:
-        if not self._distributed:
-            return flag
-        t = torch.tensor([1 if flag else 0])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self._ctl)
-        return bool(t.item())
+    # -- the process backend's parts, for diagnostics ------------------------------------
+    @property
+    def _bg(self) -> BackgroundWriter | None:
+        """This rank's writer process (``background="process"``), else None."""
+        return self._backend.writer if isinstance(self._backend, ProcessBackend) else None
 
-    def _all(self, flag: bool) -> bool:
-        return not self._any(not flag)
-
-    def _broadcast(self, value: Any) -> Any:
-        if not self._distributed:
-            return value
-        box = [value]
-        dist.broadcast_object_list(box, group_src=0, group=self._ctl)
-        return box[0]
+    @property
+    def _shared(self) -> SharedStager | None:
+        """The shared-memory staging arena (``background="process"``), else None."""
+        return self._backend.stager if isinstance(self._backend, ProcessBackend) else None
 
     # -- saving --------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> bool:
@@ -246,39 +185,28 @@ class CheckpointManager:
         start = time.perf_counter()
         record = SaveRecord(step)
         busy = self._inflight is not None and not self._inflight.done()
-        if self._any(busy):
+        if self._agree.any(busy):
             if self.on_busy == "skip":
-                record.status = "skipped"
+                record.status = SaveStatus.SKIPPED
                 self.records.append(record)
                 log.info("skipping the save of step %d: the previous one is still uploading", step)
                 return False
             self._wait_inflight()
         record.waited_s = time.perf_counter() - start
         exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
-        overwrite = self._any(exists and self._needs_replacing(step))
-        if not overwrite and self._all(exists):
-            record.status = "skipped"
+        overwrite = self._agree.any(exists and self._needs_replacing(step))
+        if not overwrite and self._agree.all(exists):
+            record.status = SaveStatus.SKIPPED
             self.records.append(record)
             log.info("step %d is already committed under %s; not saving it again", step, self.root)
             return False
-        if self._bg is not None:
-            if self._any(self._bg.needs_restart()):
-                self._bg.restart()
-            self._bg.ensure_ready()
+        self._backend.ensure_ready()
         t = time.perf_counter()
         flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
-        staged: Any
-        if self._shared is not None:
-            staged = self._shared.stage(flat)
-            record.bytes = staged.nbytes
-        else:
-            assert self._stager is not None
-            staged = self._stager.stage(flat)  # synchronous: a dict, never a Future
-            assert isinstance(staged, dict)
-            record.bytes = _tensor_bytes(staged)
+        staged, record.bytes = self._backend.stage(flat)
         record.staging_s = time.perf_counter() - t
         record.blocking_s = time.perf_counter() - start
-        record.status = "writing"
+        record.status = SaveStatus.WRITING
         self.records.append(record)
         self._protected.add(step)
         if self.async_save:
@@ -299,27 +227,9 @@ class CheckpointManager:
     def _write(self, record: SaveRecord, staged: Any, start: float, overwrite: bool) -> None:
         t = time.perf_counter()
         try:
-            timings = {k: v for k, v in asdict(record).items() if k in MANIFEST_TIMINGS}
-            if self._bg is not None:
-                assert self._shared is not None and self._shared.arena is not None
-                outcome = self._bg.save(record.step, staged, self._shared.arena, timings, overwrite)
-                record.warnings.extend(outcome.warnings)
-            else:
-                with collect_warnings() as notes:
-                    write_step(
-                        staged,
-                        self.root,
-                        record.step,
-                        staging_dir=self.staging_dir,
-                        codec=self.codec,
-                        key_layout=self.key_layout,
-                        engine=self.engine,
-                        timings=timings,
-                        process_group=self._pg,
-                        overwrite=overwrite,
-                    )
-                record.warnings.extend(notes)
-            record.status = "committed"
+            notes = self._backend.write(record.step, staged, record.manifest_timings(), overwrite)
+            record.warnings.extend(notes)
+            record.status = SaveStatus.COMMITTED
             self._damaged.discard(record.step)
             log.info(
                 "step %d committed: blocking %.3fs, total %.2fs, %d bytes on this rank",
@@ -336,7 +246,7 @@ class CheckpointManager:
                     log.warning("%s", note)
                     record.warnings.append(note)
         except BaseException as exc:  # noqa: BLE001 - reported at the next save/wait/close
-            record.status, record.error = "failed", f"{type(exc).__name__}: {exc}"
+            record.status, record.error = SaveStatus.FAILED, f"{type(exc).__name__}: {exc}"
             log.error("saving step %d failed: %s", record.step, record.error)
             self._unreported.append(exc)
             self._last_failed = exc
@@ -353,7 +263,7 @@ class CheckpointManager:
             return True
         try:
             fut.result(timeout=timeout)
-        except TimeoutError:
+        except concurrent.futures.TimeoutError:  # not the builtin before Python 3.11
             return False
         self._inflight = None
         return True
@@ -390,9 +300,6 @@ class CheckpointManager:
             log.info("removing %s (%s)", d.name, d.reason)
         apply_prune(self.root, plan)
 
-    def _delete_step(self, step: int) -> None:
-        delete_step(self.root, step_name(step))
-
     def delete(self, step: int) -> None:
         """Delete ``step`` (marker first). Refuses the newest committed step and a step
         being saved or restored, as retention does."""
@@ -400,7 +307,7 @@ class CheckpointManager:
             raise ConfigError(
                 f"step {step} is the newest committed checkpoint or in use; it is not deleted"
             )
-        self._delete_step(step)
+        delete_step(self.root, step_name(step))
 
     # -- restoring -----------------------------------------------------------------------
     def steps(self) -> list[int]:
@@ -410,24 +317,6 @@ class CheckpointManager:
     def latest_step(self) -> int | None:
         steps = self.steps()
         return steps[-1] if steps else None
-
-    def _local_tier(self, step: int) -> Store | None:
-        """The local staged copy of ``step`` if every rank has one identical to the
-        committed remote checkpoint (a collective), else None."""
-        local: Store | None = None
-        if self.staging_dir:
-            local = LocalStore(self.staging_dir).child(step_name(step))
-            try:
-                if not local_tier_matches(local, self.root.child(step_name(step))):
-                    local = None
-            except (IncompleteCheckpointError, CorruptCheckpointError):
-                local = None
-        return local if self._all(local is not None) else None
-
-    def _reader(self, store: Store) -> CkptReader:
-        return CkptReader(
-            store, engine=self.engine, config=self.engine.config, allow_pickle=self.allow_pickle
-        )
 
     def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:
         """Load the newest committed, verified checkpoint (or ``step``) into ``state``.
@@ -440,14 +329,14 @@ class CheckpointManager:
         """
         self.wait()
         if self.rank == 0:
-            self._finish_commits()
-        candidates = self._broadcast(
+            self._loader.finish_commits()
+        candidates = self._agree.broadcast(
             [step] if step is not None else list(committed_steps(self.root, newest_first=True))
         )
         for s in candidates:
             self._protected.add(s)
             try:
-                error = self._try_load(s, state)
+                error = self._loader.try_load(s, state)
             finally:
                 self._protected.discard(s)
             if error is None:
@@ -463,59 +352,6 @@ class CheckpointManager:
             )
         return None
 
-    def _finish_commits(self) -> None:
-        """Write the canonical copies a crash right after a marker left out (rank 0)."""
-        for step in committed_steps(self.root):
-            try:
-                if finish_publish(self.root.child(step_name(step)), self.engine):
-                    log.warning(
-                        "step %d was committed by a process that died before writing its "
-                        "canonical manifest and .metadata; they are written now",
-                        step,
-                    )
-            except CkptStoreError as exc:  # the restore below decides what is loadable
-                log.warning("could not finish the commit of step %d: %s", step, exc)
-
-    def _try_load(self, step: int, state: dict[str, Any]) -> CkptStoreError | None:
-        """Load ``step`` (its local copy first, if any, then the remote one); the error
-        that makes it unloadable, or None. The same on every rank."""
-        local = self._local_tier(step)
-        if local is not None:
-            log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
-            error = self._load_from(local, step, state)
-            if error is None:
-                return None
-            warnings.warn(
-                f"the local copy of step {step} in {self.staging_dir} could not be restored "
-                f"({error}); loading the same step from {self.root.url} instead",
-                RuntimeWarning,
-                stacklevel=3,
-            )
-        return self._load_from(self.root.child(step_name(step)), step, state)
-
-    def _load_from(self, store: Store, step: int, state: dict[str, Any]) -> CkptStoreError | None:
-        error: CkptStoreError | None = None
-        reader = None
-        try:
-            reader = self._reader(store)
-        except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
-            error = exc
-        if not self._all(error is None):
-            return error or CorruptCheckpointError(f"step {step} failed to open on another rank")
-        assert reader is not None
-        world = reader.manifest.world_size if reader.manifest else None
-        for value in state.values():
-            if isinstance(value, RNGState):
-                value.expect_world_size(world)
-        try:
-            dcp.load(state, storage_reader=reader, process_group=self._pg)
-        except CheckpointException as exc:
-            inner = unwrap_checkpoint_exception(exc)
-            if isinstance(inner, (CorruptCheckpointError, IncompleteCheckpointError)):
-                return inner
-            raise inner from exc
-        return None
-
     # -- preemption and shutdown ---------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         log.warning(
@@ -529,7 +365,7 @@ class CheckpointManager:
 
     def preemption_requested(self) -> bool:
         """True on every rank if any rank was asked to stop (a collective: call it everywhere)."""
-        return self._any(self._preempted.is_set())
+        return self._agree.any(self._preempted.is_set())
 
     def finalize(self, step: int | None = None, state: dict[str, Any] | None = None) -> bool:
         """Flush the in-flight save within the grace period, then (if given) save ``step``
@@ -543,7 +379,7 @@ class CheckpointManager:
         saved = self.save(step, state)
         if not self._wait_inflight(timeout=max(0.0, deadline - time.monotonic())):
             return False
-        return saved and self.records[-1].status == "committed"
+        return saved and self.records[-1].status == SaveStatus.COMMITTED
 
     def close(self) -> None:
         """Wait for the in-flight save; raise if the last save failed. Stops the writer
@@ -555,12 +391,7 @@ class CheckpointManager:
                 raise self._last_failed
         finally:
             self._pool.shutdown(wait=True)
-            if self._bg is not None:
-                self._bg.close()
-            if self._shared is not None:
-                self._shared.close()
-            if self._stager is not None:
-                self._stager.close()
+            self._backend.close()
             self.engine.close()
             if self._old_handler is not None:
                 signal.signal(signal.SIGTERM, self._old_handler)

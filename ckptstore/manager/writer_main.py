@@ -12,7 +12,7 @@ again; ``pid`` is the training process's). Its life, in the order of
     loop: job = recv()           # None, or the socket closing: exit
           map the arena if its fd came with the job (once per arena)
           state = job.staged.rebuild(arena)        # the tensors over the shared bytes
-          write_step(state, ...)                   # the thread mode's serialise / upload /
+          save_step(state, ...)                    # the thread mode's serialise / upload /
                                                    # commit path, on the writers' group
           answer the Outcome (the error, pickled, if it failed)
 
@@ -50,7 +50,7 @@ _PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 def _set_parent_death_signal() -> bool:
     """Have Linux SIGKILL this process when the thread that started it ends (the
     training side starts writers from a thread that lives as long as its process:
-    ``writer_process``); False where prctl is not there."""
+    ``writer_child.spawn``); False where prctl is not there."""
     if not sys.platform.startswith("linux"):
         return False
     import ctypes
@@ -94,9 +94,8 @@ def _join_group(s: WriterSettings) -> None:
 
 def _serve(sock: socket.socket, s: WriterSettings) -> None:
     from ckptstore.dcp.shared_staging import ArenaView
-    from ckptstore.engine.commit import collect_warnings
     from ckptstore.engine.transfer import TransferEngine
-    from ckptstore.manager.writer_process import write_step
+    from ckptstore.manager.save_step import save_step
     from ckptstore.manager.writer_protocol import Outcome, SaveJob, failure, recv, send
     from ckptstore.stores import open_store
 
@@ -121,18 +120,17 @@ def _serve(sock: socket.socket, s: WriterSettings) -> None:
             try:
                 assert view is not None, "no staging arena was sent"
                 state = job.staged.rebuild(view)
-                with collect_warnings() as notes:
-                    write_step(
-                        state,
-                        root,
-                        job.step,
-                        staging_dir=s.staging_dir,
-                        codec=s.codec,
-                        key_layout=s.key_layout,
-                        engine=engine,
-                        timings=job.timings,
-                        overwrite=job.overwrite,
-                    )
+                notes = save_step(
+                    state,
+                    root,
+                    job.step,
+                    staging_dir=s.staging_dir,
+                    codec=s.codec,
+                    key_layout=s.key_layout,
+                    engine=engine,
+                    timings=job.timings,
+                    overwrite=job.overwrite,
+                )
                 outcome = Outcome(
                     job.step,
                     write_s=time.perf_counter() - t,

@@ -20,15 +20,15 @@ Call order (training side, every rank; the manager drives it)::
                                                 # grace period, reaps it
 
 One long-lived writer process per rank, started with the manager: a fresh interpreter
-running ``ckptstore.manager.writer_main`` (never a fork);
-``ckptstore.manager.writer_protocol`` has what the
+running ``ckptstore.manager.writer_main`` (never a fork), started and watched by
+``ckptstore.manager.writer_child``; ``ckptstore.manager.writer_protocol`` has what the
 two say to each other. The writers form their own gloo group through the rendezvous store,
 under a prefix unique to the manager and the writer generation, so their collectives never
 meet training's. That store is a new server per manager (never torchrun's shared one) and
 its address travels over the manager's control group, so after a torchrun restart no writer
-reads a key a dead attempt wrote. Each save runs ``write_step`` there, the same serialise /
-upload / commit path as the thread mode, over the staged state mapped out of the
-shared-memory arena.
+reads a key a dead attempt wrote. Each save runs ``save_step`` there
+(``ckptstore.manager.save_step``), the same serialise / upload / commit path as the thread
+mode, over the staged state mapped out of the shared-memory arena.
 
 A writer that dies (kill -9, the OOM killer) is seen at once (its socket closes): the save
 fails with ``WriterProcessDiedError`` naming the step, the previous committed checkpoint
@@ -43,33 +43,25 @@ from __future__ import annotations
 import logging
 import os
 import pickle
-import queue
-import select
-import signal
 import socket
-import subprocess
 import sys
-import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
 import torch.distributed as dist
-from torch.distributed.checkpoint.api import CheckpointException
 
-from ckptstore.api import unwrap_checkpoint_exception
-from ckptstore.dcp import calls as dcp  # dcp.save, quiet without a process group
 from ckptstore.dcp.shared_staging import Arena, StagedState
-from ckptstore.dcp.staged import StagedWriter
-from ckptstore.dcp.writer import CkptWriter
-from ckptstore.engine.catalog import step_name
-from ckptstore.engine.retry import retrying
-from ckptstore.engine.store import Store
-from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CkptStoreError, ConfigError, WriterProcessDiedError
+from ckptstore.manager.writer_child import (
+    POLL_S,
+    GroupBroken,
+    WriterChild,
+    WriterDied,
+    exit_description,
+)
 from ckptstore.manager.writer_protocol import (
     PG_TIMEOUT,
     Outcome,
@@ -78,213 +70,11 @@ from ckptstore.manager.writer_protocol import (
     WriterSettings,
     connect,
     rebuild_error,
-    recv,
-    send,
 )
 
-__all__ = ["BackgroundWriter", "write_step"]
+__all__ = ["BackgroundWriter"]
 
 log = logging.getLogger(__name__)
-
-STOP_GRACE_S = 10.0  # a writer asked to exit is killed after this
-POLL_S = 0.2  # how often a waiting rank looks for a broken group in the store
-
-
-def write_step(
-    state: dict[str, Any],
-    root: Store,
-    step: int,
-    *,
-    staging_dir: str | None,
-    codec: str,
-    key_layout: str = "flat",
-    engine: TransferEngine,
-    timings: dict[str, float],
-    process_group: Any = None,
-    overwrite: bool = False,
-) -> None:
-    """Serialise, write (or stage locally and upload) and commit ``state`` as ``step``:
-    the one path both background modes run. Raises the first rank's ckptstore error.
-    ``overwrite`` replaces a committed ``step`` (one found damaged) atomically."""
-    url = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
-    common: dict[str, Any] = dict(
-        codec=codec,
-        key_layout=key_layout,
-        step=step,
-        engine=engine,
-        config=engine.config,
-        overwrite=overwrite,
-    )
-    writer = (
-        StagedWriter(url, staging_dir=staging_dir, **common)
-        if staging_dir
-        else CkptWriter(url, **common)
-    )
-    writer.manifest_extra["timings"] = dict(timings)
-    try:
-        dcp.save(state, storage_writer=writer, process_group=process_group)
-    except CheckpointException as exc:
-        raise unwrap_checkpoint_exception(exc) from exc
-
-
-def _exit_description(code: int | None) -> str:
-    if code is None:
-        return "was stopped"
-    if code < 0:
-        name = signal.Signals(-code).name
-        hint = " (kill -9, or the out-of-memory killer)" if -code == signal.SIGKILL else ""
-        return f"was killed by {name}{hint}"
-    return f"exited with code {code}"
-
-
-class _Died(Exception):
-    def __init__(self, code: int | None) -> None:
-        super().__init__(code)
-        self.code = code
-
-
-class _GroupBroken(Exception):
-    """Another rank said its writer died or failed; ``args[0]`` says how."""
-
-
-def _reap(proc: subprocess.Popen, sock: socket.socket) -> None:
-    sock.close()
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-
-
-class _Spawner:
-    """Starts processes from one thread that lives as long as this process.
-
-    A writer arms PR_SET_PDEATHSIG, which Linux fires when the *thread* that started it
-    ends: a writer started from a short-lived thread (a user's, calling ``save``) would be
-    killed with that thread. The main thread lives as long as the process, so a call from
-    it starts the process directly; any other call hands the start to this thread.
-    """
-
-    _lock = threading.Lock()
-    _jobs: queue.SimpleQueue | None = None
-
-    @classmethod
-    def popen(cls, argv: list[str], **kwargs: Any) -> subprocess.Popen:
-        if threading.current_thread() is threading.main_thread():
-            return subprocess.Popen(argv, **kwargs)
-        with cls._lock:
-            if cls._jobs is None:
-                cls._jobs = queue.SimpleQueue()
-                threading.Thread(
-                    target=cls._serve, args=(cls._jobs,), name="ckptstore-spawner", daemon=True
-                ).start()
-        done: queue.SimpleQueue = queue.SimpleQueue()
-        cls._jobs.put((argv, kwargs, done))
-        ok, value = done.get()
-        if not ok:
-            raise value
-        return value  # type: ignore[no-any-return]
-
-    @staticmethod
-    def _serve(jobs: queue.SimpleQueue) -> None:
-        while True:
-            argv, kwargs, done = jobs.get()
-            try:
-                done.put((True, subprocess.Popen(argv, **kwargs)))
-            except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
-                done.put((False, exc))
-
-
-_spawn = _Spawner.popen
-
-
-class _Writer:
-    """One writer process and its socket (training side)."""
-
-    def __init__(self, settings: WriterSettings) -> None:
-        ours, theirs = socket.socketpair()
-        package_parent = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-        env = dict(os.environ, RANK=str(settings.rank))
-        env["PYTHONPATH"] = os.pathsep.join(
-            p for p in (package_parent, os.environ.get("PYTHONPATH")) if p
-        )
-        try:
-            self.proc = _spawn(
-                [
-                    sys.executable,
-                    "-m",
-                    "ckptstore.manager.writer_main",
-                    str(theirs.fileno()),
-                    str(os.getpid()),
-                ],
-                pass_fds=(theirs.fileno(),),
-                env=env,
-                stdin=subprocess.DEVNULL,
-            )
-        except BaseException:
-            ours.close()
-            raise
-        finally:
-            theirs.close()
-        self.sock = ours
-        self.ready = False
-        self.arena_id = 0  # the arena this writer has mapped
-        self._finalizer = weakref.finalize(self, _reap, self.proc, self.sock)
-        try:
-            send(self.sock, (settings.sys_path, pickle.dumps(settings, protocol=5)))
-        except OSError:
-            pass  # it died at once: the first wait says so
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def request(self, job: SaveJob, arena: Arena) -> None:
-        fds = [arena.fd] if arena.arena_id != self.arena_id else None
-        try:
-            send(self.sock, job, fds)
-        except OSError:
-            raise _Died(self._exit_code()) from None
-        self.arena_id = arena.arena_id
-
-    def wait(self, broken: Callable[[], str | None]) -> Outcome:
-        """The writer's next answer; raises _Died or (after stopping it) _GroupBroken."""
-        while True:
-            readable, _, _ = select.select([self.sock], [], [], POLL_S)
-            if not readable and not self.alive():  # its socket may live on in a fork
-                readable, _, _ = select.select([self.sock], [], [], 0)
-                if not readable:
-                    raise _Died(self.proc.returncode)
-            if readable:
-                try:
-                    outcome, _ = recv(self.sock)
-                except (EOFError, OSError):
-                    raise _Died(self._exit_code()) from None
-                return outcome
-            why = broken()
-            if why:
-                self.kill()
-                raise _GroupBroken(why)
-
-    def _exit_code(self) -> int | None:
-        try:
-            return self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:  # its socket closed but it lingers: finish it
-            self.kill()
-            return self.proc.returncode
-
-    def kill(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.kill()
-        self.proc.wait()
-
-    def close(self) -> None:
-        if self.proc.poll() is None:
-            try:
-                send(self.sock, None)
-                self.proc.wait(timeout=STOP_GRACE_S)
-            except OSError:
-                pass  # it is gone already
-            except subprocess.TimeoutExpired:
-                log.warning("the background writer process did not exit in time; killing it")
-        self._finalizer()  # closes the socket; kills and reaps it if still running
 
 
 def _advertised_host() -> str:
@@ -341,7 +131,7 @@ class BackgroundWriter:
         self.broken = False
         #: The last save's outcome (its timings, how many arenas the writer has mapped).
         self.last: Outcome | None = None
-        self.writer = _Writer(self.settings)
+        self.writer = WriterChild(self.settings)
 
     # -- the group's health, through the rendezvous store --------------------------------
     def _broken_key(self) -> str:
@@ -371,7 +161,7 @@ class BackgroundWriter:
         if not self.broken and not self.writer.alive():
             log.warning(
                 "the background writer process %s between saves; starting a new one",
-                _exit_description(self.writer.proc.returncode),
+                exit_description(self.writer.proc.returncode),
             )
             self.broken = True
         return self.broken
@@ -382,7 +172,7 @@ class BackgroundWriter:
         self.writer.close()
         self.settings = replace(self.settings, generation=self.settings.generation + 1)
         self.broken = False
-        self.writer = _Writer(self.settings)
+        self.writer = WriterChild(self.settings)
 
     def ensure_ready(self) -> None:
         """Wait until the writer has joined its group; raise why it could not."""
@@ -408,7 +198,7 @@ class BackgroundWriter:
         job = SaveJob(step, staged, timings, overwrite)
         try:
             self.writer.request(job, arena)
-        except _Died as died:
+        except WriterDied as died:
             raise self._died(died, step) from None
         outcome = self._wait(step)
         self.last = outcome
@@ -430,13 +220,13 @@ class BackgroundWriter:
     def _wait(self, step: int | None) -> Outcome:
         try:
             return self.writer.wait(self._group_broken)
-        except _Died as died:
+        except WriterDied as died:
             raise self._died(died, step) from None
-        except _GroupBroken as gb:
+        except GroupBroken as gb:
             self.broken = True
             raise self._peer_error(str(gb)) from None
 
-    def _died(self, died: _Died, step: int | None) -> WriterProcessDiedError:
+    def _died(self, died: WriterDied, step: int | None) -> WriterProcessDiedError:
         what = (
             f"while saving step {step}; step {step} was not committed and the previous "
             "committed checkpoint is intact"
@@ -445,7 +235,7 @@ class BackgroundWriter:
         )
         why = (
             f"the background writer process of rank {self.rank} (pid {self.writer.proc.pid}) "
-            f"{_exit_description(died.code)} {what}"
+            f"{exit_description(died.code)} {what}"
         )
         self._mark_broken(why)
         return WriterProcessDiedError(f"{why}; a new writer process starts at the next save")

@@ -1,0 +1,204 @@
+"""Where a ``CheckpointManager``'s saves run: the ``SaveBackend`` protocol and its two kinds.
+
+Call order (every rank calls each method in the same order; the manager drives it)::
+
+    backend = make_backend(...)             # CheckpointManager.__init__, once: picks
+                                            # ThreadBackend or ProcessBackend
+    backend.ensure_ready()                  # save(), training thread, every rank together
+                                            # (a collective): ready to take a save
+    staged, nbytes = backend.stage(state)   # save(), training thread: the state copied out
+                                            # (``state``'s Statefuls already flattened);
+                                            # training may change ``state`` once it returns
+    warnings = backend.write(step, staged, timings, overwrite)
+                                            # the manager's save thread (or inline with
+                                            # async_save=False), at most one at a time:
+                                            # serialise, upload and commit through
+                                            # ``save_step``; raises the save's error, else
+                                            # returns the post-commit warnings
+    backend.close()                         # once, after the last ``write`` returned
+
+``ThreadBackend`` copies with DCP's ``DefaultStager`` and calls ``save_step`` on a thread
+of the training process, over the manager's checkpoint gloo group. ``ProcessBackend``
+copies into a shared-memory arena (``SharedStager``) and has this rank's writer process
+(``BackgroundWriter``) call the same ``save_step`` on the writers' own gloo group.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import torch
+from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+from ckptstore.dcp.shared_staging import SharedStager
+from ckptstore.engine.store import Store
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.manager.agreement import Agreement
+from ckptstore.manager.records import tensor_bytes
+from ckptstore.manager.save_step import save_step
+from ckptstore.manager.writer_process import BackgroundWriter
+from ckptstore.manager.writer_protocol import WriterSettings
+
+__all__ = ["BACKENDS", "ProcessBackend", "SaveBackend", "ThreadBackend", "make_backend"]
+
+#: The values of ``CheckpointManager(background=...)``.
+BACKENDS = ("thread", "process")
+
+
+class SaveBackend(Protocol):
+    """How saves run once the manager has decided to save; see the module docstring."""
+
+    def ensure_ready(self) -> None:
+        """Make the backend able to take a save (a collective; may block, may raise)."""
+
+    def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
+        """Copy ``state`` out of training's hands: (the staged state, its tensor bytes)."""
+
+    def write(
+        self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
+    ) -> list[str]:
+        """Save ``staged`` as ``step``; the post-commit warnings, or raise its error."""
+
+    def close(self) -> None:
+        """Free the staging memory and stop whatever runs the saves."""
+
+
+class ThreadBackend:
+    """Stages with ``DefaultStager`` (pinned memory with CUDA) and saves in this process."""
+
+    def __init__(
+        self,
+        root: Store,
+        *,
+        engine: TransferEngine,
+        staging_dir: str | None,
+        codec: str,
+        key_layout: str,
+        process_group: Any,
+    ) -> None:
+        self.root = root
+        self.engine = engine
+        self.staging_dir = staging_dir
+        self.codec = codec
+        self.key_layout = key_layout
+        self.process_group = process_group
+        cuda = torch.cuda.is_available()
+        self.stager = DefaultStager(
+            StagingOptions(
+                use_pinned_memory=cuda,
+                use_shared_memory=False,
+                use_async_staging=False,
+                use_non_blocking_copy=cuda,
+            )
+        )
+
+    def ensure_ready(self) -> None:
+        """Nothing to wait for: the manager's gloo group exists."""
+
+    def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
+        staged = self.stager.stage(state)  # synchronous: a dict, never a Future
+        assert isinstance(staged, dict)
+        return staged, tensor_bytes(staged)
+
+    def write(
+        self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
+    ) -> list[str]:
+        return save_step(
+            staged,
+            self.root,
+            step,
+            staging_dir=self.staging_dir,
+            codec=self.codec,
+            key_layout=self.key_layout,
+            engine=self.engine,
+            timings=timings,
+            process_group=self.process_group,
+            overwrite=overwrite,
+        )
+
+    def close(self) -> None:
+        self.stager.close()
+
+
+class ProcessBackend:
+    """Stages into a shared-memory arena and saves in this rank's writer process.
+
+    The constructor starts the writer (rank 0 also hosts the writers' rendezvous, whose
+    address ``agree`` broadcasts). ``ensure_ready`` replaces a writer that died or whose
+    group broke (on every rank, if any rank needs it) and waits until it has joined its
+    group: it raises if it cannot start.
+    """
+
+    def __init__(self, settings: WriterSettings, agree: Agreement) -> None:
+        self.agree = agree
+        self.stager = SharedStager(pin=torch.cuda.is_available())
+        try:
+            self.writer = BackgroundWriter(
+                settings, broadcast=agree.broadcast if agree.group is not None else None
+            )
+        except BaseException:
+            self.stager.close()
+            raise
+
+    def ensure_ready(self) -> None:
+        if self.agree.any(self.writer.needs_restart()):
+            self.writer.restart()
+        self.writer.ensure_ready()
+
+    def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
+        staged = self.stager.stage(state)
+        return staged, staged.nbytes
+
+    def write(
+        self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
+    ) -> list[str]:
+        assert self.stager.arena is not None, "write() before stage()"
+        outcome = self.writer.save(step, staged, self.stager.arena, timings, overwrite)
+        return list(outcome.warnings)
+
+    def close(self) -> None:
+        try:
+            self.writer.close()
+        finally:
+            self.stager.close()
+
+
+def make_backend(
+    background: str,
+    root: str | Store,
+    retrying_root: Store,
+    *,
+    storage_options: dict[str, Any] | None,
+    engine: TransferEngine,
+    staging_dir: str | None,
+    codec: str,
+    key_layout: str,
+    rank: int,
+    world_size: int,
+    process_group: Any,
+    agree: Agreement,
+) -> SaveBackend:
+    """The backend ``background`` names (one of ``BACKENDS``, checked by the caller).
+
+    ``root`` is the manager's argument as given (a writer process reopens it from that);
+    ``retrying_root`` the manager's store, retried per the engine's policy."""
+    if background == "process":
+        settings = WriterSettings(
+            root,
+            storage_options,
+            staging_dir,
+            codec,
+            engine.config,
+            rank,
+            key_layout=key_layout,
+            world_size=world_size,
+        )
+        return ProcessBackend(settings, agree)
+    return ThreadBackend(
+        retrying_root,
+        engine=engine,
+        staging_dir=staging_dir,
+        codec=codec,
+        key_layout=key_layout,
+        process_group=process_group,
+    )

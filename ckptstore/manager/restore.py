@@ -1,0 +1,128 @@
+"""Loading one committed step for ``CheckpointManager.restore``: local tier first, then remote.
+
+Call order (every rank, the same steps in the same order; the manager drives it)::
+
+    loader = StepLoader(root, engine=..., staging_dir=..., allow_pickle=...,
+                        process_group=pg, agree=agreement)
+    loader.finish_commits()          # rank 0 only, first: writes the canonical manifest and
+                                     # .metadata a crash right after a marker left out
+    error = loader.try_load(step, state)
+                                     # collective: the local staged copy if every rank has
+                                     # one identical to the committed remote step, else (or
+                                     # if it fails) the remote one; the error that makes the
+                                     # step unloadable (the same on every rank), or None
+"""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from typing import Any
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
+from ckptstore.dcp.reader import CkptReader
+from ckptstore.dcp.staged import local_tier_matches
+from ckptstore.engine.catalog import committed_steps
+from ckptstore.engine.commit import finish_publish
+from ckptstore.engine.layout import step_name
+from ckptstore.engine.store import Store
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import CkptStoreError, CorruptCheckpointError, IncompleteCheckpointError
+from ckptstore.manager.agreement import Agreement
+from ckptstore.manager.state import RNGState
+from ckptstore.stores.local import LocalStore
+
+__all__ = ["StepLoader"]
+
+log = logging.getLogger(__name__)
+
+
+class StepLoader:
+    """Loads steps of ``root`` (and of the staged local copies in ``staging_dir``)."""
+
+    def __init__(
+        self,
+        root: Store,
+        *,
+        engine: TransferEngine,
+        staging_dir: str | None,
+        allow_pickle: bool,
+        process_group: Any,
+        agree: Agreement,
+    ) -> None:
+        self.root = root
+        self.engine = engine
+        self.staging_dir = staging_dir
+        self.allow_pickle = allow_pickle
+        self.process_group = process_group
+        self.agree = agree
+
+    def finish_commits(self) -> None:
+        """Write the canonical copies a crash right after a marker left out (rank 0)."""
+        for step in committed_steps(self.root):
+            try:
+                if finish_publish(self.root.child(step_name(step)), self.engine):
+                    log.warning(
+                        "step %d was committed by a process that died before writing its "
+                        "canonical manifest and .metadata; they are written now",
+                        step,
+                    )
+            except CkptStoreError as exc:  # the restore decides what is loadable
+                log.warning("could not finish the commit of step %d: %s", step, exc)
+
+    def try_load(self, step: int, state: dict[str, Any]) -> CkptStoreError | None:
+        """Load ``step`` (its local copy first, if any, then the remote one); the error
+        that makes it unloadable, or None. The same on every rank."""
+        local = self._local_tier(step)
+        if local is not None:
+            log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
+            error = self._load_from(local, step, state)
+            if error is None:
+                return None
+            warnings.warn(
+                f"the local copy of step {step} in {self.staging_dir} could not be restored "
+                f"({error}); loading the same step from {self.root.url} instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return self._load_from(self.root.child(step_name(step)), step, state)
+
+    def _local_tier(self, step: int) -> Store | None:
+        """The local staged copy of ``step`` if every rank has one identical to the
+        committed remote checkpoint (a collective), else None."""
+        local: Store | None = None
+        if self.staging_dir:
+            local = LocalStore(self.staging_dir).child(step_name(step))
+            try:
+                if not local_tier_matches(local, self.root.child(step_name(step))):
+                    local = None
+            except (IncompleteCheckpointError, CorruptCheckpointError):
+                local = None
+        return local if self.agree.all(local is not None) else None
+
+    def _load_from(self, store: Store, step: int, state: dict[str, Any]) -> CkptStoreError | None:
+        error: CkptStoreError | None = None
+        reader = None
+        try:
+            reader = CkptReader(
+                store, engine=self.engine, config=self.engine.config, allow_pickle=self.allow_pickle
+            )
+        except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
+            error = exc
+        if not self.agree.all(error is None):
+            return error or CorruptCheckpointError(f"step {step} failed to open on another rank")
+        assert reader is not None
+        world = reader.manifest.world_size if reader.manifest else None
+        for value in state.values():
+            if isinstance(value, RNGState):
+                value.expect_world_size(world)
+        try:
+            dcp.load(state, storage_reader=reader, process_group=self.process_group)
+        except CheckpointException as exc:
+            inner = dcp.unwrap_checkpoint_exception(exc)
+            if isinstance(inner, (CorruptCheckpointError, IncompleteCheckpointError)):
+                return inner
+            raise inner from exc
+        return None

@@ -1,0 +1,77 @@
+"""``save_step``: serialise, write (or stage locally and upload) and commit one step.
+
+The one save path of ``CheckpointManager``: its thread backend calls it on a thread of
+the training process, its process backend in each writer process
+(``ckptstore.manager.writer_main``); both with the state already staged. Under it::
+
+    save_step(state, root, step, ...)
+      CkptWriter / StagedWriter(root/step_<n>)     the DCP StorageWriter (dcp/writer.py,
+                                                   dcp/staged.py), its manifest's extra
+                                                   holding the save's timings
+      dcp.save(state, storage_writer, group)       DCP's plan / write_data / finish on
+                                                   every rank of ``process_group``
+      -> CheckpointException unwrapped into the first rank's ckptstore error
+
+It returns the problems the commit met after its marker was written (each also logged):
+the step is committed all the same.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.distributed.checkpoint.api import CheckpointException
+
+from ckptstore.dcp import calls as dcp  # dcp.save, quiet without a process group
+from ckptstore.dcp.staged import StagedWriter
+from ckptstore.dcp.writer import CkptWriter
+from ckptstore.engine.commit import collect_warnings
+from ckptstore.engine.layout import step_name
+from ckptstore.engine.retry import retrying
+from ckptstore.engine.store import Store
+from ckptstore.engine.transfer import TransferEngine
+
+__all__ = ["save_step"]
+
+
+def save_step(
+    state: dict[str, Any],
+    root: Store,
+    step: int,
+    *,
+    staging_dir: str | None,
+    codec: str,
+    key_layout: str = "flat",
+    engine: TransferEngine,
+    timings: dict[str, float],
+    process_group: Any = None,
+    overwrite: bool = False,
+) -> list[str]:
+    """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
+    on every rank of ``process_group``; the post-commit warnings.
+
+    ``staging_dir`` stages the shards on local disk first (``StagedWriter``); ``overwrite``
+    replaces a committed ``step`` (one found damaged) atomically. Raises the first rank's
+    ckptstore error; nothing is committed then.
+    """
+    url = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
+    common: dict[str, Any] = dict(
+        codec=codec,
+        key_layout=key_layout,
+        step=step,
+        engine=engine,
+        config=engine.config,
+        overwrite=overwrite,
+    )
+    writer = (
+        StagedWriter(url, staging_dir=staging_dir, **common)
+        if staging_dir
+        else CkptWriter(url, **common)
+    )
+    writer.manifest_extra["timings"] = dict(timings)
+    with collect_warnings() as notes:
+        try:
+            dcp.save(state, storage_writer=writer, process_group=process_group)
+        except CheckpointException as exc:
+            raise dcp.unwrap_checkpoint_exception(exc) from exc
+    return notes

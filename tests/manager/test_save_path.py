@@ -1,0 +1,72 @@
+"""The manager's one save path: backends, save_step, SaveStatus, finalize's grace period."""
+
+import json
+import os
+from dataclasses import asdict
+
+import torch
+
+import ckptstore
+from ckptstore.engine.catalog import list_steps, step_name
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.manager import CheckpointManager
+from ckptstore.manager.backend import ThreadBackend
+from ckptstore.manager.records import SaveRecord, SaveStatus
+from ckptstore.manager.save_step import save_step
+from ckptstore.stores.local import LocalStore
+from ckptstore.testing.faults import Fault, FaultyStore
+
+
+def test_save_status_compares_and_serialises_as_the_plain_names() -> None:
+    record = SaveRecord(3, status=SaveStatus.COMMITTED)
+    assert record.status == "committed" and f"{record.status}" == "committed"
+    assert json.loads(json.dumps(asdict(record)))["status"] == "committed"
+    assert [s.value for s in SaveStatus] == ["staging", "writing", "committed", "failed", "skipped"]
+
+
+def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> None:
+    root = LocalStore(str(tmp_path / "root"))
+    staging = str(tmp_path / "nvme")
+    engine = TransferEngine()
+    try:
+        for step, staging_dir in ((1, None), (2, staging)):
+            notes = save_step(
+                {"w": torch.arange(10.0) + step},
+                root,
+                step,
+                staging_dir=staging_dir,
+                codec="none",
+                engine=engine,
+                timings={"blocking_s": 0.5},
+            )
+            assert notes == []
+    finally:
+        engine.close()
+    assert [e.step for e in list_steps(root) if e.status == "committed"] == [1, 2]
+    # the staged save left a committed local copy (the restore tier) beside the remote one
+    local = os.path.join(staging, step_name(2))
+    assert "COMMITTED" in os.listdir(local)
+    for step in (1, 2):
+        out = {"w": torch.zeros(10)}
+        ckptstore.load(out, str(tmp_path / "root" / step_name(step)))
+        assert torch.equal(out["w"], torch.arange(10.0) + step)
+
+
+def test_the_thread_backend_is_picked_once_and_records_each_status(tmp_path) -> None:
+    with CheckpointManager(str(tmp_path), on_busy="skip") as mgr:
+        assert isinstance(mgr._backend, ThreadBackend) and mgr._bg is None
+        assert mgr.save(1, {"w": torch.ones(4)})
+        mgr.wait()
+        assert not mgr.save(1, {"w": torch.ones(4)})  # committed already
+    assert [r.status for r in mgr.records] == [SaveStatus.COMMITTED, SaveStatus.SKIPPED]
+
+
+def test_finalize_gives_up_at_the_end_of_the_grace_period(tmp_path) -> None:
+    slow = FaultyStore(LocalStore(str(tmp_path)), [Fault("put", calls={1}, delay=1.5)])
+    mgr = CheckpointManager(slow, grace_period_s=0.05)
+    try:
+        mgr.save(1, {"w": torch.ones(4)})
+        assert mgr.finalize() is False  # the save is still in flight: no exception
+    finally:
+        mgr.close()  # waits for it
+    assert mgr.records[-1].status == SaveStatus.COMMITTED
