@@ -96,6 +96,7 @@ class ThreadBackend:
         """Nothing to wait for: the manager's gloo group exists."""
 
     def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
+        """Copy ``state`` with DCP's ``DefaultStager`` (synchronous): a dict of copies."""
         staged = self.stager.stage(state)  # synchronous: a dict, never a Future
         assert isinstance(staged, dict)
         return staged, tensor_bytes(staged)
@@ -103,6 +104,7 @@ class ThreadBackend:
     def write(
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
     ) -> list[str]:
+        """Run ``save_step`` on this thread, over the manager's checkpoint group."""
         return save_step(
             staged,
             self.root,
@@ -117,6 +119,7 @@ class ThreadBackend:
         )
 
     def close(self) -> None:
+        """Free the stager's buffers."""
         self.stager.close()
 
 
@@ -141,22 +144,26 @@ class ProcessBackend:
             raise
 
     def ensure_ready(self) -> None:
+        """Start (or restart, agreed across ranks) this rank's writer process."""
         if self.agree.any(self.writer.needs_restart()):
             self.writer.restart()
         self.writer.ensure_ready()
 
     def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
+        """Copy ``state`` into the shared-memory arena the writer process reads."""
         staged = self.stager.stage(state)
         return staged, staged.nbytes
 
     def write(
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
     ) -> list[str]:
+        """Have the writer process run ``save_step`` on the staged arena; wait for it."""
         assert self.stager.arena is not None, "write() before stage()"
         outcome = self.writer.save(step, staged, self.stager.arena, timings, overwrite)
         return list(outcome.warnings)
 
     def close(self) -> None:
+        """Stop the writer process and free the arena."""
         try:
             self.writer.close()
         finally:

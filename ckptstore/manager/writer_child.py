@@ -50,6 +50,7 @@ POLL_S = 0.2  # how often a waiting rank looks for a broken group in the store
 
 
 def exit_description(code: int | None) -> str:
+    """How a writer process ended, in words (exit code or signal name)."""
     if code is None:
         return "was stopped"
     if code < 0:
@@ -60,6 +61,8 @@ def exit_description(code: int | None) -> str:
 
 
 class WriterDied(Exception):
+    """The writer process exited (``code``: its exit status, None if unknown)."""
+
     def __init__(self, code: int | None) -> None:
         super().__init__(code)
         self.code = code
@@ -90,6 +93,7 @@ class Spawner:
 
     @classmethod
     def popen(cls, argv: list[str], **kwargs: Any) -> subprocess.Popen:
+        """``subprocess.Popen(argv)``, started from a thread that outlives the call."""
         if threading.current_thread() is threading.main_thread():
             return subprocess.Popen(argv, **kwargs)
         with cls._lock:
@@ -156,9 +160,11 @@ class WriterChild:
             pass  # it died at once: the first wait says so
 
     def alive(self) -> bool:
+        """True while the writer process runs."""
         return self.proc.poll() is None
 
     def request(self, job: SaveJob, arena: Arena) -> None:
+        """Send one save job and the arena's file descriptor to the writer process."""
         fds = [arena.fd] if arena.arena_id != self.arena_id else None
         try:
             send(self.sock, job, fds)
@@ -193,11 +199,13 @@ class WriterChild:
             return self.proc.returncode
 
     def kill(self) -> None:
+        """SIGKILL the writer process and reap it."""
         if self.proc.poll() is None:
             self.proc.kill()
         self.proc.wait()
 
     def close(self) -> None:
+        """Ask the writer process to exit, then reap it (killed if it does not)."""
         if self.proc.poll() is None:
             try:
                 send(self.sock, None)
