@@ -67,6 +67,7 @@ class StagedState:
 
     @property
     def nbytes(self) -> int:
+        """The staged tensors' bytes, alignment padding not counted."""
         return sum(s.nbytes for s in self.slots)
 
     def rebuild(self, view: ArenaView) -> Any:
@@ -107,6 +108,11 @@ class Arena:
             raise
 
     def close(self) -> None:
+        """Unpin, unmap and close the fd; safe to call twice.
+
+        A mapping that a live tensor view still uses stays mapped until the view is
+        collected.
+        """
         if self._pinned and self.bytes is not None:
             from torch.cuda import _pin_memory_utils
 
@@ -138,6 +144,16 @@ class SharedStager:
 
     @torch.no_grad()
     def stage(self, state: Any) -> StagedState:
+        """Copy every tensor of ``state`` into the arena and pickle the rest.
+
+        Lays the slots out again (allocating a larger arena if they no longer fit) when the
+        tensors' dtypes and shapes differ from the last call's. Returns once every copy is
+        done (CUDA copies included).
+
+        Raises:
+            ConfigError: ``state`` holds a tensor that is not plain and dense (DTensor,
+                ShardedTensor, sparse, quantized, nested or meta), or no memfd (not Linux).
+        """
         tensors: list[torch.Tensor] = []
         skeleton = pickle.dumps(_strip(state, tensors, "state"), protocol=5)
         key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
@@ -178,6 +194,7 @@ class SharedStager:
         self._key, self._slots = key, tuple(slots)
 
     def close(self) -> None:
+        """Free the arena (this process's fd and mapping); the next ``stage`` allocates anew."""
         self.views = []
         self._key = None
         if self.arena is not None:
@@ -196,6 +213,7 @@ class ArenaView:
             os.close(fd)
 
     def tensor(self, slot: Slot) -> torch.Tensor:
+        """The tensor over ``slot``'s bytes of the mapping (no copy; a new empty one if 0 bytes)."""
         if slot.nbytes == 0:
             return torch.empty(slot.shape, dtype=slot.dtype)
         numel = slot.nbytes // torch.empty((), dtype=slot.dtype).element_size()

@@ -69,6 +69,7 @@ class StagedWriter(CkptWriter):
 
     @property
     def local(self) -> LocalStore:
+        """The local copy of the current destination: ``staging_dir/<its last path segment>``."""
         return self.staging_root.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
 
     # -- CkptWriter's hooks ------------------------------------------------------------

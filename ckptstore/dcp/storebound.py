@@ -75,8 +75,13 @@ class StoreBound:
 
     @property
     def url(self) -> str:
+        """The URL of the store this backend reads or writes now."""
         return self.store.url
 
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike) -> bool:
+        """Always True: any ``checkpoint_id`` is a URL or path for ``open_store``.
+
+        A URL that no store can open raises there, when ``reset`` re-opens the store.
+        """
         return True  # any URL or path open_store knows

@@ -40,6 +40,13 @@ class SkippedEntryWarning(UserWarning):
 
 @dataclass(frozen=True)
 class StepEntry:
+    """One canonical step directory under a root.
+
+    ``status`` is ``committed``, ``incomplete`` or ``corrupt`` (``checkpoint_status``; a
+    symlinked marker or manifest counts as ``corrupt``), or ``unknown`` when listed
+    ``with_status=False``.
+    """
+
     step: int
     name: str
     status: str  # committed | incomplete | corrupt
@@ -55,6 +62,8 @@ class Skipped:
 
 @dataclass
 class RootListing:
+    """What ``scan_root`` found under a root: its step directories and everything else."""
+
     steps: list[StepEntry]
     #: Step-named entries that are not plain directories (links, files): never touched.
     skipped: list[Skipped] = field(default_factory=list)

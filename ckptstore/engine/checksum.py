@@ -61,10 +61,12 @@ def crc32c_combine(crc1: int, crc2: int, len2: int) -> int:
 
 
 def format_crc(value: int) -> str:
+    """``value`` as the 8 lowercase hex digits manifests and markers store."""
     return f"{value:08x}"
 
 
 def parse_crc(text: str) -> int:
+    """The CRC that ``text`` (hex digits) spells; raises ``ValueError`` if it is not hex."""
     return int(text, 16)
 
 
@@ -78,6 +80,7 @@ class Crc32c:
         self.length = 0
 
     def update(self, data: bytes | bytearray | memoryview) -> None:
+        """Append ``data``'s bytes."""
         self.value = crc32c(data, self.value)
         self.length += len(data)
 
@@ -87,4 +90,5 @@ class Crc32c:
         self.length += length
 
     def hexdigest(self) -> str:
+        """The CRC so far, formatted as ``format_crc`` does."""
         return format_crc(self.value)

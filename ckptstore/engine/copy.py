@@ -49,6 +49,12 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class CopyResult:
+    """A finished copy: both URLs, the data files and bytes copied, the new marker.
+
+    ``files`` and ``bytes`` count the manifest's data files, not ``.metadata`` (which
+    ``publish`` writes with the manifest).
+    """
+
     src: str
     dst: str
     files: int

@@ -24,6 +24,12 @@ _visits: Counter[str] = Counter()
 
 
 def crashpoint(name: str) -> None:
+    """SIGKILL this process if ``CKPTSTORE_CRASH_AT`` names point ``name``; else return.
+
+    With ``name:N`` only the Nth visit of this process (counted while the rank matches)
+    kills; with ``CKPTSTORE_CRASH_RANK`` set, only the process whose ``RANK`` (``0`` when
+    unset) equals it.
+    """
     spec = os.environ.get("CKPTSTORE_CRASH_AT")
     if not spec:
         return

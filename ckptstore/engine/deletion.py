@@ -59,6 +59,12 @@ class StepFiles:
 
 @dataclass(frozen=True)
 class UploadDecision:
+    """What ``plan_uploads`` decided for one unfinished upload, and why.
+
+    ``action`` is ``keep`` or ``abort``; ``age_s`` is ``None`` when the store does not
+    record when the upload started; ``upload`` is what ``abort_uploads`` aborts.
+    """
+
     path: str
     action: str  # keep | abort
     reason: str

@@ -43,7 +43,7 @@ def backoff_delay(config: RetryConfig, attempt: int, rand: float) -> float:
 
 
 class RetryStats:
-    """Counts of retried and throttled calls, shared by the threads of one engine."""
+    """Counts of retries and of calls that ran out of retries, shared by an engine's threads."""
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
@@ -51,6 +51,7 @@ class RetryStats:
         self.failures = 0
 
     def count(self, retries: int = 0, failures: int = 0) -> None:
+        """Add ``retries`` retries and ``failures`` calls that gave up (thread-safe)."""
         with self._lock:
             self.retries += retries
             self.failures += failures
@@ -64,6 +65,7 @@ class Deadline:
         self.at = time.monotonic() + seconds
 
     def remaining(self) -> float:
+        """Seconds left until the deadline; negative once it has passed."""
         return self.at - time.monotonic()
 
 
@@ -150,68 +152,89 @@ class RetryingStore(Store):
         return call_with_retry(fn, self.config, f"{what} {self.describe(path)}", stats=self.stats)
 
     def describe(self, path: str = "") -> str:
+        """``inner``'s description of ``path`` (its full URL)."""
         return self.inner.describe(path)
 
     def child(self, prefix: str) -> RetryingStore:
+        """``inner``'s child at ``prefix``, seen through a view with the same config and stats."""
         return RetryingStore(self.inner.child(prefix), self.config, self.stats)
 
     def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        """``inner.get``, retried on ``TransientStoreError``."""
         return self._retry(lambda: self.inner.get(path, start, end), "read of", path)
 
     def size(self, path: str) -> int:
+        """``inner.size``, retried on ``TransientStoreError``."""
         return self._retry(lambda: self.inner.size(path), "size of", path)
 
     def exists(self, path: str) -> bool:
+        """``inner.exists``, retried on ``TransientStoreError``."""
         return self._retry(lambda: self.inner.exists(path), "existence check of", path)
 
     def find(self, prefix: str = "") -> list[str]:
+        """``inner.find``, retried on ``TransientStoreError``."""
         return self._retry(lambda: self.inner.find(prefix), "listing of", prefix)
 
     def listdir(self, prefix: str = "") -> list[str]:
+        """``inner.listdir``, retried on ``TransientStoreError``."""
         return self._retry(lambda: self.inner.listdir(prefix), "listing of", prefix)
 
     def scan(self, prefix: str = "") -> list[Entry]:
+        """``inner.scan``, retried on ``TransientStoreError``."""
         return self._retry(lambda: self.inner.scan(prefix), "listing of", prefix)
 
     def delete(self, path: str) -> None:
+        """``inner.delete``, retried on ``TransientStoreError``."""
         self._retry(lambda: self.inner.delete(path), "deletion of", path)
 
     def delete_many(self, paths: Iterable[str]) -> None:
+        """``inner.delete_many``, retried on ``TransientStoreError``."""
         names = list(paths)  # retried as a whole: each delete is idempotent
         self._retry(lambda: self.inner.delete_many(names), "deletion of", ", ".join(names[:3]))
 
     def remove_empty_dirs(self, prefix: str = "") -> None:
+        """``inner.remove_empty_dirs``, retried on ``TransientStoreError``."""
         self._retry(lambda: self.inner.remove_empty_dirs(prefix), "directory cleanup of", prefix)
 
     def delete_prefix(self, prefix: str) -> None:
+        """``inner.delete_prefix``, retried on ``TransientStoreError``."""
         self._retry(lambda: self.inner.delete_prefix(prefix), "deletion of", prefix)
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
+        """``inner.list_multipart``, retried on ``TransientStoreError``."""
         return self._retry(lambda: self.inner.list_multipart(prefix), "upload listing of", prefix)
 
     # -- data calls: retried by the transfer engine --------------------------------------
     def get_into(self, path: str, start: int, buf: memoryview) -> int:
+        """``inner.get_into`` as is: its callers retry it through the transfer engine."""
         return self.inner.get_into(path, start, buf)
 
     def put(self, path: str, data: Buffer) -> None:
+        """``inner.put`` as is: its callers retry it through the transfer engine."""
         self.inner.put(path, data)
 
     def put_if_absent(self, path: str, data: Buffer) -> None:
+        """``inner.put_if_absent`` as is: its callers retry it through the transfer engine."""
         self.inner.put_if_absent(path, data)
 
     def begin_multipart(self, path: str) -> Multipart:
+        """``inner.begin_multipart`` as is: its callers retry it through the transfer engine."""
         return self.inner.begin_multipart(path)
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
+        """``inner.put_part`` as is: its callers retry it through the transfer engine."""
         return self.inner.put_part(upload, number, offset, data)
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
+        """``inner.complete_multipart`` as is: its callers retry it through the transfer engine."""
         self.inner.complete_multipart(upload, parts)
 
     def abort_multipart(self, upload: Multipart) -> None:
+        """``inner.abort_multipart`` as is: its callers retry it through the transfer engine."""
         self.inner.abort_multipart(upload)
 
     def close(self) -> None:
+        """Close ``inner``."""
         self.inner.close()
 
 

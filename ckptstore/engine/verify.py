@@ -62,6 +62,7 @@ class FileCheck:
 
     @property
     def ok(self) -> bool:
+        """True when the name is safe and the size, CRC32C and every item range match."""
         return (
             not self.unsafe
             and self.size == self.expected_size
@@ -98,10 +99,12 @@ class VerifyReport:
 
     @property
     def ok(self) -> bool:
+        """True when every file is ``ok``."""
         return all(f.ok for f in self.files)
 
     @property
     def bad_files(self) -> list[FileCheck]:
+        """The files that are not ``ok``, in name order."""
         return [f for f in self.files if not f.ok]
 
 

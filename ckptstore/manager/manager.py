@@ -315,6 +315,7 @@ class CheckpointManager:
         return list(committed_steps(self.root))
 
     def latest_step(self) -> int | None:
+        """The newest committed step, or None when the root holds none."""
         steps = self.steps()
         return steps[-1] if steps else None
 

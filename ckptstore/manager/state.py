@@ -43,6 +43,7 @@ class AppState:
         self.model, self.optimizer, self.options = model, optimizer, options
 
     def state_dict(self) -> dict[str, Any]:
+        """``{"model": ..., "optim": ...}`` (``{"model": ...}`` without an optimizer)."""
         from torch.distributed.checkpoint import state_dict as sd
 
         if self.optimizer is None:
@@ -51,6 +52,7 @@ class AppState:
         return {"model": model, "optim": optim}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Put ``state`` (as ``state_dict`` returns it) into the model and optimizer, in place."""
         from torch.distributed.checkpoint import state_dict as sd
 
         if self.optimizer is None:
@@ -86,6 +88,11 @@ def capture_rng() -> dict[str, Any]:
 
 
 def restore_rng(states: dict[str, Any]) -> None:
+    """Set this process's RNG states from what ``capture_rng`` returned.
+
+    The python and numpy states are unpickled with ``pickle.loads``. The CUDA states are
+    set only when CUDA is available here.
+    """
     random.setstate(pickle.loads(states["python"]))
     np.random.set_state(pickle.loads(states["numpy"]))
     torch.set_rng_state(states["torch"])
@@ -108,12 +115,22 @@ class RNGState:
         return self._saved_world_size in (None, _rank()[1])
 
     def state_dict(self) -> dict[str, Any]:
+        """``{"world_size": n, "rank<r>": capture_rng()}`` for this rank.
+
+        While a load on a different world size is expected (``expect_world_size``), only
+        ``{"world_size": n}``: the old ranks' streams are not asked for.
+        """
         rank, world = _rank()
         if not self._same_world():
             return {"world_size": world}
         return {"world_size": world, f"rank{rank}": capture_rng()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore this rank's streams from ``state``, or re-seed them from ``(seed, rank)``.
+
+        Re-seeds, with a warning, when the checkpoint's world size differs from this one or
+        ``state`` holds no entry for this rank. Ends the ``expect_world_size`` expectation.
+        """
         rank, world = _rank()
         key = f"rank{rank}"
         same = self._same_world()

@@ -158,6 +158,11 @@ class BackgroundWriter:
 
     # -- life cycle ----------------------------------------------------------------------
     def needs_restart(self) -> bool:
+        """True when this rank's writer must be replaced before the next save.
+
+        That is when a save or the start found it or its group broken, or when the process
+        exited since the last save (logged as a warning).
+        """
         if not self.broken and not self.writer.alive():
             log.warning(
                 "the background writer process %s between saves; starting a new one",
@@ -247,5 +252,7 @@ class BackgroundWriter:
         )
 
     def close(self) -> None:
+        """Stop the writer (asked to exit, killed after a grace period, reaped) and drop
+        the rendezvous store (rank 0's is the server the other ranks' writers use)."""
         self.writer.close()
         self._store = None

@@ -51,6 +51,8 @@ PG_TIMEOUT = timedelta(minutes=30)  # the writers' gloo group (a peer's upload m
 
 @dataclass(frozen=True)
 class Rendezvous:
+    """Where the writers of all ranks meet: the TCPStore rank 0 hosts, and a key prefix."""
+
     host: str
     port: int
     prefix: str  # unique per manager; writer generation g meets under <prefix>/gen<g>/
@@ -76,6 +78,12 @@ class WriterSettings:
 
 @dataclass(frozen=True)
 class SaveJob:
+    """One save for a writer: the step, its state staged in the arena, manifest timings.
+
+    ``timings`` go into the manifest's ``extra["timings"]``; ``overwrite`` replaces a
+    committed step found damaged.
+    """
+
     step: int
     staged: StagedState
     timings: dict[str, float]
@@ -97,6 +105,7 @@ class Outcome:
 
 # -- framing: an 8-byte length, then a pickle; fds ride on the length ------------------------
 def send(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
+    """Send ``obj`` as one message, ``fds`` (if any) riding on its length with SCM_RIGHTS."""
     data = pickle.dumps(obj, protocol=5)
     header = struct.pack("!Q", len(data))
     if fds:
@@ -108,6 +117,13 @@ def send(sock: socket.socket, obj: Any, fds: list[int] | None = None) -> None:
 
 
 def recv(sock: socket.socket) -> tuple[Any, list[int]]:
+    """One message: the unpickled object and the fds that came with it (at most 4).
+
+    Only for a socket whose peer is this manager's own process (its pickle is trusted).
+
+    Raises:
+        EOFError: the peer closed the socket before or during the message.
+    """
     header, fds, _, _ = socket.recv_fds(sock, 8, 4)
     while header and len(header) < 8:
         more = sock.recv(8 - len(header))
