@@ -19,6 +19,7 @@ re-seeds deterministically from ``(seed, rank)`` and a warning says so.
 
 from __future__ import annotations
 
+import io
 import pickle
 import random
 import warnings
@@ -27,7 +28,44 @@ from typing import Any
 import numpy as np
 import torch
 
+from ckptstore.errors import UnsafePickleError
+
 __all__ = ["AppState", "RNGState", "capture_rng", "restore_rng"]
+
+#: The only globals an RNG state's pickle may name: NumPy's array reconstruction (the
+#: MT19937 key is a uint32 array). Python's ``random`` state needs none (ints and tuples).
+_RNG_GLOBALS = frozenset(
+    {
+        ("numpy._core.multiarray", "_reconstruct"),  # NumPy >= 2
+        ("numpy.core.multiarray", "_reconstruct"),  # NumPy 1.x
+        ("numpy", "ndarray"),
+        ("numpy", "dtype"),
+    }
+)
+
+
+class _RNGUnpickler(pickle.Unpickler):
+    """Loads RNG states only: any other global (a callable an attacker could name) is refused.
+
+    The bytes come from a checkpoint root, which is untrusted ground: a checksum proves they
+    are what the manifest says, not that the manifest's author meant well.
+    """
+
+    def find_class(self, module: str, name: str) -> Any:
+        if (module, name) not in _RNG_GLOBALS:
+            raise pickle.UnpicklingError(f"{module}.{name} is not part of an RNG state")
+        return super().find_class(module, name)
+
+
+def _load_rng(data: Any, which: str) -> Any:
+    try:
+        return _RNGUnpickler(io.BytesIO(bytes(data))).load()
+    except Exception as exc:  # noqa: BLE001 - any malformed pickle is the same refusal
+        raise UnsafePickleError(
+            f"the saved {which} RNG state is not a plain RNG state ({exc}); it was not "
+            "unpickled. The checkpoint was not written by RNGState.state_dict(): restore "
+            "without RNGState, or from a checkpoint you trust"
+        ) from exc
 
 
 class AppState:
@@ -90,11 +128,12 @@ def capture_rng() -> dict[str, Any]:
 def restore_rng(states: dict[str, Any]) -> None:
     """Set this process's RNG states from what ``capture_rng`` returned.
 
-    The python and numpy states are unpickled with ``pickle.loads``. The CUDA states are
-    set only when CUDA is available here.
+    The python and numpy states are unpickled by a restricted unpickler that accepts RNG
+    states only (``UnsafePickleError`` for anything else). The CUDA states are set only
+    when CUDA is available here.
     """
-    random.setstate(pickle.loads(states["python"]))
-    np.random.set_state(pickle.loads(states["numpy"]))
+    random.setstate(_load_rng(states["python"], "python"))
+    np.random.set_state(_load_rng(states["numpy"], "numpy"))
     torch.set_rng_state(states["torch"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(list(states["cuda"]))
