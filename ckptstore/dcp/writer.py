@@ -65,10 +65,11 @@ from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import publish
 from ckptstore.engine.crashpoints import crashpoint
+from ckptstore.engine.filewriter import FileInfo
 from ckptstore.engine.layout import parse_step
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
 from ckptstore.engine.store import Store
-from ckptstore.engine.transfer import FileInfo, TransferEngine
+from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
     CheckpointExistsError,
     CommitConflictError,
