@@ -61,6 +61,7 @@ from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.staged import local_tier_matches
 from ckptstore.dcp.writer import shard_prefix
 from ckptstore.engine.catalog import committed_steps, step_name
+from ckptstore.engine.codecs import get_codec
 from ckptstore.engine.commit import checkpoint_status, collect_warnings, finish_publish
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME
@@ -152,6 +153,7 @@ class CheckpointManager:
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
         if background not in ("thread", "process"):
             raise ConfigError(f"background must be 'thread' or 'process', not {background!r}")
+        get_codec(codec)  # validates it (ConfigError listing the choices)
         self.engine = TransferEngine(config)
         # Every control call on the root (HEAD of a marker, listings, marker and manifest
         # GETs, deletes) is retried per the engine's RetryConfig through this view.
