@@ -11,7 +11,7 @@ Adding one::
 
     class Lz4(Codec):
         name, version, max_ratio = "lz4", 1, 255
-        def encode(self, data): ...
+        def encode_unchecked(self, data): ...  # Codec.encode / .decode check sizes
         def decode_unchecked(self, data, raw_length): ...
 
     register_codec(Lz4())          # in a module every writing and reading process imports
@@ -96,12 +96,26 @@ class Codec(ABC):
         return None  # a codec of the standard library needs nothing
 
     @abstractmethod
-    def encode(self, data: memoryview) -> BytesLike:
-        """The stored form of one item's bytes."""
+    def encode_unchecked(self, data: memoryview) -> BytesLike:
+        """The stored form of one item's bytes (``encode`` checks sizes around it)."""
 
     @abstractmethod
     def decode_unchecked(self, data: BytesLike, raw_length: int | None) -> BytesLike:
         """The item's bytes from their stored form (``decode`` checks sizes around it)."""
+
+    def encode(self, data: memoryview) -> BytesLike:
+        """``encode_unchecked(data)``, refusing (``ConfigError``) a stored form that
+        ``max_ratio`` says could not be decoded back: a codec whose ratio is set too low
+        would otherwise write checkpoints no reader accepts."""
+        out = self.encode_unchecked(data)
+        stored = len(memoryview(out))
+        if len(data) > max(stored, 1) * self.max_ratio:
+            raise ConfigError(
+                f"codec {self.descriptor} encoded {len(data)} bytes into {stored}, more than "
+                f"its max_ratio ({self.max_ratio}) allows a reader to accept; raise the "
+                "codec's max_ratio (it is part of its on-storage format: a new version)"
+            )
+        return out
 
     def decode(self, data: BytesLike, raw_length: int | None, where: str = "an item") -> BytesLike:
         """``decode_unchecked(data, raw_length)``, refusing a ``raw_length`` beyond
@@ -152,7 +166,7 @@ class NoneCodec(Codec):
     def identity(self) -> bool:
         return True
 
-    def encode(self, data: memoryview) -> BytesLike:
+    def encode_unchecked(self, data: memoryview) -> BytesLike:
         return data
 
     def decode_unchecked(self, data: BytesLike, raw_length: int | None) -> BytesLike:
@@ -174,7 +188,7 @@ class ZstdCodec(Codec):
     def require(self) -> None:
         _zstd()
 
-    def encode(self, data: memoryview) -> BytesLike:
+    def encode_unchecked(self, data: memoryview) -> BytesLike:
         return _zstd().ZstdCompressor(level=3, threads=-1).compress(data)  # type: ignore[no-any-return]
 
     def decode_unchecked(self, data: BytesLike, raw_length: int | None) -> BytesLike:

@@ -31,7 +31,7 @@ class XorCodec(Codec):
 
     name = "test-xor"
 
-    def encode(self, data: memoryview) -> bytes:
+    def encode_unchecked(self, data: memoryview) -> bytes:
         return (np.frombuffer(data, np.uint8) ^ 0x5A).tobytes()
 
     def decode_unchecked(self, data: bytes | bytearray | memoryview, raw_length: int | None):

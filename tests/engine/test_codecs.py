@@ -34,7 +34,7 @@ class _Reverse(Codec):
     name = "test-reverse"
     version = 7
 
-    def encode(self, data: memoryview) -> bytes:
+    def encode_unchecked(self, data: memoryview) -> bytes:
         return bytes(data)[::-1]
 
     def decode_unchecked(self, data: bytes | bytearray | memoryview, raw_length: int | None):
@@ -150,6 +150,17 @@ def test_decode_checks_sizes_and_turns_codec_failures_into_corrupt_checkpoint_er
         rev.decode(b"abc", 4)
 
 
+def test_encode_refuses_what_max_ratio_would_not_let_a_reader_decode() -> None:
+    class Halves(NoneCodec):  # "compresses" 2:1 but keeps the default max_ratio of 1
+        name = "test-halves"
+
+        def encode_unchecked(self, data: memoryview) -> bytes:
+            return bytes(data[: len(data) // 2])
+
+    with pytest.raises(ConfigError, match=r"test-halves/1 encoded 10 bytes into 5.*max_ratio"):
+        Halves().encode(memoryview(b"0123456789"))
+
+
 def test_dcp_transforms_map_onto_the_registry() -> None:
     assert transform_codec(None, "x") is None and transform_codec([], "x") is None
     assert transform_codec(["stream.zstd/1"], "x") is get_codec("zstd")
@@ -191,7 +202,7 @@ from ckptstore.engine.codecs import Codec
 class Rot(Codec):
     name = "plugin-rot"
 
-    def encode(self, data):
+    def encode_unchecked(self, data):
         return bytes((b + 1) % 256 for b in data)
 
     def decode_unchecked(self, data, raw_length):
