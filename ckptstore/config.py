@@ -43,13 +43,11 @@ class TransferConfig:
     automatically so a file never needs more parts than the store allows).
     ``concurrency`` is the number of parts in flight per process. ``memory_budget`` caps
     the bytes buffered for parts not yet written (a writer blocks when it is reached).
-    ``verify_reads`` checks every range read against the manifest checksum.
     """
 
     part_size: int = 32 * MiB
     concurrency: int = 8
     memory_budget: int = 512 * MiB
-    verify_reads: bool = True
     retry: RetryConfig = RetryConfig()
 
     def __post_init__(self) -> None:

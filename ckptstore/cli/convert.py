@@ -1,7 +1,8 @@
-"""``ckptstore-tool convert SRC DST --to dcp|torch|safetensors [--compress zstd]``.
+"""``ckptstore-tool convert SRC DST --to dcp|torch|safetensors [--compress CODEC]``.
 
 * DCP -> DCP streams item by item (``ckptstore.dcp.transcode``): the rank layout is kept,
-  zstd is added or removed, and a stock DCP checkpoint is adopted (gets a manifest and a
+  a codec (``ckptstore.engine.codecs``: zstd, or one registered there) is added, changed
+  or removed, and a stock DCP checkpoint is adopted (gets a manifest and a
   marker). Memory stays bounded.
 * Everything else loads the whole state dict in memory (the single-file formats need it):
   DCP is read with ckptstore's verifying reader and torch's ``_EmptyStateDictLoadPlanner``
@@ -28,6 +29,7 @@ from ckptstore.cli.copy import require_committed
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
 from ckptstore.cli.sources import Located, classify, flatten, load_state, local_path, locate
 from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.codecs import codec_names
 from ckptstore.engine.commit import uncommit
 from ckptstore.engine.copy import check_empty_destination
 from ckptstore.engine.store import Store
@@ -47,17 +49,17 @@ TARGETS = ("dcp", "torch", "safetensors")
 def add_parser(sub: Any, common: Any) -> None:
     p = sub.add_parser(
         "convert",
-        help="DCP <-> torch.save <-> safetensors, optionally zstd-compressing DCP shards",
+        help="DCP <-> torch.save <-> safetensors, optionally compressing DCP shards",
         description="Convert a checkpoint between DCP (a folder), a single torch.save file and "
         "a Hugging Face safetensors file, on any URL. DCP -> DCP re-encodes the shards (add or "
-        "remove zstd; adopt a stock DCP checkpoint). The output is verified.",
+        "remove a codec such as zstd; adopt a stock DCP checkpoint). The output is verified.",
     )
     p.add_argument("src", metavar="SRC", help="committed DCP checkpoint, .pt or .safetensors")
     p.add_argument("dst", metavar="DST", help="destination (a folder for dcp, else a file)")
     p.add_argument("--to", required=True, choices=TARGETS, help="output format")
     p.add_argument(
         "--compress",
-        choices=("none", "zstd"),
+        choices=codec_names(),
         default="none",
         help="codec of the DCP shards written (only with --to dcp)",
     )
@@ -269,7 +271,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     if ctx.json:
         dump_json(result)
     else:
-        fmt = f"{args.to}, zstd" if args.to == "dcp" and args.compress == "zstd" else args.to
+        fmt = (
+            f"{args.to}, {args.compress}"
+            if args.to == "dcp" and args.compress != "none"
+            else args.to
+        )
         done = "written and verified" if verified else "written (not verified: --no-verify)"
         print(
             f"converted {args.src} ({src.format}) -> {args.dst} ({fmt}): "

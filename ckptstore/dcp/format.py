@@ -1,8 +1,9 @@
 """How one DCP item becomes bytes in a shard file, and back.
 
 Items keep stock DCP's encoding (``torch.save`` of each tensor, raw bytes for BYTE_IO
-items) so stock ``FileSystemReader`` / ``FsspecReader`` load ckptstore checkpoints. With
-``codec="zstd"`` each item's bytes are one zstd frame of their own: the format of DCP's
+items) so stock ``FileSystemReader`` / ``FsspecReader`` load ckptstore checkpoints. A
+codec (``ckptstore.engine.codecs``) then encodes those bytes, item by item; with
+``codec="zstd"`` each item is one zstd frame of its own: the format of DCP's
 ``ZStandard`` stream extension, which the writer names in ``.metadata`` so stock readers
 decompress them too (the codec is also recorded in the manifest).
 
@@ -26,10 +27,8 @@ from typing import IO, Any, cast
 import torch
 
 from ckptstore.engine.manifest import Span
-from ckptstore.errors import ConfigError, missing_dependency
 
 __all__ = [
-    "CODECS",
     "ItemInfo",
     "write_item",
     "cpu_item",
@@ -37,11 +36,7 @@ __all__ = [
     "PAYLOAD_MIN",
     "encode_item",
     "decode_tensor",
-    "compress",
-    "decompress",
 ]
-
-CODECS = ("none", "zstd")
 
 
 @dataclass(frozen=True)
@@ -263,36 +258,3 @@ def _tensor_view(view: memoryview) -> torch.Tensor | None:
         return None
     flat = torch.frombuffer(view, dtype=storage.dtype, count=storage.numel, offset=start)
     return flat.as_strided(record.size, record.stride, record.offset)
-
-
-def _zstd():  # type: ignore[no-untyped-def]
-    try:
-        import zstandard
-    except ImportError as exc:
-        raise missing_dependency("zstandard", "zstd") from exc
-    return zstandard
-
-
-def check_codec(codec: str) -> str:
-    if codec not in CODECS:
-        raise ConfigError(f"unknown codec {codec!r}; choose one of {', '.join(CODECS)}")
-    if codec == "zstd":
-        _zstd()
-    return codec
-
-
-def compress(codec: str, data: memoryview) -> bytes | memoryview:
-    if codec == "none":
-        return data
-    return _zstd().ZstdCompressor(level=3, threads=-1).compress(data)
-
-
-def decompress(
-    codec: str, data: bytes | bytearray | memoryview, raw_length: int | None
-) -> bytes | bytearray | memoryview:
-    if codec == "none":
-        return data
-    if raw_length is None:  # a frame of DCP's stream extension may not record its size
-        out = _zstd().ZstdDecompressor().decompressobj().decompress(data)
-        return cast(bytes, out)
-    return _zstd().ZstdDecompressor().decompress(data, max_output_size=raw_length)

@@ -13,13 +13,17 @@ Call order (driven by ``torch.distributed.checkpoint.load``)::
     read_data(plan, planner)        every rank: parallel ranged reads, each range checked
                                     against its manifest CRC32C before it is decoded
 
-A stock DCP checkpoint (``.metadata`` but no manifest and no marker) loads with a
-warning and without verification; items written with DCP's ``ZStandard`` extension
-(``stream.zstd/1``) are decompressed. Object (BYTE_IO) items reach DCP's default load
-planner, which unpickles them with ``torch.load(weights_only=False)``, only after a
-``weights_only=True`` load of the same bytes succeeded: a pickle that would import or
-run anything else raises ``UnsafePickleError`` naming the item, unless the reader
-was built with ``allow_pickle=True`` (for a checkpoint you trust). Readers pickle (see
+The manifest's codec is looked up in ``ckptstore.engine.codecs`` at ``open()``: one this
+ckptstore does not know is ``CorruptCheckpointError`` (never a guess), a known one whose
+library is missing ``MissingDependencyError``. A stock DCP checkpoint (``.metadata`` but
+no manifest and no marker) loads with a warning and without verification; items written
+with DCP's ``ZStandard`` extension (``stream.zstd/1``) are decompressed.
+
+Object (BYTE_IO) items reach DCP's default load planner, which unpickles them with
+``torch.load(weights_only=False)``, only after a ``weights_only=True`` load of the same
+bytes succeeded: a pickle that would import or run anything else raises
+``UnsafePickleError`` naming the item, unless the reader was built with
+``allow_pickle=True`` (for a checkpoint you trust). Readers pickle (see
 ``ckptstore.dcp.storebound``).
 """
 
@@ -41,10 +45,11 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPla
 from torch.distributed.checkpoint.storage import StorageReader
 
 from ckptstore.config import TransferConfig
-from ckptstore.dcp.format import decode_tensor, decompress
+from ckptstore.dcp.format import decode_tensor
 from ckptstore.dcp.metadata import check_metadata, load_metadata
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.codecs import Codec, get_codec, stored_codec, transform_codec
 from ckptstore.engine.commit import METADATA_NAME, Committed, open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry, Span
 from ckptstore.engine.retry import retrying
@@ -101,6 +106,7 @@ class CkptReader(StoreBound, StorageReader):
         self.verify = verify
         self.allow_pickle = allow_pickle
         self.committed: Committed | None = None
+        self._codec: Codec = get_codec("none")  # the manifest's (set by open)
         self._metadata_bytes = b""
         self.storage_data: dict[Any, Any] = {}
         self.metadata: Metadata | None = None
@@ -110,12 +116,20 @@ class CkptReader(StoreBound, StorageReader):
     def manifest(self) -> Manifest | None:
         return self.committed.manifest if self.committed else None
 
+    @property
+    def manifest_codec(self) -> Codec:
+        """The codec the manifest records (``none/1`` for a stock checkpoint); items whose
+        ``.metadata`` entry names a DCP transform use that one (``item_codec``)."""
+        return self._codec
+
     def open(self) -> None:
         """Read and check the marker, manifest and metadata (see the module docstring)."""
         # Control reads (marker, manifest, .metadata, listings) retried per RetryConfig.
         self.store = retrying(self.store, self.config.retry, self.engine.stats)
         try:
             self.committed = open_committed(self.store)
+            m = self.committed.manifest
+            self._codec = stored_codec(m.codec_descriptor, self.store.describe(MANIFEST_NAME))
             self._metadata_bytes = self.committed.metadata_bytes
             files = {n: e.size for n, e in self.committed.manifest.files.items()}
             check_metadata(self._parse_metadata(), files, self.store.describe(METADATA_NAME))
@@ -129,6 +143,7 @@ class CkptReader(StoreBound, StorageReader):
                     ) from None
                 raise
         self.committed = None
+        self._codec = get_codec("none")
         warnings.warn(
             f"{self.url} is a stock DCP checkpoint (no {MANIFEST_NAME} / {MARKER_NAME}): "
             "loading it without integrity verification.",
@@ -182,14 +197,13 @@ class CkptReader(StoreBound, StorageReader):
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
         # One read per distinct stored range, however many requests share it.
         by_range: dict[tuple[str, int, int], list[ReadItem]] = {}
-        codecs: dict[tuple[str, int, int], str] = {}
-        manifest_codec = self.committed.manifest.codec if self.committed else "none"
+        codecs: dict[tuple[str, int, int], Codec] = {}
         for req in plan.items:
             info = self.storage_data[req.storage_index]
             key = (info.relative_path, info.offset, info.length)
             by_range.setdefault(key, []).append(req)
             codecs[key] = item_codec(
-                manifest_codec,
+                self._codec,
                 getattr(info, "transform_descriptors", None),
                 req.storage_index.fqn,
                 self.url,
@@ -226,7 +240,9 @@ class CkptReader(StoreBound, StorageReader):
                     continue
                 data = self._checked(key, fut, ranges.get(key))
                 entry = ranges.get(key)
-                data = decompress(codecs[key], data, entry.raw_length if entry else None)
+                data = codecs[key].decode(
+                    data, entry.raw_length if entry else None, self._where(key)
+                )
                 for req in by_range[key]:
                     self._deliver(req, data, planner)
         except BaseException:
@@ -243,10 +259,10 @@ class CkptReader(StoreBound, StorageReader):
         return done
 
     def _direct(
-        self, reqs: list[ReadItem], entry: RangeEntry | None, codec: str, planner: LoadPlanner
+        self, reqs: list[ReadItem], entry: RangeEntry | None, codec: Codec, planner: LoadPlanner
     ) -> _Direct | None:
         """How to read one item straight into its target, or None if it cannot be."""
-        if codec != "none" or entry is None or entry.span is None or len(reqs) != 1:
+        if not codec.identity or entry is None or entry.span is None or len(reqs) != 1:
             return None
         req = reqs[0]
         assert self.metadata is not None  # set_up_storage_reader ran
@@ -294,9 +310,13 @@ class CkptReader(StoreBound, StorageReader):
                 "checkpoint is damaged: restore the previous one."
             ) from exc
 
+    def _where(self, key: tuple[str, int, int]) -> str:
+        path, offset, length = key
+        return f"{self.store.describe(path)} bytes [{offset}, {offset + length})"
+
     def _checked(self, key: tuple[str, int, int], fut: Future, entry: RangeEntry | None) -> Any:
         path, offset, length = key
-        where = f"{self.store.describe(path)} bytes [{offset}, {offset + length})"
+        where = self._where(key)
         data = self._result(path, fut)
         if len(data) != length:
             raise CorruptCheckpointError(
@@ -329,20 +349,12 @@ class CkptReader(StoreBound, StorageReader):
         planner.commit_tensor(req, target)
 
 
-def item_codec(manifest_codec: str, descriptors: Any, fqn: str, url: str) -> str:
-    """The codec of one stored item: the manifest's, or that of DCP's stream transforms
-    named in its ``.metadata`` entry (only ``stream.zstd`` is known)."""
-    if not descriptors:
-        return manifest_codec
-    names = {str(d).partition("/")[0] for d in descriptors}
-    versions = {str(d).partition("/")[2].partition(".")[0] for d in descriptors}
-    if names != {"stream.zstd"} or versions != {"1"} or len(descriptors) != 1:
-        raise CorruptCheckpointError(
-            f"{url}: item {fqn} uses DCP stream transforms "
-            f"{list(descriptors)}; ckptstore reads only DCP's ZStandard one (stream.zstd/1). "
-            "Load it with torch's FileSystemReader and the extension that wrote it."
-        )
-    return "zstd"
+def item_codec(manifest_codec: Codec, descriptors: Any, fqn: str, url: str) -> Codec:
+    """The codec of one stored item: the one its ``.metadata`` entry's DCP stream
+    transforms name (``stream.zstd/1``, ``ckptstore.<name>/<n>``; see
+    ``engine.codecs.transform_codec``), else the manifest's."""
+    codec = transform_codec(descriptors, f"{url}: item {fqn}")
+    return codec if codec is not None else manifest_codec
 
 
 def _unpickles_unsafely(planner: LoadPlanner) -> bool:

@@ -1,11 +1,12 @@
-"""Rewrite a DCP checkpoint item by item with another codec (``none`` <-> ``zstd``).
+"""Rewrite a DCP checkpoint item by item with another codec (e.g. ``none`` <-> ``zstd``).
 
     marker = transcode(src_store, dst_store, engine, codec="zstd")
 
 Streams: each stored item is read (checked against the source manifest when there is one),
-decoded with the source codec, encoded with ``codec`` and appended to a new shard file at the
-destination, one destination file per source file, so the rank layout (and resharding on
-load) is unchanged and memory stays bounded by the engine's budget. The DCP ``Metadata`` is
+decoded with the source codec, encoded with ``codec`` (a name or descriptor of
+``ckptstore.engine.codecs``) and appended to a new shard file at the destination, one
+destination file per source file, so the rank layout (and resharding on load) is
+unchanged and memory stays bounded by the engine's budget. The DCP ``Metadata`` is
 rewritten to point at the new offsets, a new manifest records every file and range, and the
 result is committed last with ``publish`` (create-only marker). A stock DCP source (no
 manifest) is adopted: the output has a manifest and a marker.
@@ -31,10 +32,9 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from ckptstore.dcp.format import check_codec, compress, decompress
 from ckptstore.dcp.reader import CkptReader, item_codec
-from ckptstore.dcp.writer import ZSTD_DESCRIPTOR
 from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.codecs import Codec, get_codec
 from ckptstore.engine.commit import attempt_manifest_name, attempt_metadata_name, publish
 from ckptstore.engine.deletion import remove_made
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, Marker, RangeEntry
@@ -69,28 +69,29 @@ def transcode(
     extra: dict[str, Any] | None = None,
 ) -> Marker:
     """Transcode the DCP checkpoint at ``src`` into ``dst`` (which the caller made empty)."""
-    check_codec(codec)
+    out_codec = get_codec(codec)
     reader = CkptReader(src, engine=engine, config=engine.config)
     metadata: Metadata = reader.read_metadata()
     src_manifest = reader.manifest
-    src_codec = src_manifest.codec if src_manifest else "none"
     index = src_manifest.range_index() if src_manifest else {}
     by_file: dict[str, dict[tuple[int, int], list[Any]]] = {}
-    codecs: dict[tuple[str, int, int], str] = {}
+    codecs: dict[tuple[str, int, int], Codec] = {}
     for idx, info in (metadata.storage_data or {}).items():
         descriptors = getattr(info, "transform_descriptors", None)
         key = (info.relative_path, info.offset, info.length)
-        codecs[key] = item_codec(src_codec, descriptors, idx.fqn, src.url)
+        codecs[key] = item_codec(reader.manifest_codec, descriptors, idx.fqn, src.url)
         by_file.setdefault(info.relative_path, {}).setdefault((info.offset, info.length), [])
         by_file[info.relative_path][(info.offset, info.length)].append(idx)
 
     attempt = uuid.uuid4().hex[:12]
-    descriptors = [ZSTD_DESCRIPTOR] if codec == "zstd" else None
+    transform = out_codec.dcp_transform
+    descriptors = [transform] if transform is not None else None
     cancel = cancel or threading.Event()
     manifest = Manifest(
         step=step if step is not None else (src_manifest.step if src_manifest else None),
         world_size=src_manifest.world_size if src_manifest else _world_size(by_file),
-        codec=codec,
+        codec=out_codec.name,
+        codec_version=out_codec.version,
         torch_version=torch.__version__,
         ckptstore_version=_version(),
         extra={**(extra or {}), "converted_from": src.url},
@@ -115,12 +116,13 @@ def transcode(
                             "the source manifest; the source is damaged (run `ckptstore-tool "
                             "verify`)."
                         )
+                    where = f"{src.describe(old)} bytes [{off}, {off + length})"
                     raw = memoryview(
-                        decompress(
-                            codecs[(old, off, length)], data, entry.raw_length if entry else None
+                        codecs[(old, off, length)].decode(
+                            data, entry.raw_length if entry else None, where
                         )
                     )
-                    stored = compress(codec, raw)
+                    stored = out_codec.encode(raw)
                     crc = crc32c(stored)
                     new_off = w.write(stored, crc)
                     for idx in idxs:
@@ -135,7 +137,7 @@ def transcode(
                             len(stored),
                             crc,
                             key=f"{fqn.fqn}@{','.join(map(str, fqn.offset or ()))}",
-                            raw_length=len(raw) if codec != "none" else None,
+                            raw_length=None if out_codec.identity else len(raw),
                         )
                     )
                     if on_bytes is not None:

@@ -27,8 +27,11 @@ store that partitions its request rate by key prefix (S3: about 3,500 PUT and 5,
 per second per prefix) can spread a checkpoint of thousands of ranks; stock DCP readers
 load either layout.
 
-With ``codec="zstd"`` every item's ``.metadata`` entry names DCP's own
-``stream.zstd/1`` transform, so stock readers (which have that extension) load it too.
+``codec`` names a codec of ``ckptstore.engine.codecs`` (ConfigError listing the choices
+otherwise); the manifest records its versioned descriptor. With ``codec="zstd"`` every
+item's ``.metadata`` entry names DCP's own ``stream.zstd/1`` transform, so stock readers
+(which have that extension) load it too; another codec names ``ckptstore.<name>/<n>``,
+which stock readers refuse rather than misread.
 Writers pickle (``dcp.async_save`` with the process executor sends them to a
 subprocess): the store and engine are re-opened there from the URL, options and config.
 If any rank fails, DCP never calls ``finish``: nothing is committed and
@@ -60,8 +63,6 @@ from torch.futures import Future
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.format import (
     ItemInfo,
-    check_codec,
-    compress,
     cpu_item,
     encode_item,
     payload_of,
@@ -69,12 +70,14 @@ from ckptstore.dcp.format import (
 )
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.codecs import Codec, get_codec
 from ckptstore.engine.commit import publish
 from ckptstore.engine.crashpoints import crashpoint
+from ckptstore.engine.filewriter import FileInfo
 from ckptstore.engine.layout import parse_step
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
 from ckptstore.engine.store import Store
-from ckptstore.engine.transfer import FileInfo, TransferEngine
+from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
     CheckpointExistsError,
     CommitConflictError,
@@ -96,10 +99,6 @@ class _RankPlan:
     cache it), never a per-save id."""
 
     prefix: str
-
-
-#: DCP's descriptor of its zstd stream extension (``torch.distributed.checkpoint._extension``).
-ZSTD_DESCRIPTOR = "stream.zstd/1"
 
 
 KEY_LAYOUTS = ("flat", "spread")
@@ -172,7 +171,7 @@ class CkptWriter(StoreBound, StorageWriter):
         self.key_layout = key_layout
         self._bind(url, storage_options, config, engine)
         self.overwrite = overwrite
-        self.codec = check_codec(codec)
+        self.codec = codec  # validated (see the property)
         self._step = step
         self.files_per_rank = max(1, files_per_rank)
         self.attempt = _new_attempt()
@@ -180,6 +179,17 @@ class CkptWriter(StoreBound, StorageWriter):
         self.is_coordinator = True
         #: Merged into the manifest's ``extra`` at commit (the manager records timings).
         self.manifest_extra: dict[str, Any] = {}
+
+    @property
+    def codec(self) -> str:
+        """The codec items are written with, as given (a name or descriptor of
+        ``ckptstore.engine.codecs``); setting it checks it (``ConfigError``)."""
+        return self._codec_spec
+
+    @codec.setter
+    def codec(self, spec: str) -> None:
+        self._codec: Codec = get_codec(spec)
+        self._codec_spec = spec
 
     @property
     def step(self) -> int | None:
@@ -285,7 +295,7 @@ class CkptWriter(StoreBound, StorageWriter):
             # Bytes items first (small), then tensors, as stock DCP orders them.
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
                 data = cpu_item(planner.resolve_data(item))
-                if self.codec == "none":  # stream straight into part buffers, hashed once
+                if self._codec.identity:  # stream straight into part buffers, hashed once
                     with w.item(payload_of(data), owner=data) as sink:
                         write_item(data, sink)
                     written.append(
@@ -293,7 +303,7 @@ class CkptWriter(StoreBound, StorageWriter):
                     )
                     continue
                 raw = encode_item(data)
-                stored = compress(self.codec, raw)
+                stored = self._codec.encode(raw)
                 crc = crc32c(stored)
                 offset = w.write(stored, crc)
                 written.append((item, offset, len(stored), crc, len(raw), None))
@@ -322,12 +332,14 @@ class CkptWriter(StoreBound, StorageWriter):
         manifest = Manifest(
             step=self.step,
             world_size=len(results),
-            codec=self.codec,
+            codec=self._codec.name,
+            codec_version=self._codec.version,
             torch_version=torch.__version__,
             ckptstore_version=_version(),
             extra=dict(self.manifest_extra),
         )
         storage_md = {}
+        transform = self._codec.dcp_transform
         for rank_results in results:
             for wr in rank_results:
                 info: ItemInfo = wr.storage_data
@@ -335,7 +347,7 @@ class CkptWriter(StoreBound, StorageWriter):
                     info.relative_path,
                     info.offset,
                     info.length,
-                    transform_descriptors=[ZSTD_DESCRIPTOR] if self.codec == "zstd" else None,
+                    transform_descriptors=[transform] if transform is not None else None,
                 )
                 manifest.files[info.relative_path] = FileEntry(info.file_size, info.file_crc32c)
                 manifest.ranges.append(
@@ -345,7 +357,7 @@ class CkptWriter(StoreBound, StorageWriter):
                         info.length,
                         info.crc32c,
                         key=f"{wr.index.fqn}@{','.join(map(str, wr.index.offset or ()))}",
-                        raw_length=info.raw_length if self.codec != "none" else None,
+                        raw_length=None if self._codec.identity else info.raw_length,
                         span=info.span,
                     )
                 )

@@ -2,6 +2,10 @@
 
 On storage it is ``ckptstore.manifest.json``; its CRC32C is what the ``COMMITTED`` marker
 holds. Unknown keys are kept (forward compatible); a newer major ``version`` is refused.
+``codec`` is the codec's versioned descriptor (``zstd/1``, see ``engine.codecs``), except
+that uncompressed checkpoints record a bare ``none``: older ckptstore readers took any
+other string for zstd. A bare name reads as version 1; whether the codec is known is
+checked by whoever decodes (a manifest naming an unknown codec still parses).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptstore.engine.checksum import crc32c, format_crc, parse_crc
+from ckptstore.engine.codecs import find_codec, parse_descriptor
 from ckptstore.engine.paths import is_safe_name
 from ckptstore.errors import CorruptCheckpointError
 
@@ -33,8 +38,6 @@ MANIFEST_NAME = "ckptstore.manifest.json"
 MARKER_NAME = "COMMITTED"
 #: A marker naming a bigger manifest is refused (a real one is a few MiB at most).
 MAX_MANIFEST_SIZE = 1 << 30
-#: zstd cannot expand a stored item more than this (a 128 KiB block takes >= 4 bytes).
-MAX_ZSTD_RATIO = 32768
 _MAX_COUNT = 1 << 62
 #: An attempt id becomes part of file names: one plain name component (ckptstore makes
 #: hex ids; other tools re-committing a checkpoint may use words).
@@ -91,12 +94,20 @@ class Manifest:
     world_size: int
     files: dict[str, FileEntry] = field(default_factory=dict)
     ranges: list[RangeEntry] = field(default_factory=list)
-    codec: str = "none"
+    codec: str = "none"  # the codec's name; the manifest records "<codec>/<codec_version>"
     torch_version: str = ""
     ckptstore_version: str = ""
     created: float = field(default_factory=time.time)
     extra: dict[str, Any] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    codec_version: int = 1
+
+    @property
+    def codec_descriptor(self) -> str:
+        """What the manifest records: ``<codec>/<codec_version>``, or a bare ``none``."""
+        if (self.codec, self.codec_version) == ("none", 1):
+            return "none"  # older readers took any other string for zstd
+        return f"{self.codec}/{self.codec_version}"
 
     def to_bytes(self) -> bytes:
         doc = {
@@ -104,7 +115,7 @@ class Manifest:
             "version": self.version,
             "step": self.step,
             "world_size": self.world_size,
-            "codec": self.codec,
+            "codec": self.codec_descriptor,
             "checksum": "crc32c",
             "torch_version": self.torch_version,
             "ckptstore_version": self.ckptstore_version,
@@ -256,8 +267,8 @@ def _obj(v: Any, what: str) -> dict[str, Any]:
 
 def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
     """The manifest in ``doc``, every field checked: types, counts >= 0, names contained,
-    every range inside its (listed) file, spans inside their item, raw lengths zstd can
-    reach."""
+    every range inside its (listed) file, spans inside their item, raw lengths the codec
+    can reach (if it is a known one)."""
     doc = _obj(doc, "the document")
     if doc.get("format") != "ckptstore":
         raise _Bad("not a ckptstore manifest")
@@ -267,7 +278,12 @@ def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
             f"{where} has format version {version}, newer than this ckptstore "
             f"understands ({FORMAT_VERSION}); upgrade ckptstore to read it."
         )
-    codec = _str(doc, "codec", "none")
+    codec_text = _str(doc, "codec", "none")
+    parsed = parse_descriptor(codec_text)
+    if parsed is None:
+        raise _Bad(f"codec {codec_text!r:.80} is not a codec descriptor (<name>/<version>)")
+    known = find_codec(*parsed)
+    max_ratio = known.max_ratio if known is not None else None
     files: dict[str, FileEntry] = {}
     for name, e in _obj(_get(doc, "files"), "'files'").items():
         if not is_contained_name(name):
@@ -277,7 +293,7 @@ def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
     raw_ranges = _get(doc, "ranges")
     if type(raw_ranges) is not list:
         raise _Bad("'ranges' is not a list")
-    ranges = [_parse_range(_obj(r, "a range"), files) for r in raw_ranges]
+    ranges = [_parse_range(_obj(r, "a range"), files, max_ratio) for r in raw_ranges]
     created = doc.get("created", 0.0)
     if type(created) not in (int, float):
         raise _Bad("'created' is not a number")
@@ -286,7 +302,8 @@ def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
         world_size=_count(doc, "world_size", 1 << 31),
         files=files,
         ranges=ranges,
-        codec=codec,
+        codec=parsed[0],
+        codec_version=parsed[1],
         torch_version=_str(doc, "torch_version"),
         ckptstore_version=_str(doc, "ckptstore_version"),
         created=float(created),
@@ -295,7 +312,11 @@ def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
     )
 
 
-def _parse_range(r: dict[str, Any], files: dict[str, FileEntry]) -> RangeEntry:
+def _parse_range(
+    r: dict[str, Any], files: dict[str, FileEntry], max_ratio: int | None
+) -> RangeEntry:
+    """One range; ``max_ratio``: how far the manifest's codec can expand a stored item
+    (None for a codec this ckptstore does not know, which no reader will decode)."""
     name: Any = r.get("file")
     if not is_contained_name(name):
         raise _Bad(f"a range is in {name!r:.200}, not a relative name inside the step")
@@ -309,7 +330,8 @@ def _parse_range(r: dict[str, Any], files: dict[str, FileEntry]) -> RangeEntry:
         )
     raw_length = r.get("raw_length")
     if raw_length is not None:
-        raw_length = _count(r, "raw_length", max(length, 1) * MAX_ZSTD_RATIO)
+        limit = max(length, 1) * max_ratio if max_ratio is not None else _MAX_COUNT
+        raw_length = _count(r, "raw_length", limit)
     item_length = raw_length if raw_length is not None else length
     span = None
     if r.get("span") is not None:

@@ -56,6 +56,7 @@ from ckptstore.config import TransferConfig
 from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.writer import shard_prefix
 from ckptstore.engine.catalog import committed_steps
+from ckptstore.engine.codecs import get_codec
 from ckptstore.engine.commit import checkpoint_status
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.layout import step_name
@@ -105,6 +106,7 @@ class CheckpointManager:
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
         if background not in BACKENDS:
             raise ConfigError(f"background must be 'thread' or 'process', not {background!r}")
+        get_codec(codec)  # validates it (ConfigError listing the choices)
         self.engine = TransferEngine(config)
         # Every control call on the root (HEAD of a marker, listings, marker and manifest
         # GETs, deletes) is retried per the engine's RetryConfig through this view.

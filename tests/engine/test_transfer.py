@@ -9,14 +9,10 @@ import pytest
 
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.filewriter import ZERO_COPY_MIN, plan_part_size
 from ckptstore.engine.retry import backoff_delay
 from ckptstore.engine.store import Buffer, Multipart, Part
-from ckptstore.engine.transfer import (
-    ZERO_COPY_MIN,
-    TransferEngine,
-    plan_part_size,
-    split_ranges,
-)
+from ckptstore.engine.transfer import TransferEngine, split_ranges
 from ckptstore.errors import StoreAccessError, TransferError, TransientStoreError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
@@ -195,7 +191,7 @@ def test_large_writes_reach_a_volume_without_a_copy(tmp_path, zero_copy: bool) -
         w.write(b"x" * 100)
         w.write(memoryview(big)[: part - 1])  # under ZERO_COPY_MIN: copied
         info = w.close()
-        assert e._buffers._used == 0  # every reservation and buffer given back
+        assert e.buffers.in_use == 0  # every reservation and buffer given back
     expected = b"head" + bytes(big) + b"x" * 100 + bytes(big[: part - 1])
     assert store.inner.get("f.bin") == expected
     assert (info.size, info.crc32c) == (len(expected), crc32c(expected))
@@ -248,5 +244,5 @@ def test_abort_gives_back_every_buffer_and_reservation(tmp_path) -> None:
         w.write(os.urandom(3 * part))  # pooled buffers, queued behind a slow store
         w.write(bytearray(4 * part))  # by reference, queued too
         w.abort()
-        assert e._buffers._used == 0
+        assert e.buffers.in_use == 0
     assert slow.inner.find() == []

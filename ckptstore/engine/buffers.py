@@ -1,0 +1,117 @@
+"""Memory for transfers: a pool of reusable part buffers under a byte budget, and the
+future that joins the parallel parts of one transfer.
+
+Call order::
+
+    pool = BufferPool(limit)
+    buf = pool.acquire(size, cancelled)   # blocks while ``limit`` bytes are handed out
+    pool.release(buf)                     # once the part is sent (or dropped)
+    pool.reserve(n, cancelled)            # the caller's own memory sent by reference...
+    pool.unreserve(n)                     # ...counted against the same budget
+
+Both are used from many threads at once (the caller's and the engine's I/O threads).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from typing import TypeVar
+
+__all__ = ["BufferPool", "gather"]
+
+T = TypeVar("T")
+
+
+class BufferPool:
+    """Reusable part buffers; at most ``limit`` bytes of them are handed out at once.
+
+    Reusing buffers matters: writing into fresh memory page-faults and costs several times
+    a copy into a warm buffer. ``acquire`` blocks (back-pressure) while the limit is
+    reached, except for a lone request larger than the limit.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._used = 0
+        self._free: dict[int, list[bytearray]] = {}
+        self._cond = threading.Condition()
+
+    @property
+    def in_use(self) -> int:
+        """Bytes handed out or reserved and not yet given back."""
+        with self._cond:
+            return self._used
+
+    def acquire(self, size: int, cancelled: Callable[[], bool]) -> bytearray:
+        """A buffer of ``size`` bytes (a pooled one when there is one); blocks while the
+        limit is reached, until room is made or ``cancelled()`` is true."""
+        with self._cond:
+            self._wait_for_room(size, cancelled)
+            free = self._free.get(size)
+            if free:
+                return free.pop()
+        return bytearray(size)
+
+    def reserve(self, size: int, cancelled: Callable[[], bool]) -> None:
+        """Count ``size`` bytes of the caller's own memory, sent by reference, against the
+        limit (blocking like ``acquire``), so such writes are back-pressured too."""
+        with self._cond:
+            self._wait_for_room(size, cancelled)
+
+    def unreserve(self, size: int) -> None:
+        """Give back a ``reserve``."""
+        with self._cond:
+            self._used -= size
+            self._cond.notify_all()
+
+    def _wait_for_room(self, size: int, cancelled: Callable[[], bool]) -> None:
+        while self._used and self._used + size > self._limit and not cancelled():
+            self._cond.wait(0.1)
+        self._used += size
+
+    def release(self, buf: bytearray) -> None:
+        """Give back an ``acquire``d buffer; it is kept for reuse while the pool holds
+        less than ``limit`` bytes of free buffers."""
+        with self._cond:
+            self._used -= len(buf)
+            pooled = sum(len(b) for bufs in self._free.values() for b in bufs)
+            if pooled + len(buf) <= self._limit:
+                self._free.setdefault(len(buf), []).append(buf)
+            self._cond.notify_all()
+
+
+def gather(futures: Sequence[Future], combine: Callable[[], T]) -> Future[T]:
+    """A future done when all ``futures`` are: ``combine()``'s value, or the first error.
+
+    Even on an error it waits for every future: a read that fails must not leave other
+    parts still writing into the caller's memory (reads can target the caller's tensors).
+    """
+    out: Future[T] = Future()
+    remaining = [len(futures)]
+    errors: list[BaseException] = []
+    lock = threading.Lock()
+
+    def done(f: Future) -> None:
+        exc = f.exception()
+        with lock:
+            remaining[0] -= 1
+            last = remaining[0] == 0
+            if exc is not None:
+                errors.append(exc)
+        if not last:
+            return
+        if errors:
+            out.set_exception(errors[0])
+            return
+        try:
+            out.set_result(combine())
+        except BaseException as e:  # noqa: BLE001
+            out.set_exception(e)
+
+    if not futures:
+        out.set_result(combine())
+    for f in futures:
+        f.add_done_callback(done)
+    return out
