@@ -47,6 +47,7 @@ TARGETS = ("dcp", "torch", "safetensors")
 
 
 def add_parser(sub: Any, common: Any) -> None:
+    """Register the ``convert`` subcommand on ``sub``; ``common`` adds the shared options."""
     p = sub.add_parser(
         "convert",
         help="DCP <-> torch.save <-> safetensors, optionally compressing DCP shards",
@@ -229,6 +230,13 @@ def _convert(ctx: Context, args: argparse.Namespace, src: Located, bar: Progress
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
+    """Convert ``args.src`` to ``args.dst`` and verify the output (unless ``--no-verify``).
+
+    Prints a summary (or JSON with ``--json``) and returns 0. Raises ``ConfigError`` for
+    ``--compress`` without ``--to dcp``, an uncommitted source, or a destination of the
+    wrong kind; ``CheckpointExistsError`` for an existing destination without ``--force``;
+    ``CorruptCheckpointError`` if the output does not read back as written.
+    """
     if args.compress != "none" and args.to != "dcp":
         raise ConfigError("--compress applies to DCP shards only; use it with --to dcp")
     src = locate(ctx, args.src, "src")

@@ -114,6 +114,7 @@ class CkptReader(StoreBound, StorageReader):
 
     @property
     def manifest(self) -> Manifest | None:
+        """The verified manifest, or None for a stock DCP checkpoint."""
         return self.committed.manifest if self.committed else None
 
     @property
@@ -171,10 +172,16 @@ class CkptReader(StoreBound, StorageReader):
 
     # -- StorageReader -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """Re-open (and re-check) the checkpoint if ``checkpoint_id`` names another URL."""
         if self._rebind(checkpoint_id):
             self.open()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        """The checked DCP Metadata (a fresh object; ``storage_meta`` filled in if absent).
+
+        Raises ``IncompleteCheckpointError`` when asked for a rank's own metadata
+        (``rank=``): ckptstore checkpoints have one ``.metadata`` for all ranks.
+        """
         if kwargs.get("rank") is not None:
             raise IncompleteCheckpointError(f"{self.url} has no rank-local metadata")
         metadata = self._parse_metadata()
@@ -185,16 +192,27 @@ class CkptReader(StoreBound, StorageReader):
     def set_up_storage_reader(
         self, metadata: Metadata, is_coordinator: bool, *args: Any, **kwargs: Any
     ) -> None:
+        """Keep ``metadata`` (and its storage data) for planning the reads."""
         self.metadata = metadata
         self.storage_data = metadata.storage_data or {}
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
+        """Return ``plan`` unchanged."""
         return plan
 
     def prepare_global_plan(self, plans: list[LoadPlan]) -> list[LoadPlan]:
+        """Return ``plans`` unchanged."""
         return plans
 
     def read_data(self, plan: LoadPlan, planner: LoadPlanner) -> torch.futures.Future[None]:
+        """Read every item of ``plan`` and hand it to ``planner``; returns a done future.
+
+        Each distinct stored range is read once, at most ``memory_budget`` bytes in flight,
+        checked against its manifest CRC32C (when verifying), decoded and delivered.
+        Raises ``CorruptCheckpointError`` for a missing, truncated, unlisted or changed
+        range and ``UnsafePickleError`` for an object item weights_only loading refuses
+        (unless ``allow_pickle``); reads in flight finish before the error propagates.
+        """
         # One read per distinct stored range, however many requests share it.
         by_range: dict[tuple[str, int, int], list[ReadItem]] = {}
         codecs: dict[tuple[str, int, int], Codec] = {}

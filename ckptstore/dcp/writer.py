@@ -193,14 +193,20 @@ class CkptWriter(StoreBound, StorageWriter):
 
     @property
     def step(self) -> int | None:
+        """The step the manifest records: the one given, else the URL's (None if neither)."""
         return self._step if self._step is not None else step_from_url(self.url)
 
     # -- StorageWriter -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
+        """Re-open the store if ``checkpoint_id`` names another URL; start a new attempt."""
         self._rebind(checkpoint_id)
         self.attempt = _new_attempt()
 
     def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Record this rank's role and number and start a new attempt (every save).
+
+        Raises ``ConfigError`` for ``use_collectives=False`` with more than one rank.
+        """
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank") or 0
         # DCP calls reset() only when given a checkpoint_id; this runs on every save.
@@ -222,11 +228,13 @@ class CkptWriter(StoreBound, StorageWriter):
             )
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
+        """Return ``plan`` unchanged; the coordinator first runs :meth:`check_destination`."""
         if self.is_coordinator:
             self.check_destination()
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
+        """Give each rank's plan its shard file prefix (``shard_prefix``) as storage data."""
         return [
             dataclasses.replace(plan, storage_data=_RankPlan(shard_prefix(i, self.key_layout)))
             for i, plan in enumerate(plans)
@@ -241,6 +249,11 @@ class CkptWriter(StoreBound, StorageWriter):
         ]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """Write this rank's shard files into ``_shard_store()``, durable before returning.
+
+        Returns an already completed future of one ``WriteResult`` per item (its
+        ``storage_data`` an ``ItemInfo``); an error is raised here, after ``_shards_failed``.
+        """
         target = self._shard_store()
         results: list[WriteResult] = []
         files: list[tuple[str, int]] = []
@@ -319,6 +332,12 @@ class CkptWriter(StoreBound, StorageWriter):
         ]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
+        """Commit (coordinator only): manifest, ``.metadata``, then the ``COMMITTED`` marker.
+
+        See ``engine.commit.publish``. The marker is create-only unless ``overwrite``: one
+        already there raises ``CommitConflictError`` (this attempt's files are removed).
+        Then calls ``_committed``.
+        """
         manifest, metadata_bytes = self._build_manifest(metadata, results)
         publish(
             self.store, self.engine, self.attempt, manifest, metadata_bytes, replace=self.overwrite
@@ -366,6 +385,7 @@ class CkptWriter(StoreBound, StorageWriter):
         return manifest, pickle.dumps(metadata)
 
     def storage_meta(self) -> StorageMeta | None:
+        """The checkpoint's URL and this save's attempt id, as stored in ``.metadata``."""
         return StorageMeta(checkpoint_id=self.url, save_id=self.attempt)
 
 

@@ -1,7 +1,7 @@
 """The versioned integrity manifest: every file's size and checksum, every item range's.
 
 On storage it is ``ckptstore.manifest.json``; its CRC32C is what the ``COMMITTED`` marker
-holds. Unknown keys are kept (forward compatible); a newer major ``version`` is refused.
+holds. Unknown keys are ignored (forward compatible); a newer major ``version`` is refused.
 ``codec`` is the codec's versioned descriptor (``zstd/1``, see ``engine.codecs``), except
 that uncompressed checkpoints record a bare ``none``: older ckptstore readers took any
 other string for zstd. A bare name reads as version 1; whether the codec is known is
@@ -47,6 +47,8 @@ _CRC = re.compile(r"^[0-9a-f]{1,8}$")
 
 @dataclass(frozen=True)
 class FileEntry:
+    """One file of the checkpoint as stored: its size in bytes and the CRC32C of all of it."""
+
     size: int
     crc32c: int
 
@@ -90,6 +92,16 @@ def _parse_span(doc: dict[str, Any] | None) -> Span | None:
 
 @dataclass
 class Manifest:
+    """The integrity manifest of one checkpoint (``ckptstore.manifest.json``).
+
+    ``step`` is None for a checkpoint not saved as a step; ``world_size`` is the number of
+    ranks that wrote it; ``files`` maps each file name to its ``FileEntry``, ``ranges``
+    lists every stored item; ``codec`` and ``codec_version`` name the shards' codec
+    (recorded as ``codec_descriptor``); ``extra`` holds what the writer adds (the attempt
+    id, the manager's timings), kept as parsed. Build one from storage with
+    :meth:`from_bytes`.
+    """
+
     step: int | None
     world_size: int
     files: dict[str, FileEntry] = field(default_factory=dict)
@@ -110,6 +122,7 @@ class Manifest:
         return f"{self.codec}/{self.codec_version}"
 
     def to_bytes(self) -> bytes:
+        """The manifest as stored: JSON, files sorted by name, ranges by (file, offset)."""
         doc = {
             "format": "ckptstore",
             "version": self.version,
@@ -144,10 +157,12 @@ class Manifest:
             ) from None
 
     def range_index(self) -> dict[tuple[str, int, int], RangeEntry]:
+        """Every range keyed by ``(file, offset, length)``, as DCP's ``.metadata`` names items."""
         return {(r.file, r.offset, r.length): r for r in self.ranges}
 
     @property
     def total_bytes(self) -> int:
+        """The sum of the sizes of every file the manifest lists."""
         return sum(e.size for e in self.files.values())
 
 
@@ -163,9 +178,11 @@ class Marker:
 
     @classmethod
     def for_manifest(cls, manifest_bytes: bytes, step: int | None, attempt: str) -> Marker:
+        """The marker committing ``manifest_bytes`` (a manifest's ``to_bytes()``)."""
         return cls(crc32c(manifest_bytes), len(manifest_bytes), step, attempt)
 
     def to_bytes(self) -> bytes:
+        """The marker as stored: a small JSON object, the manifest's CRC32C in hex."""
         return json.dumps(
             {
                 "version": self.version,
@@ -178,6 +195,8 @@ class Marker:
 
     @classmethod
     def from_bytes(cls, data: bytes, where: str) -> Marker:
+        """Parse and schema-check a marker; anything malformed is ``CorruptCheckpointError``
+        naming ``where``."""
         try:
             doc = _json(data)
             if type(doc) is not dict:
@@ -199,6 +218,7 @@ class Marker:
             ) from None
 
     def matches(self, manifest_bytes: bytes) -> bool:
+        """True if ``manifest_bytes`` has the size and CRC32C this marker commits."""
         return (
             len(manifest_bytes) == self.manifest_size
             and crc32c(manifest_bytes) == self.manifest_crc32c

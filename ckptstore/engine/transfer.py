@@ -84,6 +84,7 @@ class TransferEngine:
 
     @property
     def pool(self) -> ThreadPoolExecutor:
+        """The I/O thread pool (``TransferConfig.concurrency`` threads), started on first use."""
         with self._lock:
             if self._pool is None:
                 self._pool = ThreadPoolExecutor(
@@ -92,6 +93,7 @@ class TransferEngine:
             return self._pool
 
     def close(self) -> None:
+        """Shut the thread pool down, waiting for queued transfers; a later use starts a new one."""
         with self._lock:
             pool, self._pool = self._pool, None
         if pool is not None:
@@ -109,6 +111,11 @@ class TransferEngine:
 
     # -- writes ------------------------------------------------------------------------
     def writer(self, store: Store, path: str, size_hint: int | None = None) -> FileWriter:
+        """A streamed write of ``path`` in ``store``; nothing is visible until its ``close()``.
+
+        ``size_hint`` (the file's expected size, if known) grows the part size so the file
+        fits in the store's ``max_parts``. See the module docstring for the call order.
+        """
         return FileWriter(self, store, path, size_hint)
 
     def put(self, store: Store, path: str, data: Buffer) -> FileInfo:
@@ -223,4 +230,8 @@ class TransferEngine:
     def read(
         self, store: Store, path: str, offset: int = 0, length: int | None = None
     ) -> memoryview:
+        """Read ``length`` bytes at ``offset`` (None: to the end) and wait for them.
+
+        Blocking form of :meth:`read_async`: raises what it raises.
+        """
         return self.read_async(store, path, offset, length).result()
