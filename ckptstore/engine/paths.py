@@ -81,9 +81,10 @@ def check_prefix(prefix: str, root: str) -> str:
 
 
 def _local_path(url: str) -> str | None:
-    if url.startswith("file://"):
-        url = url[len("file://") :]
-    elif "://" in url:
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("file", "local"):
+        url = rest
+    elif sep:
         return None  # an object store: it cannot overlap a local directory
     return os.path.realpath(os.path.abspath(os.path.expanduser(url)))
 
