@@ -14,9 +14,9 @@ Multipart writes are GCS's native parallel path, parts + compose::
                                                  # check the composite's CRC32C, delete parts
     store.abort_multipart(up)                    # delete every part object (idempotent)
 
-A composite object may have at most 1024 components, so ``max_parts`` is 1024 (the engine
-grows its part size to fit). ``list_multipart`` finds leftover part prefixes of uploads
-that crashed, so a sweeper can abort them.
+A composite object may have at most 1024 components, so ``capabilities.max_parts`` is
+1024 (the engine grows its part size to fit). ``list_multipart`` finds leftover part
+prefixes of uploads that crashed, so a sweeper can abort them.
 
 ``put_if_absent`` is an upload with ``ifGenerationMatch=0``: GCS answers 412 to every
 writer but the first (fake-gcs-server honours it for ``uploadType=multipart`` uploads,
