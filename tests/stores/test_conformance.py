@@ -131,3 +131,12 @@ class TestMinimalStore(StoreConformance):
         assert not store.exists(up.path)  # nothing under the target's name until complete
         store.abort_multipart(up)
         assert store.find() == []
+
+    def test_a_step_with_an_unfinished_upload_is_deleted_whole(self, store: Store) -> None:
+        from ckptstore.engine.deletion import delete_step
+
+        store.put("step_000000002/COMMITTED", b"m")
+        up = store.begin_multipart("step_000000002/__1_0.distcp")
+        store.put_part(up, 2, 10, b"z" * 10)
+        assert delete_step(store, "step_000000002") == []  # every temp object is ours
+        assert store.find() == [] and store.list_multipart() == []
