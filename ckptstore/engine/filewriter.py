@@ -128,7 +128,10 @@ class FileWriter:
         self.store = store
         self.path = path
         self.part_size = plan_part_size(
-            size_hint, engine.config.part_size, store.min_part_size, store.max_parts
+            size_hint,
+            engine.config.part_size,
+            store.capabilities.min_part_size,
+            store.capabilities.max_parts,
         )
         self._what = f"upload of {store.describe(path)}"
         self._deadline = Deadline(engine.config.retry.deadline_s)
@@ -219,7 +222,7 @@ class FileWriter:
         """
         if (
             len(view) >= ZERO_COPY_MIN
-            and self.store.zero_copy_parts
+            and self.store.capabilities.zero_copy_parts
             and (owned or view.obj is not None)
         ):
             if self._fill:
@@ -263,9 +266,9 @@ class FileWriter:
                 self._upload = engine.retry(
                     lambda: store.begin_multipart(self.path), self._what, self._deadline
                 )
-            if len(self._futures) >= store.max_parts:
+            if len(self._futures) >= store.capabilities.max_parts:
                 raise TransferError(
-                    f"{self._what}: more than {store.max_parts} parts; raise part_size"
+                    f"{self._what}: more than {store.capabilities.max_parts} parts; raise part_size"
                 )
         except BaseException:
             release()

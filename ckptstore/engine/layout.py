@@ -14,7 +14,10 @@ Names of a step directory::
                                                   stock DCP's temp .metadata.tmp)
     [<hh>/]__<rank>_<i>[.<attempt>].distcp        shard files (stock DCP's without attempt;
                                                   ``<hh>/`` with ``key_layout="spread"``)
-    <any of the above>.ckptstore-tmp-<hex>        a volume's temp file of an unfinished write
+    <any of the above>.ckptstore-tmp-<hex>        a temp object of an unfinished write: a
+                                                  volume's temp file, or an emulated
+                                                  multipart upload's begin marker (32 hex)
+                                                  and parts (32 + 8 hex; engine.emulated)
 
 Pure functions; no I/O.
 """
@@ -32,7 +35,8 @@ __all__ = [
 ]
 
 STEP_PREFIX = "step_"
-#: Every temp file's name contains this (volumes write temp -> fsync -> rename).
+#: Every temp object's name contains this (volumes write temp -> fsync -> rename; emulated
+#: multipart uploads keep their begin marker and parts beside the target).
 TMP_MARK = ".ckptstore-tmp-"
 
 _STEP = re.compile(r"^step_(\d{9})$")

@@ -1,4 +1,4 @@
-"""Containment: names under a root are checked before any read, write or delete.
+r"""Containment: names under a root are checked before any read, write or delete.
 
 Every name a store is given (by a caller, or taken from a manifest, a marker, ``.metadata``
 or a listing) is relative to the store's root and '/'-separated. :func:`check_name` accepts
@@ -8,7 +8,7 @@ only a normalised relative name that cannot leave the root::
     check_name("../victim", root)                      # UnsafePathError naming both
 
 Refused: absolute names (``/x``), ``..`` and ``.`` segments, empty segments (``a//b``),
-NUL and other control characters, backslashes (``a\\..\\b`` is a traversal on Windows and
+NUL and other control characters, backslashes (``a\..\b`` is a traversal on Windows and
 on some servers), and a name that is not a ``str``. A *prefix* (``find``, ``listdir``,
 ``child``...) may be empty (the root itself) and may end with one ``/``.
 
@@ -81,9 +81,10 @@ def check_prefix(prefix: str, root: str) -> str:
 
 
 def _local_path(url: str) -> str | None:
-    if url.startswith("file://"):
-        url = url[len("file://") :]
-    elif "://" in url:
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("file", "local"):
+        url = rest
+    elif sep:
         return None  # an object store: it cannot overlap a local directory
     return os.path.realpath(os.path.abspath(os.path.expanduser(url)))
 

@@ -131,15 +131,11 @@ class RetryingStore(Store):
     """
 
     def __init__(self, inner: Store, config: RetryConfig, stats: RetryStats | None = None):
-        super().__init__(inner.url)
+        super().__init__(inner.url, inner.storage_options, retry=inner.retry)
         self.inner = inner
         self.config = config
         self.stats = stats
-        self.max_parts = inner.max_parts
-        self.min_part_size = inner.min_part_size
-        self.atomic_create = inner.atomic_create
-        self.lists_uploads = inner.lists_uploads
-        self.zero_copy_parts = inner.zero_copy_parts
+        self.capabilities = inner.capabilities
 
     def __getattr__(self, name: str) -> Any:
         # Store-specific attributes (a LocalStore's root, ...) read through the view.

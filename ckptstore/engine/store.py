@@ -1,45 +1,114 @@
 """The store contract: the one small interface every storage backend implements.
 
 A ``Store`` is rooted at one URL; every path it takes is relative to that root and
-'/'-separated. Stores translate their client's exceptions into ckptstore errors:
-``TransientStoreError`` for anything worth retrying (throttling, 5xx, resets, timeouts),
-``StoreAccessError`` / ``StoreNotFoundError`` / ``StorageFullError`` / ``DurabilityError``
-for the rest. The transfer engine retries only ``TransientStoreError``.
+'/'-separated. A new store needs five primitives (``put``, ``get``, ``size``, ``find``,
+``delete``); everything else has a correct default here that a store overrides with its
+native path (conditional create, parallel multipart, bulk delete, listings).
 
-Call order for a multipart write (the engine drives it)::
+Construction (``ckptstore.stores.open_store`` builds every store the same way)::
 
-    up = store.begin_multipart(path)
-    part = store.put_part(up, number, offset, data)   # any order, concurrently; number 1..N
-    store.complete_multipart(up, parts)               # the object appears whole and durable
-    # or, on any failure:
-    store.abort_multipart(up)                         # nothing visible, nothing left behind
+    Class(url: str, storage_options: dict | None = None, *, retry: RetryConfig | None = None)
 
-Whole-object writes (``put``) are atomic and durable when they return. ``put_if_absent``
-is the commit primitive: a create-only write where exactly one of several racing writers
-succeeds (the others get ``CommitConflictError``).
+``url`` is the full URL of the root (``s3://bucket/prefix``, ``/mnt/ckpt``); ``store.url``
+afterwards is its canonical form. ``storage_options`` are the client's (fsspec-style:
+credentials, endpoint); ``retry.request_timeout_s`` bounds each request. Bad URLs or
+options raise ``ConfigError``, a missing client library ``MissingDependencyError``. Extra
+keyword arguments of a store's own (S3's ``checksum``) must have defaults.
+
+Who calls what, in which order:
+
+- Data (``ckptstore.engine.transfer``, from its thread pool, many calls at once on one
+  instance and its children): ``put`` for small files; for large ones::
+
+      up = store.begin_multipart(path)
+      part = store.put_part(up, number, offset, data)  # any order, concurrently; 1..N
+      store.complete_multipart(up, parts)              # the object appears whole, durable
+      # or, on any failure:
+      store.abort_multipart(up)                        # nothing visible, nothing left
+
+  and ``get_into`` / ``get`` for reads. Part sizes follow ``capabilities``.
+- Commit (``ckptstore.engine.commit``, the coordinator): ``put`` of the manifest and
+  ``.metadata``, then ``put_if_absent`` of ``COMMITTED``; ``get`` / ``exists`` to open one.
+- Listing, verification and deletion (``engine.catalog``, ``engine.verify``,
+  ``engine.deletion``, through ``engine.retry.RetryingStore``): ``scan``, ``find``,
+  ``listdir``, ``size``, ``delete``, ``delete_many``, ``remove_empty_dirs``,
+  ``list_multipart``, ``abort_multipart``; ``child`` roots a store at one step directory.
+- ``close`` once, by whoever opened the store, when it is done.
+
+Threads: every method may run on many threads at once, on one instance and on its
+children (which may share a client): a store must be thread-safe.
+
+Idempotency: the engine retries ``TransientStoreError``, and a request whose response
+was lost may have been applied. So repeating a call must be harmless: ``put`` and
+``put_part`` replace what the first try wrote; ``complete_multipart`` of an upload the
+server already completed succeeds when the object is whole; ``abort_multipart`` of an
+aborted or completed upload and ``delete`` of a missing name are not errors;
+``put_if_absent`` that finds exactly its own bytes is a success, not a conflict.
+
+Pickling: stores cross into other processes (``dcp.async_save``'s process executor). A
+store opened from a URL travels as ``store.url`` and is re-made there with
+``open_store(store.url, storage_options, retry=...)``, so ``store.url`` must name the same
+root. A ``Store`` object a caller built travels as itself: it must pickle, sending its
+settings and rebuilding clients, locks and pools on the other side (``__getstate__``).
+
+Ranges: ``get(path, start, end)`` returns bytes ``[start, end)`` clipped to the object:
+an ``end`` past its size reads to its end; ``start`` at or past the end, or
+``end <= start``, gives ``b""``. ``get_into(path, start, buf)`` reads
+``min(len(buf), size - start)`` bytes (0 past the end) and never writes beyond them. A
+missing object raises ``StoreNotFoundError`` even for an empty range.
+
+Raises (ckptstore errors only; anything else escaping is a bug in the store):
+``StoreNotFoundError`` (no such object, bucket or upload), ``StoreAccessError``
+(credentials, permissions, a refused request: not retried), ``TransientStoreError``
+(throttling, 5xx, resets, timeouts: the engine retries only this), ``StorageFullError``
+(no space, quota), ``DurabilityError`` (an fsync failed: never retried),
+``CommitConflictError`` (``put_if_absent`` lost), ``UnsafePathError`` (containment).
 
 Containment: every path-taking method of every subclass is wrapped when the class is
-defined (``Store.__init_subclass__``), so its path, prefix or ``Multipart.path`` is checked by
+defined (``engine.store_guard``), so its path, prefix or ``Multipart.path`` is checked by
 ``ckptstore.engine.paths`` before the store's own code runs: an absolute name, a ``..``
-segment, NUL or backslash raises ``UnsafePathError`` and nothing is read, written or deleted.
-A new store is contained without writing a line. Stores with links of their own (volumes)
-also refuse to follow a symlink below the root, and never list one as a file or directory
-(``scan`` reports it as ``"link"``).
+segment, NUL or backslash raises ``UnsafePathError`` and nothing is read, written or
+deleted. Stores with links of their own (volumes) also refuse to follow a symlink below
+the root, and never list one as a file or directory (``scan`` reports it as ``"link"``).
 """
 
 from __future__ import annotations
 
 import abc
-import functools
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptstore.engine.paths import check_name, check_prefix
+from ckptstore.config import RetryConfig
+from ckptstore.engine import create_only, emulated
+from ckptstore.engine.store_guard import guard_class
+from ckptstore.errors import ConfigError, StoreNotFoundError
 
-__all__ = ["Store", "Multipart", "Part", "Entry", "Buffer", "join_path"]
+__all__ = ["Store", "Capabilities", "Multipart", "Part", "Entry", "Buffer", "join_path"]
 
 Buffer = bytes | bytearray | memoryview
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What the transfer engine plans a store's writes by.
+
+    ``max_parts``: most parts one multipart upload may have. ``min_part_size``: smallest
+    size of any part but the last. ``zero_copy_parts``: parts of any size, many of them,
+    cost nothing extra (a file's ``pwrite``s, not requests), so the engine sends large
+    writes as parts of their own, straight from the caller's memory, instead of copying
+    them into part buffers.
+    """
+
+    max_parts: int = 10_000
+    min_part_size: int = 1
+    zero_copy_parts: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("max_parts", "min_part_size"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ConfigError(f"Capabilities.{name} must be a whole number >= 1, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -74,97 +143,32 @@ class Entry:
     kind: str
 
 
-#: Store methods whose first argument is an object name / a prefix / a Multipart.
-_NAME_METHODS = ("put", "put_if_absent", "get", "get_into", "size", "exists", "delete")
-_NAME_METHODS_MP = ("begin_multipart",)
-_PREFIX_METHODS = (
-    "child",
-    "find",
-    "listdir",
-    "scan",
-    "delete_prefix",
-    "list_multipart",
-    "remove_empty_dirs",
-)
-_UPLOAD_METHODS = ("put_part", "complete_multipart", "abort_multipart")
-
-
-def _guarded(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
-    """``fn`` with its first argument checked by ``ckptstore.engine.paths``."""
-    if getattr(fn, "_ckptstore_guarded", False):
-        return fn
-
-    if kind == "name":
-
-        @functools.wraps(fn)
-        def wrapper(self: Store, path: str, *args: Any, **kwargs: Any) -> Any:
-            return fn(self, check_name(path, self.url), *args, **kwargs)
-
-    elif kind == "prefix":
-
-        @functools.wraps(fn)
-        def wrapper(self: Store, prefix: str = "", *args: Any, **kwargs: Any) -> Any:
-            return fn(self, check_prefix(prefix, self.url), *args, **kwargs)
-
-    elif kind == "names":
-
-        @functools.wraps(fn)
-        def wrapper(self: Store, paths: Iterable[str], *args: Any, **kwargs: Any) -> Any:
-            return fn(self, [check_name(p, self.url) for p in paths], *args, **kwargs)
-
-    else:
-
-        @functools.wraps(fn)
-        def wrapper(self: Store, upload: Multipart, *args: Any, **kwargs: Any) -> Any:
-            check_name(upload.path, self.url)
-            return fn(self, upload, *args, **kwargs)
-
-    wrapper._ckptstore_guarded = True  # type: ignore[attr-defined]
-    return wrapper
-
-
-def _guard_class(cls: type) -> None:
-    groups = (
-        (_NAME_METHODS + _NAME_METHODS_MP, "name"),
-        (_PREFIX_METHODS, "prefix"),
-        (_UPLOAD_METHODS, "upload"),
-        (("delete_many",), "names"),
-    )
-    for names, kind in groups:
-        for name in names:
-            fn = cls.__dict__.get(name)
-            if fn is not None and callable(fn):
-                setattr(cls, name, _guarded(fn, kind))
-
-
 def join_path(*parts: str) -> str:
     """Join relative store paths with '/', ignoring empty pieces."""
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
 
 
 class Store(abc.ABC):
-    """A storage backend rooted at ``url``. See the module docstring for the call order."""
+    """A storage backend rooted at ``url``. See the module docstring for the contract."""
 
-    #: Most parts one multipart upload may have.
-    max_parts: int = 10_000
-    #: Smallest size of any part but the last.
-    min_part_size: int = 1
-    #: Whether ``put_if_absent`` is a true server-side create-only write.
-    atomic_create: bool = True
-    #: Whether ``list_multipart`` can see unfinished uploads (Azure's uncommitted blocks
-    #: cannot be listed; the service expires them itself).
-    lists_uploads: bool = True
-    #: Whether parts of any size, many of them, cost nothing extra (a file's ``pwrite``s,
-    #: not requests): the engine then sends large writes as parts of their own, straight
-    #: from the caller's memory, instead of copying them into part buffers.
-    zero_copy_parts: bool = False
+    #: How the engine plans this store's writes; a store sets its own (a class attribute,
+    #: or built in ``__init__`` when it depends on the instance).
+    capabilities: Capabilities = Capabilities()
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        _guard_class(cls)  # containment for every store: see the module docstring
+        guard_class(cls)  # containment for every store: see the module docstring
 
-    def __init__(self, url: str) -> None:
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry: RetryConfig | None = None,
+    ) -> None:
         self.url = url.rstrip("/")
+        self.storage_options = dict(storage_options or {})
+        self.retry = retry or RetryConfig()
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.url!r})"
@@ -173,27 +177,45 @@ class Store(abc.ABC):
         """The full URL of ``path``, for messages."""
         return f"{self.url}/{path}" if path else self.url
 
-    @abc.abstractmethod
     def child(self, prefix: str) -> Store:
-        """A store of the same kind rooted at ``prefix`` below this one."""
+        """A store of the same kind rooted at ``prefix`` below this one.
+
+        Default: built with the constructor contract from this store's URL, options and
+        retry settings. Stores whose children should share a client override it.
+        """
+        url = f"{self.url}/{prefix}" if prefix else self.url
+        return type(self)(url, self.storage_options, retry=self.retry)  # type: ignore[call-arg]
 
     # -- whole objects -----------------------------------------------------------------
     @abc.abstractmethod
     def put(self, path: str, data: Buffer) -> None:
-        """Write a whole object atomically (replacing any old one); durable on return."""
+        """Write a whole object atomically (replacing any old one); durable on return.
 
-    @abc.abstractmethod
+        A reader never sees part of it. Repeating it (after a lost response) is harmless.
+        """
+
     def put_if_absent(self, path: str, data: Buffer) -> None:
-        """Create ``path`` only if it does not exist; else raise ``CommitConflictError``."""
+        """Create ``path`` only if it does not exist; else raise ``CommitConflictError``.
+
+        The commit primitive: of several racing writers exactly one succeeds. A retry that
+        finds exactly its own bytes there succeeds. Default: a check-then-write, exact
+        between threads of one process and best effort between processes, with a
+        ``NonAtomicCreateWarning``; a store with a server-side create-only write overrides it.
+        """
+        create_only.check_then_put(
+            self, path, data, f"{type(self).__name__} has no create-only write"
+        )
 
     @abc.abstractmethod
     def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
-        """Bytes ``[start, end)`` of an object (``end=None``: to its end)."""
+        """Bytes ``[start, end)`` of an object (``end=None``: to its end), clipped to it
+        (module docstring); ``StoreNotFoundError`` if it does not exist."""
 
     def get_into(self, path: str, start: int, buf: memoryview) -> int:
         """Read up to ``len(buf)`` bytes at ``start`` into ``buf``; returns how many were read.
 
-        Stores that can read straight into caller memory (``preadv`` on volumes) override it.
+        Clipped like ``get``. Stores that can read straight into caller memory (``preadv``
+        on volumes) override this default, which copies one ``get``.
         """
         data = self.get(path, start, start + len(buf))
         buf[: len(data)] = data
@@ -201,46 +223,52 @@ class Store(abc.ABC):
 
     @abc.abstractmethod
     def size(self, path: str) -> int:
-        """Size in bytes; ``StoreNotFoundError`` if it does not exist."""
+        """Size in bytes; ``StoreNotFoundError`` if it does not exist (or is not an object)."""
 
     def exists(self, path: str) -> bool:
-        from ckptstore.errors import StoreNotFoundError
-
+        """Whether ``path`` is an object (a 'directory' is not)."""
         try:
             self.size(path)
         except StoreNotFoundError:
             return False
         return True
 
+    # -- listings ----------------------------------------------------------------------
     @abc.abstractmethod
     def find(self, prefix: str = "") -> list[str]:
         """Every object path under ``prefix`` (recursive), relative to the root, sorted.
 
+        ``prefix`` is a directory: ``find("step_1")`` lists ``step_1/x``, not ``step_10/y``;
+        a prefix naming an object lists that object. A missing prefix lists nothing.
         Listing is for discovery only; completeness is never decided by it.
         """
 
-    @abc.abstractmethod
     def listdir(self, prefix: str = "") -> list[str]:
-        """Names of the immediate children (objects and 'directories') of ``prefix``, sorted."""
+        """Names of the immediate children (objects and 'directories') of ``prefix``, sorted.
+
+        Default: the names ``scan`` reports.
+        """
+        return sorted({e.name for e in self.scan(prefix)})
 
     def scan(self, prefix: str = "") -> list[Entry]:
-        """The immediate children of ``prefix`` with their kind, sorted by name.
+        """The immediate children of ``prefix`` with their kind, sorted by (name, kind).
 
-        Never follows a symlink. This default tells objects from prefixes with one
-        ``exists`` per name; stores override it with what their listing already says.
+        Never follows a symlink. Default: derived from ``find`` (so an empty directory is
+        not listed); stores override it with what their listing already says.
         """
-        out = []
-        for name in self.listdir(prefix):
-            path = join_path(prefix, name)
-            is_file = self.exists(path)
-            out.append(Entry(name, "file" if is_file else "dir"))
-            if is_file and self.find(path) != [path]:
-                out.append(Entry(name, "dir"))  # an object and a prefix of the same name
+        head = f"{prefix}/" if prefix else ""
+        out: set[Entry] = set()
+        for path in self.find(prefix):
+            if not path.startswith(head):
+                continue  # ``prefix`` names an object: it has no children
+            name, sep, _ = path[len(head) :].partition("/")
+            out.add(Entry(name, "dir" if sep else "file"))
         return sorted(out, key=lambda e: (e.name, e.kind))
 
+    # -- deletion ----------------------------------------------------------------------
     @abc.abstractmethod
     def delete(self, path: str) -> None:
-        """Delete one object; a missing one is not an error."""
+        """Delete one object; a missing one is not an error. Never follows a link."""
 
     def delete_many(self, paths: Iterable[str]) -> None:
         """Delete each of ``paths`` (stores may do it in bulk); missing ones are no error."""
@@ -260,36 +288,45 @@ class Store(abc.ABC):
         """Remove ``prefix`` and the directories below it that hold nothing (deepest first).
 
         Never deletes an object, and never a directory that still holds anything. Object
-        stores without directories have nothing to do.
+        stores without directories have nothing to do (this default).
         """
 
-    # -- multipart ---------------------------------------------------------------------
-    @abc.abstractmethod
+    # -- multipart (default: emulated on the primitives, see ``engine.emulated``) --------
     def begin_multipart(self, path: str) -> Multipart:
-        """Start a multipart upload of ``path``; nothing is visible until complete."""
+        """Start a multipart upload of ``path``; nothing is visible under ``path`` until
+        complete. Default: a begin marker beside it, named with ``layout.TMP_MARK``."""
+        return emulated.begin(self, path)
 
-    @abc.abstractmethod
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
-        """Upload part ``number`` (1-based) holding the bytes at ``offset`` of the object."""
+        """Upload part ``number`` (1-based) holding the bytes at ``offset`` of the object.
 
-    @abc.abstractmethod
+        Parts arrive in any order, concurrently. Repeating one replaces it. An aborted or
+        completed upload raises ``StoreNotFoundError``. Default: one temp object per part.
+        """
+        return emulated.put_part(self, upload, number, offset, data)
+
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
-        """Make the object visible, whole and durable, from ``parts`` (sorted by number)."""
+        """Make the object visible, whole and durable, from ``parts`` (sorted by number).
 
-    @abc.abstractmethod
+        A retry after a lost response, the upload gone and the object whole, succeeds.
+        Default: one ``put`` of the parts' concatenation, then their temp objects go.
+        """
+        emulated.complete(self, upload, parts)
+
     def abort_multipart(self, upload: Multipart) -> None:
         """Discard an upload and everything it stored; idempotent."""
+        emulated.abort(self, upload)
 
-    @abc.abstractmethod
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
         """Uploads begun under ``prefix`` and neither completed nor aborted (for cleanup).
 
         Where the store knows it, ``extra["initiated"]`` is when the upload began (or was
         last written to), in seconds since the epoch; ``engine.deletion`` ages uploads by it.
         """
+        return emulated.list_uploads(self, prefix)
 
     def close(self) -> None:  # noqa: B027 - most stores hold nothing to release
         """Release clients and connections."""
 
 
-_guard_class(Store)  # the base class's own default methods (exists, delete_prefix, ...)
+guard_class(Store)  # the base class's own default methods (exists, delete_prefix, ...)

@@ -37,7 +37,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptstore.config import RetryConfig
-from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
+from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CommitConflictError,
     ConfigError,
@@ -153,10 +153,8 @@ class _Client:
 class AzureStore(Store):
     """A store rooted at ``az://container/prefix``; see the module docstring."""
 
-    lists_uploads = False
-
-    max_parts = 50_000  # committed blocks per blob
-    min_part_size = 1
+    #: At most 50,000 committed blocks per blob; blocks may be of any size.
+    capabilities = Capabilities(max_parts=50_000)
 
     def __init__(
         self,
@@ -168,15 +166,18 @@ class AzureStore(Store):
     ) -> None:
         container, root, account = _parse(url)
         scheme = url.split("://", 1)[0].lower()
-        super().__init__(f"{scheme}://{url.split('://', 1)[1].strip('/')}")
+        super().__init__(
+            f"{scheme}://{url.split('://', 1)[1].strip('/')}", storage_options, retry=retry
+        )
         self.container = container
         self.root = root
         self._owns_client = _client is None  # children share their parent's client
-        self._client = _client or _Client(storage_options or {}, retry or RetryConfig(), account)
+        self._client = _client or _Client(self.storage_options, self.retry, account)
         self._container = self._client.service.get_container_client(container)
 
     def child(self, prefix: str) -> AzureStore:
-        return AzureStore(f"{self.url}/{prefix.strip('/')}", _client=self._client)
+        url = f"{self.url}/{prefix.strip('/')}"
+        return AzureStore(url, self.storage_options, retry=self.retry, _client=self._client)
 
     def close(self) -> None:
         """Close the client's connections (a child leaves its parent's client open)."""

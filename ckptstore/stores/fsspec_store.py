@@ -14,8 +14,8 @@ Hidden upload directories never show in ``find``/``listdir``; ``list_multipart``
 whether a reader can see it half-written depends on the backend (object stores publish on
 close; a plain file system does not).
 
-``put_if_absent`` is best effort (``atomic_create = False``): exact between threads of one
-process (a lock), a check-then-write between processes, with a ``NonAtomicCreateWarning``.
+``put_if_absent`` is best effort: exact between threads of one process (a lock), a
+check-then-write between processes, with a ``NonAtomicCreateWarning``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from ckptstore.config import RetryConfig
+from ckptstore.engine.create_only import create_lock, same_bytes, warn_non_atomic
 from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CkptStoreError,
@@ -38,7 +39,6 @@ from ckptstore.errors import (
     StoreNotFoundError,
     TransientStoreError,
 )
-from ckptstore.stores._common import create_lock, same_bytes, warn_non_atomic
 
 __all__ = ["FsspecStore", "MPU_MARK"]
 
@@ -73,8 +73,6 @@ def _hidden(rel: str) -> bool:
 class FsspecStore(Store):
     """A store rooted at any fsspec URL. See the module docstring."""
 
-    atomic_create = False
-
     def __init__(
         self,
         url: str,
@@ -84,9 +82,7 @@ class FsspecStore(Store):
         fs: Any = None,
         root: str | None = None,
     ) -> None:
-        super().__init__(url)
-        self.storage_options = dict(storage_options or {})
-        self.retry = retry or RetryConfig()
+        super().__init__(url, storage_options, retry=retry)
         if fs is None:
             import fsspec
 

@@ -14,9 +14,9 @@ Multipart writes are GCS's native parallel path, parts + compose::
                                                  # check the composite's CRC32C, delete parts
     store.abort_multipart(up)                    # delete every part object (idempotent)
 
-A composite object may have at most 1024 components, so ``max_parts`` is 1024 (the engine
-grows its part size to fit). ``list_multipart`` finds leftover part prefixes of uploads
-that crashed, so a sweeper can abort them.
+A composite object may have at most 1024 components, so ``capabilities.max_parts`` is
+1024 (the engine grows its part size to fit). ``list_multipart`` finds leftover part
+prefixes of uploads that crashed, so a sweeper can abort them.
 
 ``put_if_absent`` is an upload with ``ifGenerationMatch=0``: GCS answers 412 to every
 writer but the first (fake-gcs-server honours it for ``uploadType=multipart`` uploads,
@@ -27,20 +27,16 @@ verifies, and check the CRC32C GCS reports back.
 
 from __future__ import annotations
 
-import asyncio
-import base64
 import json
 import logging
-import struct
 import time
 import uuid
-from collections.abc import Callable, Iterable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ckptstore.config import RetryConfig
-from ckptstore.engine.checksum import crc32c, crc32c_combine
-from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
+from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CommitConflictError,
     ConfigError,
@@ -49,13 +45,11 @@ from ckptstore.errors import (
     TransientStoreError,
     missing_dependency,
 )
-from ckptstore.stores._cloud import Reachability
+from ckptstore.stores.gcs_client import GCSClient, b64crc, combined_crc, crc_of, parallel
 
 try:
     import aiohttp
-    from fsspec.asyn import sync
-    from gcsfs.core import GCSFileSystem, quote
-    from google.auth.exceptions import RefreshError
+    from gcsfs.core import quote
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     raise missing_dependency("gcsfs", "gcs") from _exc
 
@@ -72,75 +66,6 @@ COMPOSE_MAX = 32
 _TRANSIENT = {408, 429, 500, 502, 503, 504}
 
 
-def _b64crc(value: int) -> str:
-    return base64.b64encode(struct.pack(">I", value)).decode()
-
-
-class _Client:
-    """One gcsfs file system plus the state every store on it shares."""
-
-    def __init__(self, options: dict[str, Any], retry: RetryConfig) -> None:
-        options = dict(options)
-        timeout = options.pop("requests_timeout", None) or retry.request_timeout_s
-        self.timeout = aiohttp.ClientTimeout(total=timeout)
-        self.timeout_s = float(timeout)
-        self.fs = GCSFileSystem(**options)
-        self.reach = Reachability(self.fs._location)
-        self.buckets_seen: set[str] = set()
-
-    async def _send(self, method: str, url: str, params: dict, headers: dict | None, body: Any):
-        fs = self.fs
-        await fs._set_session()
-        if isinstance(body, dict):
-            kw: dict[str, Any] = {"json": body}
-        else:
-            kw = {"data": body}
-        async with fs.session.request(
-            method,
-            url,
-            params=fs._get_params(params),
-            headers=fs._get_headers(headers),
-            timeout=self.timeout,
-            **kw,
-        ) as r:
-            return r.status, await r.read()
-
-    def request(
-        self,
-        method: str,
-        url: str,
-        what: str,
-        *,
-        params: dict | None = None,
-        headers: dict | None = None,
-        body: Any = None,
-    ) -> tuple[int, bytes]:
-        """Send one request; connection failures and timeouts become ckptstore errors."""
-        if not url.startswith("http"):
-            url = self.fs.base + url
-        try:
-            out = sync(
-                self.fs.loop,
-                self._send,
-                method,
-                url,
-                params or {},
-                headers,
-                body,
-                timeout=self.timeout_s + 5,
-            )
-        except (asyncio.TimeoutError, TimeoutError) as exc:
-            raise TransientStoreError(
-                f"{what}: no answer within {self.timeout_s:g} s (RetryConfig.request_timeout_s)"
-            ) from exc
-        except (aiohttp.ClientError, OSError) as exc:
-            raise self.reach.connection_error(exc, what) from exc
-        except RefreshError as exc:  # google.auth could not refresh the token (yet)
-            raise TransientStoreError(f"{what}: credential refresh failed ({exc})") from exc
-        self.reach.reached = True
-        return out
-
-
 class GCSStore(Store):
     """A store rooted at ``gs://bucket/prefix`` (``gcs://`` too).
 
@@ -149,8 +74,8 @@ class GCSStore(Store):
     ``retry.request_timeout_s``.
     """
 
-    max_parts = 1024  # a composite object has at most 1024 components
-    min_part_size = 1
+    #: A composite object has at most 1024 components; parts may be of any size.
+    capabilities = Capabilities(max_parts=1024)
 
     def __init__(
         self,
@@ -158,19 +83,22 @@ class GCSStore(Store):
         storage_options: dict[str, Any] | None = None,
         *,
         retry: RetryConfig | None = None,
-        _client: _Client | None = None,
+        _client: GCSClient | None = None,
     ) -> None:
         scheme, sep, rest = url.partition("://")
         if not sep or scheme.lower() not in ("gs", "gcs") or not rest.strip("/"):
             raise ConfigError(f"expected a gs://bucket/path URL, got {url!r}")
         bucket, _, root = rest.strip("/").partition("/")
-        super().__init__(f"gs://{bucket}/{root}" if root else f"gs://{bucket}")
+        super().__init__(
+            f"gs://{bucket}/{root}" if root else f"gs://{bucket}", storage_options, retry=retry
+        )
         self.bucket = bucket
         self.root = root.strip("/")
-        self._client = _client or _Client(storage_options or {}, retry or RetryConfig())
+        self._client = _client or GCSClient(self.storage_options, self.retry)
 
     def child(self, prefix: str) -> GCSStore:
-        return GCSStore(f"{self.url}/{prefix.strip('/')}", _client=self._client)
+        url = f"{self.url}/{prefix.strip('/')}"
+        return GCSStore(url, self.storage_options, retry=self.retry, _client=self._client)
 
     def close(self) -> None:
         """Nothing to do: the gcsfs session is shared with other stores of the process."""
@@ -225,7 +153,7 @@ class GCSStore(Store):
         view = memoryview(data).cast("B")
         crc = crc32c(view)
         writer = aiohttp.MultipartWriter("related")
-        writer.append_json({"name": self._key(path), "crc32c": _b64crc(crc)})
+        writer.append_json({"name": self._key(path), "crc32c": b64crc(crc)})
         writer.append(view, {"Content-Type": "application/octet-stream"})
         url = f"{self._client.fs._location}/upload/storage/v1/b/{quote(self.bucket)}/o"
         params = {"uploadType": "multipart", **params}
@@ -238,9 +166,9 @@ class GCSStore(Store):
             raise self._error(status, body, what, path)
         meta = json.loads(body)
         self._client.buckets_seen.add(self.bucket)
-        if meta.get("crc32c") not in (None, _b64crc(crc)):
+        if meta.get("crc32c") not in (None, b64crc(crc)):
             raise TransientStoreError(
-                f"{what}: GCS stored CRC32C {meta['crc32c']} but {_b64crc(crc)} was sent; the "
+                f"{what}: GCS stored CRC32C {meta['crc32c']} but {b64crc(crc)} was sent; the "
                 "bytes were damaged in transit"
             )
         return meta
@@ -306,7 +234,7 @@ class GCSStore(Store):
 
     def object_crc32c(self, path: str) -> int | None:
         """The CRC32C GCS holds for ``path`` (None if it reports none)."""
-        return _crc_of(self._metadata(path))
+        return crc_of(self._metadata(path))
 
     def find(self, prefix: str = "") -> list[str]:
         key = self._key(prefix)
@@ -336,10 +264,10 @@ class GCSStore(Store):
             raise self._error(status, body, what, path)
 
     def delete_many(self, paths: Iterable[str]) -> None:
-        _parallel(self.delete, list(paths))
+        parallel(self.delete, list(paths))
 
     def delete_prefix(self, prefix: str) -> None:
-        _parallel(self.delete, self.find(prefix))
+        parallel(self.delete, self.find(prefix))
 
     # -- multipart: parts as objects, then compose ---------------------------------------
     @staticmethod
@@ -358,7 +286,7 @@ class GCSStore(Store):
         name = f"{self._parts_dir(upload)}/{number:05d}"
         what = f"write of {self.describe(upload.path)} (part {number})"
         meta = self._upload(name, data, what)
-        crc = _crc_of(meta)
+        crc = crc_of(meta)
         return Part(number, offset, len(memoryview(data).cast("B")), etag=f"{crc:x}" if crc else "")
 
     def _compose(self, sources: Sequence[str], target: str, what: str) -> dict:
@@ -371,8 +299,26 @@ class GCSStore(Store):
         return json.loads(out)
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
+        """Compose the parts (a tree past 32), check the CRC32C, delete the parts.
+
+        A retry after the first try completed (the parts gone, the object whole) succeeds.
+        """
+        try:
+            self._complete(upload, sorted(parts, key=lambda p: p.number))
+        except (StoreNotFoundError, TransientStoreError):  # GCS: 404; fake-gcs-server: 500
+            first = f"{self._parts_dir(upload)}/{min((p.number for p in parts), default=1):05d}"
+            if not self.exists(first) and self._whole(upload.path, sum(p.size for p in parts)):
+                return  # the parts are gone because they were composed
+            raise
+
+    def _whole(self, path: str, total: int) -> bool:
+        try:
+            return self.size(path) == total
+        except StoreNotFoundError:
+            return False
+
+    def _complete(self, upload: Multipart, parts: list[Part]) -> None:
         what = f"compose of {self.describe(upload.path)}"
-        parts = sorted(parts, key=lambda p: p.number)
         base = self._parts_dir(upload)
         sources = [f"{base}/{p.number:05d}" for p in parts]
         made: list[str] = []
@@ -381,19 +327,19 @@ class GCSStore(Store):
             groups = [sources[i : i + COMPOSE_MAX] for i in range(0, len(sources), COMPOSE_MAX)]
             targets = [f"{base}/c{level}-{i:05d}" for i in range(len(groups))]
             jobs = list(zip(groups, targets, strict=True))
-            _parallel(lambda job: self._compose(job[0], job[1], what), jobs)
+            parallel(lambda job: self._compose(job[0], job[1], what), jobs)
             made += targets
             sources, level = targets, level + 1
         meta = self._compose(sources, upload.path, what)
-        expected = _combined_crc(parts)
-        if expected is not None and meta.get("crc32c") not in (None, _b64crc(expected)):
+        expected = combined_crc(parts)
+        if expected is not None and meta.get("crc32c") not in (None, b64crc(expected)):
             self.delete(upload.path)
             raise TransientStoreError(
                 f"{what}: the composed object's CRC32C {meta['crc32c']} does not match its "
-                f"parts' ({_b64crc(expected)}); it was deleted"
+                f"parts' ({b64crc(expected)}); it was deleted"
             )
         try:
-            _parallel(self.delete, [*(f"{base}/{p.number:05d}" for p in parts), *made])
+            parallel(self.delete, [*(f"{base}/{p.number:05d}" for p in parts), *made])
             self.delete_prefix(base)  # the "begun" object
         except Exception as exc:  # noqa: BLE001 - the object is complete; leftovers are swept
             log.warning("could not delete the part objects of %s: %s", what, exc)
@@ -411,27 +357,3 @@ class GCSStore(Store):
                 if leaf.startswith(f"{_BEGUN}."):
                     up.extra["initiated"] = float(leaf.split(".", 1)[1])
         return [found[k] for k in sorted(found)]
-
-
-def _crc_of(meta: dict) -> int | None:
-    """The CRC32C in GCS object metadata (base64 of 4 big-endian bytes), if any."""
-    value = meta.get("crc32c")
-    return int.from_bytes(base64.b64decode(value), "big") if value else None
-
-
-def _combined_crc(parts: Sequence[Part]) -> int | None:
-    """CRC32C of the parts' concatenation, from the CRCs GCS reported for each part."""
-    if not parts or not all(p.etag for p in parts):
-        return None
-    value = int(parts[0].etag, 16)
-    for p in parts[1:]:
-        value = crc32c_combine(value, int(p.etag, 16), p.size)
-    return value
-
-
-def _parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-    """``[fn(x) for x in items]``, up to 16 at a time (deletes, compose tree levels)."""
-    if len(items) <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(min(16, len(items)), thread_name_prefix="ckptstore-gcs") as pool:
-        return list(pool.map(fn, items))

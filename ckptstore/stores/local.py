@@ -16,89 +16,76 @@ descends into a linked directory; ``scan`` reports links as ``"link"``.
 
 from __future__ import annotations
 
-import errno
 import os
 import re
 import stat
 import uuid
 from collections.abc import Sequence
+from typing import Any
 
+from ckptstore.config import RetryConfig
+from ckptstore.engine.create_only import same_bytes
 from ckptstore.engine.layout import TMP_MARK
-from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
+from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store
 from ckptstore.errors import (
     CommitConflictError,
-    DurabilityError,
-    StorageFullError,
-    StoreAccessError,
+    ConfigError,
     StoreNotFoundError,
-    TransientStoreError,
     UnsafePathError,
 )
+from ckptstore.stores._posix import (
+    NOFOLLOW,
+    fsync,
+    fsync_dir,
+    kind,
+    makedirs,
+    translate,
+    unlink_quietly,
+    walk,
+)
 
-__all__ = ["LocalStore", "TMP_MARK"]
+__all__ = ["LocalStore", "TMP_MARK", "local_path"]
 
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 _TMP_ID = re.compile(r"^[0-9a-f]{32}$")
+#: URL schemes that name a local path (``file:///mnt/x``, ``local:///mnt/x``).
+_SCHEMES = ("file://", "local://")
 
 
-def _fsync(fd: int, what: str) -> None:
-    try:
-        os.fsync(fd)
-    except OSError as exc:
-        raise DurabilityError(
-            f"fsync of {what} failed ({exc}); the data may not be on disk. This write has "
-            "failed and will not be retried: check the volume, then save again."
-        ) from exc
-
-
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        _fsync(fd, f"directory {path}")
-    finally:
-        os.close(fd)
-
-
-def _translate(exc: OSError, what: str) -> Exception:
-    """Map an OSError to the ckptstore error a caller can act on."""
-    if isinstance(exc, FileNotFoundError):
-        return StoreNotFoundError(f"{what}: not found ({exc.strerror}); check the path")
-    if isinstance(exc, NotADirectoryError):
-        return StoreAccessError(f"{what}: a parent of this path is a file, not a directory")
-    if isinstance(exc, PermissionError) or exc.errno in (errno.EROFS,):
-        return StoreAccessError(
-            f"{what}: permission denied ({exc.strerror}); check the path is writable"
-        )
-    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-        return StorageFullError(f"{what}: no space left on the volume; free space and retry")
-    if exc.errno in (errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE):
-        return TransientStoreError(f"{what}: {exc}")
-    if exc.errno == errno.ELOOP:
-        return UnsafePathError(f"{what}: it is a symlink, which ckptstore never follows")
-    return exc
-
-
-def _kind(entry: os.DirEntry) -> str:
-    if entry.is_symlink():
-        return "link"
-    if entry.is_dir(follow_symlinks=False):
-        return "dir"
-    if entry.is_file(follow_symlinks=False):
-        return "file"
-    return "other"
+def local_path(url: str) -> str:
+    """The absolute path ``url`` names: a path, ``file://path`` or ``local://path``."""
+    for scheme in _SCHEMES:
+        if url[: len(scheme)].lower() == scheme:
+            url = url[len(scheme) :]
+            break
+    return os.path.abspath(os.path.expanduser(url))
 
 
 class LocalStore(Store):
-    """A store on a mounted file system, rooted at a directory."""
+    """A store on a mounted file system, rooted at a directory.
 
-    zero_copy_parts = True
-    max_parts = 2**31 - 1  # parts are pwrites into one file: no limit worth planning for
+    ``url``: a path, ``file://path`` or ``local://path``. ``storage_options`` must be empty
+    (a volume has no client to configure); ``retry`` is accepted for the common constructor
+    and unused (local calls have no request timeout).
+    """
 
-    def __init__(self, root: str, *, _below: int = 0) -> None:
-        if root.startswith("file://"):
-            root = root[len("file://") :]
-        root = os.path.abspath(os.path.expanduser(root))
-        super().__init__(root)
+    #: Parts are pwrites into one file: any size, no limit worth planning for, no copy.
+    capabilities = Capabilities(max_parts=2**31 - 1, zero_copy_parts=True)
+
+    def __init__(
+        self,
+        url: str,
+        storage_options: dict[str, Any] | None = None,
+        *,
+        retry: RetryConfig | None = None,
+        _below: int = 0,
+    ) -> None:
+        if storage_options:
+            raise ConfigError(
+                f"storage_options {sorted(storage_options)} do not apply to a local path "
+                f"({url}); pass them only with object-store URLs"
+            )
+        root = local_path(url)
+        super().__init__(root, retry=retry)
         self.root = root
         #: How many trailing components of ``root`` a parent store added (``child``): they
         #: must not be symlinks either.
@@ -106,7 +93,8 @@ class LocalStore(Store):
 
     def child(self, prefix: str) -> LocalStore:
         below = self._below + (len(prefix.split("/")) if prefix else 0)
-        return LocalStore(os.path.join(self.root, prefix) if prefix else self.root, _below=below)
+        root = os.path.join(self.root, prefix) if prefix else self.root
+        return LocalStore(root, retry=self.retry, _below=below)
 
     def _abs(self, path: str) -> str:
         return os.path.join(self.root, path) if path else self.root
@@ -127,7 +115,7 @@ class LocalStore(Store):
             except FileNotFoundError:
                 return
             except OSError as exc:
-                raise _translate(exc, f"stat of {cur}") from exc
+                raise translate(exc, f"stat of {cur}") from exc
             if stat.S_ISLNK(st.st_mode):
                 raise UnsafePathError(
                     f"{cur} is a symlink; ckptstore never follows links under a checkpoint root "
@@ -137,9 +125,9 @@ class LocalStore(Store):
     def _open_read(self, path: str, what: str) -> int:
         self._check_links(path)
         try:
-            return os.open(self._abs(path), os.O_RDONLY | _NOFOLLOW)
+            return os.open(self._abs(path), os.O_RDONLY | NOFOLLOW)
         except OSError as exc:
-            raise _translate(exc, what) from exc
+            raise translate(exc, what) from exc
 
     def _check_upload(self, upload: Multipart) -> str:
         """The temp file of ``upload``; refuses an upload id that is not one of ours."""
@@ -152,39 +140,22 @@ class LocalStore(Store):
         self._check_links(upload.path)
         return tmp
 
-    def _makedirs(self, directory: str) -> None:
-        """Create ``directory`` and parents, fsyncing each parent so the entries persist."""
-        missing = []
-        d = directory
-        while not os.path.isdir(d):
-            missing.append(d)
-            parent = os.path.dirname(d)
-            if parent == d:
-                break
-            d = parent
-        for d in reversed(missing):
-            try:
-                os.mkdir(d)
-            except FileExistsError:
-                continue
-            _fsync_dir(os.path.dirname(d))
-
     def _write_temp(self, path: str, data: Buffer) -> str:
         """Write ``data`` to a fsynced temp file beside ``path``; returns the temp path."""
         self._check_links(path)
         final = self._abs(path)
-        self._makedirs(os.path.dirname(final))
+        makedirs(os.path.dirname(final))
         tmp = f"{final}{TMP_MARK}{uuid.uuid4().hex}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | _NOFOLLOW, 0o644)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
         try:
             view = memoryview(data).cast("B")
             while len(view):
                 n = os.write(fd, view)
                 view = view[n:]
-            _fsync(fd, tmp)
+            fsync(fd, tmp)
         except BaseException:
             os.close(fd)
-            _unlink_quietly(tmp)
+            unlink_quietly(tmp)
             raise
         os.close(fd)
         return tmp
@@ -197,11 +168,11 @@ class LocalStore(Store):
             try:
                 os.replace(tmp, self._abs(path))
             except BaseException:
-                _unlink_quietly(tmp)
+                unlink_quietly(tmp)
                 raise
-            _fsync_dir(os.path.dirname(self._abs(path)))
+            fsync_dir(os.path.dirname(self._abs(path)))
         except OSError as exc:
-            raise _translate(exc, what) from exc
+            raise translate(exc, what) from exc
 
     def put_if_absent(self, path: str, data: Buffer) -> None:
         what = f"create-only write of {self.describe(path)}"
@@ -211,16 +182,19 @@ class LocalStore(Store):
             try:
                 os.link(tmp, final)  # atomic, fails with EEXIST if taken
             except FileExistsError:
+                # A retry of our own write whose first response was lost holds our bytes.
+                if same_bytes(lambda: self.get(path), data):
+                    return
                 raise CommitConflictError(
                     f"{self.describe(path)} already exists: another writer committed first"
                 ) from None
             finally:
-                _unlink_quietly(tmp)
-            _fsync_dir(os.path.dirname(final))
+                unlink_quietly(tmp)
+            fsync_dir(os.path.dirname(final))
         except CommitConflictError:
             raise
         except OSError as exc:
-            raise _translate(exc, what) from exc
+            raise translate(exc, what) from exc
 
     def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         what = f"read of {self.describe(path)}"
@@ -238,7 +212,7 @@ class LocalStore(Store):
                 pos += len(chunk)
             return chunks[0] if len(chunks) == 1 else b"".join(chunks)
         except OSError as exc:
-            raise _translate(exc, what) from exc
+            raise translate(exc, what) from exc
         finally:
             os.close(fd)
 
@@ -254,7 +228,7 @@ class LocalStore(Store):
                 done += n
             return done
         except OSError as exc:
-            raise _translate(exc, what) from exc
+            raise translate(exc, what) from exc
         finally:
             os.close(fd)
 
@@ -263,7 +237,7 @@ class LocalStore(Store):
         try:
             st = os.lstat(self._abs(path))
         except OSError as exc:
-            raise _translate(exc, f"stat of {self.describe(path)}") from exc
+            raise translate(exc, f"stat of {self.describe(path)}") from exc
         if stat.S_ISLNK(st.st_mode):
             raise UnsafePathError(
                 f"{self.describe(path)} is a symlink, which ckptstore never follows"
@@ -271,24 +245,6 @@ class LocalStore(Store):
         if not stat.S_ISREG(st.st_mode):
             raise StoreNotFoundError(f"{self.describe(path)} is not a file")
         return st.st_size
-
-    def _walk(self, top: str, rel: str, out: list[str], dirs: list[str] | None = None) -> None:
-        """Regular files under ``top`` (relative names into ``out``); never follows links."""
-        try:
-            entries = list(os.scandir(top))
-        except FileNotFoundError:
-            return
-        except OSError as exc:
-            raise _translate(exc, f"listing of {top}") from exc
-        for e in entries:
-            kind = _kind(e)
-            name = join_path(rel, e.name)
-            if kind == "file":
-                out.append(name)
-            elif kind == "dir":
-                if dirs is not None:
-                    dirs.append(name)
-                self._walk(e.path, name, out, dirs)
 
     def find(self, prefix: str = "") -> list[str]:
         self._check_links(prefix, last=True)
@@ -298,13 +254,13 @@ class LocalStore(Store):
         except FileNotFoundError:
             return []
         except OSError as exc:
-            raise _translate(exc, f"listing of {self.describe(prefix)}") from exc
+            raise translate(exc, f"listing of {self.describe(prefix)}") from exc
         if stat.S_ISREG(st.st_mode):
             return [prefix] if prefix else []  # a root that is a file holds nothing
         if not stat.S_ISDIR(st.st_mode):
             return []
         out: list[str] = []
-        self._walk(base, prefix, out)
+        walk(base, prefix, out)
         return sorted(out)
 
     def listdir(self, prefix: str = "") -> list[str]:
@@ -314,17 +270,17 @@ class LocalStore(Store):
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
-            raise _translate(exc, f"listing of {self.describe(prefix)}") from exc
+            raise translate(exc, f"listing of {self.describe(prefix)}") from exc
 
     def scan(self, prefix: str = "") -> list[Entry]:
         self._check_links(prefix, last=True)
         try:
             with os.scandir(self._abs(prefix)) as it:
-                return sorted((Entry(e.name, _kind(e)) for e in it), key=lambda e: e.name)
+                return sorted((Entry(e.name, kind(e)) for e in it), key=lambda e: e.name)
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
-            raise _translate(exc, f"listing of {self.describe(prefix)}") from exc
+            raise translate(exc, f"listing of {self.describe(prefix)}") from exc
 
     def delete(self, path: str) -> None:
         self._check_links(path)
@@ -333,7 +289,7 @@ class LocalStore(Store):
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise _translate(exc, f"delete of {self.describe(path)}") from exc
+            raise translate(exc, f"delete of {self.describe(path)}") from exc
 
     def delete_prefix(self, prefix: str) -> None:
         super().delete_prefix(prefix)
@@ -345,7 +301,7 @@ class LocalStore(Store):
         if not os.path.isdir(base) or os.path.islink(base):
             return
         dirs: list[str] = []
-        self._walk(base, "", [], dirs)
+        walk(base, "", [], dirs)
         for rel in sorted(dirs, key=lambda d: -d.count("/")):
             try:
                 os.rmdir(os.path.join(base, rel))
@@ -361,18 +317,18 @@ class LocalStore(Store):
         self._check_links(path)
         final = self._abs(path)
         try:
-            self._makedirs(os.path.dirname(final))
+            makedirs(os.path.dirname(final))
             tmp = f"{final}{TMP_MARK}{uuid.uuid4().hex}"
             os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         except OSError as exc:
-            raise _translate(exc, f"write of {self.describe(path)}") from exc
+            raise translate(exc, f"write of {self.describe(path)}") from exc
         return Multipart(path, tmp)
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
         what = f"write of {self.describe(upload.path)} (part {number})"
         tmp = self._check_upload(upload)
         try:
-            fd = os.open(tmp, os.O_WRONLY | _NOFOLLOW)
+            fd = os.open(tmp, os.O_WRONLY | NOFOLLOW)
         except FileNotFoundError as exc:
             raise StoreNotFoundError(f"{what}: the upload was aborted") from exc
         try:
@@ -383,7 +339,7 @@ class LocalStore(Store):
                 view = view[n:]
                 pos += n
         except OSError as exc:
-            raise _translate(exc, what) from exc
+            raise translate(exc, what) from exc
         finally:
             os.close(fd)
         return Part(number, offset, len(data))
@@ -392,22 +348,28 @@ class LocalStore(Store):
         what = f"write of {self.describe(upload.path)}"
         final = self._abs(upload.path)
         self._check_upload(upload)
+        expected = sum(p.size for p in parts)
         try:
-            fd = os.open(upload.upload_id, os.O_WRONLY | _NOFOLLOW)
             try:
-                expected = sum(p.size for p in parts)
+                fd = os.open(upload.upload_id, os.O_WRONLY | NOFOLLOW)
+            except FileNotFoundError:
+                # A retry whose first try renamed the temp file: done if the file is whole.
+                if self.exists(upload.path) and self.size(upload.path) == expected:
+                    return
+                raise
+            try:
                 if os.fstat(fd).st_size != expected:
                     os.ftruncate(fd, expected)
-                _fsync(fd, upload.upload_id)
+                fsync(fd, upload.upload_id)
             finally:
                 os.close(fd)
             os.replace(upload.upload_id, final)
-            _fsync_dir(os.path.dirname(final))
+            fsync_dir(os.path.dirname(final))
         except OSError as exc:
-            raise _translate(exc, what) from exc
+            raise translate(exc, what) from exc
 
     def abort_multipart(self, upload: Multipart) -> None:
-        _unlink_quietly(self._check_upload(upload))
+        unlink_quietly(self._check_upload(upload))
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
         """Temp files of unfinished writes.
@@ -425,10 +387,3 @@ class LocalStore(Store):
                     continue  # completed or aborted meanwhile
                 out.append(Multipart(name, self._abs(rel), extra=extra))
         return out
-
-
-def _unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass

@@ -24,8 +24,9 @@ Retries: botocore's own retries are off (``total_max_attempts=1``) so the engine
 Create-only writes use ``PutObject`` with ``If-None-Match: *``. Whether the server honours
 it is probed once per endpoint and bucket in a process (two create-only writes of a
 scratch object under the store's root: the second must fail with 412). A server that
-ignores it gets a best-effort HEAD-then-PUT instead, with a ``NonAtomicCreateWarning`` and
-``atomic_create = False``. ``conditional_create=True/False`` skips the probe.
+ignores it gets a best-effort HEAD-then-PUT instead, with a ``NonAtomicCreateWarning``
+(``S3Store.conditional_create`` says which). ``conditional_create=True/False`` skips the
+probe.
 """
 
 from __future__ import annotations
@@ -36,14 +37,15 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ckptstore.config import MiB, RetryConfig
-from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_path
+from ckptstore.engine.create_only import create_lock, same_bytes, warn_non_atomic
+from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
     CommitConflictError,
     ConfigError,
     StoreNotFoundError,
     TransientStoreError,
 )
-from ckptstore.stores._common import create_lock, same_bytes, warn_non_atomic
+from ckptstore.stores import s3_folders
 from ckptstore.stores.s3_client import CHECKSUMS, S3Client, as_body, make_s3fs, multipart_etag
 from ckptstore.stores.s3_errors import error_code
 
@@ -69,10 +71,11 @@ class _Shared:
 
 
 class S3Store(Store):
-    """A store rooted at ``s3://bucket/prefix``. See the module docstring."""
+    """A store rooted at ``s3://bucket/prefix``. See the module docstring.
 
-    min_part_size = 5 * MiB
-    max_parts = 10_000
+    ``checksum`` (``"crc32c"``, ``"md5"``, ``"none"``) and ``conditional_create`` are
+    keyword arguments of its own, beyond the common constructor.
+    """
 
     def __init__(
         self,
@@ -92,9 +95,11 @@ class S3Store(Store):
             raise ConfigError(f"checksum must be one of {CHECKSUMS}, got {checksum!r}")
         bucket, _, prefix = rest.strip("/").partition("/")
         self.bucket, self.prefix = bucket, prefix.strip("/")
-        super().__init__(f"s3://{join_path(self.bucket, self.prefix)}")
-        self.storage_options = dict(storage_options or {})
-        self.retry = retry or RetryConfig()
+        super().__init__(
+            f"s3://{join_path(self.bucket, self.prefix)}", storage_options, retry=retry
+        )
+        #: S3 multipart: parts of at least 5 MiB but the last, at most 10,000 of them.
+        self.capabilities = Capabilities(max_parts=10_000, min_part_size=5 * MiB)
         self.checksum = checksum
         self.fs = (
             fs
@@ -111,8 +116,12 @@ class S3Store(Store):
             self.fs, bucket, self.endpoint, self.retry.request_timeout_s, checksum
         )
         self._shared = _shared or _Shared(conditional_create)
-        if self._shared.conditional is False:
-            self.atomic_create = False
+
+    @property
+    def conditional_create(self) -> bool | None:
+        """Whether the server honours ``If-None-Match: *`` (a true create-only write), as
+        given or probed; None until the first ``put_if_absent`` probes it."""
+        return self._shared.conditional
 
     def child(self, prefix: str) -> S3Store:
         return S3Store(
@@ -183,8 +192,6 @@ class S3Store(Store):
                     probe = self._key(f".ckptstore-probe-{uuid.uuid4().hex}")
                     _PROBED[where] = self.client.probe_conditional(probe)
                 shared.conditional = _PROBED[where]
-        if not shared.conditional:
-            self.atomic_create = False
         return shared.conditional
 
     def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
@@ -266,75 +273,27 @@ class S3Store(Store):
 
     def delete_many(self, paths: Iterable[str]) -> None:
         """DeleteObjects, 1000 keys a request."""
-        self._delete_keys([self._key(p) for p in paths], "")
+        s3_folders.delete_keys(self.client, [self._key(p) for p in paths], self.describe())
 
     def remove_empty_dirs(self, prefix: str = "") -> None:
         """Delete the folder keys (``a/b/``) under ``prefix`` that hold no object, deepest
-        first, and ``prefix``'s own when it is empty too (servers with real folders, such as
-        SeaweedFS, list an emptied folder until its key is deleted; elsewhere these are
-        folder-marker objects, if any). A folder still holding an object is left alone."""
-        base = self._key(prefix)
-        folders: list[str] = []
-        holds: set[str] = set()  # folders with an object somewhere below
-
-        def walk(folder: str) -> bool:
-            keys, dirs = self.client.list_objects(folder, delimiter="/")
-            full = any(not k.endswith("/") for k in keys)
-            for d in dirs:
-                if d != folder and walk(d):
-                    full = True
-            folders.append(folder)
-            if full:
-                holds.add(folder)
-            return full
-
-        if base:
-            walk(f"{base}/")
-        else:
-            for d in self.client.list_objects("", delimiter="/")[1]:
-                walk(d)
-        empty = [f for f in folders if f not in holds]
-        for depth in sorted({f.count("/") for f in empty}, reverse=True):
-            self._delete_keys(sorted(f for f in empty if f.count("/") == depth), prefix)
+        first, and ``prefix``'s own when it is empty too (see ``s3_folders``). A folder
+        still holding an object is left alone."""
+        empty = s3_folders.empty_folders(self.client, self._key(prefix))
+        s3_folders.delete_by_depth(self.client, empty, self.describe(prefix))
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix`` with DeleteObjects, 1000 keys a request.
 
         Then the folder keys (``a/b/``) of ``prefix`` and of every folder the objects were
         in, deepest first, so the prefix no longer lists (as ``LocalStore`` removes emptied
-        directories). Servers with real folders (SeaweedFS) keep an emptied folder, and list
-        it as a common prefix, until its key is deleted; on AWS such keys are folder-marker
-        objects, if any. Deleting a folder key never deletes objects still in the folder.
+        directories; see ``s3_folders``). Deleting a folder key never deletes objects still
+        in the folder.
         """
         keys, markers = self._list_under(prefix)
-        self._delete_keys(keys, prefix)
-        base = self._key(prefix)
-        folders = set(markers) | ({f"{base}/"} if base else set())
-        for key in keys:
-            head = key.rpartition("/")[0]
-            while head and len(head) > len(base):
-                folders.add(f"{head}/")
-                head = head.rpartition("/")[0]
-        for depth in sorted({f.count("/") for f in folders}, reverse=True):
-            self._delete_keys(sorted(f for f in folders if f.count("/") == depth), prefix)
-
-    def _delete_keys(self, keys: list[str], prefix: str) -> None:
-        for i in range(0, len(keys), 1000):
-            batch = keys[i : i + 1000]
-            what = f"delete of {len(batch)} objects under {self.describe(prefix)}"
-            out = self.client.call(
-                "delete_objects",
-                what,
-                Delete={"Objects": [{"Key": k} for k in batch], "Quiet": True},
-            )
-            errors = [e for e in out.get("Errors", []) if e.get("Code") != "NoSuchKey"]
-            if not errors:
-                continue
-            first = errors[0]
-            detail = f"{len(errors)} failed, e.g. {first.get('Key')}: {first.get('Code')}"
-            if all(e.get("Code") in ("SlowDown", "InternalError") for e in errors):
-                raise TransientStoreError(f"{what}: {detail}")
-            raise self.client.translate(_client_error(first), f"{what} ({detail})")
+        s3_folders.delete_keys(self.client, keys, self.describe(prefix))
+        folders = s3_folders.folders_of(keys, markers, self._key(prefix))
+        s3_folders.delete_by_depth(self.client, folders, self.describe(prefix))
 
     # -- multipart -----------------------------------------------------------------------
     def begin_multipart(self, path: str) -> Multipart:
@@ -427,9 +386,3 @@ class S3Store(Store):
             Part(int(p["PartNumber"]), 0, int(p["Size"]), p["ETag"])
             for p in self.client.list_parts(self._key(upload.path), upload.upload_id)
         ]
-
-
-def _client_error(error: dict[str, Any]) -> Exception:
-    from botocore.exceptions import ClientError
-
-    return ClientError({"Error": error}, "DeleteObjects")

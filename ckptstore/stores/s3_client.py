@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import base64
 import hashlib
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -25,10 +24,6 @@ __all__ = ["S3Client", "make_s3fs", "as_body", "multipart_etag", "CHECKSUMS"]
 
 #: Integrity headers S3Client can send with each body.
 CHECKSUMS = ("crc32c", "md5", "none")
-
-# Bodies go to aiohttp as whole bytearrays on purpose (see ``as_body``); aiohttp warns
-# about every one larger than 1 MiB ("might lock the event loop"), which is the point.
-warnings.filterwarnings("ignore", message="Sending a large body directly", category=ResourceWarning)
 
 
 def make_s3fs(
@@ -242,6 +237,13 @@ def as_body(data: Buffer) -> bytearray:
     call. ``bytes`` would not: botocore wraps them in a ``BytesIO``, which aiohttp copies
     out again in 64 KiB reads, and a memoryview is refused. The engine's parts are views of
     whole pooled bytearrays, so only a short last part (or a small object) is copied here.
+
+    aiohttp issues a ``ResourceWarning`` ("Sending a large body directly ...") for every
+    body over 1 MiB: that one-call write is the point here. Python ignores ResourceWarning
+    by default, so users do not see it; ckptstore does not filter it itself, because the
+    warning is raised on fsspec's event-loop thread while other threads run, where
+    ``warnings.catch_warnings()`` (process-wide state) cannot scope a filter safely. The
+    test suite, which shows every warning, ignores it in ``tests/conftest.py``.
     """
     if isinstance(data, bytearray):
         return data

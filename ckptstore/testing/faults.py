@@ -41,15 +41,12 @@ class FaultyStore(Store):
     """Wraps ``inner`` and applies ``faults``; everything else passes through."""
 
     def __init__(self, inner: Store, faults: Sequence[Fault] = ()) -> None:
-        super().__init__(inner.url)
+        super().__init__(inner.url, inner.storage_options, retry=inner.retry)
         self.inner = inner
         self.faults = list(faults)
         self.calls: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self.max_parts = inner.max_parts
-        self.min_part_size = inner.min_part_size
-        self.atomic_create = inner.atomic_create
-        self.zero_copy_parts = inner.zero_copy_parts
+        self.capabilities = inner.capabilities
 
     def describe(self, path: str = "") -> str:
         return self.inner.describe(path)

@@ -75,7 +75,7 @@ def test_copy_failure_leaves_nothing(backend: Backend, root_url: str) -> None:
     )
     # One file spans several parts on every store (a file smaller than the store's smallest
     # part, 5 MiB on S3, is one whole-object put, which never calls complete_multipart).
-    part = max(SMALL.part_size, dst.min_part_size)
+    part = max(SMALL.part_size, dst.capabilities.min_part_size)
     state = sample_state()
     state["big"] = torch.randn(part // 4 + 1024)
     url = save_ckpt(backend, root_url + "/src", state, files_per_rank=2)

@@ -75,7 +75,7 @@ def test_cp_interrupted_commits_nothing_then_completes(backend: Backend, root_ur
     dst = backend.open(dst_url)
     # 2 files of 2 tensors, each file over 2 parts even where parts are >= 5 MiB (S3), so
     # the copy is a set of slowed multipart uploads: 2 MiB files on a volume, 5.5 on S3.
-    cols = max(1024, dst.min_part_size // 2048 + 256)
+    cols = max(1024, dst.capabilities.min_part_size // 2048 + 256)
     state = {f"w{i}": torch.randn(256, cols) for i in range(4)}
     src = save_ckpt(backend, root_url + "/step_000000010", state, files_per_rank=2)
     args = ["cp", src, dst_url, *backend.opts]

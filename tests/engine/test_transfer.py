@@ -1,5 +1,6 @@
 """The transfer engine over a real volume store, with faults injected by a wrapper store."""
 
+import dataclasses
 import os
 import threading
 import time
@@ -168,7 +169,7 @@ class PartAddresses(FaultyStore):
 
     def __init__(self, inner: LocalStore, zero_copy: bool) -> None:
         super().__init__(inner)
-        self.zero_copy_parts = zero_copy
+        self.capabilities = dataclasses.replace(inner.capabilities, zero_copy_parts=zero_copy)
         self.addresses: list[int] = []
         self.sizes: dict[int, int] = {}  # part number -> size
 

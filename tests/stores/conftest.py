@@ -1,16 +1,15 @@
-"""Fixtures for the store tests: real servers (started once per session) and ``store``.
+"""How the store tests make a fresh, empty store of each built-in kind.
 
-``store`` is parametrized over ``STORE_FACTORIES``: every backend named there runs the whole
-conformance suite (``test_conformance.py``). To add a backend (GCS, Azure, ...), write a
-factory ``(request, tmp_path) -> Store`` returning a fresh, empty store (use
-``request.getfixturevalue("<server fixture>")`` for its server) and add one line to
-``STORE_FACTORIES`` with ``pytest.mark.server`` if it needs a server.
+``STORE_FACTORIES`` maps a name to ``(factory, marks)``; a factory ``(request, tmp_path) ->
+Store`` uses ``request.getfixturevalue("<server fixture>")`` for its server. The conformance
+suite (``test_conformance.py``) runs one ``StoreConformance`` subclass per entry; the
+containment tests (``tests/adversarial``) use some of them too.
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -59,7 +58,7 @@ def _azure(request: pytest.FixtureRequest, tmp_path: Any) -> Store:
 
 Factory = Callable[[pytest.FixtureRequest, Any], Store]
 
-#: name -> (factory, pytest marks). Every entry runs the conformance suite.
+#: name -> (factory, pytest marks).
 STORE_FACTORIES: dict[str, tuple[Factory, tuple[Any, ...]]] = {
     "local": (_local, ()),
     "s3": (_s3, (pytest.mark.server,)),
@@ -68,15 +67,3 @@ STORE_FACTORIES: dict[str, tuple[Factory, tuple[Any, ...]]] = {
     "gcs": (_gcs, (pytest.mark.server,)),
     "azure": (_azure, (pytest.mark.server,)),
 }
-
-
-@pytest.fixture(
-    params=[pytest.param(name, marks=marks) for name, (_, marks) in STORE_FACTORIES.items()]
-)
-def store(request: pytest.FixtureRequest, tmp_path: Any) -> Iterator[Store]:
-    factory, _ = STORE_FACTORIES[request.param]
-    s = factory(request, tmp_path)
-    try:
-        yield s
-    finally:
-        s.close()

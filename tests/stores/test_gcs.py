@@ -89,7 +89,7 @@ def test_more_than_32_parts_compose_as_a_tree(store):
     assert store.find() == ["tree.bin"]
     assert store.get("tree.bin") == data
     assert store.object_crc32c("tree.bin") == info.crc32c == crc32c(data)
-    assert store.max_parts == 1024  # GCS composite objects: at most 1024 components
+    assert store.capabilities.max_parts == 1024  # GCS composite objects: at most 1024 components
 
 
 def test_composite_crc_mismatch_is_caught_and_retryable(store):

@@ -11,6 +11,8 @@ import torch
 from botocore import exceptions as bx
 
 import ckptstore
+from ckptstore.engine import create_only
+from ckptstore.engine.create_only import NonAtomicCreateWarning
 from ckptstore.errors import (
     CommitConflictError,
     ConfigError,
@@ -19,8 +21,7 @@ from ckptstore.errors import (
     StoreNotFoundError,
     TransientStoreError,
 )
-from ckptstore.stores import _common, open_store
-from ckptstore.stores._common import NonAtomicCreateWarning
+from ckptstore.stores import open_store
 from ckptstore.stores.fsspec_store import FsspecStore
 from ckptstore.stores.local import LocalStore
 from ckptstore.stores.s3 import S3Store
@@ -100,9 +101,8 @@ def test_s3_error_mapping(exc: BaseException, kind: type, text: str) -> None:
 
 
 def test_fsspec_create_only_write_warns_once(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(_common, "_warned", set())
+    monkeypatch.setattr(create_only, "_warned", set())
     store = FsspecStore(f"memory://ckpt/{unique()}")
-    assert store.atomic_create is False
     with pytest.warns(NonAtomicCreateWarning, match="best-effort"):
         store.put_if_absent("M", b"1")
     with warnings.catch_warnings():

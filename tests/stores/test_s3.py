@@ -15,7 +15,9 @@ import pytest
 
 import ckptstore
 from ckptstore.config import MiB, RetryConfig, TransferConfig
+from ckptstore.engine import create_only
 from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.create_only import NonAtomicCreateWarning
 from ckptstore.engine.store import Buffer, Multipart, Part
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
@@ -25,8 +27,6 @@ from ckptstore.errors import (
     TransferError,
     TransientStoreError,
 )
-from ckptstore.stores import _common
-from ckptstore.stores._common import NonAtomicCreateWarning
 from ckptstore.stores.s3 import S3Store
 from ckptstore.stores.s3_client import as_body
 from ckptstore.testing.faults import Fault, FaultyStore
@@ -302,7 +302,7 @@ def test_conditional_create_is_native_on_seaweedfs_and_moto(s3: S3Store, moto: A
             store.put_if_absent("M", b"1")
             with pytest.raises(CommitConflictError):
                 store.put_if_absent("M", b"2")
-            assert store.atomic_create is True
+            assert store.conditional_create is True
             assert store.find() == ["M"]  # the probe cleaned up after itself
 
 
@@ -310,14 +310,14 @@ def test_server_ignoring_if_none_match_gets_a_warned_fallback(
     moto: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """moto behind a proxy that strips If-None-Match: a server that ignores it."""
-    monkeypatch.setattr(_common, "_warned", set())
+    monkeypatch.setattr(create_only, "_warned", set())
     with FaultProxy(moto.port) as proxy:
         proxy.add(Rule("PutObject", "strip_conditions"))
         options = dict(moto.storage_options, endpoint_url=proxy.endpoint)
         store = S3Store(f"s3://{BUCKET}/{unique()}", options)
         with pytest.warns(NonAtomicCreateWarning, match="ignores If-None-Match"):
             store.put_if_absent("M", b"1")
-        assert store.atomic_create is False
+        assert store.conditional_create is False
         with pytest.raises(CommitConflictError):
             store.put_if_absent("M", b"2")
         barrier = threading.Barrier(6)

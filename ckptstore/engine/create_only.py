@@ -1,4 +1,4 @@
-"""Helpers shared by the object-store backends.
+"""Create-only writes where a store has no native one, and telling a lost response apart.
 
 - ``NonAtomicCreateWarning`` and ``warn_non_atomic``: a store whose server cannot do a
   create-only write falls back to check-then-write and says so, once per store URL.
@@ -7,6 +7,7 @@
 - ``same_bytes``: after a create-only write reports "already exists", tells a retry of our
   own write whose first response was lost (the object holds exactly our bytes) from a real
   conflict with another writer.
+- ``check_then_put``: the fallback itself; ``Store.put_if_absent``'s default.
 """
 
 from __future__ import annotations
@@ -14,10 +15,20 @@ from __future__ import annotations
 import threading
 import warnings
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from ckptstore.engine.store import Buffer
+from ckptstore.errors import CkptStoreError, CommitConflictError
 
-__all__ = ["NonAtomicCreateWarning", "warn_non_atomic", "create_lock", "same_bytes"]
+if TYPE_CHECKING:
+    from ckptstore.engine.store import Buffer, Store
+
+__all__ = [
+    "NonAtomicCreateWarning",
+    "warn_non_atomic",
+    "create_lock",
+    "same_bytes",
+    "check_then_put",
+]
 
 
 class NonAtomicCreateWarning(UserWarning):
@@ -55,9 +66,25 @@ def create_lock(key: str) -> threading.Lock:
 
 def same_bytes(read: Callable[[], bytes], data: Buffer) -> bool:
     """True if ``read()`` returns exactly ``data`` (False when it cannot be read)."""
-    from ckptstore.errors import CkptStoreError
-
     try:
         return read() == bytes(data)
     except CkptStoreError:
         return False
+
+
+def check_then_put(store: Store, path: str, data: Buffer, why: str) -> None:
+    """``put`` of ``path`` unless it exists (``CommitConflictError``): exact between the
+    threads of this process, best effort between processes (warned once per store URL).
+
+    An existing object holding exactly ``data`` is a retry of our own write whose first
+    response was lost: that is a success, not a conflict.
+    """
+    warn_non_atomic(store.url, why)
+    with create_lock(store.describe(path)):
+        if store.exists(path):
+            if same_bytes(lambda: store.get(path), data):
+                return
+            raise CommitConflictError(
+                f"{store.describe(path)} already exists: another writer committed first"
+            )
+        store.put(path, data)

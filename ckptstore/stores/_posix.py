@@ -1,0 +1,124 @@
+"""POSIX helpers of the volume store: fsync, error translation, directories, walks.
+
+An fsync error fails the write (``DurabilityError``) and is never retried; OSErrors map to
+the ckptstore error a caller can act on (``translate``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+
+from ckptstore.engine.store import join_path
+from ckptstore.errors import (
+    DurabilityError,
+    StorageFullError,
+    StoreAccessError,
+    StoreNotFoundError,
+    TransientStoreError,
+    UnsafePathError,
+)
+
+__all__ = [
+    "NOFOLLOW",
+    "fsync",
+    "fsync_dir",
+    "translate",
+    "kind",
+    "makedirs",
+    "walk",
+    "unlink_quietly",
+]
+
+NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def fsync(fd: int, what: str) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:
+        raise DurabilityError(
+            f"fsync of {what} failed ({exc}); the data may not be on disk. This write has "
+            "failed and will not be retried: check the volume, then save again."
+        ) from exc
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        fsync(fd, f"directory {path}")
+    finally:
+        os.close(fd)
+
+
+def translate(exc: OSError, what: str) -> Exception:
+    """Map an OSError to the ckptstore error a caller can act on."""
+    if isinstance(exc, FileNotFoundError):
+        return StoreNotFoundError(f"{what}: not found ({exc.strerror}); check the path")
+    if isinstance(exc, NotADirectoryError):
+        return StoreAccessError(f"{what}: a parent of this path is a file, not a directory")
+    if isinstance(exc, PermissionError) or exc.errno in (errno.EROFS,):
+        return StoreAccessError(
+            f"{what}: permission denied ({exc.strerror}); check the path is writable"
+        )
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return StorageFullError(f"{what}: no space left on the volume; free space and retry")
+    if exc.errno in (errno.EAGAIN, errno.EINTR, errno.ETIMEDOUT, errno.ESTALE):
+        return TransientStoreError(f"{what}: {exc}")
+    if exc.errno == errno.ELOOP:
+        return UnsafePathError(f"{what}: it is a symlink, which ckptstore never follows")
+    return exc
+
+
+def kind(entry: os.DirEntry) -> str:
+    if entry.is_symlink():
+        return "link"
+    if entry.is_dir(follow_symlinks=False):
+        return "dir"
+    if entry.is_file(follow_symlinks=False):
+        return "file"
+    return "other"
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
+    except OSError:
+        pass
+
+
+def makedirs(directory: str) -> None:
+    """Create ``directory`` and parents, fsyncing each parent so the entries persist."""
+    missing = []
+    d = directory
+    while not os.path.isdir(d):
+        missing.append(d)
+        parent = os.path.dirname(d)
+        if parent == d:
+            break
+        d = parent
+    for d in reversed(missing):
+        try:
+            os.mkdir(d)
+        except FileExistsError:
+            continue
+        fsync_dir(os.path.dirname(d))
+
+
+def walk(top: str, rel: str, out: list[str], dirs: list[str] | None = None) -> None:
+    """Regular files under ``top`` (relative names into ``out``); never follows links."""
+    try:
+        entries = list(os.scandir(top))
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise translate(exc, f"listing of {top}") from exc
+    for e in entries:
+        what = kind(e)
+        name = join_path(rel, e.name)
+        if what == "file":
+            out.append(name)
+        elif what == "dir":
+            if dirs is not None:
+                dirs.append(name)
+            walk(e.path, name, out, dirs)
