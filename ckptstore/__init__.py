@@ -12,7 +12,7 @@ Working with a checkpoint root without DCP (torch-free, also imported on first u
 
     root = ckptstore.open_store("s3://bucket/run1")     # a Store; .child("step_000000100")
     list(ckptstore.committed_steps(root))                 # committed step numbers, ascending
-    ckptstore.checkpoint_status(root.child(name))         # "committed" / "incomplete" / "corrupt"
+    ckptstore.checkpoint_status(root.child(name))         # COMMITTED / INCOMPLETE / CORRUPT
     report = ckptstore.verify_checkpoint(root.child(name))          # re-read every byte
     with ckptstore.TransferEngine() as engine:
         ckptstore.copy_checkpoint(src, dst, engine)                 # src, dst: Stores
@@ -52,7 +52,7 @@ from ckptstore.manager.retention import KeepAll, KeepEvery, KeepLast, RetentionP
 if TYPE_CHECKING:
     from ckptstore.api import load, reader, save, unwrap_checkpoint_exception, writer
     from ckptstore.engine.catalog import committed_steps, list_steps
-    from ckptstore.engine.commit import checkpoint_status, open_committed
+    from ckptstore.engine.commit import CheckpointStatus, checkpoint_status, open_committed
     from ckptstore.engine.copy import copy_checkpoint
     from ckptstore.engine.store import Store
     from ckptstore.engine.transfer import TransferEngine
@@ -82,6 +82,7 @@ _LAZY = {
     "TransferEngine": "ckptstore.engine.transfer",
     "open_committed": "ckptstore.engine.commit",
     "checkpoint_status": "ckptstore.engine.commit",
+    "CheckpointStatus": "ckptstore.engine.commit",
     "committed_steps": "ckptstore.engine.catalog",
     "list_steps": "ckptstore.engine.catalog",
     "verify_checkpoint": "ckptstore.engine.verify",
@@ -132,6 +133,7 @@ __all__ = [
     "TransferEngine",
     "open_committed",
     "checkpoint_status",
+    "CheckpointStatus",
     "committed_steps",
     "list_steps",
     "verify_checkpoint",

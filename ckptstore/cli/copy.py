@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from ckptstore import Store, copy_checkpoint, open_committed
+from ckptstore import CheckpointStatus, Store, copy_checkpoint, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
 from ckptstore.cli.sources import (
@@ -60,17 +60,17 @@ def require_committed(store: Store, url: str, verb: str) -> None:
         raise missing_error(url)
     if status == "not-a-checkpoint":
         raise not_a_checkpoint_error(url)
-    if status == "incomplete":
+    if status == CheckpointStatus.INCOMPLETE:
         raise IncompleteCheckpointError(
             f"{url} is incomplete (no COMMITTED marker: the save did not finish); refusing to "
             f"{verb} it. `ckptstore-tool ls` shows the committed steps."
         )
-    if status == "stock":
+    if status == CheckpointStatus.STOCK:
         raise ConfigError(
             f"{url} is a stock DCP checkpoint (no manifest to verify a copy against); use "
             "`ckptstore-tool convert SRC DST --to dcp`, which verifies and adds a manifest."
         )
-    if status == "corrupt":
+    if status == CheckpointStatus.CORRUPT:
         open_committed(store)  # raises CorruptCheckpointError with the reason
 
 

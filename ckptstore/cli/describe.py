@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptstore import Store, open_committed
+from ckptstore import CheckpointStatus, Store, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.sources import Located, classify, dcp_entries, entries_of, flatten, load_state
 from ckptstore.cli.sources import locate as locate_url
@@ -110,14 +110,14 @@ def _describe_dcp(store: Store) -> dict[str, Any]:
     metadata: Any = None
     from ckptstore.dcp.metadata import load_metadata
 
-    if status == "committed":
+    if status == CheckpointStatus.COMMITTED:
         committed = open_committed(store)  # .metadata's bytes verified against the manifest
         manifest = committed.manifest
         try:
             metadata = load_metadata(committed.metadata_bytes, store.describe(METADATA_NAME))
         except CkptStoreError as exc:  # vouched for by a (re-signed?) manifest, yet hostile
             notes.append(str(exc))
-            status = "damaged"
+            status = CheckpointStatus.DAMAGED
     elif status == "stock":
         metadata = _stock_metadata(store, notes)
         if metadata is None:

@@ -20,7 +20,7 @@ import statistics
 import sys
 from typing import Any
 
-from ckptstore import list_steps, open_committed
+from ckptstore import CheckpointStatus, list_steps, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import dump_json, table
 from ckptstore.cli.sources import list_or_missing
@@ -112,7 +112,7 @@ def measured_from_root(ctx: Context, url: str) -> dict[str, Any]:
     blocking, sizes, steps = [], [], []
     committed = 0
     for e in list_steps(root):
-        if e.status != "committed":
+        if e.status != CheckpointStatus.COMMITTED:
             continue
         committed += 1
         m = open_committed(root.child(e.name)).manifest

@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
+from ckptstore import CheckpointStatus
 from ckptstore.cli.context import Context
 from ckptstore.cli.describe import describe
 from ckptstore.cli.render import dump_json, format_shape, format_time, human_bytes, table
@@ -136,4 +137,4 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         dump_json(info)
     else:
         _print(info)
-    return 1 if info["status"] in ("corrupt", "damaged") else 0
+    return 1 if info["status"] in (CheckpointStatus.CORRUPT, CheckpointStatus.DAMAGED) else 0

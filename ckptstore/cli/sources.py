@@ -13,7 +13,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ckptstore import Store
+from ckptstore import CheckpointStatus, Store
 from ckptstore.cli.context import Context
 from ckptstore.engine.commit import METADATA_NAME
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
@@ -97,8 +97,12 @@ def classify(store: Store) -> str:
     if not is_dcp_listing(names):
         return "not-a-checkpoint"
     status = checkpoint_status(store)
-    if status == "incomplete" and MANIFEST_NAME not in names and METADATA_NAME in names:
-        return "stock"
+    if (
+        status == CheckpointStatus.INCOMPLETE
+        and MANIFEST_NAME not in names
+        and METADATA_NAME in names
+    ):
+        return CheckpointStatus.STOCK
     return status
 
 

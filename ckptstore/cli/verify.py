@@ -12,7 +12,7 @@ import argparse
 import time
 from typing import Any
 
-from ckptstore import Store, open_committed, verify_checkpoint
+from ckptstore import CheckpointStatus, Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note, table
 from ckptstore.cli.sources import locate
@@ -82,9 +82,9 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         from ckptstore.cli.sources import classify
 
         status = classify(store)
-        if status == "stock":
+        if status == CheckpointStatus.STOCK:
             problems = verify_stock(store)
-            out = _result(store.url, "stock", not problems, problems=problems)
+            out = _result(store.url, CheckpointStatus.STOCK, not problems, problems=problems)
             if ctx.json:
                 dump_json(out)
             else:
@@ -111,7 +111,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         dump_json(
             _result(
                 store.url,
-                "committed" if report.ok else "corrupt",
+                CheckpointStatus.COMMITTED if report.ok else CheckpointStatus.CORRUPT,
                 report.ok,
                 bytes_read=report.bytes_read,
                 seconds=round(seconds, 3),

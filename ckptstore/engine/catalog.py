@@ -16,7 +16,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ckptstore.engine.commit import checkpoint_status
+from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
 from ckptstore.engine.layout import parse_step, step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import UnsafePathError
@@ -82,7 +82,7 @@ def _status(store: Store) -> str:
     try:
         return checkpoint_status(store)
     except UnsafePathError:  # a symlinked marker or manifest: left for inspection
-        return "corrupt"
+        return CheckpointStatus.CORRUPT
 
 
 def scan_root(root: Store, with_status: bool = True) -> RootListing:
@@ -106,7 +106,9 @@ def scan_root(root: Store, with_status: bool = True) -> RootListing:
             kind = "directory" if e.kind == "dir" else e.kind
             foreign.append(Skipped(e.name, f"not ckptstore's ({kind}): left alone"))
     steps = [
-        StepEntry(step, name, _status(root.child(name)) if with_status else "unknown")
+        StepEntry(
+            step, name, _status(root.child(name)) if with_status else CheckpointStatus.UNKNOWN
+        )
         for step, name in sorted(found.items())
     ]
     return RootListing(steps, skipped, foreign)
@@ -130,4 +132,4 @@ def committed_steps(root: Store, newest_first: bool = False) -> Iterator[int]:
     entries = list_steps(root)
     if newest_first:
         entries.reverse()
-    return (e.step for e in entries if e.status == "committed")
+    return (e.step for e in entries if e.status == CheckpointStatus.COMMITTED)

@@ -52,6 +52,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import Enum
 
 from ckptstore.config import RetryConfig
 from ckptstore.engine.checksum import crc32c
@@ -71,6 +72,7 @@ from ckptstore.errors import (
 
 __all__ = [
     "METADATA_NAME",
+    "CheckpointStatus",
     "Committed",
     "attempt_manifest_name",
     "attempt_metadata_name",
@@ -289,15 +291,31 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
     return Committed(marker, manifest, metadata_bytes, manifest_bytes, canonical)
 
 
-def checkpoint_status(store: Store, retry: RetryConfig | None = None) -> str:
-    """``committed``, ``incomplete`` (no marker) or ``corrupt`` (marker/manifest mismatch)."""
+class CheckpointStatus(str, Enum):
+    """What a step directory holds. A ``str``: comparisons with the plain names and JSON
+    keep working. ``checkpoint_status`` returns the first three; the others are what the
+    catalog and the CLI conclude from more than the marker."""
+
+    COMMITTED = "committed"  # COMMITTED matches a manifest copy
+    INCOMPLETE = "incomplete"  # no marker: a save that did not finish (or one in flight)
+    CORRUPT = "corrupt"  # a marker that matches no manifest copy
+    DAMAGED = "damaged"  # committed, but its files or .metadata do not match the manifest
+    STOCK = "stock"  # a stock DCP checkpoint: .metadata, no ckptstore manifest or marker
+    UNKNOWN = "unknown"  # not looked at (a listing without statuses)
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def checkpoint_status(store: Store, retry: RetryConfig | None = None) -> CheckpointStatus:
+    """``COMMITTED``, ``INCOMPLETE`` (no marker) or ``CORRUPT`` (marker/manifest mismatch)."""
     try:
         open_committed(store, retry)
     except IncompleteCheckpointError:
-        return "incomplete"
+        return CheckpointStatus.INCOMPLETE
     except CorruptCheckpointError:
-        return "corrupt"
-    return "committed"
+        return CheckpointStatus.CORRUPT
+    return CheckpointStatus.COMMITTED
 
 
 def uncommit(store: Store) -> None:

@@ -201,8 +201,14 @@ class FileWriter:
 
     def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
         """Append ``view`` without hashing it: for an ``ItemSink``, which hashes its bytes
-        itself and accounts for them with ``extend_crc`` when the item ends."""
-        self._check_open()
+        itself and accounts for them with ``extend_crc`` when the item ends.
+
+        A part that failed meanwhile is not raised here but by ``close()``: the caller is
+        usually ``torch.save`` writing an item, which would replace the error with one of
+        its own ("unexpected pos") when its zip writer ends.
+        """
+        if self._state != "open":
+            raise TransferError(f"{self._what}: write after {self._state}")
         self._append(view, owned)
 
     def extend_crc(self, crc: int, length: int) -> None:

@@ -57,7 +57,7 @@ from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.writer import shard_prefix
 from ckptstore.engine.catalog import committed_steps
 from ckptstore.engine.codecs import get_codec
-from ckptstore.engine.commit import checkpoint_status
+from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.layout import step_name
 from ckptstore.engine.manifest import MARKER_NAME
@@ -224,7 +224,7 @@ class CheckpointManager:
         replaces it (a new attempt and marker) rather than skipping it."""
         if step in self._damaged:
             return True
-        return checkpoint_status(self.root.child(step_name(step))) != "committed"
+        return checkpoint_status(self.root.child(step_name(step))) != CheckpointStatus.COMMITTED
 
     def _write(self, record: SaveRecord, staged: Any, start: float, overwrite: bool) -> None:
         t = time.perf_counter()

@@ -32,7 +32,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ckptstore.engine.catalog import scan_root
-from ckptstore.engine.commit import checkpoint_status, open_committed
+from ckptstore.engine.commit import CheckpointStatus, checkpoint_status, open_committed
 from ckptstore.engine.deletion import (
     UploadDecision,
     abort_uploads,
@@ -102,7 +102,7 @@ class PrunePlan:
 
 
 def _size(store: Store, status: str, files: list[str]) -> int | None:
-    if status == "committed":
+    if status == CheckpointStatus.COMMITTED:
         try:
             return open_committed(store).manifest.total_bytes
         except CkptStoreError:
@@ -139,27 +139,35 @@ def plan_prune(
     now = time.time() if now is None else now
     listing = scan_root(root)
     bad = set(damaged)
-    committed = [e.step for e in listing.steps if e.status == "committed" and e.step not in bad]
+    committed = [
+        e.step
+        for e in listing.steps
+        if e.status == CheckpointStatus.COMMITTED and e.step not in bad
+    ]
     newest = max(committed) if committed else None
     doomed = set(select_deletions(committed, policy, protected))
     decisions = []
     left = [LeftAlone(s.name, s.reason) for s in listing.skipped + listing.foreign]
     for e in listing.steps:
-        status = "damaged" if e.step in bad and e.status == "committed" else e.status
-        listed = status != "committed" or e.step in doomed
+        status = (
+            CheckpointStatus.DAMAGED
+            if e.step in bad and e.status == CheckpointStatus.COMMITTED
+            else e.status
+        )
+        listed = status != CheckpointStatus.COMMITTED or e.step in doomed
         files = step_files(root, e.name) if listed else None
         if e.step in protected:
             action, reason = "keep", "protected"
-        elif status == "committed":
+        elif status == CheckpointStatus.COMMITTED:
             if e.step in doomed:
                 action, reason = "delete", f"not kept by {policy.describe()}"
             elif e.step == newest:
                 action, reason = "keep", "newest committed"
             else:
                 action, reason = "keep", _keep_reason(e.step, committed, policy)
-        elif status == "damaged":
+        elif status == CheckpointStatus.DAMAGED:
             action, reason = "keep", "damaged (found corrupt at restore): left for inspection"
-        elif status == "corrupt":
+        elif status == CheckpointStatus.CORRUPT:
             action, reason = "keep", "corrupt: left for inspection (ckptstore-tool verify)"
         elif files is not None and not files.ours:
             action, reason = "keep", "no ckptstore files: not ckptstore's, left alone"
@@ -195,12 +203,13 @@ def apply_prune(root: Store, plan: PrunePlan) -> None:
     """
     try:
         newest_ok = (
-            plan.newest is not None and checkpoint_status(root.child(plan.newest)) == "committed"
+            plan.newest is not None
+            and checkpoint_status(root.child(plan.newest)) == CheckpointStatus.COMMITTED
         )
     except CkptStoreError:
         newest_ok = False
     for d in plan.deletions:
-        if d.status == "committed" and not newest_ok:
+        if d.status == CheckpointStatus.COMMITTED and not newest_ok:
             continue
         delete_step(root, d.name)
     abort_uploads(root, plan.uploads)
