@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 import torch.distributed.checkpoint as dcp
 
 import ckptstore
@@ -22,6 +21,7 @@ from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Marker
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import ConfigError, CorruptCheckpointError, MissingDependencyError
 from ckptstore.stores.local import LocalStore
+from tests.dcp.test_dropin_zstd import _blank, _equal, _state
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -39,23 +39,6 @@ class XorCodec(Codec):
 
 
 register_codec(XorCodec(), replace=True)  # replace: this module may be imported again
-
-
-def _state() -> dict:
-    return {
-        "big": torch.arange(100_000, dtype=torch.float32).reshape(100, 1000),
-        "small": torch.tensor([1.5, -2.0]),
-        "step": 12,
-        "name": "run-a",
-    }
-
-
-def _blank() -> dict:
-    return {"big": torch.zeros(100, 1000), "small": torch.zeros(2), "step": 0, "name": ""}
-
-
-def _equal(a: dict, b: dict) -> bool:
-    return all(torch.equal(a[k], v) if torch.is_tensor(v) else a[k] == v for k, v in b.items())
 
 
 def _doc(step_dir: Path) -> dict:
