@@ -15,7 +15,16 @@ step (JSON, not a ``torch.save`` file), so ``ModelCheckpoint``'s top-k, ``best_m
 and ``ckpt_path="last"`` keep working unchanged. A name is written only once its step has
 committed, so "last" exists only when there is something to resume from.
 
-Call order (Lightning drives it; one process: multi-process strategies are refused)::
+Several processes (``strategy="ddp"`` under Lightning's launcher or ``torchrun``): every
+rank calls ``save_checkpoint`` and ``load_checkpoint`` (``_lightning_ranks`` lifts
+Lightning's rank-0 gate for this IO, on that strategy instance only). Every rank saves the
+model and optimizer tensors, which DDP keeps identical on every rank, so DCP spreads
+their writes over the ranks; rank 0 adds the rest of its checkpoint dict. The step
+commits once, after every rank's files are durable. Rank 0 alone writes and removes the
+names and prunes. A strategy that writes its own checkpoints (FSDP, ModelParallel,
+DeepSpeed) or spawns its ranks is refused with a ``ConfigError`` when the Trainer is built.
+
+Call order (Lightning drives it)::
 
     save_checkpoint(checkpoint, path)   # stage the dict; the step commits in the background
                                         # and a watcher thread writes ``path`` right after
@@ -48,6 +57,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ckptstore.config import TransferConfig
 from ckptstore.engine.catalog import parse_step
@@ -56,7 +66,8 @@ from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import KeepAll, KeepLast, RetentionPolicy, select_deletions
 from ckptstore.stores import open_store, split_url
 
-from ._codec import OBJECTS_KEY, load_newest, load_step, pack, refuse_multiprocess, unpack
+from ._codec import OBJECTS_KEY, TENSOR_PREFIX, load_newest, load_step, pack, unpack
+from ._versions import require
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -64,6 +75,9 @@ try:
     from lightning.pytorch.callbacks import ModelCheckpoint
 except ImportError as exc:  # pragma: no cover - exercised in a test with lightning hidden
     raise missing_dependency("lightning", "lightning") from exc
+require("lightning")
+
+from . import _lightning_ranks  # noqa: E402 - needs lightning, checked above
 
 __all__ = ["CkptStoreIO", "POINTER_FORMAT"]
 
@@ -72,6 +86,14 @@ log = logging.getLogger(__name__)
 #: The ``format`` field of a pointer file.
 POINTER_FORMAT = "ckptstore.lightning-pointer"
 _POINTER_MAX = 64 * 1024
+#: What every rank saves under DDP (identical on every rank); rank 0 saves all the rest.
+_REPLICATED = (TENSOR_PREFIX + "state_dict/", TENSOR_PREFIX + "optimizer_states/")
+
+
+def _rank_and_world() -> tuple[int, int]:
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
 
 
 @dataclass(frozen=True)
@@ -120,7 +142,8 @@ class CkptStoreIO(CheckpointIO):
 
     ``keep`` keeps committed steps beyond those a checkpoint name refers to (the newest is
     always kept); by default ``ModelCheckpoint`` alone decides. ``async_save=False`` commits
-    before ``save_checkpoint`` returns.
+    before ``save_checkpoint`` returns. ``key_layout`` and ``background`` mean what they
+    mean for ``CheckpointManager``.
     """
 
     def __init__(
@@ -134,6 +157,8 @@ class CkptStoreIO(CheckpointIO):
         config: TransferConfig | None = None,
         codec: str = "none",
         strict: bool = False,
+        key_layout: str = "flat",
+        background: str = "thread",
     ) -> None:
         self.root = _norm(root) if root else None
         self.storage_options = storage_options
@@ -143,6 +168,9 @@ class CkptStoreIO(CheckpointIO):
         self.config = config
         self.codec = codec
         self.strict = strict
+        self.key_layout = key_layout
+        self.background = background
+        self._strategy: Any = None  # set by _lightning_ranks.attach when the Trainer is built
         self._managers: dict[str, CheckpointManager] = {}
         self._pending: list[tuple[str, _Pointer]] = []  # names waiting for their commit
         self._last_save: dict[str, tuple[int, frozenset[str]]] = {}
@@ -173,6 +201,8 @@ class CkptStoreIO(CheckpointIO):
                     async_save=self.async_save,
                     strict=self.strict,
                     codec=self.codec,
+                    key_layout=self.key_layout,
+                    background=self.background,
                 )
             return self._managers[root]
 
@@ -280,16 +310,33 @@ class CkptStoreIO(CheckpointIO):
             log.info("deleting step %d under %s: no checkpoint name refers to it", step, root)
             mgr.delete(step)
 
+    # -- ranks ---------------------------------------------------------------------------
+    def _check_ranks(self) -> tuple[int, int]:
+        """(rank, world size); raise if several processes run but only rank 0 calls us."""
+        rank, world = _rank_and_world()
+        if world > 1 and not _lightning_ranks.is_served_on_every_rank(self._strategy):
+            raise ConfigError(
+                f"CkptStoreIO is one of {world} processes, but its strategy "
+                f"({type(self._strategy).__name__ if self._strategy else 'not a Lightning Trainer'}"
+                ") calls it on rank 0 only, and a ckptstore save needs every rank; use "
+                "Trainer(strategy='ddp', plugins=[CkptStoreIO(...)]) under Lightning's launcher "
+                "or torchrun, or ckptstore.CheckpointManager on every rank"
+            )
+        return rank, world
+
     # -- CheckpointIO ----------------------------------------------------------------------
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Start saving ``checkpoint`` as step ``global_step``; ``path`` names it."""
+        """Start saving ``checkpoint`` as step ``global_step``; ``path`` names it.
+
+        With several processes, every rank calls this with the same ``path``.
+        """
         if storage_options is not None:
             raise TypeError(
                 "CkptStoreIO.save_checkpoint takes no storage_options; pass them to CkptStoreIO()"
             )
-        refuse_multiprocess("CkptStoreIO")
+        rank, _world = self._check_ranks()
         path = _norm(str(path))
         if "global_step" not in checkpoint:
             raise ConfigError("a Lightning checkpoint dict has a 'global_step'; this one does not")
@@ -307,8 +354,13 @@ class CkptStoreIO(CheckpointIO):
                         stacklevel=2,
                     )
             else:
-                mgr.save(step, pack(checkpoint))  # waits for the previous save, if in flight
+                flat = pack(checkpoint)
+                if rank != 0:  # the replicated tensors only: rank 0 saves the rest
+                    flat = {k: v for k, v in flat.items() if k.startswith(_REPLICATED)}
+                mgr.save(step, flat)  # waits for the previous save, if in flight
                 self._last_save[root] = (step, frozenset(checkpoint))
+            if rank != 0:  # names are rank 0's: it writes them once the step commits
+                return
             self._pending.append((path, _Pointer(root, step, newest=_is_last_name(path))))
             self._publish()  # the previous step's names; this one's too if saved synchronously
         self._start_watcher()
@@ -331,10 +383,16 @@ class CkptStoreIO(CheckpointIO):
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """The Lightning dict of ``path``: a name, a root (newest committed) or a step URL."""
-        refuse_multiprocess("CkptStoreIO")
+        """The Lightning dict of ``path``: a name, a root (newest committed) or a step URL.
+
+        With several processes, every rank calls this (Lightning does) and loads what rank 0
+        resolved ``path`` to.
+        """
+        _rank, world = self._check_ranks()
         self.wait()
         target = self._resolve(_norm(str(path)))
+        if world > 1:
+            target = self._strategy.broadcast(target, src=0)
         if target is None:
             return TorchCheckpointIO().load_checkpoint(path, map_location, weights_only)
         root, step = target
@@ -396,3 +454,6 @@ class CkptStoreIO(CheckpointIO):
                     first = first or exc
             if first is not None:
                 raise first
+
+
+_lightning_ranks.install(CkptStoreIO)

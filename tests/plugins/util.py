@@ -75,3 +75,27 @@ def damage_shard(root: str, step: int) -> None:
     data = bytearray(ckpt.get(name))
     data[-8:] = bytes(b ^ 0xFF for b in data[-8:])
     ckpt.put(name, bytes(data))
+
+
+def run_job(argv: list[str], torchrun: int | None = None, timeout: float = 120):
+    """Run a job script (``argv[0]``, in this directory) without inherited crash points.
+
+    ``torchrun=N`` starts it under ``torchrun --standalone --nproc-per-node N``; otherwise
+    it runs as a plain script (and may start its own ranks, as Lightning's launcher does).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_CRASH")}
+    env.update(
+        PYTHONPATH=REPO,
+        OMP_NUM_THREADS="1",
+        MASTER_ADDR="127.0.0.1",
+        GLOO_SOCKET_IFNAME="lo",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    script = [os.path.join(HERE, argv[0]), *argv[1:]]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += ["--nproc-per-node", str(torchrun), *script]
+    else:
+        cmd = [sys.executable, *script]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
