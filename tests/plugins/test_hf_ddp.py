@@ -1,9 +1,10 @@
-"""Hugging Face ``Trainer`` + ``CkptStoreCallback`` under ``torchrun`` (DDP on CPU gloo).
+"""Hugging Face ``Trainer`` + ``CkptStoreCallback`` on several processes (DDP on CPU gloo).
 
-Real runs of ``hf_job.py``: every rank uploads a share of each checkpoint folder and the
-step commits once; a rank killed -9 mid-save leaves the previous step the newest; on a
-machine with no local copy ``resume_from_checkpoint=True`` resumes exactly on 2 processes,
-and from the same step on 3 (DDP's optimizer and scheduler files are every rank's).
+Real runs of ``hf_job.py`` under ``torchrun``: every rank uploads a share of each
+checkpoint folder and the step commits once; a rank killed -9 mid-save leaves the
+previous step the newest; on a machine with no local copy ``resume_from_checkpoint=True``
+resumes exactly on 2 processes. Under ``accelerate launch`` a 2-process step resumes on 3
+(DDP's optimizer and scheduler files are every rank's).
 """
 
 from __future__ import annotations
@@ -24,9 +25,10 @@ from tests.plugins.util import assert_equal_tree, committed, run_job, statuses  
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-def hf(tmp: str, root: str, steps: int, nproc: int, *extra: str):
+def hf(tmp: str, root: str, steps: int, nproc: int, *extra: str, launcher: str = "torchrun"):
     argv = ["hf_job.py", "--out", f"{tmp}/out", "--root", root, "--max-steps", str(steps)]
-    return run_job([*argv, "--record", f"{tmp}/record.pt", *extra], torchrun=nproc, timeout=150)
+    argv += ["--record", f"{tmp}/record.pt", *extra]
+    return run_job(argv, timeout=150, **{launcher: nproc})
 
 
 def record(tmp: str) -> dict:
@@ -84,11 +86,13 @@ def test_rank_killed_mid_save_then_resume_on_a_new_machine_is_exact(
     assert manifest(root_url, 8)["world_size"] == 2
 
 
-def test_two_process_checkpoint_resumes_on_three(tmp_path, reference) -> None:
+def test_two_process_checkpoint_resumes_on_three_under_accelerate_launch(
+    tmp_path, reference
+) -> None:
     ref_dir, ref = reference
     tmp = str(tmp_path)
     shutil.copytree(f"{ref_dir}/root", f"{tmp}/root")  # the committed steps only
-    proc = hf(tmp, f"{tmp}/root", 10, 3, "--resume")
+    proc = hf(tmp, f"{tmp}/root", 10, 3, "--resume", launcher="accelerate")
     assert proc.returncode == 0, proc.stderr[-4000:]
     rec = record(tmp)
     assert rec["start_step"] == 8
