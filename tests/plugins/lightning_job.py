@@ -128,5 +128,11 @@ if __name__ == "__main__":
     )
     if a.record and trainer.is_global_zero:
         torch.save(
-            {"start_step": rec.start_step, "start": rec.start, "by_step": rec.by_step}, a.record
+            {
+                "start_step": rec.start_step,
+                "start": rec.start,
+                "by_step": rec.by_step,
+                "best_model_path": trainer.checkpoint_callback.best_model_path,
+            },
+            a.record,
         )

@@ -129,3 +129,27 @@ def test_a_root_another_job_commits_to_first_fails_this_save_and_tears_nothing(t
     # A's step is whole and A's: B's files are gone, nothing of B's is read.
     loaded = CkptStoreIO(root).load_checkpoint(names / "a.ckpt")
     assert torch.equal(loaded["state_dict"]["w"], torch.full((64, 64), 1.0))
+
+
+def test_folder_shares_balance_bytes_and_refuse_different_copies() -> None:
+    from ckptstore.integrations._folder import _shares
+
+    # One shared file system: both ranks see everything; each file goes to one rank.
+    same = {"model.safetensors": 100, "optimizer.pt": 60, "a.json": 10, "b.json": 10}
+    sizes, owner = _shares([same, dict(same)])
+    assert sizes == same
+    assert owner == {"model.safetensors": 0, "optimizer.pt": 1, "a.json": 1, "b.json": 1}
+    # Node-local disks: a file only one rank sees is that rank's.
+    sizes, owner = _shares([{"model.safetensors": 100, "rng_0": 5}, {"rng_1": 5}])
+    assert owner == {"model.safetensors": 0, "rng_0": 0, "rng_1": 1}
+    with pytest.raises(ConfigError, match="rank 0 sees 'x' with 1 bytes and rank 1 with 2"):
+        _shares([{"x": 1}, {"x": 2}])
+
+
+def test_lightning_io_passes_key_layout_and_background_to_its_manager(tmp_path) -> None:
+    io = CkptStoreIO(str(tmp_path), key_layout="spread", background="thread")
+    mgr = io.manager()
+    assert (mgr.key_layout, mgr.background) == ("spread", "thread")
+    io.teardown()
+    with pytest.raises(ConfigError, match="background"):
+        CkptStoreIO(str(tmp_path), background="fork").manager()

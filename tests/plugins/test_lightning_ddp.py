@@ -44,8 +44,10 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> tuple[str, dict]:
 
 
 def test_every_rank_writes_its_share_and_the_step_commits_once(reference) -> None:
-    root, _ = reference
+    root, ref = reference
     assert committed(root) == [8]  # ModelCheckpoint's top-1 (the latest) named only 8
+    with open(ref["best_model_path"]) as f:  # rank 0 wrote the names
+        assert json.load(f)["step"] == 8
     doc = manifest(root, 8)
     assert doc["world_size"] == 2
     by_file: dict[str, set[str]] = {}
