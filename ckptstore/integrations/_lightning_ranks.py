@@ -24,18 +24,26 @@ Call order (Lightning drives it)::
 
     install(CkptStoreIO)            # at import of ckptstore.integrations.lightning
     Trainer(..., plugins=[io])      # every rank: strategy.checkpoint_io = io -> attach
-    trainer.save_checkpoint(path)   # every rank: io.save_checkpoint(ckpt, rank 0's path)
+    trainer.save_checkpoint(path)   # every rank: io.save_checkpoint(ckpt, rank 0's path),
+                                    # which calls check_ranks(strategy) first: several
+                                    # processes without attach -> ConfigError
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+import torch.distributed as dist
 from lightning.pytorch.strategies import ParallelStrategy, Strategy
 
 from ckptstore.errors import ConfigError
 
-__all__ = ["install", "attach", "is_served_on_every_rank"]
+from ._codec import TENSOR_PREFIX
+
+__all__ = ["REPLICATED", "install", "attach", "is_served_on_every_rank", "check_ranks"]
+
+#: What every rank saves under DDP (identical on every rank); rank 0 saves all the rest.
+REPLICATED = (TENSOR_PREFIX + "state_dict/", TENSOR_PREFIX + "optimizer_states/")
 
 _MARK = "_ckptstore_attach"
 _ALTERNATIVE = (
@@ -95,3 +103,19 @@ def attach(strategy: Strategy, io: Any) -> None:
 def is_served_on_every_rank(strategy: Strategy | None) -> bool:
     """Whether ``strategy.save_checkpoint`` calls the IO on every rank (``attach`` did it)."""
     return strategy is not None and getattr(strategy.__dict__.get("save_checkpoint"), _MARK, False)
+
+
+def check_ranks(strategy: Strategy | None) -> tuple[int, int]:
+    """(rank, world size); raise if several processes run but only rank 0 calls the IO."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return 0, 1
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if world > 1 and not is_served_on_every_rank(strategy):
+        raise ConfigError(
+            f"CkptStoreIO is one of {world} processes, but its strategy "
+            f"({type(strategy).__name__ if strategy else 'not a Lightning Trainer'}) calls it "
+            "on rank 0 only, and a ckptstore save needs every rank; use Trainer(strategy="
+            "'ddp', plugins=[CkptStoreIO(...)]) under Lightning's launcher or torchrun, or "
+            "ckptstore.CheckpointManager on every rank"
+        )
+    return rank, world

@@ -46,18 +46,14 @@ first save (the second dict differs only in ``ModelCheckpoint``'s ``last_model_p
 from __future__ import annotations
 
 import atexit
-import json
 import logging
-import os
 import threading
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 from ckptstore.config import TransferConfig
 from ckptstore.engine.catalog import parse_step
@@ -66,7 +62,7 @@ from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import KeepAll, KeepLast, RetentionPolicy, select_deletions
 from ckptstore.stores import open_store, split_url
 
-from ._codec import OBJECTS_KEY, TENSOR_PREFIX, load_newest, load_step, pack, unpack
+from ._codec import OBJECTS_KEY, load_newest, load_step, pack, unpack
 from ._versions import require
 
 try:
@@ -78,54 +74,20 @@ except ImportError as exc:  # pragma: no cover - exercised in a test with lightn
 require("lightning")
 
 from . import _lightning_ranks  # noqa: E402 - needs lightning, checked above
+from ._lightning_names import (  # noqa: E402
+    POINTER_FORMAT,
+    POINTER_MAX,
+    Pointer,
+    is_last_name,
+    norm,
+    parse_pointer,
+    pointer_bytes,
+    split,
+)
 
 __all__ = ["CkptStoreIO", "POINTER_FORMAT"]
 
 log = logging.getLogger(__name__)
-
-#: The ``format`` field of a pointer file.
-POINTER_FORMAT = "ckptstore.lightning-pointer"
-_POINTER_MAX = 64 * 1024
-#: What every rank saves under DDP (identical on every rank); rank 0 saves all the rest.
-_REPLICATED = (TENSOR_PREFIX + "state_dict/", TENSOR_PREFIX + "optimizer_states/")
-
-
-def _rank_and_world() -> tuple[int, int]:
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    return 0, 1
-
-
-@dataclass(frozen=True)
-class _Pointer:
-    root: str  # normalised root URL
-    step: int
-    newest: bool  # a "last" name: means the newest committed step under root
-
-
-def _norm(url: str) -> str:
-    scheme, rest = split_url(url)
-    if scheme in ("file", "local"):
-        return os.path.abspath(os.path.expanduser(rest))
-    return url.rstrip("/")
-
-
-def _split(url: str) -> tuple[str, str]:
-    """(directory URL, name) of a file URL or path."""
-    url = _norm(url)
-    if "://" in url:
-        parent, _, name = url.rpartition("/")
-        return parent, name
-    return os.path.split(url)
-
-
-def _is_last_name(path: str) -> bool:
-    """Whether ``ModelCheckpoint`` treats ``path`` as a "last" checkpoint (its own rule)."""
-    name = os.path.basename(str(path))
-    stem, ext = os.path.splitext(name)
-    return ext == ModelCheckpoint.FILE_EXTENSION and stem.startswith(
-        ModelCheckpoint.CHECKPOINT_NAME_LAST
-    )
 
 
 def _publish_at_exit(ref: weakref.ref[CkptStoreIO]) -> None:
@@ -160,7 +122,7 @@ class CkptStoreIO(CheckpointIO):
         key_layout: str = "flat",
         background: str = "thread",
     ) -> None:
-        self.root = _norm(root) if root else None
+        self.root = norm(root) if root else None
         self.storage_options = storage_options
         self.staging_dir = staging_dir
         self.keep = keep or KeepLast(1)
@@ -172,7 +134,7 @@ class CkptStoreIO(CheckpointIO):
         self.background = background
         self._strategy: Any = None  # set by _lightning_ranks.attach when the Trainer is built
         self._managers: dict[str, CheckpointManager] = {}
-        self._pending: list[tuple[str, _Pointer]] = []  # names waiting for their commit
+        self._pending: list[tuple[str, Pointer]] = []  # names waiting for their commit
         self._last_save: dict[str, tuple[int, frozenset[str]]] = {}
         self._pointer_dirs: set[str] = set()
         self._lock = threading.RLock()  # the watcher thread publishes names too
@@ -187,7 +149,7 @@ class CkptStoreIO(CheckpointIO):
 
     def manager(self, root: str | None = None) -> CheckpointManager:
         """The ``CheckpointManager`` of ``root`` (default: the configured root)."""
-        root = _norm(root) if root else self.root
+        root = norm(root) if root else self.root
         if root is None:
             raise ConfigError("CkptStoreIO has no root yet: pass one, or save a checkpoint first")
         with self._lock:
@@ -207,33 +169,23 @@ class CkptStoreIO(CheckpointIO):
             return self._managers[root]
 
     # -- pointers ------------------------------------------------------------------------
-    def _read_pointer(self, path: str) -> _Pointer | None:
-        parent, name = _split(path)
+    def _read_pointer(self, path: str) -> Pointer | None:
+        parent, name = split(path)
         store = open_store(parent, self._options(parent))
         try:
-            if not store.exists(name) or store.size(name) > _POINTER_MAX:
+            if not store.exists(name) or store.size(name) > POINTER_MAX:
                 return None
-            data = json.loads(store.get(name))
-        except (OSError, ValueError):  # a directory, a binary .ckpt, unreadable: not ours
+            data = store.get(name)
+        except OSError:  # a directory, unreadable: not ours
             return None
-        if not isinstance(data, dict) or data.get("format") != POINTER_FORMAT:
-            return None
-        root = parent if data["root"] == "." else str(data["root"])
-        return _Pointer(root, int(data["step"]), data.get("follow") == "newest")
+        return parse_pointer(data, parent)
 
-    def _write_pointer(self, path: str, ptr: _Pointer) -> None:
-        parent, name = _split(path)
-        body = {
-            "format": POINTER_FORMAT,
-            "version": 1,
-            "root": "." if ptr.root == parent else ptr.root,
-            "step": ptr.step,
-            "follow": "newest" if ptr.newest else "step",
-        }
-        open_store(parent, self._options(parent)).put(name, json.dumps(body).encode())
+    def _write_pointer(self, path: str, ptr: Pointer) -> None:
+        parent, name = split(path)
+        open_store(parent, self._options(parent)).put(name, pointer_bytes(ptr, parent))
         self._pointer_dirs.add(parent)
 
-    def _status(self, ptr: _Pointer) -> str:
+    def _status(self, ptr: Pointer) -> str:
         mgr = self.manager(ptr.root)
         for rec in reversed(mgr.records):
             if rec.step == ptr.step:
@@ -247,7 +199,7 @@ class CkptStoreIO(CheckpointIO):
         True while some step is still being written. Failures are reported (and dropped)
         only with ``report``, so they surface on the caller's thread, not the watcher's."""
         with self._lock:
-            waiting: list[tuple[str, _Pointer]] = []
+            waiting: list[tuple[str, Pointer]] = []
             roots, busy = set(), False
             for path, ptr in self._pending:
                 status = self._status(ptr)
@@ -310,20 +262,6 @@ class CkptStoreIO(CheckpointIO):
             log.info("deleting step %d under %s: no checkpoint name refers to it", step, root)
             mgr.delete(step)
 
-    # -- ranks ---------------------------------------------------------------------------
-    def _check_ranks(self) -> tuple[int, int]:
-        """(rank, world size); raise if several processes run but only rank 0 calls us."""
-        rank, world = _rank_and_world()
-        if world > 1 and not _lightning_ranks.is_served_on_every_rank(self._strategy):
-            raise ConfigError(
-                f"CkptStoreIO is one of {world} processes, but its strategy "
-                f"({type(self._strategy).__name__ if self._strategy else 'not a Lightning Trainer'}"
-                ") calls it on rank 0 only, and a ckptstore save needs every rank; use "
-                "Trainer(strategy='ddp', plugins=[CkptStoreIO(...)]) under Lightning's launcher "
-                "or torchrun, or ckptstore.CheckpointManager on every rank"
-            )
-        return rank, world
-
     # -- CheckpointIO ----------------------------------------------------------------------
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
@@ -336,12 +274,12 @@ class CkptStoreIO(CheckpointIO):
             raise TypeError(
                 "CkptStoreIO.save_checkpoint takes no storage_options; pass them to CkptStoreIO()"
             )
-        rank, _world = self._check_ranks()
-        path = _norm(str(path))
+        rank, _world = _lightning_ranks.check_ranks(self._strategy)
+        path = norm(str(path))
         if "global_step" not in checkpoint:
             raise ConfigError("a Lightning checkpoint dict has a 'global_step'; this one does not")
         step = int(checkpoint["global_step"])
-        root = self.root or _split(path)[0]
+        root = self.root or split(path)[0]
         with self._lock:
             mgr = self.manager(root)
             previous = self._last_save.get(root)
@@ -356,18 +294,19 @@ class CkptStoreIO(CheckpointIO):
             else:
                 flat = pack(checkpoint)
                 if rank != 0:  # the replicated tensors only: rank 0 saves the rest
-                    flat = {k: v for k, v in flat.items() if k.startswith(_REPLICATED)}
+                    shared = _lightning_ranks.REPLICATED
+                    flat = {k: v for k, v in flat.items() if k.startswith(shared)}
                 mgr.save(step, flat)  # waits for the previous save, if in flight
                 self._last_save[root] = (step, frozenset(checkpoint))
             if rank != 0:  # names are rank 0's: it writes them once the step commits
                 return
-            self._pending.append((path, _Pointer(root, step, newest=_is_last_name(path))))
+            self._pending.append((path, Pointer(root, step, newest=is_last_name(path))))
             self._publish()  # the previous step's names; this one's too if saved synchronously
         self._start_watcher()
 
     def _resolve(self, path: str) -> tuple[str, int | None] | None:
         """(root, step or None for the newest committed) of ``path``; None: a stock file."""
-        parent, name = _split(path)
+        parent, name = split(path)
         step = parse_step(name)
         if step is not None:
             return parent, step
@@ -378,7 +317,7 @@ class CkptStoreIO(CheckpointIO):
                 return ptr.root, (None if ptr.newest else ptr.step)
         if open_store(parent, self._options(parent)).exists(name):
             return None
-        return _norm(path), None
+        return norm(path), None
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
@@ -388,9 +327,9 @@ class CkptStoreIO(CheckpointIO):
         With several processes, every rank calls this (Lightning does) and loads what rank 0
         resolved ``path`` to.
         """
-        _rank, world = self._check_ranks()
+        _rank, world = _lightning_ranks.check_ranks(self._strategy)
         self.wait()
-        target = self._resolve(_norm(str(path)))
+        target = self._resolve(norm(str(path)))
         if world > 1:
             target = self._strategy.broadcast(target, src=0)
         if target is None:
@@ -416,8 +355,8 @@ class CkptStoreIO(CheckpointIO):
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete the name ``path``; its step goes once nothing keeps it (module docstring)."""
-        path = _norm(str(path))
-        parent, name = _split(path)
+        path = norm(str(path))
+        parent, name = split(path)
         with self._lock:
             self._pending = [(p, ptr) for p, ptr in self._pending if p != path]
             ptr = self._read_pointer(path)
