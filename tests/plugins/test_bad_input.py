@@ -153,3 +153,36 @@ def test_lightning_io_passes_key_layout_and_background_to_its_manager(tmp_path) 
     io.teardown()
     with pytest.raises(ConfigError, match="background"):
         CkptStoreIO(str(tmp_path), background="fork").manager()
+
+
+def _save_from_rank_zero_only(rank: int, init: str, out: str) -> None:
+    """One of 2 gloo ranks, calling the IO as a rank-0-only loop (Fabric's DDP) would."""
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
+    try:
+        if rank == 0:
+            io = CkptStoreIO(f"{out}/root")  # never attached to a Lightning Trainer
+            try:
+                io.save_checkpoint(_checkpoint(2, 2.0), f"{out}/names/a.ckpt")
+                result = "saved"
+            except ConfigError as exc:
+                result = str(exc)
+            with open(f"{out}/result", "w") as f:
+                f.write(result)
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_a_rank_zero_only_call_among_several_processes_is_refused(tmp_path) -> None:
+    import torch.multiprocessing as mp
+
+    from tests.plugins.util import free_port
+
+    init = f"tcp://127.0.0.1:{free_port()}"
+    mp.spawn(_save_from_rank_zero_only, args=(init, str(tmp_path)), nprocs=2)
+    result = (tmp_path / "result").read_text()
+    assert "one of 2 processes" in result and "strategy='ddp'" in result, result
+    assert not (tmp_path / "root").exists() and not (tmp_path / "names").exists()
