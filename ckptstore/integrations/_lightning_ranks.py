@@ -54,7 +54,12 @@ _ALTERNATIVE = (
 
 def install(io_type: type) -> None:
     """Wrap ``Strategy.checkpoint_io``'s setter to call ``attach`` for ``io_type`` (idempotent)."""
-    prop = Strategy.__dict__["checkpoint_io"]
+    prop = Strategy.__dict__.get("checkpoint_io")
+    if not isinstance(prop, property) or prop.fset is None:
+        raise ConfigError(
+            "this lightning has no settable Strategy.checkpoint_io property, which CkptStoreIO "
+            "needs to reach every rank; run: pip install 'lightning>=2.2,<3'"
+        )
     if getattr(prop.fset, _MARK, False):
         return
     base_set = prop.fset
