@@ -26,7 +26,6 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
 import ckptstore
 from ckptstore.engine.catalog import step_name
@@ -44,7 +43,6 @@ __all__ = [
     "load_step",
     "load_newest",
     "trailing_int",
-    "refuse_multiprocess",
 ]
 
 #: The uint8 tensor holding the ``torch.save``-d structure.
@@ -191,12 +189,3 @@ def trailing_int(name: str) -> int | None:
             break
         digits = ch + digits
     return int(digits) if digits else None
-
-
-def refuse_multiprocess(what: str) -> None:
-    """Raise if this is one process of several: the plugins save from one process only."""
-    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        raise ConfigError(
-            f"{what} runs in a single process; with {dist.get_world_size()} processes use "
-            "ckptstore.manager.CheckpointManager directly (every rank saves its shard)"
-        )

@@ -17,6 +17,17 @@ the framework's own loader. Call order::
 A local folder that does not match its committed step (torn, edited, another step) is
 moved aside to a quarantine directory, never deleted, before the committed copy is
 written in its place (files fsynced, then the folder renamed in).
+
+Several processes (``torch.distributed`` initialised, world size > 1): every rank calls
+``save``, ``ensure_local`` and ``restore_newest``, in the same order, on the training
+script's default process group as well as the manager's own. ``save`` waits until every
+rank has written its files into the folder, then each rank uploads a share of the files
+(each file once, by one of the ranks that see it, balanced by bytes), so a folder the
+ranks see on one shared file system is written by all of them, and a file only one node
+wrote (its ranks' RNG states, on node-local disks) still gets in. A name two ranks see
+with different bytes is refused. On restore every rank loads the step and only the ranks
+given ``write=True`` (one per file system: the framework's "should save" process) write
+the folder; every rank returns after it is written.
 """
 
 from __future__ import annotations
@@ -31,6 +42,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypedDict
 
 import torch
+import torch.distributed as dist
 
 from ckptstore.config import TransferConfig
 from ckptstore.engine.checksum import crc32c
@@ -39,7 +51,7 @@ from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import RetentionPolicy
 from ckptstore.stores.local import LocalStore
 
-from ._codec import from_uint8, load_step, refuse_multiprocess, to_uint8
+from ._codec import from_uint8, load_step, to_uint8
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -51,6 +63,7 @@ __all__ = [
     "FILE_PREFIX",
     "QUARANTINE",
     "quarantine",
+    "barrier",
 ]
 
 log = logging.getLogger(__name__)
@@ -102,6 +115,51 @@ def _local_files(folder: str) -> dict[str, str]:
     return out
 
 
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _gather(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (also a barrier), on the default group."""
+    if _world() == 1:
+        return [obj]
+    out: list[Any] = [None] * _world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op in one process)."""
+    _gather(None)
+
+
+def _shares(seen: list[dict[str, int]]) -> tuple[dict[str, int], dict[str, int]]:
+    """(name -> size, name -> the rank that uploads it) from every rank's {name: size}.
+
+    Each name goes to the rank that sees it with the fewest bytes assigned so far (the
+    lowest such rank on a tie): the same answer on every rank.
+    """
+    sizes: dict[str, int] = {}
+    holders: dict[str, list[int]] = {}
+    for rank, files in enumerate(seen):
+        for rel, size in files.items():
+            if sizes.setdefault(rel, size) != size:
+                first = holders[rel][0]
+                raise ConfigError(
+                    f"rank {first} sees {rel!r} with {sizes[rel]} bytes and rank {rank} with "
+                    f"{size}: the ranks' copies of a checkpoint folder must be the same files "
+                    "(one shared file system) or different ones (node-local disks)"
+                )
+            holders.setdefault(rel, []).append(rank)
+    load = [0] * len(seen)
+    owner: dict[str, int] = {}
+    for rel in sorted(sizes, key=lambda r: (-sizes[r], r)):
+        rank = min(holders[rel], key=lambda r: (load[r], r))
+        owner[rel] = rank
+        load[rank] += sizes[rel]
+    return sizes, owner
+
+
 def quarantine(folder: str, qdir: str) -> str:
     """Move ``folder`` into ``qdir`` (replacing an older quarantined copy); its new path."""
     os.makedirs(qdir, exist_ok=True)
@@ -135,22 +193,33 @@ class FolderCheckpoints:
     def manager(self) -> CheckpointManager:
         """The ``CheckpointManager`` (made on first use, so a plugin costs nothing until then)."""
         if self._mgr is None:
-            refuse_multiprocess(type(self).__name__)
             self._mgr = CheckpointManager(self.root, **self._options)
         return self._mgr
 
     # -- saving --------------------------------------------------------------------------
     def save(self, step: int, folder: str, extra: dict[str, Any] | None = None) -> bool:
-        """Start uploading ``folder`` as ``step``; False if that step is already committed."""
-        if not os.path.isdir(folder):
+        """Start uploading ``folder`` as ``step``; False if that step is already committed.
+
+        With several processes every rank calls it (see the module docstring).
+        """
+        barrier()  # every rank has written its files into the folder
+        local = _local_files(folder) if os.path.isdir(folder) else {}
+        seen = _gather({rel: os.path.getsize(full) for rel, full in local.items()})
+        if not any(seen):
             raise ConfigError(f"{folder} is not a directory; nothing to upload for step {step}")
+        sizes, owner = _shares(seen)
+        me = dist.get_rank() if _world() > 1 else 0
         flat: dict[str, torch.Tensor] = {}
-        files: dict[str, dict[str, int]] = {}
-        for rel, full in sorted(_local_files(folder).items()):
-            size = os.path.getsize(full)
-            t = _read(full, size)
-            flat[FILE_PREFIX + rel] = t
-            files[rel] = {"size": size, "crc32c": _crc(t)}
+        crcs: dict[str, int] = {}
+        for rel in sorted(local):
+            if owner[rel] == me:
+                t = _read(local[rel], sizes[rel])
+                flat[FILE_PREFIX + rel] = t
+                crcs[rel] = _crc(t)
+        crc_all: dict[str, int] = {}
+        for part in _gather(crcs):
+            crc_all.update(part)
+        files = {rel: {"size": sizes[rel], "crc32c": crc_all[rel]} for rel in sorted(sizes)}
         index = {
             "format": INDEX_FORMAT,
             "version": 1,
@@ -159,9 +228,10 @@ class FolderCheckpoints:
             "files": files,
             "extra": extra or {},
         }
-        flat[INDEX_KEY] = to_uint8(json.dumps(index).encode())
+        if me == 0:
+            flat[INDEX_KEY] = to_uint8(json.dumps(index).encode())
         saved = self.manager.save(step, flat)
-        if not saved:
+        if not saved and me == 0:
             warnings.warn(
                 f"step {step} is already committed under {self.root}; {folder} was not "
                 "uploaded again",
@@ -212,15 +282,36 @@ class FolderCheckpoints:
         folder: str,
         qdir: str | None = None,
         index: dict[str, Any] | None = None,
+        write: bool = True,
     ) -> str:
         """Make ``folder`` hold committed ``step`` byte for byte.
 
         A local folder that differs is moved to ``qdir`` (default: ``QUARANTINE`` beside it).
+        With several processes every rank calls it; only those with ``write`` write.
         """
         index = index if index is not None else self.index(step)
-        if self.matches(folder, index):
+        need = write and not self.matches(folder, index)
+        if not any(_gather(need)):
             return folder
         flat = load_step(self.manager, step, [FILE_PREFIX + rel for rel in index["files"]])
+        error: BaseException | None = None
+        if need:
+            try:
+                self._write_folder(step, folder, qdir, index, flat)
+            except BaseException as exc:  # noqa: BLE001 - every rank hears of it below
+                error = exc
+        failed = [r for r, ok in enumerate(_gather(error is None)) if not ok]
+        if error is not None:
+            raise error
+        if failed:
+            raise CorruptCheckpointError(
+                f"rank {failed[0]} could not write step {step} into {folder}; see its log"
+            )
+        return folder
+
+    def _write_folder(
+        self, step: int, folder: str, qdir: str | None, index: dict[str, Any], flat: dict
+    ) -> None:
         parent = os.path.dirname(os.path.abspath(folder))
         qdir = qdir or os.path.join(parent, QUARANTINE)
         tmp = os.path.join(parent, f".{os.path.basename(folder)}.ckptstore-tmp-{uuid.uuid4().hex}")
@@ -241,20 +332,22 @@ class FolderCheckpoints:
         finally:
             os.close(fd)
         log.info("restored step %d from %s into %s", step, self.root, folder)
-        return folder
 
     def restore_newest(
-        self, dest: Callable[[int, dict[str, Any]], str], qdir: str | None = None
+        self,
+        dest: Callable[[int, dict[str, Any]], str],
+        qdir: str | None = None,
+        write: bool = True,
     ) -> tuple[int, str] | None:
         """(step, local folder) of the newest committed step that verifies, or None.
 
         A step that fails verification is skipped with a warning, as
-        ``CheckpointManager.restore`` does.
+        ``CheckpointManager.restore`` does. ``write`` as for ``ensure_local``.
         """
         for step in reversed(self.steps()):
             try:
                 index = self.index(step)
-                return step, self.ensure_local(step, dest(step, index), qdir, index)
+                return step, self.ensure_local(step, dest(step, index), qdir, index, write)
             except (CorruptCheckpointError, IncompleteCheckpointError) as exc:
                 warnings.warn(
                     f"checkpoint step {step} could not be restored ({exc}); falling back to "

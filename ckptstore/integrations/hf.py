@@ -32,7 +32,15 @@ checkpointing, so ``save_state`` calls its ``state_dict`` after writing every ot
                        # number dir's name ends with (checkpoint_3, step_500)
     wait() / close()
 
-Both run in one process (multi-process jobs: use ``CheckpointManager`` directly).
+Several processes (``torchrun --nproc-per-node N``, ``accelerate launch --num_processes N``):
+every rank runs the same hooks. A save waits until every rank has written its files (the
+model and optimizer from the main process, each rank's RNG state), then every rank uploads
+a share of the folder and the step commits once. On resume every rank loads the committed
+step and the process that saves for its file system (the framework's ``should_save`` /
+main process; with ``save_on_each_node``, one per node) writes the local folder; every
+rank goes on once it is written. A different number of processes can resume a step where
+the framework allows it: the Trainer's DDP optimizer and scheduler files are the same for
+every rank; a rank without its own RNG file gets the framework's own warning.
 """
 
 from __future__ import annotations
@@ -45,7 +53,8 @@ from typing import TYPE_CHECKING, Any
 from ckptstore.errors import ConfigError, missing_dependency
 
 from ._codec import trailing_int
-from ._folder import QUARANTINE, FolderCheckpoints, ManagerOptions, quarantine
+from ._folder import QUARANTINE, FolderCheckpoints, ManagerOptions, barrier, quarantine
+from ._versions import require
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -59,6 +68,8 @@ try:
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError as exc:  # pragma: no cover - exercised in a test with transformers hidden
     raise missing_dependency("transformers", "hf") from exc
+require("accelerate")
+require("transformers")
 
 __all__ = ["CkptStoreCallback", "CkptStoreAccelerate"]
 
@@ -91,19 +102,27 @@ class CkptStoreCallback(TrainerCallback):
         self.folders = FolderCheckpoints(root, **options)
         self.sync_on_init = sync_on_init
 
-    def prepare_resume(self, output_dir: str) -> str | None:
-        """Make ``output_dir/checkpoint-<N>`` the newest committed step N; its path, or None."""
+    def prepare_resume(self, output_dir: str, write: bool = True) -> str | None:
+        """Make ``output_dir/checkpoint-<N>`` the newest committed step N; its path, or None.
+
+        With several processes every rank calls it; those with ``write`` (one per file
+        system) write the folder.
+        """
         qdir = os.path.join(output_dir, QUARANTINE)
         found = self.folders.restore_newest(
-            lambda step, _index: os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}"), qdir
+            lambda step, _index: os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}"),
+            qdir,
+            write,
         )
-        pattern = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)")
-        _move_newer_aside(output_dir, pattern, found[0] if found else None, qdir)
+        if write:
+            pattern = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)")
+            _move_newer_aside(output_dir, pattern, found[0] if found else None, qdir)
+        barrier()  # no rank looks for checkpoints before the folders are in place
         return found[1] if found else None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        if self.sync_on_init and state.is_world_process_zero:
-            self.prepare_resume(args.output_dir)
+        if self.sync_on_init:
+            self.prepare_resume(args.output_dir, write=args.should_save)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
@@ -152,6 +171,13 @@ class CkptStoreAccelerate:
         ]
         accelerator.register_for_checkpointing(self)
         return self
+
+    def _writes(self) -> bool:
+        """Whether this process writes restored folders (one per file system)."""
+        acc = self.accelerator
+        if acc.project_configuration.save_on_each_node:
+            return bool(acc.is_local_main_process)
+        return bool(acc.is_main_process)
 
     def _checkpoints_dir(self) -> str | None:
         cfg = self.accelerator.project_configuration
@@ -221,7 +247,7 @@ class CkptStoreAccelerate:
                 stacklevel=3,
             )
             return
-        self.folders.ensure_local(step, input_dir, self._qdir())
+        self.folders.ensure_local(step, input_dir, self._qdir(), write=self._writes())
         self._set_iteration(step)
 
     def prepare_resume(self, local_dir: str | None = None) -> str | None:
@@ -238,12 +264,13 @@ class CkptStoreAccelerate:
             return os.path.join(local_dir, index["name"]) if local_dir else index["path"]
 
         qdir = self._qdir()
-        found = self.folders.restore_newest(dest, qdir)
+        found = self.folders.restore_newest(dest, qdir, self._writes())
+        if found is not None and auto is not None and qdir is not None and self._writes():
+            _move_newer_aside(auto, re.compile(r"checkpoint_(\d+)"), found[0], qdir)
+        barrier()  # every rank goes on once the folders are in place
         if found is None:
             return None
         step, path = found
-        if auto is not None and qdir is not None:
-            _move_newer_aside(auto, re.compile(r"checkpoint_(\d+)"), step, qdir)
         self._set_iteration(step)
         return path
 

@@ -15,7 +15,16 @@ step (JSON, not a ``torch.save`` file), so ``ModelCheckpoint``'s top-k, ``best_m
 and ``ckpt_path="last"`` keep working unchanged. A name is written only once its step has
 committed, so "last" exists only when there is something to resume from.
 
-Call order (Lightning drives it; one process: multi-process strategies are refused)::
+Several processes (``strategy="ddp"`` under Lightning's launcher or ``torchrun``): every
+rank calls ``save_checkpoint`` and ``load_checkpoint`` (``_lightning_ranks`` lifts
+Lightning's rank-0 gate for this IO, on that strategy instance only). Every rank saves the
+model and optimizer tensors, which DDP keeps identical on every rank, so DCP spreads
+their writes over the ranks; rank 0 adds the rest of its checkpoint dict. The step
+commits once, after every rank's files are durable. Rank 0 alone writes and removes the
+names and prunes. A strategy that writes its own checkpoints (FSDP, ModelParallel,
+DeepSpeed) or spawns its ranks is refused with a ``ConfigError`` when the Trainer is built.
+
+Call order (Lightning drives it)::
 
     save_checkpoint(checkpoint, path)   # stage the dict; the step commits in the background
                                         # and a watcher thread writes ``path`` right after
@@ -37,14 +46,11 @@ first save (the second dict differs only in ``ModelCheckpoint``'s ``last_model_p
 from __future__ import annotations
 
 import atexit
-import json
 import logging
-import os
 import threading
 import time
 import warnings
 import weakref
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -56,7 +62,8 @@ from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import KeepAll, KeepLast, RetentionPolicy, select_deletions
 from ckptstore.stores import open_store, split_url
 
-from ._codec import OBJECTS_KEY, load_newest, load_step, pack, refuse_multiprocess, unpack
+from ._codec import OBJECTS_KEY, load_newest, load_step, pack, unpack
+from ._versions import require
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
@@ -64,46 +71,23 @@ try:
     from lightning.pytorch.callbacks import ModelCheckpoint
 except ImportError as exc:  # pragma: no cover - exercised in a test with lightning hidden
     raise missing_dependency("lightning", "lightning") from exc
+require("lightning")
+
+from . import _lightning_ranks  # noqa: E402 - needs lightning, checked above
+from ._lightning_names import (  # noqa: E402
+    POINTER_FORMAT,
+    POINTER_MAX,
+    Pointer,
+    is_last_name,
+    norm,
+    parse_pointer,
+    pointer_bytes,
+    split,
+)
 
 __all__ = ["CkptStoreIO", "POINTER_FORMAT"]
 
 log = logging.getLogger(__name__)
-
-#: The ``format`` field of a pointer file.
-POINTER_FORMAT = "ckptstore.lightning-pointer"
-_POINTER_MAX = 64 * 1024
-
-
-@dataclass(frozen=True)
-class _Pointer:
-    root: str  # normalised root URL
-    step: int
-    newest: bool  # a "last" name: means the newest committed step under root
-
-
-def _norm(url: str) -> str:
-    scheme, rest = split_url(url)
-    if scheme in ("file", "local"):
-        return os.path.abspath(os.path.expanduser(rest))
-    return url.rstrip("/")
-
-
-def _split(url: str) -> tuple[str, str]:
-    """(directory URL, name) of a file URL or path."""
-    url = _norm(url)
-    if "://" in url:
-        parent, _, name = url.rpartition("/")
-        return parent, name
-    return os.path.split(url)
-
-
-def _is_last_name(path: str) -> bool:
-    """Whether ``ModelCheckpoint`` treats ``path`` as a "last" checkpoint (its own rule)."""
-    name = os.path.basename(str(path))
-    stem, ext = os.path.splitext(name)
-    return ext == ModelCheckpoint.FILE_EXTENSION and stem.startswith(
-        ModelCheckpoint.CHECKPOINT_NAME_LAST
-    )
 
 
 def _publish_at_exit(ref: weakref.ref[CkptStoreIO]) -> None:
@@ -120,7 +104,8 @@ class CkptStoreIO(CheckpointIO):
 
     ``keep`` keeps committed steps beyond those a checkpoint name refers to (the newest is
     always kept); by default ``ModelCheckpoint`` alone decides. ``async_save=False`` commits
-    before ``save_checkpoint`` returns.
+    before ``save_checkpoint`` returns. ``key_layout`` and ``background`` mean what they
+    mean for ``CheckpointManager``.
     """
 
     def __init__(
@@ -134,8 +119,10 @@ class CkptStoreIO(CheckpointIO):
         config: TransferConfig | None = None,
         codec: str = "none",
         strict: bool = False,
+        key_layout: str = "flat",
+        background: str = "thread",
     ) -> None:
-        self.root = _norm(root) if root else None
+        self.root = norm(root) if root else None
         self.storage_options = storage_options
         self.staging_dir = staging_dir
         self.keep = keep or KeepLast(1)
@@ -143,8 +130,11 @@ class CkptStoreIO(CheckpointIO):
         self.config = config
         self.codec = codec
         self.strict = strict
+        self.key_layout = key_layout
+        self.background = background
+        self._strategy: Any = None  # set by _lightning_ranks.attach when the Trainer is built
         self._managers: dict[str, CheckpointManager] = {}
-        self._pending: list[tuple[str, _Pointer]] = []  # names waiting for their commit
+        self._pending: list[tuple[str, Pointer]] = []  # names waiting for their commit
         self._last_save: dict[str, tuple[int, frozenset[str]]] = {}
         self._pointer_dirs: set[str] = set()
         self._lock = threading.RLock()  # the watcher thread publishes names too
@@ -159,7 +149,7 @@ class CkptStoreIO(CheckpointIO):
 
     def manager(self, root: str | None = None) -> CheckpointManager:
         """The ``CheckpointManager`` of ``root`` (default: the configured root)."""
-        root = _norm(root) if root else self.root
+        root = norm(root) if root else self.root
         if root is None:
             raise ConfigError("CkptStoreIO has no root yet: pass one, or save a checkpoint first")
         with self._lock:
@@ -173,37 +163,29 @@ class CkptStoreIO(CheckpointIO):
                     async_save=self.async_save,
                     strict=self.strict,
                     codec=self.codec,
+                    key_layout=self.key_layout,
+                    background=self.background,
                 )
             return self._managers[root]
 
     # -- pointers ------------------------------------------------------------------------
-    def _read_pointer(self, path: str) -> _Pointer | None:
-        parent, name = _split(path)
+    def _read_pointer(self, path: str) -> Pointer | None:
+        parent, name = split(path)
         store = open_store(parent, self._options(parent))
         try:
-            if not store.exists(name) or store.size(name) > _POINTER_MAX:
+            if not store.exists(name) or store.size(name) > POINTER_MAX:
                 return None
-            data = json.loads(store.get(name))
-        except (OSError, ValueError):  # a directory, a binary .ckpt, unreadable: not ours
+            data = store.get(name)
+        except OSError:  # a directory, unreadable: not ours
             return None
-        if not isinstance(data, dict) or data.get("format") != POINTER_FORMAT:
-            return None
-        root = parent if data["root"] == "." else str(data["root"])
-        return _Pointer(root, int(data["step"]), data.get("follow") == "newest")
+        return parse_pointer(data, parent)
 
-    def _write_pointer(self, path: str, ptr: _Pointer) -> None:
-        parent, name = _split(path)
-        body = {
-            "format": POINTER_FORMAT,
-            "version": 1,
-            "root": "." if ptr.root == parent else ptr.root,
-            "step": ptr.step,
-            "follow": "newest" if ptr.newest else "step",
-        }
-        open_store(parent, self._options(parent)).put(name, json.dumps(body).encode())
+    def _write_pointer(self, path: str, ptr: Pointer) -> None:
+        parent, name = split(path)
+        open_store(parent, self._options(parent)).put(name, pointer_bytes(ptr, parent))
         self._pointer_dirs.add(parent)
 
-    def _status(self, ptr: _Pointer) -> str:
+    def _status(self, ptr: Pointer) -> str:
         mgr = self.manager(ptr.root)
         for rec in reversed(mgr.records):
             if rec.step == ptr.step:
@@ -217,7 +199,7 @@ class CkptStoreIO(CheckpointIO):
         True while some step is still being written. Failures are reported (and dropped)
         only with ``report``, so they surface on the caller's thread, not the watcher's."""
         with self._lock:
-            waiting: list[tuple[str, _Pointer]] = []
+            waiting: list[tuple[str, Pointer]] = []
             roots, busy = set(), False
             for path, ptr in self._pending:
                 status = self._status(ptr)
@@ -284,17 +266,20 @@ class CkptStoreIO(CheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Start saving ``checkpoint`` as step ``global_step``; ``path`` names it."""
+        """Start saving ``checkpoint`` as step ``global_step``; ``path`` names it.
+
+        With several processes, every rank calls this with the same ``path``.
+        """
         if storage_options is not None:
             raise TypeError(
                 "CkptStoreIO.save_checkpoint takes no storage_options; pass them to CkptStoreIO()"
             )
-        refuse_multiprocess("CkptStoreIO")
-        path = _norm(str(path))
+        rank, _world = _lightning_ranks.check_ranks(self._strategy)
+        path = norm(str(path))
         if "global_step" not in checkpoint:
             raise ConfigError("a Lightning checkpoint dict has a 'global_step'; this one does not")
         step = int(checkpoint["global_step"])
-        root = self.root or _split(path)[0]
+        root = self.root or split(path)[0]
         with self._lock:
             mgr = self.manager(root)
             previous = self._last_save.get(root)
@@ -307,15 +292,21 @@ class CkptStoreIO(CheckpointIO):
                         stacklevel=2,
                     )
             else:
-                mgr.save(step, pack(checkpoint))  # waits for the previous save, if in flight
+                flat = pack(checkpoint)
+                if rank != 0:  # the replicated tensors only: rank 0 saves the rest
+                    shared = _lightning_ranks.REPLICATED
+                    flat = {k: v for k, v in flat.items() if k.startswith(shared)}
+                mgr.save(step, flat)  # waits for the previous save, if in flight
                 self._last_save[root] = (step, frozenset(checkpoint))
-            self._pending.append((path, _Pointer(root, step, newest=_is_last_name(path))))
+            if rank != 0:  # names are rank 0's: it writes them once the step commits
+                return
+            self._pending.append((path, Pointer(root, step, newest=is_last_name(path))))
             self._publish()  # the previous step's names; this one's too if saved synchronously
         self._start_watcher()
 
     def _resolve(self, path: str) -> tuple[str, int | None] | None:
         """(root, step or None for the newest committed) of ``path``; None: a stock file."""
-        parent, name = _split(path)
+        parent, name = split(path)
         step = parse_step(name)
         if step is not None:
             return parent, step
@@ -326,15 +317,21 @@ class CkptStoreIO(CheckpointIO):
                 return ptr.root, (None if ptr.newest else ptr.step)
         if open_store(parent, self._options(parent)).exists(name):
             return None
-        return _norm(path), None
+        return norm(path), None
 
     def load_checkpoint(
         self, path: Any, map_location: Any | None = None, weights_only: bool | None = None
     ) -> dict[str, Any]:
-        """The Lightning dict of ``path``: a name, a root (newest committed) or a step URL."""
-        refuse_multiprocess("CkptStoreIO")
+        """The Lightning dict of ``path``: a name, a root (newest committed) or a step URL.
+
+        With several processes, every rank calls this (Lightning does) and loads what rank 0
+        resolved ``path`` to.
+        """
+        _rank, world = _lightning_ranks.check_ranks(self._strategy)
         self.wait()
-        target = self._resolve(_norm(str(path)))
+        target = self._resolve(norm(str(path)))
+        if world > 1:
+            target = self._strategy.broadcast(target, src=0)
         if target is None:
             return TorchCheckpointIO().load_checkpoint(path, map_location, weights_only)
         root, step = target
@@ -358,8 +355,8 @@ class CkptStoreIO(CheckpointIO):
 
     def remove_checkpoint(self, path: Any) -> None:
         """Delete the name ``path``; its step goes once nothing keeps it (module docstring)."""
-        path = _norm(str(path))
-        parent, name = _split(path)
+        path = norm(str(path))
+        parent, name = split(path)
         with self._lock:
             self._pending = [(p, ptr) for p, ptr in self._pending if p != path]
             ptr = self._read_pointer(path)
@@ -396,3 +393,6 @@ class CkptStoreIO(CheckpointIO):
                     first = first or exc
             if first is not None:
                 raise first
+
+
+_lightning_ranks.install(CkptStoreIO)

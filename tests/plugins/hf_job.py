@@ -1,4 +1,7 @@
-"""A tiny Transformers Trainer run: imported by the tests, and run as a script by the kill test.
+"""A tiny Transformers Trainer run: imported by the tests, and run as a script by the kill tests.
+
+As a script it may run under ``torchrun`` (DDP on gloo); the main process writes what its
+``Recorder`` saw to ``--record``.
 
 The model is built from a config (never loaded from the Hub), with dropout off, and the
 data is a fixed token set, so an interrupted-and-resumed run can be compared bit for bit
@@ -110,5 +113,15 @@ if __name__ == "__main__":
     p.add_argument("--out", required=True)
     p.add_argument("--root", required=True)
     p.add_argument("--max-steps", type=int, required=True)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--record", default=None, help="the main process writes its Recorder here")
+    p.add_argument("--crash-at", default=None, help="CKPTSTORE_CRASH_AT, on --crash-rank only")
+    p.add_argument("--crash-rank", type=int, default=0)
     a = p.parse_args()
-    train(a.out, a.root, a.max_steps)
+    if a.crash_at and int(os.environ.get("RANK", "0")) == a.crash_rank:
+        os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
+    trainer, rec, _ = train(a.out, a.root, a.max_steps, resume=a.resume)
+    if a.record and trainer.is_world_process_zero():
+        torch.save(
+            {"start_step": rec.start_step, "start": rec.start, "by_step": rec.by_step}, a.record
+        )

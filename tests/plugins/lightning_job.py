@@ -1,4 +1,8 @@
-"""A tiny Lightning run: imported by the tests, and run as a script by the kill test.
+"""A tiny Lightning run: imported by the tests, and run as a script by the kill tests.
+
+As a script it may run several processes (``--devices 2 --strategy ddp``, under
+Lightning's own launcher, which starts this script again for the other ranks, or under
+``torchrun``); rank 0 writes what its ``Recorder`` saw to ``--record``.
 
 Every batch is the same, so the weights after N steps depend only on N and on the model,
 optimizer and scheduler state carried across a resume, not on where in an epoch
@@ -9,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 from typing import Any
 
 import lightning as L
@@ -71,6 +76,8 @@ def fit(
     max_steps: int,
     ckpt_path: str | None = None,
     io: CkptStoreIO | None = None,
+    devices: int = 1,
+    strategy: str = "auto",
     **checkpoint_kwargs: Any,
 ) -> tuple[L.Trainer, Recorder]:
     torch.manual_seed(0)
@@ -81,7 +88,8 @@ def fit(
     trainer = L.Trainer(
         max_steps=max_steps,
         accelerator="cpu",
-        devices=1,
+        devices=devices,
+        strategy=strategy,
         logger=False,
         enable_progress_bar=False,
         enable_model_summary=False,
@@ -103,5 +111,28 @@ if __name__ == "__main__":
     p.add_argument("--dir", required=True)
     p.add_argument("--root", required=True)
     p.add_argument("--max-steps", type=int, required=True)
+    p.add_argument("--devices", type=int, default=1)
+    p.add_argument("--strategy", default="auto")
+    p.add_argument("--ckpt-path", default=None)
+    p.add_argument("--record", default=None, help="rank 0 writes its Recorder here")
+    p.add_argument("--crash-at", default=None, help="CKPTSTORE_CRASH_AT, on --crash-rank only")
+    p.add_argument("--crash-rank", type=int, default=0)
     a = p.parse_args()
-    fit(a.dir, a.root, a.max_steps)
+    # Lightning's launcher starts this script again for ranks 1.. with LOCAL_RANK set (and
+    # the parent's environment), so the crash point is armed here, per process.
+    rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
+    if a.crash_at and rank == a.crash_rank:
+        os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
+    trainer, rec = fit(
+        a.dir, a.root, a.max_steps, a.ckpt_path, devices=a.devices, strategy=a.strategy
+    )
+    if a.record and trainer.is_global_zero:
+        torch.save(
+            {
+                "start_step": rec.start_step,
+                "start": rec.start,
+                "by_step": rec.by_step,
+                "best_model_path": trainer.checkpoint_callback.best_model_path,
+            },
+            a.record,
+        )

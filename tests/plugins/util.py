@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 from typing import Any
@@ -75,3 +76,46 @@ def damage_shard(root: str, step: int) -> None:
     data = bytearray(ckpt.get(name))
     data[-8:] = bytes(b ^ 0xFF for b in data[-8:])
     ckpt.put(name, bytes(data))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_job(
+    argv: list[str],
+    torchrun: int | None = None,
+    accelerate: int | None = None,
+    timeout: float = 120,
+) -> subprocess.CompletedProcess:
+    """Run a job script (``argv[0]``, in this directory) without inherited crash points.
+
+    ``torchrun=N`` starts it under ``torchrun --standalone --nproc-per-node N``,
+    ``accelerate=N`` under ``accelerate launch --multi_gpu --num_processes N``; otherwise it runs
+    as a plain script (and may start its own ranks, as Lightning's launcher does).
+    """
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CKPTSTORE_CRASH")}
+    env.update(
+        PYTHONPATH=REPO,
+        OMP_NUM_THREADS="1",
+        MASTER_ADDR="127.0.0.1",
+        GLOO_SOCKET_IFNAME="lo",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+    )
+    script = [os.path.join(HERE, argv[0]), *argv[1:]]
+    if torchrun:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+        cmd += ["--nproc-per-node", str(torchrun), *script]
+    elif accelerate:
+        # --multi_gpu picks Accelerate's torchrun launcher; the script's Accelerator(cpu=True)
+        # makes each process a CPU gloo rank (--cpu would start one process).
+        cmd = [sys.executable, "-m", "accelerate.commands.launch", "--multi_gpu"]
+        cmd += ["--num_machines", "1", "--num_processes", str(accelerate)]
+        cmd += ["--main_process_port", str(free_port())]
+        cmd += ["--mixed_precision", "no", "--dynamo_backend", "no", *script]
+    else:
+        cmd = [sys.executable, *script]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
