@@ -121,17 +121,22 @@ class CkptStoreCallback(TrainerCallback):
         return found[1] if found else None
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Trainer hook: with ``sync_on_init``, put the newest committed checkpoint folder
+        back in ``output_dir`` (``prepare_resume``) before training starts."""
         if self.sync_on_init:
             self.prepare_resume(args.output_dir, write=args.should_save)
 
     def on_save(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Trainer hook: save the checkpoint folder the Trainer just wrote, on every rank."""
         folder = os.path.join(args.output_dir, f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}")
         self.folders.save(state.global_step, folder)
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Trainer hook: wait for the last folder's save to commit."""
         self.folders.wait()
 
     def wait(self) -> None:
+        """Wait for the in-flight folder save (raises if it failed)."""
         self.folders.wait()
 
     def close(self) -> None:
@@ -229,6 +234,7 @@ class CkptStoreAccelerate:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Check that ``state`` is this plugin's own (``ConfigError`` otherwise)."""
         if state.get("format") != self.FORMAT:
             raise ConfigError(f"not a {self.FORMAT} state: {state!r}")
 
@@ -275,6 +281,7 @@ class CkptStoreAccelerate:
         return path
 
     def wait(self) -> None:
+        """Wait for the in-flight folder save (raises if it failed)."""
         self.folders.wait()
 
     def close(self) -> None:
