@@ -68,6 +68,11 @@ def test_pyproject_declares_the_extras() -> None:
     extras = project["project"]["optional-dependencies"]
     assert any(re.match(r"lightning\b", d) for d in extras["lightning"])
     assert {re.split(r"[<>=!~ \[]", d)[0] for d in extras["hf"]} == {"transformers", "accelerate"}
+    # The extras declare the ranges the plugins check at import (integrations/_versions.py).
+    from ckptstore.integrations._versions import SUPPORTED
+
+    for name, (spec, extra) in SUPPORTED.items():
+        assert f"{name}{spec}" in extras[extra]
 
 
 def test_the_wheel_ships_the_library_and_no_test_code(tmp_path) -> None:
