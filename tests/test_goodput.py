@@ -569,6 +569,15 @@ def test_blocking_grows_only_when_saves_outlast_the_interval() -> None:
     assert project(FIG, Cluster(), 100_000, "spread", interval_min=10).blocking_s == 1.5
 
 
+def test_local_tier_restore() -> None:
+    cluster = Cluster(local_gb_s=10.0)
+    # 8 ranks x 2 GB from a 10 GB/s disk: 1.6 s, whatever the GPU count...
+    assert project(FIG, cluster, 1_000, "flat").restore_local_s == pytest.approx(1.6)
+    # ...until 100k ranks' marker checks (one GET each on the step's prefix) take longer.
+    assert project(FIG, cluster, 100_000, "flat").restore_local_s == pytest.approx(100_000 / 5500)
+    assert project(FIG, Cluster(), 1_000, "flat").restore_local_s is None
+
+
 def test_costs() -> None:
     prices = ScalePrices(storage_gb_month=0.023, put_per_1k=0.005, get_per_1k=0.0004, gpu_hour=2)
     p = project(FIG, Cluster(), 1_000, "spread", keep_last=2, prices=prices)
@@ -599,8 +608,12 @@ def test_monotone_in_gpus(fig: RankFigures, cluster: Cluster, a: int, b: int) ->
     # Blocking is the per-rank figure at any size while saves commit within the interval.
     p = project(fig, cluster, hi, "spread", interval_min=1e9)
     assert p.blocking_s == fig.blocking_s
-    if cluster.local_gb_s is not None and lo >= cluster.gpus_per_node:
-        assert p.restore_local_s == project(fig, cluster, lo, "spread").restore_local_s
+    if cluster.local_gb_s is not None:
+        local_lo = project(fig, cluster, lo, "spread").restore_local_s
+        assert local_lo is not None and p.restore_local_s is not None
+        assert p.restore_local_s >= local_lo
+        disk = fig.bytes_per_rank * min(cluster.gpus_per_node, lo) / (cluster.local_gb_s * 1e9)
+        assert local_lo == max(disk, fig.bytes_per_rank / (fig.read_gb_s * 1e9), lo / 5500)
 
 
 @settings(max_examples=60, deadline=None)

@@ -33,7 +33,9 @@ Assumptions (each a term a reader can check against their own job):
   metadata reads) is one prefix in both layouts.
 * **Restore.** From the remote store every rank reads its shard; from the node-local tier
   (the staged writer's local copy) each node reads its ranks' shards from local disk at
-  ``local_gb_s``, still at most the per-rank read throughput.
+  ``local_gb_s``, still at most the per-rank read throughput, after every rank has compared
+  its local marker with the remote one (``local_check_gets_per_rank`` GETs on the step's
+  prefix).
 
 S3 documents 3,500 PUT/COPY/POST/DELETE and 5,500 GET/HEAD requests per second per
 partitioned prefix (the :class:`Cluster` defaults); other stores differ, so they are inputs.
@@ -132,7 +134,9 @@ class Cluster:
     ``nic_gb_s`` is one node's bandwidth to the store; ``store_gb_s`` the store's aggregate
     cap for the job; ``put_per_prefix_s`` / ``get_per_prefix_s`` the request rates one key
     prefix sustains (S3's documented figures by default); ``local_gb_s`` a node's local-tier
-    read bandwidth (None: no local-tier row).
+    read bandwidth (None: no local-tier row). ``commit_puts``, ``meta_gets_per_rank`` and
+    ``local_check_gets_per_rank`` count the small objects under the step's own prefix (see the
+    module docstring).
     """
 
     gpus_per_node: int = 8
@@ -143,6 +147,7 @@ class Cluster:
     local_gb_s: float | None = None
     commit_puts: int = 5
     meta_gets_per_rank: int = 3
+    local_check_gets_per_rank: int = 1
 
     def __post_init__(self) -> None:
         own = "Cluster"
@@ -154,6 +159,7 @@ class Cluster:
         check(own, "local_gb_s", self.local_gb_s, positive=True, hint=" (or None: no tier)")
         check(own, "commit_puts", self.commit_puts)
         check(own, "meta_gets_per_rank", self.meta_gets_per_rank)
+        check(own, "local_check_gets_per_rank", self.local_check_gets_per_rank)
 
 
 @dataclass(frozen=True)
@@ -314,13 +320,15 @@ def restore_phase(fig: RankFigures, cluster: Cluster, gpus: int, layout: str) ->
 
 def local_restore_s(fig: RankFigures, cluster: Cluster, gpus: int) -> float | None:
     """Restore time from the node-local tier (None without ``local_gb_s``): the node's shards
-    over its local bandwidth, at most each rank's read throughput. Independent of GPUs."""
+    over its local bandwidth, at most each rank's read throughput, and at least the time the
+    step's prefix takes to answer every rank's marker check."""
     if cluster.local_gb_s is None:
         return None
     node_ranks = min(cluster.gpus_per_node, gpus)
     return max(
         fig.bytes_per_rank / (fig.read_gb_s * GB),
         fig.bytes_per_rank * node_ranks / (cluster.local_gb_s * GB),
+        cluster.local_check_gets_per_rank * gpus / cluster.get_per_prefix_s,
     )
 
 
