@@ -461,3 +461,194 @@ def test_timeline_legend_names_only_what_happened_in_distinct_colours(tmp_path) 
     png = plot_timeline(acct, str(tmp_path / "t.png"))
     with open(png, "rb") as f:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+# --- ckptstore.planning.scale: projection to 1k-100k GPUs ----------------------------------------
+
+from ckptstore.planning.scale import (  # noqa: E402
+    LAYOUTS,
+    SPREAD_PREFIXES,
+    Cluster,
+    Limit,
+    RankFigures,
+    ScalePrices,
+    hottest_prefix_ranks,
+    project,
+    puts_per_file,
+    restore_phase,
+    save_phase,
+    store_bound_from,
+    sweep,
+)
+
+MiB = 2**20
+#: 2 GB per rank in 32 MiB parts (60 parts, 62 PUTs per file), 1 GB/s up, 2 GB/s down.
+FIG = RankFigures(bytes_per_rank=2e9, write_gb_s=1.0, read_gb_s=2.0, blocking_s=1.5)
+figures = st.builds(
+    RankFigures,
+    bytes_per_rank=st.floats(1e3, 1e12),
+    write_gb_s=st.floats(0.01, 100),
+    read_gb_s=st.floats(0.01, 100),
+    blocking_s=st.floats(0, 60),
+    files_per_rank=st.integers(1, 16),
+    part_bytes=st.integers(MiB, 512 * MiB),
+)
+clusters = st.builds(
+    Cluster,
+    gpus_per_node=st.integers(1, 16),
+    nic_gb_s=st.floats(0.1, 100),
+    store_gb_s=st.none() | st.floats(1, 1e5),
+    local_gb_s=st.none() | st.floats(0.1, 100),
+)
+
+
+def test_requests_per_file_count_multipart_initiate_and_complete() -> None:
+    assert FIG.parts_per_file == 60 and puts_per_file(FIG) == 62
+    small = replace(FIG, bytes_per_rank=MiB)
+    assert small.parts_per_file == 1 and puts_per_file(small) == 1  # one plain PUT
+    split = replace(FIG, files_per_rank=4)  # 500 MB files: 15 parts each
+    assert split.parts_per_file == 15 and puts_per_file(split) == 17
+    save = save_phase(split, Cluster(), 1000, "flat")
+    assert save.requests == 1000 * 4 * 17 + Cluster().commit_puts
+
+
+def test_worked_sweep_binding_limits_and_crossovers() -> None:
+    points = {(p.gpus, p.layout): p for p in sweep(FIG, Cluster())}
+    assert sorted(points) == [(n, lay) for n in (1_000, 10_000, 100_000) for lay in LAYOUTS]
+    # Flat: all 62,005 PUTs of 1k ranks share one prefix at 3,500/s -> 17.7 s, not 2 s.
+    flat = points[(1_000, "flat")]
+    assert flat.save.binding == Limit.PREFIX_REQUEST_RATE
+    assert flat.save.seconds == pytest.approx((1_000 * 62 + 5) / 3500)
+    assert flat.save.prefix_rate == pytest.approx(3500)
+    # Spread: 4 ranks per sub-prefix; the rank's own 2 GB at 1 GB/s binds.
+    spread = points[(1_000, "spread")]
+    assert spread.save.binding == Limit.PER_RANK_BANDWIDTH and spread.save.seconds == 2.0
+    assert spread.save.hottest_prefix_requests == 4 * 62 and spread.save.hottest_prefix == "shard"
+    # At 100k ranks even 391 ranks per sub-prefix exceed it.
+    big = points[(100_000, "spread")]
+    assert big.save.binding == Limit.PREFIX_REQUEST_RATE
+    assert big.save.seconds == pytest.approx(391 * 62 / 3500)
+    # Restores: every rank's 3 metadata GETs land on the step's own prefix in both layouts.
+    r = points[(10_000, "spread")].restore_remote
+    assert r.binding == Limit.PREFIX_REQUEST_RATE and r.hottest_prefix == "step"
+    assert r.seconds == pytest.approx(3 * 10_000 / 5500)
+    # The crossovers, in closed form: flat n*62+5 > 2*3500; spread ceil(n/256)*62 > 7000.
+    assert store_bound_from(FIG, Cluster(), "flat") == 113
+    assert store_bound_from(FIG, Cluster(), "spread") == 112 * 256 + 1
+    assert store_bound_from(FIG, Cluster(), "spread", "restore") == 1834  # 3n/5500 > 1 s
+    for lay in LAYOUTS:
+        n = store_bound_from(FIG, Cluster(), lay)
+        assert n is not None
+        assert save_phase(FIG, Cluster(), n - 1, lay).binding == Limit.PER_RANK_BANDWIDTH
+        assert save_phase(FIG, Cluster(), n, lay).binding == Limit.PREFIX_REQUEST_RATE
+
+
+def test_binding_limit_switches_where_the_numbers_say() -> None:
+    few = 64  # few ranks: no prefix pressure
+    assert save_phase(FIG, Cluster(), few, "spread").binding == Limit.PER_RANK_BANDWIDTH
+    # A slow NIC: 8 ranks x 2 GB over 4 GB/s = 4 s > 2 s per rank.
+    assert save_phase(FIG, Cluster(nic_gb_s=4.0), few, "spread").binding == Limit.NIC
+    # A store capped at 50 GB/s: 128 GB in 2.56 s > 2 s.
+    capped = save_phase(FIG, Cluster(store_gb_s=50.0), few, "spread")
+    assert capped.binding == Limit.STORE_BANDWIDTH and capped.seconds == pytest.approx(2.56)
+    # Faster ranks move the crossover down: store-side limits bind sooner.
+    quick = replace(FIG, write_gb_s=4.0)
+    assert store_bound_from(quick, Cluster(), "flat") < store_bound_from(FIG, Cluster(), "flat")
+    # A store without request limits that matter and no cap: never store-bound.
+    loose = Cluster(put_per_prefix_s=1e12, get_per_prefix_s=1e12)
+    assert store_bound_from(FIG, loose, "spread") is None
+
+
+def test_blocking_grows_only_when_saves_outlast_the_interval() -> None:
+    slow = project(FIG, Cluster(), 100_000, "flat", interval_min=10)
+    assert slow.save.seconds > 600
+    assert slow.blocking_s == pytest.approx(FIG.blocking_s + slow.save.seconds - 600)
+    # Steady state: one save per upload plus its staging copy.
+    period = slow.save.seconds + FIG.blocking_s
+    assert slow.saves_per_month == pytest.approx(365 * 24 / 12 * 3600 / period)
+    assert project(FIG, Cluster(), 100_000, "spread", interval_min=10).blocking_s == 1.5
+
+
+def test_local_tier_restore() -> None:
+    cluster = Cluster(local_gb_s=10.0)
+    # 8 ranks x 2 GB from a 10 GB/s disk: 1.6 s, whatever the GPU count...
+    assert project(FIG, cluster, 1_000, "flat").restore_local_s == pytest.approx(1.6)
+    # ...until 100k ranks' marker checks (one GET each on the step's prefix) take longer.
+    assert project(FIG, cluster, 100_000, "flat").restore_local_s == pytest.approx(100_000 / 5500)
+    assert project(FIG, Cluster(), 1_000, "flat").restore_local_s is None
+
+
+def test_costs() -> None:
+    prices = ScalePrices(storage_gb_month=0.023, put_per_1k=0.005, get_per_1k=0.0004, gpu_hour=2)
+    p = project(FIG, Cluster(), 1_000, "spread", keep_last=2, prices=prices)
+    assert p.checkpoint_gb == pytest.approx(2_000)
+    assert p.cost.per_save == pytest.approx(p.save.requests / 1000 * 0.005)
+    assert p.cost.per_restore == pytest.approx(p.restore_remote.requests / 1000 * 0.0004)
+    assert p.cost.storage_month == pytest.approx(2 * 2_000 * 0.023)
+    assert p.cost.blocking_month == pytest.approx(1.5 * p.saves_per_month * 1_000 / 3600 * 2)
+    total = p.cost.storage_month + p.cost.requests_month + p.cost.blocking_month
+    assert p.cost.per_month == pytest.approx(total)
+    bare = project(FIG, Cluster(), 1_000, "spread")
+    assert bare.cost.per_save is None and bare.cost.per_month is None
+
+
+@settings(max_examples=60, deadline=None)
+@given(figures, clusters, st.integers(1, 200_000), st.integers(1, 200_000))
+def test_monotone_in_gpus(fig: RankFigures, cluster: Cluster, a: int, b: int) -> None:
+    lo, hi = sorted((a, b))
+    for lay in LAYOUTS:
+        p, q = project(fig, cluster, lo, lay), project(fig, cluster, hi, lay)
+        assert q.save.seconds >= p.save.seconds and q.blocking_s >= p.blocking_s
+        assert q.restore_remote.seconds >= p.restore_remote.seconds
+        assert q.save.requests >= p.save.requests
+        assert q.save.hottest_prefix_requests >= p.save.hottest_prefix_requests
+        assert q.checkpoint_gb >= p.checkpoint_gb
+        assert p.save.seconds == max(p.save.limit_s.values())  # the binding limit's time
+        assert p.save.prefix_rate <= cluster.put_per_prefix_s * (1 + 1e-9)
+    # Blocking is the per-rank figure at any size while saves commit within the interval.
+    p = project(fig, cluster, hi, "spread", interval_min=1e9)
+    assert p.blocking_s == fig.blocking_s
+    if cluster.local_gb_s is not None:
+        local_lo = project(fig, cluster, lo, "spread").restore_local_s
+        assert local_lo is not None and p.restore_local_s is not None
+        assert p.restore_local_s >= local_lo
+        disk = fig.bytes_per_rank * min(cluster.gpus_per_node, lo) / (cluster.local_gb_s * 1e9)
+        assert local_lo == max(disk, fig.bytes_per_rank / (fig.read_gb_s * 1e9), lo / 5500)
+
+
+@settings(max_examples=60, deadline=None)
+@given(figures, st.integers(1, 10**6))
+def test_spread_divides_prefix_load_by_up_to_256(fig: RankFigures, ranks: int) -> None:
+    assert hottest_prefix_ranks(ranks, "flat") == ranks
+    spread_ranks = hottest_prefix_ranks(ranks, "spread")
+    assert ranks / SPREAD_PREFIXES <= spread_ranks <= ranks
+    flat, spread = (save_phase(fig, Cluster(), ranks, lay) for lay in LAYOUTS)
+    assert flat.requests == spread.requests  # the same objects, other names
+    ratio = flat.hottest_prefix_requests / spread.hottest_prefix_requests
+    assert 1 <= ratio <= SPREAD_PREFIXES + 1e-9
+    if ranks % SPREAD_PREFIXES == 0:  # the commit objects' prefix is not one of the 256
+        shard = ranks * fig.files_per_rank * puts_per_file(fig)
+        assert flat.hottest_prefix_requests == shard + Cluster().commit_puts
+        assert spread.hottest_prefix_requests == max(shard // 256, Cluster().commit_puts)
+    r_flat, r_spread = (restore_phase(fig, Cluster(), ranks, lay) for lay in LAYOUTS)
+    assert r_flat.hottest_prefix_requests >= r_spread.hottest_prefix_requests
+
+
+def test_scale_inputs_are_checked_and_frozen() -> None:
+    with pytest.raises(InputError, match="RankFigures.bytes_per_rank must be a finite number > 0"):
+        RankFigures(bytes_per_rank=0, write_gb_s=1, read_gb_s=1)
+    with pytest.raises(InputError, match="files_per_rank must be a whole number") as info:
+        RankFigures(bytes_per_rank=1, write_gb_s=1, read_gb_s=1, files_per_rank=0)
+    assert info.value.render({"files_per_rank": "--files-per-rank"}).startswith("--files-per")
+    with pytest.raises(InputError, match="Cluster.nic_gb_s"):
+        Cluster(nic_gb_s=-1)
+    with pytest.raises(InputError, match="ScalePrices.put_per_1k"):
+        ScalePrices(put_per_1k=math.inf)
+    with pytest.raises(InputError, match="layout must be one of"):
+        save_phase(FIG, Cluster(), 8, "wide")
+    with pytest.raises(InputError, match="empty"):
+        sweep(FIG, Cluster(), ())
+    err = pytest.raises(InputError, save_phase, FIG, Cluster(), 0, "flat").value
+    assert isinstance(err, ConfigError) and isinstance(err, ValueError)
+    with pytest.raises(FrozenInstanceError):
+        FIG.blocking_s = 2.0  # type: ignore[misc]

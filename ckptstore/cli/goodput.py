@@ -6,6 +6,9 @@ manager measured: the median ``extra["timings"]["blocking_s"]`` in the manifests
 committed checkpoints under ROOT, and the median checkpoint size as ``--checkpoint-gb``. Flags
 given explicitly override measured values.
 
+``--plan`` switches to the scale projection of :mod:`ckptstore.cli.goodput_plan` (saves and
+restores at 1k-100k GPUs, request rates per key prefix, cost, the limit that binds).
+
 Without a checkpoint cost (no ``--blocking-s``, no ``--from``) the goodput rows assume saves
 that block for 0 s and the optimal-interval rows are left out; without a checkpoint size
 (``--checkpoint-gb`` or ``--from``) the storage, transfer and disk rows are. A note on
@@ -22,6 +25,7 @@ from typing import Any
 
 from ckptstore import CheckpointStatus, list_steps, open_committed
 from ckptstore.cli.context import Context
+from ckptstore.cli.goodput_plan import add_plan_arguments, run_plan
 from ckptstore.cli.render import dump_json, table
 from ckptstore.cli.sources import list_or_missing
 from ckptstore.errors import ConfigError
@@ -50,7 +54,9 @@ def add_parser(sub: Any, common: Any) -> None:
         help="goodput, failure odds, optimal interval and cost account for a training run",
         description="Plan a checkpoint interval: expected goodput (productive time / wall "
         "time), the chance of a failure during the run, Young/Daly optimal intervals and what "
-        "failures and checkpoints cost.",
+        "failures and checkpoints cost. With --plan: per-save blocking, time until committed, "
+        "restore time, request rates per key prefix (flat and spread) and cost at 1k-100k "
+        "GPUs from per-rank figures, and which limit binds.",
     )
     rate = p.add_argument_group("failure rate (one of)")
     rate.add_argument("--failures-per-day", type=float, metavar="F", help="job failures a day")
@@ -101,6 +107,7 @@ def add_parser(sub: Any, common: Any) -> None:
         metavar="KEY=VALUE",
         help="fsspec storage option for an object-store --from URL (repeatable; as for ls)",
     )
+    add_plan_arguments(p)
     # `common` (parts, concurrency, progress) is not added: goodput transfers nothing.
     p.set_defaults(func=run)
 
@@ -158,6 +165,8 @@ FLAGS = {
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     """Run ``goodput``; a bad input raises ``ConfigError`` naming the flag."""
+    if args.plan:
+        return run_plan(args, ctx, fmt)
     try:
         return _run(args, ctx)
     except InputError as exc:
