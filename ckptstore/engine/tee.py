@@ -62,7 +62,7 @@ class TeeWriter:
         return self
 
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if self.primary.state == "open":
+        if "open" in (self.primary.state, self.secondary.state) or exc_type is not None:
             self.abort()
 
     # -- the secondary: forwarded to while it is healthy --------------------------------
@@ -137,6 +137,7 @@ class TeeWriter:
         return info
 
     def abort(self) -> None:
-        """Discard both files; idempotent, never raises."""
-        self.primary.abort()
-        self.secondary.abort()
+        """Discard both files (but not one already closed); idempotent, never raises."""
+        for writer in (self.primary, self.secondary):
+            if writer.state != "closed":
+                writer.abort()

@@ -64,10 +64,10 @@ def test_a_failed_upload_is_aborted_and_the_local_file_still_completes(tmp_path)
     assert remote.find() == [] and remote.list_multipart() == []  # nothing half-made
 
 
-def test_a_failed_local_write_raises_and_publishes_no_upload(tmp_path) -> None:
+@pytest.mark.parametrize("method", ["put_part", "complete_multipart"])
+def test_a_failed_local_write_raises_and_publishes_no_upload(tmp_path, method) -> None:
     local = FaultyStore(
-        LocalStore(str(tmp_path / "l")),
-        [Fault("complete_multipart", error=DurabilityError("injected EIO"))],
+        LocalStore(str(tmp_path / "l")), [Fault(method, error=DurabilityError("injected EIO"))]
     )
     remote = LocalStore(str(tmp_path / "r"))
     with engine() as e:
