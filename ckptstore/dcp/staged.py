@@ -1,39 +1,54 @@
-"""The staged-local writer: shards go to local NVMe first, then the engine uploads them.
+"""The staged-local writer: each shard is written to local NVMe and uploaded at once.
 
 Call order is ``CkptWriter``'s; it overrides only ``CkptWriter``'s hooks
-(``_shard_store``, ``_shards_failed``, ``_shards_written``, ``_committed``). What differs:
+(``_shard_store``, ``_shard_writer``, ``_shards_failed``, ``_shards_written``,
+``_committed``). What differs:
 
-    write_data   every rank serialises its shard files into ``staging_dir/<step>/`` (fast,
-                 local), then uploads each to the destination as parallel parts, checking
-                 the uploaded CRC32C against the local one (a rank with an empty plan,
-                 as DCP's dedup of replicated state leaves, writes and uploads nothing)
+    write_data   every rank serialises each shard file once and streams the same bytes to
+                 two files at the same time (``engine.tee.TeeWriter``): the local copy in
+                 ``staging_dir/<step>/`` and the upload to the destination, as parallel
+                 parts of each; it returns when both are durable and agree on size and
+                 CRC32C (a rank with an empty plan, as DCP's dedup of replicated state
+                 leaves, writes and uploads nothing). With a ``memory_budget`` too small
+                 for a part of each, the local file is written first and then uploaded
+                 (``engine.copy``, checking its CRC32C)
     finish       coordinator: commits at the destination (the only commit that counts),
                  then publishes the same manifest and marker locally, which makes the local
                  copy a restore tier: ``local_tier_matches`` tells when it is identical to
                  the committed remote checkpoint
 
-If writing the local copy fails (a full staging disk), its partial files are removed. If
-the upload fails (the destination unreachable past the retry policy), the complete local
-files are kept, uncommitted, and the error says where. ``keep_local`` bounds how many
+If writing the local copy fails (a full staging disk), its partial files are removed, the
+uploads in flight aborted and those already made deleted. If the upload fails (the
+destination unreachable past the retry policy), the local files are still written to the
+end and kept, complete and uncommitted, and the error says where. ``keep_local`` bounds how many
 committed local copies stay on disk (oldest removed first).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
+
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
+from torch.distributed.checkpoint.storage import WriteResult
+from torch.futures import Future
 
 from ckptstore.dcp.writer import CkptWriter, step_from_url
 from ckptstore.engine.commit import publish
 from ckptstore.engine.deletion import delete_step
+from ckptstore.engine.filewriter import FileWriter
 from ckptstore.engine.layout import parse_step
 from ckptstore.engine.manifest import MARKER_NAME, Manifest
 from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.store import Store
-from ckptstore.errors import CkptStoreError, StoreNotFoundError
+from ckptstore.engine.tee import TeeWriter
+from ckptstore.errors import CkptStoreError, StoreNotFoundError, TransferError
 from ckptstore.stores.local import LocalStore
 
 __all__ = ["StagedWriter", "local_tier_matches"]
+
+log = logging.getLogger(__name__)
 
 
 def local_tier_matches(local: Store, remote: Store) -> bool:
@@ -54,7 +69,7 @@ def local_tier_matches(local: Store, remote: Store) -> bool:
 
 
 class StagedWriter(CkptWriter):
-    """A ``CkptWriter`` that stages every shard on local disk before uploading it."""
+    """A ``CkptWriter`` that writes every shard to local disk and uploads it at once."""
 
     def __init__(
         self, url: str | Store, *, staging_dir: str, keep_local: int = 1, **kwargs: Any
@@ -66,28 +81,66 @@ class StagedWriter(CkptWriter):
         )
         self.staging_root = LocalStore(staging_dir)
         self.keep_local = keep_local
+        self._tees: list[tuple[str, TeeWriter]] = []  # this write_data's, in file order
 
     @property
     def local(self) -> LocalStore:
         """The local copy of the current destination: ``staging_dir/<its last path segment>``."""
         return self.staging_root.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
 
+    def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
+        """``CkptWriter.write_data``, each file written locally and uploaded at once."""
+        self._tees = []
+        try:
+            return super().write_data(plan, planner)
+        finally:
+            self._tees = []
+
     # -- CkptWriter's hooks ------------------------------------------------------------
     def _shard_store(self) -> Store:
         """Shards are serialised into the local copy, ``staging_dir/<step>/``."""
         return self.local
 
+    def _shard_writer(self, store: Store, name: str) -> FileWriter | TeeWriter:
+        """The local file and its upload at once (a ``TeeWriter``); the local file alone
+        when an upload of this save already failed, or when the memory budget cannot
+        hold a part of each (``_shards_written`` uploads it then)."""
+        local = self.engine.writer(store, name)
+        if any(tee.secondary_error is not None for _, tee in self._tees):
+            return local
+        remote = self.engine.writer(self.store, name)
+        if not TeeWriter.fits(local, remote):
+            return local
+        tee = TeeWriter(local, remote)
+        self._tees.append((name, tee))
+        return tee
+
     def _shards_failed(self, exc: BaseException) -> None:
-        """Writing the local copy failed (a full staging disk): remove its partial files."""
+        """Writing the local copy failed (a full staging disk): remove its partial files
+        and the uploads this save already made (the one in flight was aborted)."""
         self.local.delete_prefix("")
+        for name, tee in self._tees:
+            if tee.secondary.state == "closed":
+                try:
+                    self.store.delete(name)
+                except Exception as err:  # noqa: BLE001 - uncommitted; the sweeper retries
+                    log.warning("could not delete the upload %s: %s", name, err)
 
     def _shards_written(self, files: list[tuple[str, int]]) -> None:
-        """Upload each local shard file to the destination, checking its CRC32C; on
-        failure the complete local files are kept and the error says where."""
+        """Raise the first failed upload, else upload each file not yet uploaded,
+        checking its CRC32C; on failure the complete local files are kept and the error
+        says where."""
         local = self.local
+        tees = dict(self._tees)
         try:
+            for tee in tees.values():
+                if (err := tee.secondary_error) is not None:
+                    if not isinstance(err, CkptStoreError):
+                        raise TransferError(f"upload of {self.url} failed: {err}") from err
+                    raise err
             for name, crc in files:
-                self.engine.copy(local, name, self.store, name, expect_crc=crc)
+                if name not in tees:
+                    self.engine.copy(local, name, self.store, name, expect_crc=crc)
         except CkptStoreError as exc:
             if isinstance(exc, StoreNotFoundError):
                 self._raise_if_committed_meanwhile(exc)

@@ -37,9 +37,10 @@ subprocess): the store and engine are re-opened there from the URL, options and 
 If any rank fails, DCP never calls ``finish``: nothing is committed and
 every rank raises.
 
-Subclasses change where shards go and what follows the commit through four protected
+Subclasses change where shards go and what follows the commit through five protected
 hooks, called in this order: ``_shard_store()`` (where ``write_data`` serialises the
-shard files), then ``_shards_failed(exc)`` if that raised, else ``_shards_written(files)``;
+shard files), ``_shard_writer(store, name)`` for each file (what it is written through),
+then ``_shards_failed(exc)`` if that raised, else ``_shards_written(files)``;
 ``_committed(manifest, metadata_bytes)`` at the end of ``finish``. ``StagedWriter``
 (``ckptstore.dcp.staged``) overrides only these.
 """
@@ -73,10 +74,11 @@ from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec
 from ckptstore.engine.commit import publish
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.filewriter import FileInfo
+from ckptstore.engine.filewriter import FileInfo, FileWriter
 from ckptstore.engine.layout import parse_step
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
 from ckptstore.engine.store import Store
+from ckptstore.engine.tee import TeeWriter
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
     CheckpointExistsError,
@@ -275,6 +277,11 @@ class CkptWriter(StoreBound, StorageWriter):
         """Where ``write_data`` serialises this rank's shard files: the destination."""
         return self.store
 
+    def _shard_writer(self, store: Store, name: str) -> FileWriter | TeeWriter:
+        """What shard file ``name`` of ``store`` (``_shard_store()``) is serialised
+        through. Here: one streamed write of it (``engine.writer``)."""
+        return self.engine.writer(store, name)
+
     def _shards_failed(self, exc: BaseException) -> None:
         """Serialising a shard file raised ``exc`` (re-raised after this returns): clean up
         or raise a better error. Here: a vanished upload may mean a racing writer won."""
@@ -304,7 +311,7 @@ class CkptWriter(StoreBound, StorageWriter):
     ) -> list[WriteResult]:
         """Serialise ``items`` into file ``name`` of ``store`` (default: the destination)."""
         written: list[tuple[Any, int, int, int, int, Span | None]] = []
-        with self.engine.writer(store or self.store, name) as w:
+        with self._shard_writer(store or self.store, name) as w:
             # Bytes items first (small), then tensors, as stock DCP orders them.
             for item in sorted(items, key=lambda i: i.type != WriteItemType.BYTE_IO):
                 data = cpu_item(planner.resolve_data(item))

@@ -16,7 +16,7 @@ import math
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -29,7 +29,7 @@ from ckptstore.errors import CkptStoreError, TransferError
 if TYPE_CHECKING:
     from ckptstore.engine.transfer import TransferEngine
 
-__all__ = ["FileWriter", "ItemSink", "FileInfo", "plan_part_size", "ZERO_COPY_MIN"]
+__all__ = ["FileWriter", "ItemSink", "ItemTarget", "FileInfo", "plan_part_size", "ZERO_COPY_MIN"]
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,27 @@ def plan_part_size(total: int | None, part_size: int, min_part: int, max_parts: 
 ZERO_COPY_MIN = 1024 * 1024
 
 
+class ItemTarget(Protocol):
+    """What an ``ItemSink`` writes into: a ``FileWriter`` (or a ``TeeWriter`` of two)."""
+
+    @property
+    def size(self) -> int:
+        """Bytes written to the file so far."""
+        ...
+
+    def hold(self, owner: object) -> None:
+        """Keep ``owner`` alive until the file is closed or aborted."""
+        ...
+
+    def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
+        """Append ``view`` without hashing it."""
+        ...
+
+    def extend_crc(self, crc: int, length: int) -> None:
+        """Extend the file's CRC32C with ``length`` bytes of CRC32C ``crc``."""
+        ...
+
+
 class ItemSink:
     """A file-like view of one item inside a ``FileWriter`` (``torch.save`` writes into it).
 
@@ -70,7 +91,7 @@ class ItemSink:
 
     def __init__(
         self,
-        writer: FileWriter,
+        writer: ItemTarget,
         payload: tuple[int, int] | None = None,
         owner: object = None,
     ) -> None:
@@ -161,6 +182,15 @@ class FileWriter:
     def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
         if self._state == "open":
             self.abort()
+
+    @property
+    def state(self) -> str:
+        """``open``, ``closed`` or ``aborted``."""
+        return self._state
+
+    def raise_if_failed(self) -> None:
+        """Raise (after aborting) if a part failed, or if the writer is no longer open."""
+        self._check_open()
 
     def _check_open(self) -> None:
         if self._state != "open":
