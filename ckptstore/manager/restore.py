@@ -91,10 +91,16 @@ class StepLoader:
         remote = self.root.child(step_name(step))
         tier = self._node_tier(step, remote) if local is None else None
         if tier is not None:
-            log.info(
-                "restoring step %d from the local copy in %s (%d of its files; the rest "
-                "from %s)", step, self.staging_dir, len(tier.local_files), self.root.url,
-            )  # fmt: skip
+            if tier.local_files:
+                log.info(
+                    "restoring step %d from the local copy in %s (%d of its files; the rest "
+                    "from %s)", step, self.staging_dir, len(tier.local_files), self.root.url,
+                )  # fmt: skip
+            else:  # another node has files of it; this one reads all remotely
+                log.info(
+                    "restoring step %d from the remote copy in %s (none of its files in %s)",
+                    step, self.root.url, self.staging_dir,
+                )  # fmt: skip
             error = self._load_from(tier, step, state)
             log.info(
                 "step %d: %d bytes read locally, %d from the remote",
