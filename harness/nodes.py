@@ -1,12 +1,13 @@
 """Simulated nodes: several torchrun agents on this machine, one c10d rendezvous.
 
-    job = NodeJob(script, args, run_dir=d, nnodes=2, max_restarts=1)
-    job.start()                      # one agent per node, node 0 first (it hosts the store)
-    job.wait_step(8)                 # some rank logged step 8
-    job.kill_worker(1)               # SIGKILL node 1's worker (its agent restarts the group)
-    job.replace_node(1)              # or: SIGKILL node 1's agent and workers, wipe its local
-                                     # dirs, start a new agent in its place
-    job.wait()                       # every agent exited; raises NodeError if one failed
+    with NodeJob(script, args, run_dir=d, nnodes=2, max_restarts=1) as job:
+        job.start()              # one agent per node, node 0 first (it hosts the store)
+        job.wait_commit(8)       # every node logged the commit of step 8
+        job.kill_worker(1)       # SIGKILL node 1's worker (its agent restarts the group)
+        job.replace_node(1)      # or: SIGKILL node 1's agent and workers, wipe its local
+                                 # dirs, start a new agent in its place
+        job.wait()               # every agent exited; NodeError if one failed
+                                 # (leaving the block kills whatever still runs)
 
 Each node is ``torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint
 127.0.0.1:PORT --rdzv-id ID --max-restarts K`` with torchrun's defaults otherwise
@@ -110,6 +111,12 @@ class NodeJob:
             PYTHONPATH=os.pathsep.join(p for p in (root, self.env.get("PYTHONPATH")) if p),
         )
         self.nodes = [Node(i, os.path.join(run_dir, f"node{i}")) for i in range(count)]
+
+    def __enter__(self) -> NodeJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill_all()  # whatever is still running: a failed test leaves no agent behind
 
     # -- launching -------------------------------------------------------------------
     def command(self, node: Node) -> list[str]:
@@ -225,14 +232,52 @@ class NodeJob:
         return pid
 
     def kill_node(self, i: int) -> None:
-        """SIGKILL node ``i``'s agent and its workers (its process group)."""
+        """SIGKILL node ``i``'s agent (its process group), then its workers: torchrun
+        starts each worker in a session of its own, so the agent's group misses them."""
         proc = self.nodes[i].proc
+        workers = self._live_workers(i)
         if proc is not None and proc.poll() is None:
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
             proc.wait()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc is not None:
+            self._until_group_gone(proc.pid)
+        for pid in workers:
+            self._until_group_gone(pid)  # each worker leads its own group
+
+    def _live_workers(self, i: int) -> list[int]:
+        """Pids of node ``i``'s logged workers that still run this job's script."""
+        live = []
+        for a in self.attempts(i):
+            for evs in a.ranks.values():
+                for e in evs:
+                    if e["ev"] != "start":
+                        continue
+                    try:
+                        with open(f"/proc/{int(e['pid'])}/cmdline", "rb") as f:
+                            if self.script.encode() in f.read():
+                                live.append(int(e["pid"]))
+                    except OSError:
+                        continue
+        return live
+
+    def _until_group_gone(self, pgid: int) -> None:
+        """Wait until no process of group ``pgid`` (the agent's workers) is left."""
+        for _ in range(500):
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                return
+            time.sleep(0.01)
 
     def replace_node(self, i: int) -> Node:
         """Kill node ``i`` whole, wipe its local directories, start a new agent there."""
