@@ -31,6 +31,7 @@ from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CkptStoreError, CorruptCheckpointError, IncompleteCheckpointError
 from ckptstore.manager.agreement import Agreement
+from ckptstore.manager.node_tier import NodeTier, node_files
 from ckptstore.manager.state import RNGState
 from ckptstore.stores.local import LocalStore
 
@@ -87,7 +88,51 @@ class StepLoader:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        return self._load_from(self.root.child(step_name(step)), step, state)
+        remote = self.root.child(step_name(step))
+        tier = self._node_tier(step, remote) if local is None else None
+        if tier is not None:
+            if tier.local_files:
+                log.info(
+                    "restoring step %d from the local copy in %s (%d of its files; the rest "
+                    "from %s)", step, self.staging_dir, len(tier.local_files), self.root.url,
+                )  # fmt: skip
+            else:  # another node has files of it; this one reads all remotely
+                log.info(
+                    "restoring step %d from the remote copy in %s (none of its files in %s)",
+                    step, self.root.url, self.staging_dir,
+                )  # fmt: skip
+            error = self._load_from(tier, step, state)
+            log.info(
+                "step %d: %d bytes read locally, %d from the remote",
+                step, tier.bytes_local, tier.bytes_remote,
+            )  # fmt: skip
+            if error is None:
+                return None
+            warnings.warn(
+                f"the local files of step {step} in {self.staging_dir} could not be restored "
+                f"({error}); loading the same step from {self.root.url} instead",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        log.info("restoring step %d from the remote copy in %s", step, self.root.url)
+        return self._load_from(remote, step, state)
+
+    def _node_tier(self, step: int, remote: Store) -> NodeTier | None:
+        """This node's share of ``step`` when no rank-agreed whole local copy exists (on
+        several nodes, each staging dir holds its own ranks' shards). A collective: used
+        only if every rank can use it or none can, so a load that fails on one falls back
+        to the remote on all (a rank with none of the files reads them all remotely)."""
+        local: LocalStore | None = None
+        files: list[str] = []
+        if self.staging_dir:
+            local = LocalStore(self.staging_dir).child(step_name(step))
+            try:
+                files = node_files(local, remote)
+            except (IncompleteCheckpointError, CorruptCheckpointError):
+                files = []
+        if not self.agree.any(bool(files)):
+            return None
+        return NodeTier(local, remote, files)  # a rank with no files reads all remotely
 
     def _local_tier(self, step: int) -> Store | None:
         """The local staged copy of ``step`` if every rank has one identical to the

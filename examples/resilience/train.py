@@ -29,6 +29,7 @@ T_START = time.time()  # before the heavy imports: process start, for the goodpu
 
 import argparse  # noqa: E402
 import json  # noqa: E402
+import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
 import sys  # noqa: E402
@@ -148,6 +149,20 @@ def torch_save_blocking(path: str, app: AppState, rank: int) -> tuple[float, int
     return time.perf_counter() - t0, size
 
 
+class RestoreLog(logging.Handler):
+    """Keeps the messages ``ckptstore.manager.restore`` logs (which tier a restore read)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.INFO)
+        self.messages: list[str] = []
+        logger = logging.getLogger("ckptstore.manager.restore")
+        logger.setLevel(logging.INFO)
+        logger.addHandler(self)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
 def main(argv: list[str] | None = None) -> None:
     a = parse_args(argv)
     import torch
@@ -161,6 +176,7 @@ def main(argv: list[str] | None = None) -> None:
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from tokens import collate, crop
 
+    restore_log = RestoreLog()  # which tier each restore read, from the manager's log
     init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
     log = RunLog(a.events or CTX.log_dir, CTX.segment, CTX.restart, rank)
@@ -202,6 +218,7 @@ def main(argv: list[str] | None = None) -> None:
         "ready",
         restored=restored,
         restore_s=time.time() - t,
+        restore_log=restore_log.messages,
         cursor=loader.cursor,
         state_crc=state_crcs(app)[0],
     )

@@ -1,0 +1,76 @@
+"""A node's share of a committed step: its own staged shards read locally, the rest remote.
+
+On several nodes each node's staging directory holds only the shards its ranks wrote, and
+the commit marker only on the coordinator's node, so no node has a whole local copy.
+:class:`NodeTier` is a read-only store over one step that serves each data file from the
+local copy when it is there with the size the remote manifest records, and everything else
+(marker, manifest, ``.metadata``, other ranks' shards) from the remote step. The reader
+checks every byte against the remote manifest's checksums, so a stale or damaged local
+file fails the load (and the restore falls back to the remote step); nothing is written.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from ckptstore.engine.commit import open_committed
+from ckptstore.engine.store import Buffer, Store
+from ckptstore.errors import ConfigError
+from ckptstore.stores.local import LocalStore
+
+__all__ = ["NodeTier", "node_files"]
+
+
+class NodeTier(Store):
+    """Reads ``local_files`` from ``local``, every other path from ``remote``."""
+
+    def __init__(self, local: LocalStore | None, remote: Store, local_files: Iterable[str]) -> None:
+        super().__init__(remote.url)
+        self.local, self.remote = local, remote
+        self.local_files = frozenset(local_files) if local is not None else frozenset()
+        self.bytes_local = 0
+        self.bytes_remote = 0
+
+    def _pick(self, path: str) -> Store:
+        if self.local is not None and path in self.local_files:
+            return self.local
+        return self.remote
+
+    def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        """``Store.get`` from the tier that serves ``path``, counting the bytes."""
+        data = self._pick(path).get(path, start, end)
+        if path in self.local_files:
+            self.bytes_local += len(data)
+        else:
+            self.bytes_remote += len(data)
+        return data
+
+    def size(self, path: str) -> int:
+        """``Store.size`` from the tier that serves ``path``."""
+        return self._pick(path).size(path)
+
+    def find(self, prefix: str = "") -> list[str]:
+        """The remote step's listing (the local copy holds a subset of it)."""
+        return self.remote.find(prefix)
+
+    def put(self, path: str, data: Buffer) -> None:
+        """Refused: a restore only reads."""
+        raise ConfigError(f"{self.describe(path)}: a restore's node tier is read-only")
+
+    def delete(self, path: str) -> None:
+        """Refused: a restore only reads."""
+        raise ConfigError(f"{self.describe(path)}: a restore's node tier is read-only")
+
+
+def node_files(local: LocalStore, remote: Store) -> list[str]:
+    """The data files of the committed ``remote`` step that ``local`` (this node's staged
+    copy of it) holds as regular files of the size the remote manifest records."""
+    manifest = open_committed(remote).manifest
+    return [
+        name
+        for name, entry in manifest.files.items()
+        if os.path.isfile(path := os.path.join(local.url, name))
+        and not os.path.islink(path)
+        and local.size(name) == entry.size
+    ]

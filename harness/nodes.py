@@ -1,0 +1,314 @@
+"""Simulated nodes: several torchrun agents on this machine, one c10d rendezvous.
+
+    with NodeJob(script, args, run_dir=d, nnodes=2, max_restarts=1) as job:
+        job.start()              # one agent per node, node 0 first (it hosts the store)
+        job.wait_commit(8)       # every node logged the commit of step 8
+        job.kill_worker(1)       # SIGKILL node 1's worker (its agent restarts the group)
+        job.replace_node(1)      # or: SIGKILL node 1's agent and workers, wipe its local
+                                 # dirs, start a new agent in its place
+        job.wait()               # every agent exited; NodeError if one failed
+                                 # (leaving the block kills whatever still runs)
+
+Each node is ``torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint
+127.0.0.1:PORT --rdzv-id ID --max-restarts K`` with torchrun's defaults otherwise
+(``nnodes`` may be elastic, ``"1:3"``). Node ``i`` passes the training script its own
+node-local directories, ``run_dir/node<i>/staging`` (``--staging``) and
+``run_dir/node<i>/cache`` (``--cache``), and an event log directory of the node's
+incarnation, ``run_dir/log/node<i>.<n>`` (``--events``): each agent counts its own restarts,
+so after a replacement two nodes' ``TORCHELASTIC_RESTART_COUNT`` differ and one directory
+per incarnation keeps their logs apart. The agent of node 0 hosts the rendezvous store
+(it binds the endpoint first), so it is the one node that cannot be replaced.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptstore.errors import CkptStoreError
+from harness.runlog import Attempt, read_attempts
+
+__all__ = ["Node", "NodeError", "NodeJob", "free_port"]
+
+
+class NodeError(CkptStoreError, RuntimeError):
+    """A node's agent failed, or the job hung; the message has the agents' output."""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Node:
+    """One simulated node: its local directories and its current agent."""
+
+    index: int
+    dir: str
+    incarnation: int = 0
+    proc: subprocess.Popen[bytes] | None = None
+    started: list[float] = field(default_factory=list)  # time.time() of each agent launch
+
+    @property
+    def staging(self) -> str:
+        return os.path.join(self.dir, "staging")
+
+    @property
+    def cache(self) -> str:
+        return os.path.join(self.dir, "cache")
+
+    def output(self, incarnation: int | None = None) -> str:
+        n = self.incarnation if incarnation is None else incarnation
+        return os.path.join(os.path.dirname(self.dir), f"agent-node{self.index}.{n}.log")
+
+    def events(self, incarnation: int | None = None) -> str:
+        n = self.incarnation if incarnation is None else incarnation
+        return os.path.join(os.path.dirname(self.dir), "log", f"node{self.index}.{n}")
+
+
+class NodeJob:
+    """``nnodes`` torchrun agents of one job; see the module docstring."""
+
+    def __init__(
+        self,
+        script: str,
+        args: Sequence[str],
+        *,
+        run_dir: str,
+        nnodes: int | str = 2,
+        nodes: int | None = None,
+        nproc_per_node: int = 1,
+        max_restarts: int = 1,
+        env: dict[str, str] | None = None,
+        timeout_s: float = 120.0,
+        python: str = sys.executable,
+    ) -> None:
+        self.script, self.args, self.run_dir = script, list(args), run_dir
+        self.nnodes = str(nnodes)
+        count = nodes if nodes is not None else int(self.nnodes.rpartition(":")[2])
+        self.nproc_per_node, self.max_restarts = nproc_per_node, max_restarts
+        self.python = python
+        self.port = free_port()
+        self.rdzv_id = uuid.uuid4().hex[:12]
+        self.deadline = time.monotonic() + timeout_s
+        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        self.env = dict(os.environ)
+        self.env.update(env or {})
+        self.env.update(
+            GLOO_SOCKET_IFNAME="lo",
+            OMP_NUM_THREADS="1",
+            PYTHONPATH=os.pathsep.join(p for p in (root, self.env.get("PYTHONPATH")) if p),
+        )
+        self.nodes = [Node(i, os.path.join(run_dir, f"node{i}")) for i in range(count)]
+
+    def __enter__(self) -> NodeJob:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.kill_all()  # whatever is still running: a failed test leaves no agent behind
+
+    # -- launching -------------------------------------------------------------------
+    def command(self, node: Node) -> list[str]:
+        return [
+            self.python, "-m", "torch.distributed.run",
+            "--nnodes", self.nnodes,
+            "--nproc-per-node", str(self.nproc_per_node),
+            "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"127.0.0.1:{self.port}",
+            "--rdzv-id", self.rdzv_id,
+            "--max-restarts", str(self.max_restarts),
+            self.script, *self.args,
+            "--staging", node.staging, "--cache", node.cache, "--events", node.events(),
+        ]  # fmt: skip
+
+    def start_node(self, i: int) -> Node:
+        node = self.nodes[i]
+        for d in (node.staging, node.cache, node.events()):
+            os.makedirs(d, exist_ok=True)
+        with open(node.output(), "wb") as out:
+            node.proc = subprocess.Popen(
+                self.command(node),
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                env=self.env,
+                start_new_session=True,
+            )
+        node.started.append(time.time())
+        return node
+
+    def start(self, count: int | None = None) -> None:
+        """Start the first ``count`` nodes (all), node 0 first: it binds the endpoint."""
+        for i in range(count if count is not None else len(self.nodes)):
+            self.start_node(i)
+            if i == 0:
+                self._until("node 0's rendezvous store", self._store_up)
+
+    def _store_up(self) -> bool:
+        with socket.socket() as s:
+            return s.connect_ex(("127.0.0.1", self.port)) == 0
+
+    # -- watching --------------------------------------------------------------------
+    def attempts(self, i: int, incarnation: int | None = None) -> list[Attempt]:
+        """The attempts node ``i``'s workers logged (this incarnation, or the one named)."""
+        d = self.nodes[i].events(incarnation)
+        return read_attempts(d) if os.path.isdir(d) else []
+
+    def last_step(self) -> int:
+        steps = [
+            e["step"]
+            for node in self.nodes
+            for a in self.attempts(node.index)
+            for ranks in a.ranks.values()
+            for e in ranks
+            if e["ev"] == "step"
+        ]
+        return max(steps, default=0)
+
+    def _until(self, what: str, cond: Callable[[], bool], poll: float = 0.02) -> None:
+        while not cond():
+            if time.monotonic() > self.deadline:
+                self.kill_all()
+                raise NodeError(f"timed out waiting for {what}:\n{self.tails()}")
+            dead = [n for n in self.nodes if n.proc is not None and n.proc.poll() not in (None, 0)]
+            if dead:
+                self.kill_all()
+                raise NodeError(
+                    f"node {dead[0].index}'s agent failed (exit {dead[0].proc.returncode}) "  # type: ignore[union-attr]
+                    f"while waiting for {what}:\n{self.tails()}"
+                )
+            time.sleep(poll)
+
+    def events(self, ev: str, incarnations: bool = False) -> list[dict[str, Any]]:
+        """Every ``ev`` event the current incarnation of each node logged (``incarnations``:
+        every incarnation's), each with ``node`` set to its node's index."""
+        out = []
+        for node in self.nodes:
+            for n in range(node.incarnation + 1) if incarnations else [node.incarnation]:
+                for a in self.attempts(node.index, n):
+                    for evs in a.ranks.values():
+                        out += [{**e, "node": node.index} for e in evs if e["ev"] == ev]
+        return out
+
+    def wait_commit(self, step: int) -> None:
+        """Wait until every node logged the commit of ``step``."""
+        self._until(
+            f"the commit of step {step} on every node",
+            lambda: {
+                e["node"] for e in self.events("commit")
+                if e["step"] == step and e["status"] == "committed"
+            } >= {n.index for n in self.nodes},
+        )  # fmt: skip
+
+    def wait_step(self, step: int) -> None:
+        """Wait until some rank of the current incarnations logged ``step``."""
+        self._until(f"step {step}", lambda: self.last_step() >= step)
+
+    def worker_pid(self, i: int) -> int:
+        """The pid of node ``i``'s (first) worker in its latest attempt."""
+        attempts = self.attempts(i)
+        starts = [
+            e for a in attempts[-1:] for r in a.ranks.values() for e in r if e["ev"] == "start"
+        ]
+        if not starts:
+            raise NodeError(f"node {i} has no running worker yet:\n{self.tails()}")
+        return int(starts[-1]["pid"])
+
+    # -- failures --------------------------------------------------------------------
+    def kill_worker(self, i: int) -> int:
+        """SIGKILL node ``i``'s worker (not its agent); returns the pid."""
+        pid = self.worker_pid(i)
+        os.kill(pid, signal.SIGKILL)
+        return pid
+
+    def kill_node(self, i: int) -> None:
+        """SIGKILL node ``i``'s agent (its process group), then its workers: torchrun
+        starts each worker in a session of its own, so the agent's group misses them."""
+        proc = self.nodes[i].proc
+        workers = self._live_workers(i)
+        if proc is not None and proc.poll() is None:
+            try:
+                os.killpg(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            proc.wait()
+        for pid in workers:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if proc is not None:
+            self._until_group_gone(proc.pid)
+        for pid in workers:
+            self._until_group_gone(pid)  # each worker leads its own group
+
+    def _live_workers(self, i: int) -> list[int]:
+        """Pids of node ``i``'s logged workers that still run this job's script."""
+        live = []
+        for a in self.attempts(i):
+            for evs in a.ranks.values():
+                for e in evs:
+                    if e["ev"] != "start":
+                        continue
+                    try:
+                        with open(f"/proc/{int(e['pid'])}/cmdline", "rb") as f:
+                            if self.script.encode() in f.read():
+                                live.append(int(e["pid"]))
+                    except OSError:
+                        continue
+        return live
+
+    def _until_group_gone(self, pgid: int) -> None:
+        """Wait until no process of group ``pgid`` (the agent's workers) is left."""
+        for _ in range(500):
+            try:
+                os.killpg(pgid, 0)
+            except ProcessLookupError:
+                return
+            except PermissionError:
+                return
+            time.sleep(0.01)
+
+    def replace_node(self, i: int) -> Node:
+        """Kill node ``i`` whole, wipe its local directories, start a new agent there."""
+        if i == 0:
+            raise ValueError("node 0 hosts the rendezvous store; replace another node")
+        self.kill_node(i)
+        node = self.nodes[i]
+        shutil.rmtree(node.dir, ignore_errors=True)
+        node.incarnation += 1
+        return self.start_node(i)
+
+    def kill_all(self) -> None:
+        for node in self.nodes:
+            self.kill_node(node.index)
+
+    def wait(self) -> None:
+        """Wait for every agent to exit; NodeError (after killing the rest) if one failed."""
+        self._until(
+            "the agents to exit",
+            lambda: all(n.proc is None or n.proc.poll() is not None for n in self.nodes),
+        )
+
+    # -- logs ------------------------------------------------------------------------
+    def tails(self, lines: int = 40) -> str:
+        out = []
+        for node in self.nodes:
+            for n in range(node.incarnation + 1):
+                try:
+                    with open(node.output(n), errors="replace") as f:
+                        text = "".join(f.readlines()[-lines:])
+                except OSError:
+                    continue
+                out.append(f"--- node {node.index}.{n} ---\n{text}")
+        return "\n".join(out)
