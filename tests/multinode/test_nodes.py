@@ -109,15 +109,18 @@ def test_worker_killed_on_one_node_both_nodes_restore_from_their_local_tier(
               f"ready {ready['t'] - t_kill:.2f} s after the kill")  # fmt: skip
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="torch 2.13's c10d rendezvous, as torchrun ships it, shares its TCPStore with the "
+    "workers, and rank 0's agent publishes MASTER_ADDR on its first round only: a node that "
+    "joins a later round (a replacement) waits for that key until the rendezvous times out, "
+    "before any ckptstore code runs (docs/multinode.md). Strict: it passes once torch is fixed.",
+)
 def test_node_replaced_restores_from_the_remote_while_the_other_reads_locally(
     tmp_path, data, reference
 ) -> None:
     d = str(tmp_path)
-    # torch 2.13's c10d rendezvous shares its TCPStore with the workers by default, and then
-    # a node that joins a later round (a replacement) waits forever for MASTER_ADDR: rank 0
-    # publishes it on its first rendezvous only. Its documented opt-out, set on every node,
-    # is what a job that replaces nodes needs (docs/multinode.md).
-    with job(d, data, max_restarts=2, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}) as nj:
+    with job(d, data, max_restarts=2, timeout_s=90.0) as nj:
         nj.start()
         nj.wait_commit(EVERY * 2)
         t_kill = time.time()
