@@ -20,6 +20,7 @@ __all__ = [
     "DataLoader",
     "ShardedDataset",
     "Shard",
+    "PadCollate",
     "LoaderMetrics",
     "FetchSeconds",
     "MetricsSink",
@@ -36,6 +37,7 @@ _WHERE = {
     "DataLoader": "loader",
     "ShardedDataset": "dataset",
     "Shard": "dataset",
+    "PadCollate": "collate",
     "parse_size": "dataset",
     "LoaderMetrics": "metrics",
     "FetchSeconds": "metrics",
@@ -49,6 +51,7 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:
+    from ckptstore.data.collate import PadCollate
     from ckptstore.data.dataset import Shard, ShardedDataset, parse_size
     from ckptstore.data.loader import DataLoader
     from ckptstore.data.metrics import (

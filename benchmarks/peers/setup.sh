@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# Creates benchmarks/peers/.venv: torch (CPU build), ckptstore (editable, this checkout) and
+# the data loaders it is measured against, for benchmarks/bench_data_peers.py. Kept apart
+# from the project's .venv on purpose: mosaicml-streaming and litdata pin other versions of
+# numpy and friends than the project's tests run with. Idempotent (a stamp of the inputs).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+repo="$(cd "$here/../.." && pwd)"
+venv="$here/.venv"
+PY=${PYTHON:-python3}
+stamp="$venv/.peers-setup"
+want=$(cat "$here/requirements.txt" "$repo/tools/constraints.txt" "$repo/pyproject.toml" | sha1sum | cut -d' ' -f1)
+if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+  echo "$venv is up to date"
+  exit 0
+fi
+[ -x "$venv/bin/python" ] || "$PY" -m venv "$venv"
+pip=("$venv/bin/pip" install -q -c "$repo/tools/constraints.txt")
+# torch first, alone: the CPU build on this machine's disk (an unpinned one pulls CUDA).
+"${pip[@]}" "torch==2.13.0"
+"${pip[@]}" -r "$here/requirements.txt"
+"${pip[@]}" --no-deps -e "$repo"
+"$venv/bin/python" - <<'PY'
+import importlib
+for name in ("torch", "ckptstore.data", "streaming", "litdata", "pyarrow", "s3fs"):
+    importlib.import_module(name)
+print("peers venv ok")
+PY
+echo "$want" > "$stamp"
