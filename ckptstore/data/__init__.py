@@ -26,6 +26,7 @@ __all__ = [
     "MetricsSink",
     "LoggingSink",
     "MLflowSink",
+    "ScalarSink",
     "DataOrder",
     "OrderState",
     "DataOrderError",
@@ -44,6 +45,7 @@ _WHERE = {
     "MetricsSink": "metrics",
     "LoggingSink": "metrics",
     "MLflowSink": "metrics",
+    "ScalarSink": "metrics",
     "DataOrder": "stream",
     "OrderState": "order",
     "DataOrderError": "order",
@@ -60,6 +62,7 @@ if TYPE_CHECKING:
         LoggingSink,
         MetricsSink,
         MLflowSink,
+        ScalarSink,
     )
     from ckptstore.data.order import DataOrderError, OrderState, sample_seed
     from ckptstore.data.stream import DataOrder
