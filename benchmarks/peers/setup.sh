@@ -20,10 +20,18 @@ pip=("$venv/bin/pip" install -q -c "$repo/tools/constraints.txt")
 "${pip[@]}" "torch==2.13.0"
 "${pip[@]}" -r "$here/requirements.txt"
 "${pip[@]}" --no-deps -e "$repo"
-"$venv/bin/python" - <<'PY'
+# PyPI's torchvision (pulled by litdata) links CUDA torch libraries that the CPU torch here
+# lacks, so importing it fails; neither peer needs it for token rows or raw bytes.
+"$venv/bin/pip" uninstall -q -y torchvision || true
+(cd "$repo" && "$venv/bin/python" - <<'PY'
 import importlib
-for name in ("torch", "ckptstore.data", "streaming", "litdata", "pyarrow", "s3fs"):
+import sys
+sys.path.insert(0, "benchmarks/peers")
+from contenders import import_streaming
+import_streaming()
+for name in ("torch", "ckptstore.data", "litdata", "pyarrow", "s3fs"):
     importlib.import_module(name)
 print("peers venv ok")
 PY
+)
 echo "$want" > "$stamp"
