@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import socket
 import statistics
@@ -103,6 +104,7 @@ def run_ranks(spec: dict[str, Any], world: int, work: str, link: str, timeout: f
     with open(spec_path, "w") as f:
         json.dump(spec, f)
     port = _free_port()
+    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     procs, outs = [], []
     for r in range(world):
         env = dict(
@@ -152,6 +154,9 @@ def run_ranks(spec: dict[str, Any], world: int, work: str, link: str, timeout: f
             os.killpg(p.pid, 9)
         except ProcessLookupError:
             pass
+    for p in procs:
+        p.wait()
+    _remove_new_shm(shm_before)
     results = []
     for r, out in enumerate(outs):
         if os.path.exists(out):
@@ -159,8 +164,26 @@ def run_ranks(spec: dict[str, Any], world: int, work: str, link: str, timeout: f
                 results.append(json.load(f))
         else:
             with open(os.path.join(work, f"{tag}.rank{r}.log")) as f:
-                results.append({"rank": r, "killed": True, "log_tail": f.read()[-1500:]})
+                tail = f.read()[-1200:]
+            code = procs[r].returncode
+            results.append({"rank": r, "killed": True, "log_tail": f"exit {code}; {tail}"})
     return results
+
+
+def _remove_new_shm(before: set[str]) -> None:
+    """Mosaic's shared memory (``/dev/shm/NNNNNN_*``) that this run's ranks left behind.
+
+    A killed rank cannot unlink it, and a stale prefix makes the next job's local ranks
+    disagree on where to coordinate (they then download the same shard file at once).
+    """
+    if not os.path.isdir("/dev/shm"):
+        return
+    for name in set(os.listdir("/dev/shm")) - before:
+        if re.fullmatch(r"\d{6}_\w+", name):
+            try:
+                os.unlink(os.path.join("/dev/shm", name))
+            except OSError:
+                pass
 
 
 def _has_error(path: str) -> bool:
@@ -262,7 +285,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--contenders", default=",".join(NAMES))
     p.add_argument("--datasets", default="tokens,raw")
     p.add_argument("--shards", type=int, default=16, help="Parquet token shards")
-    p.add_argument("--rows", type=int, default=192, help="rows per shard")
+    p.add_argument("--rows", type=int, default=144, help="rows per shard")
     p.add_argument("--tokens", type=int, default=1024, help="int32 tokens per row")
     p.add_argument("--row-group", type=int, default=64)
     p.add_argument("--files", type=int, default=768, help="raw files")
@@ -272,7 +295,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--step-ms", type=float, default=40.0)
     p.add_argument("--link-mbps", type=float, default=100.0, help="per connection")
     p.add_argument("--link-latency-ms", type=float, default=10.0, help="one way")
-    p.add_argument("--kill-after", type=int, default=40, help="steps before the kill")
+    p.add_argument("--kill-after", type=int, default=20, help="steps before the kill")
+    p.add_argument(
+        "--ckptstore-prefetch", type=int, default=4, help="its prefetch_concurrency (default 4)"
+    )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-resume", action="store_true")
     p.add_argument("--timeout", type=float, default=600.0, help="per run of the ranks")
@@ -313,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                     "batch": args.batch,
                     "workers": args.workers,
                     "step_s": args.step_ms / 1e3,
+                    "ckptstore_prefetch": args.ckptstore_prefetch,
                 }
                 runs = []
                 for rep in range(args.repeat):
@@ -336,10 +363,10 @@ def main(argv: list[str] | None = None) -> int:
         if not os.environ.get("KEEP_WORK"):
             shutil.rmtree(work, ignore_errors=True)
     report["data"] = {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in data.items()}
-    print(table(report))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
+    print(table(report))
     return 0
 
 
@@ -370,7 +397,11 @@ def table(report: dict[str, Any]) -> str:
         kind, name = key.split("/")
         runs = [r for r in entry["runs"] if "error" not in r]
         failed = [r["error"] for r in entry["runs"] if "error" in r]
-        note = f" ({len(failed)} of {len(entry['runs'])} runs failed: {_clean(failed[0])})"
+        note = (
+            f" ({len(failed)} of {len(entry['runs'])} runs failed: {_clean(failed[0])})"
+            if failed
+            else ""
+        )
         res = entry.get("resume", {})
         if "repeated" in res:
             resume = f"{res['repeated']} / {res['skipped']}"
@@ -382,7 +413,7 @@ def table(report: dict[str, Any]) -> str:
             continue
         p50, p99 = _med(runs, "wait_p50_pct")[0], _med(runs, "wait_p99_pct")[0]
         lines.append(
-            f"| {kind} | {name}{note if failed else ''} | {_cell(runs, 'cold_s')} | "
+            f"| {kind} | {name}{note} | {_cell(runs, 'cold_s')} | "
             f"{_cell(runs, 'warm_s')} | {_cell(runs, 'first_batch_s')} | {p50:.1f} / {p99:.1f} | "
             f"{_med(runs, 'disk_bytes')[0] / 2**20:.1f} | "
             f"{runs[0]['repeated']} / {runs[0]['skipped']} | {resume} |"

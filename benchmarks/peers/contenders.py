@@ -93,7 +93,9 @@ class Ckptstore(Contender):
             transform=_raw_sample if self.kind == "raw" else None,
             columns=["id", "tokens"] if self.kind == "tokens" else None,
         )
-        dl = DataLoader(ds, self.batch, self.workers)
+        dl = DataLoader(
+            ds, self.batch, self.workers, prefetch_concurrency=s.get("ckptstore_prefetch", 4)
+        )
         if state is not None:
             dl.load_state_dict(state)
         return dl
