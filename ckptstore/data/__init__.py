@@ -20,11 +20,13 @@ __all__ = [
     "DataLoader",
     "ShardedDataset",
     "Shard",
+    "PadCollate",
     "LoaderMetrics",
     "FetchSeconds",
     "MetricsSink",
     "LoggingSink",
     "MLflowSink",
+    "ScalarSink",
     "DataOrder",
     "OrderState",
     "DataOrderError",
@@ -36,12 +38,14 @@ _WHERE = {
     "DataLoader": "loader",
     "ShardedDataset": "dataset",
     "Shard": "dataset",
+    "PadCollate": "collate",
     "parse_size": "dataset",
     "LoaderMetrics": "metrics",
     "FetchSeconds": "metrics",
     "MetricsSink": "metrics",
     "LoggingSink": "metrics",
     "MLflowSink": "metrics",
+    "ScalarSink": "metrics",
     "DataOrder": "stream",
     "OrderState": "order",
     "DataOrderError": "order",
@@ -49,6 +53,7 @@ _WHERE = {
 }
 
 if TYPE_CHECKING:
+    from ckptstore.data.collate import PadCollate
     from ckptstore.data.dataset import Shard, ShardedDataset, parse_size
     from ckptstore.data.loader import DataLoader
     from ckptstore.data.metrics import (
@@ -57,6 +62,7 @@ if TYPE_CHECKING:
         LoggingSink,
         MetricsSink,
         MLflowSink,
+        ScalarSink,
     )
     from ckptstore.data.order import DataOrderError, OrderState, sample_seed
     from ckptstore.data.stream import DataOrder

@@ -11,7 +11,9 @@ Layout under ``cache_dir``::
     locks/<key>.dl              exclusively locked by the one process downloading it
 
 Rules: a download is written to a temp file (``posix_fallocate``'d, so space is claimed up
-front and a full disk fails at once), verified (size, footer digest, CRC32C recorded) and
+front and a full disk fails at once: the farthest-needed unpinned shard is then evicted as
+if the budget were full, and only when none is left does a demand read fail with
+``CacheError``), verified (size, footer digest, CRC32C recorded) and
 renamed into place. Space is accounted by summing ``.data`` and temp files; when a new shard
 does not fit the byte budget, the shard needed farthest in the future (per
 :class:`~ckptstore.data.stream.DataOrder`) that nobody holds a ``.use`` lock on is
@@ -34,6 +36,7 @@ Call order (per process)::
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -300,9 +303,13 @@ class ShardCache:
             self.stats.add(downloads=1, bytes=e.size, download_seconds=time.monotonic() - t0)
             meta = {"path": e.path, "size": e.size, "crc32c": crc, "digest": e.digest}
             meta_tmp = f"{self._meta_path(e.key)}{TMP}{uuid.uuid4().hex}"
-            with open(meta_tmp, "w") as f:
-                json.dump(meta, f)
-            os.replace(meta_tmp, self._meta_path(e.key))
+            try:
+                with open(meta_tmp, "w") as f:
+                    json.dump(meta, f)
+                os.replace(meta_tmp, self._meta_path(e.key))
+            except BaseException:
+                unlink_quietly(meta_tmp)  # a full disk can fail this small write too
+                raise
             final = os.path.join(self._shards, e.key + ".data")
             os.replace(tmp, final)
             st = os.stat(final)
@@ -319,25 +326,24 @@ class ShardCache:
         with Lock(os.path.join(self.dir, "budget.lock")) as budget:
             budget.acquire(timeout=self.wait_timeout, what="cache budget lock")
             if self.limit is not None:
-                used, cached = self._usage()
-                if used + e.size > self.limit:
-                    far = self.distances(cursor)
-                    inf = float("inf")
-                    victims = sorted(
-                        (k for k in cached if k != e.key),
-                        key=lambda k: -far.get(self._shard_of_key.get(k, -1), inf),
-                    )
-                    for k in victims:
-                        d = far.get(self._shard_of_key.get(k, -1), inf)
-                        if max_distance is not None and d <= max_distance:
-                            break
-                        if self._evict(k):
-                            used -= cached[k]
-                            if used + e.size <= self.limit:
-                                break
-                    if used + e.size > self.limit:
+                used, _ = self._usage()
+                while used + e.size > self.limit:
+                    evicted, _ = self._evict_farthest(cursor, e.key, max_distance)
+                    if not evicted:
                         return None
-            return create_temp(self._shards, e, self.dir)
+                    used, _ = self._usage()
+            while True:
+                try:
+                    return create_temp(self._shards, e, self.dir)
+                except CacheError as exc:
+                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                        raise
+                    evicted, pinned = self._evict_farthest(cursor, e.key, max_distance)
+                    if evicted:
+                        continue  # the disk itself is full: make room as the budget would
+                    if max_distance is not None or pinned:
+                        return None  # "full": a prefetch tries later, a demand read waits
+                    raise  # nothing of ours to evict: the disk is full of other files
 
     def _usage(self) -> tuple[int, dict[str, int]]:
         """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones."""
@@ -362,6 +368,31 @@ class ShardCache:
                         lock.close()
                         used += size
         return used, cached
+
+    def _evict_farthest(
+        self, cursor: int, keep: str, max_distance: int | None
+    ) -> tuple[bool, bool]:
+        """Evict the unpinned shard needed farthest in the future (beyond ``max_distance``).
+
+        ``(evicted, others)``: whether one went, and whether other cached shards remain
+        (pinned, or needed sooner), so that waiting for space can help.
+        """
+        _, cached = self._usage()
+        far = self.distances(cursor)
+        inf = float("inf")
+        others = False
+        for k in sorted(cached, key=lambda k: -far.get(self._shard_of_key.get(k, -1), inf)):
+            if k == keep:
+                continue
+            others = True
+            if (
+                max_distance is not None
+                and far.get(self._shard_of_key.get(k, -1), inf) <= max_distance
+            ):
+                break
+            if self._evict(k):
+                return True, True
+        return False, others
 
     def _evict(self, key: str) -> bool:
         use = self._lock(key, "use")

@@ -41,8 +41,7 @@ import numpy.random  # noqa: F401 - fork safety: see the module docstring
 
 from ckptstore.config import MiB, TransferConfig
 from ckptstore.data.cache import CacheEntry, ShardCache, check_limit, probe_cache_dir
-from ckptstore.data.formats import EXTENSIONS, FORMATS, preload
-from ckptstore.data.formats import read_index as _read_index
+from ckptstore.data.formats import EXTENSIONS, FORMATS, check_schemas, inspect, preload
 from ckptstore.data.order import DataOrderError, sample_seed
 from ckptstore.data.runtime import ProcessRuntime
 from ckptstore.data.stream import DataOrder
@@ -77,12 +76,17 @@ def default_buckets(num_shards: int) -> int:
 
 @dataclass(frozen=True)
 class Shard:
-    """One listed shard: path below the dataset URL, size, rows per group, footer digest."""
+    """One listed shard: path below the dataset URL, size, rows per group, footer digest.
+
+    ``schema`` is ``((column, type), ...)`` (``()`` for raw files); it is checked to agree
+    across shards at listing and is not part of the fingerprint (the digest covers it).
+    """
 
     path: str
     size: int
     rows: tuple[int, ...]
     digest: str = ""
+    schema: tuple[tuple[str, str], ...] = ()
 
     @property
     def num_samples(self) -> int:
@@ -133,10 +137,10 @@ def list_shards(
             return engine.retry(lambda: store.get(path, off, off + n), what)
 
         try:
-            rows, digest = _read_index(fmt, size, read)
+            rows, digest, schema = inspect(fmt, size, read)
         except ShardFormatError as exc:
             raise ShardFormatError(f"{store.describe(path)}: {exc}") from exc
-        return Shard(path, size, rows, digest)
+        return Shard(path, size, rows, digest, schema)
 
     if len(paths) <= 1:
         return fmt, [one(p) for p in paths]
@@ -228,6 +232,7 @@ class ShardedDataset:
             raise EmptyDatasetError(
                 f"the {len(sizes)} shards under {self.url} hold no samples (every file is empty)"
             )
+        check_schemas([(s.path, s.schema) for s in self.shards], self.columns)
         self.shard_sizes = tuple(sizes)
         self.num_samples = sum(sizes)
         self.fingerprint = _fingerprint(self.format, self.shards)

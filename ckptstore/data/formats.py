@@ -31,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ckptstore.data.columns import to_rows
 from ckptstore.errors import ShardFormatError, missing_dependency
 
 __all__ = [
@@ -39,6 +40,8 @@ __all__ = [
     "GroupCache",
     "ShardReader",
     "open_reader",
+    "check_schemas",
+    "inspect",
     "preload",
     "read_index",
 ]
@@ -75,7 +78,15 @@ def _tail(size: int, read: ReadFn, magic: bytes, what: str) -> tuple[bytes, int]
     return bytes(tail[-(flen + trailer) : -trailer]), flen
 
 
-def _parquet_index(size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
+Schema = tuple[tuple[str, str], ...]
+
+
+def _fields(schema: Any) -> Schema:
+    """``((name, type), ...)`` of a pyarrow schema: what shards must agree on."""
+    return tuple((f.name, str(f.type)) for f in schema)
+
+
+def _parquet_inspect(size: int, read: ReadFn) -> tuple[tuple[int, ...], str, Schema]:
     pa = _pyarrow()
     import pyarrow.parquet as pq
 
@@ -83,10 +94,16 @@ def _parquet_index(size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
     blob = footer + len(footer).to_bytes(4, "little") + b"PAR1"
     try:
         md = pq.read_metadata(pa.BufferReader(blob))
+        fields = _fields(md.schema.to_arrow_schema())
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad footers
         raise ShardFormatError(f"Parquet: unreadable footer ({exc})") from exc
     rows = tuple(int(md.row_group(i).num_rows) for i in range(md.num_row_groups))
-    return rows, hashlib.sha256(footer).hexdigest()
+    return rows, hashlib.sha256(footer).hexdigest(), fields
+
+
+def _parquet_index(size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
+    rows, digest, _ = _parquet_inspect(size, read)
+    return rows, digest
 
 
 # --- Arrow IPC: just enough FlatBuffers to read the footer's blocks and batch lengths ----
@@ -146,6 +163,84 @@ def _arrow_index(size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
     except (struct.error, IndexError) as exc:
         raise ShardFormatError(f"Arrow IPC: malformed footer or batch header ({exc})") from exc
     return rows, hashlib.sha256(footer).hexdigest()
+
+
+def _arrow_schema(size: int, read: ReadFn) -> Schema:
+    """The schema message at the head of an IPC file (``ARROW1``, 2 pad bytes, message)."""
+    pa = _pyarrow()
+    import pyarrow.ipc as ipc
+
+    head = bytes(read(0, min(size, 16)))
+    if len(head) < 16 or head[:6] != _ARROW_MAGIC:
+        raise ShardFormatError("Arrow IPC: no ARROW1 magic at the start; not an Arrow IPC file")
+    cont, n = struct.unpack_from("<Ii", head, 8)
+    start, n = (16, n) if cont == 0xFFFFFFFF else (12, cont)  # pre-0.15 files: no marker
+    if n <= 0 or start + n > size:
+        raise ShardFormatError(f"Arrow IPC: schema message length {n} does not fit the file")
+    try:
+        message = bytes(read(8, start - 8 + n))
+        return _fields(ipc.read_schema(pa.py_buffer(message)))
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad messages
+        raise ShardFormatError(f"Arrow IPC: unreadable schema message ({exc})") from exc
+
+
+def inspect(fmt: str, size: int, read: ReadFn) -> tuple[tuple[int, ...], str, Schema]:
+    """``(rows per group, footer digest, schema)``: :func:`read_index` plus the schema.
+
+    The schema is ``((column, type), ...)``, what every shard of a dataset must agree on;
+    raw files have ``()``. Parquet reads it from the same footer; Arrow from the schema
+    message at the file's head (one more small ranged read).
+    """
+    if fmt == "parquet":
+        return _parquet_inspect(size, read)
+    if fmt == "arrow":
+        rows, digest = _arrow_index(size, read)
+        return rows, digest, _arrow_schema(size, read)
+    rows, digest = read_index(fmt, size, read)
+    return rows, digest, ()
+
+
+def check_schemas(
+    schemas: Sequence[tuple[str, Schema]], columns: Sequence[str] | None = None
+) -> None:
+    """Raise ``ShardFormatError`` unless every shard's ``(path, schema)`` agrees.
+
+    With ``columns``, only those columns are compared (each must be in every shard).
+    Metadata and column order do not count; names and types do.
+    """
+    if not schemas:
+        return
+    want = list(columns) if columns is not None else None
+
+    def view(fields: Schema) -> dict[str, str]:
+        d = dict(fields)
+        return d if want is None else {c: d[c] for c in want if c in d}
+
+    ref_path, ref_fields = schemas[0]
+    ref = view(ref_fields)
+    if want is not None:
+        for path, fields in schemas:
+            missing = [c for c in want if c not in dict(fields)]
+            if missing:
+                raise ShardFormatError(
+                    f"{path} has no column {missing[0]!r} (columns={want}); it has "
+                    f"{', '.join(n for n, _ in fields) or 'none'}"
+                )
+    for path, fields in schemas[1:]:
+        got = view(fields)
+        if got == ref:
+            continue
+        diffs = [
+            f"{c!r} is {got[c]} there, {ref[c]} in {ref_path}"
+            for c in ref
+            if c in got and got[c] != ref[c]
+        ]
+        diffs += [f"{c!r} is missing there (present in {ref_path})" for c in ref if c not in got]
+        diffs += [f"{c!r} is only there (not in {ref_path})" for c in got if c not in ref]
+        raise ShardFormatError(
+            f"shards disagree on their schema: in {path}, {'; '.join(diffs)}. Rewrite the "
+            "shard to match, or select the columns every shard shares with columns=[...]"
+        )
 
 
 def preload(fmt: str) -> None:
@@ -225,7 +320,10 @@ class ShardReader:
         self._load = load
 
     def take(self, indices: Sequence[int]) -> list[Any]:
-        """Rows ``indices`` of the shard as dicts ``{column: value}``, in the order given."""
+        """Rows ``indices`` of the shard as dicts ``{column: value}``, in the order given.
+
+        Array columns arrive as NumPy arrays (:func:`ckptstore.data.columns.to_rows`).
+        """
         idx = np.asarray(indices, dtype=np.int64)
         group = np.searchsorted(self.offsets, idx, side="right") - 1
         out: list[Any] = [None] * len(idx)
@@ -233,7 +331,7 @@ class ShardReader:
             where = np.flatnonzero(group == g)
             table = self._groups.get((self.key, g), functools.partial(self._load, g))
             local = idx[where] - self.offsets[g]
-            for pos, row in zip(where.tolist(), table.take(local).to_pylist()):
+            for pos, row in zip(where.tolist(), to_rows(table.take(local))):
                 out[pos] = row
         return out
 

@@ -13,8 +13,9 @@ Call order::
     sink.log(m.window_summary(), step)    # the loader, every ``log_every`` batches
 
 A sink is any object with ``log(metrics: Mapping[str, float], step: int)``:
-:class:`LoggingSink` (the ``logging`` module) and :class:`MLflowSink` (MLflow metrics;
-``mlflow`` is imported only when the sink is created).
+:class:`LoggingSink` (the ``logging`` module), :class:`ScalarSink` (one call per metric,
+``fn(name, value, step)``: TensorBoard's ``SummaryWriter.add_scalar`` fits as it is) and
+:class:`MLflowSink` (MLflow metrics; ``mlflow`` is imported only when the sink is created).
 """
 
 from __future__ import annotations
@@ -22,14 +23,21 @@ from __future__ import annotations
 import logging
 import time
 from array import array
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 import numpy as np
 
 from ckptstore.errors import missing_dependency
 
-__all__ = ["FetchSeconds", "LoaderMetrics", "LoggingSink", "MLflowSink", "MetricsSink"]
+__all__ = [
+    "FetchSeconds",
+    "LoaderMetrics",
+    "LoggingSink",
+    "MLflowSink",
+    "MetricsSink",
+    "ScalarSink",
+]
 
 
 class MetricsSink(Protocol):
@@ -195,6 +203,28 @@ class LoggingSink:
             f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in metrics.items()
         )
         self.logger.log(self.level, "data metrics at sample %d: %s", step, body)
+
+
+class ScalarSink:
+    """Calls ``fn(prefix + name, value, step)`` once per metric of each report.
+
+    The shape of TensorBoard's ``SummaryWriter.add_scalar(tag, scalar_value, global_step)``
+    (and of most tracker clients)::
+
+        from torch.utils.tensorboard import SummaryWriter
+        DataLoader(ds, 32, metrics_sink=ScalarSink(SummaryWriter("runs/x").add_scalar))
+
+    The step is the loader's cursor (global samples), as for every sink.
+    """
+
+    def __init__(self, fn: Callable[[str, float, int], object], prefix: str = "data/") -> None:
+        self.fn = fn
+        self.prefix = prefix
+
+    def log(self, metrics: Mapping[str, float], step: int) -> None:
+        """Call ``fn(prefix + name, value, step)`` once per metric."""
+        for k, v in metrics.items():
+            self.fn(self.prefix + k, float(v), int(step))
 
 
 class MLflowSink:

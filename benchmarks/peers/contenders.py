@@ -1,0 +1,220 @@
+"""The four data loaders of bench_data_peers.py, each built the way its docs say to.
+
+Every contender reads the same rows from the same S3 server through the same shaped link,
+and gives the training loop batches with an ``id`` tensor (the row's global id), so that the
+benchmark can count what each rank trained on.
+
+- ``ckptstore``: ``ShardedDataset`` (Parquet shards, or raw files) + ``DataLoader``.
+- ``mosaic``: Mosaic Streaming ``StreamingDataset`` over MDS shards converted from the same
+  rows + ``StreamingDataLoader`` (resumable).
+- ``litdata``: litdata ``StreamingDataset`` over ``optimize()``d chunks +
+  ``StreamingDataLoader`` (resumable).
+- ``fsspec``: a plain torch ``DataLoader`` over an ``IterableDataset`` that streams the
+  Parquet shards (or raw files) through s3fs, split over ranks and workers, rows shuffled
+  within a row group. It has no state: a resume starts the epoch again.
+
+Call order (in a rank process, torch.distributed initialised)::
+
+    c = CONTENDERS[name](spec)          # spec: dataset urls, options, batch, workers, cache
+    loader = c.loader(state)            # state: what c.state(loader) returned, or None
+    for batch in loader: ... batch["id"] ...
+    c.state(loader)                     # picklable; None where there is none
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.utils.data import IterableDataset, get_worker_info
+
+__all__ = ["CONTENDERS", "import_streaming", "raw_id"]
+
+
+def import_streaming() -> Any:
+    """Mosaic Streaming's package, without its vision datasets.
+
+    ``streaming/__init__.py`` imports ``streaming.vision`` (CIFAR, ImageNet, ...), which
+    imports torchvision; setup.sh leaves torchvision out (PyPI's wheel needs CUDA torch
+    libraries). Nothing here uses those datasets, so an empty ``streaming.vision`` module is
+    registered first; ``StreamingDataset``, ``StreamingDataLoader`` and ``MDSWriter`` are
+    Mosaic's own, unchanged.
+    """
+    import sys
+    import types
+
+    if "streaming" not in sys.modules:
+        sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
+    import streaming
+
+    return streaming
+
+
+def raw_id(path: str) -> int:
+    """A raw file ``.../000123.bin`` holds row 123."""
+    return int(os.path.basename(path).split(".")[0])
+
+
+def _raw_sample(sample: dict[str, Any], seed: int) -> dict[str, Any]:
+    data = sample["data"]
+    return {
+        "id": raw_id(sample["path"]),
+        "blob": torch.frombuffer(bytearray(data), dtype=torch.uint8),
+    }
+
+
+class Contender:
+    def __init__(self, spec: dict[str, Any]) -> None:
+        self.spec = spec
+        self.batch = spec["batch"]
+        self.workers = spec["workers"]
+        self.kind = spec["kind"]  # "tokens" (Parquet rows) or "raw" (files)
+        self.cache = spec["cache"]
+
+    def state(self, loader: Any) -> Any:
+        return loader.state_dict()
+
+
+class Ckptstore(Contender):
+    def loader(self, state: Any) -> Any:
+        from ckptstore.data import DataLoader, ShardedDataset
+
+        s = self.spec
+        ds = ShardedDataset(
+            s["urls"]["ckptstore"],
+            storage_options=s["s3"],
+            format="parquet" if self.kind == "tokens" else "raw",
+            cache_dir=self.cache,
+            seed=s["seed"],
+            transform=_raw_sample if self.kind == "raw" else None,
+            columns=["id", "tokens"] if self.kind == "tokens" else None,
+        )
+        dl = DataLoader(
+            ds, self.batch, self.workers, prefetch_concurrency=s.get("ckptstore_prefetch", 4)
+        )
+        if state is not None:
+            dl.load_state_dict(state)
+        return dl
+
+
+class Mosaic(Contender):
+    def loader(self, state: Any) -> Any:
+        streaming = import_streaming()
+        StreamingDataLoader, StreamingDataset = (
+            streaming.StreamingDataLoader,
+            streaming.StreamingDataset,
+        )
+        s = self.spec
+        ds = StreamingDataset(
+            remote=s["urls"]["mosaic"],
+            local=self.cache,  # one per node, shared by its ranks (as Mosaic requires)
+            shuffle=True,
+            shuffle_seed=s["seed"],
+            batch_size=self.batch,
+            num_canonical_nodes=1,  # one node; keeps the order across world sizes
+        )
+        dl = StreamingDataLoader(
+            ds, batch_size=self.batch, num_workers=self.workers, collate_fn=_collate
+        )
+        if state is not None:
+            dl.load_state_dict(state)
+        return dl
+
+
+class Litdata(Contender):
+    def loader(self, state: Any) -> Any:
+        import litdata
+        from litdata.streaming import downloader
+
+        # The shaped link is plain http on 127.0.0.1; litdata's obstore (Rust) S3 client
+        # refuses http unless told. On real S3 (https) nothing of this is needed.
+        downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = "true"  # type: ignore[index]
+        s = self.spec
+        ds = litdata.StreamingDataset(
+            s["urls"]["litdata"],
+            cache_dir=self.cache,
+            shuffle=True,
+            seed=s["seed"],
+            storage_options={"endpoint_url": s["s3"]["endpoint_url"]},
+        )
+        dl = litdata.StreamingDataLoader(
+            ds, batch_size=self.batch, num_workers=self.workers, collate_fn=_collate
+        )
+        if state is not None:
+            dl.load_state_dict(state)
+        return dl
+
+
+def _collate(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Peers' rows (``id`` int, ``tokens`` or ``blob`` array/bytes) into one batch."""
+    out: dict[str, Any] = {"id": torch.tensor([int(r["id"]) for r in rows])}
+    if "tokens" in rows[0]:
+        out["tokens"] = torch.from_numpy(np.stack([np.asarray(r["tokens"]) for r in rows]))
+    else:
+        out["blob"] = [r["blob"] for r in rows]
+    return out
+
+
+class _FsspecShards(IterableDataset):
+    """Each (rank, worker) streams its share of the files, in a seeded shuffled order."""
+
+    def __init__(self, spec: dict[str, Any], rank: int, world: int) -> None:
+        self.spec, self.rank, self.world = spec, rank, world
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        import pyarrow.parquet as pq
+        import s3fs
+
+        s = self.spec
+        info = get_worker_info()
+        w, n = (0, 1) if info is None else (info.id, info.num_workers)
+        fs = s3fs.S3FileSystem(
+            key=s["s3"]["key"],
+            secret=s["s3"]["secret"],
+            endpoint_url=s["s3"]["endpoint_url"],
+            skip_instance_cache=True,
+        )
+        paths = sorted(fs.find(s["urls"]["fsspec"]))
+        random.Random(s["seed"]).shuffle(paths)
+        me, every = self.rank * n + w, self.world * n
+        rng = random.Random(s["seed"] * 1000 + me)
+        for path in paths[me::every]:
+            if s["kind"] == "raw":
+                with fs.open(path, "rb") as f:
+                    yield {"id": raw_id(path), "blob": f.read()}
+                continue
+            with fs.open(path, "rb", block_size=5 << 20) as f:
+                pf = pq.ParquetFile(f)
+                for g in range(pf.num_row_groups):
+                    rows = pf.read_row_group(g, columns=["id", "tokens"]).to_pylist()
+                    rng.shuffle(rows)
+                    for r in rows:
+                        yield {"id": r["id"], "tokens": np.asarray(r["tokens"], np.int32)}
+
+
+class Fsspec(Contender):
+    def loader(self, state: Any) -> Any:
+        import torch.distributed as dist
+
+        rank, world = dist.get_rank(), dist.get_world_size()
+        return torch.utils.data.DataLoader(
+            _FsspecShards(self.spec, rank, world),
+            batch_size=self.batch,
+            num_workers=self.workers,
+            collate_fn=_collate,
+        )
+
+    def state(self, loader: Any) -> Any:
+        return None  # nothing to resume from: the epoch starts again
+
+
+CONTENDERS: dict[str, type[Contender]] = {
+    "ckptstore": Ckptstore,
+    "mosaic": Mosaic,
+    "litdata": Litdata,
+    "fsspec": Fsspec,
+}
