@@ -31,7 +31,9 @@ class Tiny(L.LightningModule):
 
     def training_step(self, batch: Any, batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return torch.nn.functional.mse_loss(self.layer(x), y)
+        loss = torch.nn.functional.mse_loss(self.layer(x), y)
+        self.log("train_loss", loss, sync_dist=True)  # what ModelCheckpoint(monitor=) ranks
+        return loss
 
     def configure_optimizers(self) -> Any:
         opt = torch.optim.Adam(self.parameters(), lr=0.05)
@@ -114,6 +116,7 @@ if __name__ == "__main__":
     p.add_argument("--devices", type=int, default=1)
     p.add_argument("--strategy", default="auto")
     p.add_argument("--ckpt-path", default=None)
+    p.add_argument("--top-k", type=int, default=None, help="save_top_k by train_loss")
     p.add_argument("--record", default=None, help="rank 0 writes its Recorder here")
     p.add_argument("--crash-at", default=None, help="CKPTSTORE_CRASH_AT, on --crash-rank only")
     p.add_argument("--crash-rank", type=int, default=0)
@@ -123,8 +126,9 @@ if __name__ == "__main__":
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     if a.crash_at and rank == a.crash_rank:
         os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
+    top_k = {} if a.top_k is None else {"monitor": "train_loss", "save_top_k": a.top_k}
     trainer, rec = fit(
-        a.dir, a.root, a.max_steps, a.ckpt_path, devices=a.devices, strategy=a.strategy
+        a.dir, a.root, a.max_steps, a.ckpt_path, devices=a.devices, strategy=a.strategy, **top_k
     )
     if a.record and trainer.is_global_zero:
         torch.save(
@@ -133,6 +137,7 @@ if __name__ == "__main__":
                 "start": rec.start,
                 "by_step": rec.by_step,
                 "best_model_path": trainer.checkpoint_callback.best_model_path,
+                "best_k_models": dict(trainer.checkpoint_callback.best_k_models),
             },
             a.record,
         )

@@ -91,3 +91,22 @@ def test_rank_killed_mid_save_then_torchrun_resume_is_exact(tmp_path, root_url, 
     with open(f"{tmp}/ckpts/{names[0]}") as f:
         assert json.load(f)["step"] == 8
     assert manifest(root_url, 8)["world_size"] == 2
+
+
+def test_monitored_top_k_under_ddp_keeps_exactly_the_k_best_steps(tmp_path) -> None:
+    """``ModelCheckpoint(monitor="train_loss", save_top_k=2)`` on 2 ranks: the steps left
+    committed are the two ModelCheckpoint ranks best plus the newest, which ``save_last``'s
+    ``last.ckpt`` follows (the others were removed through the IO)."""
+    tmp = str(tmp_path)
+    proc = lightning(tmp, f"{tmp}/root", 8, "--top-k", "2")
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    rec = torch.load(f"{tmp}/record.pt", weights_only=False)
+    best = rec["best_k_models"]
+    assert len(best) == 2, best
+    steps = set()
+    for path in best:
+        with open(path) as f:  # each kept name is a pointer rank 0 wrote
+            steps.add(json.load(f)["step"])
+    with open(f"{tmp}/ckpts/last.ckpt") as f:
+        assert json.load(f)["follow"] == "newest"
+    assert committed(f"{tmp}/root") == sorted(steps | {8}), (best, statuses(f"{tmp}/root"))
