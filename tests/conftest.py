@@ -1,4 +1,5 @@
-"""Session-wide object-store servers on 127.0.0.1, shared by every test directory.
+"""Session-wide object-store servers on 127.0.0.1, shared by every test directory (and
+``tiny_disk``, a real 1 MiB tmpfs for full-disk tests).
 
 Each starts on first use (so a run that needs none starts none) and is stopped, with its
 data directory deleted, at the end of the session. SeaweedFS and moto get bucket ``ckpt``;
@@ -7,6 +8,7 @@ tests use unique prefixes (fake-gcs-server and Azurite: tests create their own b
 
 from __future__ import annotations
 
+import subprocess
 from collections.abc import Iterator
 from typing import Any
 
@@ -70,3 +72,19 @@ def azurite_server() -> Iterator[Any]:
         pytest.skip("azurite-blob is not installed (run tools/setup.sh, which needs npm)")
     with Azurite() as server:
         yield server
+
+
+@pytest.fixture
+def tiny_disk(tmp_path):
+    """A real 1 MiB tmpfs, a disk that fills (needs root; skipped where mount is not allowed)."""
+    mnt = tmp_path / "tiny"
+    mnt.mkdir()
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
+    )
+    if r.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 
 import numpy as np
 import pyarrow as pa
@@ -92,22 +91,6 @@ def test_shard_changed_under_a_running_loader(tmp_path, workers) -> None:
     with pytest.raises(DataOrderError, match="allow_dataset_change"):
         DataLoader(relisted, 4, prefetch=False).load_state_dict(state)
     relisted.close()
-
-
-@pytest.fixture
-def tiny_disk(tmp_path):
-    """A real 1 MiB tmpfs (needs root; skipped where mount is not allowed)."""
-    mnt = tmp_path / "tiny"
-    mnt.mkdir()
-    r = subprocess.run(
-        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], capture_output=True
-    )
-    if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here: {r.stderr.decode().strip()}")
-    try:
-        yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=False)
 
 
 def _blob_shards(root, shards: int, rows: int, blob: int) -> None:
