@@ -35,32 +35,27 @@ class Counter:
         self.step = state["step"]
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--project", required=True)
-    p.add_argument("--root", required=True)
-    p.add_argument("--until", type=int, required=True)
-    p.add_argument("--resume", action="store_true")
-    p.add_argument("--record", required=True)
-    p.add_argument("--crash-at", default=None, help="CKPTSTORE_CRASH_AT, on --crash-rank only")
-    p.add_argument("--crash-rank", type=int, default=0)
-    a = p.parse_args()
-    if a.crash_at and int(os.environ.get("RANK", "0")) == a.crash_rank:
-        os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
-    torch.set_num_threads(1)
+def run(project: str, root: str, until: int, resume: bool, tamper: Any = None) -> dict[str, Any]:
+    """Train until step ``until`` (``save_state`` every 2 steps); what the run saw.
+
+    ``tamper(path)``, if given, runs on the restored folder before ``load_state`` reads it.
+    Every process returns its own record (``world``: the number of processes).
+    """
     torch.manual_seed(0)
     model = torch.nn.Linear(4, 2)
     opt = torch.optim.Adam(model.parameters(), lr=0.05)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
-    config = ProjectConfiguration(project_dir=a.project, automatic_checkpoint_naming=True)
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
     acc = Accelerator(cpu=True, project_config=config)
     model, opt, sched = acc.prepare(model, opt, sched)
     counter = Counter()
     acc.register_for_checkpointing(counter)
-    ckpt = CkptStoreAccelerate(a.root).register(acc)
+    ckpt = CkptStoreAccelerate(root).register(acc)
     out: dict[str, Any] = {"path": None, "by_step": {}, "world": acc.num_processes}
-    if a.resume:
+    if resume:
         out["path"] = ckpt.prepare_resume()
+        if tamper:
+            tamper(out["path"])
         acc.load_state(out["path"])
     out["start"] = (counter.step, acc.project_configuration.iteration)
 
@@ -75,7 +70,7 @@ def main() -> None:
     out["start_state"] = snap()
     x = torch.linspace(-1, 1, 32).view(8, 4)
     y = torch.stack([x.sum(1), x[:, 0]], 1)
-    while counter.step < a.until:
+    while counter.step < until:
         loss = torch.nn.functional.mse_loss(model(x), y)
         acc.backward(loss)
         opt.step()
@@ -86,7 +81,24 @@ def main() -> None:
         if counter.step % 2 == 0:
             acc.save_state()
     ckpt.close()
-    if acc.is_main_process:
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--project", required=True)
+    p.add_argument("--root", required=True)
+    p.add_argument("--until", type=int, required=True)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--record", required=True)
+    p.add_argument("--crash-at", default=None, help="CKPTSTORE_CRASH_AT, on --crash-rank only")
+    p.add_argument("--crash-rank", type=int, default=0)
+    a = p.parse_args()
+    if a.crash_at and int(os.environ.get("RANK", "0")) == a.crash_rank:
+        os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
+    torch.set_num_threads(1)
+    out = run(a.project, a.root, a.until, a.resume)
+    if int(os.environ.get("RANK", "0")) == 0:
         torch.save(out, a.record)
 
 

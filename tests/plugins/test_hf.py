@@ -1,20 +1,17 @@
 """Hugging Face: Trainer callback and Accelerate hooks, killed / stopped and resumed."""
 
-import copy
 import os
 import shutil
 import signal
 
 import pytest
-import torch
 
 pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
-from accelerate import Accelerator  # noqa: E402
-from accelerate.utils import ProjectConfiguration  # noqa: E402
 
 from ckptstore.integrations.hf import CkptStoreAccelerate  # noqa: E402
+from tests.plugins.accelerate_job import run as accelerate_run  # noqa: E402
 from tests.plugins.hf_job import train  # noqa: E402
 from tests.plugins.util import (  # noqa: E402
     assert_equal_tree,
@@ -65,63 +62,6 @@ def test_trainer_falls_back_past_a_corrupt_commit_on_a_fresh_machine(tmp_path, r
     assert path == os.path.join(out, "checkpoint-2")
     assert os.path.isfile(os.path.join(path, "trainer_state.json"))
     cb.close()
-
-
-class Counter:
-    """The training loop's own step, registered for checkpointing like any user object."""
-
-    def __init__(self) -> None:
-        self.step = 0
-
-    def state_dict(self) -> dict:
-        return {"step": self.step}
-
-    def load_state_dict(self, state: dict) -> None:
-        self.step = state["step"]
-
-
-def accelerate_run(project: str, root: str, until: int, resume: bool, tamper=None) -> dict:
-    """Train a Linear layer with Adam + StepLR, ``save_state`` every 2 steps."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 2)
-    opt = torch.optim.Adam(model.parameters(), lr=0.05)
-    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
-    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
-    acc = Accelerator(cpu=True, project_config=config)
-    model, opt, sched = acc.prepare(model, opt, sched)
-    counter = Counter()
-    acc.register_for_checkpointing(counter)
-    ckpt = CkptStoreAccelerate(root).register(acc)
-    out: dict = {"path": None, "by_step": {}}
-    if resume:
-        out["path"] = ckpt.prepare_resume()
-        if tamper:
-            tamper(out["path"])
-        acc.load_state(out["path"])
-    out["start"] = (counter.step, acc.project_configuration.iteration)
-
-    def snap() -> dict:
-        return {
-            "model": {k: v.clone() for k, v in model.state_dict().items()},
-            "optim": copy.deepcopy(opt.state_dict()),
-            "lr": sched.get_last_lr(),
-        }
-
-    out["start_state"] = snap()
-    x = torch.linspace(-1, 1, 32).view(8, 4)
-    y = torch.stack([x.sum(1), x[:, 0]], 1)
-    while counter.step < until:
-        loss = torch.nn.functional.mse_loss(model(x), y)
-        acc.backward(loss)
-        opt.step()
-        sched.step()
-        opt.zero_grad()
-        counter.step += 1
-        out["by_step"][counter.step] = snap()
-        if counter.step % 2 == 0:
-            acc.save_state()
-    ckpt.close()
-    return out
 
 
 def test_accelerate_save_state_commits_and_resume_takes_the_committed_copy(tmp_path, root_url):
