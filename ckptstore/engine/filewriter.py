@@ -192,9 +192,12 @@ class FileWriter:
         """Raise (after aborting) if a part failed, or if the writer is no longer open."""
         self._check_open()
 
-    def _check_open(self) -> None:
+    def _check_state(self) -> None:
         if self._state != "open":
             raise TransferError(f"{self._what}: write after {self._state}")
+
+    def _check_open(self) -> None:
+        self._check_state()
         if self._failed.is_set():
             self._raise_failed()
 
@@ -237,8 +240,7 @@ class FileWriter:
         usually ``torch.save`` writing an item, which would replace the error with one of
         its own ("unexpected pos") when its zip writer ends.
         """
-        if self._state != "open":
-            raise TransferError(f"{self._what}: write after {self._state}")
+        self._check_state()
         self._append(view, owned)
 
     def extend_crc(self, crc: int, length: int) -> None:
