@@ -12,7 +12,7 @@ demo: setup
 
 # Everything: server and multi-process tests included (what CI runs).
 test: setup
-	$(PYTEST) -q
+	$(PYTEST) -q --durations=25
 
 # The quick inner loop: no servers, no multi-process groups, nothing slow.
 test-fast: setup
