@@ -22,13 +22,15 @@ pytestmark = [
     pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
 ]
 
-SMALL = 48  # tensors of 16 KiB each
+SMALL = 48  # tensors of 16 KiB each: no span, checked and decoded whole
+MEDIUM = 4  # tensors of 128 KiB: a span, copied from their window into the target
 CONFIG = TransferConfig(part_size=1 * MiB, concurrency=4, memory_budget=8 * MiB)
 
 
 def state() -> dict[str, Any]:
     g = torch.Generator().manual_seed(17)
     out: dict[str, Any] = {f"s{i:02d}": torch.randn(4096, generator=g) for i in range(SMALL)}
+    out.update({f"m{i}": torch.randn(32 * 1024, generator=g) for i in range(MEDIUM)})
     out["big"] = torch.randn(3 * 256 * 1024 + 123, generator=g)  # ~3 MiB: 4 pieces of 1 MiB
     out["meta"] = {"epoch": 3}
     return out
@@ -69,7 +71,7 @@ def test_small_items_share_gets_and_large_ones_are_split(saved: S3Store) -> None
             assert torch.equal(out[name], ref[name]), name
     assert out["meta"] == ref["meta"]
     shard_gets = [g for g in store.gets if g[0].endswith(".distcp")]
-    # 49 small items in a few windows of <= 1 MiB (one GET each), the big tensor in
+    # 53 small items in a few windows of <= 1 MiB (one GET each), the big tensor in
     # 4 pieces of <= 1 MiB: far fewer GETs than items
     assert len(shard_gets) <= 8
     assert max(length for _, _, length in shard_gets) <= MiB
@@ -80,21 +82,25 @@ def test_small_items_share_gets_and_large_ones_are_split(saved: S3Store) -> None
     assert len(big) == 4 and sum(g[2] for g in big) == entry.span.length
 
 
-def test_a_flipped_byte_inside_a_coalesced_window_is_caught(saved: S3Store) -> None:
+@pytest.mark.parametrize("name", ["s20", "m2"])
+def test_a_flipped_byte_inside_a_coalesced_window_is_caught(saved: S3Store, name: str) -> None:
     ranges = open_committed(saved).manifest.ranges
-    entry = next(r for r in ranges if r.key.startswith("s20@"))
-    assert entry.span is None  # small: read whole, checked whole, decoded
+    entry = next(r for r in ranges if r.key.startswith(f"{name}@"))
+    # a small item is checked whole; a medium one by its span (the tensor's raw bytes)
+    start, end = entry.offset, entry.offset + entry.length
+    if entry.span is not None:
+        start, end = start + entry.span.offset, start + entry.span.offset + entry.span.length
+    assert (entry.span is None) == name.startswith("s")
     data = bytearray(saved.get(entry.file))
-    data[entry.offset + entry.length // 2] ^= 0x04
+    data[(start + end) // 2] ^= 0x04
     saved.put(entry.file, data)
     store = CountingStore(saved)
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch") as err:
         ckptstore.load(targets(), ckptstore.reader(store, config=CONFIG))
-    end = entry.offset + entry.length
-    assert f"{saved.describe(entry.file)} bytes [{entry.offset}, {end})" in str(err.value)
-    # the damaged item was read inside a window shared with its neighbours
+    assert f"{saved.describe(entry.file)} bytes [{start}, {end})" in str(err.value)
+    # the damaged item was read inside a window shared with a neighbour
     assert any(
-        s < entry.offset and entry.offset + entry.length < s + n
+        s < entry.offset + entry.length and entry.offset < s + n and n > entry.length
         for p, s, n in store.gets
         if p == entry.file
     )
