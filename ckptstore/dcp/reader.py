@@ -10,8 +10,10 @@ Call order (driven by ``torch.distributed.checkpoint.load``)::
     read_metadata()                 every rank: the already-verified DCP Metadata
     set_up_storage_reader(md, ...)  every rank
     prepare_local_plan / prepare_global_plan: unchanged plans
-    read_data(plan, planner)        every rank: parallel ranged reads, each range checked
-                                    against its manifest CRC32C before it is decoded
+    read_data(plan, planner)        every rank: parallel ranged reads planned from the whole
+                                    plan (``engine.readplan``: small adjacent items share a
+                                    GET on object stores), each range checked against its
+                                    manifest CRC32C before it is decoded
 
 The manifest's codec is looked up in ``ckptstore.engine.codecs`` at ``open()``: one this
 ckptstore does not know is ``CorruptCheckpointError`` (never a guess), a known one whose
