@@ -10,8 +10,10 @@ Call order (driven by ``torch.distributed.checkpoint.load``)::
     read_metadata()                 every rank: the already-verified DCP Metadata
     set_up_storage_reader(md, ...)  every rank
     prepare_local_plan / prepare_global_plan: unchanged plans
-    read_data(plan, planner)        every rank: parallel ranged reads, each range checked
-                                    against its manifest CRC32C before it is decoded
+    read_data(plan, planner)        every rank: parallel ranged reads planned from the whole
+                                    plan (``engine.readplan``: small adjacent items share a
+                                    GET on object stores), each range checked against its
+                                    manifest CRC32C before it is decoded
 
 The manifest's codec is looked up in ``ckptstore.engine.codecs`` at ``open()``: one this
 ckptstore does not know is ``CorruptCheckpointError`` (never a guess), a known one whose
@@ -52,6 +54,7 @@ from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec, stored_codec, transform_codec
 from ckptstore.engine.commit import METADATA_NAME, Committed, open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry, Span
+from ckptstore.engine.readplan import Window, coalesce, piece_size
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -228,41 +231,58 @@ class CkptReader(StoreBound, StorageReader):
             )
         ranges = self.committed.manifest.range_index() if self.committed else {}
 
-        # A sliding window of reads in flight, bounded by the memory budget. A tensor whose
-        # raw bytes the manifest locates (``RangeEntry.span``) and whose target is the
-        # matching contiguous CPU tensor is read straight into the target: no buffer, no
-        # decode, no copy. Everything else is read whole, checked, decoded and copied.
-        pending = deque(sorted(by_range))
-        inflight: deque[tuple[tuple[str, int, int], Future, _Direct | None]] = deque()
+        # On an object store the reads are planned from the whole plan (``engine.readplan``):
+        # small adjacent ranges of a file merge into one GET (a window); the rest are read
+        # as GETs of one piece size, chosen so the load keeps every connection busy (on a
+        # volume, whose reads are preads, every range is read alone). A sliding window of
+        # reads in flight, bounded by the memory budget. A tensor whose raw bytes the
+        # manifest locates (``RangeEntry.span``) and whose target is the matching contiguous
+        # CPU tensor is read straight into the target (a window of its own) or copied there
+        # from its window: no decode. Everything else is checked, decoded and copied.
+        keys = sorted(by_range)
+        if self.store.capabilities.zero_copy_parts:
+            # A volume: a request is a pread and costs nothing extra; plan nothing.
+            piece = self.config.part_size
+            pending = deque(Window(p, o, n, (i,)) for i, (p, o, n) in enumerate(keys))
+        else:
+            total = sum(k[2] for k in keys)
+            piece = piece_size(total, self.config.part_size, self.config.concurrency)
+            pending = deque(coalesce(keys, max_window=piece))
+        inflight: deque[tuple[Window, Future, _Direct | None]] = deque()
         inflight_bytes = 0
         try:
             while pending or inflight:
                 while pending and (
-                    not inflight or inflight_bytes + pending[0][2] <= self.config.memory_budget
+                    not inflight or inflight_bytes + pending[0].length <= self.config.memory_budget
                 ):
-                    key = pending.popleft()
-                    path, offset, length = key
-                    direct = self._direct(by_range[key], ranges.get(key), codecs[key], planner)
+                    win = pending.popleft()
+                    direct = None
+                    if len(win.members) == 1:
+                        key = keys[win.members[0]]
+                        direct = self._direct(by_range[key], ranges.get(key), codecs[key], planner)
                     if direct is None:
-                        fut = self.engine.read_async(self.store, path, offset, length)
+                        fut = self.engine.read_async(
+                            self.store, win.path, win.offset, win.length, part_size=piece
+                        )
                     else:
-                        at = offset + direct.span.offset
-                        fut = self.engine.read_into_async(self.store, path, at, direct.buf)
-                    inflight.append((key, fut, direct))
-                    inflight_bytes += length
-                key, fut, direct = inflight.popleft()
-                inflight_bytes -= key[2]
+                        at = win.offset + direct.span.offset
+                        fut = self.engine.read_into_async(
+                            self.store, win.path, at, direct.buf, part_size=piece
+                        )
+                    inflight.append((win, fut, direct))
+                    inflight_bytes += win.length
+                win, fut, direct = inflight.popleft()
+                inflight_bytes -= win.length
                 if direct is not None:
+                    key = keys[win.members[0]]
                     self._check_direct(key, fut, direct)
                     planner.commit_tensor(direct.req, direct.target)
                     continue
-                data = self._checked(key, fut, ranges.get(key))
-                entry = ranges.get(key)
-                data = codecs[key].decode(
-                    data, entry.raw_length if entry else None, self._where(key)
-                )
-                for req in by_range[key]:
-                    self._deliver(req, data, planner)
+                data = self._window_bytes(win, fut)
+                for i in win.members:
+                    key = keys[i]
+                    part = data[key[1] - win.offset : key[1] - win.offset + key[2]]
+                    self._consume(key, part, by_range[key], ranges.get(key), codecs[key], planner)
         except BaseException:
             # Reads still in flight may be filling targets: let them finish before the
             # caller (e.g. a restore falling back to an older step) reuses those tensors.
@@ -332,20 +352,46 @@ class CkptReader(StoreBound, StorageReader):
         path, offset, length = key
         return f"{self.store.describe(path)} bytes [{offset}, {offset + length})"
 
-    def _checked(self, key: tuple[str, int, int], fut: Future, entry: RangeEntry | None) -> Any:
-        path, offset, length = key
-        where = self._where(key)
-        data = self._result(path, fut)
-        if len(data) != length:
+    def _window_bytes(self, win: Window, fut: Future) -> Any:
+        """The bytes of one planned read, all of them (else the file is truncated)."""
+        data = self._result(win.path, fut)
+        if len(data) != win.length:
+            where = self._where((win.path, win.offset, win.length))
             raise CorruptCheckpointError(
                 f"{where}: got {len(data)} bytes, the file is truncated; restore the previous "
                 "checkpoint."
             )
+        return data
+
+    def _consume(
+        self,
+        key: tuple[str, int, int],
+        data: Any,
+        reqs: list[ReadItem],
+        entry: RangeEntry | None,
+        codec: Codec,
+        planner: LoadPlanner,
+    ) -> None:
+        """Check one stored range's bytes, decode them and hand them to every request.
+
+        A tensor that can take its raw bytes straight (see ``_direct``) gets the span
+        copied into its target after the span's own CRC32C is checked.
+        """
+        path, offset, _ = key
+        direct = self._direct(reqs, entry, codec, planner)
+        if direct is not None:
+            span = data[direct.span.offset : direct.span.offset + direct.span.length]
+            self._verify(path, offset + direct.span.offset, span, direct.span.crc32c)
+            direct.buf[:] = span
+            planner.commit_tensor(direct.req, direct.target)
+            return
         if self.committed is not None and self.verify and entry is None:
-            raise CorruptCheckpointError(f"{where} is not listed in the manifest")
+            raise CorruptCheckpointError(f"{self._where(key)} is not listed in the manifest")
         if entry is not None:
             self._verify(path, offset, data, entry.crc32c)
-        return data
+        data = codec.decode(data, entry.raw_length if entry else None, self._where(key))
+        for req in reqs:
+            self._deliver(req, data, planner)
 
     def _deliver(self, req: ReadItem, data: Any, planner: LoadPlanner) -> None:
         if req.type == LoadItemType.BYTE_IO:

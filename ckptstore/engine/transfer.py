@@ -187,9 +187,17 @@ class TransferEngine:
 
     # -- reads -------------------------------------------------------------------------
     def read_async(
-        self, store: Store, path: str, offset: int = 0, length: int | None = None
+        self,
+        store: Store,
+        path: str,
+        offset: int = 0,
+        length: int | None = None,
+        *,
+        part_size: int | None = None,
     ) -> Future[memoryview]:
-        """Read ``length`` bytes at ``offset`` (None: to the end) as parallel ranged GETs.
+        """Read ``length`` bytes at ``offset`` (None: to the end) as parallel ranged GETs
+        of at most ``part_size`` bytes each (default ``TransferConfig.part_size``; a load
+        passes the piece size it planned, see ``ckptstore.engine.readplan``).
 
         The bytes land straight in one uninitialised buffer (no zeroing, no joining); a
         range that comes back short raises ``CorruptCheckpointError`` (truncated object).
@@ -199,12 +207,20 @@ class TransferEngine:
             deadline = Deadline(self.config.retry.deadline_s)
             raw = unretried(store)  # retried here, under this read's deadline
             length = self.retry(lambda: raw.size(path), what, deadline) - offset
-        return self.read_into_async(store, path, offset, np.empty(length, dtype=np.uint8).data)
+        buf = np.empty(length, dtype=np.uint8).data
+        return self.read_into_async(store, path, offset, buf, part_size=part_size)
 
     def read_into_async(
-        self, store: Store, path: str, offset: int, buf: memoryview
+        self,
+        store: Store,
+        path: str,
+        offset: int,
+        buf: memoryview,
+        *,
+        part_size: int | None = None,
     ) -> Future[memoryview]:
-        """Fill ``buf`` with the bytes at ``offset`` as parallel ranged GETs; resolves to it.
+        """Fill ``buf`` with the bytes at ``offset`` as parallel ranged GETs of at most
+        ``part_size`` bytes (default ``TransferConfig.part_size``); resolves to ``buf``.
 
         A range that comes back short raises ``CorruptCheckpointError`` (truncated object).
         """
@@ -223,7 +239,7 @@ class TransferEngine:
 
         futures = [
             self.pool.submit(fetch, s, e)
-            for s, e in split_ranges(offset, len(view), self.config.part_size)
+            for s, e in split_ranges(offset, len(view), part_size or self.config.part_size)
         ]
         return gather(futures, lambda: view)
 
