@@ -7,8 +7,10 @@ Call order::
     step = mgr.restore(state)        # newest committed + verified step (falls back past a
                                      # corrupt one), or None on a fresh run; the loop goes on
                                      # at step + 1
-                                     # (rank 0 first finishes commits a crash cut short
-                                     # after their marker: canonical manifest/.metadata)
+                                     # (rank 0 alone lists the root and reads each step's
+                                     # marker, manifest and .metadata, finishing commits a
+                                     # crash cut short after their marker, and broadcasts
+                                     # them: ``ckptstore.manager.restore``)
     mgr.save(step, state)            # returns once the state is copied to the staging buffer;
                                      # serialisation, upload and commit run in the background
     mgr.preemption_requested()       # all ranks agree whether SIGTERM arrived anywhere
@@ -331,11 +333,9 @@ class CheckpointManager:
         was built with ``allow_pickle=True``.
         """
         self.wait()
-        if self.rank == 0:
-            self._loader.finish_commits()
-        candidates = self._agree.broadcast(
-            [step] if step is not None else list(committed_steps(self.root, newest_first=True))
-        )
+        # Rank 0 alone lists the root and reads each step's marker, manifest and .metadata
+        # (finishing commits a crash cut short after their marker); the others get them.
+        candidates = self._loader.discover(step)
         for s in candidates:
             self._protected.add(s)
             try:

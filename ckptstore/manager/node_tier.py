@@ -14,7 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.manifest import Manifest
 from ckptstore.engine.store import Buffer, Store
 from ckptstore.errors import ConfigError
 from ckptstore.stores.local import LocalStore
@@ -63,10 +63,10 @@ class NodeTier(Store):
         raise ConfigError(f"{self.describe(path)}: a restore's node tier is read-only")
 
 
-def node_files(local: LocalStore, remote: Store) -> list[str]:
-    """The data files of the committed ``remote`` step that ``local`` (this node's staged
-    copy of it) holds as regular files of the size the remote manifest records."""
-    manifest = open_committed(remote).manifest
+def node_files(local: LocalStore, manifest: Manifest) -> list[str]:
+    """The files of the committed remote step whose verified ``manifest`` is given that
+    ``local`` (this node's staged copy of it) holds as regular files (never a symlink) of
+    the size the manifest records."""
     return [
         name
         for name, entry in manifest.files.items()
