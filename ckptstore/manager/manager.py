@@ -71,10 +71,11 @@ from ckptstore.errors import CkptStoreError, ConfigError
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.backend import BACKENDS, ProcessBackend, make_backend
+from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
 from ckptstore.manager.restore import StepLoader
-from ckptstore.manager.retention import KeepLast, RetentionPolicy
+from ckptstore.manager.retention import KeepLast, RetentionPolicy, local_tier_keeps
 from ckptstore.manager.writer_process import BackgroundWriter
 from ckptstore.stores import open_store
 
@@ -157,6 +158,9 @@ class CheckpointManager:
             process_group=self._pg,
             agree=self._agree,
         )
+        #: Every node's staging dir trimmed by one decision after each save (on ``_pg``,
+        #: from the save thread: nothing else uses that group meanwhile).
+        self._local_tiers = LocalTierTrimmer(staging_dir, self._pg)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self._inflight: Future[None] | None = None
         self._unreported: list[BaseException] = []
@@ -242,9 +246,10 @@ class CheckpointManager:
                 time.perf_counter() - start,
                 record.bytes,
             )
+            local_keeps = {record.step}
             if self.rank == 0:
                 try:
-                    self._apply_retention()
+                    local_keeps |= self._apply_retention()
                 except CkptStoreError as exc:  # the step is committed: a warning, not a failure
                     note = f"retention after step {record.step} failed: {exc}"
                     log.warning("%s", note)
@@ -254,9 +259,11 @@ class CheckpointManager:
             log.error("saving step %d failed: %s", record.step, record.error)
             self._unreported.append(exc)
             self._last_failed = exc
+            local_keeps = None
         else:
             self._last_failed = None
         finally:
+            self._trim_local_tiers(record, local_keeps)
             self._protected.discard(record.step)
             record.background_s = time.perf_counter() - t
             record.total_s = time.perf_counter() - start
@@ -290,10 +297,11 @@ class CheckpointManager:
         self._report_failures()
 
     # -- retention -----------------------------------------------------------------------
-    def _apply_retention(self) -> None:
+    def _apply_retention(self) -> set[int]:
         """Prune the root as ``ckptstore-tool gc`` does (``ckptstore.manager.prune``): steps the
         policy lets go, torn leftovers, stale uploads; never the newest good commit, a step
-        in use or a damaged one. Only ckptstore's own files are deleted."""
+        in use or a damaged one. Only ckptstore's own files are deleted. Returns the
+        committed steps kept."""
         plan = plan_prune(
             self.root,
             self.keep,
@@ -303,6 +311,24 @@ class CheckpointManager:
         for d in plan.deletions:
             log.info("removing %s (%s)", d.name, d.reason)
         apply_prune(self.root, plan)
+        return {
+            d.step
+            for d in plan.steps
+            if d.action == "keep" and d.status == CheckpointStatus.COMMITTED
+        }
+
+    def _trim_local_tiers(self, record: SaveRecord, kept: set[int] | None) -> None:
+        """After every save, on every rank (a collective on the checkpoint group): every
+        node's local tier keeps the newest ``KEEP_LOCAL`` of the steps rank 0's retention
+        kept (``kept``; None: the save failed, nothing is trimmed). A failure here is a
+        warning in the save's record."""
+        keeps = local_tier_keeps(kept, KEEP_LOCAL) if kept else None
+        try:
+            self._local_tiers.after_save(keeps)
+        except Exception as exc:  # noqa: BLE001 - the save itself is done either way
+            note = f"trimming the local tier after step {record.step} failed: {exc}"
+            log.warning("%s", note)
+            record.warnings.append(note)
 
     def delete(self, step: int) -> None:
         """Delete ``step`` (marker first). Refuses the newest committed step and a step
