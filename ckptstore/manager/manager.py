@@ -362,24 +362,27 @@ class CheckpointManager:
         # Rank 0 alone lists the root and reads each step's marker, manifest and .metadata
         # (finishing commits a crash cut short after their marker); the others get them.
         candidates = self._loader.discover(step)
-        for s in candidates:
-            self._protected.add(s)
-            try:
-                error = self._loader.try_load(s, state)
-            finally:
-                self._protected.discard(s)
-            if error is None:
-                return s
-            self._damaged.add(s)
-            if step is not None:
-                raise error
-            warnings.warn(
-                f"checkpoint step {s} could not be restored ({error}); falling back to the "
-                "previous committed step",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return None
+        try:
+            for s in candidates:
+                self._protected.add(s)
+                try:
+                    error = self._loader.try_load(s, state)
+                finally:
+                    self._protected.discard(s)
+                if error is None:
+                    return s
+                self._damaged.add(s)
+                if step is not None:
+                    raise error
+                warnings.warn(
+                    f"checkpoint step {s} could not be restored ({error}); falling back to "
+                    "the previous committed step",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return None
+        finally:
+            self._loader.forget()
 
     # -- preemption and shutdown ---------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:

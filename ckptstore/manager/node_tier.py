@@ -4,9 +4,11 @@ On several nodes each node's staging directory holds only the shards its ranks w
 the commit marker only on the coordinator's node, so no node has a whole local copy.
 :class:`NodeTier` is a read-only store over one step that serves each data file from the
 local copy when it is there with the size the remote manifest records, and everything else
-(marker, manifest, ``.metadata``, other ranks' shards) from the remote step. The reader
-checks every byte against the remote manifest's checksums, so a stale or damaged local
-file fails the load (and the restore falls back to the remote step); nothing is written.
+(other ranks' shards) from the remote step. The marker, manifest and ``.metadata`` are not
+read through it at all: the reader is handed what rank 0 read of the remote step
+(``ckptstore.manager.restore``). The reader checks every byte against that manifest's
+checksums, so a stale or damaged local file fails the load (and the restore falls back to
+the remote step); nothing is written.
 """
 
 from __future__ import annotations

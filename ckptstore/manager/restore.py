@@ -16,6 +16,7 @@ Call order (every rank, the same steps in the same order; the manager drives it)
                                      # identical to the committed remote step, else (or
                                      # if it fails) the remote one; the error that makes
                                      # the step unloadable (the same on every rank), or None
+    loader.forget()                  # the restore is over: drop what discovery kept
 
 Only rank 0 reads a step's small objects (and lists the root), once per restore: the other
 ranks get the bytes it read and verified in one ``broadcast_object_list`` over the
@@ -146,9 +147,13 @@ class StepLoader:
                 failure = exc
         candidates, self._first, failure = self.agree.broadcast((candidates, first, failure))
         if failure is not None:
-            self._opened, self._first = {}, None
+            self.forget()
             raise failure
         return list(candidates)
+
+    def forget(self) -> None:
+        """Drop what discovery kept (rank 0's opened steps); call once a restore is over."""
+        self._opened, self._first = {}, None
 
     def _open_all(self) -> dict[int, Committed]:
         """Rank 0: every committed step of the root, opened once (newest first)."""

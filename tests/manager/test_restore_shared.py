@@ -173,6 +173,7 @@ def test_two_ranks_volume_root_with_node_local_tiers(tmp_path) -> None:
 
 
 @pytest.mark.server
+@pytest.mark.slow  # three ranks' start-up alone is most of it on two cores
 def test_three_ranks_seaweedfs_root(seaweedfs: Any) -> None:
     from tests.conftest import BUCKET
     from tests.stores.conftest import unique

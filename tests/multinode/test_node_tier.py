@@ -133,3 +133,16 @@ def test_every_nodes_local_tier_keeps_what_rank_0_decided(tmp_path) -> None:
     assert (tmp_path / "nvme" / "node1" / "notes.txt").exists()
     shards = [n for n in os.listdir(os.path.join(node1, step_name(2))) if n.endswith(".distcp")]
     assert shards  # node 1's own shards of the kept step stay (its restore tier)
+
+
+def test_the_local_tier_decision_is_pure_and_keeps_what_it_must() -> None:
+    from ckptstore.errors import ConfigError
+    from ckptstore.manager.retention import local_tier_deletions, local_tier_keeps
+
+    assert local_tier_keeps([3, 9, 5], 1) == {9} and local_tier_keeps([3, 9, 5], 2) == {5, 9}
+    assert local_tier_keeps([4], 3) == {4}
+    with pytest.raises(ConfigError, match="keep_local"):
+        local_tier_keeps([1], 0)
+    # Older unkept steps go; a step newer than the newest kept one is left (not decided).
+    assert local_tier_deletions([1, 2, 5, 7, 8], {5, 7}) == [1, 2]
+    assert local_tier_deletions([1, 2], set()) == []  # no decision: nothing deleted
