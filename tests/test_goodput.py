@@ -472,6 +472,7 @@ from ckptstore.planning.scale import (  # noqa: E402
     Limit,
     RankFigures,
     ScalePrices,
+    first_store_limit,
     hottest_prefix_ranks,
     project,
     puts_per_file,
@@ -528,14 +529,33 @@ def test_worked_sweep_binding_limits_and_crossovers() -> None:
     big = points[(100_000, "spread")]
     assert big.save.binding == Limit.PREFIX_REQUEST_RATE
     assert big.save.seconds == pytest.approx(391 * 62 / 3500)
-    # Restores: every rank's 3 metadata GETs land on the step's own prefix in both layouts.
+    # Restores: rank 0 alone reads the 3 small objects, so the step's own prefix sees 3 GETs
+    # at any GPU count; spread at 10k: 40 ranks x 60 GETs per sub-prefix, and each rank's own
+    # 2 GB at 2 GB/s binds.
     r = points[(10_000, "spread")].restore_remote
-    assert r.binding == Limit.PREFIX_REQUEST_RATE and r.hottest_prefix == "step"
-    assert r.seconds == pytest.approx(3 * 10_000 / 5500)
+    assert r.binding == Limit.PER_RANK_BANDWIDTH and r.seconds == pytest.approx(1.0)
+    assert r.hottest_prefix == "shard" and r.hottest_prefix_requests == 40 * 60
+    assert r.requests == 10_000 * 60 + 3
+    # Every rank opening the step itself (3 GETs each on the step's prefix) bound it there.
+    each = Cluster(meta_gets_per_restore=0, meta_gets_per_rank=3)
+    r_each = restore_phase(FIG, each, 10_000, "spread")
+    assert r_each.binding == Limit.PREFIX_REQUEST_RATE and r_each.hottest_prefix == "step"
+    assert r_each.seconds == pytest.approx(3 * 10_000 / 5500)
     # The crossovers, in closed form: flat n*62+5 > 2*3500; spread ceil(n/256)*62 > 7000.
     assert store_bound_from(FIG, Cluster(), "flat") == 113
     assert store_bound_from(FIG, Cluster(), "spread") == 112 * 256 + 1
-    assert store_bound_from(FIG, Cluster(), "spread", "restore") == 1834  # 3n/5500 > 1 s
+    # Restore: spread ceil(n/256)*60 > 5500 (1 s); flat n*60+3 > 5500. Per rank: 3n > 5500.
+    assert store_bound_from(FIG, Cluster(), "spread", "restore") == 91 * 256 + 1
+    assert store_bound_from(FIG, Cluster(), "flat", "restore") == 92
+    assert store_bound_from(FIG, each, "spread", "restore") == 1834
+    assert first_store_limit(FIG, Cluster(), "spread", "restore") == (
+        91 * 256 + 1,
+        Limit.PREFIX_REQUEST_RATE,
+    )
+    assert first_store_limit(FIG, Cluster(), "flat") == (113, Limit.PREFIX_REQUEST_RATE)
+    # A store capped at 50 GB/s: 51 ranks x 2 GB take 2.04 s > each rank's 2 s.
+    capped = Cluster(store_gb_s=50.0)
+    assert first_store_limit(FIG, capped, "spread") == (51, Limit.STORE_BANDWIDTH)
     for lay in LAYOUTS:
         n = store_bound_from(FIG, Cluster(), lay)
         assert n is not None
@@ -573,8 +593,11 @@ def test_local_tier_restore() -> None:
     cluster = Cluster(local_gb_s=10.0)
     # 8 ranks x 2 GB from a 10 GB/s disk: 1.6 s, whatever the GPU count...
     assert project(FIG, cluster, 1_000, "flat").restore_local_s == pytest.approx(1.6)
-    # ...until 100k ranks' marker checks (one GET each on the step's prefix) take longer.
-    assert project(FIG, cluster, 100_000, "flat").restore_local_s == pytest.approx(100_000 / 5500)
+    # ...even at 100k: ranks check their local marker against the one rank 0 broadcast.
+    assert project(FIG, cluster, 100_000, "flat").restore_local_s == pytest.approx(1.6)
+    # Had every rank GET the remote marker itself, 100k such GETs would take longer.
+    each = Cluster(local_gb_s=10.0, local_check_gets_per_rank=1, meta_gets_per_restore=0)
+    assert project(FIG, each, 100_000, "flat").restore_local_s == pytest.approx(100_000 / 5500)
     assert project(FIG, Cluster(), 1_000, "flat").restore_local_s is None
 
 
@@ -613,7 +636,8 @@ def test_monotone_in_gpus(fig: RankFigures, cluster: Cluster, a: int, b: int) ->
         assert local_lo is not None and p.restore_local_s is not None
         assert p.restore_local_s >= local_lo
         disk = fig.bytes_per_rank * min(cluster.gpus_per_node, lo) / (cluster.local_gb_s * 1e9)
-        assert local_lo == max(disk, fig.bytes_per_rank / (fig.read_gb_s * 1e9), lo / 5500)
+        checks = cluster.meta_gets_per_restore / 5500  # rank 0's GETs, broadcast to all
+        assert local_lo == max(disk, fig.bytes_per_rank / (fig.read_gb_s * 1e9), checks)
 
 
 @settings(max_examples=60, deadline=None)

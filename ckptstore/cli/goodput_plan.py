@@ -2,10 +2,10 @@
 
 Renders :func:`ckptstore.planning.scale.sweep` (its docstring holds the model and its
 assumptions): one table per GPU count with the flat and spread key layouts side by side, then
-the GPU count from which a store-side limit binds. ``--from ROOT`` measures the per-rank
-figures from the committed checkpoints under ROOT: the largest rank's shard bytes and shard
-file count (from each manifest's per-rank ``__<rank>_<n>`` files, under ``<hh>/`` when
-spread) and the manager's ``blocking_s``, each the median over checkpoints. Per-rank
+the GPU count from which a store-side limit binds, and which limit it is. ``--from ROOT``
+measures the per-rank figures from the committed checkpoints under ROOT: the largest rank's
+shard bytes and shard file count (from each manifest's per-rank ``__<rank>_<n>`` files, under
+``<hh>/`` when spread) and the manager's ``blocking_s``, each the median over checkpoints. Per-rank
 throughputs are not in a manifest: ``--rank-write-gb-s`` and ``--rank-read-gb-s`` give them.
 Flags given explicitly win over measured values.
 """
@@ -31,7 +31,7 @@ from ckptstore.planning.scale import (
     RankFigures,
     ScalePoint,
     ScalePrices,
-    store_bound_from,
+    first_store_limit,
     sweep,
 )
 
@@ -239,16 +239,20 @@ def run_plan(args: argparse.Namespace, ctx: Context, fmt: Any) -> int:
             keep_last=args.keep_last,
             prices=prices,
         )
-        bound = {
-            f"{phase}_{lay}": store_bound_from(fig, cluster, lay, phase)
+        first = {
+            f"{phase}_{lay}": first_store_limit(fig, cluster, lay, phase)
             for phase in ("save", "restore")
             for lay in LAYOUTS
         }
+        bound = {k: None if v is None else v[0] for k, v in first.items()}
+        bound_by = {k: None if v is None else str(v[1]) for k, v in first.items()}
     except InputError as exc:
         raise ConfigError(exc.render(PLAN_FLAGS)) from None
     if ctx.json:
         doc = {"measured": measured, "figures": fig, "cluster": cluster, "prices": prices}
-        dump_json({**doc, "points": points, "store_bound_from_gpus": bound})
+        dump_json(
+            {**doc, "points": points, "store_bound_from_gpus": bound, "store_bound_by": bound_by}
+        )
         return 0
     if measured:
         blocking = measured["blocking_s"]
@@ -270,8 +274,8 @@ def run_plan(args: argparse.Namespace, ctx: Context, fmt: Any) -> int:
     for phase in ("save", "restore"):
         parts = []
         for lay in LAYOUTS:
-            n = bound[f"{phase}_{lay}"]
-            parts.append(f"{lay}: " + ("never" if n is None else f"from {n:,} GPUs"))
+            n, by = bound[f"{phase}_{lay}"], bound_by[f"{phase}_{lay}"]
+            parts.append(f"{lay}: " + ("never" if n is None else f"{by} from {n:,} GPUs"))
         print(f"Store-side limits bind the {phase} ({'; '.join(parts)})")
     return 0
 

@@ -5,7 +5,13 @@ Call order (driven by ``torch.distributed.checkpoint.load``)::
     open()                          at construction (``ckptstore.reader``): marker, manifest
                                     and .metadata are read and checked, so a missing or
                                     torn checkpoint raises IncompleteCheckpointError before
-                                    DCP (which would re-wrap the error) runs
+                                    DCP (which would re-wrap the error) runs. Given
+                                    ``committed=`` (the seam for a restore where one rank
+                                    read those three objects for all, see
+                                    ``ckptstore.manager.restore``), open() reads none of
+                                    them: it re-checks the handed-over bytes
+                                    (``engine.commit.committed_from_bytes``) and refuses
+                                    them (CorruptCheckpointError) if they do not verify
     reset(checkpoint_id)            every rank (re-opens if the URL changes)
     read_metadata()                 every rank: the already-verified DCP Metadata
     set_up_storage_reader(md, ...)  every rank
@@ -52,7 +58,12 @@ from ckptstore.dcp.metadata import check_metadata, load_metadata
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec, stored_codec, transform_codec
-from ckptstore.engine.commit import METADATA_NAME, Committed, open_committed
+from ckptstore.engine.commit import (
+    METADATA_NAME,
+    Committed,
+    committed_from_bytes,
+    open_committed,
+)
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry, Span
 from ckptstore.engine.readplan import Window, coalesce, piece_size
 from ckptstore.engine.retry import retrying
@@ -103,9 +114,12 @@ class CkptReader(StoreBound, StorageReader):
         verify: bool = True,
         allow_pickle: bool = False,
         engine: TransferEngine | None = None,
+        committed: Committed | None = None,
     ) -> None:
         super().__init__()
         self._bind(url, storage_options, config, engine)
+        #: A committed checkpoint opened by another rank for this URL (see open()).
+        self._handed: Committed | None = committed
         self.verify = verify
         self.allow_pickle = allow_pickle
         self.committed: Committed | None = None
@@ -131,7 +145,13 @@ class CkptReader(StoreBound, StorageReader):
         # Control reads (marker, manifest, .metadata, listings) retried per RetryConfig.
         self.store = retrying(self.store, self.config.retry, self.engine.stats)
         try:
-            self.committed = open_committed(self.store)
+            if self._handed is not None:
+                c = self._handed
+                self.committed = committed_from_bytes(
+                    c.marker, c.manifest_bytes, c.metadata_bytes, self.url
+                )
+            else:
+                self.committed = open_committed(self.store)
             m = self.committed.manifest
             self._codec = stored_codec(m.codec_descriptor, self.store.describe(MANIFEST_NAME))
             self._metadata_bytes = self.committed.metadata_bytes
@@ -177,6 +197,7 @@ class CkptReader(StoreBound, StorageReader):
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """Re-open (and re-check) the checkpoint if ``checkpoint_id`` names another URL."""
         if self._rebind(checkpoint_id):
+            self._handed = None  # it was opened for the old URL
             self.open()
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:

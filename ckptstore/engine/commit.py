@@ -80,6 +80,7 @@ __all__ = [
     "finish_publish",
     "collect_warnings",
     "open_committed",
+    "committed_from_bytes",
     "checkpoint_status",
     "uncommit",
 ]
@@ -206,14 +207,18 @@ def _publish_canonical(
             store.delete(name)
 
 
-def finish_publish(store: Store, engine: TransferEngine) -> bool:
+def finish_publish(
+    store: Store, engine: TransferEngine, committed: Committed | None = None
+) -> bool:
     """Complete a publish cut short after its marker (steps 4 and 5); True if it was.
 
     Idempotent and a no-op for a checkpoint whose canonical copies are the committed ones.
-    Raises Incomplete/CorruptCheckpointError as ``open_committed`` does.
+    ``committed`` is ``store`` as ``open_committed`` just opened it (else it is opened
+    here). Raises Incomplete/CorruptCheckpointError as ``open_committed`` does.
     """
     store = retrying(store, engine.config.retry, engine.stats)
-    committed = open_committed(store)
+    if committed is None:
+        committed = open_committed(store)
     if committed.canonical:
         return False
     c = committed
@@ -289,6 +294,33 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
             )
     canonical = manifest_name == MANIFEST_NAME and metadata_name == METADATA_NAME
     return Committed(marker, manifest, metadata_bytes, manifest_bytes, canonical)
+
+
+def committed_from_bytes(
+    marker: Marker, manifest_bytes: bytes, metadata_bytes: bytes, where: str
+) -> Committed:
+    """A committed checkpoint rebuilt from what another process read of it (its marker,
+    manifest and ``.metadata`` bytes), checked as ``open_committed`` checks them, without
+    any store read: the marker must commit exactly these manifest bytes and the manifest
+    must record exactly these ``.metadata`` bytes. Raises ``CorruptCheckpointError``
+    naming ``where`` (the checkpoint's URL) otherwise. ``canonical`` is left True: the
+    rebuilt copy is for reading, never for finishing a publish."""
+    if not isinstance(marker, Marker) or not marker.matches(bytes(manifest_bytes)):
+        raise CorruptCheckpointError(
+            f"{where}: the manifest handed over does not match the checksum in its "
+            f"{MARKER_NAME}; it was not verified, so it is not used. Restore the checkpoint "
+            "again (or the previous one)."
+        )
+    manifest = Manifest.from_bytes(bytes(manifest_bytes), f"{where}/{MANIFEST_NAME}")
+    entry = manifest.files.get(METADATA_NAME)
+    if entry is None:
+        raise CorruptCheckpointError(f"{where}: the manifest does not list {METADATA_NAME}")
+    if len(metadata_bytes) != entry.size or crc32c(metadata_bytes) != entry.crc32c:
+        raise CorruptCheckpointError(
+            f"{where}/{METADATA_NAME} handed over does not match the manifest; it was not "
+            "verified, so it is not used. Restore the checkpoint again (or the previous one)."
+        )
+    return Committed(marker, manifest, bytes(metadata_bytes), bytes(manifest_bytes))
 
 
 class CheckpointStatus(str, Enum):

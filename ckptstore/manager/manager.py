@@ -7,8 +7,10 @@ Call order::
     step = mgr.restore(state)        # newest committed + verified step (falls back past a
                                      # corrupt one), or None on a fresh run; the loop goes on
                                      # at step + 1
-                                     # (rank 0 first finishes commits a crash cut short
-                                     # after their marker: canonical manifest/.metadata)
+                                     # (rank 0 alone lists the root and reads each step's
+                                     # marker, manifest and .metadata, finishing commits a
+                                     # crash cut short after their marker, and broadcasts
+                                     # them: ``ckptstore.manager.restore``)
     mgr.save(step, state)            # returns once the state is copied to the staging buffer;
                                      # serialisation, upload and commit run in the background
     mgr.preemption_requested()       # all ranks agree whether SIGTERM arrived anywhere
@@ -69,10 +71,11 @@ from ckptstore.errors import CkptStoreError, ConfigError
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.backend import BACKENDS, ProcessBackend, make_backend
+from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
 from ckptstore.manager.restore import StepLoader
-from ckptstore.manager.retention import KeepLast, RetentionPolicy
+from ckptstore.manager.retention import KeepLast, RetentionPolicy, local_tier_keeps
 from ckptstore.manager.writer_process import BackgroundWriter
 from ckptstore.stores import open_store
 
@@ -155,6 +158,9 @@ class CheckpointManager:
             process_group=self._pg,
             agree=self._agree,
         )
+        #: Every node's staging dir trimmed by one decision after each save (on ``_pg``,
+        #: from the save thread: nothing else uses that group meanwhile).
+        self._local_tiers = LocalTierTrimmer(staging_dir, self._pg)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self._inflight: Future[None] | None = None
         self._unreported: list[BaseException] = []
@@ -240,9 +246,10 @@ class CheckpointManager:
                 time.perf_counter() - start,
                 record.bytes,
             )
+            local_keeps = {record.step}
             if self.rank == 0:
                 try:
-                    self._apply_retention()
+                    local_keeps |= self._apply_retention()
                 except CkptStoreError as exc:  # the step is committed: a warning, not a failure
                     note = f"retention after step {record.step} failed: {exc}"
                     log.warning("%s", note)
@@ -252,9 +259,11 @@ class CheckpointManager:
             log.error("saving step %d failed: %s", record.step, record.error)
             self._unreported.append(exc)
             self._last_failed = exc
+            local_keeps = None
         else:
             self._last_failed = None
         finally:
+            self._trim_local_tiers(record, local_keeps)
             self._protected.discard(record.step)
             record.background_s = time.perf_counter() - t
             record.total_s = time.perf_counter() - start
@@ -288,10 +297,11 @@ class CheckpointManager:
         self._report_failures()
 
     # -- retention -----------------------------------------------------------------------
-    def _apply_retention(self) -> None:
+    def _apply_retention(self) -> set[int]:
         """Prune the root as ``ckptstore-tool gc`` does (``ckptstore.manager.prune``): steps the
         policy lets go, torn leftovers, stale uploads; never the newest good commit, a step
-        in use or a damaged one. Only ckptstore's own files are deleted."""
+        in use or a damaged one. Only ckptstore's own files are deleted. Returns the
+        committed steps kept."""
         plan = plan_prune(
             self.root,
             self.keep,
@@ -301,6 +311,24 @@ class CheckpointManager:
         for d in plan.deletions:
             log.info("removing %s (%s)", d.name, d.reason)
         apply_prune(self.root, plan)
+        return {
+            d.step
+            for d in plan.steps
+            if d.action == "keep" and d.status == CheckpointStatus.COMMITTED
+        }
+
+    def _trim_local_tiers(self, record: SaveRecord, kept: set[int] | None) -> None:
+        """After every save, on every rank (a collective on the checkpoint group): every
+        node's local tier keeps the newest ``KEEP_LOCAL`` of the steps rank 0's retention
+        kept (``kept``; None: the save failed, nothing is trimmed). A failure here is a
+        warning in the save's record."""
+        keeps = local_tier_keeps(kept, KEEP_LOCAL) if kept else None
+        try:
+            self._local_tiers.after_save(keeps)
+        except Exception as exc:  # noqa: BLE001 - the save itself is done either way
+            note = f"trimming the local tier after step {record.step} failed: {exc}"
+            log.warning("%s", note)
+            record.warnings.append(note)
 
     def delete(self, step: int) -> None:
         """Delete ``step`` (marker first). Refuses the newest committed step and a step
@@ -331,29 +359,30 @@ class CheckpointManager:
         was built with ``allow_pickle=True``.
         """
         self.wait()
-        if self.rank == 0:
-            self._loader.finish_commits()
-        candidates = self._agree.broadcast(
-            [step] if step is not None else list(committed_steps(self.root, newest_first=True))
-        )
-        for s in candidates:
-            self._protected.add(s)
-            try:
-                error = self._loader.try_load(s, state)
-            finally:
-                self._protected.discard(s)
-            if error is None:
-                return s
-            self._damaged.add(s)
-            if step is not None:
-                raise error
-            warnings.warn(
-                f"checkpoint step {s} could not be restored ({error}); falling back to the "
-                "previous committed step",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-        return None
+        # Rank 0 alone lists the root and reads each step's marker, manifest and .metadata
+        # (finishing commits a crash cut short after their marker); the others get them.
+        candidates = self._loader.discover(step)
+        try:
+            for s in candidates:
+                self._protected.add(s)
+                try:
+                    error = self._loader.try_load(s, state)
+                finally:
+                    self._protected.discard(s)
+                if error is None:
+                    return s
+                self._damaged.add(s)
+                if step is not None:
+                    raise error
+                warnings.warn(
+                    f"checkpoint step {s} could not be restored ({error}); falling back to "
+                    "the previous committed step",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+            return None
+        finally:
+            self._loader.forget()
 
     # -- preemption and shutdown ---------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:

@@ -4,9 +4,11 @@ On several nodes each node's staging directory holds only the shards its ranks w
 the commit marker only on the coordinator's node, so no node has a whole local copy.
 :class:`NodeTier` is a read-only store over one step that serves each data file from the
 local copy when it is there with the size the remote manifest records, and everything else
-(marker, manifest, ``.metadata``, other ranks' shards) from the remote step. The reader
-checks every byte against the remote manifest's checksums, so a stale or damaged local
-file fails the load (and the restore falls back to the remote step); nothing is written.
+(other ranks' shards) from the remote step. The marker, manifest and ``.metadata`` are not
+read through it at all: the reader is handed what rank 0 read of the remote step
+(``ckptstore.manager.restore``). The reader checks every byte against that manifest's
+checksums, so a stale or damaged local file fails the load (and the restore falls back to
+the remote step); nothing is written.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterable
 
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.manifest import Manifest
 from ckptstore.engine.store import Buffer, Store
 from ckptstore.errors import ConfigError
 from ckptstore.stores.local import LocalStore
@@ -63,10 +65,10 @@ class NodeTier(Store):
         raise ConfigError(f"{self.describe(path)}: a restore's node tier is read-only")
 
 
-def node_files(local: LocalStore, remote: Store) -> list[str]:
-    """The data files of the committed ``remote`` step that ``local`` (this node's staged
-    copy of it) holds as regular files of the size the remote manifest records."""
-    manifest = open_committed(remote).manifest
+def node_files(local: LocalStore, manifest: Manifest) -> list[str]:
+    """The files of the committed remote step whose verified ``manifest`` is given that
+    ``local`` (this node's staged copy of it) holds as regular files (never a symlink) of
+    the size the manifest records."""
     return [
         name
         for name, entry in manifest.files.items()

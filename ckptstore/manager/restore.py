@@ -4,40 +4,99 @@ Call order (every rank, the same steps in the same order; the manager drives it)
 
     loader = StepLoader(root, engine=..., staging_dir=..., allow_pickle=...,
                         process_group=pg, agree=agreement)
-    loader.finish_commits()          # rank 0 only, first: writes the canonical manifest and
-                                     # .metadata a crash right after a marker left out
-    error = loader.try_load(step, state)
-                                     # collective: the local staged copy if every rank has
-                                     # one identical to the committed remote step, else (or
-                                     # if it fails) the remote one; the error that makes the
-                                     # step unloadable (the same on every rank), or None
+    steps = loader.discover(step)    # collective: rank 0 alone lists the root, opens each
+                                     # step (marker, manifest, .metadata: one GET each),
+                                     # finishes commits a crash cut short after their
+                                     # marker, and broadcasts the committed steps (newest
+                                     # first; [step] if one was asked for) with what it
+                                     # read of the first one
+    error = loader.try_load(s, state)
+                                     # collective, for each s of steps until one loads:
+                                     # the local staged copy if every rank has one
+                                     # identical to the committed remote step, else (or
+                                     # if it fails) the remote one; the error that makes
+                                     # the step unloadable (the same on every rank), or None
+    loader.forget()                  # the restore is over: drop what discovery kept
+
+Only rank 0 reads a step's small objects (and lists the root), once per restore: the other
+ranks get the bytes it read and verified in one ``broadcast_object_list`` over the
+agreement group (a further one for each step a fallback moves on to), and hand them to
+their ``CkptReader`` (its ``committed=`` seam), which re-checks them without a store read
+and refuses anything that does not verify. So a restore's request count on a step's
+prefix does not grow with the world size (bar the data reads each rank does for its
+shards). A step rank 0 cannot open is never a candidate, on any rank.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
+import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
-from ckptstore.dcp.staged import local_tier_matches
-from ckptstore.engine.catalog import committed_steps
-from ckptstore.engine.commit import finish_publish
+from ckptstore.engine.catalog import list_steps
+from ckptstore.engine.commit import (
+    Committed,
+    committed_from_bytes,
+    finish_publish,
+    open_committed,
+)
 from ckptstore.engine.layout import step_name
+from ckptstore.engine.manifest import MARKER_NAME, Marker
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import CkptStoreError, CorruptCheckpointError, IncompleteCheckpointError
+from ckptstore.errors import (
+    CkptStoreError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    StoreNotFoundError,
+)
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.node_tier import NodeTier, node_files
 from ckptstore.manager.state import RNGState
 from ckptstore.stores.local import LocalStore
 
-__all__ = ["StepLoader"]
+__all__ = ["Opened", "StepLoader"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What rank 0 read of one step, as broadcast: the marker, manifest and ``.metadata``
+    bytes of a committed step, or (``error`` set) why it could not be opened
+    (``incomplete``: no marker; anything else: damaged)."""
+
+    step: int
+    marker: Marker | None = None
+    manifest_bytes: bytes = b""
+    metadata_bytes: bytes = b""
+    error: str = ""
+    incomplete: bool = False
+
+    @classmethod
+    def of(cls, step: int, committed: Committed) -> Opened:
+        """The broadcast form of a checkpoint ``open_committed`` opened."""
+        return cls(step, committed.marker, committed.manifest_bytes, committed.metadata_bytes)
+
+    @classmethod
+    def failed(cls, step: int, exc: CkptStoreError) -> Opened:
+        """The broadcast form of a step that failed to open with ``exc``."""
+        return cls(step, error=str(exc), incomplete=isinstance(exc, IncompleteCheckpointError))
+
+    def committed(self, where: str) -> Committed:
+        """The verified checkpoint (re-checked here, no store read), or raise
+        ``CorruptCheckpointError`` saying why it is not one."""
+        if self.error:
+            raise CorruptCheckpointError(self.error)
+        assert self.marker is not None
+        return committed_from_bytes(self.marker, self.manifest_bytes, self.metadata_bytes, where)
 
 
 class StepLoader:
@@ -59,27 +118,121 @@ class StepLoader:
         self.allow_pickle = allow_pickle
         self.process_group = process_group
         self.agree = agree
+        #: Rank 0: what discovery opened, by step (dropped as each is broadcast).
+        self._opened: dict[int, Committed] = {}
+        #: Every rank: the broadcast of the first candidate, taken by its try_load.
+        self._first: Opened | None = None
 
-    def finish_commits(self) -> None:
-        """Write the canonical copies a crash right after a marker left out (rank 0)."""
-        for step in committed_steps(self.root):
+    @property
+    def is_root(self) -> bool:
+        """True on the rank that reads and broadcasts (rank 0 of the agreement group)."""
+        return self.agree.group is None or dist.get_rank(self.agree.group) == 0
+
+    # -- discovery (rank 0 reads, everyone gets the result) -------------------------------
+    def discover(self, step: int | None = None) -> list[int]:
+        """The steps to try, newest first (``[step]`` if one is asked for); a collective.
+
+        Rank 0 lists the root, opens every step once, finishes the commits a crash cut
+        short after their marker (canonical manifest and ``.metadata``), and broadcasts
+        the committed steps with what it read of the first (one broadcast)."""
+        candidates: list[int] = []
+        first: Opened | None = None
+        failure: CkptStoreError | None = None
+        if self.is_root:
             try:
-                if finish_publish(self.root.child(step_name(step)), self.engine):
+                self._opened = self._open_all()
+                candidates = [step] if step is not None else sorted(self._opened, reverse=True)
+                first = self._take(candidates[0]) if candidates else None
+            except CkptStoreError as exc:  # the root unreadable: every rank raises it
+                failure = exc
+        candidates, self._first, failure = self.agree.broadcast((candidates, first, failure))
+        if failure is not None:
+            self.forget()
+            raise failure
+        return list(candidates)
+
+    def forget(self) -> None:
+        """Drop what discovery kept (rank 0's opened steps); call once a restore is over."""
+        self._opened, self._first = {}, None
+
+    def _open_all(self) -> dict[int, Committed]:
+        """Rank 0: every committed step of the root, opened once (newest first)."""
+        opened: dict[int, Committed] = {}
+        for entry in reversed(list_steps(self.root, with_status=False)):
+            store = self.root.child(entry.name)
+            try:
+                committed = open_committed(store)
+            except IncompleteCheckpointError:
+                continue  # a save that did not finish (or one in flight): not a checkpoint
+            except CorruptCheckpointError as exc:  # UnsafePathError too: a symlinked file
+                log.warning("step %d is not a loadable checkpoint: %s", entry.step, exc)
+                continue
+            if not committed.canonical:
+                try:
+                    finish_publish(store, self.engine, committed)
                     log.warning(
                         "step %d was committed by a process that died before writing its "
                         "canonical manifest and .metadata; they are written now",
-                        step,
+                        entry.step,
                     )
-            except CkptStoreError as exc:  # the restore decides what is loadable
-                log.warning("could not finish the commit of step %d: %s", step, exc)
+                except CkptStoreError as exc:  # the restore decides what is loadable
+                    log.warning("could not finish the commit of step %d: %s", entry.step, exc)
+            opened[entry.step] = committed
+        return opened
 
+    def _take(self, step: int) -> Opened:
+        """Rank 0: the broadcast form of ``step`` (opened now if discovery did not)."""
+        committed = self._opened.pop(step, None)
+        if committed is None:
+            try:
+                committed = open_committed(self.root.child(step_name(step)))
+            except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
+                return Opened.failed(step, exc)
+        return Opened.of(step, committed)
+
+    def _take_safely(self, step: int) -> Opened:
+        """``_take``, any store error (after retries) made the step's error instead of
+        raising on rank 0 alone (which would leave the others waiting)."""
+        try:
+            return self._take(step)
+        except CkptStoreError as exc:
+            return Opened(step, error=str(exc))
+
+    def _shared_open(self, step: int) -> Committed | CkptStoreError | None:
+        """``step`` as rank 0 opened it, on every rank (a collective: the broadcast
+        discovery made, or a new one), re-checked here; the error that refuses it; or None
+        when rank 0 found no marker (only for a step asked for by number: each rank's
+        reader then opens it itself, as a bare reader does: a stock DCP checkpoint loads,
+        anything else raises what is wrong with it)."""
+        opened, self._first = self._first, None
+        if opened is None or opened.step != step:
+            opened = self.agree.broadcast(self._take_safely(step) if self.is_root else None)
+        assert opened is not None and opened.step == step
+        if opened.incomplete:
+            return None
+        try:
+            return opened.committed(self.root.describe(step_name(step)))
+        except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
+            return exc
+
+    # -- loading ------------------------------------------------------------------------
     def try_load(self, step: int, state: dict[str, Any]) -> CkptStoreError | None:
         """Load ``step`` (its local copy first, if any, then the remote one); the error
         that makes it unloadable, or None. The same on every rank."""
-        local = self._local_tier(step)
+        opened = self._shared_open(step)
+        if not self.agree.all(not isinstance(opened, CkptStoreError)):
+            if isinstance(opened, CkptStoreError):
+                return opened
+            return CorruptCheckpointError(f"step {step} failed to verify on another rank")
+        assert not isinstance(opened, CkptStoreError)
+        committed = opened
+        remote = self.root.child(step_name(step))
+        if committed is None:
+            return self._load_from(remote, step, state, None)
+        local = self._local_tier(step, committed)
         if local is not None:
             log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
-            error = self._load_from(local, step, state)
+            error = self._load_from(local, step, state, committed)
             if error is None:
                 return None
             warnings.warn(
@@ -88,8 +241,7 @@ class StepLoader:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        remote = self.root.child(step_name(step))
-        tier = self._node_tier(step, remote) if local is None else None
+        tier = self._node_tier(step, remote, committed) if local is None else None
         if tier is not None:
             if tier.local_files:
                 log.info(
@@ -101,7 +253,7 @@ class StepLoader:
                     "restoring step %d from the remote copy in %s (none of its files in %s)",
                     step, self.root.url, self.staging_dir,
                 )  # fmt: skip
-            error = self._load_from(tier, step, state)
+            error = self._load_from(tier, step, state, committed)
             log.info(
                 "step %d: %d bytes read locally, %d from the remote",
                 step, tier.bytes_local, tier.bytes_remote,
@@ -115,9 +267,9 @@ class StepLoader:
                 stacklevel=3,
             )
         log.info("restoring step %d from the remote copy in %s", step, self.root.url)
-        return self._load_from(remote, step, state)
+        return self._load_from(remote, step, state, committed)
 
-    def _node_tier(self, step: int, remote: Store) -> NodeTier | None:
+    def _node_tier(self, step: int, remote: Store, committed: Committed) -> NodeTier | None:
         """This node's share of ``step`` when no rank-agreed whole local copy exists (on
         several nodes, each staging dir holds its own ranks' shards). A collective: used
         only if every rank can use it or none can, so a load that fails on one falls back
@@ -127,32 +279,39 @@ class StepLoader:
         if self.staging_dir:
             local = LocalStore(self.staging_dir).child(step_name(step))
             try:
-                files = node_files(local, remote)
-            except (IncompleteCheckpointError, CorruptCheckpointError):
+                files = node_files(local, committed.manifest)
+            except (OSError, CkptStoreError):
                 files = []
         if not self.agree.any(bool(files)):
             return None
         return NodeTier(local, remote, files)  # a rank with no files reads all remotely
 
-    def _local_tier(self, step: int) -> Store | None:
+    def _local_tier(self, step: int, committed: Committed) -> Store | None:
         """The local staged copy of ``step`` if every rank has one identical to the
-        committed remote checkpoint (a collective), else None."""
-        local: Store | None = None
+        committed remote checkpoint (a collective), else None. Only local files are read:
+        the remote marker is the one rank 0 broadcast."""
+        local: LocalStore | None = None
         if self.staging_dir:
             local = LocalStore(self.staging_dir).child(step_name(step))
             try:
-                if not local_tier_matches(local, self.root.child(step_name(step))):
+                if not _local_copy_matches(local, committed):
                     local = None
-            except (IncompleteCheckpointError, CorruptCheckpointError):
+            except (OSError, CkptStoreError):
                 local = None
         return local if self.agree.all(local is not None) else None
 
-    def _load_from(self, store: Store, step: int, state: dict[str, Any]) -> CkptStoreError | None:
+    def _load_from(
+        self, store: Store, step: int, state: dict[str, Any], committed: Committed | None
+    ) -> CkptStoreError | None:
         error: CkptStoreError | None = None
         reader = None
         try:
             reader = CkptReader(
-                store, engine=self.engine, config=self.engine.config, allow_pickle=self.allow_pickle
+                store,
+                engine=self.engine,
+                config=self.engine.config,
+                allow_pickle=self.allow_pickle,
+                committed=committed,
             )
         except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
             error = exc
@@ -171,3 +330,21 @@ class StepLoader:
                 return inner
             raise inner from exc
         return None
+
+
+def _local_copy_matches(local: LocalStore, committed: Committed) -> bool:
+    """True when ``local`` holds a whole copy of the committed remote step: its marker is
+    the remote one and every file the manifest lists is a regular file (never a symlink)
+    of the recorded size. Reads only the local marker."""
+    try:
+        marker = Marker.from_bytes(local.get(MARKER_NAME), local.describe(MARKER_NAME))
+    except StoreNotFoundError:
+        return False
+    if marker != committed.marker:
+        return False
+    return all(
+        os.path.isfile(path := os.path.join(local.url, name))
+        and not os.path.islink(path)
+        and local.size(name) == entry.size
+        for name, entry in committed.manifest.files.items()
+    )

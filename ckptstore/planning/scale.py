@@ -24,9 +24,15 @@ Assumptions (each a term a reader can check against their own job):
   one PUT per ``part_bytes`` part, complete (S3 counts all of them against the per-prefix
   PUT/COPY/POST/DELETE rate). The coordinator adds ``commit_puts`` (attempt-named manifest and
   ``.metadata``, their canonical copies, ``COMMITTED``) under the step's own prefix. A restore
-  reads every file in ``part_bytes`` ranged GETs, and every rank reads
-  ``meta_gets_per_rank`` small objects (marker, manifest, ``.metadata``) under the step's
-  prefix.
+  reads every file in ``part_bytes`` ranged GETs, plus the small objects (marker, manifest,
+  ``.metadata``) under the step's prefix: ``meta_gets_per_restore`` in all (rank 0 reads them
+  once and broadcasts them: 3 by default) and ``meta_gets_per_rank`` per rank (0 by default;
+  3 where every rank opens the checkpoint itself, as a bare ``ckptstore.reader`` per rank
+  does). So with ckptstore's restore the step's prefix no longer carries a per-rank load,
+  and what binds a restore at scale is the shards' own GETs (``"flat"``) or the per-rank
+  bandwidth (``"spread"``, up to tens of thousands of ranks). Rank 0's discovery (one
+  listing of the root, three GETs per retained step, each step its own prefix) and the
+  broadcast of the small objects to every rank are latency, not request rate: not modelled.
 * **Prefixes.** ``"flat"`` puts every shard under the step's prefix; ``"spread"`` under 256
   sub-prefixes by a hash of the rank (``ckptstore.dcp.writer.shard_prefix``), taken as even:
   the hottest holds ``ceil(ranks / 256)`` ranks. The real CRC32C spread is a little uneven:
@@ -36,8 +42,9 @@ Assumptions (each a term a reader can check against their own job):
 * **Restore.** From the remote store every rank reads its shard; from the node-local tier
   (the staged writer's local copy) each node reads its ranks' shards from local disk at
   ``local_gb_s``, still at most the per-rank read throughput, after every rank has compared
-  its local marker with the remote one (``local_check_gets_per_rank`` GETs on the step's
-  prefix).
+  its local marker with the remote one: the one rank 0 read (``meta_gets_per_restore``) and
+  broadcast by default, or ``local_check_gets_per_rank`` GETs per rank on the step's prefix
+  where each rank reads the remote marker itself.
 
 S3 documents 3,500 PUT/COPY/POST/DELETE and 5,500 GET/HEAD requests per second per
 partitioned prefix (the :class:`Cluster` defaults); other stores differ, so they are inputs.
@@ -72,6 +79,7 @@ __all__ = [
     "ScalePoint",
     "ScalePrices",
     "blocking_per_save",
+    "first_store_limit",
     "hottest_prefix_ranks",
     "local_restore_s",
     "project",
@@ -224,7 +232,7 @@ def restore_phase(fig: RankFigures, cluster: Cluster, gpus: int, layout: str) ->
         rank_gb_s=fig.read_gb_s,
         per_file=fig.parts_per_file,
         per_rank_root=cluster.meta_gets_per_rank,
-        root=0,
+        root=cluster.meta_gets_per_restore,
         prefix_limit=cluster.get_per_prefix_s,
     )
 
@@ -232,14 +240,16 @@ def restore_phase(fig: RankFigures, cluster: Cluster, gpus: int, layout: str) ->
 def local_restore_s(fig: RankFigures, cluster: Cluster, gpus: int) -> float | None:
     """Restore time from the node-local tier (None without ``local_gb_s``): the node's shards
     over its local bandwidth, at most each rank's read throughput, and at least the time the
-    step's prefix takes to answer every rank's marker check."""
+    step's prefix takes to answer the marker checks (rank 0's small-object GETs, plus any
+    per-rank ones)."""
     if cluster.local_gb_s is None:
         return None
     node_ranks = min(cluster.gpus_per_node, gpus)
     return max(
         fig.bytes_per_rank / (fig.read_gb_s * GB),
         fig.bytes_per_rank * node_ranks / (cluster.local_gb_s * GB),
-        cluster.local_check_gets_per_rank * gpus / cluster.get_per_prefix_s,
+        (cluster.local_check_gets_per_rank * gpus + cluster.meta_gets_per_restore)
+        / cluster.get_per_prefix_s,
     )
 
 
@@ -350,3 +360,15 @@ def store_bound_from(
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if store_bound(mid) else (mid, hi)
     return hi
+
+
+def first_store_limit(
+    fig: RankFigures, cluster: Cluster, layout: str, phase: str = "save"
+) -> tuple[int, Limit] | None:
+    """Which store-side limit binds ``phase`` first as the GPU count grows, and from how
+    many GPUs (:func:`store_bound_from`); None if none does below 10**9 GPUs."""
+    gpus = store_bound_from(fig, cluster, layout, phase)
+    if gpus is None:
+        return None
+    fn = save_phase if phase == "save" else restore_phase
+    return gpus, fn(fig, cluster, gpus, layout).binding

@@ -73,9 +73,14 @@ class Cluster:
     ``nic_gb_s`` is one node's bandwidth to the store; ``store_gb_s`` the store's aggregate
     cap for the job; ``put_per_prefix_s`` / ``get_per_prefix_s`` the request rates one key
     prefix sustains (S3's documented figures by default); ``local_gb_s`` a node's local-tier
-    read bandwidth (None: no local-tier row). ``commit_puts``, ``meta_gets_per_rank`` and
-    ``local_check_gets_per_rank`` count the small objects under the step's own prefix (see the
-    module docstring).
+    read bandwidth (None: no local-tier row). ``commit_puts``, ``meta_gets_per_restore``,
+    ``meta_gets_per_rank`` and ``local_check_gets_per_rank`` count the small objects under the
+    step's own prefix (see :mod:`ckptstore.planning.scale`). The defaults are
+    ``CheckpointManager.restore``'s: rank 0 reads the marker, manifest and ``.metadata`` once
+    (3 GETs per restore) and broadcasts them, so no rank reads them itself and a rank checks
+    its local copy against the broadcast marker (0 GETs per rank). A job whose every rank
+    opens the checkpoint itself (``dcp.load`` with a bare ``ckptstore.reader`` per rank) is
+    ``meta_gets_per_restore=0, meta_gets_per_rank=3, local_check_gets_per_rank=1``.
     """
 
     gpus_per_node: int = 8
@@ -85,8 +90,9 @@ class Cluster:
     get_per_prefix_s: float = 5500.0
     local_gb_s: float | None = None
     commit_puts: int = 5
-    meta_gets_per_rank: int = 3
-    local_check_gets_per_rank: int = 1
+    meta_gets_per_rank: int = 0
+    local_check_gets_per_rank: int = 0
+    meta_gets_per_restore: int = 3
 
     def __post_init__(self) -> None:
         own = "Cluster"
@@ -99,6 +105,7 @@ class Cluster:
         check(own, "commit_puts", self.commit_puts)
         check(own, "meta_gets_per_rank", self.meta_gets_per_rank)
         check(own, "local_check_gets_per_rank", self.local_check_gets_per_rank)
+        check(own, "meta_gets_per_restore", self.meta_gets_per_restore)
 
 
 @dataclass(frozen=True)

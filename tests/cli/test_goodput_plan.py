@@ -56,6 +56,10 @@ def test_plan_from_a_real_root(tool, tmp_path) -> None:
     assert set(out["store_bound_from_gpus"]) == {
         f"{ph}_{lay}" for ph in ("save", "restore") for lay in LAYOUTS
     }
+    assert set(out["store_bound_by"]) == set(out["store_bound_from_gpus"])
+    for key, by in out["store_bound_by"].items():  # named where a limit binds, else None
+        assert (by is None) == (out["store_bound_from_gpus"][key] is None)
+        assert by is None or by in limits
     # Flags win over what --from measured.
     args = ("goodput", "--plan", "--from", root, *RATES, "--rank-gb", "3", "--blocking-s", "7")
     again = tool(*args, "--files-per-rank", "2", "--json").json()
@@ -86,7 +90,12 @@ def test_plan_table(tool) -> None:
     assert "Restore from the node-local tier" in r.out and "Request cost per save" in r.out
     assert "GPU time blocked" not in r.out  # no --gpu-hour: not priced
     assert (
-        "Store-side limits bind the save (flat: from 113 GPUs; spread: from 28,673 GPUs)" in r.out
+        "Store-side limits bind the save (flat: prefix_request_rate from 113 GPUs; spread: "
+        "prefix_request_rate from 28,673 GPUs)" in r.out
+    )
+    assert (  # rank 0 reads the small objects once: the shards' GETs bind restores first
+        "Store-side limits bind the restore (flat: prefix_request_rate from 92 GPUs; spread: "
+        "prefix_request_rate from 23,297 GPUs)" in r.out
     )
 
 

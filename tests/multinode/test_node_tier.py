@@ -83,3 +83,66 @@ def test_a_local_shard_of_another_size_is_not_used(saved, caplog) -> None:
     assert torch.equal(out["w"], state(5.0)["w"])
     read = re.search(r"step 5: (\d+) bytes read locally, (\d+) from the remote", caplog.text)
     assert read and int(read[1]) < 4000 <= int(read[2])  # the shard came from the remote
+
+
+# -- every node's local tier follows one retention decision (2 simulated nodes) -----------
+def _two_nodes_save(rank: int, world: int, root: str, staging: str) -> dict:
+    """Rank r is node r (its own staging dir). Saves steps 1 and 2; what each node's
+    staging dir holds after each save, then what a restore read."""
+    import torch.distributed as dist
+
+    mine = os.path.join(staging, f"node{rank}")
+    seen = {}
+    with CheckpointManager(root, staging_dir=mine, async_save=False) as mgr:
+        for step in (1, 2):
+            mgr.save(step, {f"w{rank}": torch.full((1000,), float(step + rank))})
+            dist.barrier()
+            seen[step] = sorted(n for n in os.listdir(mine) if n.startswith("step_"))
+        out = {f"w{rank}": torch.zeros(1000)}
+        got = mgr.restore(out)
+    return {
+        "seen": seen,
+        "restored": got,
+        "ok": torch.equal(out[f"w{rank}"], torch.full((1000,), 2.0 + rank)),
+    }
+
+
+def test_every_nodes_local_tier_keeps_what_rank_0_decided(tmp_path) -> None:
+    from harness.dist import run_distributed
+
+    root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
+    # What is not ckptstore's in node 1's staging dir stays: a user's file, a symlink
+    # named like an old step (pointing outside), a foreign file inside an old step dir.
+    node1 = os.path.join(staging, "node1")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep.txt").write_text("not ckptstore's")
+    os.makedirs(os.path.join(node1, step_name(0)))
+    (tmp_path / "nvme" / "node1" / step_name(0) / "notes.txt").write_text("mine")
+    (tmp_path / "nvme" / "node1" / "notes.txt").write_text("mine")
+    os.symlink(outside, os.path.join(node1, "step_000000000x"))
+    os.symlink(outside, os.path.join(node1, step_name(9)))
+    results = run_distributed(_two_nodes_save, 2, root, staging, timeout=240)
+    for rank, r in enumerate(results):
+        extra = [step_name(0), "step_000000000x", step_name(9)] if rank == 1 else []
+        for step in (1, 2):
+            assert r["seen"][step] == sorted([step_name(step), *extra]), (rank, step, r["seen"])
+        assert r["restored"] == 2 and r["ok"]
+    assert (outside / "keep.txt").read_text() == "not ckptstore's"  # no link followed
+    assert (tmp_path / "nvme" / "node1" / step_name(0) / "notes.txt").exists()
+    assert (tmp_path / "nvme" / "node1" / "notes.txt").exists()
+    shards = [n for n in os.listdir(os.path.join(node1, step_name(2))) if n.endswith(".distcp")]
+    assert shards  # node 1's own shards of the kept step stay (its restore tier)
+
+
+def test_the_local_tier_decision_is_pure_and_keeps_what_it_must() -> None:
+    from ckptstore.errors import ConfigError
+    from ckptstore.manager.retention import local_tier_deletions, local_tier_keeps
+
+    assert local_tier_keeps([3, 9, 5], 1) == {9} and local_tier_keeps([3, 9, 5], 2) == {5, 9}
+    assert local_tier_keeps([4], 3) == {4}
+    with pytest.raises(ConfigError, match="keep_local"):
+        local_tier_keeps([1], 0)
+    # Older unkept steps go; a step newer than the newest kept one is left (not decided).
+    assert local_tier_deletions([1, 2, 5, 7, 8], {5, 7}) == [1, 2]
+    assert local_tier_deletions([1, 2], set()) == []  # no decision: nothing deleted
