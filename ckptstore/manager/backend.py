@@ -14,7 +14,7 @@ Call order (every rank calls each method in the same order; the manager drives i
                                             # serialise, upload and commit through
                                             # ``save_step``; raises the save's error, else
                                             # returns the post-commit warnings
-    backend.wait_staged(staged)             # save(), training thread, after starting
+    waited = backend.wait_staged(staged)    # save(), training thread, after starting
                                             # ``write``: training may change ``state``
                                             # once it returns
     backend.close()                         # once, after the last ``write`` returned
@@ -65,8 +65,9 @@ class SaveBackend(Protocol):
     ) -> list[str]:
         """Save ``staged`` as ``step``; the post-commit warnings, or raise its error."""
 
-    def wait_staged(self, staged: Any) -> None:
-        """Return once training may change the state ``staged`` came from."""
+    def wait_staged(self, staged: Any) -> float:
+        """Return once training may change the state ``staged`` came from: the seconds
+        waited beyond the copy (the manifest's ``blocking_s`` includes them too)."""
 
     def close(self) -> None:
         """Free the staging memory and stop whatever runs the saves."""
@@ -116,10 +117,9 @@ class ThreadBackend:
         assert isinstance(staged, dict)
         return staged, tensor_bytes(staged)
 
-    def wait_staged(self, staged: Any) -> None:
+    def wait_staged(self, staged: Any) -> float:
         """Wait until the save wrote the live tensors (at once when everything was copied)."""
-        if isinstance(staged, StagedSave):
-            staged.wait_released()
+        return staged.wait_released() if isinstance(staged, StagedSave) else 0.0
 
     def write(
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
@@ -190,8 +190,9 @@ class ProcessBackend:
         outcome = self.writer.save(step, staged, self.stager.arena, timings, overwrite)
         return list(outcome.warnings)
 
-    def wait_staged(self, staged: Any) -> None:
+    def wait_staged(self, staged: Any) -> float:
         """Nothing to wait for: ``stage`` copied the whole state into the arena."""
+        return 0.0
 
     def close(self) -> None:
         """Stop the writer process and free the arena."""

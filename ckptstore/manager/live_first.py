@@ -4,8 +4,10 @@ A state larger than the manager's staging budget (``ckptstore.manager.staging``)
 saved with part of its tensors not copied: training waits while those are written. These
 writers order this rank's shard files so that the live items go first, in a file of their
 own, and call ``release`` once that file is durable (or once ``write_data`` ends, which
-way ever it ends); the staged items follow while training goes on. Everything else, the
-on-storage format included, is the base writer's (``CkptWriter`` or ``StagedWriter``).
+way ever it ends); the staged items follow while training goes on. ``release`` returns
+the seconds training waited for it, which the manifest's ``blocking_s`` then includes.
+Everything else, the on-storage format included, is the base writer's (``CkptWriter`` or
+``StagedWriter``).
 
 Call order: the base writer's. ``write_data`` decides which items are live (their tensor's
 bytes are not in the staging arena), then calls the base ``write_data``, which calls
@@ -34,7 +36,8 @@ class _LiveFirst:
     """The mixin: see the module docstring. Set ``is_live`` and ``release`` before saving."""
 
     is_live: Callable[[torch.Tensor], bool]
-    release: Callable[[], None]
+    release: Callable[[], float]
+    _released: bool
     _live_index: set[Any]
     _live_file: str | None
 
@@ -47,11 +50,22 @@ class _LiveFirst:
         }
         self._live_file = None
         if not self._live_index:
-            self.release()
+            self._release()
         try:
             return super().write_data(plan, planner)  # type: ignore[misc]
         finally:
-            self.release()
+            self._release()
+
+    def _release(self) -> None:
+        """``release``, once; the manifest's ``blocking_s`` grows by the wait it returns
+        (as the manager's record does), so both say what training paid."""
+        if self._released:
+            return
+        self._released = True
+        waited = self.release()
+        timings = self.manifest_extra.get("timings")  # type: ignore[attr-defined]
+        if isinstance(timings, dict) and "blocking_s" in timings:
+            timings["blocking_s"] += waited
 
     def _live(self, data: object) -> bool:
         return isinstance(data, torch.Tensor) and self.is_live(data)
@@ -76,7 +90,7 @@ class _LiveFirst:
     ) -> list[WriteResult]:
         results = super()._write_file(name, items, planner, store)  # type: ignore[misc]
         if name == self._live_file:
-            self.release()  # the live tensors' bytes are durable: training may go on
+            self._release()  # the live tensors' bytes are durable: training may go on
         return results
 
 
@@ -92,12 +106,12 @@ def live_first_writer(
     staged: bool,
     *args: Any,
     is_live: Callable[[torch.Tensor], bool],
-    release: Callable[[], None],
+    release: Callable[[], float],
     **kwargs: Any,
 ) -> CkptWriter:
     """A ``LiveFirstStagedWriter`` (``staged``) or ``LiveFirstWriter`` of ``args``/``kwargs``."""
     cls = LiveFirstStagedWriter if staged else LiveFirstWriter
     writer = cls(*args, **kwargs)
     writer.is_live, writer.release = is_live, release
-    writer._live_index, writer._live_file = set(), None
+    writer._live_index, writer._live_file, writer._released = set(), None, False
     return writer

@@ -233,9 +233,9 @@ class CheckpointManager:
         self._protected.add(step)
         if self.async_save:
             self._inflight = self._pool.submit(self._write, record, staged, start, overwrite)
-            # Over the staging budget: training waits until the part not copied is written.
-            self._backend.wait_staged(staged)
-            record.blocking_s = time.perf_counter() - start
+            # Over the staging budget: training waits until the part not copied is written
+            # (the manifest's blocking_s adds the same seconds).
+            record.blocking_s += self._backend.wait_staged(staged)
         else:
             self._write(record, staged, start, overwrite)
             self._report_failures()

@@ -50,7 +50,7 @@ def save_step(
     process_group: Any = None,
     overwrite: bool = False,
     is_live: Callable[[torch.Tensor], bool] | None = None,
-    release: Callable[[], None] | None = None,
+    release: Callable[[], float] | None = None,
 ) -> list[str]:
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
     on every rank of ``process_group``; the post-commit warnings.

@@ -13,7 +13,8 @@ writes it)::
                                      # the *live* tensors (training's own, not copied)
     staged.is_live(tensor)           # True for a tensor whose bytes are not in the arena
     staged.release()                 # the save wrote every live tensor (or gave up)
-    staged.wait_released()           # training thread: returns after ``release``
+    staged.wait_released()           # training thread: returns after ``release``; both
+                                     # return the seconds training waited for it
     stager.close()                   # frees the arena
 
 Without a budget every plain dense tensor is staged and nothing is live. With
@@ -32,6 +33,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,6 +67,8 @@ class StagedSave:
     _lo: int = 0  # the arena's address range: [lo, hi)
     _hi: int = 0
     _released: threading.Event = field(default_factory=threading.Event)
+    _staged_at: float = field(default_factory=time.perf_counter)
+    _waited: float = 0.0
 
     @property
     def has_live(self) -> bool:
@@ -78,14 +82,22 @@ class StagedSave:
         ptr = tensor.data_ptr()
         return not (self._lo <= ptr < self._hi)
 
-    def release(self) -> None:
-        """Say that no live tensor is needed any more; idempotent."""
-        self._released.set()
+    def release(self) -> float:
+        """Say that no live tensor is needed any more: the seconds from the end of ``stage``
+        until the first call (what training waits beyond the copy; 0.0 with nothing
+        live), the same on every call."""
+        if not self._released.is_set():
+            if self.has_live:
+                self._waited = time.perf_counter() - self._staged_at
+            self._released.set()
+        return self._waited
 
-    def wait_released(self) -> None:
-        """Return once ``release`` was called (at once when nothing is live)."""
-        if self.has_live:
-            self._released.wait()
+    def wait_released(self) -> float:
+        """Return once ``release`` was called (at once when nothing is live): its value."""
+        if not self.has_live:
+            return 0.0
+        self._released.wait()
+        return self._waited
 
 
 class ArenaStager:

@@ -1,8 +1,11 @@
 """The thread backend's staging arena and its host-memory budget (``max_staging_bytes``)."""
 
+import json
+
 import pytest
 import torch
 
+from ckptstore.engine.catalog import step_name
 from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.backend import ThreadBackend
@@ -68,6 +71,10 @@ def test_a_state_larger_than_the_budget_saves_and_restores_bitwise(tmp_path, sta
             record = mgr.records[-1]
             assert record.status == "committed"
             assert record.bytes == sum(v.nbytes for v in want["model"].values()) + 300 * 8
+            with open(tmp_path / "root" / step_name(step) / "ckptstore.manifest.json") as f:
+                timings = json.load(f)["extra"]["timings"]
+            # the wait for the live part is blocking time, in the record and the manifest
+            assert timings["blocking_s"] == record.blocking_s > record.staging_s
             stager = stager_of(mgr)
             assert 0 < stager.peak_in_use <= budget
             assert stager.arena is not None and stager.arena.numel() <= budget
