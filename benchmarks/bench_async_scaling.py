@@ -4,8 +4,8 @@
                                              [--saves 3] [--shm /dev/shm]
 
 For every (total size, ranks) cell, on gloo ranks started for that cell, each contender
-saves ``--saves`` times (the first apart as warm-up); timings are the max over ranks,
-"steady" the median of the other saves:
+saves ``--saves`` times, interleaved round by round (the first round apart as warm-up);
+timings are the max over ranks, "steady" the median of the other rounds:
 
 - ``copy_`` floor: a bare ``copy_`` of the state into preallocated buffers;
 - ``dcp.async_save`` + ``DefaultStager`` (CPU options, cached buffers) to ``FileSystemWriter``;
@@ -15,10 +15,12 @@ saves ``--saves`` times (the first apart as warm-up); timings are the max over r
 - ckptstore manager with ``max_staging_bytes`` = half the rank's state (half stays live:
   blocking grows by about the time to write that half).
 
-The destination is a directory on the machine's disk. Peak RSS is per rank, over each
-contender's saves (``benchmarks/rss.py``). Writes a markdown table and a JSON file to
-``benchmarks/results/`` and, when matplotlib is installed, PNG plots to
-``benchmarks/figures/`` (``async_scaling_size.png``, ``async_scaling_ranks.png``).
+The destination is a directory on the machine's disk. "RSS added" is the most a steady
+save raised a rank's RSS above what was resident before it (``benchmarks/rss.py``): the
+writer's buffers, as every contender's staging copy stays resident between its saves.
+Writes a markdown table and a JSON file to ``benchmarks/results/`` and, when matplotlib is
+installed, PNG plots to ``benchmarks/figures/`` (``async_scaling_size.png``,
+``async_scaling_ranks.png``).
 """
 
 from __future__ import annotations
@@ -51,17 +53,17 @@ CONTENDERS = (FLOOR, STAGER, MANAGER, STAGED, BUDGET)
 
 
 def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str, shm: str):
+    """Every contender's saves, interleaved round by round (the order rotated each round),
+    so that the machine's load drifts over all of them alike."""
     import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     from ckptstore.manager import CheckpointManager
 
     state = make_state(rank, mib_per_rank)
-    out: dict[str, dict[str, Any]] = {c: {"blocking": [], "committed": []} for c in CONTENDERS}
-
-    def peak(name: str) -> None:  # this rank's peak RSS since the last reset_peak()
-        out[name]["peak_rss_mib"] = peak_rss_mib()
-        reset_peak()
+    out: dict[str, dict[str, Any]] = {
+        c: {"blocking": [], "committed": [], "rss_added_mib": []} for c in CONTENDERS
+    }
 
     def fresh(parent: str, name: str) -> str:
         path = os.path.join(parent, name)
@@ -76,27 +78,24 @@ def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
-    reset_peak()
     buffers = {k: torch.empty_like(v) for k, v in state.items()}
-    for _ in range(saves):
+
+    def floor(i: int) -> tuple[float, float]:
         t = timed_max(lambda: [buffers[k].copy_(v) for k, v in state.items()])
-        out[FLOOR]["blocking"].append(t)
-        out[FLOOR]["committed"].append(t)
-    peak(FLOOR)
-    buffers.clear()
-    reset_peak()
+        return t, t
 
     stager = DefaultStager(StagingOptions(False, False, False, False))
     pg = dist.new_group(backend="gloo")
-    path = fresh(base, "dcp")
-    for i in range(saves):
+    dcp_path = fresh(base, "dcp")
+
+    def stock(i: int) -> tuple[float, float]:
         t0 = time.perf_counter()
         box: dict[str, Any] = {}
 
-        def start(i: int = i, box: dict = box) -> None:
+        def start() -> None:
             box["f"] = dcp.async_save(
                 state,
-                storage_writer=dcp.FileSystemWriter(os.path.join(path, f"s{i}")),
+                storage_writer=dcp.FileSystemWriter(os.path.join(dcp_path, f"s{i}")),
                 process_group=pg,
                 async_stager=stager,
             )
@@ -107,32 +106,45 @@ def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str
         blocking = timed_max(start)
         fut = box["f"]
         (getattr(fut, "upload_completion", None) or fut).result()
-        out[STAGER]["blocking"].append(blocking)
-        out[STAGER]["committed"].append(max_over_ranks(time.perf_counter() - t0))
-    peak(STAGER)
-    stager.close()
-    reset_peak()
+        if rank == 0 and i >= 2:  # keep the disk from filling: two stock steps at most
+            shutil.rmtree(os.path.join(dcp_path, f"s{i - 2}"), ignore_errors=True)
+        return blocking, max_over_ranks(time.perf_counter() - t0)
 
     half = max(1, mib_per_rank * 1024 * 1024 // 2)
+    managers: dict[str, Any] = {}
     for name, staging, budget in (
         (MANAGER, False, None),
         (STAGED, True, None),
         (BUDGET, False, half),
     ):
         root = fresh(base, name.replace(" ", "_").replace(",", "").replace("/", ""))
-        staging_dir = fresh(shm, f"nvme_{rank}") if staging else None
-        mgr = CheckpointManager(
-            root, staging_dir=staging_dir, strict=True, max_staging_bytes=budget, keep=None
+        staging_dir = fresh(shm, f"nvme_{len(managers)}_{rank}") if staging else None
+        managers[name] = CheckpointManager(
+            root, staging_dir=staging_dir, strict=True, max_staging_bytes=budget
         )
-        for i in range(saves):
-            blocking = timed_max(lambda i=i, mgr=mgr: mgr.save(i, state))
+
+    def manager(name: str) -> Any:
+        def save(i: int) -> tuple[float, float]:
+            mgr = managers[name]
+            blocking = timed_max(lambda: mgr.save(i, state))
             mgr.wait()
+            return blocking, max_over_ranks(mgr.records[-1].total_s)
+
+        return save
+
+    runs = {FLOOR: floor, STAGER: stock, **{n: manager(n) for n in managers}}
+    for i in range(saves):
+        for k in range(len(CONTENDERS)):
+            name = CONTENDERS[(i + k) % len(CONTENDERS)]
+            reset_peak()
+            before = peak_rss_mib()
+            blocking, committed = runs[name](i)
             out[name]["blocking"].append(blocking)
-            out[name]["committed"].append(max_over_ranks(mgr.records[-1].total_s))
+            out[name]["committed"].append(committed)
+            out[name]["rss_added_mib"].append(peak_rss_mib() - before)
+    for mgr in managers.values():
         mgr.close()
-        peak(name)
-        if staging_dir:
-            shutil.rmtree(staging_dir, ignore_errors=True)
+    stager.close()
     return out
 
 
@@ -150,7 +162,10 @@ def summarise(results: list[dict], size_mib: int, world: int) -> list[dict]:
                 "blocking_range": (min(b), max(b)),
                 "committed_s": statistics.median(c),
                 "committed_range": (min(c), max(c)),
-                "peak_rss_mib": max(res[name].get("peak_rss_mib", 0.0) for res in results),
+                # steady saves: the RSS a save adds over what is resident (its buffers)
+                "rss_added_mib": max(
+                    max(res[name]["rss_added_mib"][1:] or [0.0]) for res in results
+                ),
             }
         )
     floor = next(r for r in rows if r["contender"] == FLOOR)["blocking_s"]
@@ -165,7 +180,7 @@ def summarise(results: list[dict], size_mib: int, world: int) -> list[dict]:
 def table(rows: list[dict]) -> str:
     head = (
         "| MiB | ranks | contender | blocking s | min–max | × copy_ | × DefaultStager "
-        "| committed s | min–max | × DefaultStager | peak RSS MiB/rank |\n"
+        "| committed s | min–max | × DefaultStager | RSS added MiB/rank |\n"
         "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [
@@ -173,7 +188,7 @@ def table(rows: list[dict]) -> str:
         f"| {r['blocking_range'][0]:.3f}–{r['blocking_range'][1]:.3f} "
         f"| {r['blocking_x_floor']:.2f} | {r['blocking_x_stager']:.2f} "
         f"| {r['committed_s']:.2f} | {r['committed_range'][0]:.2f}–{r['committed_range'][1]:.2f} "
-        f"| {r['committed_x_stager']:.2f} | {r['peak_rss_mib']:.0f} |"
+        f"| {r['committed_x_stager']:.2f} | {r['rss_added_mib']:.0f} |"
         for r in rows
     ]
     return "\n".join([head, *lines])
