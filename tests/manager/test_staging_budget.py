@@ -118,6 +118,14 @@ def test_the_stager_never_holds_more_than_its_budget() -> None:
     stager.close()
 
 
+def test_a_non_plain_tensor_goes_to_dcp_s_stager_or_stays_live_under_a_budget() -> None:
+    state = {"dense": torch.ones(8), "sparse": torch.eye(4).to_sparse()}
+    assert ArenaStager().stage(state) is None  # the thread backend uses DefaultStager then
+    staged = ArenaStager(budget=1024).stage(state)
+    assert staged is not None and staged.state["sparse"] is state["sparse"]
+    assert not staged.is_live(staged.state["dense"])
+
+
 @pytest.mark.parametrize("bad", [0, -1, True, 1.5, "1GiB"])
 def test_bad_budgets_are_config_errors(tmp_path, bad) -> None:
     with pytest.raises(ConfigError, match="max_staging_bytes must be a positive number"):
