@@ -24,14 +24,17 @@ every DTensor / ShardedTensor / sparse tensor, stays live: the save writes those
 in files of their own, and training waits for them (``wait_released``). So a state larger
 than the budget costs blocking time of about the write time of the part that did not fit,
 and never more host memory than the budget. ``in_use`` / ``peak_in_use`` count the
-arena bytes holding a staged copy (what the budget bounds). The arena is allocated once
-and reused while the tensors' dtypes and shapes stay the same; a layout that needs more
-room (and the budget allows) allocates a larger one.
+arena bytes holding a staged copy (what the budget bounds). Each staged tensor has a
+storage of its own over its bytes of the arena (``HostArena``), so the writer saves it
+as it is; a view into one big storage would be cloned by the writer first. The arena is
+allocated once and reused while the tensors' dtypes and shapes stay the same; a layout
+that needs more room (and the budget allows) allocates a larger one.
 """
 
 from __future__ import annotations
 
 import copy
+import mmap
 import threading
 import time
 from dataclasses import dataclass, field
@@ -42,7 +45,7 @@ import torch
 from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole
 from ckptstore.errors import ConfigError
 
-__all__ = ["ArenaStager", "StagedSave", "check_budget"]
+__all__ = ["ArenaStager", "HostArena", "StagedSave", "check_budget"]
 
 
 def check_budget(value: object) -> int | None:
@@ -100,13 +103,57 @@ class StagedSave:
         return self._waited
 
 
+class HostArena:
+    """``size`` bytes of anonymous host memory (pinned with ``pin``); each slot a tensor of
+    its own storage over exactly its bytes, so writers save it without a copy (a view into
+    one big storage would be cloned first: ``torch.save`` writes a view's whole storage)."""
+
+    def __init__(self, size: int, pin: bool) -> None:
+        self.size = size
+        self._map: mmap.mmap | None = mmap.mmap(-1, size)
+        self._pinned = False
+        whole = torch.frombuffer(self._map, dtype=torch.uint8)
+        #: The arena's address range, [lo, hi).
+        self.lo = whole.data_ptr()
+        self.hi = self.lo + size
+        del whole
+        if pin:
+            from torch.cuda import _pin_memory_utils
+
+            _pin_memory_utils.pin_memory(self.lo, size)
+            self._pinned = True
+
+    def tensor(self, slot: Slot) -> torch.Tensor:
+        """The tensor over ``slot``'s bytes (a new empty one if it has none)."""
+        assert self._map is not None, "tensor() after close()"
+        if slot.nbytes == 0:
+            return torch.empty(slot.shape, dtype=slot.dtype)
+        numel = slot.nbytes // torch.empty((), dtype=slot.dtype).element_size()
+        flat = torch.frombuffer(self._map, dtype=slot.dtype, count=numel, offset=slot.offset)
+        return flat.view(slot.shape)
+
+    def close(self) -> None:
+        """Unpin and unmap (once no tensor over it is alive; else when the last one goes)."""
+        if self._pinned:
+            from torch.cuda import _pin_memory_utils
+
+            _pin_memory_utils.unpin_memory(self.lo)
+            self._pinned = False
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a staged tensor is still alive: unmapped when collected
+                pass
+            self._map = None
+
+
 class ArenaStager:
     """Copies states into one reused host-memory arena of at most ``budget`` bytes."""
 
     def __init__(self, *, budget: int | None = None, pin: bool = False) -> None:
         self.budget = check_budget(budget)
         self.pin = pin
-        self.arena: torch.Tensor | None = None
+        self.arena: HostArena | None = None
         #: Arenas allocated so far (steady saves allocate none).
         self.allocations = 0
         #: Arena bytes holding the current staged copies, and the most ever held.
@@ -149,8 +196,7 @@ class ArenaStager:
         staged_state = _fill(copy.deepcopy(skeleton), lambda i: items[i])
         total = sum(_nbytes(t) for t in tensors)
         live = sum(_nbytes(t) for t, v in zip(tensors, self._views, strict=True) if v is None)
-        lo = self.arena.data_ptr() if self.arena is not None else 0
-        hi = lo + (self.arena.numel() if self.arena is not None else 0)
+        lo, hi = (self.arena.lo, self.arena.hi) if self.arena is not None else (0, 0)
         return StagedSave(staged_state, total, live, lo, hi)
 
     def _layout(self, key: tuple) -> None:
@@ -168,24 +214,23 @@ class ArenaStager:
             slots.append(Slot(offset, nbytes, dtype, shape))
             offset += padded
         self._views = []
-        if offset and (self.arena is None or self.arena.numel() < offset):
-            self.arena = None  # the old arena is freed before the new one is allocated
-            self.arena = torch.empty(offset, dtype=torch.uint8, pin_memory=self.pin)
+        if offset and (self.arena is None or self.arena.size < offset):
+            if self.arena is not None:  # the old arena is freed before the new one is made
+                self.arena.close()
+                self.arena = None
+            self.arena = HostArena(offset, self.pin)
             self.allocations += 1
-        whole = self.arena
-        self._views = [
-            None
-            if s is None or whole is None
-            else whole[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape)
-            for s in slots
-        ]
+        arena = self.arena
+        self._views = [None if s is None or arena is None else arena.tensor(s) for s in slots]
         self.in_use = offset
         self._key, self._slots = key, slots
 
     def close(self) -> None:
         """Free the arena; the next ``stage`` allocates anew."""
         self._views, self._slots, self._key = [], [], None
-        self.arena = None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
         self.in_use = 0
 
 

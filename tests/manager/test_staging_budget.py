@@ -77,7 +77,7 @@ def test_a_state_larger_than_the_budget_saves_and_restores_bitwise(tmp_path, sta
             assert timings["blocking_s"] == record.blocking_s > record.staging_s
             stager = stager_of(mgr)
             assert 0 < stager.peak_in_use <= budget
-            assert stager.arena is not None and stager.arena.numel() <= budget
+            assert stager.arena is not None and stager.arena.size <= budget
             out = zeros_like(want)
             assert mgr.restore(out, step=step) == step
             assert_same(out, want)
@@ -106,11 +106,14 @@ def test_the_stager_never_holds_more_than_its_budget() -> None:
     staged = stager.stage(state)
     assert staged is not None
     assert stager.in_use <= 4096 + 128 and stager.arena is not None
-    assert stager.arena.numel() <= 4096 + 128
+    assert stager.arena.size <= 4096 + 128
     assert [staged.is_live(staged.state[k]) for k in "abcd"] == [False, False, True, False]
     assert staged.live_bytes == 8000 and staged.nbytes == 4000 + 40 + 8000 + 20
     assert staged.state["c"] is state["c"]  # live: training's own tensor, not a copy
     assert torch.equal(staged.state["a"], state["a"]) and staged.state["a"] is not state["a"]
+    # each staged tensor owns exactly its bytes: the writer saves it without cloning it
+    for k in "abd":
+        assert staged.state[k].untyped_storage().nbytes() == staged.state[k].nbytes
     tiny = ArenaStager(budget=1)  # nothing fits: everything is live, no arena at all
     all_live = tiny.stage(state)
     assert all_live is not None and all_live.live_bytes == all_live.nbytes
