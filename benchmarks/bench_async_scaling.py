@@ -210,25 +210,35 @@ def plot(rows: list[dict], figures: str) -> list[str]:
         ("size_mib", "world", "async_scaling_size.png"),
         ("world", "size_mib", "async_scaling_ranks.png"),
     ):
-        fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        fixed_values = sorted({r[other] for r in rows})
+        styles = ["-", "--", ":", "-."]
         for ax, metric in zip(axes, ("blocking_s", "committed_s"), strict=True):
-            for fixed in sorted({r[other] for r in rows}):
-                for name in CONTENDERS:
+            for n, name in enumerate(CONTENDERS):  # one colour per contender
+                if metric == "committed_s" and name == FLOOR:
+                    continue
+                for m, fixed in enumerate(fixed_values):  # one line style per ranks / size
                     pts = sorted(
                         (r[axis], r[metric])
                         for r in rows
                         if r[other] == fixed and r["contender"] == name
                     )
-                    if len(pts) < 2 or (metric == "committed_s" and name == FLOOR):
+                    if len(pts) < 2:
                         continue
-                    ax.plot(*zip(*pts), marker="o", label=f"{name} ({other}={fixed})")
+                    ax.plot(
+                        *zip(*pts),
+                        marker="o",
+                        color=f"C{n}",
+                        linestyle=styles[m % len(styles)],
+                        label=f"{name} ({'ranks' if other == 'world' else 'MiB'}={fixed})",
+                    )
             ax.set_xlabel("total state MiB" if axis == "size_mib" else "ranks")
-            ax.set_ylabel(metric.replace("_s", " s"))
+            ax.set_ylabel(metric.replace("_s", " s") + " (median of steady saves)")
             if axis == "size_mib":
                 ax.set_xscale("log", base=2)
-                ax.set_yscale("log")
+            ax.set_yscale("log")
             ax.grid(True, alpha=0.3)
-        axes[1].legend(fontsize=6)
+            ax.legend(fontsize=5)
         fig.tight_layout()
         path = os.path.join(figures, fname)
         fig.savefig(path, dpi=110)
@@ -244,7 +254,13 @@ def main() -> None:
     p.add_argument("--saves", type=int, default=3, help="saves per contender (first = warm-up)")
     p.add_argument("--shm", default="/dev/shm", help="the local tier (tmpfs standing in for NVMe)")
     p.add_argument("--dir", default=None, help="the destination's parent (default: a temp dir)")
+    p.add_argument("--plot-only", metavar="JSON", help="redraw the plots of an earlier run")
     args = p.parse_args()
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            for path in plot(json.load(f)["rows"], "benchmarks/figures"):
+                print(f"plot: {path}")
+        return
     rows: list[dict] = []
     for size in (int(s) for s in args.sizes_mib.split(",")):
         for world in (int(w) for w in args.worlds.split(",")):
