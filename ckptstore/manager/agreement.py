@@ -15,7 +15,8 @@ __all__ = ["Agreement"]
 
 
 class Agreement:
-    """``any`` / ``all`` of a flag and rank 0's ``broadcast`` over ``group`` (or none)."""
+    """``any`` / ``all`` of a flag (``any_of``: of several) and rank 0's ``broadcast``
+    over ``group`` (or none)."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
@@ -27,6 +28,14 @@ class Agreement:
         t = torch.tensor([1 if flag else 0])
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
         return bool(t.item())
+
+    def any_of(self, flags: list[bool]) -> list[bool]:
+        """``any`` of each flag, in one collective."""
+        if self.group is None:
+            return list(flags)
+        t = torch.tensor([1 if f else 0 for f in flags])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
+        return [bool(v) for v in t.tolist()]
 
     def all(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on all."""

@@ -7,18 +7,23 @@ Call order (every rank calls each method in the same order; the manager drives i
     backend.ensure_ready()                  # save(), training thread, every rank together
                                             # (a collective): ready to take a save
     staged, nbytes = backend.stage(state)   # save(), training thread: the state copied out
-                                            # (``state``'s Statefuls already flattened);
-                                            # training may change ``state`` once it returns
+                                            # (``state``'s Statefuls already flattened)
     warnings = backend.write(step, staged, timings, overwrite)
                                             # the manager's save thread (or inline with
                                             # async_save=False), at most one at a time:
                                             # serialise, upload and commit through
                                             # ``save_step``; raises the save's error, else
                                             # returns the post-commit warnings
+    waited = backend.wait_staged(staged)    # save(), training thread, after starting
+                                            # ``write``: training may change ``state``
+                                            # once it returns
     backend.close()                         # once, after the last ``write`` returned
 
-``ThreadBackend`` copies with DCP's ``DefaultStager`` and calls ``save_step`` on a thread
-of the training process, over the manager's checkpoint gloo group. ``ProcessBackend``
+``ThreadBackend`` copies into a reused host-memory arena (``ArenaStager``, at most
+``max_staging_bytes``; DCP's ``DefaultStager`` for a state of sharded tensors without a
+budget) and calls ``save_step`` on a thread of the training process, over the manager's
+checkpoint gloo group. A state larger than the budget leaves part of its tensors live
+(not copied): ``save_step`` writes them first and ``wait_staged`` waits for that. ``ProcessBackend``
 copies into a shared-memory arena (``SharedStager``) and has this rank's writer process
 (``BackgroundWriter``) call the same ``save_step`` on the writers' own gloo group.
 """
@@ -36,6 +41,7 @@ from ckptstore.engine.transfer import TransferEngine
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.records import tensor_bytes
 from ckptstore.manager.save_step import save_step
+from ckptstore.manager.staging import ArenaStager, StagedSave
 from ckptstore.manager.writer_process import BackgroundWriter
 from ckptstore.manager.writer_protocol import WriterSettings
 
@@ -59,12 +65,16 @@ class SaveBackend(Protocol):
     ) -> list[str]:
         """Save ``staged`` as ``step``; the post-commit warnings, or raise its error."""
 
+    def wait_staged(self, staged: Any) -> float:
+        """Return once training may change the state ``staged`` came from: the seconds
+        waited beyond the copy (the manifest's ``blocking_s`` includes them too)."""
+
     def close(self) -> None:
         """Free the staging memory and stop whatever runs the saves."""
 
 
 class ThreadBackend:
-    """Stages with ``DefaultStager`` (pinned memory with CUDA) and saves in this process."""
+    """Stages into an ``ArenaStager`` (pinned memory with CUDA) and saves in this process."""
 
     def __init__(
         self,
@@ -75,6 +85,7 @@ class ThreadBackend:
         codec: str,
         key_layout: str,
         process_group: Any,
+        max_staging_bytes: int | None = None,
     ) -> None:
         self.root = root
         self.engine = engine
@@ -83,6 +94,7 @@ class ThreadBackend:
         self.key_layout = key_layout
         self.process_group = process_group
         cuda = torch.cuda.is_available()
+        self.arena = ArenaStager(budget=max_staging_bytes, pin=cuda)
         self.stager = DefaultStager(
             StagingOptions(
                 use_pinned_memory=cuda,
@@ -96,30 +108,46 @@ class ThreadBackend:
         """Nothing to wait for: the manager's gloo group exists."""
 
     def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
-        """Copy ``state`` with DCP's ``DefaultStager`` (synchronous): a dict of copies."""
+        """Copy ``state`` into the arena (a ``StagedSave``), or, for sharded tensors without
+        a budget, with DCP's ``DefaultStager`` (synchronous: a dict of copies)."""
+        arena = self.arena.stage(state)
+        if arena is not None:
+            return arena, arena.nbytes
         staged = self.stager.stage(state)  # synchronous: a dict, never a Future
         assert isinstance(staged, dict)
         return staged, tensor_bytes(staged)
+
+    def wait_staged(self, staged: Any) -> float:
+        """Wait until the save wrote the live tensors (at once when everything was copied)."""
+        return staged.wait_released() if isinstance(staged, StagedSave) else 0.0
 
     def write(
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
     ) -> list[str]:
         """Run ``save_step`` on this thread, over the manager's checkpoint group."""
-        return save_step(
-            staged,
-            self.root,
-            step,
-            staging_dir=self.staging_dir,
-            codec=self.codec,
-            key_layout=self.key_layout,
-            engine=self.engine,
-            timings=timings,
-            process_group=self.process_group,
-            overwrite=overwrite,
-        )
+        live = isinstance(staged, StagedSave) and staged.has_live
+        try:
+            return save_step(
+                staged.state if isinstance(staged, StagedSave) else staged,
+                self.root,
+                step,
+                staging_dir=self.staging_dir,
+                codec=self.codec,
+                key_layout=self.key_layout,
+                engine=self.engine,
+                timings=timings,
+                process_group=self.process_group,
+                overwrite=overwrite,
+                is_live=staged.is_live if live else None,
+                release=staged.release if live else None,
+            )
+        finally:
+            if isinstance(staged, StagedSave):
+                staged.release()  # a save that failed early never needs the live part again
 
     def close(self) -> None:
-        """Free the stager's buffers."""
+        """Free the stagers' buffers."""
+        self.arena.close()
         self.stager.close()
 
 
@@ -162,6 +190,10 @@ class ProcessBackend:
         outcome = self.writer.save(step, staged, self.stager.arena, timings, overwrite)
         return list(outcome.warnings)
 
+    def wait_staged(self, staged: Any) -> float:
+        """Nothing to wait for: ``stage`` copied the whole state into the arena."""
+        return 0.0
+
     def close(self) -> None:
         """Stop the writer process and free the arena."""
         try:
@@ -184,11 +216,14 @@ def make_backend(
     world_size: int,
     process_group: Any,
     agree: Agreement,
+    max_staging_bytes: int | None = None,
 ) -> SaveBackend:
     """The backend ``background`` names (one of ``BACKENDS``, checked by the caller).
 
     ``root`` is the manager's argument as given (a writer process reopens it from that);
-    ``retrying_root`` the manager's store, retried per the engine's policy."""
+    ``retrying_root`` the manager's store, retried per the engine's policy;
+    ``max_staging_bytes`` bounds the thread backend's staging memory (the caller refuses
+    it with the process backend)."""
     if background == "process":
         settings = WriterSettings(
             root,
@@ -208,4 +243,5 @@ def make_backend(
         codec=codec,
         key_layout=key_layout,
         process_group=process_group,
+        max_staging_bytes=max_staging_bytes,
     )

@@ -28,6 +28,13 @@ At most one save is in flight: a new ``save`` while one is uploading waits for i
 (``on_busy="skip"``). A failed background save is reported at the next
 ``save``/``wait`` (a warning, or the error with ``strict=True``) and by ``close``.
 
+``max_staging_bytes`` bounds the host memory the thread backend stages into (default: no
+bound, a copy of the whole state). A state larger than it is saved in two parts: the
+tensors that fit are copied and written in the background; the rest are written first,
+straight from training's memory, and ``save`` returns once they are durable, so its
+blocking time grows by about the write time of the part that did not fit (never more
+staging memory). ``background="process"`` refuses a budget (``ConfigError``).
+
 Saves run on the backend ``background`` picks once, in the constructor
 (``ckptstore.manager.backend``): both end in the same ``save_step``.
 ``background="thread"`` (default) writes on a thread of the training process.
@@ -76,6 +83,7 @@ from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
 from ckptstore.manager.restore import StepLoader
 from ckptstore.manager.retention import KeepLast, RetentionPolicy, local_tier_keeps
+from ckptstore.manager.staging import check_budget
 from ckptstore.manager.writer_process import BackgroundWriter
 from ckptstore.stores import open_store
 
@@ -104,12 +112,20 @@ class CheckpointManager:
         handle_sigterm: bool = False,
         background: str = "thread",
         allow_pickle: bool = False,
+        max_staging_bytes: int | None = None,
     ) -> None:
         if on_busy not in ("wait", "skip"):
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
         if background not in BACKENDS:
             raise ConfigError(f"background must be 'thread' or 'process', not {background!r}")
         get_codec(codec)  # validates it (ConfigError listing the choices)
+        self.max_staging_bytes = check_budget(max_staging_bytes)
+        if self.max_staging_bytes is not None and background == "process":
+            raise ConfigError(
+                "max_staging_bytes bounds the thread backend's staging memory; "
+                "background='process' stages the whole state in shared memory. Use "
+                "background='thread' with a staging budget, or drop max_staging_bytes"
+            )
         self.engine = TransferEngine(config)
         # Every control call on the root (HEAD of a marker, listings, marker and manifest
         # GETs, deletes) is retried per the engine's RetryConfig through this view.
@@ -149,6 +165,7 @@ class CheckpointManager:
             world_size=dist.get_world_size() if distributed else 1,
             process_group=self._pg,
             agree=self._agree,
+            max_staging_bytes=self.max_staging_bytes,
         )
         self._loader = StepLoader(
             self.root,
@@ -193,17 +210,20 @@ class CheckpointManager:
         start = time.perf_counter()
         record = SaveRecord(step)
         busy = self._inflight is not None and not self._inflight.done()
-        if self._agree.any(busy):
+        # One agreement in the steady case: is any rank busy, must the step be replaced,
+        # is it missing anywhere. A save that was in flight may commit this very step, so
+        # after waiting for one the step is looked at again.
+        any_busy, overwrite, missing = self._agree.any_of([busy, *self._step_flags(step)])
+        if any_busy:
             if self.on_busy == "skip":
                 record.status = SaveStatus.SKIPPED
                 self.records.append(record)
                 log.info("skipping the save of step %d: the previous one is still uploading", step)
                 return False
             self._wait_inflight()
+            overwrite, missing = self._agree.any_of(self._step_flags(step))
         record.waited_s = time.perf_counter() - start
-        exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
-        overwrite = self._agree.any(exists and self._needs_replacing(step))
-        if not overwrite and self._agree.all(exists):
+        if not overwrite and not missing:
             record.status = SaveStatus.SKIPPED
             self.records.append(record)
             log.info("step %d is already committed under %s; not saving it again", step, self.root)
@@ -219,10 +239,18 @@ class CheckpointManager:
         self._protected.add(step)
         if self.async_save:
             self._inflight = self._pool.submit(self._write, record, staged, start, overwrite)
+            # Over the staging budget: training waits until the part not copied is written
+            # (the manifest's blocking_s adds the same seconds).
+            record.blocking_s += self._backend.wait_staged(staged)
         else:
             self._write(record, staged, start, overwrite)
             self._report_failures()
         return True
+
+    def _step_flags(self, step: int) -> list[bool]:
+        """[``step`` must be replaced, ``step`` is not committed] as this rank sees it."""
+        exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
+        return [exists and self._needs_replacing(step), not exists]
 
     def _needs_replacing(self, step: int) -> bool:
         """For a ``step`` with a marker: True if it is not a loadable checkpoint (restore

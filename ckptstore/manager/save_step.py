@@ -18,8 +18,10 @@ the step is committed all the same.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
+import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.dcp import calls as dcp  # dcp.save, quiet without a process group
@@ -30,6 +32,7 @@ from ckptstore.engine.layout import step_name
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
+from ckptstore.manager.live_first import live_first_writer
 
 __all__ = ["save_step"]
 
@@ -46,13 +49,18 @@ def save_step(
     timings: dict[str, float],
     process_group: Any = None,
     overwrite: bool = False,
+    is_live: Callable[[torch.Tensor], bool] | None = None,
+    release: Callable[[], float] | None = None,
 ) -> list[str]:
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
     on every rank of ``process_group``; the post-commit warnings.
 
     ``staging_dir`` stages the shards on local disk first (``StagedWriter``); ``overwrite``
-    replaces a committed ``step`` (one found damaged) atomically. Raises the first rank's
-    ckptstore error; nothing is committed then.
+    replaces a committed ``step`` (one found damaged) atomically. With ``is_live`` (part
+    of ``state`` is training's own memory, not a copy: a staging budget was exceeded) the
+    live tensors are written first and ``release`` is called once they are durable
+    (``ckptstore.manager.live_first``). Raises the first rank's ckptstore error; nothing
+    is committed then.
     """
     url = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
     common: dict[str, Any] = dict(
@@ -63,11 +71,16 @@ def save_step(
         config=engine.config,
         overwrite=overwrite,
     )
-    writer = (
-        StagedWriter(url, staging_dir=staging_dir, **common)
-        if staging_dir
-        else CkptWriter(url, **common)
-    )
+    if staging_dir:
+        common["staging_dir"] = staging_dir
+    writer: CkptWriter
+    if is_live is not None:
+        assert release is not None, "is_live needs release"
+        writer = live_first_writer(
+            bool(staging_dir), url, is_live=is_live, release=release, **common
+        )
+    else:
+        writer = StagedWriter(url, **common) if staging_dir else CkptWriter(url, **common)
     writer.manifest_extra["timings"] = dict(timings)
     with collect_warnings() as notes:
         try:

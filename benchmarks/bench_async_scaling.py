@@ -1,0 +1,293 @@
+"""Async-save scaling: blocking and committed time against state size and ranks (issue 17).
+
+    python benchmarks/bench_async_scaling.py [--sizes-mib 256,1024,4096] [--worlds 1,2,4]
+                                             [--saves 3] [--shm /dev/shm]
+
+For every (total size, ranks) cell, on gloo ranks started for that cell, each contender
+saves ``--saves`` times, interleaved round by round (the first round apart as warm-up);
+timings are the max over ranks, "steady" the median of the other rounds:
+
+- ``copy_`` floor: a bare ``copy_`` of the state into preallocated buffers;
+- ``dcp.async_save`` + ``DefaultStager`` (CPU options, cached buffers) to ``FileSystemWriter``;
+- ckptstore manager (thread backend, staging arena);
+- ckptstore manager with ``staging_dir`` on ``--shm`` (tmpfs standing in for NVMe: the local
+  tier and the destination are different devices, so the tee writes both at once);
+- ckptstore manager with ``max_staging_bytes`` = half the rank's state (half stays live:
+  blocking grows by about the time to write that half).
+
+The destination is a directory on the machine's disk. "RSS added" is the most a steady
+save raised a rank's RSS above what was resident before it (``benchmarks/rss.py``): the
+writer's buffers, as every contender's staging copy stays resident between its saves.
+Writes a markdown table and a JSON file to ``benchmarks/results/`` and, when matplotlib is
+installed, PNG plots to ``benchmarks/figures/`` (``async_scaling_size.png``,
+``async_scaling_ranks.png``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling modules in the ranks
+
+from bench_async import STAGER, make_state, timed_max  # noqa: E402
+from rss import peak_rss_mib, reset_peak  # noqa: E402
+
+from harness.dist import run_distributed  # noqa: E402
+
+FLOOR = "copy_ floor"
+MANAGER = "ckptstore manager"
+STAGED = "ckptstore manager + staging_dir on tmpfs"
+BUDGET = "ckptstore manager, budget = state / 2"
+CONTENDERS = (FLOOR, STAGER, MANAGER, STAGED, BUDGET)
+
+
+def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str, shm: str):
+    """Every contender's saves, interleaved round by round (the order rotated each round),
+    so that the machine's load drifts over all of them alike."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
+
+    from ckptstore.manager import CheckpointManager
+
+    state = make_state(rank, mib_per_rank)
+    out: dict[str, dict[str, Any]] = {
+        c: {"blocking": [], "committed": [], "rss_added_mib": []} for c in CONTENDERS
+    }
+
+    def fresh(parent: str, name: str) -> str:
+        path = os.path.join(parent, name)
+        if rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+            os.makedirs(path)
+        dist.barrier()
+        return path
+
+    def max_over_ranks(value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return float(t.item())
+
+    buffers = {k: torch.empty_like(v) for k, v in state.items()}
+
+    def floor(i: int) -> tuple[float, float]:
+        t = timed_max(lambda: [buffers[k].copy_(v) for k, v in state.items()])
+        return t, t
+
+    stager = DefaultStager(StagingOptions(False, False, False, False))
+    pg = dist.new_group(backend="gloo")
+    dcp_path = fresh(base, "dcp")
+
+    def stock(i: int) -> tuple[float, float]:
+        t0 = time.perf_counter()
+        box: dict[str, Any] = {}
+
+        def start() -> None:
+            box["f"] = dcp.async_save(
+                state,
+                storage_writer=dcp.FileSystemWriter(os.path.join(dcp_path, f"s{i}")),
+                process_group=pg,
+                async_stager=stager,
+            )
+            staging = getattr(box["f"], "staging_completion", None)
+            if staging is not None:
+                staging.result()
+
+        blocking = timed_max(start)
+        fut = box["f"]
+        (getattr(fut, "upload_completion", None) or fut).result()
+        if rank == 0 and i >= 2:  # keep the disk from filling: two stock steps at most
+            shutil.rmtree(os.path.join(dcp_path, f"s{i - 2}"), ignore_errors=True)
+        return blocking, max_over_ranks(time.perf_counter() - t0)
+
+    half = max(1, mib_per_rank * 1024 * 1024 // 2)
+    managers: dict[str, Any] = {}
+    for name, staging, budget in (
+        (MANAGER, False, None),
+        (STAGED, True, None),
+        (BUDGET, False, half),
+    ):
+        root = fresh(base, name.replace(" ", "_").replace(",", "").replace("/", ""))
+        staging_dir = fresh(shm, f"nvme_{len(managers)}_{rank}") if staging else None
+        managers[name] = CheckpointManager(
+            root, staging_dir=staging_dir, strict=True, max_staging_bytes=budget
+        )
+
+    def manager(name: str) -> Any:
+        def save(i: int) -> tuple[float, float]:
+            mgr = managers[name]
+            blocking = timed_max(lambda: mgr.save(i, state))
+            mgr.wait()
+            return blocking, max_over_ranks(mgr.records[-1].total_s)
+
+        return save
+
+    runs = {FLOOR: floor, STAGER: stock, **{n: manager(n) for n in managers}}
+    for i in range(saves):
+        for k in range(len(CONTENDERS)):
+            name = CONTENDERS[(i + k) % len(CONTENDERS)]
+            reset_peak()
+            before = peak_rss_mib()
+            blocking, committed = runs[name](i)
+            out[name]["blocking"].append(blocking)
+            out[name]["committed"].append(committed)
+            out[name]["rss_added_mib"].append(peak_rss_mib() - before)
+    for mgr in managers.values():
+        mgr.close()
+    stager.close()
+    return out
+
+
+def summarise(results: list[dict], size_mib: int, world: int) -> list[dict]:
+    """One row per contender (times are already max over ranks; peak RSS: the max rank)."""
+    raw, rows = results[0], []
+    for name, r in raw.items():
+        b, c = r["blocking"][1:] or r["blocking"], r["committed"][1:] or r["committed"]
+        rows.append(
+            {
+                "contender": name,
+                "size_mib": size_mib,
+                "world": world,
+                "blocking_s": statistics.median(b),
+                "blocking_range": (min(b), max(b)),
+                "committed_s": statistics.median(c),
+                "committed_range": (min(c), max(c)),
+                # steady saves: the RSS a save adds over what is resident (its buffers)
+                "rss_added_mib": max(
+                    max(res[name]["rss_added_mib"][1:] or [0.0]) for res in results
+                ),
+            }
+        )
+    floor = next(r for r in rows if r["contender"] == FLOOR)["blocking_s"]
+    ref = next(r for r in rows if r["contender"] == STAGER)
+    for r in rows:
+        r["blocking_x_floor"] = r["blocking_s"] / floor
+        r["blocking_x_stager"] = r["blocking_s"] / ref["blocking_s"]
+        r["committed_x_stager"] = r["committed_s"] / ref["committed_s"]
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    head = (
+        "| MiB | ranks | contender | blocking s | min–max | × copy_ | × DefaultStager "
+        "| committed s | min–max | × DefaultStager | RSS added MiB/rank |\n"
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+    )
+    lines = [
+        f"| {r['size_mib']} | {r['world']} | {r['contender']} | {r['blocking_s']:.3f} "
+        f"| {r['blocking_range'][0]:.3f}–{r['blocking_range'][1]:.3f} "
+        f"| {r['blocking_x_floor']:.2f} | {r['blocking_x_stager']:.2f} "
+        f"| {r['committed_s']:.2f} | {r['committed_range'][0]:.2f}–{r['committed_range'][1]:.2f} "
+        f"| {r['committed_x_stager']:.2f} | {r['rss_added_mib']:.0f} |"
+        for r in rows
+    ]
+    return "\n".join([head, *lines])
+
+
+def plot(rows: list[dict], figures: str) -> list[str]:
+    """PNG plots of blocking and committed time against size and ranks; [] without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        print("matplotlib is not installed: no plots written")
+        return []
+    os.makedirs(figures, exist_ok=True)
+    written = []
+    for axis, other, fname in (
+        ("size_mib", "world", "async_scaling_size.png"),
+        ("world", "size_mib", "async_scaling_ranks.png"),
+    ):
+        fig, axes = plt.subplots(1, 2, figsize=(12, 4.5))
+        fixed_values = sorted({r[other] for r in rows})
+        styles = ["-", "--", ":", "-."]
+        for ax, metric in zip(axes, ("blocking_s", "committed_s"), strict=True):
+            for n, name in enumerate(CONTENDERS):  # one colour per contender
+                if metric == "committed_s" and name == FLOOR:
+                    continue
+                for m, fixed in enumerate(fixed_values):  # one line style per ranks / size
+                    pts = sorted(
+                        (r[axis], r[metric])
+                        for r in rows
+                        if r[other] == fixed and r["contender"] == name
+                    )
+                    if len(pts) < 2:
+                        continue
+                    ax.plot(
+                        *zip(*pts),
+                        marker="o",
+                        color=f"C{n}",
+                        linestyle=styles[m % len(styles)],
+                        label=f"{name} ({'ranks' if other == 'world' else 'MiB'}={fixed})",
+                    )
+            ax.set_xlabel("total state MiB" if axis == "size_mib" else "ranks")
+            ax.set_ylabel(metric.replace("_s", " s") + " (median of steady saves)")
+            if axis == "size_mib":
+                ax.set_xscale("log", base=2)
+            ax.set_yscale("log")
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=5)
+        fig.tight_layout()
+        path = os.path.join(figures, fname)
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--sizes-mib", default="256,1024,4096")
+    p.add_argument("--worlds", default="1,2,4")
+    p.add_argument("--saves", type=int, default=3, help="saves per contender (first = warm-up)")
+    p.add_argument("--shm", default="/dev/shm", help="the local tier (tmpfs standing in for NVMe)")
+    p.add_argument("--dir", default=None, help="the destination's parent (default: a temp dir)")
+    p.add_argument("--plot-only", metavar="JSON", help="redraw the plots of an earlier run")
+    args = p.parse_args()
+    if args.plot_only:
+        with open(args.plot_only) as f:
+            for path in plot(json.load(f)["rows"], "benchmarks/figures"):
+                print(f"plot: {path}")
+        return
+    rows: list[dict] = []
+    for size in (int(s) for s in args.sizes_mib.split(",")):
+        for world in (int(w) for w in args.worlds.split(",")):
+            base = tempfile.mkdtemp(prefix="ckptstore-scaling-", dir=args.dir)
+            shm = tempfile.mkdtemp(prefix="ckptstore-scaling-", dir=args.shm)
+            t = time.time()
+            try:
+                raw = run_distributed(
+                    scaling_rank, world, size // world, args.saves, base, shm, timeout=3600
+                )
+            finally:
+                shutil.rmtree(base, ignore_errors=True)
+                shutil.rmtree(shm, ignore_errors=True)
+            cell = summarise(raw, size, world)
+            rows.extend(cell)
+            load = os.getloadavg()[0]
+            print(f"\n{size} MiB on {world} ranks ({time.time() - t:.0f} s, load {load:.1f})")
+            print(table(cell), flush=True)
+    print("\n" + table(rows))
+    os.makedirs("benchmarks/results", exist_ok=True)
+    out = f"benchmarks/results/bench_async_scaling-{time.strftime('%Y%m%d-%H%M%S')}.json"
+    with open(out, "w") as f:
+        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
+    print(f"\nraw results: {out}")
+    for path in plot(rows, "benchmarks/figures"):
+        print(f"plot: {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,268 @@
+"""The thread backend's staging: one reused arena of host memory, optionally bounded.
+
+Call order (the manager's one-save-in-flight rule: nobody reads the arena while ``stage``
+writes it)::
+
+    stager = ArenaStager(budget=None, pin=torch.cuda.is_available())
+    staged = stager.stage(state)     # training thread: every tensor that fits the budget
+                                     # copied into the arena, the rest of the state
+                                     # deep-copied; a StagedSave, or None when the state
+                                     # holds non-plain tensors and there is no budget (the
+                                     # caller stages it with DCP's DefaultStager instead)
+    staged.state                     # what the save writes: arena views, the copies, and
+                                     # the *live* tensors (training's own, not copied)
+    staged.is_live(tensor)           # True for a tensor whose bytes are not in the arena
+    staged.release()                 # the save wrote every live tensor (or gave up)
+    staged.wait_released()           # training thread: returns after ``release``; both
+                                     # return the seconds training waited for it
+    stager.close()                   # frees the arena
+
+Without a budget every plain dense tensor is staged and nothing is live. With
+``budget=B`` the arena never holds more than B bytes (64-byte alignment padding counted):
+tensors are placed first-fit in the state's order, and each that does not fit, like
+every DTensor / ShardedTensor / sparse tensor, stays live: the save writes those first,
+in files of their own, and training waits for them (``wait_released``). So a state larger
+than the budget costs blocking time of about the write time of the part that did not fit,
+and never more host memory than the budget. ``in_use`` / ``peak_in_use`` count the
+arena bytes holding a staged copy (what the budget bounds). Each staged tensor has a
+storage of its own over its bytes of the arena (``HostArena``), so the writer saves it
+as it is; a view into one big storage would be cloned by the writer first. The arena is
+allocated once and reused while the tensors' dtypes and shapes stay the same; a layout
+that needs more room (and the budget allows) allocates a larger one.
+"""
+
+from __future__ import annotations
+
+import copy
+import mmap
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole
+from ckptstore.errors import ConfigError
+
+__all__ = ["ArenaStager", "HostArena", "StagedSave", "check_budget"]
+
+
+def check_budget(value: object) -> int | None:
+    """``value`` as a staging budget in bytes (None: unbounded); ConfigError if it is not one."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(
+            f"max_staging_bytes must be a positive number of bytes (or None for no limit), "
+            f"not {value!r}"
+        )
+    return value
+
+
+@dataclass
+class StagedSave:
+    """One staged state and the live tensors it still needs; see the module docstring."""
+
+    state: dict[str, Any]
+    nbytes: int  # every tensor's bytes, staged or live
+    live_bytes: int  # the bytes of the live tensors
+    _lo: int = 0  # the arena's address range: [lo, hi)
+    _hi: int = 0
+    _released: threading.Event = field(default_factory=threading.Event)
+    _staged_at: float = field(default_factory=time.perf_counter)
+    _waited: float = 0.0
+
+    @property
+    def has_live(self) -> bool:
+        """True when part of the state was not copied (training must wait for its write)."""
+        return self.live_bytes > 0
+
+    def is_live(self, tensor: torch.Tensor) -> bool:
+        """True when ``tensor``'s bytes are not in the arena (training's own memory)."""
+        if tensor.numel() == 0:
+            return False
+        ptr = tensor.data_ptr()
+        return not (self._lo <= ptr < self._hi)
+
+    def release(self) -> float:
+        """Say that no live tensor is needed any more: the seconds from the end of ``stage``
+        until the first call (what training waits beyond the copy; 0.0 with nothing
+        live), the same on every call."""
+        if not self._released.is_set():
+            if self.has_live:
+                self._waited = time.perf_counter() - self._staged_at
+            self._released.set()
+        return self._waited
+
+    def wait_released(self) -> float:
+        """Return once ``release`` was called (at once when nothing is live): its value."""
+        if not self.has_live:
+            return 0.0
+        self._released.wait()
+        return self._waited
+
+
+class HostArena:
+    """``size`` bytes of anonymous host memory (pinned with ``pin``); each slot a tensor of
+    its own storage over exactly its bytes, so writers save it without a copy (a view into
+    one big storage would be cloned first: ``torch.save`` writes a view's whole storage)."""
+
+    def __init__(self, size: int, pin: bool) -> None:
+        self.size = size
+        self._map: mmap.mmap | None = mmap.mmap(-1, size)
+        self._pinned = False
+        whole = torch.frombuffer(self._map, dtype=torch.uint8)
+        #: The arena's address range, [lo, hi).
+        self.lo = whole.data_ptr()
+        self.hi = self.lo + size
+        del whole
+        if pin:
+            from torch.cuda import _pin_memory_utils
+
+            _pin_memory_utils.pin_memory(self.lo, size)
+            self._pinned = True
+
+    def tensor(self, slot: Slot) -> torch.Tensor:
+        """The tensor over ``slot``'s bytes (a new empty one if it has none)."""
+        assert self._map is not None, "tensor() after close()"
+        if slot.nbytes == 0:
+            return torch.empty(slot.shape, dtype=slot.dtype)
+        numel = slot.nbytes // torch.empty((), dtype=slot.dtype).element_size()
+        flat = torch.frombuffer(self._map, dtype=slot.dtype, count=numel, offset=slot.offset)
+        return flat.view(slot.shape)
+
+    def close(self) -> None:
+        """Unpin and unmap (once no tensor over it is alive; else when the last one goes)."""
+        if self._pinned:
+            from torch.cuda import _pin_memory_utils
+
+            _pin_memory_utils.unpin_memory(self.lo)
+            self._pinned = False
+        if self._map is not None:
+            try:
+                self._map.close()
+            except BufferError:  # a staged tensor is still alive: unmapped when collected
+                pass
+            self._map = None
+
+
+class ArenaStager:
+    """Copies states into one reused host-memory arena of at most ``budget`` bytes."""
+
+    def __init__(self, *, budget: int | None = None, pin: bool = False) -> None:
+        self.budget = check_budget(budget)
+        self.pin = pin
+        self.arena: HostArena | None = None
+        #: Arenas allocated so far (steady saves allocate none).
+        self.allocations = 0
+        #: Arena bytes holding the current staged copies, and the most ever held.
+        self.in_use = 0
+        self.peak_in_use = 0
+        self._key: tuple | None = None
+        self._slots: list[Slot | None] = []  # per tensor: its slot, or None (live)
+        self._views: list[torch.Tensor | None] = []
+
+    @torch.no_grad()
+    def stage(self, state: dict[str, Any]) -> StagedSave | None:
+        """Copy ``state`` out of training's hands as far as the budget allows.
+
+        Returns None (nothing copied) when ``state`` holds a tensor that is not plain and
+        dense and there is no budget: the caller stages it another way. Returns once every
+        copy is done (CUDA copies included).
+        """
+        tensors: list[torch.Tensor] = []
+        plain: list[bool] = []
+        skeleton = _strip(state, tensors, plain)
+        if self.budget is None and not all(plain):
+            return None
+        key = tuple((t.dtype, tuple(t.shape), ok) for t, ok in zip(tensors, plain, strict=True))
+        if key != self._key:
+            self._layout(key)
+        cuda = False
+        for dst, src in zip(self._views, tensors, strict=True):
+            if dst is None:
+                continue
+            non_blocking = self.pin and src.device.type == "cuda"
+            dst.copy_(src, non_blocking=non_blocking)
+            cuda = cuda or non_blocking
+        if cuda:
+            torch.cuda.synchronize()
+        self.peak_in_use = max(self.peak_in_use, self.in_use)
+        items = [
+            view if view is not None else src
+            for view, src in zip(self._views, tensors, strict=True)
+        ]
+        staged_state = _fill(copy.deepcopy(skeleton), lambda i: items[i])
+        total = sum(_nbytes(t) for t in tensors)
+        live = sum(_nbytes(t) for t, v in zip(tensors, self._views, strict=True) if v is None)
+        lo, hi = (self.arena.lo, self.arena.hi) if self.arena is not None else (0, 0)
+        return StagedSave(staged_state, total, live, lo, hi)
+
+    def _layout(self, key: tuple) -> None:
+        slots: list[Slot | None] = []
+        offset = 0
+        for dtype, shape, ok in key:
+            numel = 1
+            for d in shape:
+                numel *= d
+            nbytes = numel * torch.empty((), dtype=dtype).element_size()
+            padded = -(-nbytes // ALIGN) * ALIGN
+            if not ok or (self.budget is not None and offset + padded > self.budget):
+                slots.append(None)  # live: written from training's memory, first
+                continue
+            slots.append(Slot(offset, nbytes, dtype, shape))
+            offset += padded
+        self._views = []
+        if offset and (self.arena is None or self.arena.size < offset):
+            if self.arena is not None:  # the old arena is freed before the new one is made
+                self.arena.close()
+                self.arena = None
+            self.arena = HostArena(offset, self.pin)
+            self.allocations += 1
+        arena = self.arena
+        self._views = [None if s is None or arena is None else arena.tensor(s) for s in slots]
+        self.in_use = offset
+        self._key, self._slots = key, slots
+
+    def close(self) -> None:
+        """Free the arena; the next ``stage`` allocates anew."""
+        self._views, self._slots, self._key = [], [], None
+        if self.arena is not None:
+            self.arena.close()
+            self.arena = None
+        self.in_use = 0
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return int(local.numel() * local.element_size())
+
+
+def _is_plain(t: torch.Tensor) -> bool:
+    return (
+        type(t) in (torch.Tensor, torch.nn.Parameter)
+        and t.layout == torch.strided
+        and not t.is_quantized
+        and not t.is_nested
+        and t.device.type != "meta"
+    )
+
+
+def _strip(obj: Any, tensors: list[torch.Tensor], plain: list[bool]) -> Any:
+    """``obj`` with every tensor replaced by a hole (containers rebuilt, the rest as is)."""
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj)
+        plain.append(_is_plain(obj))
+        return _Hole(len(tensors) - 1)
+    if isinstance(obj, dict):
+        out = copy.copy(obj)
+        for k, v in obj.items():
+            out[k] = _strip(v, tensors, plain)
+        return out
+    if isinstance(obj, list):
+        return [_strip(v, tensors, plain) for v in obj]
+    if isinstance(obj, tuple):
+        values = [_strip(v, tensors, plain) for v in obj]
+        return type(obj)(*values) if hasattr(obj, "_fields") else tuple(values)
+    return obj
