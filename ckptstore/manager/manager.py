@@ -25,6 +25,8 @@ At most one save is in flight: a new ``save`` while one is uploading waits for i
 (``on_busy="wait"``, counted as blocking time) or is skipped on every rank
 (``on_busy="skip"``). A failed background save is reported at the next
 ``save``/``wait`` (a warning, or the error with ``strict=True``) and by ``close``.
+A save that some rank cannot even check the root for (its link to the store is down)
+fails on every rank, reported at once the same way; training goes on.
 
 Saves run on the backend ``background`` picks once, in the constructor
 (``ckptstore.manager.backend``): both end in the same ``save_step``.
@@ -65,7 +67,7 @@ from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import CkptStoreError, ConfigError
+from ckptstore.errors import CkptStoreError, ConfigError, TransientStoreError
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.backend import BACKENDS, ProcessBackend, make_backend
@@ -195,8 +197,17 @@ class CheckpointManager:
                 return False
             self._wait_inflight()
         record.waited_s = time.perf_counter() - start
-        exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
-        overwrite = self._agree.any(exists and self._needs_replacing(step))
+        unreachable: CkptStoreError | None = None
+        try:  # one rank may not reach the root (its link is down): then no rank saves
+            exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
+            replace = exists and self._needs_replacing(step)
+        except CkptStoreError as exc:
+            exists = replace = False
+            unreachable = exc
+        if self._agree.any(unreachable is not None):
+            self._fail_unchecked(record, start, unreachable)
+            return False
+        overwrite = self._agree.any(replace)
         if not overwrite and self._agree.all(exists):
             record.status = SaveStatus.SKIPPED
             self.records.append(record)
@@ -217,6 +228,21 @@ class CheckpointManager:
             self._write(record, staged, start, overwrite)
             self._report_failures()
         return True
+
+    def _fail_unchecked(self, record: SaveRecord, start: float, exc: CkptStoreError | None) -> None:
+        """A save that failed on every rank before writing anything: some rank could not
+        check the root for the step (``exc``: this rank's error, None if it could)."""
+        if exc is None:
+            exc = TransientStoreError(
+                f"the save of step {record.step} was not started: another rank could not "
+                f"reach {self.root}; the previous checkpoint stays the newest"
+            )
+        record.status, record.error = SaveStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        record.total_s = time.perf_counter() - start
+        self.records.append(record)
+        log.error("saving step %d failed: %s", record.step, record.error)
+        self._unreported.append(exc)
+        self._report_failures()  # at once, on every rank alike (strict: raises it)
 
     def _needs_replacing(self, step: int) -> bool:
         """For a ``step`` with a marker: True if it is not a loadable checkpoint (restore

@@ -21,11 +21,17 @@ STEPS, EVERY, SAMPLES, GLOBAL_BATCH = 40, 4, 120, 12  # the kills land mid-run
 
 
 def job(
-    d: str, data: str, max_restarts: int = 1, extra: tuple[str, ...] = (), **kw: Any
+    d: str,
+    data: str,
+    max_restarts: int = 1,
+    extra: tuple[str, ...] = (),
+    root: str = "",
+    **kw: Any,
 ) -> NodeJob:
-    """The two-node job of every scenario (``extra``: more training-script arguments)."""
+    """The two-node job of every scenario (``extra``: more training-script arguments;
+    ``root``: the checkpoint root, default ``d/ckpt``)."""
     args = [
-        "--data", data, "--root", f"{d}/ckpt", "--out", f"{d}/out", "--steps", str(STEPS),
+        "--data", data, "--root", root or f"{d}/ckpt", "--out", f"{d}/out", "--steps", str(STEPS),
         "--save-every", str(EVERY), "--global-batch", str(GLOBAL_BATCH), "--d-model", "32",
         "--layers", "1", "--ff", "64", *extra,
     ]  # fmt: skip
