@@ -26,12 +26,13 @@ def job(
     max_restarts: int = 1,
     extra: tuple[str, ...] = (),
     root: str = "",
+    steps: int = STEPS,
     **kw: Any,
 ) -> NodeJob:
     """The two-node job of every scenario (``extra``: more training-script arguments;
     ``root``: the checkpoint root, default ``d/ckpt``)."""
     args = [
-        "--data", data, "--root", root or f"{d}/ckpt", "--out", f"{d}/out", "--steps", str(STEPS),
+        "--data", data, "--root", root or f"{d}/ckpt", "--out", f"{d}/out", "--steps", str(steps),
         "--save-every", str(EVERY), "--global-batch", str(GLOBAL_BATCH), "--d-model", "32",
         "--layers", "1", "--ff", "64", *extra,
     ]  # fmt: skip
