@@ -6,18 +6,23 @@
         job.kill_worker(1)       # SIGKILL node 1's worker (its agent restarts the group)
         job.replace_node(1)      # or: SIGKILL node 1's agent and workers, wipe its local
                                  # dirs, start a new agent in its place
+        job.remove_node(1)       # or: SIGKILL it whole and leave it out (an elastic job
+                                 # shrinks; nothing waits for it any more)
         job.wait()               # every agent exited; NodeError if one failed
                                  # (leaving the block kills whatever still runs)
 
 Each node is ``torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint
 127.0.0.1:PORT --rdzv-id ID --max-restarts K`` with torchrun's defaults otherwise
-(``nnodes`` may be elastic, ``"1:3"``). Node ``i`` passes the training script its own
-node-local directories, ``run_dir/node<i>/staging`` (``--staging``) and
+(``nnodes`` may be elastic, ``"1:3"``; ``rdzv_conf`` adds ``--rdzv-conf``;
+``nproc_per_node`` may name each node's count). Node ``i`` passes the training script its
+own node-local directories, ``run_dir/node<i>/staging`` (``--staging``) and
 ``run_dir/node<i>/cache`` (``--cache``), and an event log directory of the node's
 incarnation, ``run_dir/log/node<i>.<n>`` (``--events``): each agent counts its own restarts,
 so after a replacement two nodes' ``TORCHELASTIC_RESTART_COUNT`` differ and one directory
-per incarnation keeps their logs apart. The agent of node 0 hosts the rendezvous store
-(it binds the endpoint first), so it is the one node that cannot be replaced.
+per incarnation keeps their logs apart; ``node_args(i)`` adds arguments of node ``i``'s
+own (its link to the store), and a named ``job`` (a later job on the same nodes, same
+``run_dir``) logs under ``log/<job>-node<i>.<n>``. The agent of node 0 hosts the rendezvous
+store (it binds the endpoint first), so it is the one node that cannot be replaced.
 """
 
 from __future__ import annotations
