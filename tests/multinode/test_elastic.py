@@ -3,11 +3,12 @@
 Shrinking works under torchrun as it ships: a node that leaves for good is dropped from the
 next rendezvous round, and the remaining node restarts alone (world 1) from the newest
 commit, resharding the two-rank checkpoint. Growing a running job does not (torch 2.13):
-the node that joins a later round hangs before ckptstore runs (the bug of scenario 2), so
-that test is a strict xfail, and the path that works is tested instead: a new job on two
-nodes resuming from the one-node job's checkpoint. Every sample is consumed exactly once
-across the whole run (the effective steps, re-done ones excluded), and each restore loads
-exactly the model + optimizer state the step was saved with, on the other world size.
+the node that joins a later round never gets into one group with the other (the bug of
+scenario 2; docs/multinode.md), so that test is a strict xfail, and the path that works
+is tested instead: a new job on two nodes resuming from the one-node job's checkpoint.
+Every sample is consumed exactly once across the whole run (the effective steps, re-done
+ones excluded), and each restore loads exactly the model + optimizer state the step was
+saved with, on the other world size.
 """
 
 from __future__ import annotations
@@ -91,8 +92,9 @@ def test_shrink_to_one_node_then_a_new_two_node_job_resumes(tmp_path, data) -> N
     strict=True,
     raises=NodeError,
     reason="torch 2.13's c10d rendezvous, as torchrun ships it, publishes the workers' "
-    "MASTER_ADDR in its first round only: a node joining a running job's later round waits "
-    "for that key until the rendezvous times out, before any ckptstore code runs "
+    "store address (MASTER_ADDR) in its first round only: a node joining a running job's "
+    "later round either waits for that key until the rendezvous times out, or its workers "
+    "and the other node's are never in one store and each waits for the other "
     "(docs/multinode.md). Strict: it passes once torch is fixed.",
 )
 def test_grow_a_running_job_from_one_node_to_two(tmp_path, data) -> None:
