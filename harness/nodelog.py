@@ -6,19 +6,23 @@
 
 Each node of a :class:`~harness.nodes.NodeJob` logs its own ranks' events in a directory
 of its own (``run_dir/log/[<job>-]node<i>.<n>``); one attempt of the worker group spans every
-node. :func:`job_attempts` merges them: the ranks that logged under the same restart count
-(``TORCHELASTIC_RESTART_COUNT``) of one job form one attempt, and job ``j`` of the list is
-segment ``j`` (a new job on another node count, as ``harness.chaos`` numbers its resizes).
-The restart counts of two agents agree as long as no node was replaced (a replacement counts
-from 0 again); merge only such jobs. :func:`goodput` hands the result to the demo's
-accounting (:func:`harness.goodput_report.account`): the wall clock runs from the first
-agent's launch to the last agent's exit.
+node. :func:`job_attempts` merges them into attempts, and job ``j`` of the list is segment ``j``
+(a new job on another node count, as ``harness.chaos`` numbers its resizes). An attempt is
+numbered by the worker groups each node started (a new ``start`` event is a
+new group), not by ``TORCHELASTIC_RESTART_COUNT``: an agent whose workers failed counts
+the restart, one that restarts its healthy workers for the new round does not, so the
+counts of two nodes can differ. Every node restarts with every new round, so the k-th
+group of each node is the job's k-th attempt, as long as no node was replaced (a
+replacement starts counting again); merge only such jobs. :func:`goodput` hands the result
+to the demo's accounting (:func:`harness.goodput_report.account`): the wall clock runs from
+the first agent's launch to the last agent's exit.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 from harness.chaos import ChaosResult, KillRecord, SegmentRecord
 from harness.goodput_report import GoodputAccount, account
@@ -37,10 +41,27 @@ def job_attempts(jobs: Sequence[NodeJob]) -> list[Attempt]:
                 d = node.events(n)
                 if not os.path.isdir(d):
                     continue
-                for a in read_attempts(d):
-                    into = merged.setdefault((seg, a.restart), Attempt(seg, a.restart))
-                    into.ranks.update(a.ranks)
+                for k, ranks in enumerate(_worker_groups(read_attempts(d))):
+                    merged.setdefault((seg, k), Attempt(seg, k)).ranks.update(ranks)
     return [merged[k] for k in sorted(merged)]
+
+
+def _worker_groups(attempts: list[Attempt]) -> list[dict[int, list[dict[str, Any]]]]:
+    """One node's worker groups in order: its attempts, each split where a rank logged a
+    new ``start`` (an agent that restarts healthy workers for a new round does not count
+    that restart, so two groups can share one restart count)."""
+    groups: list[dict[int, list[dict[str, Any]]]] = []
+    for a in attempts:
+        split: dict[int, list[list[dict[str, Any]]]] = {}
+        for rank, evs in a.ranks.items():
+            parts = split.setdefault(rank, [])
+            for e in evs:
+                if e["ev"] == "start" or not parts:
+                    parts.append([])
+                parts[-1].append(e)
+        for i in range(max((len(p) for p in split.values()), default=0)):
+            groups.append({r: p[i] for r, p in split.items() if i < len(p)})
+    return groups
 
 
 def job_result(jobs: Sequence[NodeJob], kills: Sequence[KillRecord] = ()) -> ChaosResult:

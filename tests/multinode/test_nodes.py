@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from harness.chaos import KillRecord
+from harness.nodelog import goodput
 from tests.multinode.scenario import EVERY, assert_same_final, job, restores, tier
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
@@ -25,8 +27,8 @@ def test_worker_killed_on_one_node_both_nodes_restore_from_their_local_tier(
     with job(d, data) as nj:
         nj.start()
         nj.wait_commit(EVERY * 2)
-        t_kill = time.time()
-        nj.kill_worker(1)
+        t_kill, last = time.time(), nj.last_step()
+        pid = nj.kill_worker(1)
         nj.wait()
     assert_same_final(d, reference)
     for node in (0, 1):
@@ -35,6 +37,10 @@ def test_worker_killed_on_one_node_both_nodes_restore_from_their_local_tier(
         assert tier(ready) == "local", ready["restore_log"]
         print(f"node {node}: {ready['restore_log']}, restore {ready['restore_s']:.2f} s, "
               f"ready {ready['t'] - t_kill:.2f} s after the kill")  # fmt: skip
+    (rank,) = [r for r, p in nj.attempts(1)[0].pids().items() if p == pid]
+    print(
+        goodput([nj], EVERY, kills=[KillRecord(0, 0, "random", rank, pid, t_kill, last)]).format()
+    )
 
 
 @pytest.mark.xfail(

@@ -5,27 +5,29 @@ through its own writer process (``CheckpointManager(background="process")``): th
 of all three ranks form their gloo group through the rendezvous store rank 0 hosts, whose
 address reaches every rank over the manager's control group (the default store's host, or
 ``MASTER_ADDR``). Node 0's two processes share its staging directory (the node-local tier)
-and its data cache. Every save of the run commits on every rank and verifies, every
-sample is consumed exactly once, and node 0's cache holds each shard once, whole, with no
-download left behind. (A kill and restore is scenario 1's; with three ranks and three
-writer processes on this machine's two cores it would not fit the test budget.)
+and its data cache. Once step 8 is committed everywhere, one of node 0's workers is
+SIGKILLed: its writer dies with it, every rank starts a new worker and writer, and all
+three restore the same step from their node's local tier (node 0's two ranks from the one
+directory). Every sample is consumed exactly once, every restore loads the state it was
+saved with, every save after the restart commits on every rank, every committed step
+verifies, and node 0's cache holds each shard once, whole, with no download left behind.
 """
 
 from __future__ import annotations
 
 import glob
 import os
+import time
 
 import pytest
 
+from harness.chaos import KillRecord
 from harness.ckptcheck import audit_root
 from harness.nodelog import goodput, job_attempts
-from harness.runlog import check_exactly_once, trajectory
-from tests.multinode.scenario import EVERY, SAMPLES, job
+from harness.runlog import check_exactly_once, check_restores, trajectory
+from tests.multinode.scenario import EVERY, SAMPLES, STEPS, job, tier
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
-
-STEPS = 24
 
 
 def test_process_writers_across_nodes_and_a_node_directory_shared_by_two_processes(
@@ -33,20 +35,32 @@ def test_process_writers_across_nodes_and_a_node_directory_shared_by_two_process
 ) -> None:
     d = str(tmp_path)
     extra = ("--background", "process")
-    with job(d, data, extra=extra, steps=STEPS, nproc_per_node=(2, 1), max_restarts=0) as nj:
+    with job(d, data, extra=extra, nproc_per_node=(2, 1)) as nj:
         nj.start()
+        nj.wait_commit(EVERY * 2)
+        pid, t_kill, last = nj.worker_pid(0), time.time(), nj.last_step()
+        (killed,) = [r for r, p in nj.attempts(0)[-1].pids().items() if p == pid]
+        nj.kill_worker(0)
         nj.wait()
 
     attempts = job_attempts([nj])
-    assert [(a.id, a.world, sorted(a.ranks)) for a in attempts] == [((0, 0), 3, [0, 1, 2])]
-    assert sorted(len(nj.attempts(n)[0].ranks) for n in (0, 1)) == [1, 2]
+    assert [(a.id, a.world, sorted(a.ranks)) for a in attempts] == [
+        ((0, 0), 3, [0, 1, 2]),
+        ((0, 1), 3, [0, 1, 2]),
+    ]
     data_check = check_exactly_once(trajectory(attempts), SAMPLES, STEPS)
     assert data_check.ok, data_check.problems
+    restored = check_restores(attempts)  # the state and cursor each step was saved with
+    assert restored.ok, restored.problems
+    ready = [e for r in attempts[1].ranks.values() for e in r if e["ev"] == "ready"]
+    assert len(ready) == 3 and len({e["restored"] for e in ready}) == 1
+    assert ready[0]["restored"] >= EVERY * 2
+    for e in ready:  # node 0's two ranks from the one staging directory
+        assert tier(e) == "local", e["restore_log"]
     every = list(range(EVERY, STEPS + 1, EVERY))
-    for r, evs in attempts[0].ranks.items():  # every save committed, on every rank
-        assert [
-            e["step"] for e in evs if e["ev"] == "commit" and e["status"] == "committed"
-        ] == every, r
+    for r, evs in attempts[1].ranks.items():  # every save after the restart, on every rank
+        done = [e["step"] for e in evs if e["ev"] == "commit" and e["status"] == "committed"]
+        assert done == [s for s in every if s > ready[0]["restored"]], r
     model_crc = {e["step"]: e["model_crc"] for e in nj.events("save")}
     audit = audit_root(f"{d}/ckpt", expected=model_crc)
     assert audit.ok, audit.problems
@@ -60,6 +74,10 @@ def test_process_writers_across_nodes_and_a_node_directory_shared_by_two_process
         with open(src, "rb") as a, open(hit, "rb") as b:
             assert a.read() == b.read()
     assert not glob.glob(os.path.join(cache, "*.tmp-*"))
-    acct = goodput([nj], EVERY)
+    kill = KillRecord(0, 0, "random", rank=killed, pid=pid, t=t_kill, step=last)
+    acct = goodput([nj], EVERY, kills=[kill])
     print(data_check.summary())
+    for e in ready:
+        print(f"{e['restore_log']}, restore {e['restore_s']:.2f} s, "
+              f"ready {e['t'] - t_kill:.2f} s after the kill")  # fmt: skip
     print(acct.format())
