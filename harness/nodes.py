@@ -215,6 +215,11 @@ class NodeJob:
                 )
             time.sleep(poll)
 
+    def wait_until(self, what: str, cond: Callable[[], bool]) -> None:
+        """Wait until ``cond()`` holds; NodeError if an agent fails or the job's deadline
+        passes first (``what`` names the wait in the message)."""
+        self._until(what, cond)
+
     def events(self, ev: str, incarnations: bool = False) -> list[dict[str, Any]]:
         """Every ``ev`` event the current incarnation of each node logged (``incarnations``:
         every incarnation's), each with ``node`` set to its node's index."""

@@ -102,7 +102,7 @@ def test_grow_a_running_job_from_one_node_to_two(tmp_path, data) -> None:
     # node 0 trains slowly enough that node 1 joins mid-run
     with elastic(d, data, STEPS, max_restarts=1, extra=("--step-delay", "0.5")) as nj:
         nj.start(1)
-        nj._until(
+        nj.wait_until(
             "node 0's commit of step 4",
             lambda: any(e["step"] == EVERY for e in nj.events("commit")),
         )

@@ -52,7 +52,7 @@ def test_store_unreachable_from_one_node_saves_fail_on_every_rank_and_training_g
                 return all(len([e for e in failed if e["node"] == n]) >= FAILED_SAVES
                            for n in (0, 1))  # fmt: skip
 
-            nj._until(f"{FAILED_SAVES} failed saves on both nodes", failed_on_both)
+            nj.wait_until(f"{FAILED_SAVES} failed saves on both nodes", failed_on_both)
             links[1].clear()  # the link is back
             t_up = time.time()
             nj.wait()
