@@ -6,18 +6,23 @@
         job.kill_worker(1)       # SIGKILL node 1's worker (its agent restarts the group)
         job.replace_node(1)      # or: SIGKILL node 1's agent and workers, wipe its local
                                  # dirs, start a new agent in its place
+        job.remove_node(1)       # or: SIGKILL it whole and leave it out (an elastic job
+                                 # shrinks; nothing waits for it any more)
         job.wait()               # every agent exited; NodeError if one failed
                                  # (leaving the block kills whatever still runs)
 
 Each node is ``torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint
 127.0.0.1:PORT --rdzv-id ID --max-restarts K`` with torchrun's defaults otherwise
-(``nnodes`` may be elastic, ``"1:3"``). Node ``i`` passes the training script its own
-node-local directories, ``run_dir/node<i>/staging`` (``--staging``) and
+(``nnodes`` may be elastic, ``"1:3"``; ``rdzv_conf`` adds ``--rdzv-conf``;
+``nproc_per_node`` may name each node's count). Node ``i`` passes the training script its
+own node-local directories, ``run_dir/node<i>/staging`` (``--staging``) and
 ``run_dir/node<i>/cache`` (``--cache``), and an event log directory of the node's
 incarnation, ``run_dir/log/node<i>.<n>`` (``--events``): each agent counts its own restarts,
 so after a replacement two nodes' ``TORCHELASTIC_RESTART_COUNT`` differ and one directory
-per incarnation keeps their logs apart. The agent of node 0 hosts the rendezvous store
-(it binds the endpoint first), so it is the one node that cannot be replaced.
+per incarnation keeps their logs apart; ``node_args(i)`` adds arguments of node ``i``'s
+own (its link to the store), and a named ``job`` (a later job on the same nodes, same
+``run_dir``) logs under ``log/<job>-node<i>.<n>``. The agent of node 0 hosts the rendezvous
+store (it binds the endpoint first), so it is the one node that cannot be replaced.
 """
 
 from __future__ import annotations
@@ -59,6 +64,13 @@ class Node:
     incarnation: int = 0
     proc: subprocess.Popen[bytes] | None = None
     started: list[float] = field(default_factory=list)  # time.time() of each agent launch
+    exited: float = 0.0  # time.time() the current agent was seen gone (0: not yet)
+    job: str = ""  # the job's name: a later job on the same nodes logs apart
+    left: bool = False  # taken out of the job for good (remove_node): not waited for
+
+    @property
+    def _tag(self) -> str:
+        return f"{self.job}-" if self.job else ""
 
     @property
     def staging(self) -> str:
@@ -70,11 +82,11 @@ class Node:
 
     def output(self, incarnation: int | None = None) -> str:
         n = self.incarnation if incarnation is None else incarnation
-        return os.path.join(os.path.dirname(self.dir), f"agent-node{self.index}.{n}.log")
+        return os.path.join(os.path.dirname(self.dir), f"agent-{self._tag}node{self.index}.{n}.log")
 
     def events(self, incarnation: int | None = None) -> str:
         n = self.incarnation if incarnation is None else incarnation
-        return os.path.join(os.path.dirname(self.dir), "log", f"node{self.index}.{n}")
+        return os.path.join(os.path.dirname(self.dir), "log", f"{self._tag}node{self.index}.{n}")
 
 
 class NodeJob:
@@ -88,16 +100,23 @@ class NodeJob:
         run_dir: str,
         nnodes: int | str = 2,
         nodes: int | None = None,
-        nproc_per_node: int = 1,
+        nproc_per_node: int | Sequence[int] = 1,
         max_restarts: int = 1,
+        rdzv_conf: str = "",
+        node_args: Callable[[int], Sequence[str]] | None = None,
         env: dict[str, str] | None = None,
+        job: str = "",
         timeout_s: float = 120.0,
         python: str = sys.executable,
     ) -> None:
         self.script, self.args, self.run_dir = script, list(args), run_dir
         self.nnodes = str(nnodes)
         count = nodes if nodes is not None else int(self.nnodes.rpartition(":")[2])
-        self.nproc_per_node, self.max_restarts = nproc_per_node, max_restarts
+        procs = [nproc_per_node] * count if isinstance(nproc_per_node, int) else nproc_per_node
+        if len(procs) != count:
+            raise ValueError(f"nproc_per_node names {len(procs)} nodes, the job has {count}")
+        self.nproc_per_node, self.max_restarts = list(procs), max_restarts
+        self.rdzv_conf, self.node_args = rdzv_conf, node_args
         self.python = python
         self.port = free_port()
         self.rdzv_id = uuid.uuid4().hex[:12]
@@ -110,7 +129,7 @@ class NodeJob:
             OMP_NUM_THREADS="1",
             PYTHONPATH=os.pathsep.join(p for p in (root, self.env.get("PYTHONPATH")) if p),
         )
-        self.nodes = [Node(i, os.path.join(run_dir, f"node{i}")) for i in range(count)]
+        self.nodes = [Node(i, os.path.join(run_dir, f"node{i}"), job=job) for i in range(count)]
 
     def __enter__(self) -> NodeJob:
         return self
@@ -123,13 +142,15 @@ class NodeJob:
         return [
             self.python, "-m", "torch.distributed.run",
             "--nnodes", self.nnodes,
-            "--nproc-per-node", str(self.nproc_per_node),
+            "--nproc-per-node", str(self.nproc_per_node[node.index]),
             "--rdzv-backend", "c10d",
             "--rdzv-endpoint", f"127.0.0.1:{self.port}",
             "--rdzv-id", self.rdzv_id,
+            *(["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []),
             "--max-restarts", str(self.max_restarts),
             self.script, *self.args,
             "--staging", node.staging, "--cache", node.cache, "--events", node.events(),
+            *(self.node_args(node.index) if self.node_args else []),
         ]  # fmt: skip
 
     def start_node(self, i: int) -> Node:
@@ -145,6 +166,7 @@ class NodeJob:
                 start_new_session=True,
             )
         node.started.append(time.time())
+        node.exited = 0.0
         return node
 
     def start(self, count: int | None = None) -> None:
@@ -180,7 +202,11 @@ class NodeJob:
             if time.monotonic() > self.deadline:
                 self.kill_all()
                 raise NodeError(f"timed out waiting for {what}:\n{self.tails()}")
-            dead = [n for n in self.nodes if n.proc is not None and n.proc.poll() not in (None, 0)]
+            dead = [
+                n
+                for n in self.nodes
+                if n.proc is not None and not n.left and n.proc.poll() not in (None, 0)
+            ]
             if dead:
                 self.kill_all()
                 raise NodeError(
@@ -188,6 +214,11 @@ class NodeJob:
                     f"while waiting for {what}:\n{self.tails()}"
                 )
             time.sleep(poll)
+
+    def wait_until(self, what: str, cond: Callable[[], bool]) -> None:
+        """Wait until ``cond()`` holds; NodeError if an agent fails or the job's deadline
+        passes first (``what`` names the wait in the message)."""
+        self._until(what, cond)
 
     def events(self, ev: str, incarnations: bool = False) -> list[dict[str, Any]]:
         """Every ``ev`` event the current incarnation of each node logged (``incarnations``:
@@ -207,7 +238,7 @@ class NodeJob:
             lambda: {
                 e["node"] for e in self.events("commit")
                 if e["step"] == step and e["status"] == "committed"
-            } >= {n.index for n in self.nodes},
+            } >= {n.index for n in self.nodes if n.proc is not None and not n.left},
         )  # fmt: skip
 
     def wait_step(self, step: int) -> None:
@@ -249,6 +280,7 @@ class NodeJob:
                 pass
         if proc is not None:
             self._until_group_gone(proc.pid)
+            self.nodes[i].exited = self.nodes[i].exited or time.time()
         for pid in workers:
             self._until_group_gone(pid)  # each worker leads its own group
 
@@ -289,16 +321,28 @@ class NodeJob:
         node.incarnation += 1
         return self.start_node(i)
 
+    def remove_node(self, i: int) -> None:
+        """Kill node ``i`` whole and take it out of the job for good (an elastic job
+        shrinks): its failure is not the job's, and nothing waits for it any more."""
+        if i == 0:
+            raise ValueError("node 0 hosts the rendezvous store; remove another node")
+        self.kill_node(i)
+        self.nodes[i].left = True
+
     def kill_all(self) -> None:
         for node in self.nodes:
             self.kill_node(node.index)
 
     def wait(self) -> None:
         """Wait for every agent to exit; NodeError (after killing the rest) if one failed."""
-        self._until(
-            "the agents to exit",
-            lambda: all(n.proc is None or n.proc.poll() is not None for n in self.nodes),
-        )
+        self._until("the agents to exit", self._all_exited)
+
+    def _all_exited(self) -> bool:
+        now = time.time()
+        for n in self.nodes:
+            if n.proc is not None and n.proc.poll() is not None and not n.exited:
+                n.exited = now
+        return all(n.proc is None or n.left or n.exited for n in self.nodes)
 
     # -- logs ------------------------------------------------------------------------
     def tails(self, lines: int = 40) -> str:

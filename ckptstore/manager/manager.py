@@ -27,6 +27,8 @@ At most one save is in flight: a new ``save`` while one is uploading waits for i
 (``on_busy="wait"``, counted as blocking time) or is skipped on every rank
 (``on_busy="skip"``). A failed background save is reported at the next
 ``save``/``wait`` (a warning, or the error with ``strict=True``) and by ``close``.
+A save that some rank cannot even check the root for (its link to the store is down)
+fails on every rank, reported at once the same way; training goes on.
 
 ``max_staging_bytes`` bounds the host memory the thread backend stages into (default: no
 bound, a copy of the whole state). A state larger than it is saved in two parts: the
@@ -74,7 +76,7 @@ from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import CkptStoreError, ConfigError
+from ckptstore.errors import CkptStoreError, ConfigError, TransientStoreError
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.backend import BACKENDS, ProcessBackend, make_backend
@@ -210,10 +212,12 @@ class CheckpointManager:
         start = time.perf_counter()
         record = SaveRecord(step)
         busy = self._inflight is not None and not self._inflight.done()
-        # One agreement in the steady case: is any rank busy, must the step be replaced,
-        # is it missing anywhere. A save that was in flight may commit this very step, so
+        # One agreement in the steady case: is any rank busy, could any rank not check the
+        # root (its link is down: then no rank saves), must the step be replaced, is it
+        # missing anywhere. A save that was in flight may commit this very step, so
         # after waiting for one the step is looked at again.
-        any_busy, overwrite, missing = self._agree.any_of([busy, *self._step_flags(step)])
+        flags, unreachable = self._step_flags(step)
+        any_busy, unchecked, overwrite, missing = self._agree.any_of([busy, *flags])
         if any_busy:
             if self.on_busy == "skip":
                 record.status = SaveStatus.SKIPPED
@@ -221,8 +225,12 @@ class CheckpointManager:
                 log.info("skipping the save of step %d: the previous one is still uploading", step)
                 return False
             self._wait_inflight()
-            overwrite, missing = self._agree.any_of(self._step_flags(step))
+            flags, unreachable = self._step_flags(step)
+            unchecked, overwrite, missing = self._agree.any_of(flags)
         record.waited_s = time.perf_counter() - start
+        if unchecked:
+            self._fail_unchecked(record, start, unreachable)
+            return False
         if not overwrite and not missing:
             record.status = SaveStatus.SKIPPED
             self.records.append(record)
@@ -247,10 +255,29 @@ class CheckpointManager:
             self._report_failures()
         return True
 
-    def _step_flags(self, step: int) -> list[bool]:
-        """[``step`` must be replaced, ``step`` is not committed] as this rank sees it."""
-        exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
-        return [exists and self._needs_replacing(step), not exists]
+    def _step_flags(self, step: int) -> tuple[list[bool], CkptStoreError | None]:
+        """[the root could not be checked, ``step`` must be replaced, ``step`` is not
+        committed] as this rank sees it, and the error that kept it from checking."""
+        try:
+            exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
+            return [False, exists and self._needs_replacing(step), not exists], None
+        except CkptStoreError as exc:
+            return [True, False, False], exc
+
+    def _fail_unchecked(self, record: SaveRecord, start: float, exc: CkptStoreError | None) -> None:
+        """A save that failed on every rank before writing anything: some rank could not
+        check the root for the step (``exc``: this rank's error, None if it could)."""
+        if exc is None:
+            exc = TransientStoreError(
+                f"the save of step {record.step} was not started: another rank could not "
+                f"reach {self.root}; the previous checkpoint stays the newest"
+            )
+        record.status, record.error = SaveStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        record.total_s = time.perf_counter() - start
+        self.records.append(record)
+        log.error("saving step %d failed: %s", record.step, record.error)
+        self._unreported.append(exc)
+        self._report_failures()  # at once, on every rank alike (strict: raises it)
 
     def _needs_replacing(self, step: int) -> bool:
         """For a ``step`` with a marker: True if it is not a loadable checkpoint (restore

@@ -57,6 +57,23 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch", type=int, default=12)
     p.add_argument("--save-every", type=int, default=4)
     p.add_argument("--keep", type=int, default=0, help="KeepLast(n); 0 keeps every checkpoint")
+    p.add_argument(
+        "--background",
+        default="thread",
+        choices=("thread", "process"),
+        help="CheckpointManager(background=): where the background save runs",
+    )
+    p.add_argument(
+        "--lenient",
+        action="store_true",
+        help="a failed save warns and training goes on (CheckpointManager strict=False)",
+    )
+    p.add_argument(
+        "--retry-attempts", type=int, default=0, help="RetryConfig.attempts (0: the default)"
+    )
+    p.add_argument(
+        "--step-delay", type=float, default=0.0, help="sleep this long per step (a bigger model)"
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-seed", type=int, default=17)
     p.add_argument("--buckets", type=int, default=3)
@@ -170,6 +187,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ckptstore import CheckpointManager, KeepAll, KeepLast, RNGState
+    from ckptstore.config import RetryConfig, TransferConfig
     from ckptstore.data import DataLoader, ShardedDataset
     from ckptstore.launch import init_process_group
 
@@ -209,8 +227,12 @@ def main(argv: list[str] | None = None) -> None:
         storage_options=json.loads(a.storage_options) or None,
         staging_dir=a.staging or None,
         keep=KeepLast(a.keep) if a.keep else KeepAll(),
-        strict=True,
+        config=TransferConfig(retry=RetryConfig(attempts=a.retry_attempts))
+        if a.retry_attempts
+        else None,
+        strict=not a.lenient,
         handle_sigterm=True,
+        background=a.background,
     )
     t = time.time()
     restored = mgr.restore(state)
@@ -292,6 +314,8 @@ def main(argv: list[str] | None = None) -> None:
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
+            if a.step_delay:
+                time.sleep(a.step_delay)
             loss_sum.copy_(loss.detach())
             dist.all_reduce(loss_sum)
             global_loss = loss_sum.item() / world

@@ -1,0 +1,83 @@
+"""What a multi-node run did, from its nodes' event logs: one attempt list, goodput.
+
+    attempts = job_attempts([job])                      # or [first_job, second_job]
+    check_exactly_once(trajectory(attempts), samples, steps)   # harness.runlog's checks
+    acct = goodput([job], kills=[KillRecord(...)], interval_steps=4)
+
+Each node of a :class:`~harness.nodes.NodeJob` logs its own ranks' events in a directory
+of its own (``run_dir/log/[<job>-]node<i>.<n>``); one attempt of the worker group spans every
+node. :func:`job_attempts` merges them into attempts, and job ``j`` of the list is segment ``j``
+(a new job on another node count, as ``harness.chaos`` numbers its resizes). An attempt is
+numbered by the worker groups each node started (a new ``start`` event is a
+new group), not by ``TORCHELASTIC_RESTART_COUNT``: an agent whose workers failed counts
+the restart, one that restarts its healthy workers for the new round does not, so the
+counts of two nodes can differ. Every node restarts with every new round, so the k-th
+group of each node is the job's k-th attempt, as long as no node was replaced (a
+replacement starts counting again); merge only such jobs. :func:`goodput` hands the result
+to the demo's accounting (:func:`harness.goodput_report.account`): the wall clock runs from
+the first agent's launch to the last agent's exit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from harness.chaos import ChaosResult, KillRecord, SegmentRecord
+from harness.goodput_report import GoodputAccount, account
+from harness.nodes import NodeJob
+from harness.runlog import Attempt, read_attempts
+
+__all__ = ["goodput", "job_attempts", "job_result"]
+
+
+def job_attempts(jobs: Sequence[NodeJob]) -> list[Attempt]:
+    """Every attempt of ``jobs`` (job ``j`` is segment ``j``), each with all nodes' ranks."""
+    merged: dict[tuple[int, int], Attempt] = {}
+    for seg, job in enumerate(jobs):
+        for node in job.nodes:
+            for n in range(node.incarnation + 1):
+                d = node.events(n)
+                if not os.path.isdir(d):
+                    continue
+                for k, ranks in enumerate(_worker_groups(read_attempts(d))):
+                    merged.setdefault((seg, k), Attempt(seg, k)).ranks.update(ranks)
+    return [merged[k] for k in sorted(merged)]
+
+
+def _worker_groups(attempts: list[Attempt]) -> list[dict[int, list[dict[str, Any]]]]:
+    """One node's worker groups in order: its attempts, each split where a rank logged a
+    new ``start`` (an agent that restarts healthy workers for a new round does not count
+    that restart, so two groups can share one restart count)."""
+    groups: list[dict[int, list[dict[str, Any]]]] = []
+    for a in attempts:
+        split: dict[int, list[list[dict[str, Any]]]] = {}
+        for rank, evs in a.ranks.items():
+            parts = split.setdefault(rank, [])
+            for e in evs:
+                if e["ev"] == "start" or not parts:
+                    parts.append([])
+                parts[-1].append(e)
+        for i in range(max((len(p) for p in split.values()), default=0)):
+            groups.append({r: p[i] for r, p in split.items() if i < len(p)})
+    return groups
+
+
+def job_result(jobs: Sequence[NodeJob], kills: Sequence[KillRecord] = ()) -> ChaosResult:
+    """``jobs`` as the chaos harness records a run: one segment per job, from its first
+    agent's launch to its last agent's exit (call after :meth:`NodeJob.wait`)."""
+    segments = []
+    for job in jobs:
+        started = [t for node in job.nodes for t in node.started]
+        exited = [node.exited for node in job.nodes if node.exited]
+        world = sum(n for node, n in zip(job.nodes, job.nproc_per_node) if node.started)
+        segments.append(SegmentRecord(world, min(started), max(exited, default=0.0)))
+    return ChaosResult(jobs[0].run_dir, "", segments, list(kills))
+
+
+def goodput(
+    jobs: Sequence[NodeJob], interval_steps: int, kills: Sequence[KillRecord] = ()
+) -> GoodputAccount:
+    """The demo's goodput account of ``jobs`` (see the module docstring)."""
+    return account(job_result(jobs, kills), job_attempts(jobs), interval_steps)

@@ -1,0 +1,76 @@
+"""What the multi-node scenarios share: the job (two torchrun agents as nodes), its run
+lengths, and the checks on what the training script logged and wrote."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from harness.nodes import NodeJob
+
+__all__ = [
+    "EVERY", "GLOBAL_BATCH", "SAMPLES", "SCRIPT", "STEPS",
+    "assert_same_final", "final", "job", "restores", "tier",
+]  # fmt: skip
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SCRIPT = os.path.join(REPO, "examples", "resilience", "train.py")
+STEPS, EVERY, SAMPLES, GLOBAL_BATCH = 40, 4, 120, 12  # the kills land mid-run
+
+
+def job(
+    d: str,
+    data: str,
+    max_restarts: int = 1,
+    extra: tuple[str, ...] = (),
+    root: str = "",
+    steps: int = STEPS,
+    **kw: Any,
+) -> NodeJob:
+    """The two-node job of every scenario (``extra``: more training-script arguments;
+    ``root``: the checkpoint root, default ``d/ckpt``)."""
+    args = [
+        "--data", data, "--root", root or f"{d}/ckpt", "--out", f"{d}/out", "--steps", str(steps),
+        "--save-every", str(EVERY), "--global-batch", str(GLOBAL_BATCH), "--d-model", "32",
+        "--layers", "1", "--ff", "64", *extra,
+    ]  # fmt: skip
+    kw.setdefault("timeout_s", 240.0)
+    return NodeJob(SCRIPT, args, run_dir=d, nnodes=2, max_restarts=max_restarts, **kw)
+
+
+def final(d: str, rank: int) -> dict[str, Any]:
+    return torch.load(f"{d}/out/final.rank{rank}.pt", weights_only=False)
+
+
+def assert_same_final(d: str, ref: str) -> None:
+    for rank in (0, 1):
+        got, want = final(d, rank), final(ref, rank)
+        assert got["step"] == want["step"] == STEPS
+        for part in ("model", "optim"):
+            flat_got = torch.utils._pytree.tree_flatten(got[part])[0]
+            flat_want = torch.utils._pytree.tree_flatten(want[part])[0]
+            assert len(flat_got) == len(flat_want)
+            for a, b in zip(flat_got, flat_want):
+                if isinstance(a, torch.Tensor):
+                    assert torch.equal(a, b), part
+                else:
+                    assert a == b, part
+        assert torch.equal(got["rng"], want["rng"])
+
+
+def restores(nj: NodeJob, node: int, incarnation: int | None = None) -> list[dict[str, Any]]:
+    """The ``ready`` events of node ``node``'s workers after a restore, in attempt order."""
+    return [
+        e
+        for a in nj.attempts(node, incarnation)
+        for r in a.ranks.values()
+        for e in r
+        if e["ev"] == "ready" and e["restored"]
+    ]
+
+
+def tier(ready: dict[str, Any]) -> str:
+    (msg,) = [m for m in ready["restore_log"] if m.startswith("restoring step")]
+    return "local" if "local copy" in msg else "remote"
