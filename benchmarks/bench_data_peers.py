@@ -69,8 +69,10 @@ def _upload(s3: dict[str, Any], local: str, prefix: str) -> None:
     fs.put(local.rstrip("/") + "/", f"{BUCKET}/{prefix}/", recursive=True)
 
 
-def prepare(args: argparse.Namespace, work: str, s3: dict[str, Any]) -> dict[str, Any]:
-    """Write both datasets, convert them for each peer, upload; the urls per contender."""
+def prepare(
+    args: argparse.Namespace, work: str, s3: dict[str, Any], names: list[str]
+) -> dict[str, Any]:
+    """Write both datasets, convert them for the peers in ``names``, upload; the urls."""
     out: dict[str, Any] = {}
     src = os.path.join(work, "src")
     make_tokens(os.path.join(src, "tokens"), args.shards, args.rows, args.tokens, args.row_group)
@@ -80,9 +82,14 @@ def prepare(args: argparse.Namespace, work: str, s3: dict[str, Any]) -> dict[str
     for kind in args.datasets:
         local = os.path.join(src, kind)
         mds, lit = os.path.join(work, f"mds-{kind}"), os.path.join(work, f"lit-{kind}")
-        to_mds(kind, local, mds, shard_bytes)
-        to_litdata(kind, local, lit, shard_bytes, counts[kind])
-        for what, path in (("src", local), ("mds", mds), ("lit", lit)):
+        uploads = [("src", local)]
+        if "mosaic" in names:
+            to_mds(kind, local, mds, shard_bytes)
+            uploads.append(("mds", mds))
+        if "litdata" in names:
+            to_litdata(kind, local, lit, shard_bytes, counts[kind])
+            uploads.append(("lit", lit))
+        for what, path in uploads:
             _upload(s3, path, f"{what}-{kind}")
         out[kind] = {
             "count": counts[kind],
@@ -324,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         s3 = dict(server.storage_options)
         server.create_bucket(BUCKET)
         t = time.perf_counter()
-        data = prepare(args, work, s3)
+        data = prepare(args, work, s3, names)
         report["prepare_s"] = time.perf_counter() - t
         shaped = dict(s3, endpoint_url=link.endpoint)
         for kind in args.datasets:
