@@ -304,7 +304,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link-latency-ms", type=float, default=10.0, help="one way")
     p.add_argument("--kill-after", type=int, default=20, help="steps before the kill")
     p.add_argument(
-        "--ckptstore-prefetch", type=int, default=4, help="its prefetch_concurrency (default 4)"
+        "--ckptstore-prefetch",
+        type=int,
+        default=None,
+        help="its prefetch_concurrency (default: the library's, sized by shard bytes)",
     )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-resume", action="store_true")
@@ -355,7 +358,8 @@ def main(argv: list[str] | None = None) -> int:
                     spec = dict(base, phase="epochs", epochs=2, cache=cache)
                     res = run_ranks(spec, 2, work, link.endpoint, args.timeout)
                     runs.append(measure(res, base["step_s"], base["count"]))
-                    shutil.rmtree(cache, ignore_errors=True)
+                    if not os.environ.get("KEEP_WORK"):
+                        shutil.rmtree(cache, ignore_errors=True)
                     print(f"{kind} {name} {rep + 1}/{args.repeat}: {runs[-1]}", flush=True)
                 entry: dict[str, Any] = {"runs": runs}
                 if not args.no_resume:

@@ -94,7 +94,7 @@ class Ckptstore(Contender):
             columns=["id", "tokens"] if self.kind == "tokens" else None,
         )
         dl = DataLoader(
-            ds, self.batch, self.workers, prefetch_concurrency=s.get("ckptstore_prefetch", 4)
+            ds, self.batch, self.workers, prefetch_concurrency=s.get("ckptstore_prefetch")
         )
         if state is not None:
             dl.load_state_dict(state)
