@@ -250,6 +250,11 @@ def measure(results: list[dict[str, Any]], step_s: float, count: int) -> dict[st
         * sum(x * step_s / 100 for x in steady)
         / max(1e-9, len(steady) * step_s + sum(x * step_s / 100 for x in steady)),
         "disk_bytes": max(r["disk_bytes"] for r in results),
+        # cold start, phase by phase: the slowest rank's seconds in each
+        "phases": {
+            k: max(r.get("phases", {}).get(k, 0.0) for r in results)
+            for k in {k for r in results for k in r.get("phases", {})}
+        },
         "repeated": rep,
         "skipped": skip,
     }
@@ -378,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     print(table(report))
+    print()
+    print(phases_table(report))
     return 0
 
 
@@ -429,6 +436,43 @@ def table(report: dict[str, Any]) -> str:
             f"{_med(runs, 'disk_bytes')[0] / 2**20:.1f} | "
             f"{runs[0]['repeated']} / {runs[0]['skipped']} | {resume} |"
         )
+    return "\n".join(lines)
+
+
+PHASES = (
+    ("import_s", "import"),
+    ("client_s", "store client"),
+    ("listing_s", "listing (footers)"),
+    ("loader_s", "loader"),
+    ("iter_s", "iter() (workers, prefetch)"),
+    ("first_next_s", "first next()"),
+)
+
+
+def phases_table(report: dict[str, Any]) -> str:
+    """Time to the first batch, phase by phase (slowest rank, median over the runs).
+
+    Every contender has ``iter()`` and the first ``next()``; the rest of its build time is
+    "build" (ckptstore splits it into its phases).
+    """
+    head = ["dataset", "contender", "build", *(label for _, label in PHASES), "first batch"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
+    for key, entry in report["runs"].items():
+        kind, name = key.split("/")
+        runs = [r for r in entry["runs"] if "error" not in r and "phases" in r]
+        if not runs:
+            continue
+        cells = []
+        build = statistics.median(
+            r["first_batch_s"] - r["phases"].get("iter_s", 0) - r["phases"].get("first_next_s", 0)
+            for r in runs
+        )
+        cells.append(f"{build:.2f}")
+        for k, _ in PHASES:
+            vals = [r["phases"][k] for r in runs if k in r["phases"]]
+            cells.append(f"{statistics.median(vals):.2f}" if vals else "")
+        cells.append(f"{statistics.median(r['first_batch_s'] for r in runs):.2f}")
+        lines.append(f"| {kind} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 
