@@ -463,10 +463,12 @@ def phases_table(report: dict[str, Any]) -> str:
         if not runs:
             continue
         cells = []
-        build = statistics.median(
-            r["first_batch_s"] - r["phases"].get("iter_s", 0) - r["phases"].get("first_next_s", 0)
+        builds = [
+            r["first_batch_s"] - r["phases"].get("iter_s", 0) - r["phases"]["first_next_s"]
             for r in runs
-        )
+            if "first_next_s" in r["phases"]
+        ]
+        build = max(0.0, statistics.median(builds)) if builds else 0.0
         cells.append(f"{build:.2f}")
         for k, _ in PHASES:
             vals = [r["phases"][k] for r in runs if k in r["phases"]]
