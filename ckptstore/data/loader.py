@@ -103,7 +103,8 @@ class DataLoader:
     ``timeout``, ``worker_init_fn`` and ``multiprocessing_context`` mean what they mean in
     torch's DataLoader. ``prefetch`` runs a background thread in this process that fetches
     upcoming shards, ``prefetch_concurrency`` at a time (default None: about 32 MiB of
-    shards in flight, 4 to 32; :func:`~ckptstore.data.prefetch.prefetch_depth`).
+    shards in flight, less on a nearly full cache, 4 to 32 shards;
+    :func:`~ckptstore.data.prefetch.prefetch_depth`).
     ``metrics_sink`` receives ``loader.metrics`` every ``log_every`` batches and at each
     epoch's end, on ``sink_ranks``.
     ``allow_seed_change`` / ``allow_dataset_change`` let a resume continue at the saved cursor

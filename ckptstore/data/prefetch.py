@@ -19,6 +19,7 @@ Call order::
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -34,6 +35,20 @@ log = logging.getLogger(__name__)
 
 #: Bytes the prefetcher keeps in flight when no concurrency is given (see prefetch_depth).
 PREFETCH_BYTES = 32 << 20
+
+
+def _in_flight(cache_dir: str, limit: int | None) -> int:
+    """Bytes to keep in flight: PREFETCH_BYTES, or a quarter of the room the cache has.
+
+    Every download pre-allocates its whole shard: on a nearly full disk or a small budget,
+    many at once would take the space a demand read (or its small .meta file) needs.
+    """
+    room = limit if limit is not None else PREFETCH_BYTES * 4
+    try:
+        room = min(room, shutil.disk_usage(cache_dir).free)
+    except OSError:
+        pass
+    return min(PREFETCH_BYTES, room // 4)
 
 
 def prefetch_depth(shard_sizes: list[int], in_flight: int = PREFETCH_BYTES) -> int:
@@ -54,7 +69,9 @@ class Prefetcher:
     ) -> None:
         self.cache: ShardCache = dataset.make_cache(dataset.make_order())
         if concurrency is None:
-            concurrency = prefetch_depth([s.size for s in dataset.shards])
+            concurrency = prefetch_depth(
+                [s.size for s in dataset.shards], _in_flight(dataset.cache_dir, dataset.cache_limit)
+            )
         self.concurrency = max(1, concurrency)
         self.idle_s = idle_s
         self.errors = 0
