@@ -69,8 +69,10 @@ def _upload(s3: dict[str, Any], local: str, prefix: str) -> None:
     fs.put(local.rstrip("/") + "/", f"{BUCKET}/{prefix}/", recursive=True)
 
 
-def prepare(args: argparse.Namespace, work: str, s3: dict[str, Any]) -> dict[str, Any]:
-    """Write both datasets, convert them for each peer, upload; the urls per contender."""
+def prepare(
+    args: argparse.Namespace, work: str, s3: dict[str, Any], names: list[str]
+) -> dict[str, Any]:
+    """Write both datasets, convert them for the peers in ``names``, upload; the urls."""
     out: dict[str, Any] = {}
     src = os.path.join(work, "src")
     make_tokens(os.path.join(src, "tokens"), args.shards, args.rows, args.tokens, args.row_group)
@@ -80,9 +82,14 @@ def prepare(args: argparse.Namespace, work: str, s3: dict[str, Any]) -> dict[str
     for kind in args.datasets:
         local = os.path.join(src, kind)
         mds, lit = os.path.join(work, f"mds-{kind}"), os.path.join(work, f"lit-{kind}")
-        to_mds(kind, local, mds, shard_bytes)
-        to_litdata(kind, local, lit, shard_bytes, counts[kind])
-        for what, path in (("src", local), ("mds", mds), ("lit", lit)):
+        uploads = [("src", local)]
+        if "mosaic" in names:
+            to_mds(kind, local, mds, shard_bytes)
+            uploads.append(("mds", mds))
+        if "litdata" in names:
+            to_litdata(kind, local, lit, shard_bytes, counts[kind])
+            uploads.append(("lit", lit))
+        for what, path in uploads:
             _upload(s3, path, f"{what}-{kind}")
         out[kind] = {
             "count": counts[kind],
@@ -243,6 +250,11 @@ def measure(results: list[dict[str, Any]], step_s: float, count: int) -> dict[st
         * sum(x * step_s / 100 for x in steady)
         / max(1e-9, len(steady) * step_s + sum(x * step_s / 100 for x in steady)),
         "disk_bytes": max(r["disk_bytes"] for r in results),
+        # cold start, phase by phase: the slowest rank's seconds in each
+        "phases": {
+            k: max(r.get("phases", {}).get(k, 0.0) for r in results)
+            for k in {k for r in results for k in r.get("phases", {})}
+        },
         "repeated": rep,
         "skipped": skip,
     }
@@ -297,7 +309,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--link-latency-ms", type=float, default=10.0, help="one way")
     p.add_argument("--kill-after", type=int, default=20, help="steps before the kill")
     p.add_argument(
-        "--ckptstore-prefetch", type=int, default=4, help="its prefetch_concurrency (default 4)"
+        "--ckptstore-prefetch",
+        type=int,
+        default=None,
+        help="its prefetch_concurrency (default: the library's, sized by shard bytes)",
     )
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--no-resume", action="store_true")
@@ -324,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
         s3 = dict(server.storage_options)
         server.create_bucket(BUCKET)
         t = time.perf_counter()
-        data = prepare(args, work, s3)
+        data = prepare(args, work, s3, names)
         report["prepare_s"] = time.perf_counter() - t
         shaped = dict(s3, endpoint_url=link.endpoint)
         for kind in args.datasets:
@@ -348,7 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                     spec = dict(base, phase="epochs", epochs=2, cache=cache)
                     res = run_ranks(spec, 2, work, link.endpoint, args.timeout)
                     runs.append(measure(res, base["step_s"], base["count"]))
-                    shutil.rmtree(cache, ignore_errors=True)
+                    if not os.environ.get("KEEP_WORK"):
+                        shutil.rmtree(cache, ignore_errors=True)
                     print(f"{kind} {name} {rep + 1}/{args.repeat}: {runs[-1]}", flush=True)
                 entry: dict[str, Any] = {"runs": runs}
                 if not args.no_resume:
@@ -367,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     print(table(report))
+    print()
+    print(phases_table(report))
     return 0
 
 
@@ -418,6 +436,45 @@ def table(report: dict[str, Any]) -> str:
             f"{_med(runs, 'disk_bytes')[0] / 2**20:.1f} | "
             f"{runs[0]['repeated']} / {runs[0]['skipped']} | {resume} |"
         )
+    return "\n".join(lines)
+
+
+PHASES = (
+    ("import_s", "import"),
+    ("client_s", "store client"),
+    ("listing_s", "listing (footers)"),
+    ("loader_s", "loader"),
+    ("iter_s", "iter() (workers, prefetch)"),
+    ("first_next_s", "first next()"),
+)
+
+
+def phases_table(report: dict[str, Any]) -> str:
+    """Time to the first batch, phase by phase (slowest rank, median over the runs).
+
+    Every contender has ``iter()`` and the first ``next()``; the rest of its build time is
+    "build" (ckptstore splits it into its phases).
+    """
+    head = ["dataset", "contender", "build", *(label for _, label in PHASES), "first batch"]
+    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
+    for key, entry in report["runs"].items():
+        kind, name = key.split("/")
+        runs = [r for r in entry["runs"] if "error" not in r and "phases" in r]
+        if not runs:
+            continue
+        cells = []
+        builds = [
+            r["first_batch_s"] - r["phases"].get("iter_s", 0) - r["phases"]["first_next_s"]
+            for r in runs
+            if "first_next_s" in r["phases"]
+        ]
+        build = max(0.0, statistics.median(builds)) if builds else 0.0
+        cells.append(f"{build:.2f}")
+        for k, _ in PHASES:
+            vals = [r["phases"][k] for r in runs if k in r["phases"]]
+            cells.append(f"{statistics.median(vals):.2f}" if vals else "")
+        cells.append(f"{statistics.median(r['first_batch_s'] for r in runs):.2f}")
+        lines.append(f"| {kind} | {name} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
 

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import os
 import random
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -68,7 +69,10 @@ def _raw_sample(sample: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 class Contender:
+    """``phases``: seconds of each step of ``loader()`` (the cold-start breakdown)."""
+
     def __init__(self, spec: dict[str, Any]) -> None:
+        self.phases: dict[str, float] = {}
         self.spec = spec
         self.batch = spec["batch"]
         self.workers = spec["workers"]
@@ -81,9 +85,16 @@ class Contender:
 
 class Ckptstore(Contender):
     def loader(self, state: Any) -> Any:
+        t = time.perf_counter()
         from ckptstore.data import DataLoader, ShardedDataset
+        from ckptstore.stores import open_store
 
         s = self.spec
+        self.phases["import_s"] = time.perf_counter() - t
+        t = time.perf_counter()
+        open_store(s["urls"]["ckptstore"], s["s3"]).close()  # the client's own imports, timed
+        self.phases["client_s"] = time.perf_counter() - t
+        t = time.perf_counter()
         ds = ShardedDataset(
             s["urls"]["ckptstore"],
             storage_options=s["s3"],
@@ -93,11 +104,14 @@ class Ckptstore(Contender):
             transform=_raw_sample if self.kind == "raw" else None,
             columns=["id", "tokens"] if self.kind == "tokens" else None,
         )
+        self.phases["listing_s"] = time.perf_counter() - t  # rank 0 lists, then a broadcast
+        t = time.perf_counter()
         dl = DataLoader(
-            ds, self.batch, self.workers, prefetch_concurrency=s.get("ckptstore_prefetch", 4)
+            ds, self.batch, self.workers, prefetch_concurrency=s.get("ckptstore_prefetch")
         )
         if state is not None:
             dl.load_state_dict(state)
+        self.phases["loader_s"] = time.perf_counter() - t
         return dl
 
 

@@ -60,6 +60,7 @@ def main() -> None:
         dist.destroy_process_group()
         return
     result["build_s"] = time.perf_counter() - t0
+    result["phases"] = dict(contender.phases)
     step_s = spec["step_s"]
     steps = 0
     trained: list[list[int]] = []
@@ -67,6 +68,8 @@ def main() -> None:
         waits, ids = [], []
         e0 = time.perf_counter()
         it = iter(loader)
+        if epoch == 0:
+            result["phases"]["iter_s"] = time.perf_counter() - e0  # workers start, prefetch
         first = None
         try:
             while True:
@@ -78,6 +81,8 @@ def main() -> None:
                 waits.append(time.perf_counter() - t)
                 if first is None:
                     first = time.perf_counter() - (t0 if epoch == 0 else e0)
+                    if epoch == 0:
+                        result["phases"]["first_next_s"] = waits[-1]
                 got = batch["id"].tolist() if not isinstance(batch, list) else []
                 ids.append(got)
                 trained.append(got)

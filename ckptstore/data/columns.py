@@ -18,11 +18,12 @@ Rows of different lengths stack only with a padding collate: see
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-__all__ = ["array_shape", "to_rows"]
+__all__ = ["DecodedGroup", "array_shape", "to_rows"]
 
 
 def _is_list(t: Any) -> bool:
@@ -52,53 +53,99 @@ def array_shape(t: Any) -> tuple[int, ...] | None:
     return tuple(inner)
 
 
-def _arrays(col: Any, inner: tuple[int, ...]) -> list[np.ndarray | None] | None:
-    """One array per row of a list array ``col``; None where items hold nulls (fallback)."""
-    import pyarrow as pa
-    import pyarrow.types as pat
+class _ArrayColumn:
+    """One list column of a decoded group: flat item values and where each row's start."""
 
-    if isinstance(col, pa.ChunkedArray):
-        col = col.combine_chunks()
-    leaf = col.flatten()  # one level down, honouring the slice; null rows add nothing
-    for _ in inner:
+    __slots__ = ("values", "starts", "lengths", "valid", "inner", "per")
+
+    def __init__(self, col: Any, inner: tuple[int, ...]) -> None:
+        import pyarrow as pa
+        import pyarrow.types as pat
+
+        if isinstance(col, pa.ChunkedArray):
+            col = col.combine_chunks()
+        leaf = col.flatten()  # one level down, honouring the slice; null rows add nothing
+        for _ in inner:
+            if leaf.null_count:
+                raise _HasNulls
+            leaf = leaf.flatten()
         if leaf.null_count:
+            raise _HasNulls
+        self.values = np.array(leaf.to_numpy(zero_copy_only=False))  # owns its memory
+        if pat.is_fixed_size_list(col.type):
+            lengths = np.full(len(col), col.type.list_size, dtype=np.int64)
+        else:
+            lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
+        valid = (
+            np.ones(len(col), dtype=bool)
+            if not col.null_count
+            else np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
+        )
+        self.per = int(np.prod(inner, dtype=np.int64)) if inner else 1
+        self.lengths = np.where(valid, lengths, 0).astype(np.int64)
+        self.starts = np.concatenate(([0], np.cumsum(self.lengths * self.per)[:-1])).astype(
+            np.int64
+        )
+        self.valid = valid
+        self.inner = inner
+
+    def row(self, i: int, valid: bool, start: int, n: int) -> np.ndarray | None:
+        """Row ``i`` as a new array (a copy: writable, never a view of the cached group)."""
+        if not valid:
             return None
-        leaf = leaf.flatten()
-    if leaf.null_count:
-        return None
-    values = np.array(leaf.to_numpy(zero_copy_only=False))  # a copy: writable, owns memory
-    if pat.is_fixed_size_list(col.type):
-        lengths = np.full(len(col), col.type.list_size, dtype=np.int64)
-    else:
-        lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
-    valid = (
-        np.ones(len(col), dtype=bool)
-        if not col.null_count
-        else np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-    )
-    lengths = np.where(valid, lengths, 0).astype(np.int64)
-    per = int(np.prod(inner, dtype=np.int64)) if inner else 1
-    parts = np.split(values, np.cumsum(lengths * per)[:-1])
-    return [
-        part.reshape((int(n), *inner)) if ok else None
-        for part, n, ok in zip(parts, lengths.tolist(), valid.tolist())
-    ]
+        return self.values[start : start + n * self.per].reshape((n, *self.inner)).copy()
+
+
+class _HasNulls(Exception):
+    """An array column whose items hold nulls: it stays Python lists."""
+
+
+class DecodedGroup:
+    """One row group (or record batch) decoded once; rows are then cheap to take.
+
+    Array columns are held as one flat NumPy array per column (a copy of the shard's
+    bytes), every other column as the Python values ``to_pylist`` makes. :meth:`rows` gives
+    the same dicts as :func:`to_rows` of ``table.take(indices)``, each array a fresh copy.
+    """
+
+    def __init__(self, table: Any) -> None:
+        self.names = list(table.schema.names)
+        self.num_rows = int(table.num_rows)
+        self.nbytes = int(table.nbytes)
+        self._arrays: dict[str, _ArrayColumn] = {}
+        self._plain: dict[str, list[Any]] = {}
+        for name in self.names:
+            inner = array_shape(table.schema.field(name).type)
+            if inner is not None:
+                try:
+                    self._arrays[name] = _ArrayColumn(table.column(name), inner)
+                    continue
+                except _HasNulls:
+                    pass
+            self._plain[name] = table.column(name).to_pylist()
+
+    def rows(self, indices: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+        """Rows ``indices`` (positions in the group) as dicts, in the order given."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.num_rows):
+            raise IndexError(f"row index out of range for a group of {self.num_rows} rows")
+        at = idx.tolist()
+        cols: dict[str, list[Any]] = {}
+        for name in self.names:
+            plain = self._plain.get(name)
+            if plain is not None:
+                cols[name] = [plain[i] for i in at]
+                continue
+            a = self._arrays[name]
+            cols[name] = [
+                a.row(i, v, s, n)
+                for i, v, s, n in zip(
+                    at, a.valid[idx].tolist(), a.starts[idx].tolist(), a.lengths[idx].tolist()
+                )
+            ]
+        return [{n: cols[n][j] for n in self.names} for j in range(len(at))]
 
 
 def to_rows(table: Any) -> list[dict[str, Any]]:
     """Rows of a ``pyarrow.Table`` / ``RecordBatch`` as dicts, array columns as NumPy arrays."""
-    names = list(table.schema.names)
-    arrays: dict[str, list[np.ndarray | None]] = {}
-    for name in names:
-        inner = array_shape(table.schema.field(name).type)
-        if inner is not None:
-            got = _arrays(table.column(name), inner)
-            if got is not None:
-                arrays[name] = got
-    if not arrays:
-        return table.to_pylist()
-    rest = [n for n in names if n not in arrays]
-    plain = table.select(rest).to_pylist() if rest else [{} for _ in range(table.num_rows)]
-    return [
-        {n: arrays[n][i] if n in arrays else base[n] for n in names} for i, base in enumerate(plain)
-    ]
+    return DecodedGroup(table).rows(np.arange(int(table.num_rows)))

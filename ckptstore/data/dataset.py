@@ -123,7 +123,8 @@ def list_shards(
 ) -> tuple[str, list[Shard]]:
     """``(format, shards)`` under the store's root, sorted by path; footers read in parallel."""
     engine = engine or TransferEngine(DATA_TRANSFER)
-    paths = store.find("")
+    listed = store.find_sizes("")  # sizes with the listing where the store has them
+    paths = list(listed) if listed is not None else store.find("")
     fmt = fmt or _detect_format(paths)
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
@@ -131,7 +132,7 @@ def list_shards(
 
     def one(path: str) -> Shard:
         what = f"listing of {store.describe(path)}"
-        size = engine.retry(lambda: store.size(path), what)
+        size = listed[path] if listed is not None else engine.retry(lambda: store.size(path), what)
 
         def read(off: int, n: int) -> bytes:
             return engine.retry(lambda: store.get(path, off, off + n), what)

@@ -31,7 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from ckptstore.data.columns import to_rows
+from ckptstore.data.columns import DecodedGroup
 from ckptstore.errors import ShardFormatError, missing_dependency
 
 __all__ = [
@@ -275,7 +275,8 @@ def read_index(fmt: str, size: int, read: ReadFn) -> tuple[tuple[int, ...], str]
 
 
 class GroupCache:
-    """A byte-bounded LRU of decoded groups (pyarrow tables), shared by a process's readers."""
+    """A byte-bounded LRU of decoded groups (:class:`DecodedGroup`), shared by a process's
+    readers."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
@@ -284,7 +285,10 @@ class GroupCache:
         self._lock = threading.Lock()
 
     def get(self, key: tuple[str, int], load: Callable[[], Any]) -> Any:
-        """The group cached under ``key``, else ``load()``'s, cached (evicting the oldest)."""
+        """The group cached under ``key``, else ``load()``'s, cached (evicting the oldest).
+
+        What ``load()`` returns has an ``nbytes``: what the byte budget counts.
+        """
         with self._lock:
             hit = self._items.get(key)
             if hit is not None:
@@ -300,12 +304,6 @@ class GroupCache:
                 _, (_, n) = self._items.popitem(last=False)
                 self._bytes -= n
         return table
-
-    def drop(self, shard_key: str) -> None:
-        """Forget every group of one shard."""
-        with self._lock:
-            for key in [k for k in self._items if k[0] == shard_key]:
-                self._bytes -= self._items.pop(key)[1]
 
 
 class ShardReader:
@@ -329,11 +327,13 @@ class ShardReader:
         out: list[Any] = [None] * len(idx)
         for g in np.unique(group).tolist():
             where = np.flatnonzero(group == g)
-            table = self._groups.get((self.key, g), functools.partial(self._load, g))
-            local = idx[where] - self.offsets[g]
-            for pos, row in zip(where.tolist(), to_rows(table.take(local))):
+            decoded = self._groups.get((self.key, g), functools.partial(self._decode, g))
+            for pos, row in zip(where.tolist(), decoded.rows(idx[where] - self.offsets[g])):
                 out[pos] = row
         return out
+
+    def _decode(self, g: int) -> DecodedGroup:
+        return DecodedGroup(self._load(g))
 
     def close(self) -> None:
         """Drop references to the file (mapped memory is released when unreferenced)."""

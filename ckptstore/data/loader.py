@@ -102,8 +102,11 @@ class DataLoader:
     ``collate_fn`` (default ``default_collate``), ``pin_memory``, ``prefetch_factor``,
     ``timeout``, ``worker_init_fn`` and ``multiprocessing_context`` mean what they mean in
     torch's DataLoader. ``prefetch`` runs a background thread in this process that fetches
-    upcoming shards (``prefetch_concurrency`` at a time). ``metrics_sink`` receives
-    ``loader.metrics`` every ``log_every`` batches and at each epoch's end, on ``sink_ranks``.
+    upcoming shards, ``prefetch_concurrency`` at a time (default None: about 32 MiB of
+    shards in flight, less on a nearly full cache, 4 to 32 shards;
+    :func:`~ckptstore.data.prefetch.prefetch_depth`).
+    ``metrics_sink`` receives ``loader.metrics`` every ``log_every`` batches and at each
+    epoch's end, on ``sink_ranks``.
     ``allow_seed_change`` / ``allow_dataset_change`` let a resume continue at the saved cursor
     under a new seed / listing (samples may then repeat or be missed).
     """
@@ -124,7 +127,7 @@ class DataLoader:
         worker_init_fn: Callable[[int], None] | None = None,
         multiprocessing_context: Any = None,
         prefetch: bool = True,
-        prefetch_concurrency: int = 4,
+        prefetch_concurrency: int | None = None,
         metrics_sink: MetricsSink | None = None,
         log_every: int = 100,
         sink_ranks: Sequence[int] = (0,),

@@ -10,7 +10,7 @@ they find the shards prefetched, or fetch them on demand.
 
 Call order::
 
-    p = Prefetcher(dataset, concurrency=2)
+    p = Prefetcher(dataset, concurrency=2)   # None: prefetch_depth of the shard sizes
     p.start(cursor)
     p.advance(cursor)      # after each batch is handed to training (a plain store)
     p.stop()               # at loader shutdown (a daemon thread: never blocks exit)
@@ -19,6 +19,7 @@ Call order::
 from __future__ import annotations
 
 import logging
+import shutil
 import threading
 import time
 from typing import TYPE_CHECKING
@@ -28,16 +29,49 @@ from ckptstore.data.cache import ShardCache
 if TYPE_CHECKING:
     from ckptstore.data.dataset import ShardedDataset
 
-__all__ = ["Prefetcher"]
+__all__ = ["Prefetcher", "prefetch_depth"]
 
 log = logging.getLogger(__name__)
+
+#: Bytes the prefetcher keeps in flight when no concurrency is given (see prefetch_depth).
+PREFETCH_BYTES = 32 << 20
+
+
+def _in_flight(cache_dir: str, limit: int | None) -> int:
+    """Bytes to keep in flight: PREFETCH_BYTES, or a quarter of the room the cache has.
+
+    Every download pre-allocates its whole shard: on a nearly full disk or a small budget,
+    many at once would take the space a demand read (or its small .meta file) needs.
+    """
+    room = limit if limit is not None else PREFETCH_BYTES * 4
+    try:
+        room = min(room, shutil.disk_usage(cache_dir).free)
+    except OSError:
+        pass
+    return min(PREFETCH_BYTES, room // 4)
+
+
+def prefetch_depth(shard_sizes: list[int], in_flight: int = PREFETCH_BYTES) -> int:
+    """Shards fetched at once: about ``in_flight`` bytes' worth of the mean shard, 4 to 32.
+
+    Small shards (raw files: one GET each, paced by the round trip) need many in flight to
+    keep up with the loop; large ones are already split into parallel ranged GETs.
+    """
+    mean = sum(shard_sizes) / max(1, len(shard_sizes))
+    return int(min(32, max(4, in_flight // max(1.0, mean))))
 
 
 class Prefetcher:
     """A daemon thread keeping the next shards of the stream in the node-local cache."""
 
-    def __init__(self, dataset: ShardedDataset, concurrency: int = 2, idle_s: float = 0.2) -> None:
+    def __init__(
+        self, dataset: ShardedDataset, concurrency: int | None = 2, idle_s: float = 0.2
+    ) -> None:
         self.cache: ShardCache = dataset.make_cache(dataset.make_order())
+        if concurrency is None:
+            concurrency = prefetch_depth(
+                [s.size for s in dataset.shards], _in_flight(dataset.cache_dir, dataset.cache_limit)
+            )
         self.concurrency = max(1, concurrency)
         self.idle_s = idle_s
         self.errors = 0

@@ -79,9 +79,7 @@ class ProcessRuntime:
 
     def _close_one(self, shard: int) -> None:
         handle, reader = self._open.pop(shard)
-        reader.close()
-        if self.ds.format == "arrow":  # decoded arrow batches map the file: let it go
-            self.groups.drop(self.ds.entries[shard].key)
+        reader.close()  # its decoded groups are copies: they may stay in the group cache
         handle.release()
 
     def release_idle(self) -> None:

@@ -243,6 +243,15 @@ class Store(abc.ABC):
         Listing is for discovery only; completeness is never decided by it.
         """
 
+    def find_sizes(self, prefix: str = "") -> dict[str, int] | None:
+        """``{path: size}`` of what ``find(prefix)`` lists, where the listing carries sizes.
+
+        For callers that need every size (the data layer's shard listing): one listing
+        instead of a ``size`` call per object. Default None: this store's listing has no
+        sizes; call ``find`` and ``size``.
+        """
+        return None
+
     def listdir(self, prefix: str = "") -> list[str]:
         """Names of the immediate children (objects and 'directories') of ``prefix``, sorted.
 

@@ -251,6 +251,13 @@ class S3Store(Store):
     def find(self, prefix: str = "") -> list[str]:
         return sorted(self._rel(k) for k in self._keys_under(prefix))
 
+    def find_sizes(self, prefix: str = "") -> dict[str, int] | None:
+        """What ``find`` lists, with the sizes the listing carries (no HEAD per object)."""
+        base = self._key(prefix)
+        listed = self.client.list_sizes(f"{base}/" if base else "")
+        sizes = {self._rel(k): n for k, n in listed.items() if not k.endswith("/")}
+        return dict(sorted(sizes.items())) if sizes else None  # None: find's own rules
+
     def listdir(self, prefix: str = "") -> list[str]:
         base = self._key(prefix)
         list_prefix = f"{base}/" if base else ""

@@ -155,6 +155,19 @@ class S3Client:
             return {"ContentMD5": _b64(hashlib.md5(body).digest())}
         return {}
 
+    def list_sizes(self, prefix: str) -> dict[str, int]:
+        """``{key: size}`` of every object under ``prefix`` (ListObjectsV2, every page)."""
+        out: dict[str, int] = {}
+        kwargs: dict[str, Any] = {"Prefix": prefix}
+        what = f"listing of s3://{self.bucket}/{prefix}"
+        while True:
+            page = self.call("list_objects_v2", what, **kwargs)
+            out.update((obj["Key"], int(obj["Size"])) for obj in page.get("Contents", []))
+            token = page.get("NextContinuationToken")
+            if not page.get("IsTruncated") or not token:
+                return out
+            kwargs["ContinuationToken"] = token
+
     def list_objects(self, prefix: str, delimiter: str = "") -> tuple[list[str], list[str]]:
         """(keys, common prefixes) under ``prefix``, every page of ListObjectsV2."""
         keys: list[str] = []

@@ -227,3 +227,13 @@ def test_processes_of_a_node_share_one_download(tmp_path) -> None:
         p.join(10)
     assert sum(s["downloads"] for s in stats) == 1
     assert sum(s["hits"] for s in stats) == 2
+
+
+def test_prefetch_depth_is_sized_by_bytes() -> None:
+    from ckptstore.data.prefetch import prefetch_depth
+
+    assert prefetch_depth([32 << 10] * 768) == 32  # small raw files: many GETs in flight
+    assert prefetch_depth([4 << 20] * 16) == 8  # 32 MiB of 4 MiB shards
+    assert prefetch_depth([8 << 20] * 4) == 4
+    assert prefetch_depth([1 << 30]) == 4  # never fewer than 4
+    assert prefetch_depth([]) == 32

@@ -11,7 +11,7 @@ import torch
 
 from ckptstore.data import DataLoader, ShardedDataset
 from ckptstore.data.collate import PadCollate, pad_arrays
-from ckptstore.data.columns import array_shape, to_rows
+from ckptstore.data.columns import DecodedGroup, array_shape, to_rows
 from ckptstore.errors import ConfigError
 
 
@@ -103,3 +103,18 @@ def test_pad_arrays_refuses_mismatched_inner_shapes() -> None:
     assert out.shape == (2, 2, 3) and lens.tolist() == [2, 1] and out[1, 1].sum() == 0
     with pytest.raises(ConfigError, match="only the first axis may differ"):
         pad_arrays([np.ones((2, 3)), np.ones((2, 4))])
+
+
+def test_decoded_group_rows_are_fresh_copies() -> None:
+    table = _token_table(0, 6, None)
+    group = DecodedGroup(table.slice(1, 4))  # a slice: offsets must honour it
+    rows = group.rows([3, 0, 0])
+    assert [r["id"] for r in rows] == [4, 1, 1]
+    assert rows[0]["tokens"].tolist() == [400 + j for j in range(5)]
+    assert rows[1]["tokens"].tolist() == [100, 101]
+    rows[1]["tokens"][0] = -1  # a row is its own copy: the cached group stays as decoded
+    assert rows[2]["tokens"].tolist() == [100, 101]
+    assert group.rows([0])[0]["tokens"].tolist() == [100, 101]
+    assert rows[0]["words"] == ["w4"] and rows[0]["xyz"].tolist() == [4.0] * 3
+    with pytest.raises(IndexError):
+        group.rows([4])

@@ -42,3 +42,23 @@ def test_parquet_on_s3_is_cached_and_served_exactly_once_and_resumes(tmp_path, s
         rest += [i for b in dl2 for i in ([] if isinstance(b, list) else b["id"].tolist())]
         dl2.close()
     assert sorted(first + rest) == list(range(sum(sizes)))
+
+
+def test_raw_files_on_s3_are_listed_with_their_sizes(tmp_path, seaweedfs):
+    prefix = f"{BUCKET}/raw-{uuid.uuid4().hex[:8]}"
+    remote = seaweedfs.store(prefix)
+    blobs = {f"{i:03d}.bin": bytes([i]) * (100 + 37 * i) for i in range(5)}
+    blobs["sub/005.bin"] = b"x" * 3
+    for name, data in blobs.items():
+        remote.put(name, data)
+    # One listing gives what find lists plus what size says, without a HEAD per object.
+    assert remote.find_sizes("") == {p: remote.size(p) for p in remote.find("")}
+    assert remote.find_sizes("") == {p: len(d) for p, d in sorted(blobs.items())}
+    assert remote.find_sizes("nothing-here") is None  # the caller falls back to find + size
+    assert LocalStore(str(tmp_path)).find_sizes("") is None  # the default: no sizes listed
+
+    url, opts = f"s3://{prefix}", dict(seaweedfs.storage_options)
+    ds = ShardedDataset(url, storage_options=opts, format="raw", cache_dir=str(tmp_path / "c"))
+    assert [(s.path, s.size) for s in ds.shards] == [(p, len(d)) for p, d in sorted(blobs.items())]
+    assert ds[5] == {"path": "sub/005.bin", "data": b"x" * 3}
+    ds.close()
