@@ -75,6 +75,25 @@ def timed_max(fn: Any) -> float:
     return float(dt.item())
 
 
+def stock_async_save(state: dict, path: str, pg: Any, stager: Any) -> Any:
+    """``dcp.async_save`` into a ``FileSystemWriter`` at ``path``; returns its future once
+    staging is done (what training waits for). ``stock_wait`` waits for the rest."""
+    import torch.distributed.checkpoint as dcp
+
+    fut = dcp.async_save(
+        state, storage_writer=dcp.FileSystemWriter(path), process_group=pg, async_stager=stager
+    )
+    staging = getattr(fut, "staging_completion", None)
+    if staging is not None:
+        staging.result()
+    return fut
+
+
+def stock_wait(fut: Any) -> None:
+    """Wait until a ``stock_async_save`` is durable (its upload future, else the future)."""
+    (getattr(fut, "upload_completion", None) or fut).result()
+
+
 def fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -86,7 +105,6 @@ def fsync_path(path: str) -> None:
 def bench_rank(
     rank: int, world: int, mib_per_rank: int, saves: int, base: str
 ) -> tuple[dict, dict]:
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     from ckptstore.manager import CheckpointManager
@@ -149,19 +167,10 @@ def bench_rank(
             box: dict[str, Any] = {}
 
             def start(i: int = i, stager: Any = stager, path: str = path, box: dict = box) -> None:
-                box["f"] = dcp.async_save(
-                    state,
-                    storage_writer=dcp.FileSystemWriter(os.path.join(path, f"s{i}")),
-                    process_group=pg,
-                    async_stager=stager,
-                )
-                staging = getattr(box["f"], "staging_completion", None)
-                if staging is not None:
-                    staging.result()
+                box["f"] = stock_async_save(state, os.path.join(path, f"s{i}"), pg, stager)
 
             blocking = timed_max(start)
-            fut = box["f"]
-            (getattr(fut, "upload_completion", None) or fut).result()
+            stock_wait(box["f"])
             committed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             dist.all_reduce(committed, op=dist.ReduceOp.MAX)
             record(name, blocking, float(committed.item()))

@@ -40,7 +40,7 @@ import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling modules in the ranks
 
-from bench_async import STAGER, make_state, timed_max  # noqa: E402
+from bench_async import STAGER, make_state, stock_async_save, stock_wait, timed_max  # noqa: E402
 from rss import peak_rss_mib, reset_peak  # noqa: E402
 
 from harness.dist import run_distributed  # noqa: E402
@@ -55,7 +55,6 @@ CONTENDERS = (FLOOR, STAGER, MANAGER, STAGED, BUDGET)
 def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str, shm: str):
     """Every contender's saves, interleaved round by round (the order rotated each round),
     so that the machine's load drifts over all of them alike."""
-    import torch.distributed.checkpoint as dcp
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     from ckptstore.manager import CheckpointManager
@@ -93,19 +92,10 @@ def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str
         box: dict[str, Any] = {}
 
         def start() -> None:
-            box["f"] = dcp.async_save(
-                state,
-                storage_writer=dcp.FileSystemWriter(os.path.join(dcp_path, f"s{i}")),
-                process_group=pg,
-                async_stager=stager,
-            )
-            staging = getattr(box["f"], "staging_completion", None)
-            if staging is not None:
-                staging.result()
+            box["f"] = stock_async_save(state, os.path.join(dcp_path, f"s{i}"), pg, stager)
 
         blocking = timed_max(start)
-        fut = box["f"]
-        (getattr(fut, "upload_completion", None) or fut).result()
+        stock_wait(box["f"])
         if rank == 0 and i >= 2:  # keep the disk from filling: two stock steps at most
             shutil.rmtree(os.path.join(dcp_path, f"s{i - 2}"), ignore_errors=True)
         return blocking, max_over_ranks(time.perf_counter() - t0)
