@@ -174,6 +174,28 @@ class LocalStore(Store):
         except OSError as exc:
             raise translate(exc, what) from exc
 
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> None:
+        """Every temp file written and fsynced, then all renamed in the order given, then
+        each directory fsynced once (not once per file). A crash before it returns may keep
+        any of them, each whole (fsynced before its rename) or not at all; journaling file
+        systems (ext4, xfs) persist renames within one directory in the order made."""
+        what = f"write of {', '.join(self.describe(p) for p, _ in items[:3])}"
+        temps: list[tuple[str, str]] = []
+        try:
+            try:
+                for path, data in items:
+                    temps.append((self._write_temp(path, data), self._abs(path)))
+                for tmp, final in temps:
+                    os.replace(tmp, final)
+            except BaseException:
+                for tmp, _ in temps:
+                    unlink_quietly(tmp)  # a no-op for each one already renamed
+                raise
+            for directory in dict.fromkeys(os.path.dirname(f) for _, f in temps):
+                fsync_dir(directory)
+        except OSError as exc:
+            raise translate(exc, what) from exc
+
     def put_if_absent(self, path: str, data: Buffer) -> None:
         what = f"create-only write of {self.describe(path)}"
         final = self._abs(path)
