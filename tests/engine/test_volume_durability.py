@@ -21,6 +21,7 @@ from ckptstore.engine.layout import TMP_MARK
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import DurabilityError, TransferError, UnsafePathError
+from ckptstore.stores._posix import start_writeback
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
 
@@ -152,3 +153,15 @@ def test_small_writes_go_through_small_buffers_on_a_volume(tmp_path) -> None:
     data = b"".join(chunks)
     assert (tmp_path / "f.bin").read_bytes() == data
     assert (info.size, info.crc32c) == (len(data), crc32c(data))
+
+
+def test_start_writeback_is_only_a_hint(tmp_path) -> None:
+    p = tmp_path / "f"
+    p.write_bytes(b"x" * 4096)
+    fd = os.open(p, os.O_RDONLY)
+    try:
+        start_writeback(fd, 0, 4096)  # a read-only fd: the kernel refuses, nothing raises
+    finally:
+        os.close(fd)
+    start_writeback(fd, 0, 4096)  # a closed fd: the same
+    assert p.read_bytes() == b"x" * 4096
