@@ -149,8 +149,7 @@ def publish(
     manifest_bytes = manifest.to_bytes()
     marker = Marker.for_manifest(manifest_bytes, manifest.step, attempt)
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)]
-    engine.put(store, own[0], manifest_bytes)
-    engine.put(store, own[1], metadata_bytes)
+    _put_all(store, engine, [(own[0], manifest_bytes), (own[1], metadata_bytes)])
     crashpoint("before_marker")
     what = f"commit of {store.describe(MARKER_NAME)}"
     if replace:
@@ -176,6 +175,17 @@ def publish(
     return marker
 
 
+def _put_all(store: Store, engine: TransferEngine, items: list[tuple[str, bytes]]) -> None:
+    """``put`` each of ``items`` in order, durable on return: one ``Store.put_many`` (a
+    volume fsyncs the directory once for all) when each fits in a part, else one
+    ``engine.put`` after another (large ones as parallel parts)."""
+    if all(len(data) <= engine.config.part_size for _, data in items):
+        engine.retry(lambda: store.put_many(items), f"write of {store.describe(items[0][0])}")
+        return
+    for name, data in items:
+        engine.put(store, name, data)
+
+
 def _remove_loser(store: Store, names: list[str]) -> None:
     """Delete a losing attempt's own files; a failure leaves them to gc (the loser's
     error is the conflict, whatever happens here)."""
@@ -198,8 +208,7 @@ def _publish_canonical(
     ckptstore's own names, never a live writer's temp file)."""
     # .metadata before the manifest: a canonical manifest that matches the marker then
     # proves the canonical .metadata beside it was ckptstore's (see open_committed).
-    engine.put(store, METADATA_NAME, metadata_bytes)
-    engine.put(store, MANIFEST_NAME, manifest_bytes)
+    _put_all(store, engine, [(METADATA_NAME, metadata_bytes), (MANIFEST_NAME, manifest_bytes)])
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)] if attempt else []
     keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, *own, *manifest.files}
     for name in store.find():

@@ -54,6 +54,11 @@ def plan_part_size(total: int | None, part_size: int, min_part: int, max_parts: 
 #: Smallest write a store with ``zero_copy_parts`` takes by reference (see FileWriter._append).
 ZERO_COPY_MIN = 1024 * 1024
 
+#: Part buffer size on a ``zero_copy_parts`` store: only writes below ``ZERO_COPY_MIN`` (item
+#: headers, small items) are copied there, so a full ``part_size`` buffer would be mostly
+#: untouched memory that ``bytearray`` still zero-fills (page faults) on every acquire.
+SMALL_PART = 4 * ZERO_COPY_MIN
+
 
 class ItemTarget(Protocol):
     """What an ``ItemSink`` writes into: a ``FileWriter`` (or a ``TeeWriter`` of two)."""
@@ -154,6 +159,12 @@ class FileWriter:
             store.capabilities.min_part_size,
             store.capabilities.max_parts,
         )
+        #: Size of the buffers small writes are copied into (see ``SMALL_PART``).
+        self.buffer_size = (
+            min(self.part_size, SMALL_PART)
+            if store.capabilities.zero_copy_parts
+            else self.part_size
+        )
         self._what = f"upload of {store.describe(path)}"
         self._deadline = Deadline(engine.config.retry.deadline_s)
         self._crc = Crc32c()
@@ -249,7 +260,7 @@ class FileWriter:
         self._crc.extend(crc, length)
 
     def _append(self, view: memoryview, owned: bool = False) -> None:
-        """Copy ``view`` into part buffers, sending each part as it fills.
+        """Copy ``view`` into part buffers (of ``buffer_size``), sending each as it fills.
 
         On a store with ``zero_copy_parts``, a view of at least ``ZERO_COPY_MIN`` bytes is
         not copied: what is buffered goes out as a (short) part, then the view itself as
@@ -272,13 +283,13 @@ class FileWriter:
             return
         while len(view):
             if self._buf is None:
-                self._buf = self.engine.buffers.acquire(self.part_size, self._failed.is_set)
+                self._buf = self.engine.buffers.acquire(self.buffer_size, self._failed.is_set)
                 self._fill = 0
-            n = min(len(view), self.part_size - self._fill)
+            n = min(len(view), self.buffer_size - self._fill)
             self._buf[self._fill : self._fill + n] = view[:n]
             self._fill += n
             view = view[n:]
-            if self._fill == self.part_size:
+            if self._fill == self.buffer_size:
                 self._submit_part()
 
     def _submit_part(self) -> None:

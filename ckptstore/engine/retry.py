@@ -209,6 +209,10 @@ class RetryingStore(Store):
         """``inner.put`` as is: its callers retry it through the transfer engine."""
         self.inner.put(path, data)
 
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> None:
+        """``inner.put_many`` as is: its callers retry it through the transfer engine."""
+        self.inner.put_many(items)
+
     def put_if_absent(self, path: str, data: Buffer) -> None:
         """``inner.put_if_absent`` as is: its callers retry it through the transfer engine."""
         self.inner.put_if_absent(path, data)

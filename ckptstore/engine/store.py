@@ -194,6 +194,16 @@ class Store(abc.ABC):
         A reader never sees part of it. Repeating it (after a lost response) is harmless.
         """
 
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> None:
+        """``put`` each ``(path, data)`` of ``items``, in order; all durable on return.
+
+        Each object is whole whenever it is visible; if this raises, any of them may or may
+        not have been written. Stores may batch the work (a volume fsyncs each directory
+        once for all of them). Repeating it is harmless. Default: one ``put`` after another.
+        """
+        for path, data in items:
+            self.put(path, data)
+
     def put_if_absent(self, path: str, data: Buffer) -> None:
         """Create ``path`` only if it does not exist; else raise ``CommitConflictError``.
 

@@ -1,11 +1,11 @@
 """Containment for every store: each path-taking method is checked before it runs.
 
 ``Store.__init_subclass__`` calls :func:`guard_class` on every subclass, so the first
-argument of each method named below (an object name, a prefix, a ``Multipart``, or an
-iterable of names) goes through ``ckptstore.engine.paths`` before the store's own code:
-an absolute name, a ``..`` segment, NUL or backslash raises ``UnsafePathError`` and
-nothing is read, written or deleted. A new store is contained without writing a line,
-including methods it takes from a mixin.
+argument of each method named below (an object name, a prefix, a ``Multipart``, an
+iterable of names, or of ``(name, data)`` items) goes through ``ckptstore.engine.paths``
+before the store's own code: an absolute name, a ``..`` segment, NUL or backslash
+raises ``UnsafePathError`` and nothing is read, written or deleted. A new store is
+contained without writing a line, including methods it takes from a mixin.
 """
 
 from __future__ import annotations
@@ -56,6 +56,13 @@ def _guarded(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
         def wrapper(self: Any, paths: Iterable[str], *args: Any, **kwargs: Any) -> Any:
             return fn(self, [check_name(p, self.url) for p in paths], *args, **kwargs)
 
+    elif kind == "items":
+
+        @functools.wraps(fn)
+        def wrapper(self: Any, items: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
+            checked = [(check_name(p, self.url), data) for p, data in items]
+            return fn(self, checked, *args, **kwargs)
+
     else:
 
         @functools.wraps(fn)
@@ -75,6 +82,7 @@ def guard_class(cls: type) -> None:
         (PREFIX_METHODS, "prefix"),
         (UPLOAD_METHODS, "upload"),
         (("delete_many",), "names"),
+        (("put_many",), "items"),
     )
     for names, kind in groups:
         for name in names:

@@ -1,4 +1,5 @@
-"""POSIX helpers of the volume store: fsync, error translation, directories, walks.
+"""POSIX helpers of the volume store: fsync, early writeback, error translation,
+directories, walks.
 
 An fsync error fails the write (``DurabilityError``) and is never retried; OSErrors map to
 the ckptstore error a caller can act on (``translate``).
@@ -6,8 +7,11 @@ the ckptstore error a caller can act on (``translate``).
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
+import sys
+from collections.abc import Callable
 
 from ckptstore.engine.store import join_path
 from ckptstore.errors import (
@@ -23,6 +27,7 @@ __all__ = [
     "NOFOLLOW",
     "fsync",
     "fsync_dir",
+    "start_writeback",
     "translate",
     "kind",
     "makedirs",
@@ -41,6 +46,41 @@ def fsync(fd: int, what: str) -> None:
             f"fsync of {what} failed ({exc}); the data may not be on disk. This write has "
             "failed and will not be retried: check the volume, then save again."
         ) from exc
+
+
+#: ``sync_file_range(2)``'s ``SYNC_FILE_RANGE_WRITE``: start writeback, wait for nothing.
+_SYNC_FILE_RANGE_WRITE = 2
+_sync_file_range: Callable[[int, int, int, int], int] | None = None
+_looked_up = False
+
+
+def _lookup_sync_file_range() -> Callable[[int, int, int, int], int] | None:
+    global _sync_file_range, _looked_up
+    if not _looked_up:
+        _looked_up = True
+        if sys.platform.startswith("linux"):
+            try:
+                fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+                fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+                fn.restype = ctypes.c_int
+                _sync_file_range = fn
+            except (OSError, AttributeError):
+                _sync_file_range = None
+    return _sync_file_range
+
+
+def start_writeback(fd: int, offset: int, length: int) -> None:
+    """Ask the kernel to start writing ``[offset, offset+length)`` of ``fd`` to disk now
+    (Linux ``sync_file_range(SYNC_FILE_RANGE_WRITE)``), so the file's fsync later finds
+    little left to flush: a part's writeback overlaps the writing of the next ones.
+
+    A hint only, never a durability step: it waits for nothing, promises nothing, and is
+    a no-op where the call does not exist; its errors are ignored because the fsync that
+    must follow reports any write error itself.
+    """
+    fn = _lookup_sync_file_range()
+    if fn is not None and length > 0:
+        fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
 
 
 def fsync_dir(path: str) -> None:

@@ -1,7 +1,10 @@
 """The volume store: POSIX, NFS, FUSE mounts.
 
 Every publish is write temp -> fsync(file) -> rename -> fsync(directory). Parts of a
-multipart write are ``pwrite`` at their offsets into one temp file, in parallel. The
+multipart write are ``pwrite`` at their offsets into one temp file, in parallel; each
+large part's writeback is started as soon as it is written (``start_writeback``), so the
+disk works while later parts are still being copied and the one fsync at the end has
+little left to wait for. The
 create-only marker is made by ``link()``-ing a fully written, fsynced temp file to its
 final name, which fails with EEXIST if another writer got there first. An fsync error
 fails the write (``DurabilityError``) and is never retried.
@@ -39,6 +42,7 @@ from ckptstore.stores._posix import (
     fsync_dir,
     kind,
     makedirs,
+    start_writeback,
     translate,
     unlink_quietly,
     walk,
@@ -47,6 +51,9 @@ from ckptstore.stores._posix import (
 __all__ = ["LocalStore", "TMP_MARK", "local_path"]
 
 _TMP_ID = re.compile(r"^[0-9a-f]{32}$")
+#: Parts this large have their writeback started as soon as they are written
+#: (``start_writeback``): the final fsync then waits for little more than the last part.
+WRITEBACK_MIN = 1024 * 1024
 #: URL schemes that name a local path (``file:///mnt/x``, ``local:///mnt/x``).
 _SCHEMES = ("file://", "local://")
 
@@ -171,6 +178,28 @@ class LocalStore(Store):
                 unlink_quietly(tmp)
                 raise
             fsync_dir(os.path.dirname(self._abs(path)))
+        except OSError as exc:
+            raise translate(exc, what) from exc
+
+    def put_many(self, items: Sequence[tuple[str, Buffer]]) -> None:
+        """Every temp file written and fsynced, then all renamed in the order given, then
+        each directory fsynced once (not once per file). A crash before it returns may keep
+        any of them, each whole (fsynced before its rename) or not at all; journaling file
+        systems (ext4, xfs) persist renames within one directory in the order made."""
+        what = f"write of {', '.join(self.describe(p) for p, _ in items[:3])}"
+        temps: list[tuple[str, str]] = []
+        try:
+            try:
+                for path, data in items:
+                    temps.append((self._write_temp(path, data), self._abs(path)))
+                for tmp, final in temps:
+                    os.replace(tmp, final)
+            except BaseException:
+                for tmp, _ in temps:
+                    unlink_quietly(tmp)  # a no-op for each one already renamed
+                raise
+            for directory in dict.fromkeys(os.path.dirname(f) for _, f in temps):
+                fsync_dir(directory)
         except OSError as exc:
             raise translate(exc, what) from exc
 
@@ -338,6 +367,8 @@ class LocalStore(Store):
                 n = os.pwrite(fd, view, pos)
                 view = view[n:]
                 pos += n
+            if pos - offset >= WRITEBACK_MIN:
+                start_writeback(fd, offset, pos - offset)
         except OSError as exc:
             raise translate(exc, what) from exc
         finally:
