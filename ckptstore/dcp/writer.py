@@ -244,11 +244,13 @@ class CkptWriter(StoreBound, StorageWriter):
 
     def shard_names(self, plan: SavePlan) -> list[tuple[str, list]]:
         """(file name, items) of each shard file this rank writes for ``plan``."""
+        groups = _split_items(plan.items, self.files_per_rank)
+        return self.name_shards(plan, groups)
+
+    def name_shards(self, plan: SavePlan, groups: list[list]) -> list[tuple[str, list]]:
+        """(file name, items) for ``groups`` of ``plan``'s items, one shard file each, in order."""
         rank_plan: _RankPlan = plan.storage_data
-        return [
-            (f"{rank_plan.prefix}{i}.{self.attempt}.distcp", items)
-            for i, items in enumerate(_split_items(plan.items, self.files_per_rank))
-        ]
+        return [(f"{rank_plan.prefix}{i}.{self.attempt}.distcp", g) for i, g in enumerate(groups)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """Write this rank's shard files into ``_shard_store()``, durable before returning.

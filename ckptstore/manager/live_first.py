@@ -80,10 +80,9 @@ class _LiveFirst:
             items
             for _, items in super().shard_names(dataclasses.replace(plan, items=rest))  # type: ignore[misc]
         ]
-        prefix = plan.storage_data.prefix
-        names = [f"{prefix}{i}.{self.attempt}.distcp" for i in range(len(groups))]  # type: ignore[attr-defined]
-        self._live_file = names[0]
-        return list(zip(names, groups, strict=True))
+        named: list[tuple[str, list]] = self.name_shards(plan, groups)  # type: ignore[attr-defined]
+        self._live_file = named[0][0]
+        return named
 
     def _write_file(
         self, name: str, items: list, planner: SavePlanner, store: Store | None = None
