@@ -86,6 +86,9 @@ def test_cp_interrupted_commits_nothing_then_completes(backend: Backend, root_ur
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
+        # a shell's background job (`cmd &`) inherits SIGINT ignored, and Python then never
+        # raises KeyboardInterrupt: give the CLI the disposition a terminal user's has
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
     try:
         deadline = time.monotonic() + 90
