@@ -70,7 +70,8 @@ def s3_operation(method: str, target: str) -> str:
 
 
 class Rule:
-    """Apply ``action`` to requests for ``op`` (``"*"``: any); ``times`` of them (None: all)."""
+    """Apply ``action`` to requests for ``op`` (``"*"``: any); ``times`` of them (None: all);
+    with ``key_suffix``, only to requests whose path ends with it (e.g. ``"/COMMITTED"``)."""
 
     def __init__(
         self,
@@ -80,6 +81,7 @@ class Rule:
         times: int | None = None,
         status: int = 503,
         code: str = "SlowDown",
+        key_suffix: str = "",
     ) -> None:
         if action not in (
             "status",
@@ -93,10 +95,13 @@ class Rule:
             raise ValueError(f"unknown action {action!r}")
         self.op, self.action, self.times = op, action, times
         self.status, self.code = status, code
+        self.key_suffix = key_suffix
         self.hits = 0
 
-    def take(self, op: str) -> bool:
+    def take(self, op: str, target: str = "") -> bool:
         if self.op not in ("*", op) or (self.times is not None and self.hits >= self.times):
+            return False
+        if self.key_suffix and not target.split("?")[0].endswith(self.key_suffix):
             return False
         self.hits += 1
         return True
@@ -205,7 +210,7 @@ class FaultProxy:
         op = s3_operation(method, target)
         with self._lock:
             self.requests.append(Request(op, method, target, len(body), names))
-            rule = next((r for r in self.rules if r.take(op)), None)
+            rule = next((r for r in self.rules if r.take(op, target)), None)
         action = rule.action if rule else "forward"
         if rule is not None and action == "status":
             xml = (

@@ -50,6 +50,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
@@ -250,8 +251,22 @@ def _read_marker(store: Store) -> Marker:
     return Marker.from_bytes(data, store.describe(MARKER_NAME))
 
 
-def _get_first(store: Store, names: list[str], ok: object) -> tuple[str, bytes] | None:
+def _get_first(
+    store: Store, names: list[str], ok: object, early: dict[str, Future[bytes]] | None = None
+) -> tuple[str, bytes] | None:
+    """The first of ``names`` whose bytes are ``ok``. A read started ``early`` (before the
+    marker was read) is used only if its bytes are ``ok``; otherwise the object is read
+    again, since it may have appeared or changed since (or the early read failed)."""
     for name in names:
+        started = early.pop(name, None) if early else None
+        if started is not None:
+            try:
+                data = started.result()
+            except (CkptStoreError, OSError):  # read again below: that read raises it again
+                pass
+            else:
+                if ok(data):  # type: ignore[operator]
+                    return name, data
         try:
             data = store.get(name)
         except StoreNotFoundError:
@@ -267,9 +282,17 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
     Every read is retried per ``retry`` (default ``RetryConfig()``) unless ``store`` is
     already a retrying view."""
     store = retrying(store, retry)
-    marker = _read_marker(store)
+    # Three small reads, each a round trip on an object store: the canonical manifest and
+    # .metadata are read alongside the marker, and used only if they match it (a pool per
+    # call: a module-level one would hang in a forked child).
+    with ThreadPoolExecutor(2, thread_name_prefix="ckptstore-open") as pool:
+        early = {name: pool.submit(store.get, name) for name in (MANIFEST_NAME, METADATA_NAME)}
+        return _open(store, _read_marker(store), early)
+
+
+def _open(store: Store, marker: Marker, early: dict[str, Future[bytes]]) -> Committed:
     names = [MANIFEST_NAME] + ([attempt_manifest_name(marker.attempt)] if marker.attempt else [])
-    found = _get_first(store, names, marker.matches)
+    found = _get_first(store, names, marker.matches, early)
     if found is None:
         raise CorruptCheckpointError(
             f"{store.url}: the manifest does not match the checksum in {MARKER_NAME} (or is "
@@ -285,7 +308,7 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
     def metadata_ok(data: bytes) -> bool:
         return len(data) == entry.size and crc32c(data) == entry.crc32c
 
-    got = _get_first(store, names, metadata_ok)
+    got = _get_first(store, names, metadata_ok, early)
     if got is None:
         raise CorruptCheckpointError(
             f"{store.describe(METADATA_NAME)} is missing or does not match the manifest; the "
