@@ -1,0 +1,231 @@
+"""Restore from the node-local tier vs from the remote store, on a shaped link.
+
+    python benchmarks/bench_restore_tier.py                 # 512 MiB, 2 gloo ranks, 5 repeats
+    python benchmarks/bench_restore_tier.py --quick         # 128 MiB, 3 repeats
+    python benchmarks/bench_restore_tier.py --link-mbps 50 --size-mib 256
+
+It starts its own SeaweedFS and a shaped link in front of it (``shaped_link.py``: every
+connection capped at ``--link-mbps``, ``--link-latency-ms`` added one way), then on every
+rank saves one checkpoint with ``CheckpointManager(root, staging_dir=...)`` (the local tier
+here is a temp directory on this machine's disk, standing in for a node's NVMe; the root is
+``s3://`` through the shaped link). Then, alternating which goes first in each repeat:
+
+  local tier   ``CheckpointManager(root, staging_dir=...).restore(state)``: the data comes
+               from the local copy; the marker, manifest and ``.metadata`` still come from
+               the remote (the remote decides what is committed).
+  local, cold  the same after ``posix_fadvise(DONTNEED)`` on every local file: the page
+               cache no longer holds them, as after a node's reboot (clean pages only; the
+               save was fsynced).
+  remote       ``CheckpointManager(root).restore(state)``: everything through the link.
+
+Each time is barrier -> restore -> barrier on every rank, the sample the max over ranks; every
+restore is checked bitwise against the saved state (untimed) and the bytes that crossed the
+shaped link during it are counted (the local restores must move only the small control
+files). Output: a Markdown table (median, min–max, ratio to the remote) and JSON in
+benchmarks/results/bench_restore_tier-<timestamp>.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from typing import Any
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from _report import cell, load_average, machine_line, markdown_table, mem_gib  # noqa: E402
+
+__all__ = ["main", "run"]
+
+MiB = 1 << 20
+BUCKET = "restore-tier"
+MODES = ("local tier", "local, cold", "remote")
+
+
+def _evict(root: str) -> None:
+    """Drop ``root``'s files from the page cache (they are clean: the save fsynced them)."""
+    for dirpath, _dirs, files in os.walk(root):
+        for name in files:
+            fd = os.open(os.path.join(dirpath, name), os.O_RDONLY)
+            try:
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+
+
+def _rank_main(
+    rank: int,
+    world: int,
+    url: str,
+    options: dict[str, Any],
+    tier_dir: str,
+    mib_per_rank: int,
+    tensors: int,
+    repeats: int,
+    counters: Any,
+) -> dict[str, Any]:
+    import torch
+    import torch.distributed as dist
+
+    from ckptstore.manager import CheckpointManager
+
+    n = mib_per_rank * MiB // 4 // tensors
+    gen = torch.Generator().manual_seed(rank)
+    state = {f"r{rank}.t{i}": torch.rand(n, generator=gen) for i in range(tensors)}
+    saver = CheckpointManager(url, storage_options=options, staging_dir=tier_dir, async_save=False)
+    saver.save(1, {"model": state})
+    saver.close()
+    samples: dict[str, list[float]] = {m: [] for m in MODES}
+    link_bytes: dict[str, list[int]] = {m: [] for m in MODES}
+    for rep in range(repeats):
+        order = MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]
+        for mode in order:
+            dest = {"model": {k: torch.zeros_like(v) for k, v in state.items()}}
+            mgr = CheckpointManager(
+                url,
+                storage_options=options,
+                staging_dir=None if mode == "remote" else tier_dir,
+            )
+            if mode == "local, cold" and rank == 0:
+                _evict(tier_dir)
+            dist.barrier()
+            before = counters[1]
+            t0 = time.perf_counter()
+            step = mgr.restore(dest)
+            dist.barrier()
+            secs = time.perf_counter() - t0
+            moved = counters[1] - before
+            mgr.close()
+            if step != 1 or not all(torch.equal(dest["model"][k], v) for k, v in state.items()):
+                raise RuntimeError(f"{mode}: restore returned step {step} or different bytes")
+            out = torch.tensor([secs])
+            dist.all_reduce(out, op=dist.ReduceOp.MAX)
+            samples[mode].append(float(out))
+            link_bytes[mode].append(int(moved))
+    return {"samples": samples, "link_bytes_down": link_bytes}
+
+
+def run(size_mib: int, world: int, repeats: int, tensors: int, mbps: float, ms: float) -> dict:
+    from shaped_link import ShapedLink
+
+    from harness.dist import run_distributed
+    from harness.seaweedfs import SeaweedFS
+
+    server = SeaweedFS().start()
+    link = None
+    tier_dir = tempfile.mkdtemp(prefix="ckptstore-tier-")
+    try:
+        server.create_bucket(BUCKET)
+        counters = multiprocessing.get_context("spawn").RawArray("q", 2)
+        link = ShapedLink(server.port, mbps=mbps, latency_ms=ms, counters=counters)
+        link.start()
+        options = dict(server.storage_options, endpoint_url=link.endpoint)
+        before = load_average()
+        t0 = time.perf_counter()
+        per_rank = run_distributed(
+            _rank_main,
+            world,
+            f"s3://{BUCKET}/ckpt",
+            options,
+            tier_dir,
+            size_mib // world,
+            tensors,
+            repeats,
+            counters,
+            timeout=3600,
+        )
+        wall = time.perf_counter() - t0
+        description = link.describe()
+    finally:
+        if link is not None:
+            link.stop()
+        server.stop()
+        shutil.rmtree(tier_dir, ignore_errors=True)
+    samples = per_rank[0]["samples"]
+    remote = statistics.median(samples["remote"])
+    rows = []
+    for mode in MODES:
+        xs = samples[mode]
+        med = statistics.median(xs)
+        rows.append(
+            {
+                "mode": mode,
+                "median_s": med,
+                "min_s": min(xs),
+                "max_s": max(xs),
+                "x_remote": med / remote,
+                "speedup": remote / med,
+                "link_mib_down": statistics.median(per_rank[0]["link_bytes_down"][mode]) / MiB,
+            }
+        )
+    return {
+        "size_mib": size_mib,
+        "world": world,
+        "repeats": repeats,
+        "link": description,
+        "rows": rows,
+        "samples": samples,
+        "machine": {
+            "nproc": os.cpu_count(),
+            "mem_gib": mem_gib(),
+            "loadavg_before": before,
+            "loadavg_after": load_average(),
+        },
+        "wall_s": wall,
+        "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+    }
+
+
+def table(res: dict[str, Any]) -> str:
+    header = ["restore from", "median s", "min–max s", "× remote", "speed-up", "MiB over link"]
+    body = [
+        [
+            r["mode"],
+            cell(r["median_s"], ".3f"),
+            f"{r['min_s']:.3f}–{r['max_s']:.3f}",
+            cell(r["x_remote"]),
+            cell(r["speedup"], ".1f", "x"),
+            cell(r["link_mib_down"], ".1f"),
+        ]
+        for r in res["rows"]
+    ]
+    return markdown_table(header, "lrrrrr", body)
+
+
+def _sigterm(signum: int, frame: Any) -> None:
+    raise SystemExit(128 + signum)  # so that finally: blocks stop the server and the link
+
+
+def main(argv: list[str] | None = None) -> int:
+    from _report import write_results
+
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("--size-mib", type=int, default=None, help="total state (default 512)")
+    p.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
+    p.add_argument("--repeats", type=int, default=None, help="repeats; median reported (5)")
+    p.add_argument("--tensors-per-rank", type=int, default=8)
+    p.add_argument("--link-mbps", type=float, default=200.0, help="shaped link, per connection")
+    p.add_argument("--link-latency-ms", type=float, default=20.0, help="shaped link, one way")
+    p.add_argument("--quick", action="store_true", help="128 MiB and 3 repeats")
+    a = p.parse_args(argv)
+    size = a.size_mib or (128 if a.quick else 512)
+    repeats = a.repeats or (3 if a.quick else 5)
+    signal.signal(signal.SIGTERM, _sigterm)
+    res = run(size, a.world, repeats, a.tensors_per_rank, a.link_mbps, a.link_latency_ms)
+    print(f"state {size} MiB on {a.world} ranks; {repeats} repeats; link: {res['link']}\n")
+    print(table(res))
+    print(f"\nwall {res['wall_s']:.0f} s; {machine_line(res['machine'])}")
+    print(f"JSON: {os.path.relpath(write_results('bench_restore_tier', res))}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
