@@ -17,6 +17,10 @@ here is a temp directory on this machine's disk, standing in for a node's NVMe; 
                cache no longer holds them, as after a node's reboot (clean pages only; the
                save was fsynced).
   remote       ``CheckpointManager(root).restore(state)``: everything through the link.
+  plain read   after the same eviction, the ranks read the local tier's files (every
+               ``world``-th file each, one after another, plain ``readinto``, no checks): what
+               reading those bytes cold costs without ckptstore (its restore reads in
+               parallel, so it can be faster).
 
 Each time is barrier -> restore -> barrier on every rank, the sample the max over ranks; every
 restore is checked bitwise against the saved state (untimed) and the bytes that crossed the
@@ -47,7 +51,7 @@ __all__ = ["main", "run"]
 
 MiB = 1 << 20
 BUCKET = "restore-tier"
-MODES = ("local tier", "local, cold", "remote")
+MODES = ("local tier", "local, cold", "remote", "plain read")
 
 
 def _evict(root: str) -> None:
@@ -59,6 +63,16 @@ def _evict(root: str) -> None:
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
             finally:
                 os.close(fd)
+
+
+def _read_share(root: str, rank: int, world: int) -> None:
+    """Read every ``world``-th file under ``root`` (from ``rank``), whole, into one buffer."""
+    paths = sorted(os.path.join(d, n) for d, _dirs, files in os.walk(root) for n in files)
+    buf = bytearray(64 * MiB)
+    for path in paths[rank::world]:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
 
 
 def _rank_main(
@@ -88,6 +102,18 @@ def _rank_main(
     for rep in range(repeats):
         order = MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]
         for mode in order:
+            if mode == "plain read":
+                if rank == 0:
+                    _evict(tier_dir)
+                dist.barrier()
+                t0 = time.perf_counter()
+                _read_share(tier_dir, rank, world)
+                dist.barrier()
+                out = torch.tensor([time.perf_counter() - t0])
+                dist.all_reduce(out, op=dist.ReduceOp.MAX)
+                samples[mode].append(float(out))
+                link_bytes[mode].append(0)
+                continue
             dest = {"model": {k: torch.zeros_like(v) for k, v in state.items()}}
             mgr = CheckpointManager(
                 url,
