@@ -21,6 +21,10 @@ sleeps ``--step-ms``, for two epochs with a fresh node-local cache:
   disk         bytes under the contender's cache directory after the two epochs
   once         epoch 0 across both ranks: repeated / skipped samples
 
+``ckptstore-packed`` (raw only) reads the raw files packed into Parquet shards of the peers'
+chunk size by ``ckptstore.data.pack.pack_files``: the like-for-like row against litdata's
+``optimize()``d chunks. Conversion times (MDS, optimize(), pack) are printed, not counted.
+
 Resume (once per dataset): 2 ranks x 2 workers train K steps, write their loader state
 (the checkpoint), train 2 more steps and are SIGKILLed mid-epoch; then 3 ranks x 1 worker
 resume from that state and finish the epoch. Counted over the checkpointed steps plus the
@@ -50,7 +54,8 @@ sys.path[:0] = [os.path.join(HERE, "peers"), HERE, REPO]
 from convert import make_raw, make_tokens, to_litdata, to_mds  # noqa: E402
 
 BUCKET = "peers"
-NAMES = ("ckptstore", "mosaic", "litdata", "fsspec")
+PACKED = "ckptstore-packed"  # raw files packed into Parquet shards (ckptstore.data.pack)
+NAMES = ("ckptstore", PACKED, "mosaic", "litdata", "fsspec")
 
 
 def _free_port() -> int:
@@ -82,20 +87,34 @@ def prepare(
     for kind in args.datasets:
         local = os.path.join(src, kind)
         mds, lit = os.path.join(work, f"mds-{kind}"), os.path.join(work, f"lit-{kind}")
+        packed = os.path.join(work, f"packed-{kind}")
         uploads = [("src", local)]
+        convert_s: dict[str, float] = {}  # local files -> the peer's format, before upload
         if "mosaic" in names:
+            t = time.perf_counter()
             to_mds(kind, local, mds, shard_bytes)
+            convert_s["mosaic"] = time.perf_counter() - t
             uploads.append(("mds", mds))
         if "litdata" in names:
+            t = time.perf_counter()
             to_litdata(kind, local, lit, shard_bytes, counts[kind])
+            convert_s["litdata"] = time.perf_counter() - t
             uploads.append(("lit", lit))
+        if PACKED in names and kind == "raw":
+            from ckptstore.data.pack import pack_files
+
+            # The same shard size as the peers' chunks; the whole file set in path order.
+            convert_s[PACKED] = pack_files(local, packed, shard_bytes=shard_bytes).seconds
+            uploads.append(("packed", packed))
         for what, path in uploads:
             _upload(s3, path, f"{what}-{kind}")
         out[kind] = {
             "count": counts[kind],
             "bytes": sum(os.path.getsize(os.path.join(local, n)) for n in os.listdir(local)),
+            "convert_s": convert_s,
             "urls": {
                 "ckptstore": f"s3://{BUCKET}/src-{kind}/",
+                PACKED: f"s3://{BUCKET}/packed-{kind}/",
                 "fsspec": f"{BUCKET}/src-{kind}",
                 "mosaic": f"s3://{BUCKET}/mds-{kind}",
                 "litdata": f"s3://{BUCKET}/lit-{kind}",
@@ -344,6 +363,8 @@ def main(argv: list[str] | None = None) -> int:
         shaped = dict(s3, endpoint_url=link.endpoint)
         for kind in args.datasets:
             for name in names:
+                if name == PACKED and kind != "raw":
+                    continue  # token rows are Parquet shards already
                 base = {
                     "contender": name,
                     "kind": kind,
@@ -378,14 +399,29 @@ def main(argv: list[str] | None = None) -> int:
         report["loadavg_after"] = os.getloadavg()
         if not os.environ.get("KEEP_WORK"):
             shutil.rmtree(work, ignore_errors=True)
-    report["data"] = {k: {"count": v["count"], "bytes": v["bytes"]} for k, v in data.items()}
+    report["data"] = {
+        k: {"count": v["count"], "bytes": v["bytes"], "convert_s": v["convert_s"]}
+        for k, v in data.items()
+    }
     if args.json:
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     print(table(report))
     print()
     print(phases_table(report))
+    print()
+    print(convert_lines(report))
     return 0
+
+
+def convert_lines(report: dict[str, Any]) -> str:
+    """Seconds each format conversion took (local files in, local shards out; not counted in
+    the cold epoch, as a real job converts once ahead of time)."""
+    lines = []
+    for kind, d in report.get("data", {}).items():
+        cells = ", ".join(f"{name} {sec:.2f} s" for name, sec in d.get("convert_s", {}).items())
+        lines.append(f"- conversion of {kind}: {cells or 'none (read as they are)'}")
+    return "\n".join(lines)
 
 
 def _med(runs: list[dict[str, Any]], key: str) -> tuple[float, float, float]:

@@ -5,6 +5,8 @@ and gives the training loop batches with an ``id`` tensor (the row's global id),
 benchmark can count what each rank trained on.
 
 - ``ckptstore``: ``ShardedDataset`` (Parquet shards, or raw files) + ``DataLoader``.
+- ``ckptstore-packed`` (raw only): the same over the raw files packed into Parquet shards
+  by ``ckptstore.data.pack.pack_files`` (a ``path`` and a ``data`` column).
 - ``mosaic``: Mosaic Streaming ``StreamingDataset`` over MDS shards converted from the same
   rows + ``StreamingDataLoader`` (resumable).
 - ``litdata``: litdata ``StreamingDataset`` over ``optimize()``d chunks +
@@ -84,6 +86,11 @@ class Contender:
 
 
 class Ckptstore(Contender):
+    url_key, fmt = "ckptstore", ""  # "": Parquet for tokens, raw files for raw
+
+    def columns(self) -> list[str] | None:
+        return ["id", "tokens"] if self.kind == "tokens" else None
+
     def loader(self, state: Any) -> Any:
         t = time.perf_counter()
         from ckptstore.data import DataLoader, ShardedDataset
@@ -92,17 +99,17 @@ class Ckptstore(Contender):
         s = self.spec
         self.phases["import_s"] = time.perf_counter() - t
         t = time.perf_counter()
-        open_store(s["urls"]["ckptstore"], s["s3"]).close()  # the client's own imports, timed
+        open_store(s["urls"][self.url_key], s["s3"]).close()  # the client's own imports, timed
         self.phases["client_s"] = time.perf_counter() - t
         t = time.perf_counter()
         ds = ShardedDataset(
-            s["urls"]["ckptstore"],
+            s["urls"][self.url_key],
             storage_options=s["s3"],
-            format="parquet" if self.kind == "tokens" else "raw",
+            format=self.fmt or ("parquet" if self.kind == "tokens" else "raw"),
             cache_dir=self.cache,
             seed=s["seed"],
             transform=_raw_sample if self.kind == "raw" else None,
-            columns=["id", "tokens"] if self.kind == "tokens" else None,
+            columns=self.columns(),
         )
         self.phases["listing_s"] = time.perf_counter() - t  # rank 0 lists, then a broadcast
         t = time.perf_counter()
@@ -113,6 +120,16 @@ class Ckptstore(Contender):
             dl.load_state_dict(state)
         self.phases["loader_s"] = time.perf_counter() - t
         return dl
+
+
+class CkptstorePacked(Ckptstore):
+    """ckptstore over the raw files packed into Parquet shards (``ckptstore.data.pack``):
+    the like-for-like row against litdata's ``optimize()``d chunks and Mosaic's MDS."""
+
+    url_key, fmt = "ckptstore-packed", "parquet"
+
+    def columns(self) -> list[str] | None:
+        return ["path", "data"]
 
 
 class Mosaic(Contender):
@@ -228,6 +245,7 @@ class Fsspec(Contender):
 
 CONTENDERS: dict[str, type[Contender]] = {
     "ckptstore": Ckptstore,
+    "ckptstore-packed": CkptstorePacked,
     "mosaic": Mosaic,
     "litdata": Litdata,
     "fsspec": Fsspec,

@@ -30,7 +30,7 @@ import traceback
 import warnings
 from collections.abc import Sequence
 
-from ckptstore.cli import convert, copy, diff, gc, goodput, inspect, ls, verify
+from ckptstore.cli import convert, copy, diff, gc, goodput, inspect, ls, pack, verify
 from ckptstore.cli.context import Context, add_common_arguments
 from ckptstore.cli.failures import (
     EXIT_CHECK_FAILED,
@@ -63,7 +63,7 @@ URLs: a path or file://, s3://, gs://, az:// / abfs://. Credentials and endpoint
   ckptstore-tool ls s3://bucket/run1 -o endpoint_url=http://127.0.0.1:8333 -o key=... -o secret=...
 """
 
-COMMANDS = (ls, inspect, verify, convert, copy, gc, diff, goodput)
+COMMANDS = (ls, inspect, verify, convert, copy, gc, diff, goodput, pack)
 
 #: The argument names that hold a command's URLs, in the order they are named in errors.
 _URL_ARGS = ("root", "ckpt", "src", "dst", "a", "b", "from_root")

@@ -6,6 +6,9 @@
     loader = DataLoader(ds, batch_size=32, num_workers=4)    # DCP-Stateful
     for batch in loader: ...
 
+Many small files (``format="raw"``) read faster packed into Parquet shards ahead of
+time: :func:`~ckptstore.data.pack.pack_files`.
+
 ``ckptstore.data.order`` holds the pure order functions (no I/O, no torch): which sample
 the loader serves at each step, resumable exactly on any world size and worker count.
 The public names below import lazily, so the order math works without torch or pyarrow.
@@ -32,6 +35,8 @@ __all__ = [
     "DataOrderError",
     "sample_seed",
     "parse_size",
+    "pack_files",
+    "PackReport",
 ]
 
 _WHERE = {
@@ -50,6 +55,8 @@ _WHERE = {
     "OrderState": "order",
     "DataOrderError": "order",
     "sample_seed": "order",
+    "pack_files": "pack",
+    "PackReport": "pack",
 }
 
 if TYPE_CHECKING:
@@ -65,6 +72,7 @@ if TYPE_CHECKING:
         ScalarSink,
     )
     from ckptstore.data.order import DataOrderError, OrderState, sample_seed
+    from ckptstore.data.pack import PackReport, pack_files
     from ckptstore.data.stream import DataOrder
 
 

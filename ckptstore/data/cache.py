@@ -29,6 +29,7 @@ Call order (per process)::
 
     cache = ShardCache(cache_dir, limit, store, engine, entries, order)
     h = cache.acquire(i, cursor)          # blocks until shard i is local and verified; pinned
+    hs = cache.acquire_many(ids, cursor, pool)  # several at once; {i: handle}, some left out
     ... read h.path ...
     h.release()                           # evictable again
     cache.prefetch(i, cursor, distance)   # background: fetch if it fits, never waits
@@ -44,6 +45,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, Future
 
 from ckptstore.data.cachedownload import check_copy, create_temp, explain_mismatch
 from ckptstore.data.cachefiles import (
@@ -73,6 +75,14 @@ from ckptstore.errors import (
 __all__ = ["CacheEntry", "Handle", "ShardCache", "check_limit", "probe_cache_dir"]
 
 log = logging.getLogger(__name__)
+
+
+def _release_result(fut: Future[Handle | None]) -> None:
+    """Release the pin a finished :meth:`ShardCache.acquire_many` task took, if it took one."""
+    if not fut.cancelled() and fut.exception() is None:
+        h = fut.result()
+        if h is not None:
+            h.release()
 
 
 class ShardCache:
@@ -160,6 +170,48 @@ class ShardCache:
         Blocks while another process downloads it or while the budget is full of pinned
         shards; raises ``CacheError`` after ``wait_timeout`` s.
         """
+        handle = self._acquire(i, cursor, wait_for_room=True)
+        if handle is None:  # pragma: no cover - waiting for room ends in room or an error
+            raise CacheError(f"no cache space was found for {self.entries[i].path}")
+        return handle
+
+    def acquire_many(self, shards: Sequence[int], cursor: int, pool: Executor) -> dict[int, Handle]:
+        """Pin several shards at once: the missing ones download side by side on ``pool``.
+
+        A shard another process is fetching (the prefetcher, another worker or rank) is
+        waited for, never fetched twice. A shard that finds no cache space *now* is left
+        out of the result (nothing of it pinned): acquire it with :meth:`acquire` after
+        using the others, so that waiting for room can unpin them. On any error every pin
+        taken here is released and the first failing shard's error (in ``shards`` order)
+        is raised. ``pool``'s tasks must not share threads with ``self.engine.pool``
+        (each task waits on the engine's ranged GETs).
+        """
+        futures = [(i, pool.submit(self._acquire, i, cursor, wait_for_room=False)) for i in shards]
+        got: dict[int, Handle] = {}
+        error: BaseException | None = None
+        try:
+            for i, fut in futures:
+                try:
+                    h = fut.result()
+                except Exception as exc:  # noqa: BLE001 - the first one is raised below
+                    error = error or exc
+                    continue
+                if h is not None:
+                    got[i] = h
+        except BaseException:  # interrupted while waiting: pins taken later are dropped too
+            for _, fut in futures:
+                fut.add_done_callback(_release_result)
+            for h in got.values():
+                h.release()
+            raise
+        if error is not None:
+            for h in got.values():
+                h.release()
+            raise error
+        return got
+
+    def _acquire(self, i: int, cursor: int, *, wait_for_room: bool) -> Handle | None:
+        """:meth:`acquire`; with ``wait_for_room=False``, None where space is short now."""
         e = self.entries[i]
         path = self.data_path(i)
         use = self._lock(e.key, "use")
@@ -187,7 +239,9 @@ class ShardCache:
                     )
                     self.stats.add(corrupt=1)
                     self._discard(e.key)
-                self._download(e, cursor, demand=True)
+                if not self._download(e, cursor, demand=True, wait=wait_for_room):
+                    use.close()
+                    return None
             finally:
                 dl.close()
             self.stats.add(misses=1, wait_seconds=time.monotonic() - t0)
@@ -252,15 +306,24 @@ class ShardCache:
 
     # -- space ---------------------------------------------------------------------------
     def _download(
-        self, e: CacheEntry, cursor: int, *, demand: bool, max_distance: int | None = None
+        self,
+        e: CacheEntry,
+        cursor: int,
+        *,
+        demand: bool,
+        max_distance: int | None = None,
+        wait: bool = True,
     ) -> bool:
-        """Reserve space, fetch, verify and publish ``e`` (caller holds its ``dl`` lock)."""
+        """Reserve space, fetch, verify and publish ``e`` (caller holds its ``dl`` lock).
+
+        False: no room now, and this is a prefetch (``demand=False``) or ``wait=False``.
+        """
         deadline = time.monotonic() + self.wait_timeout
         while True:
             tmp = self._reserve(e, cursor, max_distance if not demand else None)
             if tmp is not None:
                 break
-            if not demand:
+            if not demand or not wait:
                 return False
             if self.on_pressure is not None:
                 self.on_pressure()  # let this process unpin what it holds idle

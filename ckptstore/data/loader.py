@@ -14,7 +14,9 @@ How batches are made (the contract of ``ckptstore.data.order``): an ``iter()`` s
 cursor k0 serves ``G[k0 : end of k0's epoch]``; ``G[k0 + j]`` goes to rank ``(j // B) % R``,
 that rank's batch ``j // (R*B)``, made by worker ``batch % W``. Underneath is a torch DataLoader
 over an IterableDataset in which worker w yields exactly its batches w, w+W, ... and torch's
-round-robin with ``in_order=True`` hands them back in batch order (checked on arrival). The
+round-robin with ``in_order=True`` hands them back in batch order (checked on arrival); a
+batch's tensors of up to a few MiB cross from the worker in the pipe, not as shared memory
+(:mod:`ckptstore.data.handoff`: the loop never waits on a busy worker's GIL for them). The
 cursor advances in the main process when a batch is handed to the training loop, so the state is
 one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly there. The
 epoch's last global step may be short: low ranks get full batches, one rank a short one, the
@@ -41,6 +43,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from ckptstore.data.dataset import ShardedDataset
+from ckptstore.data.handoff import inline
 from ckptstore.data.metrics import LoaderMetrics, MetricsSink
 from ckptstore.data.order import (
     DataOrderError,
@@ -86,13 +89,15 @@ class _EpochPlan(IterableDataset):
         """Global cursors of this rank's batch ``s`` (:func:`~ckptstore.data.order.epoch_batch`)."""
         return epoch_batch(self.k0, self.rank, self.world_size, self.batch_size, self.end, s)
 
-    def __iter__(self) -> Iterator[tuple[int, int, Any, dict[str, float]]]:
+    def __iter__(self) -> Iterator[Any]:
         info = get_worker_info()
         w, workers = (0, 1) if info is None else (info.id, info.num_workers)
         for s in range(w, self.count, workers):
             samples = self.dataset.samples_at(self.cursors(s))
             batch = self.collate_fn(samples) if samples else []
-            yield s, len(samples), batch, self.dataset.cache_stats()
+            item = (s, len(samples), batch, self.dataset.cache_stats())
+            # In a worker: small tensors cross in the pipe, not as shared memory (handoff).
+            yield inline(item) if info is not None else item
 
 
 class DataLoader:

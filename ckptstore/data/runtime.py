@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import threading
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,7 +28,10 @@ from ckptstore.stores import open_store
 if TYPE_CHECKING:
     from ckptstore.data.dataset import ShardedDataset
 
-__all__ = ["ProcessRuntime"]
+__all__ = ["ProcessRuntime", "ACQUIRE_THREADS"]
+
+#: Shards one process pins (and downloads) side by side for one batch.
+ACQUIRE_THREADS = 16
 
 
 class ProcessRuntime:
@@ -44,6 +48,7 @@ class ProcessRuntime:
         self._open: OrderedDict[int, tuple[Handle, ShardReader]] = OrderedDict()
         self._lock = threading.RLock()
         self._pressure_seen = 0
+        self._acquirers: ThreadPoolExecutor | None = None
 
     def order(self) -> DataOrder:
         """The dataset's data order, made on first use."""
@@ -58,12 +63,16 @@ class ProcessRuntime:
             self._cache = self.ds.make_cache(self.order())
         return self._cache
 
-    def _reader(self, shard: int, cursor: int) -> ShardReader:
+    def _reader(self, shard: int, cursor: int, handle: Handle | None = None) -> ShardReader:
+        """The open reader of ``shard``, opened (from ``handle``, else acquired) if needed."""
         hit = self._open.get(shard)
         if hit is not None:
+            if handle is not None:
+                handle.release()  # pinned twice: the open reader's pin is enough
             self._open.move_to_end(shard)
             return hit[1]
-        handle = self.cache.acquire(shard, cursor)
+        if handle is None:
+            handle = self.cache.acquire(shard, cursor)
         try:
             e = self.ds.entries[shard]
             reader = open_reader(
@@ -89,7 +98,13 @@ class ProcessRuntime:
                 self._close_one(shard)
 
     def fetch(self, ids: np.ndarray, cursor: int) -> list[Any]:
-        """The samples ``ids`` (in that order), reading their shards through the cache."""
+        """The samples ``ids`` (in that order), reading their shards through the cache.
+
+        The shards of ``ids`` not open yet are pinned at once (``ShardCache.acquire_many``:
+        one round trip for a batch of small files, not one per file), outside the lock, so
+        a pool thread that waits may still unpin idle shards. Shards so pinned are read
+        first; one that found no room is acquired after them, one at a time, as before.
+        """
         stamp = self.cache.pressure_stamp()
         if stamp != self._pressure_seen:  # another process waits for space: unpin
             self._pressure_seen = stamp
@@ -98,18 +113,36 @@ class ProcessRuntime:
         shards = order.shard_of(ids)
         local = ids - order.shard_offsets[shards]
         out: list[Any] = [None] * len(ids)
+        _, first = np.unique(shards, return_index=True)
+        wanted = shards[np.sort(first)].tolist()
         with self._lock:
-            _, first = np.unique(shards, return_index=True)
-            for s in shards[np.sort(first)].tolist():
-                where = np.flatnonzero(shards == s)
-                rows = self._reader(s, cursor).take(local[where].tolist())
-                for pos, row in zip(where.tolist(), rows):
-                    out[pos] = row
+            need = [s for s in wanted if s not in self._open]
+        pinned = self.cache.acquire_many(need, cursor, self._pool()) if len(need) > 1 else {}
+        try:
+            with self._lock:
+                for s in sorted(wanted, key=lambda s: s not in pinned):  # pinned first
+                    where = np.flatnonzero(shards == s)
+                    rows = self._reader(s, cursor, pinned.pop(s, None)).take(local[where].tolist())
+                    for pos, row in zip(where.tolist(), rows):
+                        out[pos] = row
+        finally:
+            for handle in pinned.values():  # left over after an error
+                handle.release()
         return out
+
+    def _pool(self) -> ThreadPoolExecutor:
+        """Threads that pin shards side by side (apart from the engine's I/O threads)."""
+        with self._lock:
+            if self._acquirers is None:
+                self._acquirers = ThreadPoolExecutor(ACQUIRE_THREADS, "ckptstore-acquire")
+            return self._acquirers
 
     def close(self) -> None:
         """Unpin every shard and close the engine (and the store, if this runtime opened it)."""
         self.release_idle()
+        pool, self._acquirers = self._acquirers, None
+        if pool is not None:
+            pool.shutdown(wait=True)
         self.engine.close()
         if self.ds._store_arg is None:
             self.store.close()

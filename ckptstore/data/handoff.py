@@ -1,0 +1,93 @@
+"""Handing a worker's batch to the training loop: small tensors travel inline, in the pipe.
+
+torch's DataLoader sends every tensor of a batch from a worker process as shared memory:
+the worker moves the tensor's storage into a shared-memory segment, and the loop, unpickling
+the batch, asks the worker's resource-sharer thread for the segment's file descriptor over
+a Unix socket, once per tensor. That thread needs the worker's GIL, which the worker holds
+while it decodes and collates the next batch; so the loop waits, per tensor, for the
+worker's next GIL switch (``sys.getswitchinterval()``, 5 ms by default). For the small
+batches of a data loader (a few MiB at most) copying the bytes through the pipe is
+cheaper and never waits on the worker.
+
+:func:`inline` wraps a batch in a worker so that, when torch pickles it onto the worker's
+queue, every dense CPU tensor of up to ``INLINE_BYTES`` is written into the pickle itself;
+larger ones, and everything that is not a tensor, go as torch sends them. The loop
+unpickles the batch itself (no wrapper remains): the same structure, equal tensors (each
+contiguous, in fresh process-local memory), so ``pin_memory`` and the user's code see a
+normal batch.
+
+Call order: in a worker, ``queue_item = inline(batch)``; in the loop, the batch arrives as
+it was (nothing to call).
+"""
+
+from __future__ import annotations
+
+import io
+from multiprocessing.reduction import ForkingPickler
+from typing import Any
+
+import torch
+
+__all__ = ["INLINE_BYTES", "Inline", "inline"]
+
+#: Tensors up to this size are copied through the worker's pipe instead of shared memory.
+INLINE_BYTES = 4 << 20
+
+
+def _rebuild(raw: bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
+    if not raw:
+        return torch.empty(shape, dtype=dtype)
+    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    return flat.view(dtype).view(shape)
+
+
+def _reduce_tensor(t: torch.Tensor) -> Any:
+    """Inline a small dense CPU tensor; anything else as torch's multiprocessing sends it."""
+    if (
+        type(t) is torch.Tensor
+        and t.layout == torch.strided
+        and t.device.type == "cpu"
+        and not t.requires_grad
+        and not t.is_quantized
+        and not t.is_conj()
+        and not t.is_neg()
+        and t.nbytes <= INLINE_BYTES
+    ):
+        flat = t.detach().contiguous().view(-1)
+        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        return _rebuild, (raw, t.dtype, tuple(t.shape))
+    from torch.multiprocessing.reductions import reduce_tensor
+
+    return reduce_tensor(t)
+
+
+class _Pickler(ForkingPickler):
+    """torch's multiprocessing pickler with small tensors inlined."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.dispatch_table = dict(self.dispatch_table)  # an instance's own copy
+        self.dispatch_table[torch.Tensor] = _reduce_tensor
+
+
+def _loads(data: bytes) -> Any:
+    return ForkingPickler.loads(data)
+
+
+class Inline:
+    """A batch that pickles with its small tensors inlined; unpickles as the batch itself."""
+
+    __slots__ = ("batch",)
+
+    def __init__(self, batch: Any) -> None:
+        self.batch = batch
+
+    def __reduce__(self) -> Any:
+        buf = io.BytesIO()
+        _Pickler(buf, 5).dump(self.batch)
+        return _loads, (buf.getvalue(),)
+
+
+def inline(batch: Any) -> Inline:
+    """``batch`` wrapped for a worker's queue (see the module docstring)."""
+    return Inline(batch)

@@ -1,0 +1,189 @@
+"""Pack a directory of small files into Parquet shards ahead of time.
+
+A dataset of many small files (images, audio clips) read with ``format="raw"`` costs a
+cache entry per file: a lock, a pre-allocated temp file, a GET, a CRC, a ``.meta`` and a
+rename each. Packed into shards of a few MiB, the same files are a Parquet dataset with two
+columns, ``path`` (the file's path below the source, a string) and ``data`` (its bytes),
+which :class:`~ckptstore.data.ShardedDataset` reads like any other; a sample is the same
+``{"path": ..., "data": ...}`` dict that a raw file gives. (litdata's ``optimize()`` and
+Mosaic's ``MDSWriter`` do this conversion for their own formats.)
+
+Call order::
+
+    from ckptstore.data.pack import pack_files
+    report = pack_files("s3://bucket/images/", "s3://bucket/images-packed/",
+                        shard_bytes="64MiB")          # lists, reads, writes part-*.parquet
+    ds = ShardedDataset("s3://bucket/images-packed/", format="parquet")
+
+Files are packed in path order, whole (a file larger than ``shard_bytes`` gets a shard of
+its own), ``row_group_bytes`` of them to a row group (the unit the loader decodes at once).
+Reads run ``threads`` at a time, the next shard's while this one is written: about three
+shards' bytes are held in memory. The destination must not hold Parquet files yet
+(nothing there is replaced or deleted). Each shard is written whole with the transfer
+engine (a multipart upload, or a temp file renamed): readers never see a partial one.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any
+
+from ckptstore.config import TransferConfig
+from ckptstore.engine.store import Store
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import ConfigError, DatasetChangedError, EmptyDatasetError
+
+__all__ = ["PackReport", "pack_files", "plan_shards", "SHARD_NAME"]
+
+#: Shard ``k`` of a packed dataset is written as ``SHARD_NAME.format(k)``.
+SHARD_NAME = "part-{:05d}.parquet"
+
+
+@dataclass(frozen=True)
+class PackReport:
+    """What :func:`pack_files` wrote: counts, bytes and the shard paths below ``dst``."""
+
+    files: int
+    nbytes: int  # the files' bytes (the shards add a small Parquet overhead)
+    shards: tuple[str, ...]
+    seconds: float
+
+
+def plan_shards(sizes: Sequence[tuple[str, int]], shard_bytes: int) -> list[list[tuple[str, int]]]:
+    """Split ``(path, size)`` pairs, in the order given, into runs of <= ``shard_bytes``.
+
+    A run closes before the file that would take it past ``shard_bytes``; a file larger
+    than that is a run of its own. No run is empty; the runs concatenate to ``sizes``.
+    """
+    if shard_bytes < 1:
+        raise ConfigError(f"shard_bytes must be >= 1, got {shard_bytes}")
+    runs: list[list[tuple[str, int]]] = []
+    run: list[tuple[str, int]] = []
+    held = 0
+    for path, size in sizes:
+        if run and held + size > shard_bytes:
+            runs.append(run)
+            run, held = [], 0
+        run.append((path, size))
+        held += size
+    if run:
+        runs.append(run)
+    return runs
+
+
+def _row_groups(sizes: Sequence[int], group_bytes: int) -> list[int]:
+    """Rows per row group: consecutive files of <= ``group_bytes`` (at least one each)."""
+    return [len(run) for run in plan_shards([("", s) for s in sizes], max(1, group_bytes))]
+
+
+def _encode(run: Sequence[tuple[str, bytes]], group_bytes: int) -> Any:
+    """One Parquet shard of ``run`` in memory (uncompressed: blobs rarely compress)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    schema = pa.schema([("path", pa.string()), ("data", pa.binary())])
+    sink = pa.BufferOutputStream()
+    with pq.ParquetWriter(sink, schema, compression="none") as w:
+        start = 0
+        for rows in _row_groups([len(d) for _, d in run], group_bytes):
+            part = run[start : start + rows]
+            w.write_table(
+                pa.table(
+                    {"path": [p for p, _ in part], "data": [d for _, d in part]}, schema=schema
+                )
+            )
+            start += rows
+    return sink.getvalue()
+
+
+def pack_files(
+    src: str | Store,
+    dst: str | Store,
+    *,
+    shard_bytes: int | str = "64MiB",
+    row_group_bytes: int | str = "1MiB",
+    include: str | None = None,
+    storage_options: dict[str, Any] | None = None,
+    dst_storage_options: dict[str, Any] | None = None,
+    threads: int = 16,
+) -> PackReport:
+    """Pack every file under ``src`` (or those matching ``include``) into shards in ``dst``.
+
+    Which files count is what ``ShardedDataset(src, format="raw", include=include)`` would
+    list: every non-hidden file, no ckptstore temp files. ``storage_options`` apply to
+    ``src`` and, unless ``dst_storage_options`` is given, to ``dst``. Raises
+    ``EmptyDatasetError`` when there is nothing to pack and ``ConfigError`` when ``dst``
+    already holds Parquet files. See the module docstring.
+    """
+    from ckptstore.data.dataset import _included, parse_size
+    from ckptstore.stores import open_store
+
+    shard_limit = parse_size(shard_bytes) or 0
+    group_limit = parse_size(row_group_bytes) or 0
+    if shard_limit < 1 or group_limit < 1:
+        raise ConfigError(
+            f"shard_bytes and row_group_bytes must be positive, got {shard_bytes!r} and "
+            f"{row_group_bytes!r}"
+        )
+    t0 = time.perf_counter()
+    source = open_store(src, storage_options)
+    dst_options = storage_options if dst_storage_options is None else dst_storage_options
+    target = open_store(dst, dst_options)
+    engine = TransferEngine(TransferConfig(concurrency=max(1, threads)))
+    try:
+        listed = source.find_sizes("")
+        if listed is None:
+            listed = {p: source.size(p) for p in source.find("")}
+        files = sorted((p, s) for p, s in listed.items() if _included(p, "raw", include))
+        if not files:
+            raise EmptyDatasetError(
+                f"no files to pack under {source.describe()}"
+                + (f" matching {include!r}" if include else "")
+            )
+        existing = [p for p in target.find("") if p.lower().endswith(".parquet")]
+        if existing:
+            raise ConfigError(
+                f"{target.describe()} already holds Parquet files ({existing[0]}, ...): a "
+                "dataset there would mix them with the new shards. Pack into an empty prefix, "
+                "or delete those files first"
+            )
+        runs = plan_shards(files, shard_limit)
+        written: list[str] = []
+        with ThreadPoolExecutor(max(1, threads), "ckptstore-pack") as pool:
+
+            def read(path: str) -> bytes:
+                return engine.retry(lambda: source.get(path), f"read of {source.describe(path)}")
+
+            def contents() -> Iterator[list[tuple[str, bytes]]]:
+                pending = [pool.map(read, [p for p, _ in run]) for run in runs[:1]]
+                for k in range(len(runs)):
+                    if k + 1 < len(runs):  # read the next shard's files while this one is written
+                        pending.append(pool.map(read, [p for p, _ in runs[k + 1]]))
+                    data = list(pending.pop(0))
+                    yield [(p, d) for (p, _), d in zip(runs[k], data)]
+
+            for k, run in enumerate(contents()):
+                for (path, size), (_, data) in zip(runs[k], run):
+                    if len(data) != size:
+                        raise DatasetChangedError(
+                            f"{source.describe(path)} changed while packing ({len(data)} bytes "
+                            f"read, {size} listed); pack again once the source is stable"
+                        )
+                name = SHARD_NAME.format(k)
+                engine.put(target, name, memoryview(_encode(run, group_limit)))
+                written.append(name)
+        return PackReport(
+            files=len(files),
+            nbytes=sum(s for _, s in files),
+            shards=tuple(written),
+            seconds=time.perf_counter() - t0,
+        )
+    finally:
+        engine.close()
+        if not isinstance(src, Store):
+            source.close()
+        if not isinstance(dst, Store):
+            target.close()

@@ -1,0 +1,120 @@
+"""A batch's missing shards are pinned at once: fetched side by side, never twice."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from ckptstore.data import DataLoader, ShardedDataset
+from ckptstore.data.cachefiles import Lock
+from ckptstore.engine.store import Store
+from ckptstore.errors import DatasetChangedError
+from ckptstore.stores.local import LocalStore
+from ckptstore.testing.faults import FaultyStore
+
+from .datasets import make_raw
+
+
+class SlowStore(FaultyStore):
+    """Every GET takes ``delay`` s; records how many were in flight at most, and per path."""
+
+    def __init__(self, inner: Store, delay: float = 0.15) -> None:
+        super().__init__(inner)
+        self.delay = delay
+        self.inflight = 0
+        self.max_inflight = 0
+        self.gets: dict[str, int] = {}
+        self._count = threading.Lock()
+
+    def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        with self._count:
+            self.inflight += 1
+            self.max_inflight = max(self.max_inflight, self.inflight)
+            self.gets[path] = self.gets.get(path, 0) + 1
+        try:
+            time.sleep(self.delay)
+            return super().get(path, start, end)
+        finally:
+            with self._count:
+                self.inflight -= 1
+
+
+def _raw(tmp_path, count=8, delay=0.15, **kw) -> tuple[ShardedDataset, SlowStore]:
+    make_raw(str(tmp_path / "ds"), count, size=200)
+    store = SlowStore(LocalStore(str(tmp_path / "ds")), delay)
+    kw.setdefault("cache_dir", str(tmp_path / "cache"))
+    ds = ShardedDataset(store, format="raw", shuffle=False, buckets=1, **kw)
+    store.gets.clear()
+    return ds, store
+
+
+def _content(tmp_path, ds: ShardedDataset, i: int) -> bytes:
+    return (tmp_path / "ds" / ds.shards[i].path).read_bytes()
+
+
+def test_a_batch_of_files_is_fetched_side_by_side(tmp_path) -> None:
+    ds, store = _raw(tmp_path)
+    got = ds.fetch(list(range(8)))
+    assert [s["data"] for s in got] == [_content(tmp_path, ds, i) for i in range(8)]
+    assert [s["path"] for s in got] == [s.path for s in ds.shards]  # in the order asked
+    assert store.max_inflight >= 4  # not one file after another
+    assert sorted(store.gets.values()) == [1] * 8
+    cache = ds.runtime().cache.stats.snapshot()
+    assert (cache["misses"], cache["downloads"]) == (8, 8)
+    ds.close()
+
+
+def test_a_download_in_flight_elsewhere_is_waited_for_not_repeated(tmp_path) -> None:
+    ds, store = _raw(tmp_path)
+    prefetcher = ds.make_cache()  # another process's view (the rank's prefetcher)
+    started = threading.Thread(target=prefetcher.prefetch, args=(3, 0, 3))
+    started.start()
+    deadline = time.monotonic() + 5
+    while store.inflight == 0 and time.monotonic() < deadline:
+        time.sleep(0.005)  # the prefetch now holds shard 3's download lock
+    reader = ds.make_cache()
+    with ThreadPoolExecutor(8) as pool:
+        handles = reader.acquire_many(list(range(8)), 0, pool)
+    started.join()
+    assert sorted(handles) == list(range(8))
+    assert sorted(store.gets.values()) == [1] * 8  # shard 3 came once, from the prefetch
+    s = reader.stats.snapshot()
+    assert (s["downloads"], s["misses"], s["hits"]) == (7, 7, 1)
+    for i, h in handles.items():
+        assert open(h.path, "rb").read() == _content(tmp_path, ds, i)
+        h.release()
+    ds.close()
+
+
+def test_no_room_for_all_leaves_some_to_acquire_one_by_one(tmp_path) -> None:
+    ds, store = _raw(tmp_path, delay=0.01, cache_limit=3 * 200)  # any three files, never four
+    cache = ds.make_cache()
+    with ThreadPoolExecutor(8) as pool:
+        handles = cache.acquire_many(list(range(6)), 0, pool)
+    assert 1 <= len(handles) <= 3  # the rest found no room now and hold nothing
+    for h in handles.values():
+        h.release()
+    # Through the loader the same budget serves every file exactly once, epoch after epoch.
+    dl = DataLoader(ds, 6, prefetch=False)
+    for _ in range(2):
+        seen = [p for b in dl for p in b["path"]]
+        assert sorted(seen) == sorted(s.path for s in ds.shards)
+    dl.close()
+
+
+def test_a_failure_releases_every_pin_taken(tmp_path) -> None:
+    ds, store = _raw(tmp_path)
+    os.unlink(tmp_path / "ds" / ds.shards[5].path)
+    cache = ds.make_cache()
+    with ThreadPoolExecutor(8) as pool, pytest.raises(DatasetChangedError) as err:
+        cache.acquire_many(list(range(8)), 0, pool)
+    assert ds.shards[5].path in str(err.value)
+    for e in ds.entries:  # nothing stays pinned: every shard could be evicted
+        use = Lock(os.path.join(cache.dir, "locks", f"{e.key}.use"))
+        assert use.try_acquire(), e.path
+        use.close()
+    ds.close()
