@@ -1,6 +1,7 @@
 """Blocking time of an async checkpoint: ckptstore's manager vs torch.save vs dcp.async_save.
 
     python benchmarks/bench_async.py [--size-mib 1024] [--world 2] [--saves 4] [--quick]
+                                     [--contenders "NAME;..."] [--no-interference]
 
 Every rank holds ``size / world`` MiB of float32 tensors (8 per rank). For each contender,
 ``--saves`` saves run one after another while the "training loop" keeps going; we time, on
@@ -17,8 +18,16 @@ Contenders (one after another in the same run, same directory type):
 - stock ``dcp.async_save`` (FileSystemWriter, default stager: a fresh deep copy per save).
 - stock ``dcp.async_save`` with ``DefaultStager`` (cached staging buffers; CPU options).
 - ckptstore ``CheckpointManager.save`` (cached staging buffers; background write + commit),
-  the same with ``staging_dir`` (local staging tier, then upload to the root), and with
-  ``background="process"`` (shared-memory staging arena; a writer process per rank).
+  the same with ``staging_dir`` (local staging tier, then upload to the root), with
+  ``background="process"`` (shared-memory staging arena; a writer process per rank), and in
+  process mode with ``max_staging_bytes`` = half the rank's state (staged in pieces).
+  The managers are built together and their saves interleaved round by round (the order
+  rotated each round), so that the machine's load drifts over all of them alike; their
+  peak RSS is the peak over all of them.
+
+``--contenders`` runs only the contenders named (separated by ``;``, as in the table; the
+ratios need ``copy_ floor``, ``rank-0 torch.save`` and ``dcp.async_save + DefaultStager``,
+and are left out without them); ``--no-interference`` skips the training-loop part.
 
 Then the reason to pick a writer process: how much a CPU-bound training loop (one torch
 thread per rank, ``x = tanh(x @ w)`` on 128x128 float32, i.e. small ops where Python and
@@ -56,6 +65,16 @@ from harness.dist import run_distributed  # noqa: E402
 TENSORS_PER_RANK = 8
 #: The reference "until committed" is measured against (issue: <= 1.0x, <= 1.2x staged).
 STAGER = "dcp.async_save + DefaultStager"
+FLOOR = "copy_ floor"
+TORCH_SAVE = "rank-0 torch.save"
+#: The managers: (name, staging_dir, background, budget as a fraction of the rank's state).
+MANAGERS = (
+    ("ckptstore manager", False, "thread", None),
+    ("ckptstore manager + staging", True, "thread", None),
+    ("ckptstore manager (process)", False, "process", None),
+    ("ckptstore manager (process), budget = state / 2", False, "process", 0.5),
+)
+CONTENDERS = (FLOOR, TORCH_SAVE, "dcp.async_save", STAGER, *(m[0] for m in MANAGERS))
 
 
 def make_state(
@@ -103,7 +122,13 @@ def fsync_path(path: str) -> None:
 
 
 def bench_rank(
-    rank: int, world: int, mib_per_rank: int, saves: int, base: str
+    rank: int,
+    world: int,
+    mib_per_rank: int,
+    saves: int,
+    base: str,
+    contenders: tuple[str, ...] = CONTENDERS,
+    with_interference: bool = True,
 ) -> tuple[dict, dict]:
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
@@ -131,17 +156,18 @@ def bench_rank(
 
     # The physical floor: copy_ into preallocated buffers.
     reset_peak()
-    buffers = {k: torch.empty_like(v) for k, v in state.items()}
-    for _ in range(saves):
-        t = timed_max(lambda: [buffers[k].copy_(v) for k, v in state.items()])
-        record("copy_ floor", t, t)
-    peak("copy_ floor")
-    buffers.clear()
+    if FLOOR in contenders:
+        buffers = {k: torch.empty_like(v) for k, v in state.items()}
+        for _ in range(saves):
+            t = timed_max(lambda: [buffers[k].copy_(v) for k, v in state.items()])
+            record(FLOOR, t, t)
+        peak(FLOOR)
+        buffers.clear()
     reset_peak()
 
     # Rank-0 torch.save of the gathered state (+ fsync).
     path = fresh("torchsave")
-    for i in range(saves):
+    for i in range(saves if TORCH_SAVE in contenders else 0):
 
         def torch_save(i: int = i) -> None:
             gathered: list[Any] = [None] * world
@@ -154,13 +180,16 @@ def bench_rank(
                 fsync_path(path)
 
         t = timed_max(torch_save)
-        record("rank-0 torch.save", t, t)
-    peak("rank-0 torch.save")
+        record(TORCH_SAVE, t, t)
+    if TORCH_SAVE in contenders:
+        peak(TORCH_SAVE)
 
     # Stock dcp.async_save, default and with a caching DefaultStager.
     cpu_stager = DefaultStager(StagingOptions(False, False, False, False))
     pg = dist.new_group(backend="gloo")
     for name, stager in (("dcp.async_save", None), (STAGER, cpu_stager)):
+        if name not in contenders:
+            continue
         path = fresh(name.replace(" ", "_").replace("+", ""))
         for i in range(saves):
             t0 = time.perf_counter()
@@ -177,24 +206,40 @@ def bench_rank(
         peak(name)
     cpu_stager.close()
 
-    for name, staging, background in (
-        ("ckptstore manager", None, "thread"),
-        ("ckptstore manager + staging", "nvme", "thread"),
-        ("ckptstore manager (process)", None, "process"),
-    ):
-        root = fresh(name.replace(" ", "_").replace("+", "").replace("(", "").replace(")", ""))
-        staging_dir = fresh(f"{staging}_{rank}") if staging else None
-        mgr = CheckpointManager(root, staging_dir=staging_dir, strict=True, background=background)
-        for i in range(saves):
+    # The managers, built together; their saves interleaved round by round (the peak RSS
+    # recorded for each is the peak over all of them).
+    reset_peak()
+    rank_bytes = sum(v.nbytes for v in state.values())
+    managers = {}
+    for n, (name, staging, background, budget) in enumerate(MANAGERS):
+        if name not in contenders:
+            continue
+        out[name] = {"blocking": [], "committed": []}
+        managers[name] = CheckpointManager(
+            fresh(f"manager_{n}"),
+            staging_dir=fresh(f"nvme_{n}_{rank}") if staging else None,
+            strict=True,
+            background=background,
+            max_staging_bytes=None if budget is None else int(rank_bytes * budget),
+        )
+    names = list(managers)
+    for i in range(saves):
+        # Round 0 (the first saves, reported apart) runs the process managers first, right
+        # after construction: their first save shows what is left of the writer start.
+        order = names[::-1] if i == 0 else names[i % len(names) :] + names[: i % len(names)]
+        for name in order:
+            mgr = managers[name]
             blocking = timed_max(lambda i=i, mgr=mgr: mgr.save(i, state))
             mgr.wait()
-            rec = mgr.records[-1]
-            committed = torch.tensor([rec.total_s], dtype=torch.float64)
+            committed = torch.tensor([mgr.records[-1].total_s], dtype=torch.float64)
             dist.all_reduce(committed, op=dist.ReduceOp.MAX)
             record(name, blocking, float(committed.item()))
+    for name, mgr in managers.items():
         mgr.close()
-        peak(name)
+        out[name]["peak_rss_mib"] = peak_rss_mib()  # type: ignore[assignment]
     state.clear()
+    if not with_interference:
+        return out, {}
     return out, interference(rank, mib_per_rank, saves, fresh)
 
 
@@ -258,8 +303,8 @@ def interference(rank: int, mib_per_rank: int, saves: int, fresh: Any) -> dict[s
 
 def summarise_interference(results: list[dict]) -> list[dict]:
     """One row per mode: medians over every rank's saves."""
-    rows = []
-    for mode in results[0]:
+    rows: list[dict] = []
+    for mode in results[0] if results else ():
         per = [res[mode] for res in results]
         idle = [x for r in per for x in r["idle"]]
         during = [x for r in per for x in r["during"]]
@@ -324,14 +369,19 @@ def summarise(results: list[dict], total_mib: int) -> list[dict]:
                 "peak_rss_mib": max(res[name].get("peak_rss_mib", 0.0) for res in results),
             }
         )
-    floor = next(r["blocking_s"] for r in rows if r["contender"] == "copy_ floor")
-    tsave = next(r["blocking_s"] for r in rows if r["contender"] == "rank-0 torch.save")
-    stager = next(r["committed_s"] for r in rows if r["contender"] == STAGER)
+    by_name = {r["contender"]: r for r in rows}
+    floor = by_name.get(FLOOR, {}).get("blocking_s")
+    tsave = by_name.get(TORCH_SAVE, {}).get("blocking_s")
+    stager = by_name.get(STAGER, {}).get("committed_s")
     for r in rows:
-        r["committed_x_stager"] = r["committed_s"] / stager
-        r["x_floor"] = r["blocking_s"] / floor
-        r["torch_save_over"] = tsave / r["blocking_s"]
+        r["committed_x_stager"] = r["committed_s"] / stager if stager else None
+        r["x_floor"] = r["blocking_s"] / floor if floor else None
+        r["torch_save_over"] = tsave / r["blocking_s"] if tsave else None
     return rows
+
+
+def _ratio(x: float | None, digits: int = 2) -> str:
+    return "–" if x is None else f"{x:.{digits}f}"
 
 
 def table(rows: list[dict]) -> str:
@@ -346,20 +396,39 @@ def table(rows: list[dict]) -> str:
                 f"{r['first_blocking_s']:.3f}",
                 f"{r['committed_s']:.2f}",
                 f"{r['committed_min_s']:.2f}–{r['committed_max_s']:.2f}",
-                f"{r['committed_x_stager']:.2f}",
-                f"{r['x_floor']:.2f}",
-                f"{r['torch_save_over']:.1f}",
+                _ratio(r["committed_x_stager"]),
+                _ratio(r["x_floor"]),
+                _ratio(r["torch_save_over"], 1),
             ]
             for r in rows
         ],
     )
 
 
-def run(size_mib: int, world: int, saves: int, parent: str | None = None) -> dict[str, Any]:
-    """Every contender on ``world`` gloo ranks; {"rows": summarise(...), "raw": per rank}."""
+def run(
+    size_mib: int,
+    world: int,
+    saves: int,
+    parent: str | None = None,
+    contenders: tuple[str, ...] = CONTENDERS,
+    with_interference: bool = True,
+) -> dict[str, Any]:
+    """The ``contenders`` on ``world`` gloo ranks; {"rows": summarise(...), "raw": per rank}."""
+    unknown = sorted(set(contenders) - set(CONTENDERS))
+    if unknown:
+        raise SystemExit(f"unknown contenders {unknown}; choose from {list(CONTENDERS)}")
     base = tempfile.mkdtemp(prefix="ckptstore-bench-async-", dir=parent)
     try:
-        results = run_distributed(bench_rank, world, size_mib // world, saves, base, timeout=1800)
+        results = run_distributed(
+            bench_rank,
+            world,
+            size_mib // world,
+            saves,
+            base,
+            tuple(contenders),
+            with_interference,
+            timeout=1800,
+        )
     finally:
         shutil.rmtree(base, ignore_errors=True)
     raw = [contenders for contenders, _ in results]
@@ -379,15 +448,22 @@ def main() -> None:
     p.add_argument("--saves", type=int, default=4, help="saves per contender (first = warm-up)")
     p.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
     p.add_argument("--quick", action="store_true", help="256 MiB, 3 saves")
+    p.add_argument("--contenders", default=";".join(CONTENDERS), help="names, separated by ;")
+    p.add_argument("--no-interference", action="store_true", help="skip the training loop part")
     args = p.parse_args()
     if args.quick:
         args.size_mib, args.saves = 256, 3
-    res = run(args.size_mib, args.world, args.saves, args.dir)
+    names = tuple(n.strip() for n in args.contenders.split(";") if n.strip())
+    load = os.getloadavg()[0]
+    res = run(args.size_mib, args.world, args.saves, args.dir, names, not args.no_interference)
+    res["load_avg"] = [load, os.getloadavg()[0]]
     rows = res["rows"]
-    print(f"\n{args.size_mib} MiB state on {args.world} gloo ranks, {args.saves} saves each\n")
+    print(f"\n{args.size_mib} MiB state on {args.world} gloo ranks, {args.saves} saves each")
+    print(f"(load average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end)\n")
     print(table(rows))
-    print("\nA CPU-bound training loop while a background save runs (1 torch thread per rank)\n")
-    print(interference_table(res["interference"]))
+    if res["interference"]:
+        print("\nA CPU-bound training loop while a background save runs (1 torch thread/rank)\n")
+        print(interference_table(res["interference"]))
     os.makedirs("benchmarks/results", exist_ok=True)
     out = f"benchmarks/results/bench_async-{time.strftime('%Y%m%d-%H%M%S')}.json"
     with open(out, "w") as f:

@@ -2,12 +2,20 @@
 
 Call order::
 
-    stager = SharedStager(pin=torch.cuda.is_available())
-    staged = stager.stage(state)     # training side: copies every tensor into the arena and
-                                     # pickles the rest; a StagedState (small, picklable)
+    stager = SharedStager(pin=torch.cuda.is_available(), budget=None)
+    staged = stager.stage(state)     # training side: copies every tensor into the arena (with
+                                     # a budget: those of piece 0) and pickles the rest; a
+                                     # StagedState (small, picklable)
     stager.arena.fd                  # the arena's file descriptor, handed once to a reader
     view = ArenaView(fd, size, id)   # reader side: maps the arena (once per arena)
     state = staged.rebuild(view)     # the state again, its tensors over the shared bytes
+    stager.stage_piece(k)            # with a budget, training side: piece k copied over the
+                                     # piece before it (which the reader has written)
+    view.drop(k)                     # reader side: done with piece k (its page table
+                                     # entries dropped; the memory stays the arena's)
+    stager.release()                 # the save needs no more piece: the references to
+                                     # training's tensors are dropped
+    view.close()                     # reader side, for a new arena or at exit
     stager.close()                   # frees the arena (once no reader is using it)
 
 The arena is a Linux memfd: it has no name in /dev/shm, and the kernel frees its memory
@@ -20,6 +28,21 @@ numbers, strings, objects) is pickled by ``stage``, so training may change it af
 Only plain dense tensors are staged (``nn.Parameter`` too): DTensor, ShardedTensor,
 sparse, quantized and nested tensors raise ``ConfigError``. The caller guarantees that no
 reader uses the arena while ``stage`` writes it (the manager's one-save-in-flight rule).
+
+With ``budget=B`` the arena is one segment of at most B bytes, reused for every piece of
+the state: the tensors, in the state's order, are packed into *pieces* of at most B bytes
+each (a new piece starts where the next tensor does not fit), every piece laid out from
+offset 0 of the segment. ``stage`` copies
+piece 0; ``stage_piece(k)`` copies piece k over whatever piece is there. The memfd is never
+larger than B, so neither is the staging memory (``in_use`` / ``peak_in_use`` count the
+bytes of the piece in the segment; ``peak_resident`` samples the memfd's allocated bytes
+from the kernel after each copy). A reader maps the segment once per piece, each at an
+address of its own, so that every tensor of the state has its own address (and a writer
+can tell by it which piece a tensor is in: ``ArenaView.piece_of``), though all of them
+share the one segment. The cost: piece k+1 can only be copied once the reader has written
+piece k, so training, which must not change its tensors until the last piece it needs is
+copied, waits for about the write time of all pieces but the last. A tensor larger than B
+cannot be staged (``ConfigError``).
 """
 
 from __future__ import annotations
@@ -49,6 +72,7 @@ class Slot:
     nbytes: int
     dtype: torch.dtype
     shape: tuple[int, ...]
+    piece: int = 0  # with a staging budget: the piece it belongs to (offset: in the segment)
 
 
 @dataclass(frozen=True)
@@ -58,12 +82,14 @@ class _Hole:
 
 @dataclass(frozen=True)
 class StagedState:
-    """One staged state: its pickled structure (tensors replaced by holes) and slots."""
+    """One staged state: its pickled structure (tensors replaced by holes) and slots, in
+    ``pieces`` pieces (1: ``stage`` copied the whole state)."""
 
     skeleton: bytes
     slots: tuple[Slot, ...]
     arena_id: int
     arena_size: int
+    pieces: int = 1
 
     @property
     def nbytes(self) -> int:
@@ -107,6 +133,10 @@ class Arena:
             self.close()
             raise
 
+    def resident(self) -> int:
+        """The bytes of the arena that hold memory now (the memfd's allocated blocks)."""
+        return os.fstat(self.fd).st_blocks * 512
+
     def close(self) -> None:
         """Unpin, unmap and close the fd; safe to call twice.
 
@@ -132,27 +162,39 @@ class Arena:
 class SharedStager:
     """Copies states into a reused shared-memory arena; see the module docstring."""
 
-    def __init__(self, *, pin: bool = False) -> None:
+    def __init__(self, *, pin: bool = False, budget: int | None = None) -> None:
         self.pin = pin
+        self.budget = budget
         self.arena: Arena | None = None
         #: How many arenas were allocated so far (steady saves allocate none).
         self.allocations = 0
+        #: Arena bytes holding the piece copied last, and the most ever; the most the
+        #: kernel said the arena held (with a budget: sampled after each copy).
+        self.in_use = 0
+        self.peak_in_use = 0
+        self.peak_resident = 0
         self._key: tuple | None = None
         self._slots: tuple[Slot, ...] = ()
-        #: The staged tensors of the current layout, views into the arena.
+        self._pieces: list[list[int]] = [[]]  # per piece: its slots' indices
+        self._sources: list[torch.Tensor] = []  # the tensors of a state with pieces left
+        #: The staged tensors of the current layout, views into the arena (with a budget,
+        #: the views of different pieces share its bytes).
         self.views: list[torch.Tensor] = []
 
     @torch.no_grad()
     def stage(self, state: Any) -> StagedState:
-        """Copy every tensor of ``state`` into the arena and pickle the rest.
+        """Copy every tensor of ``state`` (with a budget: piece 0's) into the arena and
+        pickle the rest.
 
         Lays the slots out again (allocating a larger arena if they no longer fit) when the
         tensors' dtypes and shapes differ from the last call's. Returns once every copy is
-        done (CUDA copies included).
+        done (CUDA copies included). With more than one piece, ``state``'s tensors are kept
+        for ``stage_piece`` until ``release``.
 
         Raises:
             ConfigError: ``state`` holds a tensor that is not plain and dense (DTensor,
-                ShardedTensor, sparse, quantized, nested or meta), or no memfd (not Linux).
+                ShardedTensor, sparse, quantized, nested or meta) or, with a budget, one
+                larger than it; or no memfd (not Linux).
         """
         tensors: list[torch.Tensor] = []
         skeleton = pickle.dumps(_strip(state, tensors, "state"), protocol=5)
@@ -160,25 +202,69 @@ class SharedStager:
         if key != self._key:
             self._layout(key)
         assert self.arena is not None
-        cuda = False
-        for dst, src in zip(self.views, tensors):
+        self._copy(0, tensors)
+        self._sources = tensors if len(self._pieces) > 1 else []
+        return StagedState(
+            skeleton, self._slots, self.arena.arena_id, self.arena.size, len(self._pieces)
+        )
+
+    def stage_piece(self, piece: int) -> None:
+        """Copy piece ``piece`` of the state ``stage`` was last given over the piece in the
+        arena. Only until ``release``; the caller guarantees that no reader still needs the
+        piece it replaces."""
+        if not self._sources:
+            raise ValueError("stage_piece() without a state of several pieces staged")
+        if not 0 <= piece < len(self._pieces):
+            raise ValueError(f"the staged state has {len(self._pieces)} pieces, not {piece + 1}")
+        self._copy(piece, self._sources)
+
+    def release(self) -> None:
+        """The save needs no more piece: drop the references to the staged state's tensors."""
+        self._sources = []
+
+    def _copy(self, piece: int, tensors: list[torch.Tensor]) -> None:
+        assert self.arena is not None
+        cuda, end = False, 0
+        for i in self._pieces[piece]:
+            src, dst = tensors[i], self.views[i]
             blocking = not (self.pin and src.device.type == "cuda")
             dst.copy_(src, non_blocking=not blocking)
             cuda = cuda or not blocking
+            end = max(end, self._slots[i].offset + self._slots[i].nbytes)
         if cuda:
             torch.cuda.synchronize()
-        return StagedState(skeleton, self._slots, self.arena.arena_id, self.arena.size)
+        self.in_use = end
+        self.peak_in_use = max(self.peak_in_use, end)
+        if self.budget is not None:
+            self.peak_resident = max(self.peak_resident, self.arena.resident())
 
     def _layout(self, key: tuple) -> None:
-        slots, offset = [], 0
-        for dtype, shape in key:
+        budget = self.budget
+        slots: list[Slot] = []
+        pieces: list[list[int]] = [[]]
+        offset = 0
+        for i, (dtype, shape) in enumerate(key):
             numel = 1
             for d in shape:
                 numel *= d
             nbytes = numel * torch.empty((), dtype=dtype).element_size()
-            slots.append(Slot(offset, nbytes, dtype, shape))
+            if budget is not None and offset + nbytes > budget:
+                if nbytes > budget:
+                    raise ConfigError(
+                        f"a tensor of the state ({tuple(shape)}, {dtype}: {nbytes} bytes) is "
+                        f"larger than max_staging_bytes={budget}: background='process' "
+                        "stages each tensor whole. Raise the budget, or use "
+                        "background='thread', which writes such a tensor straight from "
+                        "training's memory"
+                    )
+                offset = 0  # a new piece, over the same segment
+                pieces.append([])
+            slots.append(Slot(offset, nbytes, dtype, shape, len(pieces) - 1))
+            pieces[-1].append(i)
             offset += -(-nbytes // ALIGN) * ALIGN
-        size = max(offset, ALIGN)
+        size = max([ALIGN] + [s.offset + s.nbytes for s in slots])
+        if budget is not None:
+            size = max(1, min(size, budget))
         self.views = []
         if self.arena is None or self.arena.size < size:
             old, self.arena = self.arena, None
@@ -191,11 +277,11 @@ class SharedStager:
         self.views = [
             whole[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape) for s in slots
         ]
-        self._key, self._slots = key, tuple(slots)
+        self._key, self._slots, self._pieces = key, tuple(slots), pieces
 
     def close(self) -> None:
         """Free the arena (this process's fd and mapping); the next ``stage`` allocates anew."""
-        self.views = []
+        self.views, self._sources = [], []
         self._key = None
         if self.arena is not None:
             self.arena.close()
@@ -203,22 +289,68 @@ class SharedStager:
 
 
 class ArenaView:
-    """A reader's mapping of an arena, from the fd it was handed (the fd is closed here)."""
+    """A reader's mappings of an arena, from the fd it was handed (kept, closed by
+    ``close``): one mapping per piece, made when a slot of that piece is first asked for."""
 
     def __init__(self, fd: int, size: int, arena_id: int) -> None:
-        self.arena_id = arena_id
+        self.arena_id, self.size, self._fd = arena_id, size, fd
+        self._maps: list[mmap.mmap] = []
+        self._bases: list[int] = []  # each mapping's address
         try:
-            self._map = mmap.mmap(fd, size)
-        finally:
-            os.close(fd)
+            self._mapping(0)
+        except BaseException:
+            self.close()
+            raise
+
+    def _mapping(self, piece: int) -> mmap.mmap:
+        while len(self._maps) <= piece:
+            m = mmap.mmap(self._fd, self.size)
+            first = torch.frombuffer(m, dtype=torch.uint8, count=1)
+            self._bases.append(first.data_ptr())
+            del first
+            self._maps.append(m)
+        return self._maps[piece]
 
     def tensor(self, slot: Slot) -> torch.Tensor:
-        """The tensor over ``slot``'s bytes of the mapping (no copy; a new empty one if 0 bytes)."""
+        """The tensor over ``slot``'s bytes of its piece's mapping (no copy; a new empty one
+        if 0 bytes)."""
         if slot.nbytes == 0:
             return torch.empty(slot.shape, dtype=slot.dtype)
         numel = slot.nbytes // torch.empty((), dtype=slot.dtype).element_size()
-        flat = torch.frombuffer(self._map, dtype=slot.dtype, count=numel, offset=slot.offset)
+        flat = torch.frombuffer(
+            self._mapping(slot.piece), dtype=slot.dtype, count=numel, offset=slot.offset
+        )
         return flat.view(slot.shape)
+
+    def piece_of(self, tensor: torch.Tensor) -> int | None:
+        """The piece whose mapping holds ``tensor``'s bytes; None if none does (or it has
+        no bytes)."""
+        if tensor.numel() == 0:
+            return None
+        ptr = tensor.data_ptr()
+        for piece, base in enumerate(self._bases):
+            if base <= ptr < base + self.size:
+                return piece
+        return None
+
+    def drop(self, piece: int) -> None:
+        """Done with ``piece`` for now: drop its mapping's pages from this process (the
+        memory stays the arena's; reading them again maps them again)."""
+        if piece < len(self._maps):
+            self._maps[piece].madvise(mmap.MADV_DONTNEED)
+
+    def close(self) -> None:
+        """Unmap (once no tensor over a mapping is alive; else when the last one goes) and
+        close the fd; safe to call twice."""
+        for m in self._maps:
+            try:
+                m.close()
+            except BufferError:  # a tensor over it is still alive: unmapped when collected
+                pass
+        self._maps, self._bases = [], []
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
 
 def _strip(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:

@@ -4,8 +4,12 @@ Call order (every rank calls each method in the same order; the manager drives i
 
     backend = make_backend(...)             # CheckpointManager.__init__, once: picks
                                             # ThreadBackend or ProcessBackend
-    backend.ensure_ready()                  # save(), training thread, every rank together
-                                            # (a collective): ready to take a save
+    restart = backend.needs_restart()       # save(), training thread: this rank's part of
+                                            # the save's agreement (True: its writer must
+                                            # be replaced)
+    backend.ensure_ready(restart)           # save(), training thread, every rank together,
+                                            # ``restart`` as agreed (any rank's): ready to
+                                            # take a save (never waits for a writer start)
     staged, nbytes = backend.stage(state)   # save(), training thread: the state copied out
                                             # (``state``'s Statefuls already flattened)
     warnings = backend.write(step, staged, timings, overwrite)
@@ -25,17 +29,21 @@ budget) and calls ``save_step`` on a thread of the training process, over the ma
 checkpoint gloo group. A state larger than the budget leaves part of its tensors live
 (not copied): ``save_step`` writes them first and ``wait_staged`` waits for that. ``ProcessBackend``
 copies into a shared-memory arena (``SharedStager``) and has this rank's writer process
-(``BackgroundWriter``) call the same ``save_step`` on the writers' own gloo group.
+(``BackgroundWriter``) call the same ``save_step`` on the writers' own gloo group. With a
+budget that arena holds one piece of the state at a time: the writer writes piece by
+piece, asking for each, and ``wait_staged`` waits until the last one is copied.
 """
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Any, Protocol
 
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from ckptstore.dcp.shared_staging import SharedStager
+from ckptstore.dcp.shared_staging import SharedStager, StagedState
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.manager.agreement import Agreement
@@ -43,7 +51,7 @@ from ckptstore.manager.records import tensor_bytes
 from ckptstore.manager.save_step import save_step
 from ckptstore.manager.staging import ArenaStager, StagedSave
 from ckptstore.manager.writer_process import BackgroundWriter
-from ckptstore.manager.writer_protocol import WriterSettings
+from ckptstore.manager.writer_protocol import Fetch, Fetched, WriterSettings
 
 __all__ = ["BACKENDS", "ProcessBackend", "SaveBackend", "ThreadBackend", "make_backend"]
 
@@ -54,8 +62,12 @@ BACKENDS = ("thread", "process")
 class SaveBackend(Protocol):
     """How saves run once the manager has decided to save; see the module docstring."""
 
-    def ensure_ready(self) -> None:
-        """Make the backend able to take a save (a collective; may block, may raise)."""
+    def needs_restart(self) -> bool:
+        """True when what runs the saves must be replaced first (this rank's view)."""
+
+    def ensure_ready(self, restart: bool) -> None:
+        """Make the backend able to take a save; ``restart``: some rank's
+        ``needs_restart`` said so (every rank calls it with the same value; may raise)."""
 
     def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
         """Copy ``state`` out of training's hands: (the staged state, its tensor bytes)."""
@@ -104,7 +116,11 @@ class ThreadBackend:
             )
         )
 
-    def ensure_ready(self) -> None:
+    def needs_restart(self) -> bool:
+        """Never: the saves run on a thread of this process."""
+        return False
+
+    def ensure_ready(self, restart: bool) -> None:
         """Nothing to wait for: the manager's gloo group exists."""
 
     def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
@@ -151,18 +167,59 @@ class ThreadBackend:
         self.stager.close()
 
 
+class _SharedSave:
+    """One save staged by ``ProcessBackend``: the ``StagedState`` the writer gets, and
+    when training may go on (at once, unless pieces remain to be staged)."""
+
+    def __init__(self, state: StagedState) -> None:
+        self.state = state
+        self.pieces = state.pieces
+        self._released = threading.Event()
+        self._staged_at = time.perf_counter()
+        self._waited = 0.0
+        if self.pieces == 1:
+            self._released.set()
+
+    @property
+    def released(self) -> bool:
+        """True once training may change its state."""
+        return self._released.is_set()
+
+    def release(self) -> float:
+        """Training may change its state now: the seconds it waited beyond the copy
+        (0.0 for one piece); the same on every call."""
+        if not self._released.is_set():
+            self._waited = time.perf_counter() - self._staged_at
+            self._released.set()
+        return self._waited
+
+    def wait_released(self) -> float:
+        """Return once ``release`` was called: its value."""
+        self._released.wait()
+        return self._waited
+
+
 class ProcessBackend:
     """Stages into a shared-memory arena and saves in this rank's writer process.
 
     The constructor starts the writer (rank 0 also hosts the writers' rendezvous, whose
     address ``agree`` broadcasts). ``ensure_ready`` replaces a writer that died or whose
-    group broke (on every rank, if any rank needs it) and waits until it has joined its
-    group: it raises if it cannot start.
+    group broke (on every rank, if any rank's ``needs_restart`` said so in the save's
+    agreement) and raises if the writer already said it cannot start. It does not wait for
+    a writer still starting: ``write`` does (so the first save's blocking time is the
+    copy's), and a start that fails then fails that save like any failed save.
+
+    With ``max_staging_bytes`` the arena holds one piece of at most that many bytes at a
+    time (``SharedStager``): ``stage`` copies the first, ``write`` stages each other one
+    when the writer asks for it (``ckptstore.manager.piecewise``), and ``wait_staged``
+    returns once the last piece the writer needs is copied (or the save ended).
     """
 
-    def __init__(self, settings: WriterSettings, agree: Agreement) -> None:
+    def __init__(
+        self, settings: WriterSettings, agree: Agreement, max_staging_bytes: int | None = None
+    ) -> None:
         self.agree = agree
-        self.stager = SharedStager(pin=torch.cuda.is_available())
+        self.stager = SharedStager(pin=torch.cuda.is_available(), budget=max_staging_bytes)
         try:
             self.writer = BackgroundWriter(
                 settings, broadcast=agree.broadcast if agree.group is not None else None
@@ -171,28 +228,55 @@ class ProcessBackend:
             self.stager.close()
             raise
 
-    def ensure_ready(self) -> None:
-        """Start (or restart, agreed across ranks) this rank's writer process."""
-        if self.agree.any(self.writer.needs_restart()):
+    def needs_restart(self) -> bool:
+        """True when this rank's writer died or its group broke."""
+        return self.writer.needs_restart()
+
+    def ensure_ready(self, restart: bool) -> None:
+        """Restart this rank's writer process if any rank's must be (``restart``, agreed
+        across ranks); raise a start failure it has reported already."""
+        if restart:
             self.writer.restart()
-        self.writer.ensure_ready()
+        self.writer.check_started()
 
     def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
-        """Copy ``state`` into the shared-memory arena the writer process reads."""
+        """Copy ``state`` (its first piece, with a budget) into the shared-memory arena."""
         staged = self.stager.stage(state)
-        return staged, staged.nbytes
+        return _SharedSave(staged), staged.nbytes
 
     def write(
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
     ) -> list[str]:
-        """Have the writer process run ``save_step`` on the staged arena; wait for it."""
+        """Have the writer process run ``save_step`` on the staged arena, staging each
+        piece it asks for; wait for it (and, on the first save, for its start)."""
         assert self.stager.arena is not None, "write() before stage()"
-        outcome = self.writer.save(step, staged, self.stager.arena, timings, overwrite)
+        save: _SharedSave = staged
+
+        def on_fetch(request: Fetch) -> Fetched:  # raising: the writer fails the save
+            if request.step != step or (save.released and request.piece is not None):
+                return Fetched(request.piece, error=f"no piece of step {request.step} is held")
+            if request.piece is not None:
+                self.stager.stage_piece(request.piece)
+            waited = 0.0
+            if request.last:
+                self.stager.release()
+                waited = save.release()
+            return Fetched(request.piece, waited_s=waited)
+
+        try:
+            self.writer.ensure_ready()
+            outcome = self.writer.save(
+                step, save.state, self.stager.arena, timings, overwrite, on_fetch=on_fetch
+            )
+        finally:
+            self.stager.release()
+            save.release()  # a save that ended early never needs training's tensors again
         return list(outcome.warnings)
 
     def wait_staged(self, staged: Any) -> float:
-        """Nothing to wait for: ``stage`` copied the whole state into the arena."""
-        return 0.0
+        """Wait until the last piece the writer needs is staged (at once for one piece)."""
+        save: _SharedSave = staged
+        return save.wait_released()
 
     def close(self) -> None:
         """Stop the writer process and free the arena."""
@@ -222,8 +306,7 @@ def make_backend(
 
     ``root`` is the manager's argument as given (a writer process reopens it from that);
     ``retrying_root`` the manager's store, retried per the engine's policy;
-    ``max_staging_bytes`` bounds the thread backend's staging memory (the caller refuses
-    it with the process backend)."""
+    ``max_staging_bytes`` bounds either backend's staging memory."""
     if background == "process":
         settings = WriterSettings(
             root,
@@ -235,7 +318,7 @@ def make_backend(
             key_layout=key_layout,
             world_size=world_size,
         )
-        return ProcessBackend(settings, agree)
+        return ProcessBackend(settings, agree, max_staging_bytes)
     return ThreadBackend(
         retrying_root,
         engine=engine,

@@ -30,12 +30,16 @@ At most one save is in flight: a new ``save`` while one is uploading waits for i
 A save that some rank cannot even check the root for (its link to the store is down)
 fails on every rank, reported at once the same way; training goes on.
 
-``max_staging_bytes`` bounds the host memory the thread backend stages into (default: no
-bound, a copy of the whole state). A state larger than it is saved in two parts: the
-tensors that fit are copied and written in the background; the rest are written first,
-straight from training's memory, and ``save`` returns once they are durable, so its
-blocking time grows by about the write time of the part that did not fit (never more
-staging memory). ``background="process"`` refuses a budget (``ConfigError``).
+``max_staging_bytes`` bounds the host memory saves stage into (default: no bound, a copy
+of the whole state). With the thread backend a state larger than it is saved in two
+parts: the tensors that fit are copied and written in the background; the rest are
+written first, straight from training's memory, and ``save`` returns once they are
+durable. With ``background="process"`` the state is staged into shared memory in pieces
+of at most the budget, one at a time: the writer process writes each piece before the
+next is copied over it, and ``save`` returns once the last piece is copied. Either way
+blocking time grows by about the write time of the part beyond the budget, and staging
+never takes more memory. In process mode every tensor must fit the budget (a larger one
+is a ``ConfigError`` from ``save``).
 
 Saves run on the backend ``background`` picks once, in the constructor
 (``ckptstore.manager.backend``): both end in the same ``save_step``.
@@ -46,7 +50,9 @@ shared-memory arena reused across saves, and serialisation, upload and commit ru
 writer, on a gloo group of the writers' own, without the training process's GIL. A writer
 that dies fails its save with ``WriterProcessDiedError`` (reported like any failed save;
 the previous checkpoint is intact) and every rank starts a new writer at the next save.
-A writer that cannot start (its rendezvous unreachable) raises from ``save``.
+``save`` does not wait for a writer still starting (the background part of the first
+save does): a writer that cannot start (its rendezvous unreachable) raises from ``save``
+once it has said so, and fails the save it held up like any failed save before that.
 """
 
 from __future__ import annotations
@@ -122,12 +128,6 @@ class CheckpointManager:
             raise ConfigError(f"background must be 'thread' or 'process', not {background!r}")
         get_codec(codec)  # validates it (ConfigError listing the choices)
         self.max_staging_bytes = check_budget(max_staging_bytes)
-        if self.max_staging_bytes is not None and background == "process":
-            raise ConfigError(
-                "max_staging_bytes bounds the thread backend's staging memory; "
-                "background='process' stages the whole state in shared memory. Use "
-                "background='thread' with a staging budget, or drop max_staging_bytes"
-            )
         self.engine = TransferEngine(config)
         # Every control call on the root (HEAD of a marker, listings, marker and manifest
         # GETs, deletes) is retried per the engine's RetryConfig through this view.
@@ -216,8 +216,9 @@ class CheckpointManager:
         # root (its link is down: then no rank saves), must the step be replaced, is it
         # missing anywhere. A save that was in flight may commit this very step, so
         # after waiting for one the step is looked at again.
-        flags, unreachable = self._step_flags(step)
-        any_busy, unchecked, overwrite, missing = self._agree.any_of([busy, *flags])
+        # The same agreement says whether any rank's writer process must be replaced.
+        flags, unreachable = self._step_flags(step, busy)
+        any_busy, unchecked, overwrite, missing, restart = self._agree.any_of([busy, *flags])
         if any_busy:
             if self.on_busy == "skip":
                 record.status = SaveStatus.SKIPPED
@@ -226,7 +227,7 @@ class CheckpointManager:
                 return False
             self._wait_inflight()
             flags, unreachable = self._step_flags(step)
-            unchecked, overwrite, missing = self._agree.any_of(flags)
+            unchecked, overwrite, missing, restart = self._agree.any_of(flags)
         record.waited_s = time.perf_counter() - start
         if unchecked:
             self._fail_unchecked(record, start, unreachable)
@@ -236,7 +237,7 @@ class CheckpointManager:
             self.records.append(record)
             log.info("step %d is already committed under %s; not saving it again", step, self.root)
             return False
-        self._backend.ensure_ready()
+        self._backend.ensure_ready(restart)
         t = time.perf_counter()
         flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
         staged, record.bytes = self._backend.stage(flat)
@@ -255,14 +256,19 @@ class CheckpointManager:
             self._report_failures()
         return True
 
-    def _step_flags(self, step: int) -> tuple[list[bool], CkptStoreError | None]:
+    def _step_flags(
+        self, step: int, busy: bool = False
+    ) -> tuple[list[bool], CkptStoreError | None]:
         """[the root could not be checked, ``step`` must be replaced, ``step`` is not
-        committed] as this rank sees it, and the error that kept it from checking."""
+        committed, the backend must be restarted] as this rank sees it, and the error
+        that kept it from checking. While this rank's save is in flight (``busy``) the
+        backend is not asked (the flags are taken again after waiting for it)."""
+        restart = not busy and self._backend.needs_restart()
         try:
             exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
-            return [False, exists and self._needs_replacing(step), not exists], None
+            return [False, exists and self._needs_replacing(step), not exists, restart], None
         except CkptStoreError as exc:
-            return [True, False, False], exc
+            return [True, False, False, restart], exc
 
     def _fail_unchecked(self, record: SaveRecord, start: float, exc: CkptStoreError | None) -> None:
         """A save that failed on every rank before writing anything: some rank could not

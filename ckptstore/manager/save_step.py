@@ -33,6 +33,7 @@ from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.manager.live_first import live_first_writer
+from ckptstore.manager.piecewise import Pieces, piecewise_writer
 
 __all__ = ["save_step"]
 
@@ -51,6 +52,7 @@ def save_step(
     overwrite: bool = False,
     is_live: Callable[[torch.Tensor], bool] | None = None,
     release: Callable[[], float] | None = None,
+    pieces: Pieces | None = None,
 ) -> list[str]:
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
     on every rank of ``process_group``; the post-commit warnings.
@@ -59,8 +61,10 @@ def save_step(
     replaces a committed ``step`` (one found damaged) atomically. With ``is_live`` (part
     of ``state`` is training's own memory, not a copy: a staging budget was exceeded) the
     live tensors are written first and ``release`` is called once they are durable
-    (``ckptstore.manager.live_first``). Raises the first rank's ckptstore error; nothing
-    is committed then.
+    (``ckptstore.manager.live_first``). With ``pieces`` (a writer process's state staged
+    in shared memory one piece at a time: a staging budget) the files are written piece
+    by piece, each fetched first (``ckptstore.manager.piecewise``). Raises the first
+    rank's ckptstore error; nothing is committed then.
     """
     url = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
     common: dict[str, Any] = dict(
@@ -79,6 +83,8 @@ def save_step(
         writer = live_first_writer(
             bool(staging_dir), url, is_live=is_live, release=release, **common
         )
+    elif pieces is not None:
+        writer = piecewise_writer(bool(staging_dir), url, pieces=pieces, **common)
     else:
         writer = StagedWriter(url, **common) if staging_dir else CkptWriter(url, **common)
     writer.manifest_extra["timings"] = dict(timings)

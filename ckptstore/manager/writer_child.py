@@ -5,7 +5,9 @@ Call order (``BackgroundWriter`` in ``ckptstore.manager.writer_process`` drives 
     child = WriterChild(settings)     # starts ``python -m ckptstore.manager.writer_main``
                                       # (through ``spawn``: from a thread that lives as long
                                       # as this process) and sends it the settings
-    child.wait(broken)                # its ready answer, then each save's Outcome; raises
+    child.answered()                  # True once its ready answer (or its exit) is there
+    child.wait(broken, on_fetch)      # its ready answer, then each save's Outcome (each
+                                      # Fetch before it answered by ``on_fetch``); raises
                                       # WriterDied if it died, GroupBroken (after killing
                                       # it) when ``broken()`` says another rank's writer did
     child.request(job, arena)         # a SaveJob, with the arena's fd when it is new to it
@@ -30,7 +32,15 @@ from collections.abc import Callable
 from typing import Any
 
 from ckptstore.dcp.shared_staging import Arena
-from ckptstore.manager.writer_protocol import Outcome, SaveJob, WriterSettings, recv, send
+from ckptstore.manager.writer_protocol import (
+    Fetch,
+    Fetched,
+    Outcome,
+    SaveJob,
+    WriterSettings,
+    recv,
+    send,
+)
 
 __all__ = [
     "POLL_S",
@@ -70,6 +80,18 @@ class WriterDied(Exception):
 
 class GroupBroken(Exception):
     """Another rank said its writer died or failed; ``args[0]`` says how."""
+
+
+def _answer(request: Fetch, on_fetch: Callable[[Fetch], Fetched] | None) -> Fetched:
+    """``on_fetch``'s answer to ``request``; an error answer (the writer then fails its
+    save) if there is none or it raised."""
+    if on_fetch is None:
+        return Fetched(request.piece, error="no save staged in pieces is in flight")
+    try:
+        return on_fetch(request)
+    except Exception as exc:  # noqa: BLE001 - the writer fails the save with it
+        log.exception("staging piece %s of step %d failed", request.piece, request.step)
+        return Fetched(request.piece, error=f"{type(exc).__name__}: {exc}")
 
 
 def _reap(proc: subprocess.Popen, sock: socket.socket) -> None:
@@ -172,8 +194,19 @@ class WriterChild:
             raise WriterDied(self._exit_code()) from None
         self.arena_id = arena.arena_id
 
-    def wait(self, broken: Callable[[], str | None]) -> Outcome:
-        """The writer's next answer; raises WriterDied or (after stopping it) GroupBroken."""
+    def answered(self) -> bool:
+        """True when a message (or the end of the socket) waits to be read: ``wait``
+        returns without waiting for the writer."""
+        readable, _, _ = select.select([self.sock], [], [], 0)
+        return bool(readable) or not self.alive()
+
+    def wait(
+        self,
+        broken: Callable[[], str | None],
+        on_fetch: Callable[[Fetch], Fetched] | None = None,
+    ) -> Outcome:
+        """The writer's next Outcome, answering each Fetch before it with ``on_fetch``;
+        raises WriterDied or (after stopping it) GroupBroken."""
         while True:
             readable, _, _ = select.select([self.sock], [], [], POLL_S)
             if not readable and not self.alive():  # its socket may live on in a fork
@@ -182,10 +215,13 @@ class WriterChild:
                     raise WriterDied(self.proc.returncode)
             if readable:
                 try:
-                    outcome, _ = recv(self.sock)
+                    message, _ = recv(self.sock)
+                    if isinstance(message, Fetch):
+                        send(self.sock, _answer(message, on_fetch))
+                        continue
                 except (EOFError, OSError):
                     raise WriterDied(self._exit_code()) from None
-                return outcome
+                return message
             why = broken()
             if why:
                 self.kill()

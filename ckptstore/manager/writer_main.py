@@ -8,12 +8,15 @@ again; ``pid`` is the training process's). Its life, in the order of
 
     watch_parent(pid)            # first, before any heavy import: see below
     settings = recv()            # WriterSettings
+    import what a save needs, open the root and the transfer engine
     join the writers' gloo group (rendezvous through rank 0's store); answer ready or why not
     loop: job = recv()           # None, or the socket closing: exit
           map the arena if its fd came with the job (once per arena)
           state = job.staged.rebuild(arena)        # the tensors over the shared bytes
           save_step(state, ...)                    # the thread mode's serialise / upload /
-                                                   # commit path, on the writers' group
+                                                   # commit path, on the writers' group;
+                                                   # a state staged in pieces asks for each
+                                                   # piece (Fetch) before writing it
           answer the Outcome (the error, pickled, if it failed)
 
 It ignores SIGINT and SIGTERM (the manager decides when it stops, within its grace
@@ -36,7 +39,11 @@ import time
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ckptstore.dcp.shared_staging import ArenaView
+    from ckptstore.engine.store import Store
+    from ckptstore.engine.transfer import TransferEngine
     from ckptstore.manager.writer_protocol import WriterSettings
 
 __all__ = ["main", "watch_parent", "PARENT_POLL_S"]
@@ -92,58 +99,75 @@ def _join_group(s: WriterSettings) -> None:
     )
 
 
-def _serve(sock: socket.socket, s: WriterSettings) -> None:
+def _fetcher(sock: socket.socket, step: int) -> Callable[[int | None, bool], float]:
+    """``Pieces``' fetch over ``sock``: ask the training side to stage a piece; wait."""
+    from ckptstore.errors import CkptStoreError
+    from ckptstore.manager.writer_protocol import Fetch, Fetched, recv, send
+
+    def fetch(piece: int | None, last: bool) -> float:
+        send(sock, Fetch(step, piece, last))
+        reply, _ = recv(sock)
+        if not isinstance(reply, Fetched) or reply.error or reply.piece != piece:
+            why = reply.error if isinstance(reply, Fetched) else f"the answer {reply!r}"
+            raise CkptStoreError(
+                f"the training process did not stage piece {piece} of step {step} for "
+                f"its writer ({why}); the step is not committed"
+            )
+        return reply.waited_s
+
+    return fetch
+
+
+def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root: Store) -> None:
     from ckptstore.dcp.shared_staging import ArenaView
-    from ckptstore.engine.transfer import TransferEngine
+    from ckptstore.manager.piecewise import Pieces
     from ckptstore.manager.save_step import save_step
     from ckptstore.manager.writer_protocol import Outcome, SaveJob, failure, recv, send
-    from ckptstore.stores import open_store
 
-    engine = TransferEngine(s.config)
-    root = open_store(s.root, s.storage_options)
     view: ArenaView | None = None
     mapped = 0
-    try:
-        while True:
-            try:
-                job, fds = recv(sock)
-            except (EOFError, OSError):
-                return  # the training process closed the socket (or died)
-            if job is None:
-                return
-            assert isinstance(job, SaveJob)
-            if fds:
-                view = None
-                view = ArenaView(fds[0], job.staged.arena_size, job.staged.arena_id)
-                mapped += 1
-            t = time.perf_counter()
-            try:
-                assert view is not None, "no staging arena was sent"
-                state = job.staged.rebuild(view)
-                notes = save_step(
-                    state,
-                    root,
-                    job.step,
-                    staging_dir=s.staging_dir,
-                    codec=s.codec,
-                    key_layout=s.key_layout,
-                    engine=engine,
-                    timings=job.timings,
-                    overwrite=job.overwrite,
-                )
-                outcome = Outcome(
-                    job.step,
-                    write_s=time.perf_counter() - t,
-                    arenas_mapped=mapped,
-                    warnings=tuple(notes),
-                )
-            except BaseException as exc:  # noqa: BLE001 - every failure goes to the manager
-                log.error("saving step %d failed: %s: %s", job.step, type(exc).__name__, exc)
-                outcome = failure(job.step, exc, time.perf_counter() - t, mapped)
-            state = None
-            send(sock, outcome)
-    finally:
-        engine.close()
+    while True:
+        try:
+            job, fds = recv(sock)
+        except (EOFError, OSError):
+            return  # the training process closed the socket (or died)
+        if job is None:
+            return
+        assert isinstance(job, SaveJob)
+        if fds:
+            if view is not None:
+                view.close()
+            view = None
+            view = ArenaView(fds[0], job.staged.arena_size, job.staged.arena_id)
+            mapped += 1
+        t = time.perf_counter()
+        try:
+            assert view is not None, "no staging arena was sent"
+            state = job.staged.rebuild(view)
+            pieces = Pieces(view, _fetcher(sock, job.step)) if job.staged.pieces > 1 else None
+            notes = save_step(
+                state,
+                root,
+                job.step,
+                staging_dir=s.staging_dir,
+                codec=s.codec,
+                key_layout=s.key_layout,
+                engine=engine,
+                timings=job.timings,
+                overwrite=job.overwrite,
+                pieces=pieces,
+            )
+            outcome = Outcome(
+                job.step,
+                write_s=time.perf_counter() - t,
+                arenas_mapped=mapped,
+                warnings=tuple(notes),
+            )
+        except BaseException as exc:  # noqa: BLE001 - every failure goes to the manager
+            log.error("saving step %d failed: %s: %s", job.step, type(exc).__name__, exc)
+            outcome = failure(job.step, exc, time.perf_counter() - t, mapped)
+        state = pieces = None
+        send(sock, outcome)
 
 
 def main(argv: list[str]) -> int:
@@ -172,16 +196,28 @@ def main(argv: list[str]) -> int:
         level=logging.WARNING,
         format=f"ckptstore-writer[rank {settings.rank}] %(levelname)s %(name)s: %(message)s",
     )
+    engine = None
     try:
+        # Everything a save needs is imported and opened before the ready answer: the
+        # manager starts this process with itself, and the first save should find it done.
+        import ckptstore.manager.save_step  # noqa: F401 - DCP, the writers, the engine
+        from ckptstore.engine.transfer import TransferEngine
+        from ckptstore.stores import open_store
+
+        engine = TransferEngine(settings.config)
+        root = open_store(settings.root, settings.storage_options)
         if settings.rendezvous is not None:
             _join_group(settings)
     except BaseException as exc:  # noqa: BLE001 - reported to the manager
         send(sock, failure(-1, exc, 0.0, 0))
+        if engine is not None:
+            engine.close()
         return 1
     try:
         send(sock, Outcome(-1))
-        _serve(sock, settings)
+        _serve(sock, settings, engine, root)
     finally:
+        engine.close()
         if dist.is_initialized():
             dist.destroy_process_group()
         sock.close()

@@ -10,12 +10,16 @@ Call order (training side, every rank; the manager drives it)::
     bg.needs_restart()                          # save: a writer died or its group broke;
     bg.restart()                                # the manager agrees on it across ranks and
                                                 # every rank starts a new writer
-    bg.ensure_ready()                           # save: the writer has joined its group
-                                                # (blocks on the first save only)
-    bg.save(step, staged, arena, timings)       # background thread: sends the job (and the
-                                                # staging arena's fd, once per writer) and
-                                                # waits for the outcome; raises the writer's
-                                                # error, or WriterProcessDiedError
+    bg.check_started()                          # save: raises if the writer already said
+                                                # it could not start; never waits
+    bg.ensure_ready()                           # background thread: the writer has joined
+                                                # its group (waits on the first save only)
+    bg.save(step, staged, arena, timings,       # background thread: sends the job (and the
+            on_fetch=...)                       # staging arena's fd, once per writer),
+                                                # answers its Fetch requests (a state staged
+                                                # in pieces) and waits for the outcome;
+                                                # raises the writer's error, or
+                                                # WriterProcessDiedError
     bg.close()                                  # asks the writer to exit, kills it after a
                                                 # grace period, reaps it
 
@@ -35,7 +39,7 @@ fails with ``WriterProcessDiedError`` naming the step, the previous committed ch
 stays intact, and the rank marks the group broken in the rendezvous store, so writers on
 other ranks blocked on the dead one are stopped too. At the next save every rank starts a
 new writer (a new generation, a new gloo group); the staging arena is kept. A writer that
-cannot start raises from ``ensure_ready``.
+cannot start raises from ``ensure_ready`` (and from ``check_started`` once it has said so).
 """
 
 from __future__ import annotations
@@ -64,6 +68,8 @@ from ckptstore.manager.writer_child import (
 )
 from ckptstore.manager.writer_protocol import (
     PG_TIMEOUT,
+    Fetch,
+    Fetched,
     Outcome,
     Rendezvous,
     SaveJob,
@@ -179,6 +185,12 @@ class BackgroundWriter:
         self.broken = False
         self.writer = WriterChild(self.settings)
 
+    def check_started(self) -> None:
+        """Raise why the writer could not start if it has said so already; never wait
+        (a writer still starting is waited for by ``ensure_ready``)."""
+        if not self.writer.ready and self.writer.answered():
+            self.ensure_ready()
+
     def ensure_ready(self) -> None:
         """Wait until the writer has joined its group; raise why it could not."""
         if self.writer.ready:
@@ -198,14 +210,16 @@ class BackgroundWriter:
         arena: Arena,
         timings: dict,
         overwrite: bool = False,
+        on_fetch: Callable[[Fetch], Fetched] | None = None,
     ) -> Outcome:
-        """Have the writer save ``staged`` as ``step``; its outcome, or raise its error."""
+        """Have the writer save ``staged`` as ``step``; its outcome, or raise its error.
+        ``on_fetch`` answers the writer's requests for the next piece of ``staged``."""
         job = SaveJob(step, staged, timings, overwrite)
         try:
             self.writer.request(job, arena)
         except WriterDied as died:
             raise self._died(died, step) from None
-        outcome = self._wait(step)
+        outcome = self._wait(step, on_fetch)
         self.last = outcome
         if outcome.error is None:
             return outcome
@@ -222,9 +236,11 @@ class BackgroundWriter:
                 time.sleep(POLL_S)
         raise exc
 
-    def _wait(self, step: int | None) -> Outcome:
+    def _wait(
+        self, step: int | None, on_fetch: Callable[[Fetch], Fetched] | None = None
+    ) -> Outcome:
         try:
-            return self.writer.wait(self._group_broken)
+            return self.writer.wait(self._group_broken, on_fetch)
         except WriterDied as died:
             raise self._died(died, step) from None
         except GroupBroken as gb:

@@ -8,6 +8,11 @@ ride on the length, with SCM_RIGHTS)::
                                                 user's modules must unpickle)
     writer -> manager   Outcome(step=-1)        ready (joined its group), or why not
     manager -> writer   SaveJob [+ arena fd]    a save; the fd when the arena is new to it
+    writer -> manager   Fetch(step, piece, last)  (a state staged in several pieces, during
+    manager -> writer   Fetched(piece, ...)     its save, any number of times) the piece
+                                                in memory is written: stage ``piece`` over
+                                                it (None: none); ``last``: no other is
+                                                needed, training may go on
     writer -> manager   Outcome(step)           committed, or the error (pickled, with its
                                                 type, message and traceback as text)
     manager -> writer   None                    exit
@@ -35,6 +40,8 @@ from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, ConfigError
 
 __all__ = [
+    "Fetch",
+    "Fetched",
     "Outcome",
     "Rendezvous",
     "SaveJob",
@@ -88,6 +95,27 @@ class SaveJob:
     staged: StagedState
     timings: dict[str, float]
     overwrite: bool = False  # replace a committed step found damaged
+
+
+@dataclass(frozen=True)
+class Fetch:
+    """A writer's request during a save: stage ``piece`` (None: no piece) over the piece it
+    has written; ``last`` says it needs no piece after this one."""
+
+    step: int
+    piece: int | None
+    last: bool
+
+
+@dataclass(frozen=True)
+class Fetched:
+    """The manager's answer to a ``Fetch``: the piece is in the arena (``error`` empty), and
+    for the ``last`` one the seconds training waited for it (the manifest's
+    ``blocking_s`` includes them)."""
+
+    piece: int | None
+    waited_s: float = 0.0
+    error: str = ""
 
 
 @dataclass(frozen=True)

@@ -1,10 +1,12 @@
-"""The thread backend's staging arena and its host-memory budget (``max_staging_bytes``)."""
+"""Staging and its host-memory budget (``max_staging_bytes``): the thread backend's arena,
+and the process backend's shared memory in pieces."""
 
 import json
 
 import pytest
 import torch
 
+from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.engine.catalog import step_name
 from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager
@@ -135,19 +137,28 @@ def test_bad_budgets_are_config_errors(tmp_path, bad) -> None:
         CheckpointManager(str(tmp_path), max_staging_bytes=bad)
 
 
-def test_a_budget_with_the_process_backend_is_a_config_error(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="background='thread' with a staging budget"):
-        CheckpointManager(str(tmp_path), max_staging_bytes=1 << 20, background="process")
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5, "1GiB"])
+def test_bad_budgets_are_config_errors_in_process_mode(tmp_path, bad) -> None:
+    """Refused before any writer process starts."""
+    with pytest.raises(ConfigError, match="max_staging_bytes must be a positive number"):
+        CheckpointManager(str(tmp_path), max_staging_bytes=bad, background="process")
 
 
-def _two_ranks_over_budget(rank: int, world: int, root: str) -> bool:
-    with CheckpointManager(root, max_staging_bytes=12 * KIB) as mgr:
+def _two_ranks_over_budget(rank: int, world: int, root: str, background: str) -> bool:
+    # thread: the 12 and 16 KiB tensors stay live; process: 3 pieces (each tensor must fit)
+    budget = 12 * KIB if background == "thread" else 20 * KIB
+    with CheckpointManager(root, max_staging_bytes=budget, background=background) as mgr:
         state = make_state(10, tag=f"r{rank}.")
         want = make_state(10, tag=f"r{rank}.")
         assert mgr.save(5, state)
         scribble(state)
         mgr.wait()
-        assert stager_of(mgr).peak_in_use <= 12 * KIB
+        if background == "thread":
+            assert stager_of(mgr).peak_in_use <= budget
+        else:
+            assert mgr._shared is not None
+            assert 0 < mgr._shared.peak_in_use <= budget
+            assert 0 < mgr._shared.peak_resident <= budget
         out = zeros_like(want)
         assert mgr.restore(out) == 5
         assert_same(out, want)
@@ -156,5 +167,109 @@ def _two_ranks_over_budget(rank: int, world: int, root: str) -> bool:
 
 @pytest.mark.distributed
 @pytest.mark.slow  # two spawned ranks: seconds alone, over a minute on a loaded machine
-def test_two_ranks_over_the_budget_save_and_restore_bitwise(tmp_path) -> None:
-    assert run_distributed(_two_ranks_over_budget, 2, str(tmp_path)) == [True, True]
+@pytest.mark.parametrize("background", ["thread", "process"])
+def test_two_ranks_over_the_budget_save_and_restore_bitwise(tmp_path, background) -> None:
+    assert run_distributed(_two_ranks_over_budget, 2, str(tmp_path), background) == [True] * 2
+
+
+# -- background="process": the shared-memory staging in pieces -----------------------------
+def pieces_state(seed: int) -> dict:
+    """~86 KiB in 6 tensors of 4-24 KiB, an int tensor and non-tensor values."""
+    g = torch.Generator().manual_seed(seed)
+    return {
+        "model": {f"w{i}": torch.randn(1024 * (i + 1), generator=g) for i in range(6)},
+        "ints": torch.arange(300, dtype=torch.int64) * seed,
+        "meta": {"epoch": seed, "names": ["a", "b"]},
+    }
+
+
+def test_the_shared_stager_holds_one_piece_of_at_most_its_budget() -> None:
+    """Counted from the layout and by the kernel (the memfd's allocated blocks)."""
+    state = pieces_state(1)
+    tensors = [*state["model"].values(), state["ints"]]
+    budget = 32 * KIB
+    stager = SharedStager(budget=budget)
+    staged = stager.stage(state)
+    try:
+        assert staged.pieces == 4  # 86 KiB in pieces of at most 32 KiB
+        assert stager.arena is not None and staged.arena_size <= budget  # one segment for all
+        for piece in range(staged.pieces):
+            if piece:
+                stager.stage_piece(piece)
+            assert 0 < stager.in_use <= budget and stager.arena.resident() <= budget
+            here = [i for i, s in enumerate(staged.slots) if s.piece == piece]
+            assert here
+            for i in here:
+                assert torch.equal(stager.views[i], tensors[i])
+        assert stager.peak_in_use <= budget and 0 < stager.peak_resident <= budget
+        stager.release()
+        with pytest.raises(ValueError, match="without a state of several pieces"):
+            stager.stage_piece(1)  # training's tensors are no longer held
+        assert stager.stage(state).pieces == 4 and stager.allocations == 1
+    finally:
+        stager.close()
+
+
+def test_a_tensor_larger_than_the_process_budget_is_a_config_error() -> None:
+    stager = SharedStager(budget=8 * KIB)
+    with pytest.raises(ConfigError, match="larger than max_staging_bytes.*background='thread'"):
+        stager.stage({"big": torch.ones(4096), "small": torch.ones(4)})  # 16 KiB > 8 KiB
+    stager.close()
+
+
+@pytest.mark.parametrize("staging", [False, True], ids=["direct", "staging_dir"])
+def test_process_mode_over_the_budget_saves_in_pieces_and_restores_bitwise(
+    tmp_path, staging
+) -> None:
+    budget = 32 * KIB  # the state holds ~86 KiB of tensors: written in 4 pieces
+    kwargs = {"staging_dir": str(tmp_path / "nvme")} if staging else {}
+    root = tmp_path / "root"
+    with CheckpointManager(
+        str(root), max_staging_bytes=budget, background="process", strict=True, **kwargs
+    ) as mgr:
+        for step in (1, 2):  # the second save reuses the first one's arena
+            state = pieces_state(step)
+            want = pieces_state(step)
+            assert mgr.save(step, state)
+            scribble(state)  # no piece may see this, staged or still to stage
+            mgr.wait()
+            record = mgr.records[-1]
+            assert record.status == "committed"
+            assert record.bytes == sum(v.nbytes for v in want["model"].values()) + 300 * 8
+            with open(root / step_name(step) / "ckptstore.manifest.json") as f:
+                manifest = json.load(f)
+            # training waited for the pieces: blocking time, in the record and the manifest
+            assert manifest["extra"]["timings"]["blocking_s"] == record.blocking_s
+            assert record.blocking_s > record.staging_s
+            shards = [name for name in manifest["files"] if name.endswith(".distcp")]
+            assert len(shards) == 4  # one shard file per piece
+            shared = mgr._shared
+            assert shared is not None and shared.arena is not None
+            assert 0 < shared.peak_in_use <= budget and 0 < shared.peak_resident <= budget
+            out = zeros_like(want)
+            assert mgr.restore(out, step=step) == step
+            assert_same(out, want)
+        assert shared.allocations == 1
+
+
+def test_a_writer_killed_between_pieces_commits_nothing(tmp_path, monkeypatch) -> None:
+    """SIGKILL after the first piece's file: the save fails, training is let go, the step
+    is not committed; the next save starts a new writer and commits (restores of pieces
+    are checked above)."""
+    monkeypatch.setenv("CKPTSTORE_CRASH_AT", "after_shards:1")  # the writer inherits it
+    root = tmp_path / "root"
+    mgr = CheckpointManager(str(root), max_staging_bytes=32 * KIB, background="process")
+    try:
+        state = pieces_state(1)
+        assert mgr.save(1, state)  # returns: the dead writer releases training too
+        with pytest.warns(RuntimeWarning, match="killed by SIGKILL.*step 1 was not committed"):
+            mgr.wait()
+        assert mgr.records[-1].status == "failed"
+        assert mgr.steps() == []
+        assert not (root / step_name(1) / "COMMITTED").exists()
+        monkeypatch.delenv("CKPTSTORE_CRASH_AT")  # the next writer must not crash
+        assert mgr.save(2, pieces_state(2))
+        mgr.wait()
+        assert mgr.records[-1].status == "committed" and mgr.steps() == [2]
+    finally:
+        mgr.close()
