@@ -23,7 +23,15 @@ from ckptstore.engine.store import Buffer, Part
 from ckptstore.errors import TransientStoreError, missing_dependency
 from ckptstore.stores.s3_errors import error_code, translate_s3_error
 
-__all__ = ["S3Client", "make_s3fs", "as_body", "pieces_body", "multipart_etag", "CHECKSUMS"]
+__all__ = [
+    "S3Client",
+    "make_s3fs",
+    "as_body",
+    "pieces_body",
+    "no_expect_for_pieces",
+    "multipart_etag",
+    "CHECKSUMS",
+]
 
 #: Integrity headers S3Client can send with each body.
 CHECKSUMS = ("crc32c", "md5", "none")
@@ -82,7 +90,7 @@ class S3Client:
         async def go() -> Any:
             client = await self.fs.set_session()
             if isinstance(kwargs.get("Body"), _pieces_body_type()):
-                _no_expect_for_pieces(client)
+                no_expect_for_pieces(client)
             response = await getattr(client, method)(**kwargs)
             if not read_body:
                 return response
@@ -302,7 +310,7 @@ FIRST_WRITE = 64 * 1024
 _NO_EXPECT: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def _no_expect_for_pieces(client: Any) -> None:
+def no_expect_for_pieces(client: Any) -> None:
     """Register, once per client, a handler that drops botocore's ``Expect: 100-continue``
     header from requests whose body is a ``pieces_body`` (runs on the event loop)."""
     if client in _NO_EXPECT:
