@@ -137,9 +137,9 @@ class RankCtx:
 def raw_bodies(state: dict[str, Any], part_size: int) -> list[bytearray]:
     """The rank's tensor bytes, concatenated and cut into part-sized ``bytearray``s (untimed).
 
-    ``bytearray``, not ``bytes``: botocore hands a bytearray to aiohttp as is, while it wraps
-    ``bytes`` in a ``BytesIO`` that aiohttp copies out in 64 KiB reads (S3Store sends its
-    pooled part buffers as bytearrays too).
+    ``save_raw`` sends each as S3Store sends a part (``s3_client.pieces_body``): aiohttp's own
+    payload for a bytearray would copy it twice more (a slice, and a join with the request
+    head), a ``bytes`` body once more (botocore wraps it in a ``BytesIO``).
     """
     import torch
 
@@ -175,7 +175,10 @@ def _raw_client(ctx: RankCtx, link: str) -> Any:
 def save_raw(ctx: RankCtx, link: str, key: str) -> None:
     from fsspec.asyn import sync
 
+    from ckptstore.stores.s3_client import no_expect_for_pieces, pieces_body
+
     fs, client = _raw_client(ctx, link)
+    no_expect_for_pieces(client)
     conc = ctx.cfg.transfer_config(False).concurrency
     obj = f"{link}/{key}/rank{ctx.rank}.bin"
 
@@ -185,8 +188,13 @@ def save_raw(ctx: RankCtx, link: str, key: str) -> None:
 
         async def part(i: int, body: bytearray) -> dict[str, Any]:
             async with sem:
+                # Sent as S3Store sends its parts (no slice, no join with the request head).
                 out = await client.upload_part(
-                    Bucket=BUCKET, Key=obj, UploadId=up["UploadId"], PartNumber=i + 1, Body=body
+                    Bucket=BUCKET,
+                    Key=obj,
+                    UploadId=up["UploadId"],
+                    PartNumber=i + 1,
+                    Body=pieces_body([body]),
                 )
             return {"PartNumber": i + 1, "ETag": out["ETag"]}
 

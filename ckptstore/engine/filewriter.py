@@ -1,27 +1,35 @@
-"""One file being written as parallel parts (``FileWriter``), and a file-like sink for one
-item inside it (``ItemSink``). Build them with ``TransferEngine.writer`` and
-``FileWriter.item``; see ``ckptstore.engine.transfer`` for the call order.
+"""One file being written as parallel parts (``FileWriter``). Build it with
+``TransferEngine.writer``; ``FileWriter.item`` gives a file-like sink for one item inside it
+(``ckptstore.engine.itemsink``, also importable from here). See
+``ckptstore.engine.transfer`` for the call order.
 
-``write`` copies its data into reusable part buffers (one copy, into warm memory) and
-sends each part as it fills (on a store with ``zero_copy_parts``, large writes go out from
-the caller's memory without the copy). A failed part aborts the whole upload: nothing
-half-made is ever left visible. A writer is used from one thread; its parts are sent on
-the engine's I/O threads.
+How a write reaches the store depends on its ``capabilities``:
+
+- ``gather_parts`` (S3): parts of the usual size built from pieces, large writes by
+  reference and small ones copied into small pooled buffers (``ckptstore.engine.pieces``,
+  which explains the design), each sent with ``put_part_pieces``;
+- ``zero_copy_parts`` (volumes): large writes go out as parts of their own, straight from
+  the caller's memory, small ones through small buffers;
+- otherwise: every byte is copied into reusable part buffers (one copy, into warm memory)
+  and each part is sent as it fills.
+
+A failed part aborts the whole upload: nothing half-made is ever left visible. A writer
+is used from one thread; its parts are sent on the engine's I/O threads.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from ckptstore.engine.checksum import Crc32c, crc32c, crc32c_combine
-from ckptstore.engine.manifest import Span
+from ckptstore.engine.checksum import Crc32c
+from ckptstore.engine.itemsink import ItemSink, ItemTarget
+from ckptstore.engine.pieces import PartBuilder, Release
 from ckptstore.engine.retry import Deadline
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
 from ckptstore.errors import CkptStoreError, TransferError
@@ -29,7 +37,15 @@ from ckptstore.errors import CkptStoreError, TransferError
 if TYPE_CHECKING:
     from ckptstore.engine.transfer import TransferEngine
 
-__all__ = ["FileWriter", "ItemSink", "ItemTarget", "FileInfo", "plan_part_size", "ZERO_COPY_MIN"]
+__all__ = [
+    "FileWriter",
+    "ItemSink",
+    "ItemTarget",
+    "FileInfo",
+    "plan_part_size",
+    "ZERO_COPY_MIN",
+    "GATHER_BUFFER",
+]
 
 log = logging.getLogger(__name__)
 
@@ -59,89 +75,9 @@ ZERO_COPY_MIN = 1024 * 1024
 #: untouched memory that ``bytearray`` still zero-fills (page faults) on every acquire.
 SMALL_PART = 4 * ZERO_COPY_MIN
 
-
-class ItemTarget(Protocol):
-    """What an ``ItemSink`` writes into: a ``FileWriter`` (or a ``TeeWriter`` of two)."""
-
-    @property
-    def size(self) -> int:
-        """Bytes written to the file so far."""
-        ...
-
-    def hold(self, owner: object) -> None:
-        """Keep ``owner`` alive until the file is closed or aborted."""
-        ...
-
-    def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
-        """Append ``view`` without hashing it."""
-        ...
-
-    def extend_crc(self, crc: int, length: int) -> None:
-        """Extend the file's CRC32C with ``length`` bytes of CRC32C ``crc``."""
-        ...
-
-
-class ItemSink:
-    """A file-like view of one item inside a ``FileWriter`` (``torch.save`` writes into it).
-
-    Bytes are hashed once, into the item's own CRC32C; on ``close`` the file's CRC is
-    extended with it (CRC combine), so nothing is hashed twice. Items must not interleave
-    with other writes to the same file.
-
-    ``payload=(address, nbytes)`` names memory the item's bytes are expected to contain
-    whole (a tensor's storage, which ``torch.save`` writes in one call): the write of
-    exactly that memory is hashed on its own and recorded as ``span`` (its offset within
-    the item, length and CRC32C), so a reader can fetch it straight into place.
-    """
-
-    def __init__(
-        self,
-        writer: ItemTarget,
-        payload: tuple[int, int] | None = None,
-        owner: object = None,
-    ) -> None:
-        self._writer = writer
-        self._payload = payload
-        self._owned = owner is not None
-        if owner is not None:
-            writer.hold(owner)
-        self.offset = writer.size
-        self.crc32c = 0
-        self.length = 0
-        self.span: Span | None = None
-
-    def write(self, data: Buffer) -> int:
-        """Append ``data`` to the item (checksummed as it passes); its length."""
-        view = memoryview(data).cast("B")
-        if self._payload is not None and self.span is None and self._is_payload(view):
-            crc = crc32c(view)
-            self.span = Span(self.length, len(view), crc)
-            self.crc32c = crc32c_combine(self.crc32c, crc, len(view))
-        else:
-            self.crc32c = crc32c(view, self.crc32c)
-        self.length += len(view)
-        self._writer.send_unhashed(view, self._owned)
-        return len(view)
-
-    def _is_payload(self, view: memoryview) -> bool:
-        assert self._payload is not None
-        address, nbytes = self._payload
-        return len(view) == nbytes and np.frombuffer(view, np.uint8).ctypes.data == address
-
-    def flush(self) -> None:
-        """Nothing to flush: bytes go to the file writer as they are written."""
-        pass
-
-    def close(self) -> None:
-        """End the item: its checksum and length join the file's."""
-        self._writer.extend_crc(self.crc32c, self.length)
-
-    def __enter__(self) -> ItemSink:
-        return self
-
-    def __exit__(self, exc_type: object, *exc: object) -> None:
-        if exc_type is None:
-            self.close()
+#: Size of the pooled buffers small writes are copied into on a ``gather_parts`` store
+#: (each counts whole against the budget, so a part is at least ``part_size`` minus this).
+GATHER_BUFFER = ZERO_COPY_MIN
 
 
 class FileWriter:
@@ -153,16 +89,35 @@ class FileWriter:
         self.engine = engine
         self.store = store
         self.path = path
+        self._failed = threading.Event()
         self.part_size = plan_part_size(
             size_hint,
             engine.config.part_size,
             store.capabilities.min_part_size,
             store.capabilities.max_parts,
         )
+        caps = store.capabilities
+        #: Parts built from pieces (``ckptstore.engine.pieces``), where they stay at least
+        #: the store's smallest part.
+        self._parts: PartBuilder | None = None
+        if (
+            caps.gather_parts
+            and not caps.zero_copy_parts
+            and self.part_size - GATHER_BUFFER >= caps.min_part_size
+        ):
+            if size_hint and math.ceil(size_hint / (self.part_size - GATHER_BUFFER)) > (
+                caps.max_parts
+            ):
+                self.part_size += GATHER_BUFFER  # parts may be that much short of it
+            self._parts = PartBuilder(
+                self.part_size, GATHER_BUFFER, engine.buffers, self._failed.is_set, self._submit
+            )
         #: Size of the buffers small writes are copied into (see ``SMALL_PART``).
         self.buffer_size = (
-            min(self.part_size, SMALL_PART)
-            if store.capabilities.zero_copy_parts
+            GATHER_BUFFER
+            if self._parts is not None
+            else min(self.part_size, SMALL_PART)
+            if caps.zero_copy_parts
             else self.part_size
         )
         self._what = f"upload of {store.describe(path)}"
@@ -173,7 +128,6 @@ class FileWriter:
         self._part_offset = 0
         self._upload: Multipart | None = None
         self._futures: list[Future[Part]] = []
-        self._failed = threading.Event()
         self._held: list[object] = []  # owners of memory that parts point into
         self._state = "open"
 
@@ -215,8 +169,9 @@ class FileWriter:
     def write(self, data: Buffer, crc: int | None = None) -> int:
         """Append ``data``; returns its offset. ``crc``: its CRC32C, if known.
 
-        ``data`` is copied, except a large write to a ``zero_copy_parts`` store, which is
-        sent from ``data`` itself: leave it unchanged until ``close()`` (see ``_append``).
+        ``data`` is copied, except a large write to a ``zero_copy_parts`` or
+        ``gather_parts`` store, which is sent from ``data`` itself: leave it unchanged
+        until ``close()`` (see ``_append``).
         """
         self._check_open()
         view = memoryview(data).cast("B")
@@ -262,24 +217,28 @@ class FileWriter:
     def _append(self, view: memoryview, owned: bool = False) -> None:
         """Copy ``view`` into part buffers (of ``buffer_size``), sending each as it fills.
 
-        On a store with ``zero_copy_parts``, a view of at least ``ZERO_COPY_MIN`` bytes is
-        not copied: what is buffered goes out as a (short) part, then the view itself as
-        parts of up to ``part_size``. Only a view that keeps its memory alive (``view.obj``)
-        or, with ``owned``, one into memory whose owner the writer holds (``item(owner=)``)
-        is taken so; its bytes must not change until ``close()`` returns (a state being
-        saved is not modified meanwhile).
+        A view of at least ``ZERO_COPY_MIN`` bytes is not copied on a ``gather_parts``
+        store (it becomes pieces of parts, see ``ckptstore.engine.pieces``) nor on a
+        ``zero_copy_parts`` one (what is buffered goes out as a short part, then the view
+        itself as parts of up to ``part_size``). Only a view that keeps its memory alive
+        (``view.obj``) or, with ``owned``, one into memory whose owner the writer holds
+        (``item(owner=)``) is taken so; its bytes must not change until ``close()``
+        returns (a state being saved is not modified meanwhile).
         """
-        if (
-            len(view) >= ZERO_COPY_MIN
-            and self.store.capabilities.zero_copy_parts
-            and (owned or view.obj is not None)
-        ):
+        by_reference = len(view) >= ZERO_COPY_MIN and (owned or view.obj is not None)
+        if self._parts is not None:
+            if by_reference:
+                self._parts.refer(view)
+            else:
+                self._parts.copy(view)
+            return
+        if by_reference and self.store.capabilities.zero_copy_parts:
             if self._fill:
                 self._submit_part()
             for start in range(0, len(view), self.part_size):
                 piece = view[start : start + self.part_size]
                 self.engine.buffers.reserve(len(piece), self._failed.is_set)
-                self._submit(piece, None)
+                self._submit(piece, functools.partial(self.engine.buffers.unreserve, len(piece)))
             return
         while len(view):
             if self._buf is None:
@@ -297,19 +256,12 @@ class FileWriter:
         buf, size = self._buf, self._fill
         assert buf is not None
         self._buf, self._fill = None, 0
-        self._submit(memoryview(buf)[:size], buf)
+        self._submit(memoryview(buf)[:size], lambda: self.engine.buffers.release(buf))
 
-    def _submit(self, data: memoryview, buf: bytearray | None) -> None:
-        """Send ``data`` as the next part. ``buf``: its pooled buffer, released when sent;
-        None: ``data`` is the caller's memory, reserved in the pool and unreserved then."""
+    def _submit(self, data: memoryview | list[memoryview], release: Release) -> None:
+        """Send ``data`` (one buffer, or a part's pieces) as the next part; ``release()``
+        gives back its memory (a pooled buffer, the caller's bytes reserved) once sent."""
         engine, store = self.engine, self.store
-
-        def release() -> None:
-            if buf is not None:
-                engine.buffers.release(buf)
-            else:
-                engine.buffers.unreserve(len(data))
-
         try:
             if self._upload is None:
                 self._upload = engine.retry(
@@ -323,16 +275,17 @@ class FileWriter:
             release()
             raise
         number, offset = len(self._futures) + 1, self._part_offset
-        self._part_offset += len(data)
+        self._part_offset += sum(map(len, data)) if isinstance(data, list) else len(data)
         upload = self._upload
+
+        def put() -> Part:
+            if isinstance(data, list):
+                return store.put_part_pieces(upload, number, offset, data)
+            return store.put_part(upload, number, offset, data)
 
         def send() -> Part:
             try:
-                return engine.retry(
-                    lambda: store.put_part(upload, number, offset, data),
-                    f"{self._what} (part {number})",
-                    self._deadline,
-                )
+                return engine.retry(put, f"{self._what} (part {number})", self._deadline)
             except BaseException:
                 self._failed.set()
                 raise
@@ -358,7 +311,9 @@ class FileWriter:
         if self._state != "open":
             raise TransferError(f"{self._what}: close after {self._state}")
         try:
-            if self._upload is None:
+            if self._upload is None and self._parts is not None:
+                self._put_pieces(*self._parts.take())
+            elif self._upload is None:
                 buf, size = self._buf, self._fill
                 data = memoryview(buf)[:size] if buf is not None else b""
                 self.engine.retry(
@@ -366,6 +321,8 @@ class FileWriter:
                 )
                 self._release_buffer()
             else:
+                if self._parts is not None:
+                    self._parts.flush()
                 if self._fill:
                     self._submit_part()
                 self._release_buffer()
@@ -384,6 +341,14 @@ class FileWriter:
         self._state = "closed"
         self._held.clear()
         return FileInfo(self.path, self._crc.length, self._crc.value)
+
+    def _put_pieces(self, pieces: list[memoryview], release: Release) -> None:
+        """The whole file (smaller than a part) as one object: its pieces joined."""
+        try:
+            data: Buffer = pieces[0] if len(pieces) == 1 else bytearray().join(pieces)
+            self.engine.retry(lambda: self.store.put(self.path, data), self._what, self._deadline)
+        finally:
+            release()
 
     def _release_buffer(self) -> None:
         if self._buf is not None:
@@ -404,6 +369,8 @@ class FileWriter:
             except BaseException:  # noqa: BLE001 - cancelled
                 pass
         self._release_buffer()
+        if self._parts is not None:
+            self._parts.discard()
         self._held.clear()
         if self._upload is not None:
             upload = self._upload

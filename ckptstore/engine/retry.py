@@ -225,6 +225,12 @@ class RetryingStore(Store):
         """``inner.put_part`` as is: its callers retry it through the transfer engine."""
         return self.inner.put_part(upload, number, offset, data)
 
+    def put_part_pieces(
+        self, upload: Multipart, number: int, offset: int, pieces: Sequence[Buffer]
+    ) -> Part:
+        """``inner.put_part_pieces`` as is: its callers retry it through the transfer engine."""
+        return self.inner.put_part_pieces(upload, number, offset, pieces)
+
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
         """``inner.complete_multipart`` as is: its callers retry it through the transfer engine."""
         self.inner.complete_multipart(upload, parts)

@@ -26,7 +26,9 @@ Who calls what, in which order:
       # or, on any failure:
       store.abort_multipart(up)                        # nothing visible, nothing left
 
-  and ``get_into`` / ``get`` for reads. Part sizes follow ``capabilities``.
+  and ``get_into`` / ``get`` for reads. Part sizes follow ``capabilities``; on a store
+  with ``capabilities.gather_parts`` a part comes as several buffers
+  (``put_part_pieces``) instead of one.
 - Commit (``ckptstore.engine.commit``, the coordinator): ``put`` of the manifest and
   ``.metadata``, then ``put_if_absent`` of ``COMMITTED``; ``get`` / ``exists`` to open one.
 - Listing, verification and deletion (``engine.catalog``, ``engine.verify``,
@@ -97,12 +99,16 @@ class Capabilities:
     size of any part but the last. ``zero_copy_parts``: parts of any size, many of them,
     cost nothing extra (a file's ``pwrite``s, not requests), so the engine sends large
     writes as parts of their own, straight from the caller's memory, instead of copying
-    them into part buffers.
+    them into part buffers. ``gather_parts``: ``put_part_pieces`` sends a part given as
+    several buffers without joining them, so the engine builds parts of the usual size
+    from the caller's memory and small buffers (``ckptstore.engine.pieces``) instead of
+    copying every byte into part buffers.
     """
 
     max_parts: int = 10_000
     min_part_size: int = 1
     zero_copy_parts: bool = False
+    gather_parts: bool = False
 
     def __post_init__(self) -> None:
         for name in ("max_parts", "min_part_size"):
@@ -323,6 +329,15 @@ class Store(abc.ABC):
         completed upload raises ``StoreNotFoundError``. Default: one temp object per part.
         """
         return emulated.put_part(self, upload, number, offset, data)
+
+    def put_part_pieces(
+        self, upload: Multipart, number: int, offset: int, pieces: Sequence[Buffer]
+    ) -> Part:
+        """``put_part`` of the concatenation of ``pieces`` (the engine calls it on a store
+        with ``capabilities.gather_parts``). Default: the pieces joined (one copy), then
+        ``put_part``; a store whose client can send several buffers as one body overrides
+        it and sends them as they are. Repeating it resends the same bytes."""
+        return self.put_part(upload, number, offset, bytearray().join(pieces))
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
         """Make the object visible, whole and durable, from ``parts`` (sorted by number).

@@ -46,7 +46,14 @@ from ckptstore.errors import (
     TransientStoreError,
 )
 from ckptstore.stores import s3_folders
-from ckptstore.stores.s3_client import CHECKSUMS, S3Client, as_body, make_s3fs, multipart_etag
+from ckptstore.stores.s3_client import (
+    CHECKSUMS,
+    S3Client,
+    as_body,
+    make_s3fs,
+    multipart_etag,
+    pieces_body,
+)
 from ckptstore.stores.s3_errors import error_code
 
 __all__ = ["S3Store", "make_s3fs"]
@@ -98,8 +105,9 @@ class S3Store(Store):
         super().__init__(
             f"s3://{join_path(self.bucket, self.prefix)}", storage_options, retry=retry
         )
-        #: S3 multipart: parts of at least 5 MiB but the last, at most 10,000 of them.
-        self.capabilities = Capabilities(max_parts=10_000, min_part_size=5 * MiB)
+        #: S3 multipart: parts of at least 5 MiB but the last, at most 10,000 of them; a
+        #: part may be sent from several buffers (``put_part_pieces``).
+        self.capabilities = Capabilities(max_parts=10_000, min_part_size=5 * MiB, gather_parts=True)
         self.checksum = checksum
         self.fs = (
             fs
@@ -313,7 +321,28 @@ class S3Store(Store):
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
         body = as_body(data)
-        integrity = self.client.integrity(body)
+        return self._upload_part(
+            upload, number, offset, body, len(body), self.client.integrity(body)
+        )
+
+    def put_part_pieces(
+        self, upload: Multipart, number: int, offset: int, pieces: Sequence[Buffer]
+    ) -> Part:
+        """UploadPart of ``pieces`` as one body, each sent from its own memory (no join);
+        the checksum header covers their concatenation."""
+        body = pieces_body(pieces)
+        integrity = self.client.integrity(pieces)
+        return self._upload_part(upload, number, offset, body, len(body), integrity)
+
+    def _upload_part(
+        self,
+        upload: Multipart,
+        number: int,
+        offset: int,
+        body: Any,
+        size: int,
+        integrity: dict[str, Any],
+    ) -> Part:
         out = self.client.call(
             "upload_part",
             f"upload of {self.describe(upload.path)} (part {number})",
@@ -325,7 +354,7 @@ class S3Store(Store):
         )
         if "ChecksumCRC32C" in integrity:  # CompleteMultipartUpload must repeat it
             upload.extra.setdefault("checksums", {})[number] = integrity["ChecksumCRC32C"]
-        return Part(number, offset, len(body), out["ETag"])
+        return Part(number, offset, size, out["ETag"])
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
         """CompleteMultipartUpload; idempotent when a retry follows a lost response.

@@ -1,0 +1,101 @@
+"""A file-like sink for one item inside a file being written (``ItemSink``; ``torch.save``
+writes into it), and what it writes into (``ItemTarget``: a ``FileWriter`` or a
+``TeeWriter``). Build one with ``FileWriter.item``; see ``ckptstore.engine.transfer`` for
+the call order.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import numpy as np
+
+from ckptstore.engine.checksum import crc32c, crc32c_combine
+from ckptstore.engine.manifest import Span
+from ckptstore.engine.store import Buffer
+
+__all__ = ["ItemSink", "ItemTarget"]
+
+
+class ItemTarget(Protocol):
+    """What an ``ItemSink`` writes into: a ``FileWriter`` (or a ``TeeWriter`` of two)."""
+
+    @property
+    def size(self) -> int:
+        """Bytes written to the file so far."""
+        ...
+
+    def hold(self, owner: object) -> None:
+        """Keep ``owner`` alive until the file is closed or aborted."""
+        ...
+
+    def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
+        """Append ``view`` without hashing it."""
+        ...
+
+    def extend_crc(self, crc: int, length: int) -> None:
+        """Extend the file's CRC32C with ``length`` bytes of CRC32C ``crc``."""
+        ...
+
+
+class ItemSink:
+    """A file-like view of one item inside a ``FileWriter`` (``torch.save`` writes into it).
+
+    Bytes are hashed once, into the item's own CRC32C; on ``close`` the file's CRC is
+    extended with it (CRC combine), so nothing is hashed twice. Items must not interleave
+    with other writes to the same file.
+
+    ``payload=(address, nbytes)`` names memory the item's bytes are expected to contain
+    whole (a tensor's storage, which ``torch.save`` writes in one call): the write of
+    exactly that memory is hashed on its own and recorded as ``span`` (its offset within
+    the item, length and CRC32C), so a reader can fetch it straight into place.
+    """
+
+    def __init__(
+        self,
+        writer: ItemTarget,
+        payload: tuple[int, int] | None = None,
+        owner: object = None,
+    ) -> None:
+        self._writer = writer
+        self._payload = payload
+        self._owned = owner is not None
+        if owner is not None:
+            writer.hold(owner)
+        self.offset = writer.size
+        self.crc32c = 0
+        self.length = 0
+        self.span: Span | None = None
+
+    def write(self, data: Buffer) -> int:
+        """Append ``data`` to the item (checksummed as it passes); its length."""
+        view = memoryview(data).cast("B")
+        if self._payload is not None and self.span is None and self._is_payload(view):
+            crc = crc32c(view)
+            self.span = Span(self.length, len(view), crc)
+            self.crc32c = crc32c_combine(self.crc32c, crc, len(view))
+        else:
+            self.crc32c = crc32c(view, self.crc32c)
+        self.length += len(view)
+        self._writer.send_unhashed(view, self._owned)
+        return len(view)
+
+    def _is_payload(self, view: memoryview) -> bool:
+        assert self._payload is not None
+        address, nbytes = self._payload
+        return len(view) == nbytes and np.frombuffer(view, np.uint8).ctypes.data == address
+
+    def flush(self) -> None:
+        """Nothing to flush: bytes go to the file writer as they are written."""
+        pass
+
+    def close(self) -> None:
+        """End the item: its checksum and length join the file's."""
+        self._writer.extend_crc(self.crc32c, self.length)
+
+    def __enter__(self) -> ItemSink:
+        return self
+
+    def __exit__(self, exc_type: object, *exc: object) -> None:
+        if exc_type is None:
+            self.close()

@@ -1,0 +1,145 @@
+"""Parts built from pieces: a file's large writes go out from the caller's memory, its
+small ones through small pooled buffers, in parts of the usual size.
+
+Used by ``FileWriter`` on a store with ``Capabilities.gather_parts`` (S3), whose
+``put_part_pieces`` sends a part given as several buffers as one request body without
+joining them. The design, and why it is the simplest the store API allows:
+
+- A part is a list of *pieces*, in file order: views of the caller's memory (each large
+  write, cut where a part ends) and views of small pooled buffers that the small writes
+  between them (item headers, small items) are copied into. So a tensor's bytes are never
+  copied by ckptstore, whatever its size, and no part is shorter than it would be with
+  copying: S3's rule (every part but the last >= 5 MiB) holds without special cases.
+- A small buffer belongs to one part only (later small writes of the next part go into a
+  new buffer), so it is given back when that part is sent, with no reference counting.
+- The budget: a part being built holds at most ``part_size`` bytes of the engine's memory
+  budget, counting its pooled buffers at their full size and the caller's bytes it points
+  to (``BufferPool.reserve``), exactly as the copying path's one part buffer does; a part
+  is sent as soon as adding more would exceed that. So a writer never waits for memory
+  its own unsent part holds, ``TeeWriter.fits`` stays true, and parts are at least
+  ``part_size - buffer_size`` bytes long (``FileWriter`` uses this path only where that
+  is at least the store's ``min_part_size``).
+- The caller's memory must stay alive and unchanged until the file is closed: the writer
+  holds its owner (``FileWriter.hold``); a retried part resends the same pieces.
+
+Call order (one thread: the ``FileWriter``'s)::
+
+    parts = PartBuilder(part_size, buffer_size, pool, cancelled, send)
+    parts.copy(view)        # a small write: copied into pooled buffers
+    parts.refer(view)       # a large write: its memory, by reference
+    # send(pieces, release) is called for each full part; release() once it is sent
+    parts.flush()           # the last part goes out (at close)
+    pieces, release = parts.take()   # or: the unsent part itself (a one-request file)
+    parts.discard()         # on abort: give back what the unsent part holds
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from ckptstore.engine.buffers import BufferPool
+
+__all__ = ["PartBuilder", "Release"]
+
+#: Gives back the memory a part held (its pooled buffers, the caller bytes it reserved).
+Release = Callable[[], None]
+
+
+class PartBuilder:
+    """Builds one file's parts from its writes. See the module docstring."""
+
+    def __init__(
+        self,
+        part_size: int,
+        buffer_size: int,
+        pool: BufferPool,
+        cancelled: Callable[[], bool],
+        send: Callable[[list[memoryview], Release], None],
+    ) -> None:
+        if buffer_size > part_size:
+            raise ValueError("PartBuilder: buffer_size must not exceed part_size")
+        self.part_size = part_size
+        self.buffer_size = buffer_size
+        self._pool = pool
+        self._cancelled = cancelled
+        self._send = send
+        self._pieces: list[memoryview] = []
+        self._buffers: list[bytearray] = []  # pooled buffers the unsent part points into
+        self._referenced = 0  # caller bytes the unsent part points to (reserved)
+        self._buf: memoryview | None = None  # the buffer small writes go into now
+        self._mark = 0  # start of its bytes not yet made a piece
+        self._fill = 0
+
+    @property
+    def held(self) -> int:
+        """Bytes of the memory budget the unsent part holds."""
+        return len(self._buffers) * self.buffer_size + self._referenced
+
+    def copy(self, view: memoryview) -> None:
+        """Append ``view``'s bytes, copied into pooled buffers."""
+        while len(view):
+            if self._buf is None:
+                if self.held + self.buffer_size > self.part_size:
+                    self.flush()
+                buf = self._pool.acquire(self.buffer_size, self._cancelled)
+                self._buffers.append(buf)
+                self._buf, self._mark, self._fill = memoryview(buf), 0, 0
+            n = min(len(view), self.buffer_size - self._fill)
+            self._buf[self._fill : self._fill + n] = view[:n]
+            self._fill += n
+            view = view[n:]
+            if self._fill == self.buffer_size:
+                self._seal()
+                self._buf = None
+
+    def refer(self, view: memoryview) -> None:
+        """Append ``view`` by reference: its memory is sent as it is (keep it unchanged
+        until the file is closed). Blocks while the memory budget is spent elsewhere."""
+        while len(view):
+            room = self.part_size - self.held
+            if room <= 0:
+                self.flush()
+                continue
+            piece = view[:room]
+            self._pool.reserve(len(piece), self._cancelled)
+            self._seal()
+            self._pieces.append(piece)
+            self._referenced += len(piece)
+            view = view[len(piece) :]
+            if self.held >= self.part_size:
+                self.flush()
+
+    def _seal(self) -> None:
+        """Make the current buffer's bytes not yet in a piece the next piece."""
+        if self._buf is not None and self._fill > self._mark:
+            self._pieces.append(self._buf[self._mark : self._fill])
+            self._mark = self._fill
+
+    def take(self) -> tuple[list[memoryview], Release]:
+        """The unsent part's pieces (possibly none) and what gives back its memory; the
+        builder starts a new part."""
+        self._seal()
+        pieces, buffers, referenced = self._pieces, self._buffers, self._referenced
+        self._pieces, self._buffers, self._referenced = [], [], 0
+        self._buf, self._mark, self._fill = None, 0, 0
+        pool = self._pool
+
+        def release() -> None:
+            for buf in buffers:
+                pool.release(buf)
+            if referenced:
+                pool.unreserve(referenced)
+
+        return pieces, release
+
+    def flush(self) -> None:
+        """Send the unsent part, if it holds any bytes."""
+        pieces, release = self.take()
+        if pieces:
+            self._send(pieces, release)
+        else:
+            release()
+
+    def discard(self) -> None:
+        """Drop the unsent part, giving back its memory (abort)."""
+        self.take()[1]()

@@ -1,0 +1,185 @@
+"""S3 parts built from pieces (``ckptstore.engine.pieces``) against SeaweedFS: a large write
+goes out from the caller's memory inside parts of the usual size, small writes through small
+buffers, and a fault on the wire still leaves nothing visible."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ckptstore.config import MiB, RetryConfig, TransferConfig
+from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.filewriter import GATHER_BUFFER
+from ckptstore.engine.store import Buffer, Multipart, Part
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import TransferError
+from ckptstore.stores.s3 import S3Store
+from ckptstore.testing.faults import FaultyStore
+from harness.proxy import FaultProxy, Rule
+
+from .conftest import BUCKET, unique
+
+pytestmark = pytest.mark.server
+
+PART = 6 * MiB  # the smallest part size that builds parts from pieces (5 MiB + a buffer)
+FAST = RetryConfig(attempts=3, base_backoff_s=0.01, max_backoff_s=0.05, deadline_s=60)
+
+
+def engine() -> TransferEngine:
+    return TransferEngine(
+        TransferConfig(part_size=PART, concurrency=4, memory_budget=4 * PART, retry=FAST)
+    )
+
+
+class Recorded(FaultyStore):
+    """Passes each part's pieces to the S3 store as they are, noting where they point."""
+
+    def __init__(self, inner: S3Store) -> None:
+        super().__init__(inner)
+        self.parts: dict[int, list[tuple[int, int]]] = {}  # number -> [(address, length)]
+
+    def put_part_pieces(
+        self, upload: Multipart, number: int, offset: int, pieces: Sequence[Buffer]
+    ) -> Part:
+        self.parts[number] = [(np.frombuffer(p, np.uint8).ctypes.data, len(p)) for p in pieces]
+        return self.inner.put_part_pieces(upload, number, offset, pieces)
+
+
+@pytest.fixture
+def s3(seaweedfs: Any) -> S3Store:
+    store: S3Store = seaweedfs.store(f"{BUCKET}/{unique()}")
+    return store
+
+
+@pytest.fixture
+def proxy(seaweedfs: Any) -> Iterator[FaultProxy]:
+    with FaultProxy(seaweedfs.port) as p:
+        yield p
+
+
+def via(proxy: FaultProxy, server: Any, store: S3Store, **kwargs: Any) -> S3Store:
+    options = dict(server.storage_options, endpoint_url=proxy.endpoint)
+    return S3Store(store.url, options, retry=FAST, **kwargs)
+
+
+def write_items(eng: TransferEngine, store: Any, items: list[np.ndarray]) -> tuple[Any, bytes]:
+    """Each item as a small header written through ``write`` and its bytes through an
+    ``ItemSink`` that holds the array (as the DCP writer does); the file and its bytes."""
+    expected = bytearray()
+    with eng.writer(store, "f.bin") as w:
+        for i, arr in enumerate(items):
+            header = f"item {i}: {arr.nbytes} bytes;".encode()
+            w.write(header)
+            with w.item(owner=arr) as sink:
+                sink.write(memoryview(arr))
+            expected += header + arr.tobytes()
+        info = w.close()
+    return info, bytes(expected)
+
+
+def part_number(target: str) -> int:
+    query = dict(kv.split("=", 1) for kv in target.partition("?")[2].split("&") if "=" in kv)
+    return int(query["partNumber"])
+
+
+def check_parts(proxy: FaultProxy, total: int) -> None:
+    uploads = sorted(
+        proxy.ops("UploadPart"), key=lambda r: part_number(r.target)
+    )  # sent in any order
+    sizes = [r.size for r in uploads]
+    assert sum(sizes) == total and all(s <= PART for s in sizes)
+    assert all(s >= 5 * MiB for s in sizes[:-1])  # S3's rule; the last may be short
+    assert not any("expect" in r.headers for r in proxy.ops("UploadPart"))  # no extra round trip
+
+
+def array(nbytes: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).integers(0, 256, nbytes, dtype=np.uint8)
+
+
+def test_a_tensor_spanning_many_parts_is_sent_from_its_own_memory(
+    seaweedfs: Any, s3: S3Store, proxy: FaultProxy
+) -> None:
+    tensor = array(4 * PART + 12345, 1)
+    recorded = Recorded(via(proxy, seaweedfs, s3))
+    with engine() as eng:
+        info, expected = write_items(eng, recorded, [tensor])
+        assert eng.buffers.in_use == 0  # every buffer and reservation given back
+    assert s3.get("f.bin") == expected and info.crc32c == crc32c(expected)
+    check_parts(proxy, len(expected))
+    start, end = tensor.ctypes.data, tensor.ctypes.data + tensor.nbytes
+    from_tensor = [n for ps in recorded.parts.values() for a, n in ps if start <= a < end]
+    assert sum(from_tensor) == tensor.nbytes  # not one byte of it copied into a part buffer
+    assert len(recorded.parts) == 5 and s3.list_multipart() == []
+
+
+def test_headers_and_tensors_share_parts(seaweedfs: Any, s3: S3Store, proxy: FaultProxy) -> None:
+    items = [array(2 * MiB + i, i) for i in range(7)]  # 2 MiB tensors, a header before each
+    recorded = Recorded(via(proxy, seaweedfs, s3))
+    with engine() as eng:
+        info, expected = write_items(eng, recorded, items)
+    assert s3.get("f.bin") == expected and info.size == len(expected)
+    check_parts(proxy, len(expected))
+    assert max(len(ps) for ps in recorded.parts.values()) >= 4  # header, tensor, header, ...
+
+
+def test_a_file_smaller_than_a_part_is_one_put(
+    seaweedfs: Any, s3: S3Store, proxy: FaultProxy
+) -> None:
+    items = [array(2 * MiB, 3), array(GATHER_BUFFER + 1, 4)]
+    with engine() as eng:
+        info, expected = write_items(eng, via(proxy, seaweedfs, s3), items)
+        assert eng.buffers.in_use == 0
+    assert s3.get("f.bin") == expected and info.crc32c == crc32c(expected)
+    assert len(proxy.ops("PutObject")) == 1 and proxy.ops("UploadPart") == []
+
+
+@pytest.mark.parametrize("checksum", ["crc32c", "md5"])
+def test_a_part_damaged_in_transit_is_resent_from_the_same_memory(
+    seaweedfs: Any, s3: S3Store, proxy: FaultProxy, checksum: str
+) -> None:
+    proxy.add(Rule("UploadPart", "flip", times=1))
+    items = [array(3 * MiB, 5), array(2 * PART, 6)]
+    with engine() as eng:
+        _, expected = write_items(eng, via(proxy, seaweedfs, s3, checksum=checksum), items)
+        assert eng.stats.retries == 1  # the server answered BadDigest once
+    assert s3.get("f.bin") == expected
+
+
+def test_signed_bodies_are_read_from_their_pieces(
+    seaweedfs: Any, s3: S3Store, proxy: FaultProxy
+) -> None:
+    """Without a checksum header botocore hashes each body for the signature (``read``)."""
+    items = [array(PART + 1, 7)]
+    with engine() as eng:
+        _, expected = write_items(eng, via(proxy, seaweedfs, s3, checksum="none"), items)
+    signed = {r.headers.get("x-amz-content-sha256") for r in proxy.ops("UploadPart")}
+    assert len(signed) == 2 and all(len(h or "") == 64 for h in signed)
+    assert s3.get("f.bin") == expected
+
+
+def test_a_connection_reset_mid_upload_leaves_nothing(
+    seaweedfs: Any, s3: S3Store, proxy: FaultProxy
+) -> None:
+    proxy.add(Rule("UploadPart", "reset"))  # every part: its connection dies unanswered
+    items = [array(300, 8), array(3 * PART, 9)]
+    with engine() as eng:
+        with pytest.raises(TransferError):
+            write_items(eng, via(proxy, seaweedfs, s3), items)
+        assert eng.buffers.in_use == 0
+    assert len(proxy.ops("AbortMultipartUpload")) == 1
+    assert s3.find() == [] and s3.list_multipart() == []
+
+
+def test_stores_without_pieces_get_them_joined(s3: S3Store) -> None:
+    """The contract's default ``put_part_pieces`` joins the pieces and calls ``put_part``."""
+    upload = s3.begin_multipart("j.bin")
+    head, body = b"head", bytearray(os.urandom(5 * MiB))
+    wrapped = FaultyStore(s3)  # a store without its own put_part_pieces
+    part = wrapped.put_part_pieces(upload, 1, 0, [head, memoryview(body)])
+    s3.complete_multipart(upload, [part])
+    assert wrapped.calls["put_part"] == 1 and part.size == len(head) + len(body)
+    assert s3.get("j.bin") == head + body
