@@ -69,7 +69,7 @@ class ItemTarget(Protocol):
         ...
 
     def hold(self, owner: object) -> None:
-        """Keep ``owner`` alive until the file is closed or aborted."""
+        """Keep ``owner`` alive while parts point into its memory (see ``FileWriter.hold``)."""
         ...
 
     def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
@@ -174,7 +174,7 @@ class FileWriter:
         self._upload: Multipart | None = None
         self._futures: list[Future[Part]] = []
         self._failed = threading.Event()
-        self._held: list[object] = []  # owners of memory that parts point into
+        self._owner: object = None  # the current item's owner (``hold``)
         self._state = "open"
 
     @property
@@ -232,16 +232,18 @@ class FileWriter:
         """A file-like sink for one item (see ``ItemSink``); close it when the item ends.
 
         ``owner``: what owns the memory the item's writes point into (the tensor
-        ``torch.save`` writes, whose record arrives as a bare memoryview); held until the
-        file is closed or aborted, so large writes can be sent without a copy.
+        ``torch.save`` writes, whose record arrives as a bare memoryview); held while parts
+        point into it (``hold``), so large writes can be sent without a copy.
         """
         self._check_open()
         return ItemSink(self, payload, owner)
 
     def hold(self, owner: object) -> None:
-        """Keep ``owner`` (what owns memory that parts may point into) alive until the
-        file is closed or aborted."""
-        self._held.append(owner)
+        """Keep ``owner`` (what owns the memory the current item's writes point into)
+        alive while parts point into it: each part sent from that memory holds it until the
+        part is written (so a copy made for the save is freed as soon as it is on its way,
+        not when the file closes); the writer itself holds only the latest owner."""
+        self._owner = owner
 
     def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
         """Append ``view`` without hashing it: for an ``ItemSink``, which hashes its bytes
@@ -275,11 +277,12 @@ class FileWriter:
             and (owned or view.obj is not None)
         ):
             if self._fill:
-                self._submit_part()
+                self._submit_copy()
+            keep = self._owner if owned else None
             for start in range(0, len(view), self.part_size):
                 piece = view[start : start + self.part_size]
                 self.engine.buffers.reserve(len(piece), self._failed.is_set)
-                self._submit(piece, None)
+                self._submit(piece, None, keep)
             return
         while len(view):
             if self._buf is None:
@@ -299,9 +302,21 @@ class FileWriter:
         self._buf, self._fill = None, 0
         self._submit(memoryview(buf)[:size], buf)
 
-    def _submit(self, data: memoryview, buf: bytearray | None) -> None:
+    def _submit_copy(self) -> None:
+        """Send what the part buffer holds as a copy of just those bytes, keeping the
+        buffer for the next small writes: before a large write on a ``zero_copy_parts``
+        store, where it usually holds one item's few-KiB header, so no queued header part
+        pins a whole buffer (one buffer per open file, not one per item in flight)."""
+        assert self._buf is not None
+        data = memoryview(bytes(memoryview(self._buf)[: self._fill]))
+        self._fill = 0
+        self.engine.buffers.reserve(len(data), self._failed.is_set)
+        self._submit(data, None)
+
+    def _submit(self, data: memoryview, buf: bytearray | None, keep: object = None) -> None:
         """Send ``data`` as the next part. ``buf``: its pooled buffer, released when sent;
-        None: ``data`` is the caller's memory, reserved in the pool and unreserved then."""
+        None: ``data`` is the caller's memory, reserved in the pool and unreserved then.
+        ``keep``: the owner of that memory, held until the part is sent."""
         engine, store = self.engine, self.store
 
         def release() -> None:
@@ -326,7 +341,7 @@ class FileWriter:
         self._part_offset += len(data)
         upload = self._upload
 
-        def send() -> Part:
+        def send(keep: object = keep) -> Part:  # ``keep`` lives as long as this function
             try:
                 return engine.retry(
                     lambda: store.put_part(upload, number, offset, data),
@@ -382,7 +397,7 @@ class FileWriter:
                 raise
             raise TransferError(f"{self._what} failed: {exc}") from exc
         self._state = "closed"
-        self._held.clear()
+        self._owner = None
         return FileInfo(self.path, self._crc.length, self._crc.value)
 
     def _release_buffer(self) -> None:
@@ -404,7 +419,7 @@ class FileWriter:
             except BaseException:  # noqa: BLE001 - cancelled
                 pass
         self._release_buffer()
-        self._held.clear()
+        self._owner = None
         if self._upload is not None:
             upload = self._upload
             try:
