@@ -4,8 +4,9 @@
     python benchmarks/rss_save.py --sizes 256 --worlds 1 --repeats 3
 
 Every rank holds ``size / world`` bytes as 8 float32 tensors. For each contender (stock
-``dcp.save`` + ``FileSystemWriter``; ``ckptstore.save``; ``CheckpointManager.save`` with
-``async_save=False``, the manager's ``save_step``), in a rotated order, each into a fresh
+``dcp.save`` + ``FileSystemWriter``; ``ckptstore.save``; the manager's ``save_step`` given
+the state as if already staged: what its writer adds, not the staging copy), in a rotated
+order, each into a fresh
 directory: the rank's peak RSS is reset (``rss.reset_peak``) right before the save, and the
 number reported is ``VmHWM`` after it minus the RSS before it (MiB, max over ranks and
 repeats): what the save itself added. A sampler thread reads ``VmRSS`` every millisecond
@@ -101,11 +102,21 @@ def _save(name: str, state: dict[str, Any], path: str, step: int) -> None:
         dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
     elif name == "ckptstore":
         ckptstore.save(state, ckptstore.writer(path))
-    else:
-        from ckptstore.manager import CheckpointManager
+    else:  # the manager's save path, given the state as if already staged
+        from ckptstore.config import TransferConfig
+        from ckptstore.engine.transfer import TransferEngine
+        from ckptstore.manager.save_step import save_step
+        from ckptstore.stores import open_store
 
-        with CheckpointManager(path, async_save=False) as mgr:
-            mgr.save(step, state)
+        save_step(
+            state,
+            open_store(path),
+            step,
+            staging_dir=None,
+            codec="none",
+            engine=TransferEngine.shared(TransferConfig()),
+            timings={},
+        )
 
 
 def _rank_main(rank: int, world: int, size_mib: int, repeats: int, base: str) -> dict[str, Any]:
