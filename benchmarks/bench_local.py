@@ -17,6 +17,10 @@ deleted afterwards:
   ckptstore    ckptstore.save with ckptstore.writer(path): CRC32C of every byte, every file
                written to a temp name, fsynced, renamed and its directory fsynced, then the
                manifest, .metadata and the create-only COMMITTED marker.
+  write floor  (unless --no-floor) each rank writes its tensors' bytes (straight from
+               their memory, 64 MiB writes) into one file of its own and fsyncs it: the
+               raw write + fsync of the same bytes at the same time, with no format,
+               checksum or commit.
 
 Loads (each right after its own save, into preallocated tensors, then checked bitwise):
 stock dcp.load with FileSystemReader of the stock DCP checkpoint, and ckptstore.load (the
@@ -25,8 +29,10 @@ the ckptstore checkpoint. Nothing is dropped from the page cache, so loads read 
 were just written (warm cache): they measure CPU cost, not the disk.
 
 Every time is barrier -> operation -> barrier on each rank; the reported sample is the max
-over ranks. A tiny untimed warm-up of every contender runs first. Results: a Markdown table
-on stdout and JSON in benchmarks/results/bench_local-<timestamp>.json.
+over ranks. "RSS added" is each rank's peak RSS during the operation minus its RSS right
+before it (max over ranks and repeats). A tiny untimed warm-up of every contender runs
+first. Results: a Markdown table on stdout and JSON in
+benchmarks/results/bench_local-<timestamp>.json.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ from _report import (  # noqa: E402 - a sibling module, found via sys.path
 __all__ = ["BenchConfig", "main", "run"]
 
 SAVES = ("torch.save", "stock DCP", "ckptstore")
+FLOOR = "write floor"
 LOADS = {"stock DCP": "stock DCP load", "ckptstore": "ckptstore load (verified)"}
 
 
@@ -69,6 +76,11 @@ class BenchConfig:
     tensors_per_rank: int = 8
     dir: str = ""  # parent of the per-run directories; "" = a temp dir under /tmp
     warmup: bool = True
+    floor: bool = False  # also time the raw write + fsync floor (a fourth contender)
+
+    @property
+    def saves(self) -> tuple[str, ...]:
+        return (*SAVES, FLOOR) if self.floor else SAVES
 
     @property
     def state_bytes(self) -> int:
@@ -142,6 +154,24 @@ def save_ckptstore(state: dict[str, Any], path: str, rank: int, world: int) -> d
     return {}
 
 
+def save_floor(state: dict[str, Any], path: str, rank: int, world: int) -> dict[str, float]:
+    """Each rank's tensors' bytes into one file of its own, 64 MiB writes, then fsync."""
+    os.makedirs(path, exist_ok=True)
+    chunk = 64 * 2**20
+    fd = os.open(os.path.join(path, f"floor_{rank}.bin"), os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+    try:
+        for name in sorted(state):
+            view = memoryview(state[name].numpy()).cast("B")
+            for start in range(0, len(view), chunk):
+                piece = view[start : start + chunk]
+                while len(piece):
+                    piece = piece[os.write(fd, piece) :]
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return {}
+
+
 def load_dcp(dest: dict[str, Any], path: str) -> None:
     import torch.distributed.checkpoint as dcp
 
@@ -158,6 +188,7 @@ SAVE_FNS: dict[str, Callable[..., dict[str, float]]] = {
     "torch.save": save_torch,
     "stock DCP": save_dcp,
     "ckptstore": save_ckptstore,
+    "write floor": save_floor,
 }
 LOAD_FNS: dict[str, Callable[[dict[str, Any], str], None]] = {
     "stock DCP": load_dcp,
@@ -175,13 +206,16 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def _timed_rss(fn: Callable[[], Any]) -> tuple[float, Any, float]:
-    """``_timed`` plus this rank's peak RSS (MiB) during the operation."""
-    from rss import peak_rss_mib, reset_peak
+def _timed_rss(fn: Callable[[], Any]) -> tuple[float, Any, float, float]:
+    """``_timed`` plus this rank's peak RSS (MiB) during the operation, and that peak minus
+    its RSS right before it (what the operation added)."""
+    from rss import current_rss_mib, peak_rss_mib, reset_peak
 
+    before = current_rss_mib()
     reset_peak()
     secs, out = _timed(fn)
-    return secs, out, peak_rss_mib()
+    peak = peak_rss_mib()
+    return secs, out, peak, peak - before
 
 
 def _dir_bytes(path: str) -> int:
@@ -198,16 +232,23 @@ def _one_round(
     out: dict[str, Any] = {}
     for name in order:
         path = os.path.join(base, f"{tag}-{name.replace(' ', '_').replace('.', '_')}")
-        secs, parts, rss = _timed_rss(lambda n=name, p=path: SAVE_FNS[n](state, p, rank, world))
-        out[name] = {"s": secs, "peak_rss_mib": rss, **parts}
+        secs, parts, rss, added = _timed_rss(
+            lambda n=name, p=path: SAVE_FNS[n](state, p, rank, world)
+        )
+        out[name] = {"s": secs, "peak_rss_mib": rss, "rss_added_mib": added, **parts}
         if rank == 0:
             out[name]["bytes_on_disk"] = _dir_bytes(path)
         if name in LOAD_FNS:
             for t in dest.values():
                 t.zero_()
-            secs, _, rss = _timed_rss(lambda n=name, p=path: LOAD_FNS[n](dest, p))
+            secs, _, rss, added = _timed_rss(lambda n=name, p=path: LOAD_FNS[n](dest, p))
             ok = all(torch.equal(dest[k], state[k]) for k in state)
-            out[LOADS[name]] = {"s": secs, "peak_rss_mib": rss, "bitwise_equal": ok}
+            out[LOADS[name]] = {
+                "s": secs,
+                "peak_rss_mib": rss,
+                "rss_added_mib": added,
+                "bitwise_equal": ok,
+            }
             if not ok:
                 raise AssertionError(f"rank {rank}: {LOADS[name]} is not bitwise equal")
         dist.barrier()
@@ -224,12 +265,13 @@ def _rank_main(rank: int, world: int, cfg: BenchConfig, base: str) -> list[dict[
     if cfg.warmup:
         small = make_state(rank, cfg, numel=64 * 1024)
         small_dest = {k: torch.empty_like(v) for k, v in small.items()}
-        _one_round(rank, world, small, small_dest, base, "warmup", SAVES)
+        _one_round(rank, world, small, small_dest, base, "warmup", cfg.saves)
     state = make_state(rank, cfg)
     dest = {k: torch.empty_like(v) for k, v in state.items()}
     rounds = []
     for r in range(cfg.repeats):
-        order = SAVES[r % len(SAVES) :] + SAVES[: r % len(SAVES)]
+        saves = cfg.saves
+        order = saves[r % len(saves) :] + saves[: r % len(saves)]
         got = _one_round(rank, world, state, dest, base, f"r{r}", order)
         got["order"] = list(order)
         rounds.append(got)
@@ -257,15 +299,18 @@ def _machine(base: str) -> dict[str, Any]:
 
 
 def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> dict[str, Any]:
-    names = list(SAVES) + [LOADS[n] for n in SAVES if n in LOADS]
+    saves = cfg.saves
+    names = list(saves) + [LOADS[n] for n in saves if n in LOADS]
     samples: dict[str, list[float]] = {n: [] for n in names}
     rss: dict[str, list[float]] = {n: [] for n in names}
+    added: dict[str, list[float]] = {n: [] for n in names}
     extra: dict[str, list[dict[str, Any]]] = {n: [] for n in names}
     for r in range(cfg.repeats):
         for n in names:
             per_rank = [rounds[r][n] for rounds in rounds_by_rank]
             samples[n].append(max(p["s"] for p in per_rank))
             rss[n].append(max(p.get("peak_rss_mib", 0.0) for p in per_rank))
+            added[n].append(max(p.get("rss_added_mib", 0.0) for p in per_rank))
             extra[n].append({k: v for k, v in per_rank[0].items() if k != "s"})
     rows = {}
     for n in names:
@@ -277,18 +322,31 @@ def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> 
             "gb_per_s": cfg.state_bytes / 1e9 / statistics.median(xs),
             "samples_s": xs,
             "peak_rss_mib": max(rss[n]),  # max over ranks and repeats
+            "rss_added_mib": max(added[n]),
             "rank0_detail": extra[n],
         }
     for n in names:
         base_save = rows["torch.save"]["median_s"]
-        base_dcp = rows["stock DCP" if n in SAVES else LOADS["stock DCP"]]["median_s"]
-        rows[n]["vs_torch_save"] = rows[n]["median_s"] / base_save if n in SAVES else None
+        base_dcp = rows["stock DCP" if n in saves else LOADS["stock DCP"]]["median_s"]
+        rows[n]["vs_torch_save"] = rows[n]["median_s"] / base_save if n in saves else None
         rows[n]["vs_stock_dcp"] = rows[n]["median_s"] / base_dcp
+        floor = rows[FLOOR]["median_s"] if FLOOR in rows else None
+        rows[n]["vs_floor"] = rows[n]["median_s"] / floor if floor and n in saves else None
     return rows
 
 
 def format_table(rows: dict[str, Any]) -> str:
-    header = ["contender", "median s", "min–max s", "GB/s", "× torch.save", "× stock DCP"]
+    header = [
+        "contender",
+        "median s",
+        "min–max s",
+        "GB/s",
+        "× torch.save",
+        "× stock DCP",
+        "× write floor",
+        "peak RSS MiB/rank",
+        "RSS added MiB",
+    ]
     cells = [
         [
             n,
@@ -297,10 +355,13 @@ def format_table(rows: dict[str, Any]) -> str:
             cell(r["gb_per_s"]),
             cell(r["vs_torch_save"]),
             cell(r["vs_stock_dcp"]),
+            cell(r["vs_floor"]),
+            cell(r["peak_rss_mib"], ".0f"),
+            cell(r["rss_added_mib"], ".0f"),
         ]
         for n, r in rows.items()
     ]
-    return markdown_table(header, "lrrrrr", cells)
+    return markdown_table(header, "lrrrrrrrr", cells)
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
@@ -341,6 +402,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dir", default="", help="parent directory for the runs (default: /tmp)")
     p.add_argument("--quick", action="store_true", help="256 MiB and 2 repeats")
     p.add_argument("--no-warmup", action="store_true")
+    p.add_argument("--no-floor", action="store_true", help="skip the raw write + fsync floor")
     a = p.parse_args(argv)
     cfg = BenchConfig(
         size_mib=a.size_mib or (256 if a.quick else 1024),
@@ -349,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
         tensors_per_rank=a.tensors_per_rank,
         dir=a.dir,
         warmup=not a.no_warmup,
+        floor=not a.no_floor,
     )
     print(
         f"state {cfg.state_bytes / 2**20:.0f} MiB = {cfg.world} ranks x {cfg.tensors_per_rank} "
@@ -365,7 +428,8 @@ def main(argv: list[str] | None = None) -> int:
         f"serialize+write+fsync {write:.2f} s. Wall {res['wall_s']:.0f} s."
     )
     on_disk = ", ".join(
-        f"{n} {res['rows'][n]['rank0_detail'][0]['bytes_on_disk'] / 2**20:.1f} MiB" for n in SAVES
+        f"{n} {res['rows'][n]['rank0_detail'][0]['bytes_on_disk'] / 2**20:.1f} MiB"
+        for n in cfg.saves
     )
     print(f"bytes on disk per checkpoint: {on_disk}")
     print(machine_line(res["machine"]))

@@ -2,11 +2,18 @@
 
     python benchmarks/profile_local.py                # 512 MiB (one rank of bench_local)
     python benchmarks/profile_local.py --size-mib 256 --top 25 --sort tottime
+    python benchmarks/profile_local.py --phases --repeats 5   # where a durable save's time goes
 
 No process group: ``dcp.save`` / ``dcp.load`` run their single-process (no_dist) path, so
 the profile shows the storage layer alone. Each contender saves into a fresh directory
 under a temp dir (deleted afterwards); the load reads it back (warm page cache) into
 preallocated tensors. Prints wall times and the top functions of each profile.
+
+``--phases`` (no cProfile): saves alternately with stock DCP and ckptstore, each into a
+fresh directory, timing every ``os.fsync`` (file or directory; the shard's apart) and,
+for ckptstore, ``write_data`` and ``finish`` (the commit); prints the medians, so one sees
+how much of a durable save is the fsync of the data itself (the disk) and how much the
+rest.
 """
 
 from __future__ import annotations
@@ -48,6 +55,71 @@ def _profile(label: str, fn: Callable[[], Any], top: int, sort: str) -> float:
     return wall
 
 
+def _phases(state: dict[str, Any], base: str, repeats: int) -> None:
+    """Median time of each phase of stock and ckptstore durable saves (see --phases)."""
+    import stat
+    import statistics
+
+    import torch.distributed.checkpoint as dcp
+
+    import ckptstore
+    from ckptstore.dcp.writer import CkptWriter
+
+    spent: dict[str, float] = {}
+    real_fsync = os.fsync
+
+    def timed_fsync(fd: int) -> None:
+        mode = os.fstat(fd).st_mode
+        big = os.fstat(fd).st_size >= 1 << 20
+        key = "fsync dir" if stat.S_ISDIR(mode) else ("fsync data" if big else "fsync small")
+        t0 = time.perf_counter()
+        try:
+            real_fsync(fd)
+        finally:
+            spent[key] = spent.get(key, 0.0) + time.perf_counter() - t0
+            spent[key + " n"] = spent.get(key + " n", 0) + 1
+
+    def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def run(*a: Any, **k: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return fn(*a, **k)
+            finally:
+                spent[name] = spent.get(name, 0.0) + time.perf_counter() - t0
+
+        return run
+
+    orig = CkptWriter.write_data, CkptWriter.finish
+    CkptWriter.write_data = timed("write_data", orig[0])  # type: ignore[method-assign]
+    CkptWriter.finish = timed("finish (commit)", orig[1])  # type: ignore[method-assign]
+    os.fsync = timed_fsync
+    rows: dict[str, list[dict[str, float]]] = {"stock DCP": [], "ckptstore": []}
+    try:
+        for r in range(repeats):
+            for name in ("stock DCP", "ckptstore") if r % 2 == 0 else ("ckptstore", "stock DCP"):
+                path = os.path.join(base, f"phase-{r}-{name.replace(' ', '_')}")
+                spent.clear()
+                t0 = time.perf_counter()
+                if name == "stock DCP":
+                    dcp.save(state, storage_writer=dcp.FileSystemWriter(path))
+                else:
+                    ckptstore.save(state, path)
+                spent["total"] = time.perf_counter() - t0
+                rows[name].append(dict(spent))
+                shutil.rmtree(path)
+    finally:
+        os.fsync = real_fsync
+        CkptWriter.write_data, CkptWriter.finish = orig  # type: ignore[method-assign]
+    print(f"\nmedians of {repeats} saves each (s; 'n' = calls), load average {os.getloadavg()}")
+    for name, samples in rows.items():
+        keys = sorted({k for s in samples for k in s})
+        med = {k: statistics.median(s.get(k, 0.0) for s in samples) for k in keys}
+        text = ", ".join(
+            f"{k} {v:g}" if k.endswith(" n") else f"{k} {v:.3f}" for k, v in med.items()
+        )
+        print(f"  {name}: {text}")
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--size-mib", type=int, default=512)
@@ -55,6 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--top", type=int, default=18)
     p.add_argument("--sort", default="tottime", choices=["tottime", "cumulative"])
     p.add_argument("--only", choices=["save", "load"], default=None)
+    p.add_argument("--phases", action="store_true", help="time the phases, no cProfile")
+    p.add_argument("--repeats", type=int, default=5, help="saves per contender (--phases)")
     a = p.parse_args(argv)
 
     import torch
@@ -73,6 +147,9 @@ def main(argv: list[str] | None = None) -> int:
         small = {"w": torch.zeros(16)}
         dcp.save(small, storage_writer=dcp.FileSystemWriter(os.path.join(base, "w1")))
         ckptstore.save(small, os.path.join(base, "w2"))
+        if a.phases:
+            _phases(state, base, a.repeats)
+            return 0
         if a.only in (None, "save"):
             walls["stock DCP save"] = _profile(
                 "stock DCP save",

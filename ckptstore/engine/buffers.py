@@ -30,11 +30,19 @@ class BufferPool:
     Reusing buffers matters: writing into fresh memory page-faults and costs several times
     a copy into a warm buffer. ``acquire`` blocks (back-pressure) while the limit is
     reached, except for a lone request larger than the limit.
+
+    Counters (for tests and profiles; bytes): ``in_use`` (handed out + reserved now),
+    ``buffers_out`` / ``peak_buffers_out`` (buffers handed out now / at most since
+    ``reset_peaks``), ``created`` (buffer bytes ever allocated: what was not reused).
     """
 
     def __init__(self, limit: int) -> None:
         self._limit = limit
         self._used = 0
+        self._out = 0
+        self._peak_out = 0
+        self._peak_used = 0
+        self._created = 0
         self._free: dict[int, list[bytearray]] = {}
         self._cond = threading.Condition()
 
@@ -44,14 +52,46 @@ class BufferPool:
         with self._cond:
             return self._used
 
+    @property
+    def peak_in_use(self) -> int:
+        """Most bytes handed out or reserved at once since ``reset_peaks``."""
+        with self._cond:
+            return self._peak_used
+
+    @property
+    def buffers_out(self) -> int:
+        """Bytes of buffers handed out now (reservations of the caller's memory excluded)."""
+        with self._cond:
+            return self._out
+
+    @property
+    def peak_buffers_out(self) -> int:
+        """Most bytes of buffers handed out at once since ``reset_peaks``."""
+        with self._cond:
+            return self._peak_out
+
+    @property
+    def created(self) -> int:
+        """Bytes of buffers allocated so far (acquires the free buffers could not serve)."""
+        with self._cond:
+            return self._created
+
+    def reset_peaks(self) -> None:
+        """Start ``peak_in_use`` and ``peak_buffers_out`` again from what is out now."""
+        with self._cond:
+            self._peak_used, self._peak_out = self._used, self._out
+
     def acquire(self, size: int, cancelled: Callable[[], bool]) -> bytearray:
         """A buffer of ``size`` bytes (a pooled one when there is one); blocks while the
         limit is reached, until room is made or ``cancelled()`` is true."""
         with self._cond:
             self._wait_for_room(size, cancelled)
+            self._out += size
+            self._peak_out = max(self._peak_out, self._out)
             free = self._free.get(size)
             if free:
                 return free.pop()
+            self._created += size
         return bytearray(size)
 
     def reserve(self, size: int, cancelled: Callable[[], bool]) -> None:
@@ -70,12 +110,14 @@ class BufferPool:
         while self._used and self._used + size > self._limit and not cancelled():
             self._cond.wait(0.1)
         self._used += size
+        self._peak_used = max(self._peak_used, self._used)
 
     def release(self, buf: bytearray) -> None:
         """Give back an ``acquire``d buffer; it is kept for reuse while the pool holds
         less than ``limit`` bytes of free buffers."""
         with self._cond:
             self._used -= len(buf)
+            self._out -= len(buf)
             pooled = sum(len(b) for bufs in self._free.values() for b in bufs)
             if pooled + len(buf) <= self._limit:
                 self._free.setdefault(len(buf), []).append(buf)

@@ -178,8 +178,8 @@ def publish(
 
 def _put_all(store: Store, engine: TransferEngine, items: list[tuple[str, bytes]]) -> None:
     """``put`` each of ``items`` in order, durable on return: one ``Store.put_many`` (a
-    volume fsyncs the directory once for all) when each fits in a part, else one
-    ``engine.put`` after another (large ones as parallel parts)."""
+    volume fsyncs the files at once, then the directory once for all) when each fits in
+    a part, else one ``engine.put`` after another (large ones as parallel parts)."""
     if all(len(data) <= engine.config.part_size for _, data in items):
         engine.retry(lambda: store.put_many(items), f"write of {store.describe(items[0][0])}")
         return

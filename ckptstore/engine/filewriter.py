@@ -128,7 +128,7 @@ class FileWriter:
         self._part_offset = 0
         self._upload: Multipart | None = None
         self._futures: list[Future[Part]] = []
-        self._held: list[object] = []  # owners of memory that parts point into
+        self._owner: object = None  # the current item's owner (``hold``)
         self._state = "open"
 
     @property
@@ -187,16 +187,18 @@ class FileWriter:
         """A file-like sink for one item (see ``ItemSink``); close it when the item ends.
 
         ``owner``: what owns the memory the item's writes point into (the tensor
-        ``torch.save`` writes, whose record arrives as a bare memoryview); held until the
-        file is closed or aborted, so large writes can be sent without a copy.
+        ``torch.save`` writes, whose record arrives as a bare memoryview); held while parts
+        point into it (``hold``), so large writes can be sent without a copy.
         """
         self._check_open()
         return ItemSink(self, payload, owner)
 
     def hold(self, owner: object) -> None:
-        """Keep ``owner`` (what owns memory that parts may point into) alive until the
-        file is closed or aborted."""
-        self._held.append(owner)
+        """Keep ``owner`` (what owns the memory the current item's writes point into)
+        alive while parts point into it: each part sent from that memory holds it until the
+        part is written (so a copy made for the save is freed as soon as it is on its way,
+        not when the file closes); the writer itself holds only the latest owner."""
+        self._owner = owner
 
     def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
         """Append ``view`` without hashing it: for an ``ItemSink``, which hashes its bytes
@@ -226,19 +228,22 @@ class FileWriter:
         returns (a state being saved is not modified meanwhile).
         """
         by_reference = len(view) >= ZERO_COPY_MIN and (owned or view.obj is not None)
+        keep = self._owner if owned else None  # held by each part that points into it
         if self._parts is not None:
             if by_reference:
-                self._parts.refer(view)
+                self._parts.refer(view, keep)
             else:
                 self._parts.copy(view)
             return
         if by_reference and self.store.capabilities.zero_copy_parts:
             if self._fill:
-                self._submit_part()
+                self._submit_copy()
             for start in range(0, len(view), self.part_size):
                 piece = view[start : start + self.part_size]
                 self.engine.buffers.reserve(len(piece), self._failed.is_set)
-                self._submit(piece, functools.partial(self.engine.buffers.unreserve, len(piece)))
+                self._submit(
+                    piece, functools.partial(self.engine.buffers.unreserve, len(piece)), keep
+                )
             return
         while len(view):
             if self._buf is None:
@@ -258,10 +263,26 @@ class FileWriter:
         self._buf, self._fill = None, 0
         self._submit(memoryview(buf)[:size], lambda: self.engine.buffers.release(buf))
 
-    def _submit(self, data: memoryview | list[memoryview], release: Release) -> None:
+    def _submit_copy(self) -> None:
+        """Send what the part buffer holds as a copy of just those bytes, keeping the
+        buffer for the next small writes: before a large write on a ``zero_copy_parts``
+        store, where it usually holds one item's few-KiB header, so no queued header part
+        pins a whole buffer (one buffer per open file, not one per item in flight)."""
+        assert self._buf is not None
+        data = memoryview(bytes(memoryview(self._buf)[: self._fill]))
+        self._fill = 0
+        self.engine.buffers.reserve(len(data), self._failed.is_set)
+        self._submit(data, functools.partial(self.engine.buffers.unreserve, len(data)))
+
+    def _submit(
+        self, data: memoryview | list[memoryview], release: Release, keep: object = None
+    ) -> None:
         """Send ``data`` (one buffer, or a part's pieces) as the next part; ``release()``
-        gives back its memory (a pooled buffer, the caller's bytes reserved) once sent."""
+        gives back its memory (a pooled buffer, the caller's bytes reserved) once sent.
+        ``keep``: the owner of the caller's memory ``data`` points into, held until then
+        (by ``send`` alone: the future's callbacks outlive it)."""
         engine, store = self.engine, self.store
+        held = [keep]
         try:
             if self._upload is None:
                 self._upload = engine.retry(
@@ -291,6 +312,7 @@ class FileWriter:
                 raise
             finally:
                 release()
+                held.clear()
 
         fut = engine.pool.submit(send)
         # A part cancelled before it ran (abort) never reaches send()'s finally.
@@ -339,7 +361,7 @@ class FileWriter:
                 raise
             raise TransferError(f"{self._what} failed: {exc}") from exc
         self._state = "closed"
-        self._held.clear()
+        self._owner = None
         return FileInfo(self.path, self._crc.length, self._crc.value)
 
     def _put_pieces(self, pieces: list[memoryview], release: Release) -> None:
@@ -371,7 +393,7 @@ class FileWriter:
         self._release_buffer()
         if self._parts is not None:
             self._parts.discard()
-        self._held.clear()
+        self._owner = None
         if self._upload is not None:
             upload = self._upload
             try:

@@ -26,7 +26,7 @@ class ItemTarget(Protocol):
         ...
 
     def hold(self, owner: object) -> None:
-        """Keep ``owner`` alive until the file is closed or aborted."""
+        """Keep ``owner`` alive while parts point into its memory (see ``FileWriter.hold``)."""
         ...
 
     def send_unhashed(self, view: memoryview, owned: bool = False) -> None:

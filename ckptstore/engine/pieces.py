@@ -19,14 +19,15 @@ joining them. The design, and why it is the simplest the store API allows:
   its own unsent part holds, ``TeeWriter.fits`` stays true, and parts are at least
   ``part_size - buffer_size`` bytes long (``FileWriter`` uses this path only where that
   is at least the store's ``min_part_size``).
-- The caller's memory must stay alive and unchanged until the file is closed: the writer
-  holds its owner (``FileWriter.hold``); a retried part resends the same pieces.
+- The caller's memory must stay alive and unchanged until its part is sent: a view that
+  does not keep its memory alive itself (``view.obj``) comes with its owner, which the part
+  holds until it is sent (``refer(view, owner)``); a retried part resends the same pieces.
 
 Call order (one thread: the ``FileWriter``'s)::
 
     parts = PartBuilder(part_size, buffer_size, pool, cancelled, send)
     parts.copy(view)        # a small write: copied into pooled buffers
-    parts.refer(view)       # a large write: its memory, by reference
+    parts.refer(view, owner)  # a large write: its memory, by reference
     # send(pieces, release) is called for each full part; release() once it is sent
     parts.flush()           # the last part goes out (at close)
     pieces, release = parts.take()   # or: the unsent part itself (a one-request file)
@@ -66,6 +67,7 @@ class PartBuilder:
         self._pieces: list[memoryview] = []
         self._buffers: list[bytearray] = []  # pooled buffers the unsent part points into
         self._referenced = 0  # caller bytes the unsent part points to (reserved)
+        self._owners: list[object] = []  # what owns the memory of the unsent part's views
         self._buf: memoryview | None = None  # the buffer small writes go into now
         self._mark = 0  # start of its bytes not yet made a piece
         self._fill = 0
@@ -92,9 +94,11 @@ class PartBuilder:
                 self._seal()
                 self._buf = None
 
-    def refer(self, view: memoryview) -> None:
+    def refer(self, view: memoryview, owner: object = None) -> None:
         """Append ``view`` by reference: its memory is sent as it is (keep it unchanged
-        until the file is closed). Blocks while the memory budget is spent elsewhere."""
+        until the file is closed); every part it lands in holds ``owner`` (what keeps that
+        memory alive, if ``view`` does not) until sent. Blocks while the memory budget is
+        spent elsewhere."""
         while len(view):
             room = self.part_size - self.held
             if room <= 0:
@@ -105,6 +109,8 @@ class PartBuilder:
             self._seal()
             self._pieces.append(piece)
             self._referenced += len(piece)
+            if owner is not None and not (self._owners and self._owners[-1] is owner):
+                self._owners.append(owner)
             view = view[len(piece) :]
             if self.held >= self.part_size:
                 self.flush()
@@ -120,7 +126,8 @@ class PartBuilder:
         builder starts a new part."""
         self._seal()
         pieces, buffers, referenced = self._pieces, self._buffers, self._referenced
-        self._pieces, self._buffers, self._referenced = [], [], 0
+        owners = self._owners
+        self._pieces, self._buffers, self._referenced, self._owners = [], [], 0, []
         self._buf, self._mark, self._fill = None, 0, 0
         pool = self._pool
 
@@ -129,6 +136,7 @@ class PartBuilder:
                 pool.release(buf)
             if referenced:
                 pool.unreserve(referenced)
+            owners.clear()  # the memory may go now (release may outlive the part)
 
         return pieces, release
 

@@ -98,7 +98,7 @@ class TeeWriter:
         return ItemSink(self, payload, owner)
 
     def hold(self, owner: object) -> None:
-        """Keep ``owner`` alive until both files are closed or aborted."""
+        """Keep ``owner`` alive while either file's parts point into it (``FileWriter.hold``)."""
         self.primary.hold(owner)
         self._to_secondary("hold", owner)
 

@@ -1,5 +1,5 @@
-"""POSIX helpers of the volume store: fsync, early writeback, error translation,
-directories, walks.
+"""POSIX helpers of the volume store: fsync (one file, or several at once), early
+writeback, error translation, directories, walks.
 
 An fsync error fails the write (``DurabilityError``) and is never retried; OSErrors map to
 the ckptstore error a caller can act on (``translate``).
@@ -11,7 +11,9 @@ import ctypes
 import errno
 import os
 import sys
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 from ckptstore.engine.store import join_path
 from ckptstore.errors import (
@@ -26,6 +28,7 @@ from ckptstore.errors import (
 __all__ = [
     "NOFOLLOW",
     "fsync",
+    "fsync_all",
     "fsync_dir",
     "start_writeback",
     "translate",
@@ -81,6 +84,48 @@ def start_writeback(fd: int, offset: int, length: int) -> None:
     fn = _lookup_sync_file_range()
     if fn is not None and length > 0:
         fn(fd, offset, length, _SYNC_FILE_RANGE_WRITE)
+
+
+_SYNC_THREADS = 8
+_sync_pool: ThreadPoolExecutor | None = None
+_sync_lock = threading.Lock()
+
+
+def _reset_sync_pool() -> None:  # a forked child has none of its parent's threads
+    global _sync_pool, _sync_lock
+    _sync_pool, _sync_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_sync_pool)
+
+
+def fsync_all(files: Sequence[tuple[int, str]]) -> None:
+    """``fsync`` every ``(fd, what)`` of ``files`` at once, each file still synced on its
+    own (the file system's journal commits concurrent fsyncs together, so N small files
+    cost about one commit, not N in a row). Waits for all of them; then raises the first
+    failure (``DurabilityError``), if any."""
+    global _sync_pool
+    if len(files) <= 1:
+        for fd, what in files:
+            fsync(fd, what)
+        return
+    with _sync_lock:
+        if _sync_pool is None:
+            _sync_pool = ThreadPoolExecutor(_SYNC_THREADS, thread_name_prefix="ckptstore-fsync")
+        pool = _sync_pool
+    futures = [pool.submit(fsync, fd, what) for fd, what in files[1:]]
+    errors: list[BaseException] = []
+    try:
+        fsync(*files[0])
+    except BaseException as exc:  # noqa: BLE001 - raised below, after the others finish
+        errors.append(exc)
+    for f in futures:
+        failed = f.exception()
+        if failed is not None:
+            errors.append(failed)
+    if errors:
+        raise errors[0]
 
 
 def fsync_dir(path: str) -> None:

@@ -39,6 +39,7 @@ from ckptstore.errors import (
 from ckptstore.stores._posix import (
     NOFOLLOW,
     fsync,
+    fsync_all,
     fsync_dir,
     kind,
     makedirs,
@@ -149,6 +150,19 @@ class LocalStore(Store):
 
     def _write_temp(self, path: str, data: Buffer) -> str:
         """Write ``data`` to a fsynced temp file beside ``path``; returns the temp path."""
+        tmp, fd = self._open_temp(path, data)
+        try:
+            fsync(fd, tmp)
+        except BaseException:
+            os.close(fd)
+            unlink_quietly(tmp)
+            raise
+        os.close(fd)
+        return tmp
+
+    def _open_temp(self, path: str, data: Buffer) -> tuple[str, int]:
+        """Write ``data`` to a new temp file beside ``path``, not yet fsynced; returns its
+        path and open descriptor (the caller fsyncs and closes it, or removes it)."""
         self._check_links(path)
         final = self._abs(path)
         makedirs(os.path.dirname(final))
@@ -159,13 +173,11 @@ class LocalStore(Store):
             while len(view):
                 n = os.write(fd, view)
                 view = view[n:]
-            fsync(fd, tmp)
         except BaseException:
             os.close(fd)
             unlink_quietly(tmp)
             raise
-        os.close(fd)
-        return tmp
+        return tmp, fd
 
     # -- whole objects -----------------------------------------------------------------
     def put(self, path: str, data: Buffer) -> None:
@@ -182,16 +194,25 @@ class LocalStore(Store):
             raise translate(exc, what) from exc
 
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> None:
-        """Every temp file written and fsynced, then all renamed in the order given, then
-        each directory fsynced once (not once per file). A crash before it returns may keep
-        any of them, each whole (fsynced before its rename) or not at all; journaling file
-        systems (ext4, xfs) persist renames within one directory in the order made."""
+        """Every temp file written, then all of them fsynced at once (``fsync_all``: each
+        file synced, in parallel), then all renamed in the order given, then each directory
+        fsynced once (not once per file). A crash before it returns may keep any of them,
+        each whole (fsynced before its rename) or not at all; journaling file systems (ext4,
+        xfs) persist renames within one directory in the order made."""
         what = f"write of {', '.join(self.describe(p) for p, _ in items[:3])}"
         temps: list[tuple[str, str]] = []
         try:
             try:
-                for path, data in items:
-                    temps.append((self._write_temp(path, data), self._abs(path)))
+                fds: list[tuple[int, str]] = []
+                try:
+                    for path, data in items:
+                        tmp, fd = self._open_temp(path, data)
+                        temps.append((tmp, self._abs(path)))
+                        fds.append((fd, tmp))
+                    fsync_all(fds)
+                finally:
+                    for fd, _ in fds:
+                        os.close(fd)
                 for tmp, final in temps:
                     os.replace(tmp, final)
             except BaseException:
