@@ -8,12 +8,13 @@ Each node of a :class:`~harness.nodes.NodeJob` logs its own ranks' events in a d
 of its own (``run_dir/log/[<job>-]node<i>.<n>``); one attempt of the worker group spans every
 node. :func:`job_attempts` merges them into attempts, and job ``j`` of the list is segment ``j``
 (a new job on another node count, as ``harness.chaos`` numbers its resizes). An attempt is
-numbered by the worker groups each node started (a new ``start`` event is a
-new group), not by ``TORCHELASTIC_RESTART_COUNT``: an agent whose workers failed counts
-the restart, one that restarts its healthy workers for the new round does not, so the
-counts of two nodes can differ. Every node restarts with every new round, so the k-th
-group of each node is the job's k-th attempt, as long as no node was replaced (a
-replacement starts counting again); merge only such jobs. :func:`goodput` hands the result
+made of the worker groups the nodes started for one rendezvous round (a new ``start``
+event is a new group), not numbered by ``TORCHELASTIC_RESTART_COUNT``: an agent whose
+workers failed counts the restart, one that restarts its healthy workers for the new round
+does not, so the counts of two nodes can differ, and a replacement or a node that joins a
+running job starts counting again. So the groups of all nodes are taken in the order they
+started, and each joins the newest attempt of its world size that lacks its ranks (or
+starts the next attempt). :func:`goodput` hands the result
 to the demo's accounting (:func:`harness.goodput_report.account`): the wall clock runs from
 the first agent's launch to the last agent's exit.
 """
@@ -34,16 +35,30 @@ __all__ = ["goodput", "job_attempts", "job_result"]
 
 def job_attempts(jobs: Sequence[NodeJob]) -> list[Attempt]:
     """Every attempt of ``jobs`` (job ``j`` is segment ``j``), each with all nodes' ranks."""
-    merged: dict[tuple[int, int], Attempt] = {}
+    out: list[Attempt] = []
     for seg, job in enumerate(jobs):
-        for node in job.nodes:
-            for n in range(node.incarnation + 1):
-                d = node.events(n)
-                if not os.path.isdir(d):
-                    continue
-                for k, ranks in enumerate(_worker_groups(read_attempts(d))):
-                    merged.setdefault((seg, k), Attempt(seg, k)).ranks.update(ranks)
-    return [merged[k] for k in sorted(merged)]
+        groups = [
+            group
+            for node in job.nodes
+            for n in range(node.incarnation + 1)
+            if os.path.isdir(node.events(n))
+            for group in _worker_groups(read_attempts(node.events(n)))
+        ]
+        attempts: list[Attempt] = []
+        for group in sorted(groups, key=_started):
+            world = Attempt(seg, 0, group).world
+            into = next((a for a in reversed(attempts) if a.world == world), None)
+            if into is None or len(into.ranks) >= world or set(into.ranks) & set(group):
+                attempts.append(Attempt(seg, len(attempts), dict(group)))
+            else:
+                into.ranks.update(group)
+        out += attempts
+    return out
+
+
+def _started(group: dict[int, list[dict[str, Any]]]) -> float:
+    """When a worker group started: its earliest event (a ``start``: the process start)."""
+    return min(float(evs[0]["t"]) for evs in group.values() if evs)
 
 
 def _worker_groups(attempts: list[Attempt]) -> list[dict[int, list[dict[str, Any]]]]:

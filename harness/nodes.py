@@ -6,6 +6,9 @@
         job.kill_worker(1)       # SIGKILL node 1's worker (its agent restarts the group)
         job.replace_node(1)      # or: SIGKILL node 1's agent and workers, wipe its local
                                  # dirs, start a new agent in its place
+        job.wait_until("node 1's new worker", lambda: job.joined(1), within=20)
+                                 # NodeError (every agent killed) unless node 1's worker
+                                 # is in the group within 20 s (the job's deadline stays)
         job.remove_node(1)       # or: SIGKILL it whole and leave it out (an elastic job
                                  # shrinks; nothing waits for it any more)
         job.wait()               # every agent exited; NodeError if one failed
@@ -215,10 +218,17 @@ class NodeJob:
                 )
             time.sleep(poll)
 
-    def wait_until(self, what: str, cond: Callable[[], bool]) -> None:
-        """Wait until ``cond()`` holds; NodeError if an agent fails or the job's deadline
-        passes first (``what`` names the wait in the message)."""
-        self._until(what, cond)
+    def wait_until(self, what: str, cond: Callable[[], bool], within: float | None = None) -> None:
+        """Wait until ``cond()`` holds; NodeError (every agent killed) if an agent fails or
+        the job's deadline passes first, or ``within`` seconds from now if given (``what``
+        names the wait in the message). The job's deadline is left as it was."""
+        deadline = self.deadline
+        if within is not None:
+            self.deadline = min(deadline, time.monotonic() + within)
+        try:
+            self._until(what, cond)
+        finally:
+            self.deadline = deadline
 
     def events(self, ev: str, incarnations: bool = False) -> list[dict[str, Any]]:
         """Every ``ev`` event the current incarnation of each node logged (``incarnations``:
@@ -244,6 +254,17 @@ class NodeJob:
     def wait_step(self, step: int) -> None:
         """Wait until some rank of the current incarnations logged ``step``."""
         self._until(f"step {step}", lambda: self.last_step() >= step)
+
+    def joined(self, i: int, world: int | None = None) -> bool:
+        """True once a worker of node ``i``'s current incarnation logged ``start``, which
+        the training script does once its process group has formed (``world``: a group of
+        that many ranks)."""
+        return any(
+            e["ev"] == "start" and world in (None, e.get("world"))
+            for a in self.attempts(i)
+            for evs in a.ranks.values()
+            for e in evs
+        )
 
     def worker_pid(self, i: int) -> int:
         """The pid of node ``i``'s (first) worker in its latest attempt."""

@@ -7,9 +7,10 @@ Call order::
     step = mgr.restore(state)        # newest committed + verified step (falls back past a
                                      # corrupt one), or None on a fresh run; the loop goes on
                                      # at step + 1
-                                     # (rank 0 alone lists the root and reads each step's
-                                     # marker, manifest and .metadata, finishing commits a
-                                     # crash cut short after their marker, and broadcasts
+                                     # (rank 0 alone lists the root and reads a step's
+                                     # marker, manifest and .metadata, newest first and only
+                                     # as far as a fallback needs, finishing a commit a
+                                     # crash cut short after its marker, and broadcasts
                                      # them: ``ckptstore.manager.restore``)
     mgr.save(step, state)            # returns once the state is copied to the staging buffer;
                                      # serialisation, upload and commit run in the background
@@ -420,8 +421,9 @@ class CheckpointManager:
         was built with ``allow_pickle=True``.
         """
         self.wait()
-        # Rank 0 alone lists the root and reads each step's marker, manifest and .metadata
-        # (finishing commits a crash cut short after their marker); the others get them.
+        # Rank 0 alone lists the root and reads a step's marker, manifest and .metadata,
+        # newest first and only as far as a fallback needs (finishing a commit a crash cut
+        # short after its marker); the others get them. A collective generator.
         candidates = self._loader.discover(step)
         try:
             for s in candidates:

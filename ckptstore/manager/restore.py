@@ -4,27 +4,32 @@ Call order (every rank, the same steps in the same order; the manager drives it)
 
     loader = StepLoader(root, engine=..., staging_dir=..., allow_pickle=...,
                         process_group=pg, agree=agreement)
-    steps = loader.discover(step)    # collective: rank 0 alone lists the root, opens each
-                                     # step (marker, manifest, .metadata: one GET each),
-                                     # finishes commits a crash cut short after their
-                                     # marker, and broadcasts the committed steps (newest
-                                     # first; [step] if one was asked for) with what it
-                                     # read of the first one
-    error = loader.try_load(s, state)
-                                     # collective, for each s of steps until one loads:
-                                     # the local staged copy if every rank has one
-                                     # identical to the committed remote step, else (or
+    for s in loader.discover(step):  # a collective generator, advanced on every rank
+                                     # alike: rank 0 lists the root once, then for each
+                                     # step it yields opens the steps newest first (marker,
+                                     # manifest, .metadata: one GET each) only until one
+                                     # opens and verifies, finishing its commit if a crash
+                                     # cut it short after its marker, and broadcasts it
+                                     # with what it read ([step] alone if one was asked for)
+        error = loader.try_load(s, state)
+                                     # collective: the local staged copy if every rank has
+                                     # one identical to the committed remote step, else (or
                                      # if it fails) the remote one; the error that makes
                                      # the step unloadable (the same on every rank), or None
+        if error is None:
+            break                    # an older step is opened only when this one failed
     loader.forget()                  # the restore is over: drop what discovery kept
 
-Only rank 0 reads a step's small objects (and lists the root), once per restore: the other
-ranks get the bytes it read and verified in one ``broadcast_object_list`` over the
-agreement group (a further one for each step a fallback moves on to), and hand them to
-their ``CkptReader`` (its ``committed=`` seam), which re-checks them without a store read
-and refuses anything that does not verify. So a restore's request count on a step's
-prefix does not grow with the world size (bar the data reads each rank does for its
-shards). A step rank 0 cannot open is never a candidate, on any rank.
+Only rank 0 reads a step's small objects (and lists the root), once per restore and only
+for the steps the restore gets to: the newest that opens, and older ones one at a time
+as fallbacks need them. The other ranks get the bytes it read and verified in one
+``broadcast_object_list`` over the agreement group per step (and one more that says no
+step is left, when every step failed), and hand them to their ``CkptReader`` (its
+``committed=`` seam), which re-checks them without a store read and refuses anything
+that does not verify. So a restore's request count on a step's prefix grows neither with
+the world size (bar the data reads each rank does for its shards) nor with the number of
+steps the root keeps. A step rank 0 cannot open is never a candidate, on any rank: it is
+skipped (with a logged warning when it is damaged, silently when it has no marker).
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -118,9 +124,7 @@ class StepLoader:
         self.allow_pickle = allow_pickle
         self.process_group = process_group
         self.agree = agree
-        #: Rank 0: what discovery opened, by step (dropped as each is broadcast).
-        self._opened: dict[int, Committed] = {}
-        #: Every rank: the broadcast of the first candidate, taken by its try_load.
+        #: Every rank: the broadcast of the step discovery just yielded, taken by try_load.
         self._first: Opened | None = None
 
     @property
@@ -129,65 +133,84 @@ class StepLoader:
         return self.agree.group is None or dist.get_rank(self.agree.group) == 0
 
     # -- discovery (rank 0 reads, everyone gets the result) -------------------------------
-    def discover(self, step: int | None = None) -> list[int]:
-        """The steps to try, newest first (``[step]`` if one is asked for); a collective.
+    def discover(self, step: int | None = None) -> Iterator[int]:
+        """The steps to try, newest first (``step`` alone if one is asked for), found
+        lazily: a collective generator that every rank advances alike.
 
-        Rank 0 lists the root, opens every step once, finishes the commits a crash cut
-        short after their marker (canonical manifest and ``.metadata``), and broadcasts
-        the committed steps with what it read of the first (one broadcast)."""
-        candidates: list[int] = []
-        first: Opened | None = None
-        failure: CkptStoreError | None = None
-        if self.is_root:
-            try:
-                self._opened = self._open_all()
-                candidates = [step] if step is not None else sorted(self._opened, reverse=True)
-                first = self._take(candidates[0]) if candidates else None
-            except CkptStoreError as exc:  # the root unreadable: every rank raises it
-                failure = exc
-        candidates, self._first, failure = self.agree.broadcast((candidates, first, failure))
-        if failure is not None:
-            self.forget()
-            raise failure
-        return list(candidates)
+        Each advance is one broadcast: rank 0 (which lists the root at the first) opens
+        the next older steps until one opens and verifies, finishing its commit if a crash
+        cut it short after its marker, and sends it with what it read; that step is
+        yielded, and the next advance (only when it failed to load) moves past it. A
+        store error on rank 0 (the root unreadable) is raised on every rank."""
+        listed: list[int] | None = None  # rank 0: steps listed and not yet opened
+        while True:
+            opened: Opened | None = None
+            failure: CkptStoreError | None = None
+            if self.is_root:
+                try:
+                    if step is not None:  # the asked-for step once, then nothing
+                        opened = self._take(step) if listed is None else None
+                        listed = []
+                    else:
+                        if listed is None:
+                            entries = list_steps(self.root, with_status=False)
+                            listed = [e.step for e in reversed(entries)]
+                        opened = self._next_committed(listed)
+                except CkptStoreError as exc:  # the root unreadable: every rank raises it
+                    failure = exc
+            opened, failure = self.agree.broadcast((opened, failure))
+            if failure is not None:
+                self.forget()
+                raise failure
+            if opened is None:
+                return
+            self._first = opened
+            yield opened.step
 
     def forget(self) -> None:
-        """Drop what discovery kept (rank 0's opened steps); call once a restore is over."""
-        self._opened, self._first = {}, None
+        """Drop what discovery kept; call once a restore is over."""
+        self._first = None
 
-    def _open_all(self) -> dict[int, Committed]:
-        """Rank 0: every committed step of the root, opened once (newest first)."""
-        opened: dict[int, Committed] = {}
-        for entry in reversed(list_steps(self.root, with_status=False)):
-            store = self.root.child(entry.name)
+    def _next_committed(self, listed: list[int]) -> Opened | None:
+        """Rank 0: the newest step of ``listed`` (newest first) that opens, opened; it and
+        every newer one are taken off ``listed``. None when none is left."""
+        while listed:
+            step = listed.pop(0)
             try:
-                committed = open_committed(store)
+                committed = self._open(step)
             except IncompleteCheckpointError:
                 continue  # a save that did not finish (or one in flight): not a checkpoint
             except CorruptCheckpointError as exc:  # UnsafePathError too: a symlinked file
-                log.warning("step %d is not a loadable checkpoint: %s", entry.step, exc)
+                log.warning("step %d is not a loadable checkpoint: %s", step, exc)
                 continue
-            if not committed.canonical:
-                try:
-                    finish_publish(store, self.engine, committed)
-                    log.warning(
-                        "step %d was committed by a process that died before writing its "
-                        "canonical manifest and .metadata; they are written now",
-                        entry.step,
-                    )
-                except CkptStoreError as exc:  # the restore decides what is loadable
-                    log.warning("could not finish the commit of step %d: %s", entry.step, exc)
-            opened[entry.step] = committed
-        return opened
+            return Opened.of(step, committed)
+        return None
+
+    def _open(self, step: int) -> Committed:
+        """Rank 0: ``step`` opened (marker, manifest, ``.metadata``), its commit finished
+        if a crash cut it short after its marker; raises Incomplete/CorruptCheckpointError
+        as ``open_committed`` does."""
+        store = self.root.child(step_name(step))
+        committed = open_committed(store)
+        if not committed.canonical:
+            try:
+                finish_publish(store, self.engine, committed)
+                log.warning(
+                    "step %d was committed by a process that died before writing its "
+                    "canonical manifest and .metadata; they are written now",
+                    step,
+                )
+            except CkptStoreError as exc:  # the restore decides what is loadable
+                log.warning("could not finish the commit of step %d: %s", step, exc)
+        return committed
 
     def _take(self, step: int) -> Opened:
-        """Rank 0: the broadcast form of ``step`` (opened now if discovery did not)."""
-        committed = self._opened.pop(step, None)
-        if committed is None:
-            try:
-                committed = open_committed(self.root.child(step_name(step)))
-            except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
-                return Opened.failed(step, exc)
+        """Rank 0: the broadcast form of ``step``, opened now (a failure to open is the
+        step's error)."""
+        try:
+            committed = self._open(step)
+        except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
+            return Opened.failed(step, exc)
         return Opened.of(step, committed)
 
     def _take_safely(self, step: int) -> Opened:

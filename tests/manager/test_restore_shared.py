@@ -1,10 +1,14 @@
-"""A restore reads each step's small objects once in total, not once per rank.
+"""A restore reads each step's small objects once in total, not once per rank, and only
+for the steps it gets to.
 
 Real gloo groups (2 and 3 ranks), a volume root and SeaweedFS S3. Every rank wraps the root
 in a counting view; the parent sums the counts over ranks: the restored step's marker,
 manifest and ``.metadata`` are read exactly once per restore (by rank 0, which broadcasts
 them), the root is listed only by rank 0, the state comes back bitwise, and a step whose
 marker or manifest rank 0 finds bad makes every rank fall back to the older one together.
+With five committed steps, a restore opens the newest only; an older step is opened (once)
+only when every newer one failed, to open or to load, and one older than the step loaded
+is never read at all.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Marker
 from ckptstore.engine.store import Entry, Store
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.manager import CheckpointManager
+from ckptstore.manager.retention import KeepAll
 from ckptstore.stores import open_store
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import FaultyStore
@@ -117,16 +122,39 @@ def _restore_and_count(rank: int, mgr: CheckpointManager, store: CountingStore) 
     return got, counts, out
 
 
+STEPS = (1, 2, 3, 5, 7)
+INVERT = bytes(range(255, -1, -1))
+FULL, MARKER_ONLY, NOTHING = "marker, manifest, .metadata", "marker, no .metadata", "nothing"
+#: What rank 0 reads of each step in each restore: the newest step alone while it loads;
+#: after 7's marker is broken and 5's data files damaged, 7's marker (it does not match a
+#: manifest), 5 whole (it opens, then fails to load) and 3 whole (it loads); steps 1 and 2
+#: stay unread. Once 1, 2 and 3 lose their manifests, each step is tried once, and none loads.
+OPENED = {
+    "first": {7: FULL, 5: NOTHING, 3: NOTHING, 2: NOTHING, 1: NOTHING},
+    "fallback": {7: MARKER_ONLY, 5: FULL, 3: FULL, 2: NOTHING, 1: NOTHING},
+    "none": {7: MARKER_ONLY, 5: FULL, 3: MARKER_ONLY, 2: MARKER_ONLY, 1: MARKER_ONLY},
+}
+
+
+def _invert_data_files(step: Store) -> None:
+    """Damage every byte of each data file of ``step`` (sizes unchanged)."""
+    for name in open_committed(step).manifest.files:
+        if name != METADATA_NAME:
+            step.put(name, step.get(name).translate(INVERT))
+
+
 def body(rank: int, world: int, url: str, options: dict, staging: str | None) -> dict:
-    """Save steps 3 and 7; restore (7); break step 7's marker, restore (3); break step 3's
-    manifest copies: no step is left. What each restore read, and whether it was right."""
+    """Save steps 1, 2, 3, 5 and 7; restore (7); break step 7's marker and step 5's data
+    files, restore (3); break steps 1-3's manifest copies: no step is left. What each
+    restore read, and whether it was right."""
     import torch.distributed as dist
 
     store = CountingStore(open_store(url, options))
     node_staging = os.path.join(staging, f"node{rank}") if staging else None
     result: dict[str, Any] = {"url": store.url}
-    with CheckpointManager(store, staging_dir=node_staging, async_save=False) as mgr:
-        for step in (3, 7):
+    mgr = CheckpointManager(store, staging_dir=node_staging, async_save=False, keep=KeepAll())
+    with mgr:
+        for step in STEPS:
             mgr.save(step, make_state(rank, step))
         got, counts, out = _restore_and_count(rank, mgr, store)
         result["first"] = (got, counts, bitwise(out, make_state(rank, 7)))
@@ -136,14 +164,16 @@ def body(rank: int, world: int, url: str, options: dict, staging: str | None) ->
             m = Marker.from_bytes(s7.get(MARKER_NAME), "marker")
             bad = Marker(m.manifest_crc32c ^ 1, m.manifest_size, m.step, m.attempt)
             s7.put(MARKER_NAME, bad.to_bytes())
+            _invert_data_files(store.inner.child(step_name(5)))  # 5 opens, then fails to load
         got, counts, out = _restore_and_count(rank, mgr, store)
         result["fallback"] = (got, counts, bitwise(out, make_state(rank, 3)))
         dist.barrier()
-        if rank == 0:  # every copy of step 3's manifest damaged: no step is left
-            s3 = store.inner.child(step_name(3))
-            for name in s3.find():
-                if name.startswith("ckptstore.manifest"):
-                    s3.put(name, b"{not json")
+        if rank == 0:  # every copy of steps 1-3's manifests damaged: no step is left
+            for step in (1, 2, 3):
+                s = store.inner.child(step_name(step))
+                for name in s.find():
+                    if name.startswith("ckptstore.manifest"):
+                        s.put(name, b"{not json")
         got, counts, out = _restore_and_count(rank, mgr, store)
         result["none"] = (got, counts, bitwise(out, zeros(rank)))
     return result
@@ -158,9 +188,14 @@ def check(results: list[dict], world: int) -> None:
         total: Counter[tuple[str, str]] = Counter()
         for _, counts, _ in per_rank:
             total.update(counts)
-        if want is not None:  # the restored step: opened by rank 0 alone, once
-            reads = _small_reads(total, f"{url}/{step_name(want)}")
-            assert reads == {n: 1 for n in SMALL}, (phase, reads)
+        for step, what in OPENED[phase].items():  # each step opened by rank 0 alone, once
+            reads = _small_reads(total, f"{url}/{step_name(step)}")
+            if what == FULL:
+                assert reads == {n: 1 for n in SMALL}, (phase, step, reads)
+            elif what == MARKER_ONLY:
+                assert reads[MARKER_NAME] == 1 and reads[METADATA_NAME] == 0, (phase, step, reads)
+            else:
+                assert reads == {n: 0 for n in SMALL}, (phase, step, reads)
         for _, counts, _ in per_rank[1:]:  # other ranks: no listing, no small-object read
             assert not [k for k in counts if k[0] == "list"], (phase, counts)
             assert not [k for k in counts if k[1].rsplit("/", 1)[-1] in SMALL], (phase, counts)
@@ -219,3 +254,21 @@ def test_a_reader_refuses_handed_bytes_that_do_not_verify(tmp_path, what: str) -
         bad = Committed(marker, c.manifest, c.metadata_bytes, c.manifest_bytes)
     with pytest.raises(CorruptCheckpointError, match="not verified"):
         CkptReader(step, committed=bad)
+
+
+def test_a_restore_of_a_named_step_lists_nothing_and_opens_only_that_step(tmp_path) -> None:
+    root = str(tmp_path / "root")
+    with CheckpointManager(root, async_save=False, keep=KeepAll()) as mgr:
+        for step in STEPS:
+            mgr.save(step, make_state(0, step))
+    store = CountingStore(LocalStore(root))
+    out = zeros(0)
+    with CheckpointManager(store, async_save=False) as mgr:
+        store.log.clear()
+        assert mgr.restore(out, step=3) == 3
+        log = Counter(store.log)
+    assert bitwise(out, make_state(0, 3))
+    assert not [k for k in log if k[0] == "list"], log
+    for step in STEPS:
+        reads = _small_reads(log, f"{store.url}/{step_name(step)}")
+        assert reads == {n: int(step == 3) for n in SMALL}, (step, reads)
