@@ -254,19 +254,22 @@ def _read_marker(store: Store) -> Marker:
 def _get_first(
     store: Store, names: list[str], ok: object, early: dict[str, Future[bytes]] | None = None
 ) -> tuple[str, bytes] | None:
-    """The first of ``names`` whose bytes are ``ok``. A read started ``early`` (before the
-    marker was read) is used only if its bytes are ``ok``; otherwise the object is read
-    again, since it may have appeared or changed since (or the early read failed)."""
+    """The first of ``names`` whose bytes are ``ok``. A read started ``early`` (beside the
+    marker's) stands for the object unless it failed, in which case it is read again (not
+    there then, or a transient error: the new read raises what is still wrong). Bytes that
+    changed after an early read are the marker's business: a marker written since names
+    its attempt's own copies, which come next in ``names``."""
     for name in names:
         started = early.pop(name, None) if early else None
         if started is not None:
             try:
                 data = started.result()
-            except (CkptStoreError, OSError):  # read again below: that read raises it again
+            except (CkptStoreError, OSError):
                 pass
             else:
                 if ok(data):  # type: ignore[operator]
                     return name, data
+                continue
         try:
             data = store.get(name)
         except StoreNotFoundError:

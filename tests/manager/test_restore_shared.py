@@ -111,6 +111,19 @@ def _small_reads(log: Counter[tuple[str, str]], step_url: str) -> dict[str, int]
     return {name: log["read", f"{step_url}/{name}"] for name in SMALL}
 
 
+def _data_reads(log: Counter[tuple[str, str]], step_url: str) -> int:
+    """Reads of ``step_url``'s data files in ``log`` (not its marker, manifests or
+    .metadata copies: a marker naming an attempt sends the open to that attempt's own)."""
+    control = (MARKER_NAME, "ckptstore.manifest", METADATA_NAME)
+    return sum(
+        n
+        for (op, path), n in log.items()
+        if op == "read"
+        and path.startswith(f"{step_url}/")
+        and not path[len(step_url) + 1 :].startswith(control)
+    )
+
+
 def _restore_and_count(rank: int, mgr: CheckpointManager, store: CountingStore) -> tuple:
     import torch.distributed as dist
 
@@ -124,15 +137,17 @@ def _restore_and_count(rank: int, mgr: CheckpointManager, store: CountingStore) 
 
 STEPS = (1, 2, 3, 5, 7)
 INVERT = bytes(range(255, -1, -1))
-FULL, MARKER_ONLY, NOTHING = "marker, manifest, .metadata", "marker, no .metadata", "nothing"
-#: What rank 0 reads of each step in each restore: the newest step alone while it loads;
-#: after 7's marker is broken and 5's data files damaged, 7's marker (it does not match a
-#: manifest), 5 whole (it opens, then fails to load) and 3 whole (it loads); steps 1 and 2
-#: stay unread. Once 1, 2 and 3 lose their manifests, each step is tried once, and none loads.
+FULL, REFUSED, NOTHING = "opened (then loaded or not)", "refused when opened", "nothing"
+#: What rank 0 reads of each step in each restore (``open_committed`` reads the marker,
+#: manifest and .metadata at once, one GET each, so a step refused at its marker costs the
+#: same three reads but none of its data): the newest step alone while it loads; after 7's
+#: marker is broken and 5's data files damaged, 7 is refused (its marker does not match a
+#: manifest), 5 is opened (then fails to load) and 3 opened (it loads); steps 1 and 2 stay
+#: unread. Once 1, 2 and 3 lose their manifests, each step is tried once, and none loads.
 OPENED = {
     "first": {7: FULL, 5: NOTHING, 3: NOTHING, 2: NOTHING, 1: NOTHING},
-    "fallback": {7: MARKER_ONLY, 5: FULL, 3: FULL, 2: NOTHING, 1: NOTHING},
-    "none": {7: MARKER_ONLY, 5: FULL, 3: MARKER_ONLY, 2: MARKER_ONLY, 1: MARKER_ONLY},
+    "fallback": {7: REFUSED, 5: FULL, 3: FULL, 2: NOTHING, 1: NOTHING},
+    "none": {7: REFUSED, 5: FULL, 3: REFUSED, 2: REFUSED, 1: REFUSED},
 }
 
 
@@ -192,8 +207,9 @@ def check(results: list[dict], world: int) -> None:
             reads = _small_reads(total, f"{url}/{step_name(step)}")
             if what == FULL:
                 assert reads == {n: 1 for n in SMALL}, (phase, step, reads)
-            elif what == MARKER_ONLY:
-                assert reads[MARKER_NAME] == 1 and reads[METADATA_NAME] == 0, (phase, step, reads)
+            elif what == REFUSED:
+                assert reads == {n: 1 for n in SMALL}, (phase, step, reads)
+                assert _data_reads(total, f"{url}/{step_name(step)}") == 0, (phase, step)
             else:
                 assert reads == {n: 0 for n in SMALL}, (phase, step, reads)
         for _, counts, _ in per_rank[1:]:  # other ranks: no listing, no small-object read
