@@ -151,6 +151,9 @@ def test_worker_context_arms_only_its_attempts_crash_point(monkeypatch) -> None:
     monkeypatch.setenv(ENV_PLAN, json.dumps(plan))
     monkeypatch.setenv("CKPTSTORE_CRASH_AT", "after_shards")  # inherited: replaced
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
+    # worker_context sets it; set here first, monkeypatch removes it after the test (it
+    # leaked into later tests' child processes, which then never reached their crash point)
+    monkeypatch.setenv("CKPTSTORE_CRASH_RANK", "0")
     ctx = worker_context("/tmp/x")
     assert ctx.crash == "" and "CKPTSTORE_CRASH_AT" not in __import__("os").environ
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")

@@ -131,6 +131,7 @@ def test_a_two_rank_save_makes_these_fsyncs(tmp_path) -> None:
 
 def _crash_saving(root: str, point: str) -> None:
     os.environ["CKPTSTORE_CRASH_AT"] = point
+    os.environ.pop("CKPTSTORE_CRASH_RANK", None)  # this process is the one to kill
     ckptstore.save({"w": torch.full((256, 1024), 2.0), "n": 2}, os.path.join(root, "step_2"))
 
 
