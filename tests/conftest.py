@@ -39,6 +39,15 @@ def seaweedfs() -> Iterator[Any]:
         server.stop()
 
 
+@pytest.fixture
+def proxy(seaweedfs: Any) -> Iterator[Any]:
+    """A ``harness.proxy.FaultProxy`` in front of the session's SeaweedFS, for one test."""
+    from harness.proxy import FaultProxy
+
+    with FaultProxy(seaweedfs.port) as p:
+        yield p
+
+
 @pytest.fixture(scope="session")
 def moto() -> Iterator[Any]:
     """One moto S3 server for the session, with bucket ``ckpt``."""

@@ -8,7 +8,6 @@ the marker is a warning in the save's record, never a failed committed save.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -114,12 +113,6 @@ def test_retrying_view_is_idempotent_and_keeps_children_retrying(tmp_path: Any) 
 
 
 # -- on the wire: SeaweedFS behind a fault proxy --------------------------------------------
-@pytest.fixture
-def proxy(seaweedfs: Any) -> Iterator[FaultProxy]:
-    with FaultProxy(seaweedfs.port) as p:
-        yield p
-
-
 @pytest.fixture
 def s3_root(seaweedfs: Any) -> str:
     import uuid

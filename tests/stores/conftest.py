@@ -1,4 +1,5 @@
-"""How the store tests make a fresh, empty store of each built-in kind.
+"""How the store tests make a fresh, empty store of each built-in kind, and the S3 tests'
+fresh prefix (``s3``) and its view through the fault proxy (``via``).
 
 ``STORE_FACTORIES`` maps a name to ``(factory, marks)``; a factory ``(request, tmp_path) ->
 Store`` uses ``request.getfixturevalue("<server fixture>")`` for its server. The conformance
@@ -15,11 +16,26 @@ from typing import Any
 import pytest
 
 from ckptstore.engine.store import Store
+from ckptstore.stores.s3 import S3Store
+from harness.proxy import FaultProxy
 from tests.conftest import BUCKET
 
 
 def unique(name: str = "t") -> str:
     return f"{name}-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def s3(seaweedfs: Any) -> S3Store:
+    """A fresh prefix on SeaweedFS, talked to directly (the ground truth)."""
+    store: S3Store = seaweedfs.store(f"{BUCKET}/{unique()}")
+    return store
+
+
+def via(proxy: FaultProxy, server: Any, store: S3Store, **kwargs: Any) -> S3Store:
+    """The same prefix as ``store``, reached through ``proxy`` (``kwargs`` go to S3Store)."""
+    options = dict(server.storage_options, endpoint_url=proxy.endpoint)
+    return S3Store(store.url, options, **kwargs)
 
 
 def _local(request: pytest.FixtureRequest, tmp_path: Any) -> Store:

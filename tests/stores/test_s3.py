@@ -7,7 +7,7 @@ import os
 import threading
 import time
 import warnings
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -33,7 +33,7 @@ from ckptstore.testing.faults import Fault, FaultyStore
 from harness.dist import free_port
 from harness.proxy import FaultProxy, Rule
 
-from .conftest import BUCKET, unique
+from .conftest import BUCKET, unique, via
 
 pytestmark = pytest.mark.server
 
@@ -45,25 +45,6 @@ def engine(retry: RetryConfig = FAST, concurrency: int = 4) -> TransferEngine:
     return TransferEngine(
         TransferConfig(part_size=PART, concurrency=concurrency, memory_budget=8 * PART, retry=retry)
     )
-
-
-@pytest.fixture
-def s3(seaweedfs: Any) -> S3Store:
-    """A fresh prefix on SeaweedFS, talked to directly (the ground truth)."""
-    store: S3Store = seaweedfs.store(f"{BUCKET}/{unique()}")
-    return store
-
-
-@pytest.fixture
-def proxy(seaweedfs: Any) -> Iterator[FaultProxy]:
-    with FaultProxy(seaweedfs.port) as p:
-        yield p
-
-
-def via(proxy: FaultProxy, server: Any, store: S3Store, **kwargs: Any) -> S3Store:
-    """The same prefix as ``store``, reached through ``proxy``."""
-    options = dict(server.storage_options, endpoint_url=proxy.endpoint)
-    return S3Store(store.url, options, **kwargs)
 
 
 class Observed(FaultyStore):

@@ -5,7 +5,7 @@ buffers, and a fault on the wire still leaves nothing visible."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -21,7 +21,7 @@ from ckptstore.stores.s3 import S3Store
 from ckptstore.testing.faults import FaultyStore
 from harness.proxy import FaultProxy, Rule
 
-from .conftest import BUCKET, unique
+from .conftest import via
 
 pytestmark = pytest.mark.server
 
@@ -47,23 +47,6 @@ class Recorded(FaultyStore):
     ) -> Part:
         self.parts[number] = [(np.frombuffer(p, np.uint8).ctypes.data, len(p)) for p in pieces]
         return self.inner.put_part_pieces(upload, number, offset, pieces)
-
-
-@pytest.fixture
-def s3(seaweedfs: Any) -> S3Store:
-    store: S3Store = seaweedfs.store(f"{BUCKET}/{unique()}")
-    return store
-
-
-@pytest.fixture
-def proxy(seaweedfs: Any) -> Iterator[FaultProxy]:
-    with FaultProxy(seaweedfs.port) as p:
-        yield p
-
-
-def via(proxy: FaultProxy, server: Any, store: S3Store, **kwargs: Any) -> S3Store:
-    options = dict(server.storage_options, endpoint_url=proxy.endpoint)
-    return S3Store(store.url, options, retry=FAST, **kwargs)
 
 
 def write_items(eng: TransferEngine, store: Any, items: list[np.ndarray]) -> tuple[Any, bytes]:
@@ -104,7 +87,7 @@ def test_a_tensor_spanning_many_parts_is_sent_from_its_own_memory(
     seaweedfs: Any, s3: S3Store, proxy: FaultProxy
 ) -> None:
     tensor = array(4 * PART + 12345, 1)
-    recorded = Recorded(via(proxy, seaweedfs, s3))
+    recorded = Recorded(via(proxy, seaweedfs, s3, retry=FAST))
     with engine() as eng:
         info, expected = write_items(eng, recorded, [tensor])
         assert eng.buffers.in_use == 0  # every buffer and reservation given back
@@ -118,7 +101,7 @@ def test_a_tensor_spanning_many_parts_is_sent_from_its_own_memory(
 
 def test_headers_and_tensors_share_parts(seaweedfs: Any, s3: S3Store, proxy: FaultProxy) -> None:
     items = [array(2 * MiB + i, i) for i in range(7)]  # 2 MiB tensors, a header before each
-    recorded = Recorded(via(proxy, seaweedfs, s3))
+    recorded = Recorded(via(proxy, seaweedfs, s3, retry=FAST))
     with engine() as eng:
         info, expected = write_items(eng, recorded, items)
     assert s3.get("f.bin") == expected and info.size == len(expected)
@@ -131,7 +114,7 @@ def test_a_file_smaller_than_a_part_is_one_put(
 ) -> None:
     items = [array(2 * MiB, 3), array(GATHER_BUFFER + 1, 4)]
     with engine() as eng:
-        info, expected = write_items(eng, via(proxy, seaweedfs, s3), items)
+        info, expected = write_items(eng, via(proxy, seaweedfs, s3, retry=FAST), items)
         assert eng.buffers.in_use == 0
     assert s3.get("f.bin") == expected and info.crc32c == crc32c(expected)
     assert len(proxy.ops("PutObject")) == 1 and proxy.ops("UploadPart") == []
@@ -144,7 +127,9 @@ def test_a_part_damaged_in_transit_is_resent_from_the_same_memory(
     proxy.add(Rule("UploadPart", "flip", times=1))
     items = [array(3 * MiB, 5), array(2 * PART, 6)]
     with engine() as eng:
-        _, expected = write_items(eng, via(proxy, seaweedfs, s3, checksum=checksum), items)
+        _, expected = write_items(
+            eng, via(proxy, seaweedfs, s3, retry=FAST, checksum=checksum), items
+        )
         assert eng.stats.retries == 1  # the server answered BadDigest once
     assert s3.get("f.bin") == expected
 
@@ -155,7 +140,9 @@ def test_signed_bodies_are_read_from_their_pieces(
     """Without a checksum header botocore hashes each body for the signature (``read``)."""
     items = [array(PART + 1, 7)]
     with engine() as eng:
-        _, expected = write_items(eng, via(proxy, seaweedfs, s3, checksum="none"), items)
+        _, expected = write_items(
+            eng, via(proxy, seaweedfs, s3, retry=FAST, checksum="none"), items
+        )
     signed = {r.headers.get("x-amz-content-sha256") for r in proxy.ops("UploadPart")}
     assert len(signed) == 2 and all(len(h or "") == 64 for h in signed)
     assert s3.get("f.bin") == expected
@@ -168,7 +155,7 @@ def test_a_connection_reset_mid_upload_leaves_nothing(
     items = [array(300, 8), array(3 * PART, 9)]
     with engine() as eng:
         with pytest.raises(TransferError):
-            write_items(eng, via(proxy, seaweedfs, s3), items)
+            write_items(eng, via(proxy, seaweedfs, s3, retry=FAST), items)
         assert eng.buffers.in_use == 0
     assert len(proxy.ops("AbortMultipartUpload")) == 1
     assert s3.find() == [] and s3.list_multipart() == []
