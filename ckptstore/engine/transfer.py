@@ -19,9 +19,11 @@ Every store call is retried per ``RetryConfig`` (transient errors only), within 
 per-file deadline. A failed part aborts the whole upload: nothing half-made is ever left
 visible.
 
-Reads run on a pool of their own, ``read_streams`` threads (one ranged GET each; see
-``ckptstore.engine.readplan.read_streams``): more, smaller GETs in flight than a save's
-parts, to fill a link whose every connection is capped.
+Reads from an object store run on a pool of their own, ``read_streams`` threads (one
+ranged GET each; see ``ckptstore.engine.readplan.read_streams``): more, smaller GETs in
+flight than a save's parts, to fill a link whose every connection is capped. A volume's
+reads (preads, ``capabilities.zero_copy_parts``) stay on the I/O pool: more of them at
+once only share the same cores' memory copies.
 """
 
 from __future__ import annotations
@@ -259,8 +261,9 @@ class TransferEngine:
                     "truncated (or was replaced by a shorter one)"
                 )
 
+        pool = self.pool if store.capabilities.zero_copy_parts else self.read_pool
         futures = [
-            self.read_pool.submit(fetch, s, e)
+            pool.submit(fetch, s, e)
             for s, e in split_ranges(offset, len(view), part_size or self.config.part_size)
         ]
         return gather(futures, lambda: view)
