@@ -21,10 +21,10 @@ rank-unique names. Contenders (ids for ``--contenders`` in brackets):
         (made into part-sized ``bytearray``s beforehand, untimed) as one multipart object, parts
         of ckptstore's default part size, that many in flight at once, straight on s3fs's
         aiobotocore client, each body sent as S3Store sends a part (``pieces_body``: no
-        copy of it before the transport's own); the load is parallel ranged GETs of the
-        same size, each body's chunks copied once into one preallocated buffer (made
-        untimed, as the load targets are). The same object count, size and parallelism as
-        ckptstore.
+        copy of it before the transport's own); the load is ckptstore's read plan
+        (``engine.readplan``: 32 ranged GETs of <= 8 MiB in flight with the defaults), each
+        body's chunks copied once into one preallocated buffer (made untimed, as the load
+        targets are). The same object count, size and parallelism as ckptstore.
   FsspecWriter / FsspecReader [fsspec]   torch's stock fsspec DCP backend at ``s3://...``
         with default options: one file per rank, ``thread_count=1``, ``sync_files=True``
         (which calls a machine-wide ``os.sync()`` per file on S3, because an s3fs file has

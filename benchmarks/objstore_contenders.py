@@ -209,20 +209,25 @@ def save_raw(ctx: RankCtx, link: str, key: str) -> None:
 def load_raw(ctx: RankCtx, link: str, key: str) -> None:
     from fsspec.asyn import sync
 
+    from ckptstore.engine.readplan import READ_PIECE, piece_size, read_streams
+
     fs, client = _raw_client(ctx, link)
     tc = ctx.cfg.transfer_config(False)
     obj = f"{link}/{key}/rank{ctx.rank}.bin"
     total = sum(len(b) for b in ctx.bodies)
+    # ckptstore's read plan (engine.readplan): as many GETs in flight, of the same size.
+    streams = read_streams(tc.part_size, tc.concurrency)
+    piece = piece_size(total, min(tc.part_size, READ_PIECE), streams)
 
     if total not in ctx.raw_dest:  # made and paged in once, untimed (as the load targets are)
         ctx.raw_dest[total] = memoryview(bytearray(total))
     dest = ctx.raw_dest[total]
 
     async def go() -> int:
-        sem = asyncio.Semaphore(tc.concurrency)
+        sem = asyncio.Semaphore(streams)
 
         async def get(start: int) -> int:
-            end = min(start + tc.part_size, total) - 1
+            end = min(start + piece, total) - 1
             async with sem:
                 out = await client.get_object(Bucket=BUCKET, Key=obj, Range=f"bytes={start}-{end}")
                 body = out["Body"]
@@ -235,7 +240,7 @@ def load_raw(ctx: RankCtx, link: str, key: str) -> None:
                 finally:
                     body.close()
 
-        return sum(await asyncio.gather(*(get(s) for s in range(0, total, tc.part_size))))
+        return sum(await asyncio.gather(*(get(s) for s in range(0, total, piece))))
 
     got = sync(fs.loop, go)
     if got != total:

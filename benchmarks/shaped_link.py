@@ -39,7 +39,13 @@ from typing import Any
 
 __all__ = ["ShapedLink", "main"]
 
-CHUNK = 64 * 1024
+#: The most bytes a pipe moves per step (one ``recv``, one ``sendall``). The proxy runs in
+#: Python threads under one GIL, so its CPU per byte bounds the link on this 2-core
+#: machine before the per-connection caps do: with 64 KiB steps a 2-rank load of 512 MiB
+#: got ~180 MB/s through 16-64 connections whatever their number (2026-12-02), which made
+#: every client strategy look alike. 256 KiB steps cost a quarter of the Python per byte;
+#: at 200 Mbit/s one step is ~10 ms of a connection's rate (the burst the pacing allows).
+CHUNK = 256 * 1024
 
 
 class _Pipe:
@@ -68,7 +74,7 @@ class _Pipe:
                         self.cond.wait(0.5)
                     if self.broken:
                         return
-                data = self.src.recv(CHUNK)
+                data = self.src.recv(self.link.chunk)
                 if not data:
                     break
                 with self.cond:
@@ -99,7 +105,8 @@ class _Pipe:
                 self.dst.sendall(data)
                 if rate:
                     # A bucket one chunk deep: idle time does not buy a burst.
-                    next_free = max(start, time.monotonic() - CHUNK / rate) + len(data) / rate
+                    burst = self.link.chunk / rate
+                    next_free = max(start, time.monotonic() - burst) + len(data) / rate
                 with self.cond:
                     self.queue.popleft()
                     self.queued -= len(data)
@@ -128,8 +135,10 @@ class ShapedLink:
         latency_ms: float = 20.0,
         upstream_host: str = "127.0.0.1",
         counters: Any = None,
+        chunk: int = CHUNK,
     ) -> None:
         self.upstream = (upstream_host, upstream_port)
+        self.chunk = chunk
         #: Optional shared array of two ints (e.g. ``multiprocessing.RawArray("q", 2)``) kept
         #: at (bytes up, bytes down) so that other processes can read the traffic.
         self.counters = counters

@@ -45,12 +45,14 @@ class TransferConfig:
     the bytes buffered for parts not yet written (a writer blocks when it is reached).
 
     A load on an object store plans its reads from the whole load plan
-    (``ckptstore.engine.readplan``): ranged GETs of ``ceil(load bytes / concurrency)``
-    bytes, between 4 MiB and ``part_size``, and small adjacent items merged into one GET.
-    On a latency-bound link each connection carries at most its own rate, so raise
-    ``concurrency`` to fill the link; the S3 client's connection pool holds 64 connections
-    (``storage_options={"config_kwargs": {"max_pool_connections": n}}`` for more), and
-    requests beyond it wait for a free connection.
+    (``ckptstore.engine.readplan``): the bytes a save keeps in flight (``concurrency`` x
+    ``part_size``) are kept in flight as ranged GETs of at most 8 MiB (defaults: 32 GETs
+    of 8 MiB; between ``concurrency`` and 64 GETs), each of ``ceil(load bytes / GETs)``
+    bytes between 4 MiB and 8 MiB (or ``part_size`` if smaller), and small adjacent items
+    merged into one GET. On a latency-bound link each connection carries at most its own
+    rate, so raise ``concurrency`` to fill the link; the S3 client's connection pool holds
+    64 connections (``storage_options={"config_kwargs": {"max_pool_connections": n}}`` for
+    more), and requests beyond it wait for a free connection.
     """
 
     part_size: int = 32 * MiB

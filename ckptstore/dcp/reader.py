@@ -65,7 +65,7 @@ from ckptstore.engine.commit import (
     open_committed,
 )
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry, Span
-from ckptstore.engine.readplan import Window, coalesce, piece_size
+from ckptstore.engine.readplan import READ_PIECE, Window, coalesce, piece_size
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -267,7 +267,8 @@ class CkptReader(StoreBound, StorageReader):
             pending = deque(Window(p, o, n, (i,)) for i, (p, o, n) in enumerate(keys))
         else:
             total = sum(k[2] for k in keys)
-            piece = piece_size(total, self.config.part_size, self.config.concurrency)
+            largest = min(self.config.part_size, READ_PIECE)
+            piece = piece_size(total, largest, self.engine.read_streams)
             pending = deque(coalesce(keys, max_window=piece))
         inflight: deque[tuple[Window, Future, _Direct | None]] = deque()
         inflight_bytes = 0

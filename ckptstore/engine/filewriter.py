@@ -110,7 +110,7 @@ class FileWriter:
             ):
                 self.part_size += GATHER_BUFFER  # parts may be that much short of it
             self._parts = PartBuilder(
-                self.part_size, GATHER_BUFFER, engine.buffers, self._failed.is_set, self._submit
+                self.part_size, GATHER_BUFFER, engine.buffers, self._failed.is_set, self._send
             )
         #: Size of the buffers small writes are copied into (see ``SMALL_PART``).
         self.buffer_size = (
@@ -176,11 +176,12 @@ class FileWriter:
         self._check_open()
         view = memoryview(data).cast("B")
         offset = self._crc.length
+        hashed = self._append(view)
+        crc = hashed if crc is None else crc
         if crc is None:
             self._crc.update(view)
         else:
             self._crc.extend(crc, len(view))
-        self._append(view)
         return offset
 
     def item(self, payload: tuple[int, int] | None = None, owner: object = None) -> ItemSink:
@@ -200,24 +201,28 @@ class FileWriter:
         not when the file closes); the writer itself holds only the latest owner."""
         self._owner = owner
 
-    def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
-        """Append ``view`` without hashing it: for an ``ItemSink``, which hashes its bytes
-        itself and accounts for them with ``extend_crc`` when the item ends.
+    def send_unhashed(self, view: memoryview, owned: bool = False) -> int | None:
+        """Append ``view`` without hashing it for the file: for an ``ItemSink``, which
+        hashes its bytes itself and accounts for them with ``extend_crc`` when the item
+        ends. Returns the CRC32C of ``view`` when sending it computed one (a large write
+        into parts built from pieces, whose per-part checksums hash each byte once), else
+        None: the item hashes it then.
 
         A part that failed meanwhile is not raised here but by ``close()``: the caller is
         usually ``torch.save`` writing an item, which would replace the error with one of
         its own ("unexpected pos") when its zip writer ends.
         """
         self._check_state()
-        self._append(view, owned)
+        return self._append(view, owned)
 
     def extend_crc(self, crc: int, length: int) -> None:
         """Extend the file's CRC32C with ``length`` bytes sent by ``send_unhashed`` whose
         CRC32C is ``crc``."""
         self._crc.extend(crc, length)
 
-    def _append(self, view: memoryview, owned: bool = False) -> None:
+    def _append(self, view: memoryview, owned: bool = False) -> int | None:
         """Copy ``view`` into part buffers (of ``buffer_size``), sending each as it fills.
+        Returns ``view``'s CRC32C where the parts computed it (``PartBuilder.refer``).
 
         A view of at least ``ZERO_COPY_MIN`` bytes is not copied on a ``gather_parts``
         store (it becomes pieces of parts, see ``ckptstore.engine.pieces``) nor on a
@@ -231,10 +236,9 @@ class FileWriter:
         keep = self._owner if owned else None  # held by each part that points into it
         if self._parts is not None:
             if by_reference:
-                self._parts.refer(view, keep)
-            else:
-                self._parts.copy(view)
-            return
+                return self._parts.refer(view, keep)
+            self._parts.copy(view)
+            return None
         if by_reference and self.store.capabilities.zero_copy_parts:
             if self._fill:
                 self._submit_copy()
@@ -244,7 +248,7 @@ class FileWriter:
                 self._submit(
                     piece, functools.partial(self.engine.buffers.unreserve, len(piece)), keep
                 )
-            return
+            return None
         while len(view):
             if self._buf is None:
                 self._buf = self.engine.buffers.acquire(self.buffer_size, self._failed.is_set)
@@ -255,6 +259,7 @@ class FileWriter:
             view = view[n:]
             if self._fill == self.buffer_size:
                 self._submit_part()
+        return None
 
     def _submit_part(self) -> None:
         """Send the filled part buffer."""
@@ -275,12 +280,17 @@ class FileWriter:
         self._submit(data, functools.partial(self.engine.buffers.unreserve, len(data)))
 
     def _submit(
-        self, data: memoryview | list[memoryview], release: Release, keep: object = None
+        self,
+        data: memoryview | list[memoryview],
+        release: Release,
+        keep: object = None,
+        crc: int | None = None,
     ) -> None:
         """Send ``data`` (one buffer, or a part's pieces) as the next part; ``release()``
         gives back its memory (a pooled buffer, the caller's bytes reserved) once sent.
         ``keep``: the owner of the caller's memory ``data`` points into, held until then
-        (by ``send`` alone: the future's callbacks outlive it)."""
+        (by ``send`` alone: the future's callbacks outlive it). ``crc``: the CRC32C of
+        the part's bytes, if known (the store then need not hash them again)."""
         engine, store = self.engine, self.store
         held = [keep]
         try:
@@ -301,7 +311,7 @@ class FileWriter:
 
         def put() -> Part:
             if isinstance(data, list):
-                return store.put_part_pieces(upload, number, offset, data)
+                return store.put_part_pieces(upload, number, offset, data, crc32c=crc)
             return store.put_part(upload, number, offset, data)
 
         def send() -> Part:
@@ -319,6 +329,10 @@ class FileWriter:
         fut.add_done_callback(lambda f: release() if f.cancelled() else None)
         self._futures.append(fut)
 
+    def _send(self, pieces: list[memoryview], release: Release, crc: int) -> None:
+        """A part built from pieces (``PartBuilder``'s ``send``), sent with its CRC32C."""
+        self._submit(pieces, release, crc=crc)
+
     def _raise_failed(self) -> None:
         for f in self._futures:
             if f.done() and f.exception() is not None:
@@ -334,7 +348,8 @@ class FileWriter:
             raise TransferError(f"{self._what}: close after {self._state}")
         try:
             if self._upload is None and self._parts is not None:
-                self._put_pieces(*self._parts.take())
+                pieces, release, _ = self._parts.take()  # one PUT: the store hashes it
+                self._put_pieces(pieces, release)
             elif self._upload is None:
                 buf, size = self._buf, self._fill
                 data = memoryview(buf)[:size] if buf is not None else b""

@@ -29,8 +29,8 @@ class ItemTarget(Protocol):
         """Keep ``owner`` alive while parts point into its memory (see ``FileWriter.hold``)."""
         ...
 
-    def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
-        """Append ``view`` without hashing it."""
+    def send_unhashed(self, view: memoryview, owned: bool = False) -> int | None:
+        """Append ``view`` without hashing it; its CRC32C if sending computed it, else None."""
         ...
 
     def extend_crc(self, crc: int, length: int) -> None:
@@ -42,7 +42,9 @@ class ItemSink:
     """A file-like view of one item inside a ``FileWriter`` (``torch.save`` writes into it).
 
     Bytes are hashed once, into the item's own CRC32C; on ``close`` the file's CRC is
-    extended with it (CRC combine), so nothing is hashed twice. Items must not interleave
+    extended with it (CRC combine), so nothing is hashed twice. A large write whose CRC
+    the writer computed while sending it (for its parts' checksums, see
+    ``FileWriter.send_unhashed``) is not hashed again here. Items must not interleave
     with other writes to the same file.
 
     ``payload=(address, nbytes)`` names memory the item's bytes are expected to contain
@@ -70,14 +72,15 @@ class ItemSink:
     def write(self, data: Buffer) -> int:
         """Append ``data`` to the item (checksummed as it passes); its length."""
         view = memoryview(data).cast("B")
+        crc = self._writer.send_unhashed(view, self._owned)
         if self._payload is not None and self.span is None and self._is_payload(view):
-            crc = crc32c(view)
+            crc = crc32c(view) if crc is None else crc
             self.span = Span(self.length, len(view), crc)
-            self.crc32c = crc32c_combine(self.crc32c, crc, len(view))
-        else:
+        if crc is None:
             self.crc32c = crc32c(view, self.crc32c)
+        else:
+            self.crc32c = crc32c_combine(self.crc32c, crc, len(view))
         self.length += len(view)
-        self._writer.send_unhashed(view, self._owned)
         return len(view)
 
     def _is_payload(self, view: memoryview) -> bool:

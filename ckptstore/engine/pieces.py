@@ -22,15 +22,23 @@ joining them. The design, and why it is the simplest the store API allows:
 - The caller's memory must stay alive and unchanged until its part is sent: a view that
   does not keep its memory alive itself (``view.obj``) comes with its owner, which the part
   holds until it is sent (``refer(view, owner)``); a retried part resends the same pieces.
+- Checksums in one pass: every part's CRC32C (the store's per-part integrity header) is
+  computed here, as the bytes are added: a small write's as it is copied (a continuation
+  of the part's CRC), a large write's piece by piece, each piece hashed once and folded into
+  its part's CRC with ``crc32c_combine``. ``refer`` returns the CRC32C of the whole view
+  (its pieces' CRCs combined), which the item and file checksums use, so a tensor's bytes
+  are read once for all three. A small write is hashed twice (here and by its item): a
+  combine costs more than rehashing a few KiB.
 
 Call order (one thread: the ``FileWriter``'s)::
 
     parts = PartBuilder(part_size, buffer_size, pool, cancelled, send)
     parts.copy(view)        # a small write: copied into pooled buffers
-    parts.refer(view, owner)  # a large write: its memory, by reference
-    # send(pieces, release) is called for each full part; release() once it is sent
+    crc = parts.refer(view, owner)  # a large write: its memory, by reference; its CRC32C
+    # send(pieces, release, crc) is called for each full part (crc: the CRC32C of its
+    # bytes); release() once it is sent
     parts.flush()           # the last part goes out (at close)
-    pieces, release = parts.take()   # or: the unsent part itself (a one-request file)
+    pieces, release, crc = parts.take()   # or: the unsent part itself (a one-request file)
     parts.discard()         # on abort: give back what the unsent part holds
 """
 
@@ -39,11 +47,15 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ckptstore.engine.buffers import BufferPool
+from ckptstore.engine.checksum import crc32c, crc32c_combine
 
-__all__ = ["PartBuilder", "Release"]
+__all__ = ["PartBuilder", "Release", "Send"]
 
 #: Gives back the memory a part held (its pooled buffers, the caller bytes it reserved).
 Release = Callable[[], None]
+
+#: Sends one part: ``send(pieces, release, crc)``, ``crc`` the CRC32C of its bytes.
+Send = Callable[[list[memoryview], Release, int], None]
 
 
 class PartBuilder:
@@ -55,7 +67,7 @@ class PartBuilder:
         buffer_size: int,
         pool: BufferPool,
         cancelled: Callable[[], bool],
-        send: Callable[[list[memoryview], Release], None],
+        send: Send,
     ) -> None:
         if buffer_size > part_size:
             raise ValueError("PartBuilder: buffer_size must not exceed part_size")
@@ -71,6 +83,7 @@ class PartBuilder:
         self._buf: memoryview | None = None  # the buffer small writes go into now
         self._mark = 0  # start of its bytes not yet made a piece
         self._fill = 0
+        self._crc = 0  # CRC32C of the unsent part's bytes
 
     @property
     def held(self) -> int:
@@ -88,17 +101,20 @@ class PartBuilder:
                 self._buf, self._mark, self._fill = memoryview(buf), 0, 0
             n = min(len(view), self.buffer_size - self._fill)
             self._buf[self._fill : self._fill + n] = view[:n]
+            self._crc = crc32c(view[:n], self._crc)
             self._fill += n
             view = view[n:]
             if self._fill == self.buffer_size:
                 self._seal()
                 self._buf = None
 
-    def refer(self, view: memoryview, owner: object = None) -> None:
+    def refer(self, view: memoryview, owner: object = None) -> int:
         """Append ``view`` by reference: its memory is sent as it is (keep it unchanged
         until the file is closed); every part it lands in holds ``owner`` (what keeps that
         memory alive, if ``view`` does not) until sent. Blocks while the memory budget is
-        spent elsewhere."""
+        spent elsewhere. Returns the CRC32C of ``view`` (hashed once, see the module
+        docstring)."""
+        crc = 0
         while len(view):
             room = self.part_size - self.held
             if room <= 0:
@@ -107,6 +123,9 @@ class PartBuilder:
             piece = view[:room]
             self._pool.reserve(len(piece), self._cancelled)
             self._seal()
+            piece_crc = crc32c(piece)
+            crc = crc32c_combine(crc, piece_crc, len(piece))
+            self._crc = crc32c_combine(self._crc, piece_crc, len(piece))
             self._pieces.append(piece)
             self._referenced += len(piece)
             if owner is not None and not (self._owners and self._owners[-1] is owner):
@@ -114,6 +133,7 @@ class PartBuilder:
             view = view[len(piece) :]
             if self.held >= self.part_size:
                 self.flush()
+        return crc
 
     def _seal(self) -> None:
         """Make the current buffer's bytes not yet in a piece the next piece."""
@@ -121,14 +141,14 @@ class PartBuilder:
             self._pieces.append(self._buf[self._mark : self._fill])
             self._mark = self._fill
 
-    def take(self) -> tuple[list[memoryview], Release]:
-        """The unsent part's pieces (possibly none) and what gives back its memory; the
-        builder starts a new part."""
+    def take(self) -> tuple[list[memoryview], Release, int]:
+        """The unsent part's pieces (possibly none), what gives back its memory and the
+        CRC32C of its bytes; the builder starts a new part."""
         self._seal()
         pieces, buffers, referenced = self._pieces, self._buffers, self._referenced
-        owners = self._owners
+        owners, crc = self._owners, self._crc
         self._pieces, self._buffers, self._referenced, self._owners = [], [], 0, []
-        self._buf, self._mark, self._fill = None, 0, 0
+        self._buf, self._mark, self._fill, self._crc = None, 0, 0, 0
         pool = self._pool
 
         def release() -> None:
@@ -138,13 +158,13 @@ class PartBuilder:
                 pool.unreserve(referenced)
             owners.clear()  # the memory may go now (release may outlive the part)
 
-        return pieces, release
+        return pieces, release, crc
 
     def flush(self) -> None:
         """Send the unsent part, if it holds any bytes."""
-        pieces, release = self.take()
+        pieces, release, crc = self.take()
         if pieces:
-            self._send(pieces, release)
+            self._send(pieces, release, crc)
         else:
             release()
 

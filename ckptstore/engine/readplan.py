@@ -3,14 +3,24 @@
 A load asks for many ranges (one per stored item) at once. Read one GET per item and a
 state of many small tensors pays one round trip per tensor; read each large item as
 fixed-size parts and a load of a few large tensors may use fewer connections than the
-engine has. So the reader plans its reads from the whole load plan, in two steps::
+engine has. So the reader plans its reads from the whole load plan, in three steps::
 
-    piece = piece_size(total_bytes, config.part_size, config.concurrency)
+    streams = read_streams(config.part_size, config.concurrency)   # GETs in flight
+    piece = piece_size(total_bytes, min(config.part_size, READ_PIECE), streams)
     windows = coalesce(ranges, max_window=piece)
 
+- ``read_streams``: how many ranged GETs a process keeps in flight. On a link whose every
+  connection is capped (a cloud store's per-connection rate, a latency-bound TCP window)
+  the load's rate is the number of connections times that cap, so a load uses as many
+  as the engine's byte budget for transfers in flight allows: the bytes a save keeps in
+  flight (``concurrency`` parts of ``part_size``), cut into pieces of ``READ_PIECE``;
+  never fewer than ``concurrency``, never more than ``MAX_STREAMS`` (the S3 client's
+  connection pool). With the defaults (8 x 32 MiB): 32 GETs of 8 MiB. The memory stays
+  bounded as before: a GET lands in its target tensor (no buffer) or in a window the
+  reader counts against ``memory_budget``.
 - ``piece_size``: the size of one ranged GET, so that the load's bytes cut into about
-  ``concurrency`` pieces or more (every connection busy until the end), never more than
-  ``part_size`` and never below ``min_piece`` (a GET much smaller than a link's
+  ``streams`` pieces or more (every connection busy until the end), never more than the
+  largest piece and never below ``min_piece`` (a GET much smaller than a link's
   bandwidth-delay product spends its time waiting for the first byte).
 - ``coalesce``: ranges of one file, in offset order, that are smaller than ``max_window``
   and adjacent (at most ``max_gap`` bytes apart) merge into one window of at most
@@ -29,11 +39,43 @@ from dataclasses import dataclass
 
 from ckptstore.config import MiB
 
-__all__ = ["MIN_PIECE", "Window", "coalesce", "piece_size"]
+__all__ = [
+    "MAX_STREAMS",
+    "MIN_PIECE",
+    "READ_PIECE",
+    "Window",
+    "coalesce",
+    "piece_size",
+    "read_streams",
+]
 
 #: The smallest ranged GET a load plans (unless the part size itself is smaller): 4 MiB
 #: is ~1.7 bandwidth-delay products of a 200 Mbit/s connection with a 40 ms round trip.
 MIN_PIECE = 4 * MiB
+
+#: The largest ranged GET a load plans (unless the part size is smaller): 8 MiB is ~3.4
+#: bandwidth-delay products of a 200 Mbit/s connection with a 40 ms round trip (~1.7 at
+#: 1 Gbit/s), so the request's round trip costs a few per cent of it, and the size
+#: s3torchconnector's CRT client reads in. Through this project's shaped link (2 ranks x
+#: 256 MiB) 32 GETs of 8 MiB in flight per rank took 0.80x the time of 8 of 32 MiB, the
+#: same bytes in flight (benchmarks/README.md, issue 17).
+READ_PIECE = 8 * MiB
+
+#: The most ranged GETs a process keeps in flight: the S3 client's connection pool
+#: (``ckptstore.stores.s3_client.make_s3fs``'s ``max_pool_connections``).
+MAX_STREAMS = 64
+
+
+def read_streams(
+    part_size: int, concurrency: int, piece: int = READ_PIECE, cap: int = MAX_STREAMS
+) -> int:
+    """The ranged GETs a load keeps in flight (see the module docstring):
+    ``concurrency * part_size / min(piece, part_size)``, clamped to
+    ``[concurrency, max(cap, concurrency)]``."""
+    if part_size < 1 or concurrency < 1 or piece < 1 or cap < 1:
+        raise ValueError("read_streams: part_size, concurrency, piece and cap must be >= 1")
+    streams = concurrency * part_size // min(piece, part_size)
+    return max(concurrency, min(streams, cap))
 
 
 @dataclass(frozen=True)
@@ -53,13 +95,13 @@ class Window:
         return self.offset + self.length
 
 
-def piece_size(total: int, part_size: int, concurrency: int, min_piece: int = MIN_PIECE) -> int:
-    """The GET size for a load of ``total`` bytes: ``ceil(total / concurrency)`` clamped
-    to ``[min(min_piece, part_size), part_size]``."""
-    if part_size < 1 or concurrency < 1 or min_piece < 1:
-        raise ValueError("piece_size: part_size, concurrency and min_piece must be >= 1")
-    share = -(-max(total, 0) // concurrency)
-    return max(min(min_piece, part_size), min(share, part_size))
+def piece_size(total: int, max_piece: int, streams: int, min_piece: int = MIN_PIECE) -> int:
+    """The GET size for a load of ``total`` bytes: ``ceil(total / streams)`` clamped
+    to ``[min(min_piece, max_piece), max_piece]``."""
+    if max_piece < 1 or streams < 1 or min_piece < 1:
+        raise ValueError("piece_size: max_piece, streams and min_piece must be >= 1")
+    share = -(-max(total, 0) // streams)
+    return max(min(min_piece, max_piece), min(share, max_piece))
 
 
 def coalesce(

@@ -226,10 +226,16 @@ class RetryingStore(Store):
         return self.inner.put_part(upload, number, offset, data)
 
     def put_part_pieces(
-        self, upload: Multipart, number: int, offset: int, pieces: Sequence[Buffer]
+        self,
+        upload: Multipart,
+        number: int,
+        offset: int,
+        pieces: Sequence[Buffer],
+        *,
+        crc32c: int | None = None,
     ) -> Part:
         """``inner.put_part_pieces`` as is: its callers retry it through the transfer engine."""
-        return self.inner.put_part_pieces(upload, number, offset, pieces)
+        return self.inner.put_part_pieces(upload, number, offset, pieces, crc32c=crc32c)
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
         """``inner.complete_multipart`` as is: its callers retry it through the transfer engine."""

@@ -331,10 +331,18 @@ class Store(abc.ABC):
         return emulated.put_part(self, upload, number, offset, data)
 
     def put_part_pieces(
-        self, upload: Multipart, number: int, offset: int, pieces: Sequence[Buffer]
+        self,
+        upload: Multipart,
+        number: int,
+        offset: int,
+        pieces: Sequence[Buffer],
+        *,
+        crc32c: int | None = None,
     ) -> Part:
         """``put_part`` of the concatenation of ``pieces`` (the engine calls it on a store
-        with ``capabilities.gather_parts``). Default: the pieces joined (one copy), then
+        with ``capabilities.gather_parts``). ``crc32c``: their CRC32C, computed by the
+        engine as it built the part, for a store that sends a checksum of every part (so
+        it need not hash the bytes again). Default: the pieces joined (one copy), then
         ``put_part``; a store whose client can send several buffers as one body overrides
         it and sends them as they are. Repeating it resends the same bytes."""
         return self.put_part(upload, number, offset, bytearray().join(pieces))

@@ -66,17 +66,20 @@ class TeeWriter:
             self.abort()
 
     # -- the secondary: forwarded to while it is healthy --------------------------------
-    def _to_secondary(self, call: str, *args: object) -> None:
+    def _to_secondary(self, call: str, *args: object) -> object:
+        """``call`` on the secondary while it is healthy; its result (None if dropped)."""
         if self.secondary_error is not None:
-            return
+            return None
+        out = None
         try:
             self.secondary.raise_if_failed()
-            getattr(self.secondary, call)(*args)
+            out = getattr(self.secondary, call)(*args)
         except Exception as exc:  # noqa: BLE001 - kept for the caller, never raised here
             self._drop_secondary(exc)
         if not self._started and call in ("write", "send_unhashed"):
             self._started = True
             crashpoint("mid_upload")  # the upload has begun, the local copy is partial
+        return out
 
     def _drop_secondary(self, exc: Exception) -> None:
         self.secondary_error = exc
@@ -102,10 +105,11 @@ class TeeWriter:
         self.primary.hold(owner)
         self._to_secondary("hold", owner)
 
-    def send_unhashed(self, view: memoryview, owned: bool = False) -> None:
-        """``FileWriter.send_unhashed`` on both files."""
-        self.primary.send_unhashed(view, owned)
-        self._to_secondary("send_unhashed", view, owned)
+    def send_unhashed(self, view: memoryview, owned: bool = False) -> int | None:
+        """``FileWriter.send_unhashed`` on both files; the CRC32C either computed."""
+        crc = self.primary.send_unhashed(view, owned)
+        other = self._to_secondary("send_unhashed", view, owned)
+        return crc if crc is not None else other if isinstance(other, int) else None
 
     def extend_crc(self, crc: int, length: int) -> None:
         """``FileWriter.extend_crc`` on both files."""

@@ -18,6 +18,12 @@ a ``ckptstore.engine.buffers.BufferPool``); writes block (back-pressure) beyond 
 Every store call is retried per ``RetryConfig`` (transient errors only), within a
 per-file deadline. A failed part aborts the whole upload: nothing half-made is ever left
 visible.
+
+Reads from an object store run on a pool of their own, ``read_streams`` threads (one
+ranged GET each; see ``ckptstore.engine.readplan.read_streams``): more, smaller GETs in
+flight than a save's parts, to fill a link whose every connection is capped. A volume's
+reads (preads, ``capabilities.zero_copy_parts``) stay on the I/O pool: more of them at
+once only share the same cores' memory copies.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from ckptstore.config import TransferConfig
 from ckptstore.engine.buffers import BufferPool, gather
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
+from ckptstore.engine.readplan import read_streams
 from ckptstore.engine.retry import Deadline, RetryStats, call_with_retry, unretried
 from ckptstore.engine.store import Buffer, Store
 from ckptstore.errors import CorruptCheckpointError, StoreNotFoundError
@@ -60,13 +67,17 @@ _SHARED_LOCK = threading.Lock()
 
 
 class TransferEngine:
-    """A pool of I/O threads plus the retry and memory policy shared by every transfer."""
+    """Pools of I/O threads (writes, reads) plus the retry and memory policy shared by
+    every transfer."""
 
     def __init__(self, config: TransferConfig | None = None) -> None:
         self.config = config or TransferConfig()
         self.stats = RetryStats()
         self.buffers = BufferPool(self.config.memory_budget)
+        #: Ranged GETs in flight at most (the read pool's threads).
+        self.read_streams = read_streams(self.config.part_size, self.config.concurrency)
         self._pool: ThreadPoolExecutor | None = None
+        self._read_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -92,12 +103,25 @@ class TransferEngine:
                 )
             return self._pool
 
-    def close(self) -> None:
-        """Shut the thread pool down, waiting for queued transfers; a later use starts a new one."""
+    @property
+    def read_pool(self) -> ThreadPoolExecutor:
+        """The ranged reads' thread pool (``read_streams`` threads), started on first use."""
         with self._lock:
-            pool, self._pool = self._pool, None
-        if pool is not None:
-            pool.shutdown(wait=True)
+            if self._read_pool is None:
+                self._read_pool = ThreadPoolExecutor(
+                    self.read_streams, thread_name_prefix="ckptstore-read"
+                )
+            return self._read_pool
+
+    def close(self) -> None:
+        """Shut the thread pools down, waiting for queued transfers; a later use starts new
+        ones."""
+        with self._lock:
+            pools = (self._pool, self._read_pool)
+            self._pool = self._read_pool = None
+        for pool in pools:
+            if pool is not None:
+                pool.shutdown(wait=True)
 
     def __enter__(self) -> TransferEngine:
         return self
@@ -237,8 +261,9 @@ class TransferEngine:
                     "truncated (or was replaced by a shorter one)"
                 )
 
+        pool = self.pool if store.capabilities.zero_copy_parts else self.read_pool
         futures = [
-            self.pool.submit(fetch, s, e)
+            pool.submit(fetch, s, e)
             for s, e in split_ranges(offset, len(view), part_size or self.config.part_size)
         ]
         return gather(futures, lambda: view)

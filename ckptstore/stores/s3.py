@@ -326,12 +326,19 @@ class S3Store(Store):
         )
 
     def put_part_pieces(
-        self, upload: Multipart, number: int, offset: int, pieces: Sequence[Buffer]
+        self,
+        upload: Multipart,
+        number: int,
+        offset: int,
+        pieces: Sequence[Buffer],
+        *,
+        crc32c: int | None = None,
     ) -> Part:
         """UploadPart of ``pieces`` as one body, each sent from its own memory (no join);
-        the checksum header covers their concatenation."""
+        the checksum header covers their concatenation (``crc32c``, when the engine
+        computed it, is used as is: the bytes are not hashed again)."""
         body = pieces_body(pieces)
-        integrity = self.client.integrity(pieces)
+        integrity = self.client.integrity(pieces, crc32c=crc32c)
         return self._upload_part(upload, number, offset, body, len(body), integrity)
 
     def _upload_part(

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ckptstore.config import RetryConfig
-from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.checksum import crc32c as _crc32c
 from ckptstore.engine.store import Buffer, Part
 from ckptstore.errors import TransientStoreError, missing_dependency
 from ckptstore.stores.s3_errors import error_code, translate_s3_error
@@ -160,14 +160,19 @@ class S3Client:
     def translate(self, exc: BaseException, what: str) -> Exception:
         return translate_s3_error(exc, what, self.bucket, self.endpoint)
 
-    def integrity(self, body: Buffer | Sequence[Buffer]) -> dict[str, Any]:
+    def integrity(
+        self, body: Buffer | Sequence[Buffer], *, crc32c: int | None = None
+    ) -> dict[str, Any]:
         """The checksum header for ``body`` (CRC32C or Content-MD5), per ``checksum``; a
-        sequence of buffers is checksummed as their concatenation."""
+        sequence of buffers is checksummed as their concatenation. ``crc32c``: the CRC32C
+        of ``body`` if the caller computed it already (it is not hashed again)."""
         pieces = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else body
         if self.checksum == "crc32c":
-            crc = 0
-            for piece in pieces:
-                crc = crc32c(piece, crc)
+            crc = crc32c
+            if crc is None:
+                crc = 0
+                for piece in pieces:
+                    crc = _crc32c(piece, crc)
             return {"ChecksumCRC32C": _b64(crc.to_bytes(4, "big"))}
         if self.checksum == "md5":
             md5 = hashlib.md5()

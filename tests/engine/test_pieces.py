@@ -1,5 +1,6 @@
 """PartBuilder (parts built from pieces, ``ckptstore.engine.pieces``) with a real BufferPool:
-the bytes, the part sizes and the memory budget, for any sequence of small and large writes."""
+the bytes, the part sizes, the memory budget and the checksums computed on the way (each
+part's CRC32C, each large write's), for any sequence of small and large writes."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptstore.engine.buffers import BufferPool
+from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.pieces import PartBuilder, Release
 
 PART, BUF = 64, 16
@@ -23,11 +25,13 @@ class Sent:
         self.pool = pool
         self.parts: list[list[memoryview]] = []
         self.releases: list[Release] = []
+        self.crcs: list[int] = []
 
-    def __call__(self, pieces: list[memoryview], release: Release) -> None:
+    def __call__(self, pieces: list[memoryview], release: Release, crc: int) -> None:
         assert self.pool.in_use <= PART * (len(self.releases) + 1)  # this part holds <= PART
         self.parts.append(pieces)
         self.releases.append(release)
+        self.crcs.append(crc)
 
 
 def build(writes: Sequence[tuple[bool, bytes | bytearray]]) -> tuple[Sent, BufferPool, list[bytes]]:
@@ -35,10 +39,14 @@ def build(writes: Sequence[tuple[bool, bytes | bytearray]]) -> tuple[Sent, Buffe
     sent = Sent(pool)
     builder = PartBuilder(PART, BUF, pool, lambda: False, sent)
     for large, data in writes:
-        (builder.refer if large else builder.copy)(memoryview(data))
+        if large:
+            assert builder.refer(memoryview(data)) == crc32c(data)  # the view's own CRC32C
+        else:
+            builder.copy(memoryview(data))
         assert builder.held <= PART
     builder.flush()
     bodies = [b"".join(bytes(p) for p in part) for part in sent.parts]
+    assert sent.crcs == [crc32c(b) for b in bodies]  # each part sent with its bytes' CRC32C
     return sent, pool, bodies
 
 
@@ -84,4 +92,4 @@ def test_small_writes_between_large_ones_share_one_buffer_per_part() -> None:
 
 def test_buffer_larger_than_a_part_is_refused() -> None:
     with pytest.raises(ValueError, match="buffer_size"):
-        PartBuilder(8, 16, BufferPool(64), lambda: False, lambda p, r: None)
+        PartBuilder(8, 16, BufferPool(64), lambda: False, lambda p, r, c: None)

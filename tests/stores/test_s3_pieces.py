@@ -16,7 +16,7 @@ from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.filewriter import GATHER_BUFFER
 from ckptstore.engine.store import Buffer, Multipart, Part
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import TransferError
+from ckptstore.errors import CkptStoreError, TransferError
 from ckptstore.stores.s3 import S3Store
 from ckptstore.testing.faults import FaultyStore
 from harness.proxy import FaultProxy, Rule
@@ -41,12 +41,20 @@ class Recorded(FaultyStore):
     def __init__(self, inner: S3Store) -> None:
         super().__init__(inner)
         self.parts: dict[int, list[tuple[int, int]]] = {}  # number -> [(address, length)]
+        self.crcs: dict[int, int | None] = {}  # number -> the CRC32C the engine passed
 
     def put_part_pieces(
-        self, upload: Multipart, number: int, offset: int, pieces: Sequence[Buffer]
+        self,
+        upload: Multipart,
+        number: int,
+        offset: int,
+        pieces: Sequence[Buffer],
+        *,
+        crc32c: int | None = None,
     ) -> Part:
         self.parts[number] = [(np.frombuffer(p, np.uint8).ctypes.data, len(p)) for p in pieces]
-        return self.inner.put_part_pieces(upload, number, offset, pieces)
+        self.crcs[number] = crc32c
+        return self.inner.put_part_pieces(upload, number, offset, pieces, crc32c=crc32c)
 
 
 def write_items(eng: TransferEngine, store: Any, items: list[np.ndarray]) -> tuple[Any, bytes]:
@@ -97,6 +105,9 @@ def test_a_tensor_spanning_many_parts_is_sent_from_its_own_memory(
     from_tensor = [n for ps in recorded.parts.values() for a, n in ps if start <= a < end]
     assert sum(from_tensor) == tensor.nbytes  # not one byte of it copied into a part buffer
     assert len(recorded.parts) == 5 and s3.list_multipart() == []
+    # Every part went with the CRC32C the engine computed while building it (the store did
+    # not hash it again), and SeaweedFS, which checks the header, accepted each one.
+    assert len(recorded.crcs) == 5 and None not in recorded.crcs.values()
 
 
 def test_headers_and_tensors_share_parts(seaweedfs: Any, s3: S3Store, proxy: FaultProxy) -> None:
@@ -170,3 +181,15 @@ def test_stores_without_pieces_get_them_joined(s3: S3Store) -> None:
     s3.complete_multipart(upload, [part])
     assert wrapped.calls["put_part"] == 1 and part.size == len(head) + len(body)
     assert s3.get("j.bin") == head + body
+
+
+def test_the_crc_the_engine_passes_is_the_one_sent(s3: S3Store) -> None:
+    """``put_part_pieces(crc32c=)`` is sent as the part's checksum header as is: a wrong
+    one is refused by the server (it checks the bytes against it), the right one accepted."""
+    upload = s3.begin_multipart("c.bin")
+    body = bytearray(os.urandom(5 * MiB))
+    with pytest.raises(CkptStoreError):
+        s3.put_part_pieces(upload, 1, 0, [memoryview(body)], crc32c=crc32c(body) ^ 1)
+    part = s3.put_part_pieces(upload, 1, 0, [memoryview(body)], crc32c=crc32c(body))
+    s3.complete_multipart(upload, [part])
+    assert s3.get("c.bin") == body
