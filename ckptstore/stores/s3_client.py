@@ -23,7 +23,7 @@ from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.store import Buffer, Part
 from ckptstore.errors import TransientStoreError, missing_dependency
 from ckptstore.stores.s3_errors import error_code, translate_s3_error
-from ckptstore.stores.s3_session import process_session
+from ckptstore.stores.s3_session import http_session_class, process_session
 
 __all__ = [
     "S3Client",
@@ -76,6 +76,7 @@ def make_s3fs(
     config.setdefault("request_checksum_calculation", "when_required")
     config.setdefault("response_checksum_validation", "when_required")
     config.setdefault("max_pool_connections", 64)
+    config.setdefault("http_session_cls", http_session_class())
     s3_config = dict(config.get("s3") or {})
     s3_config.setdefault("payload_signing_enabled", sign_payload)
     config["s3"] = s3_config

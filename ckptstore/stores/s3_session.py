@@ -35,11 +35,13 @@ any number of times; nothing to close (sessions hold no connections; clients do)
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["process_session", "shared_loader"]
+__all__ = ["process_session", "shared_loader", "http_session_class"]
 
 #: botocore data path -> the one Loader of this process and its forked children.
 _LOADERS: dict[str | None, Any] = {}
@@ -47,7 +49,12 @@ _LOADERS: dict[str | None, Any] = {}
 _SESSIONS: dict[tuple[int, str | None], Any] = {}
 #: (pid, profile) -> a session made in process pid before it forked, never used there.
 _SPARES: dict[tuple[int, str | None], Any] = {}
+#: (pid, CA bundle) -> the TLS context that process's clients verify servers with.
+_CONTEXTS: dict[tuple[int, str], Any] = {}
+#: (pid, CA bundle) -> a context made in process pid before it forked, never used there.
+_SPARE_CONTEXTS: dict[tuple[int, str], Any] = {}
 _lock = threading.Lock()
+_ctx_lock = threading.Lock()
 
 
 def shared_loader(data_path: str | None) -> Any:
@@ -88,31 +95,84 @@ def process_session(profile: str | None = None) -> Any:
 
 
 def _adopt_spare(profile: str | None) -> Any:
-    """The spare an ancestor made before forking this process (now this process's)."""
+    """The spare session an ancestor made before forking this process (now this one's)."""
+    return _adopt(_SPARES, profile)
+
+
+def _adopt(spares: dict[tuple[int, Any], Any], name: Any) -> Any:
     pid = os.getpid()
-    for key in [k for k in _SPARES if k[0] != pid and k[1] == profile]:
-        return _SPARES.pop(key)
+    for key in [k for k in spares if k[0] != pid and k[1] == name]:
+        return spares.pop(key)
     return None
 
 
+@functools.cache
+def http_session_class() -> type:
+    """aiobotocore's ``AIOHTTPSession``, its certificate-verifying TLS context shared.
+
+    aiobotocore builds that context for every client, loading the CA bundle (about 140
+    certificates; 50 ms unloaded, the largest single cost left in a forked worker's first
+    request) even for an ``http://`` endpoint. Here it is built once per process and CA
+    bundle, shared by that process's clients (aiohttp never changes a context it is given),
+    and a forked child adopts a copy made before the fork and never used in the parent
+    (so no lock inside it was held by a handshake at the fork). A context that will get a
+    client certificate (``client_cert``) stays each client's own.
+    """
+    from aiobotocore.httpsession import AIOHTTPSession
+    from botocore.httpsession import get_cert_path
+
+    class SharedContextSession(AIOHTTPSession):  # type: ignore[misc]
+        def _build_verify_context(self) -> Any:
+            ca_certs = get_cert_path(self._verify) if self._verify else None
+            if self._cert_file or not ca_certs:
+                return super()._build_verify_context()
+            return _verify_context(str(ca_certs), self._own_verify_context)
+
+        def _own_verify_context(self) -> Any:
+            return super()._build_verify_context()
+
+    SharedContextSession.__qualname__ = SharedContextSession.__name__
+    return SharedContextSession
+
+
+def _verify_context(ca_certs: str, build: Callable[[], Any]) -> Any:
+    key = (os.getpid(), ca_certs)
+    with _ctx_lock:
+        context = _CONTEXTS.get(key)
+        if context is None:
+            context = _CONTEXTS[key] = _adopt(_SPARE_CONTEXTS, ca_certs) or build()
+    return context
+
+
+def _spare_context(ca_certs: str) -> Any:
+    session = http_session_class()(verify=ca_certs)
+    return session._own_verify_context()
+
+
 def _before_fork() -> None:
-    """Make, once per process and profile in use, the spare a forked child adopts."""
+    """Make, once per process, the spares a forked child adopts: a session per profile in
+    use, a TLS context per CA bundle in use."""
     pid = os.getpid()
     try:
         for _, profile in [k for k in _SESSIONS if k[0] == pid]:
             if (pid, profile) not in _SPARES:
                 _SPARES[(pid, profile)] = _new_session(profile)
-    except Exception:  # noqa: BLE001 - a child without a spare just builds its own session
+        for _, ca_certs in [k for k in _CONTEXTS if k[0] == pid]:
+            if (pid, ca_certs) not in _SPARE_CONTEXTS:
+                _SPARE_CONTEXTS[(pid, ca_certs)] = _spare_context(ca_certs)
+    except Exception:  # noqa: BLE001 - a child without a spare just builds its own
         pass
 
 
 def _after_fork_in_child() -> None:
-    global _lock
-    _lock = threading.Lock()  # another thread may have held it at the fork
+    global _lock, _ctx_lock
+    _lock, _ctx_lock = threading.Lock(), threading.Lock()  # maybe held by a thread at fork
     pid = os.getpid()
-    for table in (_SESSIONS,):  # the parent's in-use sessions are never ours
-        for key in [k for k in table if k[0] != pid]:
-            del table[key]
+    # The parent's, maybe in use at the fork, are never ours.
+    for key in [k for k in _SESSIONS if k[0] != pid]:
+        del _SESSIONS[key]
+    for ctx_key in [k for k in _CONTEXTS if k[0] != pid]:
+        del _CONTEXTS[ctx_key]
 
 
 os.register_at_fork(before=_before_fork, after_in_child=_after_fork_in_child)

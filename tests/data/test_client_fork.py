@@ -9,6 +9,7 @@ parent's client still works afterwards.
 from __future__ import annotations
 
 import multiprocessing as mp
+import ssl
 import uuid
 from typing import Any
 
@@ -19,10 +20,17 @@ from ckptstore.stores import open_store, s3_session
 from tests.conftest import BUCKET
 from tests.data.datasets import make_parquet
 
-pytestmark = pytest.mark.server
+
+def _verify_context(store: Any) -> ssl.SSLContext:
+    """The TLS context the store's client verifies servers with (its first request made)."""
+    connector = store.fs._s3._endpoint.http_session._sessions[None].connector
+    context: ssl.SSLContext = connector._ssl
+    return context
 
 
-def _in_child(parent: Any, url: str, opts: dict[str, Any], spare_id: int, out: Any) -> None:
+def _in_child(
+    parent: Any, url: str, opts: dict[str, Any], spare_id: int, ctx_id: int, out: Any
+) -> None:
     try:
         try:
             parent.fs.loop  # noqa: B018 - fsspec refuses the parent's loop in a child
@@ -44,12 +52,14 @@ def _in_child(parent: Any, url: str, opts: dict[str, Any], spare_id: int, out: A
             "adopted_spare": id(session) == spare_id,
             "shared_loader": session.get_component("data_loader") is loader,
             "own_client": store.fs._s3 is not parent.fs._s3,
+            "tls_context": id(_verify_context(store)),
         }
-        out.put(dict(row, spare_id=spare_id))
+        out.put(dict(row, spare_id=spare_id, spare_ctx_id=ctx_id))
     except BaseException as exc:  # noqa: BLE001 - reported to the test
         out.put({"error": repr(exc)})
 
 
+@pytest.mark.server
 def test_a_forked_worker_builds_its_own_client_from_warm_data(seaweedfs):
     prefix = f"{BUCKET}/fork-{uuid.uuid4().hex[:8]}"
     url, opts = f"s3://{prefix}", dict(seaweedfs.storage_options)
@@ -63,9 +73,12 @@ def test_a_forked_worker_builds_its_own_client_from_warm_data(seaweedfs):
     procs = []
     for _ in range(2):
         # The spare is made just before the first fork, then reused by every later one.
-        spare = s3_session._SPARES.get((mp.current_process().pid, None))
+        pid = mp.current_process().pid
+        spare = s3_session._SPARES.get((pid, None))
         spare_id = id(spare) if spare is not None else -1
-        p = ctx.Process(target=_in_child, args=(parent, url, opts, spare_id, out))
+        spare_ctx = [c for k, c in s3_session._SPARE_CONTEXTS.items() if k[0] == pid]
+        ctx_id = id(spare_ctx[0]) if spare_ctx else -1
+        p = ctx.Process(target=_in_child, args=(parent, url, opts, spare_id, ctx_id, out))
         p.start()
         procs.append(p)
     rows = sorted((out.get(timeout=120) for _ in procs), key=lambda r: r.get("spare_id", 0))
@@ -87,11 +100,16 @@ def test_a_forked_worker_builds_its_own_client_from_warm_data(seaweedfs):
     # The spare was made at the first fork (if no earlier one made it); later forks adopt it.
     assert rows[1]["spare_id"] != -1
     assert all(r["adopted_spare"] for r in rows if r["spare_id"] != -1)
+    # Its TLS context too: made before the fork, never used in the parent, adopted in the child.
+    assert rows[1]["spare_ctx_id"] != -1
+    assert all(r["tls_context"] == r["spare_ctx_id"] for r in rows if r["spare_ctx_id"] != -1)
+    assert rows[1]["spare_ctx_id"] != id(_verify_context(parent))
     assert parent.get("obj") == b"parent bytes"  # the parent's client is untouched
     # The parent never uses its spare; its own session is the one its clients came from.
     assert s3_session._SPARES[(mp.current_process().pid, None)] is not parent.fs.session
 
 
+@pytest.mark.server
 def test_a_caller_session_or_session_options_are_left_to_s3fs(seaweedfs):
     from aiobotocore.session import AioSession
 
@@ -106,6 +124,7 @@ def test_a_caller_session_or_session_options_are_left_to_s3fs(seaweedfs):
     assert theirs.fs.session is not ours
 
 
+@pytest.mark.server
 def test_dataloader_workers_read_an_s3_dataset(tmp_path, seaweedfs):
     sizes = [9, 14, 6]
     local = tmp_path / "ds"
@@ -124,3 +143,18 @@ def test_dataloader_workers_read_an_s3_dataset(tmp_path, seaweedfs):
         for _ in range(2):  # torch forks fresh workers at every iter()
             ids = [i for b in dl for i in b["id"].tolist()]
             assert sorted(ids) == list(range(sum(sizes)))
+
+
+def test_clients_of_a_process_share_one_verifying_tls_context(tmp_path):
+    cls = s3_session.http_session_class()
+    first, second = cls(verify=True)._build_verify_context(), cls()._build_verify_context()
+    assert first is second  # built once per process and CA bundle (the CA load is the cost)
+    assert first.verify_mode == ssl.CERT_REQUIRED and first.check_hostname
+    assert first.cert_store_stats()["x509_ca"] > 0  # the CA bundle is loaded
+    # A context that gets a client certificate, or does not verify, stays the client's own.
+    cert = tmp_path / "client.pem"
+    cert.write_text("not read here")
+    own = cls(client_cert=str(cert))._build_verify_context()
+    assert own is not first
+    plain = cls(verify=False)._build_verify_context()
+    assert plain is not first and plain.verify_mode == ssl.CERT_NONE
