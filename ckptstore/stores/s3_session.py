@@ -4,12 +4,15 @@ A process's first S3 request used to cost 0.5-2.6 s on a shared 2-core machine b
 moved (benchmarks/bench_data_client.py, cProfile of the request's event-loop thread, issue
 18): about half of it botocore reading and parsing its JSON data (the S3 service model, its
 endpoint rules, endpoints/partitions) and listing its data directories to find them, about
-an eighth creating the session (registering its built-in event handlers), the rest the
-client and the round trip. Every DataLoader worker paid all of it again, in every epoch,
-because torch forks fresh workers at every ``iter()`` and a worker must build its own client
-(no event loop or socket may cross a fork: fsspec makes a new loop in the child).
+an eighth creating the session (registering its built-in event handlers); with those gone,
+loading the CA bundle into the client's TLS context (py-spy: half of what was left, even
+for an ``http://`` endpoint), then the client and the round trip. Every DataLoader worker
+paid all of it again, in every epoch, because torch forks fresh workers at every ``iter()``
+and a worker must build its own client (no event loop or socket may cross a fork: fsspec
+makes a new loop in the child).
 
-What can cross a fork safely is data, and a session no client was ever made from:
+What can cross a fork safely is data, and objects made for the child and never used before
+the fork:
 
 - **the loader**: one botocore ``Loader`` per data path for the whole process (and so for
   the processes forked from it), warmed with what an S3 client loads
@@ -23,6 +26,9 @@ What can cross a fork safely is data, and a session no client was ever made from
   holds one forks, it makes a spare, from which no client is made in that process
   (``os.register_at_fork``; once, reused by every later fork); a child adopts its copy of the
   spare instead of building a session. A child makes no spare of its own until it forks.
+- **the TLS context**: :func:`http_session_class` (the clients' ``http_session_cls``) shares
+  one certificate-verifying context per process and CA bundle, with a never-used spare
+  made before a fork for the child to adopt, the same way.
 
 A session serves every client of the process (each ``S3FileSystem`` still makes its own
 client, with its own endpoint, credentials and connection pool), so a second dataset or
