@@ -158,3 +158,25 @@ def test_clients_of_a_process_share_one_verifying_tls_context(tmp_path):
     assert own is not first
     plain = cls(verify=False)._build_verify_context()
     assert plain is not first and plain.verify_mode == ssl.CERT_NONE
+
+
+def test_the_warm_loader_holds_everything_an_s3_client_loads():
+    import asyncio
+
+    session = s3_session.process_session(None)
+    loader = session.get_component("data_loader")
+    before = set(loader._cache)
+
+    async def make_client() -> None:
+        async with session.create_client(
+            "s3",
+            region_name="us-east-1",
+            endpoint_url="http://127.0.0.1:9",  # never contacted: no request is made
+            aws_access_key_id="k",
+            aws_secret_access_key="s",
+        ):
+            pass
+
+    asyncio.run(make_client())
+    # Every load the client made was a cache hit: nothing new parsed, no directory scanned.
+    assert set(loader._cache) - before == set()
