@@ -276,6 +276,10 @@ def measure(results: list[dict[str, Any]], step_s: float, count: int) -> dict[st
         },
         "repeated": rep,
         "skipped": skip,
+        # the per-batch trace of the cold epoch, rank by rank (what the p99 batches were)
+        "trace": [
+            {"waits_s": r["epochs"][0]["waits"], "ids": r["epochs"][0]["ids"]} for r in results
+        ],
     }
 
 
@@ -386,7 +390,8 @@ def main(argv: list[str] | None = None) -> int:
                     runs.append(measure(res, base["step_s"], base["count"]))
                     if not os.environ.get("KEEP_WORK"):
                         shutil.rmtree(cache, ignore_errors=True)
-                    print(f"{kind} {name} {rep + 1}/{args.repeat}: {runs[-1]}", flush=True)
+                    shown = {k: v for k, v in runs[-1].items() if k != "trace"}
+                    print(f"{kind} {name} {rep + 1}/{args.repeat}: {shown}", flush=True)
                 entry: dict[str, Any] = {"runs": runs}
                 if not args.no_resume:
                     _clean_peers_shm()

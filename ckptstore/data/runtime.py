@@ -32,6 +32,8 @@ __all__ = ["ProcessRuntime", "ACQUIRE_THREADS"]
 
 #: Shards one process pins (and downloads) side by side for one batch.
 ACQUIRE_THREADS = 16
+#: How often an idle process looks whether another waits for cache space (with a limit).
+PRESSURE_POLL_S = 0.1
 
 
 class ProcessRuntime:
@@ -49,6 +51,8 @@ class ProcessRuntime:
         self._lock = threading.RLock()
         self._pressure_seen = 0
         self._acquirers: ThreadPoolExecutor | None = None
+        self._closed = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def order(self) -> DataOrder:
         """The dataset's data order, made on first use."""
@@ -61,7 +65,36 @@ class ProcessRuntime:
         """The shard cache for the current order, made on first use."""
         if self._cache is None or self._cache.order is not self.order():
             self._cache = self.ds.make_cache(self.order())
+            self._watch()
         return self._cache
+
+    def _watch(self) -> None:
+        """Start (once) the thread that unpins idle shards when another process waits.
+
+        A DataLoader worker that made its batches ahead sits idle in torch's queue, its
+        last shards pinned, while the loop waits for another worker's batch in order; if
+        that one waits for cache space those pins hold, neither moves (until the wait
+        times out). ``fetch`` checks the node's pressure stamp only when it runs, so this
+        thread checks it every ``PRESSURE_POLL_S`` in between (one ``stat``).
+        """
+        if self._watcher is None and self.ds.cache_limit is not None:
+            self._watcher = threading.Thread(
+                target=self._watch_pressure, name="ckptstore-unpin", daemon=True
+            )
+            self._watcher.start()
+
+    def _watch_pressure(self) -> None:
+        while not self._closed.wait(PRESSURE_POLL_S):
+            cache = self._cache
+            if cache is None or not self._lock.acquire(blocking=False):
+                continue  # a fetch in progress checks (and waits for room) by itself
+            try:
+                stamp = cache.pressure_stamp()
+                if stamp != self._pressure_seen:
+                    self._pressure_seen = stamp
+                    self.release_idle()
+            finally:
+                self._lock.release()
 
     def _reader(self, shard: int, cursor: int, handle: Handle | None = None) -> ShardReader:
         """The open reader of ``shard``, opened (from ``handle``, else acquired) if needed."""
@@ -139,6 +172,7 @@ class ProcessRuntime:
 
     def close(self) -> None:
         """Unpin every shard and close the engine (and the store, if this runtime opened it)."""
+        self._closed.set()
         self.release_idle()
         pool, self._acquirers = self._acquirers, None
         if pool is not None:

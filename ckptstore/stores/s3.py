@@ -3,7 +3,9 @@
 ``S3Store("s3://bucket/prefix", storage_options)`` builds an ``s3fs.S3FileSystem`` from
 fsspec-style ``storage_options`` (key, secret, token, endpoint_url, client_kwargs,
 config_kwargs, profile, ...) and calls its botocore client directly, from the engine's
-threads, on fsspec's I/O event loop. Call order for a multipart write (the engine drives it;
+threads, on fsspec's I/O event loop. The client comes from this process's aiobotocore
+session (``s3_session``: botocore's data loaded once, fork-safe spares for DataLoader
+workers). Call order for a multipart write (the engine drives it;
 see ``ckptstore.engine.store``)::
 
     up = store.begin_multipart(path)            # CreateMultipartUpload (ChecksumAlgorithm)

@@ -13,6 +13,7 @@ import asyncio
 import base64
 import functools
 import hashlib
+import inspect
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -22,6 +23,7 @@ from ckptstore.engine.checksum import crc32c as _crc32c
 from ckptstore.engine.store import Buffer, Part
 from ckptstore.errors import TransientStoreError, missing_dependency
 from ckptstore.stores.s3_errors import error_code, translate_s3_error
+from ckptstore.stores.s3_session import http_session_class, process_session
 
 __all__ = [
     "S3Client",
@@ -55,12 +57,18 @@ def make_s3fs(
     checksum header. Over plain ``http://`` (a LAN endpoint) this trades the payload hash,
     which an on-path attacker cannot forge, for a CRC32C they could: pass
     ``config_kwargs={"s3": {"payload_signing_enabled": True}}`` to keep it.
+
+    The client's session is this process's (``s3_session.process_session``, its botocore
+    data loaded once, before any fork), unless the caller passes a ``session`` or session
+    options other than ``profile``.
     """
     try:
         import s3fs
     except ImportError:
         raise missing_dependency("s3fs", "s3") from None
     options = dict(storage_options or {})
+    if "session" not in options and not _session_options(s3fs.S3FileSystem, options):
+        options["session"] = process_session(options.pop("profile", None))
     config = dict(options.pop("config_kwargs", None) or {})
     config.setdefault("connect_timeout", retry.request_timeout_s)
     config.setdefault("read_timeout", retry.request_timeout_s)
@@ -68,10 +76,28 @@ def make_s3fs(
     config.setdefault("request_checksum_calculation", "when_required")
     config.setdefault("response_checksum_validation", "when_required")
     config.setdefault("max_pool_connections", 64)
+    config.setdefault("http_session_cls", http_session_class())
     s3_config = dict(config.get("s3") or {})
     s3_config.setdefault("payload_signing_enabled", sign_payload)
     config["s3"] = s3_config
     return s3fs.S3FileSystem(config_kwargs=config, **options)
+
+
+#: Options fsspec takes for itself from S3FileSystem's ``**kwargs``.
+_FSSPEC_OPTIONS = frozenset(
+    {"use_listings_cache", "listings_expiry_time", "max_paths", "skip_instance_cache"}
+)
+
+
+@functools.cache
+def _named_options(fs_class: Any) -> frozenset[str]:
+    # The constructor's own signature: the class's is fsspec's caching metaclass __call__.
+    return frozenset(inspect.signature(fs_class.__init__).parameters)
+
+
+def _session_options(fs_class: Any, options: dict[str, Any]) -> set[str]:
+    """The options s3fs would give its own ``AioSession(**kwargs)``, ``profile`` aside."""
+    return set(options) - _named_options(fs_class) - _FSSPEC_OPTIONS - {"profile"}
 
 
 class S3Client:
