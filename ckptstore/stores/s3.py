@@ -127,6 +127,21 @@ class S3Store(Store):
         )
         self._shared = _shared or _Shared(conditional_create)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # The settings travel; the client is made again on the other side (make_s3fs there
+        # gives it that process's own session, which holds locks and loaded data that
+        # must not be pickled).
+        state = dict(self.__dict__)
+        state["fs"] = state["client"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.fs = make_s3fs(self.storage_options, self.retry, sign_payload=self.checksum == "none")
+        self.client = S3Client(
+            self.fs, self.bucket, self.endpoint, self.retry.request_timeout_s, self.checksum
+        )
+
     @property
     def conditional_create(self) -> bool | None:
         """Whether the server honours ``If-None-Match: *`` (a true create-only write), as
