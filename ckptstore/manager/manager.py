@@ -311,7 +311,8 @@ class CheckpointManager:
         why = self._agree.broadcast(_describe(own) if self._agree.rank == src else None, src)
         note = f"the save of step {step} was not started on any rank"
         if own is not None:
-            own.add_note(note)
+            if hasattr(own, "add_note"):  # Python >= 3.11
+                own.add_note(note)
             raise own
         name, message = why
         cls = getattr(errors, name, None)
