@@ -284,8 +284,8 @@ class CheckpointManager:
         ``step`` to be replaced, ``step`` missing somewhere, a writer to be restarted],
         and this rank's error checking the root. A rank that cannot take part (its
         ``refusal``, a previous save's failure that ``strict`` raises now, or a writer
-        that could not start) makes every rank raise here: it its own error, the others
-        the same error naming it."""
+        that could not start) makes every rank raise here: that rank its own error, the
+        others the same error naming it."""
         own = self._take_failure() or refusal
         if own is None and not busy:
             own = self._backend.start_error()
@@ -302,8 +302,8 @@ class CheckpointManager:
         if not self.strict:
             self._report_failures(stacklevel=5)  # save -> _agree_on -> here
             return None
-        errors, self._unreported = self._unreported, []
-        return errors[0] if errors else None
+        failures, self._unreported = self._unreported, []
+        return failures[0] if failures else None
 
     def _refuse(self, step: int, own: BaseException | None, src: int) -> None:
         """Raise on every rank (a collective: rank ``src`` says why it cannot take the
