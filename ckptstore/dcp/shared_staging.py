@@ -63,7 +63,7 @@ import torch
 
 from ckptstore.errors import ConfigError
 
-__all__ = ["ArenaView", "Prepared", "SharedStager", "Slot", "StagedState"]
+__all__ = ["ArenaView", "Prepared", "SharedStager", "Slot", "StagedState", "user_values"]
 
 ALIGN = 64
 
@@ -210,14 +210,12 @@ class SharedStager:
         """
         tensors: list[torch.Tensor] = []
         stripped = _strip(state, tensors, "state")
-        try:
-            skeleton = pickle.dumps(stripped, protocol=5)
-        except Exception as exc:  # noqa: BLE001 - whatever pickling the user's values raised
-            raise ConfigError(
-                f"background='process' pickles the state's non-tensor values for the writer "
-                f"process, and one of them cannot be pickled ({type(exc).__name__}: {exc}); "
-                "make it picklable (or a tensor), or use background='thread'"
-            ) from exc
+        skeleton = user_values(
+            lambda: pickle.dumps(stripped, protocol=5),
+            "background='process' pickles the state's non-tensor values for the writer process, "
+            "and one of them cannot be pickled ({error}); make it picklable (or a tensor), or "
+            "use background='thread'",
+        )
         key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
         return Prepared(skeleton, tensors, key, None if key == self._key else self._plan(key))
 
@@ -398,6 +396,15 @@ class ArenaView:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def user_values(make: Callable[[], Any], message: str) -> Any:
+    """``make()`` (a copy or pickle of the user's non-tensor values), or ``ConfigError``
+    with ``message``, its ``{error}`` the exception it raised."""
+    try:
+        return make()
+    except Exception as exc:  # noqa: BLE001 - whatever the user's values raise
+        raise ConfigError(message.format(error=f"{type(exc).__name__}: {exc}")) from exc
 
 
 def _strip(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:

@@ -46,7 +46,7 @@ from typing import Any
 
 import torch
 
-from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole
+from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole, user_values
 from ckptstore.errors import ConfigError
 
 __all__ = ["ArenaStager", "HostArena", "Prepared", "StagedSave", "check_budget"]
@@ -187,14 +187,11 @@ class ArenaStager:
         tensors: list[torch.Tensor] = []
         plain: list[bool] = []
         skeleton = _strip(state, tensors, plain)
-        try:
-            copied = copy.deepcopy(skeleton)
-        except Exception as exc:  # noqa: BLE001 - whatever copying the user's values raised
-            raise ConfigError(
-                f"a save copies the state's non-tensor values, and one of them cannot be "
-                f"copied ({type(exc).__name__}: {exc}); make it copyable (or a tensor, or "
-                "keep it out of the saved state)"
-            ) from exc
+        copied = user_values(
+            lambda: copy.deepcopy(skeleton),
+            "a save copies the state's non-tensor values, and one of them cannot be copied "
+            "({error}); make it copyable (or a tensor, or keep it out of the saved state)",
+        )
         return Prepared(copied, tensors, plain)
 
     @torch.no_grad()
