@@ -2,6 +2,7 @@
 
     python benchmarks/bench_async_scaling.py [--sizes-mib 256,1024,4096] [--worlds 1,2,4]
                                              [--saves 3] [--shm /dev/shm]
+                                             [--contenders "NAME;..."]
 
 For every (total size, ranks) cell, on gloo ranks started for that cell, each contender
 saves ``--saves`` times, interleaved round by round (the first round apart as warm-up);
@@ -13,7 +14,22 @@ timings are the max over ranks, "steady" the median of the other rounds:
 - ckptstore manager with ``staging_dir`` on ``--shm`` (tmpfs standing in for NVMe: the local
   tier and the destination are different devices, so the tee writes both at once);
 - ckptstore manager with ``max_staging_bytes`` = half the rank's state (half stays live:
-  blocking grows by about the time to write that half).
+  blocking grows by about the time to write that half);
+- ckptstore manager with ``background="process"`` (a writer process per rank, built with
+  the others: its start falls in the warm-up round).
+
+``--contenders`` picks some of them (names as above, separated by ``;``; the ratios need
+the floor and ``DefaultStager``, and read 0 without them). Above 1 GiB per rank the floor
+copies every tensor into one preallocated buffer the size of the largest (the same bytes
+moved; every tensor is then >= 128 MiB, far beyond any cache), so that a 4 GiB cell holds
+the state, the floor and each contender's staging copy within this machine's memory.
+
+"CPU s" is the CPU time one steady save cost, summed over the ranks and their writer
+processes (``time.process_time`` of each rank, every thread of it, plus ``/proc``'s
+utime + stime of its writer process), median over the steady rounds; "÷ CPU bound" is
+committed time over that CPU time divided by the machine's cores (``os.cpu_count()``):
+1.0 means the save kept every core busy from ``save()`` to the commit, i.e. it is bound
+by CPU, not by the disk or by waiting.
 
 The destination is a directory on the machine's disk. "RSS added" is the most a steady
 save raised a rank's RSS above what was resident before it (``benchmarks/rss.py``): the
@@ -49,19 +65,41 @@ FLOOR = "copy_ floor"
 MANAGER = "ckptstore manager"
 STAGED = "ckptstore manager + staging_dir on tmpfs"
 BUDGET = "ckptstore manager, budget = state / 2"
-CONTENDERS = (FLOOR, STAGER, MANAGER, STAGED, BUDGET)
+PROCESS = "ckptstore manager (process)"
+CONTENDERS = (FLOOR, STAGER, MANAGER, STAGED, BUDGET, PROCESS)
+_TICK = os.sysconf("SC_CLK_TCK")
 
 
-def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str, shm: str):
-    """Every contender's saves, interleaved round by round (the order rotated each round),
-    so that the machine's load drifts over all of them alike."""
+def _cpu_s(pid: int | None) -> float:
+    """CPU seconds of process ``pid`` (utime + stime from /proc), 0.0 without one."""
+    if pid is None:
+        return 0.0
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK
+
+
+def scaling_rank(
+    rank: int,
+    world: int,
+    mib_per_rank: int,
+    saves: int,
+    base: str,
+    shm: str,
+    names: tuple[str, ...] = CONTENDERS,
+):
+    """Every contender's saves (of ``names``), interleaved round by round (the order
+    rotated each round), so that the machine's load drifts over all of them alike."""
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     from ckptstore.manager import CheckpointManager
 
     state = make_state(rank, mib_per_rank)
     out: dict[str, dict[str, Any]] = {
-        c: {"blocking": [], "committed": [], "rss_added_mib": []} for c in CONTENDERS
+        c: {"blocking": [], "committed": [], "rss_added_mib": [], "cpu_s": []} for c in names
     }
 
     def fresh(parent: str, name: str) -> str:
@@ -77,7 +115,19 @@ def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return float(t.item())
 
-    buffers = {k: torch.empty_like(v) for k, v in state.items()}
+    def sum_over_ranks(value: float) -> float:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.SUM)
+        return float(t.item())
+
+    if FLOOR not in names:
+        buffers: dict[str, torch.Tensor] = {}
+    elif mib_per_rank > 1024:  # one buffer for all: see the module docstring
+        largest = max(state.values(), key=lambda v: v.numel())
+        one = torch.empty_like(largest)
+        buffers = {k: one[: v.numel()] for k, v in state.items()}
+    else:
+        buffers = {k: torch.empty_like(v) for k, v in state.items()}
 
     def floor(i: int) -> tuple[float, float]:
         t = timed_max(lambda: [buffers[k].copy_(v) for k, v in state.items()])
@@ -102,15 +152,23 @@ def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str
 
     half = max(1, mib_per_rank * 1024 * 1024 // 2)
     managers: dict[str, Any] = {}
-    for name, staging, budget in (
-        (MANAGER, False, None),
-        (STAGED, True, None),
-        (BUDGET, False, half),
+    for name, staging, budget, background in (
+        (MANAGER, False, None, "thread"),
+        (STAGED, True, None, "thread"),
+        (BUDGET, False, half, "thread"),
+        (PROCESS, False, None, "process"),
     ):
+        if name not in names:
+            continue
         root = fresh(base, name.replace(" ", "_").replace(",", "").replace("/", ""))
+        root = root.replace("(", "").replace(")", "")
         staging_dir = fresh(shm, f"nvme_{len(managers)}_{rank}") if staging else None
         managers[name] = CheckpointManager(
-            root, staging_dir=staging_dir, strict=True, max_staging_bytes=budget
+            root,
+            staging_dir=staging_dir,
+            strict=True,
+            max_staging_bytes=budget,
+            background=background,
         )
 
     def manager(name: str) -> Any:
@@ -123,12 +181,19 @@ def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str
         return save
 
     runs = {FLOOR: floor, STAGER: stock, **{n: manager(n) for n in managers}}
+
+    def cpu_now(name: str) -> float:
+        bg = managers[name]._bg if name in managers else None
+        return time.process_time() + _cpu_s(bg.writer.proc.pid if bg is not None else None)
+
     for i in range(saves):
-        for k in range(len(CONTENDERS)):
-            name = CONTENDERS[(i + k) % len(CONTENDERS)]
+        for k in range(len(names)):
+            name = names[(i + k) % len(names)]
             reset_peak()
             before = peak_rss_mib()
+            cpu = cpu_now(name)
             blocking, committed = runs[name](i)
+            out[name]["cpu_s"].append(sum_over_ranks(cpu_now(name) - cpu))
             out[name]["blocking"].append(blocking)
             out[name]["committed"].append(committed)
             out[name]["rss_added_mib"].append(peak_rss_mib() - before)
@@ -141,8 +206,10 @@ def scaling_rank(rank: int, world: int, mib_per_rank: int, saves: int, base: str
 def summarise(results: list[dict], size_mib: int, world: int) -> list[dict]:
     """One row per contender (times are already max over ranks; peak RSS: the max rank)."""
     raw, rows = results[0], []
+    cores = os.cpu_count() or 1
     for name, r in raw.items():
         b, c = r["blocking"][1:] or r["blocking"], r["committed"][1:] or r["committed"]
+        cpu = statistics.median(r["cpu_s"][1:] or r["cpu_s"])
         rows.append(
             {
                 "contender": name,
@@ -152,33 +219,37 @@ def summarise(results: list[dict], size_mib: int, world: int) -> list[dict]:
                 "blocking_range": (min(b), max(b)),
                 "committed_s": statistics.median(c),
                 "committed_range": (min(c), max(c)),
+                "cpu_s": cpu,
+                "committed_x_cpu_bound": statistics.median(c) / (cpu / cores) if cpu else 0.0,
                 # steady saves: the RSS a save adds over what is resident (its buffers)
                 "rss_added_mib": max(
                     max(res[name]["rss_added_mib"][1:] or [0.0]) for res in results
                 ),
             }
         )
-    floor = next(r for r in rows if r["contender"] == FLOOR)["blocking_s"]
-    ref = next(r for r in rows if r["contender"] == STAGER)
+    floor = next((r["blocking_s"] for r in rows if r["contender"] == FLOOR), None)
+    ref = next((r for r in rows if r["contender"] == STAGER), None)
     for r in rows:
-        r["blocking_x_floor"] = r["blocking_s"] / floor
-        r["blocking_x_stager"] = r["blocking_s"] / ref["blocking_s"]
-        r["committed_x_stager"] = r["committed_s"] / ref["committed_s"]
+        r["blocking_x_floor"] = r["blocking_s"] / floor if floor else 0.0
+        r["blocking_x_stager"] = r["blocking_s"] / ref["blocking_s"] if ref else 0.0
+        r["committed_x_stager"] = r["committed_s"] / ref["committed_s"] if ref else 0.0
     return rows
 
 
 def table(rows: list[dict]) -> str:
     head = (
         "| MiB | ranks | contender | blocking s | min–max | × copy_ | × DefaultStager "
-        "| committed s | min–max | × DefaultStager | RSS added MiB/rank |\n"
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| committed s | min–max | × DefaultStager | RSS added MiB/rank | CPU s "
+        "| ÷ CPU bound |\n"
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [
         f"| {r['size_mib']} | {r['world']} | {r['contender']} | {r['blocking_s']:.3f} "
         f"| {r['blocking_range'][0]:.3f}–{r['blocking_range'][1]:.3f} "
         f"| {r['blocking_x_floor']:.2f} | {r['blocking_x_stager']:.2f} "
         f"| {r['committed_s']:.2f} | {r['committed_range'][0]:.2f}–{r['committed_range'][1]:.2f} "
-        f"| {r['committed_x_stager']:.2f} | {r['rss_added_mib']:.0f} |"
+        f"| {r['committed_x_stager']:.2f} | {r['rss_added_mib']:.0f} "
+        f"| {r.get('cpu_s', 0.0):.2f} | {r.get('committed_x_cpu_bound', 0.0):.2f} |"
         for r in rows
     ]
     return "\n".join([head, *lines])
@@ -244,13 +315,23 @@ def main() -> None:
     p.add_argument("--saves", type=int, default=3, help="saves per contender (first = warm-up)")
     p.add_argument("--shm", default="/dev/shm", help="the local tier (tmpfs standing in for NVMe)")
     p.add_argument("--dir", default=None, help="the destination's parent (default: a temp dir)")
-    p.add_argument("--plot-only", metavar="JSON", help="redraw the plots of an earlier run")
+    p.add_argument("--contenders", default=";".join(CONTENDERS), help="names, separated by ;")
+    p.add_argument(
+        "--plot-only", metavar="JSON", nargs="+", help="redraw the plots from earlier runs' rows"
+    )
     args = p.parse_args()
     if args.plot_only:
-        with open(args.plot_only) as f:
-            for path in plot(json.load(f)["rows"], "benchmarks/figures"):
-                print(f"plot: {path}")
+        rows_of: list[dict] = []
+        for name in args.plot_only:
+            with open(name) as f:
+                rows_of.extend(json.load(f)["rows"])
+        for path in plot(rows_of, "benchmarks/figures"):
+            print(f"plot: {path}")
         return
+    names = tuple(n.strip() for n in args.contenders.split(";") if n.strip())
+    unknown = sorted(set(names) - set(CONTENDERS))
+    if unknown:
+        p.error(f"unknown contenders {unknown}; choose from {list(CONTENDERS)}")
     rows: list[dict] = []
     for size in (int(s) for s in args.sizes_mib.split(",")):
         for world in (int(w) for w in args.worlds.split(",")):
@@ -259,7 +340,7 @@ def main() -> None:
             t = time.time()
             try:
                 raw = run_distributed(
-                    scaling_rank, world, size // world, args.saves, base, shm, timeout=3600
+                    scaling_rank, world, size // world, args.saves, base, shm, names, timeout=3600
                 )
             finally:
                 shutil.rmtree(base, ignore_errors=True)
@@ -267,6 +348,8 @@ def main() -> None:
             cell = summarise(raw, size, world)
             rows.extend(cell)
             load = os.getloadavg()[0]
+            for r in cell:
+                r["load_end"] = load
             print(f"\n{size} MiB on {world} ranks ({time.time() - t:.0f} s, load {load:.1f})")
             print(table(cell), flush=True)
     print("\n" + table(rows))

@@ -3,9 +3,13 @@
 Call order::
 
     stager = SharedStager(pin=torch.cuda.is_available(), budget=None)
-    staged = stager.stage(state)     # training side: copies every tensor into the arena (with
-                                     # a budget: those of piece 0) and pickles the rest; a
-                                     # StagedState (small, picklable)
+    prepared = stager.prepare(state) # training side, optional: every check that can refuse
+                                     # the state (ConfigError), nothing copied or allocated:
+                                     # safe while a reader still uses the arena
+    staged = stager.stage(prepared)  # training side (or ``stage(state)``): copies every
+                                     # tensor into the arena (with a budget: those of piece
+                                     # 0) and pickles the rest; a StagedState (small,
+                                     # picklable)
     stager.arena.fd                  # the arena's file descriptor, handed once to a reader
     view = ArenaView(fd, size, id)   # reader side: maps the arena (once per arena)
     state = staged.rebuild(view)     # the state again, its tensors over the shared bytes
@@ -59,7 +63,7 @@ import torch
 
 from ckptstore.errors import ConfigError
 
-__all__ = ["ArenaView", "SharedStager", "Slot", "StagedState"]
+__all__ = ["ArenaView", "Prepared", "SharedStager", "Slot", "StagedState", "user_values"]
 
 ALIGN = 64
 
@@ -109,6 +113,20 @@ class StagedState:
                 "background='thread'"
             ) from exc
         return _fill(skeleton, lambda i: view.tensor(self.slots[i]))
+
+
+_Plan = tuple[tuple[Slot, ...], list[list[int]], int]  # slots, pieces' slot indices, size
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A state ``SharedStager.prepare`` found stageable: its tensors, its pickled rest and
+    (when it differs from the stager's) its layout; nothing copied yet."""
+
+    skeleton: bytes
+    tensors: list[torch.Tensor]
+    key: tuple
+    plan: _Plan | None  # None: the stager's current layout
 
 
 class Arena:
@@ -181,10 +199,30 @@ class SharedStager:
         #: the views of different pieces share its bytes).
         self.views: list[torch.Tensor] = []
 
+    def prepare(self, state: Any) -> Prepared:
+        """Check that ``state`` can be staged, copying nothing and allocating nothing (the
+        arena may still be read meanwhile); ``stage`` takes the result.
+
+        Raises:
+            ConfigError: ``state`` holds a tensor that is not plain and dense (DTensor,
+                ShardedTensor, sparse, quantized, nested or meta), a non-tensor value that
+                cannot be pickled or, with a budget, a tensor larger than it.
+        """
+        tensors: list[torch.Tensor] = []
+        stripped = _strip(state, tensors, "state")
+        skeleton = user_values(
+            lambda: pickle.dumps(stripped, protocol=5),
+            "background='process' pickles the state's non-tensor values for the writer process, "
+            "and one of them cannot be pickled ({error}); make it picklable (or a tensor), or "
+            "use background='thread'",
+        )
+        key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
+        return Prepared(skeleton, tensors, key, None if key == self._key else self._plan(key))
+
     @torch.no_grad()
     def stage(self, state: Any) -> StagedState:
         """Copy every tensor of ``state`` (with a budget: piece 0's) into the arena and
-        pickle the rest.
+        pickle the rest; ``state`` may be what ``prepare`` returned for it.
 
         Lays the slots out again (allocating a larger arena if they no longer fit) when the
         tensors' dtypes and shapes differ from the last call's. Returns once every copy is
@@ -192,20 +230,21 @@ class SharedStager:
         for ``stage_piece`` until ``release``.
 
         Raises:
-            ConfigError: ``state`` holds a tensor that is not plain and dense (DTensor,
-                ShardedTensor, sparse, quantized, nested or meta) or, with a budget, one
-                larger than it; or no memfd (not Linux).
+            ConfigError: as ``prepare``; or no memfd (not Linux).
         """
-        tensors: list[torch.Tensor] = []
-        skeleton = pickle.dumps(_strip(state, tensors, "state"), protocol=5)
-        key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
-        if key != self._key:
-            self._layout(key)
+        prepared = state if isinstance(state, Prepared) else self.prepare(state)
+        tensors = prepared.tensors
+        if prepared.key != self._key:
+            self._layout(prepared.key, prepared.plan or self._plan(prepared.key))
         assert self.arena is not None
         self._copy(0, tensors)
         self._sources = tensors if len(self._pieces) > 1 else []
         return StagedState(
-            skeleton, self._slots, self.arena.arena_id, self.arena.size, len(self._pieces)
+            prepared.skeleton,
+            self._slots,
+            self.arena.arena_id,
+            self.arena.size,
+            len(self._pieces),
         )
 
     def stage_piece(self, piece: int) -> None:
@@ -238,7 +277,9 @@ class SharedStager:
         if self.budget is not None:
             self.peak_resident = max(self.peak_resident, self.arena.resident())
 
-    def _layout(self, key: tuple) -> None:
+    def _plan(self, key: tuple) -> _Plan:
+        """The slots, pieces and arena size of a state of tensors ``key``; ConfigError for
+        a tensor larger than the budget. Changes nothing."""
         budget = self.budget
         slots: list[Slot] = []
         pieces: list[list[int]] = [[]]
@@ -265,6 +306,10 @@ class SharedStager:
         size = max([ALIGN] + [s.offset + s.nbytes for s in slots])
         if budget is not None:
             size = max(1, min(size, budget))
+        return tuple(slots), pieces, size
+
+    def _layout(self, key: tuple, plan: _Plan) -> None:
+        slots, pieces, size = plan
         self.views = []
         if self.arena is None or self.arena.size < size:
             old, self.arena = self.arena, None
@@ -277,7 +322,7 @@ class SharedStager:
         self.views = [
             whole[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape) for s in slots
         ]
-        self._key, self._slots, self._pieces = key, tuple(slots), pieces
+        self._key, self._slots, self._pieces = key, slots, pieces
 
     def close(self) -> None:
         """Free the arena (this process's fd and mapping); the next ``stage`` allocates anew."""
@@ -351,6 +396,15 @@ class ArenaView:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def user_values(make: Callable[[], Any], message: str) -> Any:
+    """``make()`` (a copy or pickle of the user's non-tensor values), or ``ConfigError``
+    with ``message``, its ``{error}`` the exception it raised."""
+    try:
+        return make()
+    except Exception as exc:  # noqa: BLE001 - whatever the user's values raise
+        raise ConfigError(message.format(error=f"{type(exc).__name__}: {exc}")) from exc
 
 
 def _strip(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:

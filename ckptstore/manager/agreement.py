@@ -15,36 +15,38 @@ __all__ = ["Agreement"]
 
 
 class Agreement:
-    """``any`` / ``all`` of a flag (``any_of``: of several) and rank 0's ``broadcast``
-    over ``group`` (or none)."""
+    """``any`` / ``all`` of a flag (``any_of``: of several; ``max_of``: the largest of
+    several numbers) and one rank's ``broadcast`` over ``group`` (or none)."""
 
     def __init__(self, group: Any) -> None:
         self.group = group
+        #: This process's rank in ``group`` (0 without one).
+        self.rank = dist.get_rank(group) if group is not None else 0
 
     def any(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on any."""
-        if self.group is None:
-            return flag
-        t = torch.tensor([1 if flag else 0])
-        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return bool(t.item())
+        return self.any_of([flag])[0]
 
     def any_of(self, flags: list[bool]) -> list[bool]:
         """``any`` of each flag, in one collective."""
+        return [bool(v) for v in self.max_of([1 if f else 0 for f in flags])]
+
+    def max_of(self, values: list[int]) -> list[int]:
+        """The largest of each value over the ranks (int64), in one collective."""
         if self.group is None:
-            return list(flags)
-        t = torch.tensor([1 if f else 0 for f in flags])
+            return list(values)
+        t = torch.tensor(values, dtype=torch.int64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=self.group)
-        return [bool(v) for v in t.tolist()]
+        return [int(v) for v in t.tolist()]
 
     def all(self, flag: bool) -> bool:
         """True on every rank if ``flag`` is true on all."""
         return not self.any(not flag)
 
-    def broadcast(self, value: Any) -> Any:
-        """Rank 0's ``value`` (picklable), on every rank."""
+    def broadcast(self, value: Any, src: int = 0) -> Any:
+        """Rank ``src``'s ``value`` (picklable), on every rank."""
         if self.group is None:
             return value
         box = [value]
-        dist.broadcast_object_list(box, group_src=0, group=self.group)
+        dist.broadcast_object_list(box, group_src=src, group=self.group)
         return box[0]

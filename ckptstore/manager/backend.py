@@ -4,14 +4,20 @@ Call order (every rank calls each method in the same order; the manager drives i
 
     backend = make_backend(...)             # CheckpointManager.__init__, once: picks
                                             # ThreadBackend or ProcessBackend
-    restart = backend.needs_restart()       # save(), training thread: this rank's part of
-                                            # the save's agreement (True: its writer must
-                                            # be replaced)
+    prepared = backend.prepare(state)       # save(), training thread, before the save's
+                                            # agreement (a save may be in flight): every
+                                            # check that can refuse ``state`` (its
+                                            # Statefuls already flattened); raises
+                                            # ConfigError, copies nothing
+    error = backend.start_error()           # save(), between saves (none in flight on
+    restart = backend.needs_restart()       # this rank): this rank's part of the save's
+                                            # agreement (an error: it cannot take the save;
+                                            # True: its writer must be replaced)
     backend.ensure_ready(restart)           # save(), training thread, every rank together,
                                             # ``restart`` as agreed (any rank's): ready to
                                             # take a save (never waits for a writer start)
-    staged, nbytes = backend.stage(state)   # save(), training thread: the state copied out
-                                            # (``state``'s Statefuls already flattened)
+    staged, nbytes = backend.stage(prepared)
+                                            # save(), training thread: the state copied out
     warnings = backend.write(step, staged, timings, overwrite)
                                             # the manager's save thread (or inline with
                                             # async_save=False), at most one at a time:
@@ -62,15 +68,23 @@ BACKENDS = ("thread", "process")
 class SaveBackend(Protocol):
     """How saves run once the manager has decided to save; see the module docstring."""
 
+    def prepare(self, state: dict[str, Any]) -> Any:
+        """Check ``state`` for ``stage`` without copying it (ConfigError if it cannot be
+        staged); safe while a save is in flight."""
+
+    def start_error(self) -> BaseException | None:
+        """Why this rank cannot take a save now, else None (only between saves)."""
+
     def needs_restart(self) -> bool:
         """True when what runs the saves must be replaced first (this rank's view)."""
 
     def ensure_ready(self, restart: bool) -> None:
         """Make the backend able to take a save; ``restart``: some rank's
-        ``needs_restart`` said so (every rank calls it with the same value; may raise)."""
+        ``needs_restart`` said so (every rank calls it with the same value)."""
 
-    def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
-        """Copy ``state`` out of training's hands: (the staged state, its tensor bytes)."""
+    def stage(self, prepared: Any) -> tuple[Any, int]:
+        """Copy the state ``prepare`` checked out of training's hands: (the staged state,
+        its tensor bytes)."""
 
     def write(
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
@@ -116,6 +130,14 @@ class ThreadBackend:
             )
         )
 
+    def prepare(self, state: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+        """``state`` and the arena's walk of it (``ArenaStager.prepare``)."""
+        return state, self.arena.prepare(state)
+
+    def start_error(self) -> BaseException | None:
+        """None: the saves run on a thread of this process."""
+        return None
+
     def needs_restart(self) -> bool:
         """Never: the saves run on a thread of this process."""
         return False
@@ -123,10 +145,11 @@ class ThreadBackend:
     def ensure_ready(self, restart: bool) -> None:
         """Nothing to wait for: the manager's gloo group exists."""
 
-    def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
-        """Copy ``state`` into the arena (a ``StagedSave``), or, for sharded tensors without
-        a budget, with DCP's ``DefaultStager`` (synchronous: a dict of copies)."""
-        arena = self.arena.stage(state)
+    def stage(self, prepared: tuple[dict[str, Any], Any]) -> tuple[Any, int]:
+        """Copy the state into the arena (a ``StagedSave``), or, for sharded tensors
+        without a budget, with DCP's ``DefaultStager`` (synchronous: a dict of copies)."""
+        state, walked = prepared
+        arena = self.arena.stage(walked)
         if arena is not None:
             return arena, arena.nbytes
         staged = self.stager.stage(state)  # synchronous: a dict, never a Future
@@ -205,7 +228,8 @@ class ProcessBackend:
     The constructor starts the writer (rank 0 also hosts the writers' rendezvous, whose
     address ``agree`` broadcasts). ``ensure_ready`` replaces a writer that died or whose
     group broke (on every rank, if any rank's ``needs_restart`` said so in the save's
-    agreement) and raises if the writer already said it cannot start. It does not wait for
+    agreement); ``start_error`` is what the writer said if it cannot start, which the
+    save's agreement makes every rank raise. Neither waits for
     a writer still starting: ``write`` does (so the first save's blocking time is the
     copy's), and a start that fails then fails that save like any failed save.
 
@@ -228,20 +252,36 @@ class ProcessBackend:
             self.stager.close()
             raise
 
+    def prepare(self, state: dict[str, Any]) -> Any:
+        """``SharedStager.prepare``: plain dense tensors, picklable non-tensor values and,
+        with a budget, no tensor larger than it; else ConfigError."""
+        return self.stager.prepare(state)
+
+    def start_error(self) -> BaseException | None:
+        """What this rank's writer said when it could not start, if it has (it is then
+        replaced at the next save); None while it starts, once it is ready, or when it
+        must be replaced anyway (``needs_restart``)."""
+        if self.writer.needs_restart():
+            return None
+        try:
+            self.writer.check_started()
+        except Exception as exc:  # noqa: BLE001 - the writer's own error, raised by the manager
+            return exc
+        return None
+
     def needs_restart(self) -> bool:
         """True when this rank's writer died or its group broke."""
         return self.writer.needs_restart()
 
     def ensure_ready(self, restart: bool) -> None:
         """Restart this rank's writer process if any rank's must be (``restart``, agreed
-        across ranks); raise a start failure it has reported already."""
+        across ranks)."""
         if restart:
             self.writer.restart()
-        self.writer.check_started()
 
-    def stage(self, state: dict[str, Any]) -> tuple[Any, int]:
-        """Copy ``state`` (its first piece, with a budget) into the shared-memory arena."""
-        staged = self.stager.stage(state)
+    def stage(self, prepared: Any) -> tuple[Any, int]:
+        """Copy the state (its first piece, with a budget) into the shared-memory arena."""
+        staged = self.stager.stage(prepared)
         return _SharedSave(staged), staged.nbytes
 
     def write(

@@ -29,7 +29,14 @@ At most one save is in flight: a new ``save`` while one is uploading waits for i
 (``on_busy="skip"``). A failed background save is reported at the next
 ``save``/``wait`` (a warning, or the error with ``strict=True``) and by ``close``.
 A save that some rank cannot even check the root for (its link to the store is down)
-fails on every rank, reported at once the same way; training goes on.
+fails on every rank, reported at once the same way; training goes on. A save that some
+rank cannot take at all (in process mode a tensor larger than ``max_staging_bytes`` or a
+value that cannot be pickled; a non-tensor value that cannot be copied; a ``Stateful``
+whose ``state_dict()`` raises; a writer process that could not start; with
+``strict=True``, the previous save's failure) raises from ``save`` on every rank at once,
+found before the save's one agreement and carried by it: that rank's own error there, the
+same error naming the rank on the others. Nothing is staged or written, and the next
+save is not affected.
 
 ``max_staging_bytes`` bounds the host memory saves stage into (default: no bound, a copy
 of the whole state). With the thread backend a state larger than it is saved in two
@@ -40,7 +47,7 @@ of at most the budget, one at a time: the writer process writes each piece befor
 next is copied over it, and ``save`` returns once the last piece is copied. Either way
 blocking time grows by about the write time of the part beyond the budget, and staging
 never takes more memory. In process mode every tensor must fit the budget (a larger one
-is a ``ConfigError`` from ``save``).
+is a ``ConfigError`` from ``save``, on every rank).
 
 Saves run on the backend ``background`` picks once, in the constructor
 (``ckptstore.manager.backend``): both end in the same ``save_step``.
@@ -70,6 +77,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
+from ckptstore import errors
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.writer import shard_prefix
@@ -209,17 +217,21 @@ class CheckpointManager:
     # -- saving --------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> bool:
         """Start saving ``state`` as ``step``; False if skipped. See the module docstring."""
-        self._report_failures()
         start = time.perf_counter()
         record = SaveRecord(step)
         busy = self._inflight is not None and not self._inflight.done()
+        # Whatever can refuse the state (a Stateful's state_dict() raising; in process mode
+        # a tensor larger than the staging budget, a value that cannot be pickled) is
+        # found before any collective and rides on the save's agreement, so that every
+        # rank raises at once instead of the others entering the save's collectives alone.
+        prepared, refusal = self._prepare(state)
         # One agreement in the steady case: is any rank busy, could any rank not check the
         # root (its link is down: then no rank saves), must the step be replaced, is it
-        # missing anywhere. A save that was in flight may commit this very step, so
-        # after waiting for one the step is looked at again.
-        # The same agreement says whether any rank's writer process must be replaced.
-        flags, unreachable = self._step_flags(step, busy)
-        any_busy, unchecked, overwrite, missing, restart = self._agree.any_of([busy, *flags])
+        # missing anywhere, must any rank's writer process be replaced, and which rank (if
+        # any) cannot take part at all. A save that was in flight may commit this very
+        # step, so after waiting for one the step is looked at again.
+        agreed, unreachable = self._agree_on(step, busy, refusal)
+        any_busy, unchecked, overwrite, missing, restart = agreed
         if any_busy:
             if self.on_busy == "skip":
                 record.status = SaveStatus.SKIPPED
@@ -227,8 +239,8 @@ class CheckpointManager:
                 log.info("skipping the save of step %d: the previous one is still uploading", step)
                 return False
             self._wait_inflight()
-            flags, unreachable = self._step_flags(step)
-            unchecked, overwrite, missing, restart = self._agree.any_of(flags)
+            agreed, unreachable = self._agree_on(step, False, None)
+            _, unchecked, overwrite, missing, restart = agreed
         record.waited_s = time.perf_counter() - start
         if unchecked:
             self._fail_unchecked(record, start, unreachable)
@@ -240,8 +252,7 @@ class CheckpointManager:
             return False
         self._backend.ensure_ready(restart)
         t = time.perf_counter()
-        flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
-        staged, record.bytes = self._backend.stage(flat)
+        staged, record.bytes = self._backend.stage(prepared)
         record.staging_s = time.perf_counter() - t
         record.blocking_s = time.perf_counter() - start
         record.status = SaveStatus.WRITING
@@ -256,6 +267,58 @@ class CheckpointManager:
             self._write(record, staged, start, overwrite)
             self._report_failures()
         return True
+
+    def _prepare(self, state: dict[str, Any]) -> tuple[Any, BaseException | None]:
+        """``state`` flattened and checked by the backend (copying nothing), or the error
+        that refuses it on this rank."""
+        try:
+            flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+            return self._backend.prepare(flat), None
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by _agree_on
+            return None, exc
+
+    def _agree_on(
+        self, step: int, busy: bool, refusal: BaseException | None
+    ) -> tuple[list[bool], CkptStoreError | None]:
+        """The save's one collective: [any rank busy, the root unchecked somewhere,
+        ``step`` to be replaced, ``step`` missing somewhere, a writer to be restarted],
+        and this rank's error checking the root. A rank that cannot take part (its
+        ``refusal``, a previous save's failure that ``strict`` raises now, or a writer
+        that could not start) makes every rank raise here: that rank its own error, the
+        others the same error naming it."""
+        own = self._take_failure() or refusal
+        if own is None and not busy:
+            own = self._backend.start_error()
+        flags, unreachable = self._step_flags(step, busy)
+        values = [int(busy), *(int(f) for f in flags), self._agree.rank + 1 if own else 0]
+        *agreed, refused = self._agree.max_of(values)
+        if refused:
+            self._refuse(step, own, refused - 1)
+        return [bool(v) for v in agreed], unreachable
+
+    def _take_failure(self) -> BaseException | None:
+        """A previous save's failure: warned about now (None), or with ``strict`` returned
+        to be raised (on every rank, by ``_agree_on``)."""
+        if not self.strict:
+            self._report_failures(stacklevel=5)  # save -> _agree_on -> here
+            return None
+        failures, self._unreported = self._unreported, []
+        return failures[0] if failures else None
+
+    def _refuse(self, step: int, own: BaseException | None, src: int) -> None:
+        """Raise on every rank (a collective: rank ``src`` says why it cannot take the
+        save of ``step``); nothing was staged or written."""
+        why = self._agree.broadcast(_describe(own) if self._agree.rank == src else None, src)
+        note = f"the save of step {step} was not started on any rank"
+        if own is not None:
+            if hasattr(own, "add_note"):  # Python >= 3.11
+                own.add_note(note)
+            raise own
+        name, message = why
+        cls = getattr(errors, name, None)
+        if not (isinstance(cls, type) and issubclass(cls, CkptStoreError)):
+            cls, message = CkptStoreError, f"{name}: {message}"
+        raise cls(f"{message} (rank {src}); {note}")
 
     def _step_flags(
         self, step: int, busy: bool = False
@@ -341,16 +404,18 @@ class CheckpointManager:
         self._inflight = None
         return True
 
-    def _report_failures(self) -> None:
-        errors, self._unreported = self._unreported, []
-        for exc in errors:
+    def _report_failures(self, stacklevel: int = 3) -> None:
+        """Warn about (``strict``: raise the first of) the failures not reported yet;
+        ``stacklevel`` 3 names the caller of the public method that called this."""
+        failures, self._unreported = self._unreported, []
+        for exc in failures:
             if self.strict:
                 raise exc
             warnings.warn(
                 f"a background checkpoint save failed: {exc}; training goes on and the "
                 "previous checkpoint stays the newest",
                 RuntimeWarning,
-                stacklevel=3,
+                stacklevel=stacklevel,
             )
 
     def wait(self) -> None:
@@ -497,3 +562,8 @@ class CheckpointManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _describe(exc: BaseException | None) -> tuple[str, str]:
+    """(class name, message) of ``exc``, for the ranks that raise it after its own."""
+    return (type(exc).__name__, str(exc)) if exc is not None else ("CkptStoreError", "")

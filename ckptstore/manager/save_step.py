@@ -53,6 +53,7 @@ def save_step(
     is_live: Callable[[torch.Tensor], bool] | None = None,
     release: Callable[[], float] | None = None,
     pieces: Pieces | None = None,
+    refusal: BaseException | None = None,
 ) -> list[str]:
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
     on every rank of ``process_group``; the post-commit warnings.
@@ -63,8 +64,11 @@ def save_step(
     live tensors are written first and ``release`` is called once they are durable
     (``ckptstore.manager.live_first``). With ``pieces`` (a writer process's state staged
     in shared memory one piece at a time: a staging budget) the files are written piece
-    by piece, each fetched first (``ckptstore.manager.piecewise``). Raises the first
-    rank's ckptstore error; nothing is committed then.
+    by piece, each fetched first (``ckptstore.manager.piecewise``). ``refusal``: this
+    rank could not get its state ready (a writer process that cannot rebuild it); it is
+    raised inside DCP's planning step, which every rank enters, so that every rank fails
+    with it at once instead of the others waiting for this one in DCP's collectives.
+    Raises the first rank's ckptstore error; nothing is committed then.
     """
     url = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
     common: dict[str, Any] = dict(
@@ -78,7 +82,9 @@ def save_step(
     if staging_dir:
         common["staging_dir"] = staging_dir
     writer: CkptWriter
-    if is_live is not None:
+    if refusal is not None:
+        state, writer = {}, _Refusing(url, refusal, **common)
+    elif is_live is not None:
         assert release is not None, "is_live needs release"
         writer = live_first_writer(
             bool(staging_dir), url, is_live=is_live, release=release, **common
@@ -94,3 +100,16 @@ def save_step(
         except CheckpointException as exc:
             raise dcp.unwrap_checkpoint_exception(exc) from exc
     return notes
+
+
+class _Refusing(CkptWriter):
+    """A writer whose rank cannot take part: raises ``refusal`` in DCP's planning step
+    (each rank's errors there reach every rank) before anything is written."""
+
+    def __init__(self, url: Store, refusal: BaseException, **kwargs: Any) -> None:
+        super().__init__(url, **kwargs)
+        self.refusal = refusal
+
+    def set_up_storage_writer(self, is_coordinator: bool, *args: Any, **kwargs: Any) -> None:
+        """Raise the refusal."""
+        raise self.refusal

@@ -4,7 +4,11 @@ Call order (the manager's one-save-in-flight rule: nobody reads the arena while 
 writes it)::
 
     stager = ArenaStager(budget=None, pin=torch.cuda.is_available())
-    staged = stager.stage(state)     # training thread: every tensor that fits the budget
+    prepared = stager.prepare(state) # training thread, optional: the state's walk and the
+                                     # deep copy of its non-tensor values (what can fail:
+                                     # ConfigError); the arena is not touched
+    staged = stager.stage(prepared)  # training thread (or ``stage(state)``): every tensor
+                                     # that fits the budget
                                      # copied into the arena, the rest of the state
                                      # deep-copied; a StagedSave, or None when the state
                                      # holds non-plain tensors and there is no budget (the
@@ -42,10 +46,10 @@ from typing import Any
 
 import torch
 
-from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole
+from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole, user_values
 from ckptstore.errors import ConfigError
 
-__all__ = ["ArenaStager", "HostArena", "StagedSave", "check_budget"]
+__all__ = ["ArenaStager", "HostArena", "Prepared", "StagedSave", "check_budget"]
 
 
 def check_budget(value: object) -> int | None:
@@ -58,6 +62,16 @@ def check_budget(value: object) -> int | None:
             f"not {value!r}"
         )
     return value
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A state walked by ``ArenaStager.prepare``: its non-tensor values deep-copied (holes
+    where the tensors go, filled once by ``stage``), its tensors and which are plain."""
+
+    skeleton: Any
+    tensors: list[torch.Tensor]
+    plain: list[bool]
 
 
 @dataclass
@@ -163,17 +177,34 @@ class ArenaStager:
         self._slots: list[Slot | None] = []  # per tensor: its slot, or None (live)
         self._views: list[torch.Tensor | None] = []
 
+    def prepare(self, state: dict[str, Any]) -> Prepared:
+        """Walk ``state`` and deep-copy what is not a tensor (``stage`` takes the result);
+        the arena is not touched, so a save may still be writing from it.
+
+        Raises:
+            ConfigError: a non-tensor value of ``state`` cannot be deep-copied.
+        """
+        tensors: list[torch.Tensor] = []
+        plain: list[bool] = []
+        skeleton = _strip(state, tensors, plain)
+        copied = user_values(
+            lambda: copy.deepcopy(skeleton),
+            "a save copies the state's non-tensor values, and one of them cannot be copied "
+            "({error}); make it copyable (or a tensor, or keep it out of the saved state)",
+        )
+        return Prepared(copied, tensors, plain)
+
     @torch.no_grad()
-    def stage(self, state: dict[str, Any]) -> StagedSave | None:
-        """Copy ``state`` out of training's hands as far as the budget allows.
+    def stage(self, state: dict[str, Any] | Prepared) -> StagedSave | None:
+        """Copy ``state`` (or what ``prepare`` made of it) out of training's hands as far
+        as the budget allows.
 
         Returns None (nothing copied) when ``state`` holds a tensor that is not plain and
         dense and there is no budget: the caller stages it another way. Returns once every
         copy is done (CUDA copies included).
         """
-        tensors: list[torch.Tensor] = []
-        plain: list[bool] = []
-        skeleton = _strip(state, tensors, plain)
+        prepared = state if isinstance(state, Prepared) else self.prepare(state)
+        tensors, plain = prepared.tensors, prepared.plain
         if self.budget is None and not all(plain):
             return None
         key = tuple((t.dtype, tuple(t.shape), ok) for t, ok in zip(tensors, plain, strict=True))
@@ -193,7 +224,7 @@ class ArenaStager:
             view if view is not None else src
             for view, src in zip(self._views, tensors, strict=True)
         ]
-        staged_state = _fill(copy.deepcopy(skeleton), lambda i: items[i])
+        staged_state = _fill(prepared.skeleton, lambda i: items[i])
         total = sum(_nbytes(t) for t in tensors)
         live = sum(_nbytes(t) for t, v in zip(tensors, self._views, strict=True) if v is None)
         lo, hi = (self.arena.lo, self.arena.hi) if self.arena is not None else (0, 0)

@@ -13,6 +13,8 @@ again; ``pid`` is the training process's). Its life, in the order of
     loop: job = recv()           # None, or the socket closing: exit
           map the arena if its fd came with the job (once per arena)
           state = job.staged.rebuild(arena)        # the tensors over the shared bytes
+                                                   # (if that fails, save_step fails the
+                                                   # save on every rank at once)
           save_step(state, ...)                    # the thread mode's serialise / upload /
                                                    # commit path, on the writers' group;
                                                    # a state staged in pieces asks for each
@@ -143,8 +145,16 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
         t = time.perf_counter()
         try:
             assert view is not None, "no staging arena was sent"
-            state = job.staged.rebuild(view)
-            pieces = Pieces(view, _fetcher(sock, job.step)) if job.staged.pieces > 1 else None
+            refusal: BaseException | None = None
+            try:
+                state = job.staged.rebuild(view)
+            except Exception as exc:  # noqa: BLE001 - failed on every rank by save_step
+                state, refusal = {}, exc
+            pieces = (
+                Pieces(view, _fetcher(sock, job.step))
+                if job.staged.pieces > 1 and refusal is None
+                else None
+            )
             notes = save_step(
                 state,
                 root,
@@ -156,6 +166,7 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
                 timings=job.timings,
                 overwrite=job.overwrite,
                 pieces=pieces,
+                refusal=refusal,
             )
             outcome = Outcome(
                 job.step,
