@@ -111,20 +111,13 @@ class S3Store(Store):
         #: part may be sent from several buffers (``put_part_pieces``).
         self.capabilities = Capabilities(max_parts=10_000, min_part_size=5 * MiB, gather_parts=True)
         self.checksum = checksum
-        self.fs = (
-            fs
-            if fs is not None
-            else make_s3fs(self.storage_options, self.retry, sign_payload=checksum == "none")
-        )
         client_kwargs = self.storage_options.get("client_kwargs") or {}
         self.endpoint = str(
             self.storage_options.get("endpoint_url")
             or client_kwargs.get("endpoint_url")
             or "AWS S3"
         )
-        self.client = S3Client(
-            self.fs, bucket, self.endpoint, self.retry.request_timeout_s, checksum
-        )
+        self._connect(fs)
         self._shared = _shared or _Shared(conditional_create)
 
     def __getstate__(self) -> dict[str, Any]:
@@ -137,7 +130,15 @@ class S3Store(Store):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self.fs = make_s3fs(self.storage_options, self.retry, sign_payload=self.checksum == "none")
+        self._connect(None)
+
+    def _connect(self, fs: Any) -> None:
+        """Set ``fs`` (or a new one for these settings) and the bucket's client over it."""
+        self.fs = (
+            fs
+            if fs is not None
+            else make_s3fs(self.storage_options, self.retry, sign_payload=self.checksum == "none")
+        )
         self.client = S3Client(
             self.fs, self.bucket, self.endpoint, self.retry.request_timeout_s, self.checksum
         )
