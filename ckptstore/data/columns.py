@@ -71,16 +71,12 @@ class _ArrayColumn:
             leaf = leaf.flatten()
         if leaf.null_count:
             raise _HasNulls
-        self.values = np.array(leaf.to_numpy(zero_copy_only=False))  # owns its memory
+        self.values = _numpy(leaf).copy()  # owns its memory
         if pat.is_fixed_size_list(col.type):
             lengths = np.full(len(col), col.type.list_size, dtype=np.int64)
         else:
-            lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
-        valid = (
-            np.ones(len(col), dtype=bool)
-            if not col.null_count
-            else np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        )
+            lengths = np.diff(_numpy(col.offsets))  # the slice's own offsets, len + 1
+        valid = np.ones(len(col), dtype=bool) if not col.null_count else _valid(col)
         self.per = int(np.prod(inner, dtype=np.int64)) if inner else 1
         self.lengths = np.where(valid, lengths, 0).astype(np.int64)
         self.starts = np.concatenate(([0], np.cumsum(self.lengths * self.per)[:-1])).astype(
@@ -98,6 +94,50 @@ class _ArrayColumn:
 
 class _HasNulls(Exception):
     """An array column whose items hold nulls: it stays Python lists."""
+
+
+# pyarrow's own ``to_numpy`` (and ``np.asarray`` of an array) goes through its pandas
+# conversion layer, which imports pandas whenever it is installed: 1.3-1.8 s in every
+# fresh DataLoader worker's first batch on a loaded 2-core machine (bench_data_setup.py,
+# -X importtime), for arrays that are one buffer NumPy can view. So the buffers are read
+# here directly, for exactly the types an array column has (array_shape): numbers and
+# booleans without nulls, and list offsets.
+
+
+def _numpy(arr: Any) -> np.ndarray:
+    """A read-only NumPy view of a null-free numeric or boolean pyarrow Array (booleans:
+    a new array, Arrow packs them into bits)."""
+    import pyarrow.types as pat
+
+    n, off = len(arr), arr.offset
+    data = arr.buffers()[1]
+    if pat.is_boolean(arr.type):
+        return _bits(data, off, n)
+    dtype = np.dtype(_DTYPES[str(arr.type)])
+    if data is None or n == 0:
+        return np.empty(0, dtype)
+    return np.frombuffer(data, dtype, count=n, offset=off * dtype.itemsize)
+
+
+def _bits(buf: Any, off: int, n: int) -> np.ndarray:
+    if buf is None or n == 0:
+        return np.zeros(n, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")
+    return bits[off : off + n].astype(bool)
+
+
+def _valid(col: Any) -> np.ndarray:
+    """Which rows of ``col`` are not null (its validity bitmap)."""
+    return _bits(col.buffers()[0], col.offset, len(col))
+
+
+_DTYPES = {
+    **{f"int{b}": f"<i{b // 8}" for b in (8, 16, 32, 64)},
+    **{f"uint{b}": f"<u{b // 8}" for b in (8, 16, 32, 64)},
+    "halffloat": "<f2",
+    "float": "<f4",
+    "double": "<f8",
+}
 
 
 class DecodedGroup:
