@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -146,6 +147,7 @@ def main() -> None:
                     runs[name].append(row)
         finally:
             link.stop()
+            shutil.rmtree(work, ignore_errors=True)
     after = os.getloadavg()
     print(f"load average before {before}, after {after}")
     print(f"seconds, median (min–max) of {args.repeat} fresh processes per checkout")
