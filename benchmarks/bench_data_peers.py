@@ -409,6 +409,7 @@ def main(argv: list[str] | None = None) -> int:
         for k, v in data.items()
     }
     if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(report, f, indent=1)
     print(table(report))

@@ -148,6 +148,17 @@ class Mosaic(Contender):
             batch_size=self.batch,
             num_canonical_nodes=1,  # one node; keeps the order across world sizes
         )
+        # Local rank 0 downloaded index.json just now with a boto3 client that its stream
+        # keeps (``Stream._downloader``), and the DataLoader workers forked next inherit
+        # it, pooled keep-alive socket and all: two workers then send their GETs on one
+        # TCP connection and read each other's responses. That was the "buffer size must
+        # be a multiple of element size" of earlier runs: a cached shard held another
+        # GET's "HTTP/1.1 206 Partial Content" header and lacked 8 KiB of its own bytes
+        # (the MDS column encoding is as Mosaic documents it). Dropping the rank's client
+        # before the fork (the downloader's own clean_up, which Mosaic calls between
+        # retries) makes each worker build its own, as it does in every other rank.
+        for stream in ds.streams:
+            stream._downloader.clean_up()
         dl = StreamingDataLoader(
             ds, batch_size=self.batch, num_workers=self.workers, collate_fn=_collate
         )

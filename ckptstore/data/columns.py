@@ -64,28 +64,26 @@ class _ArrayColumn:
 
         if isinstance(col, pa.ChunkedArray):
             col = col.combine_chunks()
-        leaf = col.flatten()  # one level down, honouring the slice; null rows add nothing
-        for _ in inner:
-            if leaf.null_count:
-                raise _HasNulls
-            leaf = leaf.flatten()
-        if leaf.null_count:
-            raise _HasNulls
-        self.values = np.array(leaf.to_numpy(zero_copy_only=False))  # owns its memory
+        n = len(col)
+        # Where each row's items start and end in the flat leaf values, level by level
+        # (``flatten`` would do it but imports pyarrow.compute: 0.27 s in each worker).
         if pat.is_fixed_size_list(col.type):
-            lengths = np.full(len(col), col.type.list_size, dtype=np.int64)
+            offs = (col.offset + np.arange(n + 1, dtype=np.int64)) * col.type.list_size
         else:
-            lengths = col.value_lengths().fill_null(0).to_numpy(zero_copy_only=False)
-        valid = (
-            np.ones(len(col), dtype=bool)
-            if not col.null_count
-            else np.asarray(col.is_valid().to_numpy(zero_copy_only=False), dtype=bool)
-        )
+            offs = _numpy(col.offsets).astype(np.int64)  # the slice's own, n + 1 of them
+        child = col.values  # the whole child: offsets index it, not the slice
+        for size in inner:  # a fixed-size list level: item j is values[(offset + j) * size:]
+            if _nulls(child, offs):
+                raise _HasNulls
+            offs = (child.offset + offs) * size
+            child = child.values
+        if _nulls(child, offs):
+            raise _HasNulls
+        self.values = _numpy(child)[offs[0] : offs[-1]].copy()  # owns its memory
+        valid = np.ones(n, dtype=bool) if not col.null_count else _valid(col)
         self.per = int(np.prod(inner, dtype=np.int64)) if inner else 1
-        self.lengths = np.where(valid, lengths, 0).astype(np.int64)
-        self.starts = np.concatenate(([0], np.cumsum(self.lengths * self.per)[:-1])).astype(
-            np.int64
-        )
+        self.lengths = np.where(valid, np.diff(offs) // self.per, 0).astype(np.int64)
+        self.starts = (offs[:-1] - offs[0]).astype(np.int64)
         self.valid = valid
         self.inner = inner
 
@@ -98,6 +96,56 @@ class _ArrayColumn:
 
 class _HasNulls(Exception):
     """An array column whose items hold nulls: it stays Python lists."""
+
+
+# pyarrow's own ``to_numpy`` (and ``np.asarray`` of an array) goes through its pandas
+# conversion layer, which imports pandas whenever it is installed: 1.3-1.8 s in every
+# fresh DataLoader worker's first batch on a loaded 2-core machine (bench_data_setup.py,
+# -X importtime), for arrays that are one buffer NumPy can view. So the buffers are read
+# here directly, for exactly the types an array column has (array_shape): numbers and
+# booleans without nulls, and list offsets.
+
+
+def _numpy(arr: Any) -> np.ndarray:
+    """A read-only NumPy view of a null-free numeric or boolean pyarrow Array (booleans:
+    a new array, Arrow packs them into bits)."""
+    import pyarrow.types as pat
+
+    n, off = len(arr), arr.offset
+    data = arr.buffers()[1]
+    if pat.is_boolean(arr.type):
+        return _bits(data, off, n)
+    dtype = np.dtype(_DTYPES[str(arr.type)])
+    if data is None or n == 0:
+        return np.empty(0, dtype)
+    return np.frombuffer(data, dtype, count=n, offset=off * dtype.itemsize)
+
+
+def _bits(buf: Any, off: int, n: int) -> np.ndarray:
+    if buf is None or n == 0:
+        return np.zeros(n, dtype=bool)
+    bits = np.unpackbits(np.frombuffer(buf, np.uint8), bitorder="little")
+    return bits[off : off + n].astype(bool)
+
+
+def _nulls(arr: Any, offs: np.ndarray) -> int:
+    """Nulls among ``arr``'s items ``offs[0]:offs[-1]`` (those the rows use)."""
+    lo, hi = int(offs[0]), int(offs[-1])
+    return int(arr.slice(lo, hi - lo).null_count) if arr.null_count else 0
+
+
+def _valid(col: Any) -> np.ndarray:
+    """Which rows of ``col`` are not null (its validity bitmap)."""
+    return _bits(col.buffers()[0], col.offset, len(col))
+
+
+_DTYPES = {
+    **{f"int{b}": f"<i{b // 8}" for b in (8, 16, 32, 64)},
+    **{f"uint{b}": f"<u{b // 8}" for b in (8, 16, 32, 64)},
+    "halffloat": "<f2",
+    "float": "<f4",
+    "double": "<f8",
+}
 
 
 class DecodedGroup:

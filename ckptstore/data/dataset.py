@@ -257,6 +257,8 @@ class ShardedDataset:
         if world > 1:
             import torch.distributed as dist
 
+            if rank != 0 and fmt != "raw":
+                preload("parquet")  # pyarrow: imported while rank 0 lists, not after
             dist.broadcast_object_list(result, src=0)
         if isinstance(result[0], BaseException):
             raise result[0]

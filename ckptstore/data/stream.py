@@ -108,7 +108,7 @@ class DataOrder:
             raise DataOrderError("cursors must be >= 0")
         epochs, pos = np.divmod(ks, self.num_samples)
         out = np.empty_like(ks)
-        for e in np.unique(epochs).tolist():
+        for e in sorted(set(epochs.tolist())):  # np.unique imports numpy.ma (0.1 s a worker)
             mask = epochs == e
             out[mask] = self.permutation(e)[pos[mask]]
         return out
