@@ -13,6 +13,9 @@ Call order (every rank calls each method in the same order; the manager drives i
     restart = backend.needs_restart()       # this rank): this rank's part of the save's
                                             # agreement (an error: it cannot take the save;
                                             # True: its writer must be replaced)
+    backend.reserve(prepared)               # save(), between saves, before the agreement
+                                            # it joins: the staging memory ``prepared``
+                                            # needs, allocated (StagingMemoryError)
     backend.ensure_ready(restart)           # save(), training thread, every rank together,
                                             # ``restart`` as agreed (any rank's): ready to
                                             # take a save (never waits for a writer start)
@@ -78,6 +81,10 @@ class SaveBackend(Protocol):
     def needs_restart(self) -> bool:
         """True when what runs the saves must be replaced first (this rank's view)."""
 
+    def reserve(self, prepared: Any) -> None:
+        """Allocate the staging memory ``prepare``'s result needs (StagingMemoryError if it
+        cannot be had); only between saves (none in flight on this rank)."""
+
     def ensure_ready(self, restart: bool) -> None:
         """Make the backend able to take a save; ``restart``: some rank's
         ``needs_restart`` said so (every rank calls it with the same value)."""
@@ -141,6 +148,10 @@ class ThreadBackend:
     def needs_restart(self) -> bool:
         """Never: the saves run on a thread of this process."""
         return False
+
+    def reserve(self, prepared: tuple[dict[str, Any], Any]) -> None:
+        """``ArenaStager.reserve`` (nothing for a state ``DefaultStager`` stages)."""
+        self.arena.reserve(prepared[1])
 
     def ensure_ready(self, restart: bool) -> None:
         """Nothing to wait for: the manager's gloo group exists."""
@@ -272,6 +283,10 @@ class ProcessBackend:
     def needs_restart(self) -> bool:
         """True when this rank's writer died or its group broke."""
         return self.writer.needs_restart()
+
+    def reserve(self, prepared: Any) -> None:
+        """``SharedStager.reserve``: the shared-memory arena laid out and allocated."""
+        self.stager.reserve(prepared)
 
     def ensure_ready(self, restart: bool) -> None:
         """Restart this rank's writer process if any rank's must be (``restart``, agreed

@@ -1,14 +1,16 @@
 """A save that one rank cannot take raises on every rank at once (issue 17's trust gap).
 
 Before, a rank that could not stage its state (in process mode a tensor larger than
-``max_staging_bytes``) raised from ``save`` alone, and the other ranks went on into the
-save's collectives and hung there until the group timeout. Now whatever can refuse a
-state is found before the save's one agreement and carried by it; what only a writer
-process can find (a value it cannot unpickle) fails inside DCP's planning step, which
-every rank enters. Real gloo groups: only rank 1 holds the state that cannot be saved.
+``max_staging_bytes``; a staging arena it could not allocate) raised from ``save`` alone,
+and the other ranks went on into the save's collectives and hung there until the group
+timeout. Now whatever can refuse a state is found before the save's one agreement and
+carried by it (the arena is allocated before it); what only a writer process can find (a
+value it cannot unpickle) fails inside DCP's planning step, which every rank enters. Real
+gloo groups: only rank 1 holds the state that cannot be saved.
 """
 
 import os
+import resource
 import sys
 import threading
 import types
@@ -19,7 +21,7 @@ import torch
 from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.engine.catalog import step_name
 from ckptstore.engine.manifest import MARKER_NAME
-from ckptstore.errors import ConfigError
+from ckptstore.errors import ConfigError, StagingMemoryError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.staging import ArenaStager
 from harness.dist import run_distributed
@@ -152,6 +154,63 @@ def test_a_stateful_that_raises_on_one_rank_fails_the_save_on_every_rank(tmp_pat
         assert r["after"] == [] and r["saved"] is True and r["steps"] == [2]
 
 
+def _address_space() -> int:
+    """This process's virtual memory size in bytes (VmSize)."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * KIB
+    raise AssertionError("no VmSize in /proc/self/status")
+
+
+def _arena_refusal(rank: int, world: int, root: str, background: str) -> dict:
+    """Rank 1's address space is capped (RLIMIT_AS, a real kernel limit) below what the
+    bigger state's arena needs; the mmap that allocates it fails there alone."""
+    out: dict = {}
+    with CheckpointManager(root, background=background) as mgr:
+        small = {"w": torch.arange(256.0)}
+        assert mgr.save(1, small)
+        mgr.wait()
+        big = {"w": torch.arange(256.0), "big": torch.full((16 * KIB * KIB,), 3.0)}
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if rank == 1:  # 64 MiB of arena wanted, 32 MiB of address space left
+            resource.setrlimit(resource.RLIMIT_AS, (_address_space() + 32 * KIB * KIB, hard))
+        try:
+            out["refused"] = _outcome(lambda: mgr.save(2, big))
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        out["marker_2"] = os.path.exists(os.path.join(root, step_name(2), MARKER_NAME))
+        out["after"] = _steps_on_disk(root)
+        assert mgr.save(3, big)  # the limit lifted: the same state saves
+        mgr.wait()
+        back = {k: torch.zeros_like(v) for k, v in big.items()}
+        out["restored"] = mgr.restore(back)
+        out["bitwise"] = all(torch.equal(back[k], big[k]) for k in big)
+        out["steps"] = mgr.steps()
+        out["statuses"] = [r.status for r in mgr.records]
+    return out
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("background", ["thread", pytest.param("process", marks=pytest.mark.slow)])
+def test_an_arena_one_rank_cannot_allocate_fails_the_save_on_every_rank(
+    tmp_path, background
+) -> None:
+    root = str(tmp_path / "root")
+    results = run_distributed(_arena_refusal, 2, root, background, timeout=240)
+    for rank, r in enumerate(results):
+        name, message = r["refused"]
+        assert name == "StagingMemoryError", (rank, r["refused"])
+        assert "could not allocate 67109888 bytes of host memory" in message, (rank, message)
+        assert "max_staging_bytes" in message, (rank, message)  # what to do
+        assert "the save of step 2 was not started on any rank" in message, (rank, message)
+        if rank == 0:
+            assert "(rank 1)" in message, message
+        assert r["marker_2"] is False and r["after"] == [step_name(1)]  # nothing of step 2
+        assert r["restored"] == 3 and r["bitwise"] and r["steps"] == [1, 3]
+        assert r["statuses"] == ["committed", "committed"]
+
+
 # -- the checks themselves, one process ------------------------------------------------
 def test_prepare_refuses_without_touching_the_arena() -> None:
     """A refused state leaves the stager as it was (a save may be reading the arena)."""
@@ -176,6 +235,30 @@ def test_the_thread_stager_refuses_a_value_it_cannot_copy() -> None:
         stager.prepare({"w": torch.ones(8), "gen": (i for i in range(3))})
     assert stager.arena is None  # nothing was allocated
     stager.close()
+
+
+@pytest.mark.parametrize("stager_cls", [ArenaStager, SharedStager])
+def test_a_failed_arena_allocation_leaves_a_stager_that_allocates_next_time(
+    stager_cls,
+) -> None:
+    """The old arena is freed before the larger one is made; when that fails the stager
+    holds none and lays out again at the next call (nothing half set up)."""
+    stager = stager_cls()
+    try:
+        stager.stage({"w": torch.ones(1024)})
+        big = {"w": torch.ones(1024), "big": torch.ones(16 * KIB * KIB)}
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + 32 * KIB * KIB, hard))
+        try:
+            with pytest.raises(StagingMemoryError, match="could not allocate 671129.. bytes"):
+                stager.reserve(stager.prepare(big))
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        assert stager.arena is None and stager.allocations == 1
+        stager.stage(stager.prepare(big))
+        assert stager.allocations == 2 and stager.arena is not None
+    finally:
+        stager.close()
 
 
 def test_one_process_raises_the_refusal_itself(tmp_path) -> None:
