@@ -36,11 +36,13 @@ Call order (every rank calls each method in the same order; the manager drives i
 ``max_staging_bytes``; DCP's ``DefaultStager`` for a state of sharded tensors without a
 budget) and calls ``save_step`` on a thread of the training process, over the manager's
 checkpoint gloo group. A state larger than the budget leaves part of its tensors live
-(not copied): ``save_step`` writes them first and ``wait_staged`` waits for that. ``ProcessBackend``
-copies into a shared-memory arena (``SharedStager``) and has this rank's writer process
-(``BackgroundWriter``) call the same ``save_step`` on the writers' own gloo group. With a
-budget that arena holds one piece of the state at a time: the writer writes piece by
-piece, asking for each, and ``wait_staged`` waits until the last one is copied.
+(not copied): ``save_step`` writes them first and ``wait_staged`` waits for that. A
+``DefaultStager`` copy that cannot be allocated fails the save inside DCP, on every rank.
+``ProcessBackend`` copies into a shared-memory arena (``SharedStager``) and has this
+rank's writer process (``BackgroundWriter``) call the same ``save_step`` on the writers'
+own gloo group. With a budget that arena holds one piece of the state at a time: the
+writer writes piece by piece, asking for each, and ``wait_staged`` waits until the last
+one is copied.
 """
 
 from __future__ import annotations
@@ -52,9 +54,10 @@ from typing import Any, Protocol
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from ckptstore.dcp.shared_staging import SharedStager, StagedState
+from ckptstore.dcp.shared_staging import SharedStager, StagedState, allocated
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import StagingMemoryError
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.records import tensor_bytes
 from ckptstore.manager.save_step import save_step
@@ -163,8 +166,14 @@ class ThreadBackend:
         arena = self.arena.stage(walked)
         if arena is not None:
             return arena, arena.nbytes
-        staged = self.stager.stage(state)  # synchronous: a dict, never a Future
-        assert isinstance(staged, dict)
+        # DefaultStager allocates its copies at every save, after the save's agreement, so
+        # a failure cannot join that: the save carries it into DCP's planning step instead,
+        # which every rank enters (``save_step``'s refusal), failing there on every rank.
+        try:
+            staged = allocated(tensor_bytes(state), lambda: self.stager.stage(state))
+        except StagingMemoryError as exc:
+            return _Refused(exc), 0
+        assert isinstance(staged, dict)  # synchronous: a dict, never a Future
         return staged, tensor_bytes(staged)
 
     def wait_staged(self, staged: Any) -> float:
@@ -176,9 +185,10 @@ class ThreadBackend:
     ) -> list[str]:
         """Run ``save_step`` on this thread, over the manager's checkpoint group."""
         live = isinstance(staged, StagedSave) and staged.has_live
+        refused = isinstance(staged, _Refused)
         try:
             return save_step(
-                staged.state if isinstance(staged, StagedSave) else staged,
+                {} if refused else staged.state if isinstance(staged, StagedSave) else staged,
                 self.root,
                 step,
                 staging_dir=self.staging_dir,
@@ -190,6 +200,7 @@ class ThreadBackend:
                 overwrite=overwrite,
                 is_live=staged.is_live if live else None,
                 release=staged.release if live else None,
+                refusal=staged.error if refused else None,
             )
         finally:
             if isinstance(staged, StagedSave):
@@ -199,6 +210,13 @@ class ThreadBackend:
         """Free the stagers' buffers."""
         self.arena.close()
         self.stager.close()
+
+
+class _Refused:
+    """A save ``ThreadBackend.stage`` could not copy: ``write`` fails it on every rank."""
+
+    def __init__(self, error: StagingMemoryError) -> None:
+        self.error = error
 
 
 class _SharedSave:

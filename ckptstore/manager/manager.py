@@ -37,7 +37,10 @@ its staging arena that it cannot allocate, ``StagingMemoryError``; with
 ``strict=True``, the previous save's failure) raises from ``save`` on every rank at once,
 found before the save's one agreement and carried by it: that rank's own error there, the
 same error naming the rank on the others. Nothing is staged or written, and the next
-save is not affected.
+save is not affected. (A sharded state with the thread backend and no budget is copied by
+DCP's ``DefaultStager`` at every save, after that agreement: a copy one rank cannot
+allocate fails that save on every rank instead, ``StagingMemoryError`` naming the rank,
+reported like any failed save; nothing is committed.)
 
 ``max_staging_bytes`` bounds the host memory saves stage into (default: no bound, a copy
 of the whole state). With the thread backend a state larger than it is saved in two

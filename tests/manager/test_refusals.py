@@ -211,6 +211,57 @@ def test_an_arena_one_rank_cannot_allocate_fails_the_save_on_every_rank(
         assert r["statuses"] == ["committed", "committed"]
 
 
+def _sharded(value: float, numel: int) -> object:
+    """A DTensor of ``numel`` elements per rank (its local shard; nothing else allocated)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh("cpu", (2,))
+    return DTensor.from_local(torch.full((numel,), value), mesh, [Shard(0)])
+
+
+def _sharded_copy_refusal(rank: int, world: int, root: str) -> dict:
+    """DCP's DefaultStager copies a sharded state at every save, after the save's agreement:
+    rank 1's failed copy (RLIMIT_AS again) fails that save inside DCP, on every rank."""
+    out: dict = {}
+    with CheckpointManager(root, strict=True) as mgr:
+        assert mgr.save(1, {"d": _sharded(1.0, 256)})
+        mgr.wait()
+        big = {"d": _sharded(3.0, 16 * KIB * KIB)}  # 64 MiB per rank
+        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+        if rank == 1:
+            resource.setrlimit(resource.RLIMIT_AS, (_address_space() + 32 * KIB * KIB, hard))
+        try:
+            out["saved"] = mgr.save(2, big)
+        finally:
+            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+        out["failed"] = _outcome(mgr.wait)
+        out["marker_2"] = os.path.exists(os.path.join(root, step_name(2), MARKER_NAME))
+        assert mgr.save(3, big)
+        mgr.wait()
+        back = {"d": _sharded(0.0, 16 * KIB * KIB)}
+        out["restored"] = mgr.restore(back)
+        out["bitwise"] = torch.equal(back["d"].to_local(), big["d"].to_local())
+        out["steps"] = mgr.steps()
+        out["statuses"] = [r.status for r in mgr.records]
+    return out
+
+
+@pytest.mark.distributed
+def test_a_sharded_state_one_rank_cannot_copy_fails_the_save_on_every_rank(tmp_path) -> None:
+    root = str(tmp_path / "root")
+    results = run_distributed(_sharded_copy_refusal, 2, root, timeout=240)
+    for rank, r in enumerate(results):
+        assert r["saved"] is True  # found after the agreement: the save itself fails
+        name, message = r["failed"]
+        assert name == "StagingMemoryError", (rank, r["failed"])
+        assert "could not allocate 67108864 bytes of host memory" in message, (rank, message)
+        assert "(rank 1)" in message or rank == 1, (rank, message)
+        assert r["marker_2"] is False
+        assert r["restored"] == 3 and r["bitwise"] and r["steps"] == [1, 3]
+        assert r["statuses"] == ["committed", "failed", "committed"]
+
+
 # -- the checks themselves, one process ------------------------------------------------
 def test_prepare_refuses_without_touching_the_arena() -> None:
     """A refused state leaves the stager as it was (a save may be reading the arena)."""
