@@ -35,12 +35,12 @@ value that cannot be pickled; a non-tensor value that cannot be copied; a ``Stat
 whose ``state_dict()`` raises; a writer process that could not start; host memory for
 its staging arena that it cannot allocate, ``StagingMemoryError``; with
 ``strict=True``, the previous save's failure) raises from ``save`` on every rank at once,
-found before the save's one agreement and carried by it: that rank's own error there, the
-same error naming the rank on the others. Nothing is staged or written, and the next
-save is not affected. (A sharded state with the thread backend and no budget is copied by
-DCP's ``DefaultStager`` at every save, after that agreement: a copy one rank cannot
-allocate fails that save on every rank instead, ``StagingMemoryError`` naming the rank,
-reported like any failed save; nothing is committed.)
+found before the save's one agreement and carried by it: that rank's own error there (a
+note naming the rank), the same error naming the rank on the others. Nothing is staged or
+written, and the next save is not affected. (A sharded state with the thread backend and
+no budget is copied by DCP's ``DefaultStager`` at every save, after that agreement: a copy
+one rank cannot allocate fails that save on every rank instead, ``StagingMemoryError``
+naming the rank, reported like any failed save; nothing is committed.)
 
 ``max_staging_bytes`` bounds the host memory saves stage into (default: no bound, a copy
 of the whole state). With the thread backend a state larger than it is saved in two
@@ -328,7 +328,8 @@ class CheckpointManager:
         note = f"the save of step {step} was not started on any rank"
         if own is not None:
             if hasattr(own, "add_note"):  # Python >= 3.11
-                own.add_note(note)
+                alone = self._agree.group is None
+                own.add_note(note if alone else f"{note} (this is rank {self._agree.rank})")
             raise own
         name, message = why
         cls = getattr(errors, name, None)

@@ -204,8 +204,7 @@ def test_an_arena_one_rank_cannot_allocate_fails_the_save_on_every_rank(
         assert "could not allocate 67109888 bytes of host memory" in message, (rank, message)
         assert "max_staging_bytes" in message, (rank, message)  # what to do
         assert "the save of step 2 was not started on any rank" in message, (rank, message)
-        if rank == 0:
-            assert "(rank 1)" in message, message
+        assert ("(rank 1)" if rank == 0 else "(this is rank 1)") in message, message
         assert r["marker_2"] is False and r["after"] == [step_name(1)]  # nothing of step 2
         assert r["restored"] == 3 and r["bitwise"] and r["steps"] == [1, 3]
         assert r["statuses"] == ["committed", "committed"]
@@ -256,7 +255,7 @@ def test_a_sharded_state_one_rank_cannot_copy_fails_the_save_on_every_rank(tmp_p
         name, message = r["failed"]
         assert name == "StagingMemoryError", (rank, r["failed"])
         assert "could not allocate 67108864 bytes of host memory" in message, (rank, message)
-        assert "(rank 1)" in message or rank == 1, (rank, message)
+        assert "(rank 1)" in message, (rank, message)  # on rank 1 too: DCP gathered it
         assert r["marker_2"] is False
         assert r["restored"] == 3 and r["bitwise"] and r["steps"] == [1, 3]
         assert r["statuses"] == ["committed", "failed", "committed"]
