@@ -9,11 +9,13 @@ value it cannot unpickle) fails inside DCP's planning step, which every rank ent
 gloo groups: only rank 1 holds the state that cannot be saved.
 """
 
+import contextlib
 import os
 import resource
 import sys
 import threading
 import types
+from collections.abc import Iterator
 
 import pytest
 import torch
@@ -80,14 +82,19 @@ def _process_mode_refusals(rank: int, world: int, root: str) -> dict:
         fixed = {"w": torch.full((256,), 3.0)}
         if rank == 1:
             fixed.update({f"big{i}": torch.full((8 * KIB,), float(i)) for i in range(4)})
-        assert mgr.save(3, fixed)
-        mgr.wait()
-        back = {k: torch.zeros_like(v) for k, v in fixed.items()}
-        out["restored"] = mgr.restore(back)
-        out["bitwise"] = all(torch.equal(back[k], fixed[k]) for k in fixed)
-        out["steps"] = mgr.steps()
-        out["statuses"] = [r.status for r in mgr.records]
+        _save_and_restore(mgr, 3, fixed, out)
     return out
+
+
+def _save_and_restore(mgr: CheckpointManager, step: int, state: dict, out: dict) -> None:
+    """Save ``state`` as ``step`` and restore it: into ``out``, what came back and how."""
+    assert mgr.save(step, state)
+    mgr.wait()
+    back = {k: torch.zeros_like(v) for k, v in state.items()}
+    out["restored"] = mgr.restore(back)
+    out["bitwise"] = all(torch.equal(back[k], state[k]) for k in state)
+    out["steps"] = mgr.steps()
+    out["statuses"] = [r.status for r in mgr.records]
 
 
 @pytest.mark.distributed
@@ -154,13 +161,19 @@ def test_a_stateful_that_raises_on_one_rank_fails_the_save_on_every_rank(tmp_pat
         assert r["after"] == [] and r["saved"] is True and r["steps"] == [2]
 
 
-def _address_space() -> int:
-    """This process's virtual memory size in bytes (VmSize)."""
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmSize:"):
-                return int(line.split()[1]) * KIB
-    raise AssertionError("no VmSize in /proc/self/status")
+@contextlib.contextmanager
+def _address_space_capped(cap: bool = True) -> Iterator[None]:
+    """With ``cap``: this process's address space limited (RLIMIT_AS, a real kernel limit)
+    to 32 MiB beyond what it maps now, so a 64 MiB allocation fails; lifted on exit."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+    if cap:
+        with open("/proc/self/status") as f:
+            vm = next(int(line.split()[1]) * KIB for line in f if line.startswith("VmSize:"))
+        resource.setrlimit(resource.RLIMIT_AS, (vm + 32 * KIB * KIB, hard))
+    try:
+        yield
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
 
 
 def _arena_refusal(rank: int, world: int, root: str, background: str) -> dict:
@@ -172,22 +185,11 @@ def _arena_refusal(rank: int, world: int, root: str, background: str) -> dict:
         assert mgr.save(1, small)
         mgr.wait()
         big = {"w": torch.arange(256.0), "big": torch.full((16 * KIB * KIB,), 3.0)}
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        if rank == 1:  # 64 MiB of arena wanted, 32 MiB of address space left
-            resource.setrlimit(resource.RLIMIT_AS, (_address_space() + 32 * KIB * KIB, hard))
-        try:
+        with _address_space_capped(rank == 1):  # 64 MiB of arena wanted, 32 MiB left
             out["refused"] = _outcome(lambda: mgr.save(2, big))
-        finally:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         out["marker_2"] = os.path.exists(os.path.join(root, step_name(2), MARKER_NAME))
         out["after"] = _steps_on_disk(root)
-        assert mgr.save(3, big)  # the limit lifted: the same state saves
-        mgr.wait()
-        back = {k: torch.zeros_like(v) for k, v in big.items()}
-        out["restored"] = mgr.restore(back)
-        out["bitwise"] = all(torch.equal(back[k], big[k]) for k in big)
-        out["steps"] = mgr.steps()
-        out["statuses"] = [r.status for r in mgr.records]
+        _save_and_restore(mgr, 3, big, out)  # the limit lifted: the same state saves
     return out
 
 
@@ -227,13 +229,8 @@ def _sharded_copy_refusal(rank: int, world: int, root: str) -> dict:
         assert mgr.save(1, {"d": _sharded(1.0, 256)})
         mgr.wait()
         big = {"d": _sharded(3.0, 16 * KIB * KIB)}  # 64 MiB per rank
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        if rank == 1:
-            resource.setrlimit(resource.RLIMIT_AS, (_address_space() + 32 * KIB * KIB, hard))
-        try:
+        with _address_space_capped(rank == 1):
             out["saved"] = mgr.save(2, big)
-        finally:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         out["failed"] = _outcome(mgr.wait)
         out["marker_2"] = os.path.exists(os.path.join(root, step_name(2), MARKER_NAME))
         assert mgr.save(3, big)
@@ -297,13 +294,9 @@ def test_a_failed_arena_allocation_leaves_a_stager_that_allocates_next_time(
     try:
         stager.stage({"w": torch.ones(1024)})
         big = {"w": torch.ones(1024), "big": torch.ones(16 * KIB * KIB)}
-        soft, hard = resource.getrlimit(resource.RLIMIT_AS)
-        resource.setrlimit(resource.RLIMIT_AS, (_address_space() + 32 * KIB * KIB, hard))
-        try:
+        with _address_space_capped():
             with pytest.raises(StagingMemoryError, match="could not allocate 671129.. bytes"):
                 stager.reserve(stager.prepare(big))
-        finally:
-            resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
         assert stager.arena is None and stager.allocations == 1
         stager.stage(stager.prepare(big))
         assert stager.allocations == 2 and stager.arena is not None
