@@ -38,6 +38,7 @@ from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes 
     DurabilityError,
     IncompleteCheckpointError,
     MissingDependencyError,
+    StagingMemoryError,
     StorageFullError,
     StoreAccessError,
     StoreNotFoundError,

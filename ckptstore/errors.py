@@ -25,6 +25,7 @@ CHECKPOINT_ERRORS = [
     "DurabilityError",
     "StorageFullError",
     "WriterProcessDiedError",
+    "StagingMemoryError",
     "UnsafePathError",
     "UnsafePickleError",
 ]
@@ -102,6 +103,14 @@ class WriterProcessDiedError(CkptStoreError, ChildProcessError):
     """A background writer process (``background="process"``) died during a save.
 
     That save is lost (never committed); the previous committed checkpoint is intact.
+    """
+
+
+class StagingMemoryError(CkptStoreError, MemoryError):
+    """A save could not allocate the host memory to stage the state into (its arena).
+
+    Raised by ``CheckpointManager.save`` on every rank at once; nothing was staged or
+    written, and the previous committed checkpoint is intact.
     """
 
 

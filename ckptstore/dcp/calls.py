@@ -105,6 +105,11 @@ def _with_rank(exc: CkptStoreError, rank: int) -> CkptStoreError:
     cls = type(exc)
     try:
         fresh = cls.__new__(cls, *args)  # sets args; no __init__: its signature is the class's
+    except TypeError:  # MemoryError's __new__ refuses a subclass with CkptStoreError first,
+        try:  # whose instances BaseException's makes (as a call of the class does)
+            fresh = BaseException.__new__(cls, *args)
+        except Exception:  # noqa: BLE001 - a class whose __new__ wants more: leave it as is
+            return exc
     except Exception:  # noqa: BLE001 - a class whose __new__ wants more: leave it as it is
         return exc
     fresh.__dict__.update(vars(exc))  # attributes and __notes__

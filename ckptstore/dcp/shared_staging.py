@@ -6,6 +6,9 @@ Call order::
     prepared = stager.prepare(state) # training side, optional: every check that can refuse
                                      # the state (ConfigError), nothing copied or allocated:
                                      # safe while a reader still uses the arena
+    stager.reserve(prepared)         # training side, optional, once no reader uses the
+                                     # arena: lays it out and allocates what the state needs
+                                     # (what can fail: StagingMemoryError); nothing copied
     staged = stager.stage(prepared)  # training side (or ``stage(state)``): copies every
                                      # tensor into the arena (with a budget: those of piece
                                      # 0) and pickles the rest; a StagedState (small,
@@ -57,15 +60,24 @@ import os
 import pickle
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import torch
 
-from ckptstore.errors import ConfigError
+from ckptstore.errors import ConfigError, StagingMemoryError
 
-__all__ = ["ArenaView", "Prepared", "SharedStager", "Slot", "StagedState", "user_values"]
+__all__ = [
+    "ArenaView",
+    "Prepared",
+    "SharedStager",
+    "Slot",
+    "StagedState",
+    "allocated",
+    "user_values",
+]
 
 ALIGN = 64
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -219,6 +231,19 @@ class SharedStager:
         key = tuple((t.dtype, tuple(t.shape)) for t in tensors)
         return Prepared(skeleton, tensors, key, None if key == self._key else self._plan(key))
 
+    def reserve(self, prepared: Prepared) -> None:
+        """Lay the arena out for ``prepared``'s tensors, allocating a larger one if they
+        no longer fit (nothing when the layout is the current one); nothing is copied.
+        ``stage`` does it too; calling it first lets a failure be known before a save
+        starts. Only while no reader uses the arena.
+
+        Raises:
+            StagingMemoryError: the arena could not be allocated (the stager then holds
+                none; the next call tries again).
+        """
+        if prepared.key != self._key:
+            self._layout(prepared.key, prepared.plan or self._plan(prepared.key))
+
     @torch.no_grad()
     def stage(self, state: Any) -> StagedState:
         """Copy every tensor of ``state`` (with a budget: piece 0's) into the arena and
@@ -231,11 +256,11 @@ class SharedStager:
 
         Raises:
             ConfigError: as ``prepare``; or no memfd (not Linux).
+            StagingMemoryError: as ``reserve``.
         """
         prepared = state if isinstance(state, Prepared) else self.prepare(state)
         tensors = prepared.tensors
-        if prepared.key != self._key:
-            self._layout(prepared.key, prepared.plan or self._plan(prepared.key))
+        self.reserve(prepared)
         assert self.arena is not None
         self._copy(0, tensors)
         self._sources = tensors if len(self._pieces) > 1 else []
@@ -313,9 +338,10 @@ class SharedStager:
         self.views = []
         if self.arena is None or self.arena.size < size:
             old, self.arena = self.arena, None
+            self._key, self._slots, self._pieces = None, (), [[]]  # until the new one is made
             if old is not None:
                 old.close()
-            self.arena = Arena(size, self.allocations + 1, self.pin)
+            self.arena = allocated(size, lambda: Arena(size, self.allocations + 1, self.pin))
             self.allocations += 1
         assert self.arena.bytes is not None
         whole = self.arena.bytes
@@ -396,6 +422,19 @@ class ArenaView:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+def allocated(nbytes: int, make: Callable[[], _T]) -> _T:
+    """``make()``, which allocates an arena of ``nbytes``, or ``StagingMemoryError`` saying
+    what to do when the memory cannot be had (mmap, memfd or pinning failed)."""
+    try:
+        return make()
+    except (OSError, MemoryError, RuntimeError) as exc:
+        raise StagingMemoryError(
+            f"could not allocate {nbytes} bytes of host memory to stage the state into "
+            f"({type(exc).__name__}: {exc}); free host memory, or bound what saves stage "
+            "with CheckpointManager(max_staging_bytes=...) below what is free"
+        ) from exc
 
 
 def user_values(make: Callable[[], Any], message: str) -> Any:

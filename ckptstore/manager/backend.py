@@ -13,6 +13,9 @@ Call order (every rank calls each method in the same order; the manager drives i
     restart = backend.needs_restart()       # this rank): this rank's part of the save's
                                             # agreement (an error: it cannot take the save;
                                             # True: its writer must be replaced)
+    backend.reserve(prepared)               # save(), between saves, before the agreement
+                                            # it joins: the staging memory ``prepared``
+                                            # needs, allocated (StagingMemoryError)
     backend.ensure_ready(restart)           # save(), training thread, every rank together,
                                             # ``restart`` as agreed (any rank's): ready to
                                             # take a save (never waits for a writer start)
@@ -33,11 +36,13 @@ Call order (every rank calls each method in the same order; the manager drives i
 ``max_staging_bytes``; DCP's ``DefaultStager`` for a state of sharded tensors without a
 budget) and calls ``save_step`` on a thread of the training process, over the manager's
 checkpoint gloo group. A state larger than the budget leaves part of its tensors live
-(not copied): ``save_step`` writes them first and ``wait_staged`` waits for that. ``ProcessBackend``
-copies into a shared-memory arena (``SharedStager``) and has this rank's writer process
-(``BackgroundWriter``) call the same ``save_step`` on the writers' own gloo group. With a
-budget that arena holds one piece of the state at a time: the writer writes piece by
-piece, asking for each, and ``wait_staged`` waits until the last one is copied.
+(not copied): ``save_step`` writes them first and ``wait_staged`` waits for that. A
+``DefaultStager`` copy that cannot be allocated fails the save inside DCP, on every rank.
+``ProcessBackend`` copies into a shared-memory arena (``SharedStager``) and has this
+rank's writer process (``BackgroundWriter``) call the same ``save_step`` on the writers'
+own gloo group. With a budget that arena holds one piece of the state at a time: the
+writer writes piece by piece, asking for each, and ``wait_staged`` waits until the last
+one is copied.
 """
 
 from __future__ import annotations
@@ -49,9 +54,10 @@ from typing import Any, Protocol
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from ckptstore.dcp.shared_staging import SharedStager, StagedState
+from ckptstore.dcp.shared_staging import SharedStager, StagedState, allocated
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import StagingMemoryError
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.records import tensor_bytes
 from ckptstore.manager.save_step import save_step
@@ -77,6 +83,10 @@ class SaveBackend(Protocol):
 
     def needs_restart(self) -> bool:
         """True when what runs the saves must be replaced first (this rank's view)."""
+
+    def reserve(self, prepared: Any) -> None:
+        """Allocate the staging memory ``prepare``'s result needs (StagingMemoryError if it
+        cannot be had); only between saves (none in flight on this rank)."""
 
     def ensure_ready(self, restart: bool) -> None:
         """Make the backend able to take a save; ``restart``: some rank's
@@ -142,6 +152,10 @@ class ThreadBackend:
         """Never: the saves run on a thread of this process."""
         return False
 
+    def reserve(self, prepared: tuple[dict[str, Any], Any]) -> None:
+        """``ArenaStager.reserve`` (nothing for a state ``DefaultStager`` stages)."""
+        self.arena.reserve(prepared[1])
+
     def ensure_ready(self, restart: bool) -> None:
         """Nothing to wait for: the manager's gloo group exists."""
 
@@ -152,8 +166,14 @@ class ThreadBackend:
         arena = self.arena.stage(walked)
         if arena is not None:
             return arena, arena.nbytes
-        staged = self.stager.stage(state)  # synchronous: a dict, never a Future
-        assert isinstance(staged, dict)
+        # DefaultStager allocates its copies at every save, after the save's agreement, so
+        # a failure cannot join that: the save carries it into DCP's planning step instead,
+        # which every rank enters (``save_step``'s refusal), failing there on every rank.
+        try:
+            staged = allocated(tensor_bytes(state), lambda: self.stager.stage(state))
+        except StagingMemoryError as exc:
+            return _Refused(exc), 0
+        assert isinstance(staged, dict)  # synchronous: a dict, never a Future
         return staged, tensor_bytes(staged)
 
     def wait_staged(self, staged: Any) -> float:
@@ -165,9 +185,10 @@ class ThreadBackend:
     ) -> list[str]:
         """Run ``save_step`` on this thread, over the manager's checkpoint group."""
         live = isinstance(staged, StagedSave) and staged.has_live
+        refused = isinstance(staged, _Refused)
         try:
             return save_step(
-                staged.state if isinstance(staged, StagedSave) else staged,
+                {} if refused else staged.state if isinstance(staged, StagedSave) else staged,
                 self.root,
                 step,
                 staging_dir=self.staging_dir,
@@ -179,6 +200,7 @@ class ThreadBackend:
                 overwrite=overwrite,
                 is_live=staged.is_live if live else None,
                 release=staged.release if live else None,
+                refusal=staged.error if refused else None,
             )
         finally:
             if isinstance(staged, StagedSave):
@@ -188,6 +210,13 @@ class ThreadBackend:
         """Free the stagers' buffers."""
         self.arena.close()
         self.stager.close()
+
+
+class _Refused:
+    """A save ``ThreadBackend.stage`` could not copy: ``write`` fails it on every rank."""
+
+    def __init__(self, error: StagingMemoryError) -> None:
+        self.error = error
 
 
 class _SharedSave:
@@ -272,6 +301,10 @@ class ProcessBackend:
     def needs_restart(self) -> bool:
         """True when this rank's writer died or its group broke."""
         return self.writer.needs_restart()
+
+    def reserve(self, prepared: Any) -> None:
+        """``SharedStager.reserve``: the shared-memory arena laid out and allocated."""
+        self.stager.reserve(prepared)
 
     def ensure_ready(self, restart: bool) -> None:
         """Restart this rank's writer process if any rank's must be (``restart``, agreed

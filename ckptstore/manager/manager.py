@@ -32,11 +32,15 @@ A save that some rank cannot even check the root for (its link to the store is d
 fails on every rank, reported at once the same way; training goes on. A save that some
 rank cannot take at all (in process mode a tensor larger than ``max_staging_bytes`` or a
 value that cannot be pickled; a non-tensor value that cannot be copied; a ``Stateful``
-whose ``state_dict()`` raises; a writer process that could not start; with
+whose ``state_dict()`` raises; a writer process that could not start; host memory for
+its staging arena that it cannot allocate, ``StagingMemoryError``; with
 ``strict=True``, the previous save's failure) raises from ``save`` on every rank at once,
-found before the save's one agreement and carried by it: that rank's own error there, the
-same error naming the rank on the others. Nothing is staged or written, and the next
-save is not affected.
+found before the save's one agreement and carried by it: that rank's own error there (a
+note naming the rank), the same error naming the rank on the others. Nothing is staged or
+written, and the next save is not affected. (A sharded state with the thread backend and
+no budget is copied by DCP's ``DefaultStager`` at every save, after that agreement: a copy
+one rank cannot allocate fails that save on every rank instead, ``StagingMemoryError``
+naming the rank, reported like any failed save; nothing is committed.)
 
 ``max_staging_bytes`` bounds the host memory saves stage into (default: no bound, a copy
 of the whole state). With the thread backend a state larger than it is saved in two
@@ -225,12 +229,14 @@ class CheckpointManager:
         # found before any collective and rides on the save's agreement, so that every
         # rank raises at once instead of the others entering the save's collectives alone.
         prepared, refusal = self._prepare(state)
+        # So is a staging arena this rank cannot allocate (``_agree_on`` reserves it once no
+        # save of this rank reads the old one: at once, or after waiting for that save).
         # One agreement in the steady case: is any rank busy, could any rank not check the
         # root (its link is down: then no rank saves), must the step be replaced, is it
         # missing anywhere, must any rank's writer process be replaced, and which rank (if
         # any) cannot take part at all. A save that was in flight may commit this very
         # step, so after waiting for one the step is looked at again.
-        agreed, unreachable = self._agree_on(step, busy, refusal)
+        agreed, unreachable = self._agree_on(step, busy, refusal, prepared)
         any_busy, unchecked, overwrite, missing, restart = agreed
         if any_busy:
             if self.on_busy == "skip":
@@ -239,7 +245,7 @@ class CheckpointManager:
                 log.info("skipping the save of step %d: the previous one is still uploading", step)
                 return False
             self._wait_inflight()
-            agreed, unreachable = self._agree_on(step, False, None)
+            agreed, unreachable = self._agree_on(step, False, None, prepared)
             _, unchecked, overwrite, missing, restart = agreed
         record.waited_s = time.perf_counter() - start
         if unchecked:
@@ -278,23 +284,33 @@ class CheckpointManager:
             return None, exc
 
     def _agree_on(
-        self, step: int, busy: bool, refusal: BaseException | None
+        self, step: int, busy: bool, refusal: BaseException | None, prepared: Any
     ) -> tuple[list[bool], CkptStoreError | None]:
         """The save's one collective: [any rank busy, the root unchecked somewhere,
         ``step`` to be replaced, ``step`` missing somewhere, a writer to be restarted],
         and this rank's error checking the root. A rank that cannot take part (its
-        ``refusal``, a previous save's failure that ``strict`` raises now, or a writer
-        that could not start) makes every rank raise here: that rank its own error, the
-        others the same error naming it."""
+        ``refusal``, a previous save's failure that ``strict`` raises now, a writer that
+        could not start, or, unless ``busy``, the staging memory for ``prepared`` that it
+        cannot allocate) makes every rank raise here: that rank its own error, the others
+        the same error naming it."""
         own = self._take_failure() or refusal
         if own is None and not busy:
-            own = self._backend.start_error()
+            own = self._backend.start_error() or self._reserve(prepared)
         flags, unreachable = self._step_flags(step, busy)
         values = [int(busy), *(int(f) for f in flags), self._agree.rank + 1 if own else 0]
         *agreed, refused = self._agree.max_of(values)
         if refused:
             self._refuse(step, own, refused - 1)
         return [bool(v) for v in agreed], unreachable
+
+    def _reserve(self, prepared: Any) -> BaseException | None:
+        """Allocate the staging memory ``prepared`` needs (no save of this rank reads the
+        arena now); the error if it cannot be had."""
+        try:
+            self._backend.reserve(prepared)
+        except errors.StagingMemoryError as exc:
+            return exc
+        return None
 
     def _take_failure(self) -> BaseException | None:
         """A previous save's failure: warned about now (None), or with ``strict`` returned
@@ -312,7 +328,8 @@ class CheckpointManager:
         note = f"the save of step {step} was not started on any rank"
         if own is not None:
             if hasattr(own, "add_note"):  # Python >= 3.11
-                own.add_note(note)
+                alone = self._agree.group is None
+                own.add_note(note if alone else f"{note} (this is rank {self._agree.rank})")
             raise own
         name, message = why
         cls = getattr(errors, name, None)

@@ -7,6 +7,9 @@ writes it)::
     prepared = stager.prepare(state) # training thread, optional: the state's walk and the
                                      # deep copy of its non-tensor values (what can fail:
                                      # ConfigError); the arena is not touched
+    stager.reserve(prepared)         # training thread, optional, once no save reads the
+                                     # arena: lays it out and allocates what the state
+                                     # needs (what can fail: StagingMemoryError)
     staged = stager.stage(prepared)  # training thread (or ``stage(state)``): every tensor
                                      # that fits the budget
                                      # copied into the arena, the rest of the state
@@ -46,7 +49,7 @@ from typing import Any
 
 import torch
 
-from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole, user_values
+from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole, allocated, user_values
 from ckptstore.errors import ConfigError
 
 __all__ = ["ArenaStager", "HostArena", "Prepared", "StagedSave", "check_budget"]
@@ -134,7 +137,11 @@ class HostArena:
         if pin:
             from torch.cuda import _pin_memory_utils
 
-            _pin_memory_utils.pin_memory(self.lo, size)
+            try:
+                _pin_memory_utils.pin_memory(self.lo, size)
+            except BaseException:
+                self.close()
+                raise
             self._pinned = True
 
     def tensor(self, slot: Slot) -> torch.Tensor:
@@ -194,6 +201,22 @@ class ArenaStager:
         )
         return Prepared(copied, tensors, plain)
 
+    def reserve(self, prepared: Prepared) -> None:
+        """Lay the arena out for ``prepared``'s tensors, allocating a larger one if they
+        no longer fit (nothing when the layout is the current one, or when ``stage`` will
+        return None); nothing is copied. ``stage`` does it too; calling it first lets a
+        failure be known before a save starts. Only while no save reads the arena.
+
+        Raises:
+            StagingMemoryError: the arena could not be allocated (the stager then holds
+                none; the next call tries again).
+        """
+        if self.budget is None and not all(prepared.plain):
+            return
+        key = _key_of(prepared)
+        if key != self._key:
+            self._layout(key)
+
     @torch.no_grad()
     def stage(self, state: dict[str, Any] | Prepared) -> StagedSave | None:
         """Copy ``state`` (or what ``prepare`` made of it) out of training's hands as far
@@ -201,15 +224,13 @@ class ArenaStager:
 
         Returns None (nothing copied) when ``state`` holds a tensor that is not plain and
         dense and there is no budget: the caller stages it another way. Returns once every
-        copy is done (CUDA copies included).
+        copy is done (CUDA copies included). Raises ``StagingMemoryError`` as ``reserve``.
         """
         prepared = state if isinstance(state, Prepared) else self.prepare(state)
-        tensors, plain = prepared.tensors, prepared.plain
-        if self.budget is None and not all(plain):
+        tensors = prepared.tensors
+        if self.budget is None and not all(prepared.plain):
             return None
-        key = tuple((t.dtype, tuple(t.shape), ok) for t, ok in zip(tensors, plain, strict=True))
-        if key != self._key:
-            self._layout(key)
+        self.reserve(prepared)
         cuda = False
         for dst, src in zip(self._views, tensors, strict=True):
             if dst is None:
@@ -246,10 +267,11 @@ class ArenaStager:
             offset += padded
         self._views = []
         if offset and (self.arena is None or self.arena.size < offset):
+            self._key, self._slots, self.in_use = None, [], 0  # until the new one is made
             if self.arena is not None:  # the old arena is freed before the new one is made
                 self.arena.close()
                 self.arena = None
-            self.arena = HostArena(offset, self.pin)
+            self.arena = allocated(offset, lambda: HostArena(offset, self.pin))
             self.allocations += 1
         arena = self.arena
         self._views = [None if s is None or arena is None else arena.tensor(s) for s in slots]
@@ -263,6 +285,14 @@ class ArenaStager:
             self.arena.close()
             self.arena = None
         self.in_use = 0
+
+
+def _key_of(prepared: Prepared) -> tuple:
+    """What the arena's layout depends on: each tensor's dtype, shape and plainness."""
+    return tuple(
+        (t.dtype, tuple(t.shape), ok)
+        for t, ok in zip(prepared.tensors, prepared.plain, strict=True)
+    )
 
 
 def _nbytes(t: torch.Tensor) -> int:

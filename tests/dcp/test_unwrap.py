@@ -8,7 +8,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.api import unwrap_checkpoint_exception as public
 from ckptstore.dcp.calls import unwrap_checkpoint_exception
-from ckptstore.errors import IncompleteCheckpointError, StorageFullError
+from ckptstore.errors import IncompleteCheckpointError, StagingMemoryError, StorageFullError
 
 
 def _failures(**by_rank: BaseException) -> dict[int, Any]:
@@ -46,6 +46,14 @@ def test_the_first_ranks_error_names_its_rank_and_the_original_is_untouched() ->
     got = unwrap_checkpoint_exception(only_missing)
     assert type(got) is IncompleteCheckpointError and got.args == ("no marker (rank 1)",)
     assert missing.args == ("no marker",)
+
+
+def test_a_memory_error_is_named_too() -> None:
+    """MemoryError's own __new__ refuses a subclass whose first base is CkptStoreError."""
+    oom = StagingMemoryError("could not allocate 64 bytes")
+    got = unwrap_checkpoint_exception(CheckpointException("save failed", _failures(r1=oom)))
+    assert type(got) is StagingMemoryError and isinstance(got, MemoryError)
+    assert str(got) == "could not allocate 64 bytes (rank 1)" and str(oom).endswith("bytes")
 
 
 def test_an_exception_without_a_ckptstore_error_comes_back_as_it_is() -> None:
