@@ -6,7 +6,7 @@
 
     run_distributed(dcp_roundtrip_rank, 2, url, storage_options, part_size)
 
-The rank bodies are module-level so ``run_distributed`` (spawn) can pickle them; each
+The rank bodies are module-level so ``run_distributed`` can pickle them (by name); each
 returns something small the test compares.
 """
 
