@@ -404,8 +404,11 @@ class ShardCache:
                     evicted, pinned = self._evict_farthest(cursor, e.key, max_distance)
                     if evicted:
                         continue  # the disk itself is full: make room as the budget would
-                    if max_distance is not None or pinned:
-                        return None  # "full": a prefetch tries later, a demand read waits
+                    if max_distance is not None or pinned or self._in_progress():
+                        # "full": a prefetch tries later; a demand read waits for a pinned
+                        # shard to be let go or for a download in progress (whose space
+                        # it holds) to be published and so become evictable
+                        return None
                     raise  # nothing of ours to evict: the disk is full of other files
 
     def _usage(self) -> tuple[int, dict[str, int]]:
@@ -431,6 +434,12 @@ class ShardCache:
                         lock.close()
                         used += size
         return used, cached
+
+    def _in_progress(self) -> bool:
+        """Whether some download is under way in this cache (its temp file holds space)."""
+        self._usage()  # removes a crashed process's temp files first: they are not downloads
+        with os.scandir(self._shards) as it:
+            return any(".data" + TMP in d.name for d in it)
 
     def _evict_farthest(
         self, cursor: int, keep: str, max_distance: int | None
