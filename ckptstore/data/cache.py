@@ -436,10 +436,10 @@ class ShardCache:
         return used, cached
 
     def _in_progress(self) -> bool:
-        """Whether some download is under way in this cache (its temp file holds space)."""
-        self._usage()  # removes a crashed process's temp files first: they are not downloads
-        with os.scandir(self._shards) as it:
-            return any(".data" + TMP in d.name for d in it)
+        """Whether some download is under way in this cache (its temp file holds space):
+        ``_usage`` counts live temp files (a crashed process's it removes), cached ones apart."""
+        used, cached = self._usage()
+        return used > sum(cached.values())
 
     def _evict_farthest(
         self, cursor: int, keep: str, max_distance: int | None
