@@ -170,7 +170,7 @@ class ShardCache:
         Blocks while another process downloads it or while the budget is full of pinned
         shards; raises ``CacheError`` after ``wait_timeout`` s.
         """
-        handle = self._acquire(i, cursor, wait_for_room=True)
+        handle = self._acquire(i, cursor, wait=True)
         if handle is None:  # pragma: no cover - waiting for room ends in room or an error
             raise CacheError(f"no cache space was found for {self.entries[i].path}")
         return handle
@@ -178,15 +178,17 @@ class ShardCache:
     def acquire_many(self, shards: Sequence[int], cursor: int, pool: Executor) -> dict[int, Handle]:
         """Pin several shards at once: the missing ones download side by side on ``pool``.
 
-        A shard another process is fetching (the prefetcher, another worker or rank) is
-        waited for, never fetched twice. A shard that finds no cache space *now* is left
-        out of the result (nothing of it pinned): acquire it with :meth:`acquire` after
-        using the others, so that waiting for room can unpin them. On any error every pin
-        taken here is released and the first failing shard's error (in ``shards`` order)
-        is raised. ``pool``'s tasks must not share threads with ``self.engine.pool``
-        (each task waits on the engine's ranged GETs).
+        Nothing here waits on another process. A shard that finds no cache space *now*,
+        and one another process is downloading (the prefetcher, another worker or rank),
+        is left out of the result (nothing of it pinned): acquire it with :meth:`acquire`
+        after using the others, so that waiting can unpin them. Waiting here for another
+        process's download while holding this batch's other pins could deadlock: that
+        download may itself wait for the room those pins hold. A shard is never fetched
+        twice. On any error every pin taken here is released and the first failing shard's
+        error (in ``shards`` order) is raised. ``pool``'s tasks must not share threads with
+        ``self.engine.pool`` (each task waits on the engine's ranged GETs).
         """
-        futures = [(i, pool.submit(self._acquire, i, cursor, wait_for_room=False)) for i in shards]
+        futures = [(i, pool.submit(self._acquire, i, cursor, wait=False)) for i in shards]
         got: dict[int, Handle] = {}
         error: BaseException | None = None
         try:
@@ -210,8 +212,9 @@ class ShardCache:
             raise error
         return got
 
-    def _acquire(self, i: int, cursor: int, *, wait_for_room: bool) -> Handle | None:
-        """:meth:`acquire`; with ``wait_for_room=False``, None where space is short now."""
+    def _acquire(self, i: int, cursor: int, *, wait: bool) -> Handle | None:
+        """:meth:`acquire`; with ``wait=False``, None where it would have to wait: for
+        cache space, or for another process's download of the shard."""
         e = self.entries[i]
         path = self.data_path(i)
         use = self._lock(e.key, "use")
@@ -222,12 +225,18 @@ class ShardCache:
                 return Handle(path, use)
             t0 = time.monotonic()
             dl = self._lock(e.key, "dl")
-            dl.acquire(
-                timeout=self.wait_timeout,
-                what=f"download of {e.path}",
-                on_wait=0.05,
-                waiting=self.on_pressure,  # unpin idle shards while another process fetches
-            )
+            if not wait:
+                if not dl.try_acquire():  # another process fetches it: acquire() waits
+                    dl.close()
+                    use.close()
+                    return None
+            else:
+                dl.acquire(
+                    timeout=self.wait_timeout,
+                    what=f"download of {e.path}",
+                    on_wait=0.05,
+                    waiting=self.on_pressure,  # unpin idle shards while another one fetches
+                )
             try:
                 state = self._check(e, path)  # another process may have fetched it meanwhile
                 if state == "ok":
@@ -239,7 +248,7 @@ class ShardCache:
                     )
                     self.stats.add(corrupt=1)
                     self._discard(e.key)
-                if not self._download(e, cursor, demand=True, wait=wait_for_room):
+                if not self._download(e, cursor, demand=True, wait=wait):
                     use.close()
                     return None
             finally:
@@ -295,6 +304,7 @@ class ShardCache:
             return "cached"
         dl = self._lock(e.key, "dl")
         if not dl.try_acquire():
+            dl.close()  # its lock file's fd
             return "busy"
         try:
             if self.is_cached(i):
@@ -469,6 +479,7 @@ class ShardCache:
     def _evict(self, key: str) -> bool:
         use = self._lock(key, "use")
         if not use.try_acquire():
+            use.close()
             return False  # pinned by a reader
         try:
             self._discard(key)

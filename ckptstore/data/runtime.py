@@ -136,7 +136,8 @@ class ProcessRuntime:
         The shards of ``ids`` not open yet are pinned at once (``ShardCache.acquire_many``:
         one round trip for a batch of small files, not one per file), outside the lock, so
         a pool thread that waits may still unpin idle shards. Shards so pinned are read
-        first; one that found no room is acquired after them, one at a time, as before.
+        first; one that found no room, or that another process is downloading, is acquired
+        after them, one at a time (a wait there unpins the shards just read).
         """
         stamp = self.cache.pressure_stamp()
         if stamp != self._pressure_seen:  # another process waits for space: unpin

@@ -52,6 +52,15 @@ def _raw(tmp_path, count=8, delay=0.15, **kw) -> tuple[ShardedDataset, SlowStore
     return ds, store
 
 
+def _held(lock_path: str) -> bool:
+    """Whether some other open file holds ``lock_path`` exclusively now."""
+    probe = Lock(lock_path)
+    try:
+        return not probe.try_acquire()
+    finally:
+        probe.close()
+
+
 def _content(tmp_path, ds: ShardedDataset, i: int) -> bytes:
     return (tmp_path / "ds" / ds.shards[i].path).read_bytes()
 
@@ -68,7 +77,7 @@ def test_a_batch_of_files_is_fetched_side_by_side(tmp_path) -> None:
     ds.close()
 
 
-def test_a_download_in_flight_elsewhere_is_waited_for_not_repeated(tmp_path) -> None:
+def test_a_download_in_flight_elsewhere_is_left_out_then_waited_for_not_repeated(tmp_path):
     ds, store = _raw(tmp_path)
     prefetcher = ds.make_cache()  # another process's view (the rank's prefetcher)
     started = threading.Thread(target=prefetcher.prefetch, args=(3, 0, 3))
@@ -79,14 +88,47 @@ def test_a_download_in_flight_elsewhere_is_waited_for_not_repeated(tmp_path) -> 
     reader = ds.make_cache()
     with ThreadPoolExecutor(8) as pool:
         handles = reader.acquire_many(list(range(8)), 0, pool)
+    assert set(handles) >= {0, 1, 2, 4, 5, 6, 7}  # 3, the prefetch's, is left out if busy...
+    if 3 not in handles:
+        handles[3] = reader.acquire(3, 0)  # ... and waited for one by one, as fetch() does
     started.join()
-    assert sorted(handles) == list(range(8))
     assert sorted(store.gets.values()) == [1] * 8  # shard 3 came once, from the prefetch
     s = reader.stats.snapshot()
     assert (s["downloads"], s["misses"], s["hits"]) == (7, 7, 1)
     for i, h in handles.items():
         assert open(h.path, "rb").read() == _content(tmp_path, ds, i)
         h.release()
+    ds.close()
+
+
+def test_a_download_waiting_for_the_room_a_batch_pins_is_left_out_not_waited_for(tmp_path):
+    """Worker B has shards 0 and 1 pinned (the whole budget) and its next batch needs 0, 1
+    and 2; worker A downloads 2 and waits for room. Waiting in ``acquire_many`` for A's
+    download while holding 0 and 1 would deadlock until both time out (CI saw a loader hang
+    on this): 2 is left out instead, and once B lets 0 and 1 go, A's download goes on."""
+    ds, store = _raw(tmp_path, delay=0.01, cache_limit=2 * 200, cache_wait_timeout=20)
+    b = ds.make_cache()
+    pins = [b.acquire(i, 0) for i in (0, 1)]
+    a = ds.make_cache()  # another worker's view
+    got_a: list = []
+    worker_a = threading.Thread(target=lambda: got_a.append(a.acquire(2, 0)))
+    worker_a.start()
+    dl = os.path.join(a.dir, "locks", f"{ds.entries[2].key}.dl")
+    deadline = time.monotonic() + 10
+    while not (_held(dl) and os.path.exists(os.path.join(a.dir, "pressure"))):
+        assert time.monotonic() < deadline, "A never started waiting for room"
+        time.sleep(0.005)  # until A holds shard 2's download lock and waits for room
+    with ThreadPoolExecutor(8) as pool:
+        handles = b.acquire_many([0, 1, 2], 0, pool)
+    assert sorted(handles) == [0, 1]  # 2 is left out, nothing of it pinned...
+    assert worker_a.is_alive()  # ... while A still waits: B did not wait for A
+    for h in [*handles.values(), *pins]:
+        h.release()
+    worker_a.join(20)
+    assert len(got_a) == 1, "A's download never got the room B released"
+    assert open(got_a[0].path, "rb").read() == _content(tmp_path, ds, 2)
+    assert store.gets[ds.shards[2].path] == 1
+    got_a[0].release()
     ds.close()
 
 
