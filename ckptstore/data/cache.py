@@ -2,7 +2,7 @@
 
 Layout under ``cache_dir``::
 
-    budget.lock                 flock'ed (exclusive) around every space decision
+    budget.lock                 flock'ed (exclusive) around every space decision and publish
     pressure                    touched by a process waiting for space: others unpin
     shards/<key>.data           a complete, verified shard
     shards/<key>.meta           its size, CRC32C and footer digest (written before .data)
@@ -37,6 +37,7 @@ Call order (per process)::
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import logging
@@ -44,7 +45,7 @@ import os
 import threading
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Executor, Future
 
 from ckptstore.data.cachedownload import check_copy, create_temp, explain_mismatch
@@ -384,7 +385,8 @@ class ShardCache:
                 unlink_quietly(meta_tmp)  # a full disk can fail this small write too
                 raise
             final = os.path.join(self._shards, e.key + ".data")
-            os.replace(tmp, final)
+            with self._budget():  # a space scan sees these bytes once: as temp or as shard
+                os.replace(tmp, final)
             st = os.stat(final)
             with self._vlock:
                 self._verified[e.key] = (st.st_ino, st.st_mtime_ns, st.st_size)
@@ -396,8 +398,7 @@ class ShardCache:
         ``max_distance`` None (a demand fetch) may evict any unpinned shard; otherwise only
         shards next needed later than ``max_distance`` (or not at all). None: no room.
         """
-        with Lock(os.path.join(self.dir, "budget.lock")) as budget:
-            budget.acquire(timeout=self.wait_timeout, what="cache budget lock")
+        with self._budget():
             if self.limit is not None:
                 used, _ = self._usage()
                 while used + e.size > self.limit:
@@ -421,8 +422,18 @@ class ShardCache:
                         return None
                     raise  # nothing of ours to evict: the disk is full of other files
 
+    @contextlib.contextmanager
+    def _budget(self) -> Iterator[None]:
+        """Hold the node's budget lock: around every space decision, and around every
+        publish (the rename of a temp file to its shard), so that a space scan never runs
+        while a shard's bytes are between their two names (counted as neither)."""
+        with Lock(os.path.join(self.dir, "budget.lock")) as budget:
+            budget.acquire(timeout=self.wait_timeout, what="cache budget lock")
+            yield
+
     def _usage(self) -> tuple[int, dict[str, int]]:
-        """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones."""
+        """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones.
+        Only under :meth:`_budget`."""
         used, cached = 0, {}
         with os.scandir(self._shards) as it:
             for d in it:
