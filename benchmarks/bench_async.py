@@ -36,6 +36,14 @@ the GIL matter) slows down while a background save runs. Per save: the loop's ra
 save is committed ("during"); thread and process mode alternate save by save, with the
 state in 8 tensors per rank and in 1024. slowdown = idle / during.
 
+For the stock async saves and the managers, each save also records the machine's busy CPU
+seconds from the call to the commit (``/proc/stat``, all processes): "cores busy" is that
+÷ the wall time, and "committed × CPU bound" the wall time ÷ (CPU seconds ÷ ``nproc``) —
+near 1.0 the save is bound by the cores, not by I/O or waiting. "disk MB written" is what
+the machine's disks wrote meanwhile (``/proc/diskstats``; the page cache's writeback of
+other files included) and "disk MB/s" that ÷ the wall time: the same MB/s for contenders
+that write different amounts means the disk bounds them.
+
 The first save of each contender allocates its buffers; "steady" is the median of the
 other saves. Page cache is not dropped (the machine is shared); numbers are noisy: compare
 ratios within one run.
@@ -113,6 +121,33 @@ def stock_wait(fut: Any) -> None:
     (getattr(fut, "upload_completion", None) or fut).result()
 
 
+def machine_busy_s() -> float:
+    """CPU seconds all cores of the machine have been busy since boot (``/proc/stat``).
+
+    Busy is user + nice + system + irq + softirq; idle, iowait and the hypervisor's steal
+    are not. Over a save, the difference says how much CPU the whole machine (every rank,
+    writer process, kernel copy) spent on it: ``busy / wall`` near ``nproc`` means the
+    save is bound by the cores, and ``busy / nproc`` is the least wall time it could take.
+    """
+    with open("/proc/stat") as f:
+        t = [int(x) for x in f.readline().split()[1:]]
+    return (t[0] + t[1] + t[2] + t[5] + t[6]) / os.sysconf("SC_CLK_TCK")
+
+
+def disk_written_bytes() -> int:
+    """Bytes the machine's disks have written since boot (``/proc/diskstats``, sectors of
+    512 bytes, whole disks only: ``/sys/block`` entries with a device, so partitions,
+    loop, zram and device-mapper volumes are not counted twice)."""
+    disks = {n for n in os.listdir("/sys/block") if os.path.exists(f"/sys/block/{n}/device")}
+    total = 0
+    with open("/proc/diskstats") as f:
+        for line in f:
+            fields = line.split()
+            if fields[2] in disks:
+                total += int(fields[9]) * 512
+    return total
+
+
 def fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -137,10 +172,20 @@ def bench_rank(
     state = make_state(rank, mib_per_rank)
     out: dict[str, dict[str, list[float]]] = {}
 
-    def record(name: str, blocking: float, committed: float) -> None:
-        out.setdefault(name, {"blocking": [], "committed": []})
+    def record(
+        name: str,
+        blocking: float,
+        committed: float,
+        cpu: float | None = None,
+        disk: int | None = None,
+    ) -> None:
+        out.setdefault(name, {"blocking": [], "committed": [], "cpu_s": [], "disk_bytes": []})
         out[name]["blocking"].append(blocking)
         out[name]["committed"].append(committed)
+        if cpu is not None:  # the machine's busy CPU seconds from the call to the commit
+            out[name]["cpu_s"].append(cpu)
+        if disk is not None:  # ... and the bytes its disks wrote meanwhile
+            out[name]["disk_bytes"].append(disk)
 
     def fresh(name: str) -> str:
         path = os.path.join(base, name)
@@ -192,7 +237,7 @@ def bench_rank(
             continue
         path = fresh(name.replace(" ", "_").replace("+", ""))
         for i in range(saves):
-            t0 = time.perf_counter()
+            t0, c0, d0 = time.perf_counter(), machine_busy_s(), disk_written_bytes()
             box: dict[str, Any] = {}
 
             def start(i: int = i, stager: Any = stager, path: str = path, box: dict = box) -> None:
@@ -201,8 +246,9 @@ def bench_rank(
             blocking = timed_max(start)
             stock_wait(box["f"])
             committed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            dist.all_reduce(committed, op=dist.ReduceOp.MAX)
-            record(name, blocking, float(committed.item()))
+            dist.all_reduce(committed, op=dist.ReduceOp.MAX)  # every rank is done
+            cpu, disk = machine_busy_s() - c0, disk_written_bytes() - d0
+            record(name, blocking, float(committed.item()), cpu, disk)
         peak(name)
     cpu_stager.close()
 
@@ -214,7 +260,7 @@ def bench_rank(
     for n, (name, staging, background, budget) in enumerate(MANAGERS):
         if name not in contenders:
             continue
-        out[name] = {"blocking": [], "committed": []}
+        out[name] = {"blocking": [], "committed": [], "cpu_s": [], "disk_bytes": []}
         managers[name] = CheckpointManager(
             fresh(f"manager_{n}"),
             staging_dir=fresh(f"nvme_{n}_{rank}") if staging else None,
@@ -229,11 +275,13 @@ def bench_rank(
         order = names[::-1] if i == 0 else names[i % len(names) :] + names[: i % len(names)]
         for name in order:
             mgr = managers[name]
+            c0, d0 = machine_busy_s(), disk_written_bytes()
             blocking = timed_max(lambda i=i, mgr=mgr: mgr.save(i, state))
             mgr.wait()
             committed = torch.tensor([mgr.records[-1].total_s], dtype=torch.float64)
-            dist.all_reduce(committed, op=dist.ReduceOp.MAX)
-            record(name, blocking, float(committed.item()))
+            dist.all_reduce(committed, op=dist.ReduceOp.MAX)  # every rank is done
+            cpu, disk = machine_busy_s() - c0, disk_written_bytes() - d0
+            record(name, blocking, float(committed.item()), cpu, disk)
     for name, mgr in managers.items():
         mgr.close()
         out[name]["peak_rss_mib"] = peak_rss_mib()  # type: ignore[assignment]
@@ -355,6 +403,8 @@ def summarise(results: list[dict], total_mib: int) -> list[dict]:
     for name, r in result.items():
         steady_b = r["blocking"][1:] or r["blocking"]
         steady_c = r["committed"][1:] or r["committed"]
+        steady_cpu = r.get("cpu_s", [])[1:]
+        steady_disk = r.get("disk_bytes", [])[1:]
         rows.append(
             {
                 "contender": name,
@@ -367,6 +417,18 @@ def summarise(results: list[dict], total_mib: int) -> list[dict]:
                 "committed_max_s": max(steady_c),
                 "gib": total_mib / 1024,
                 "peak_rss_mib": max(res[name].get("peak_rss_mib", 0.0) for res in results),
+                "cpu_s": statistics.median(steady_cpu) if steady_cpu else None,
+                "disk_mb": statistics.median(steady_disk) / 1e6 if steady_disk else None,
+                "disk_mb_s": (
+                    statistics.median(d / 1e6 / w for d, w in zip(steady_disk, steady_c))
+                    if steady_disk
+                    else None
+                ),
+                "cores_busy": (
+                    statistics.median(c / w for c, w in zip(steady_cpu, steady_c))
+                    if steady_cpu
+                    else None
+                ),
             }
         )
     by_name = {r["contender"]: r for r in rows}
@@ -377,6 +439,9 @@ def summarise(results: list[dict], total_mib: int) -> list[dict]:
         r["committed_x_stager"] = r["committed_s"] / stager if stager else None
         r["x_floor"] = r["blocking_s"] / floor if floor else None
         r["torch_save_over"] = tsave / r["blocking_s"] if tsave else None
+        # The least time the machine's cores allow for the CPU this save used.
+        bound = r["cpu_s"] / (os.cpu_count() or 1) if r["cpu_s"] else None
+        r["committed_x_cpu_bound"] = r["committed_s"] / bound if bound else None
     return rows
 
 
@@ -387,7 +452,9 @@ def _ratio(x: float | None, digits: int = 2) -> str:
 def table(rows: list[dict]) -> str:
     return markdown(
         "contender|blocking s (median, steady)|min–max|first save|until committed s"
-        "|min–max|÷ DefaultStager's|× copy_ floor|torch.save ÷ this",
+        "|min–max|÷ DefaultStager's|× copy_ floor|torch.save ÷ this"
+        "|machine CPU s until committed|cores busy|committed × CPU bound"
+        "|disk MB written until committed|disk MB/s",
         [
             [
                 r["contender"],
@@ -399,6 +466,11 @@ def table(rows: list[dict]) -> str:
                 _ratio(r["committed_x_stager"]),
                 _ratio(r["x_floor"]),
                 _ratio(r["torch_save_over"], 1),
+                _ratio(r["cpu_s"]),
+                _ratio(r["cores_busy"], 1),
+                _ratio(r["committed_x_cpu_bound"]),
+                _ratio(r["disk_mb"], 0),
+                _ratio(r["disk_mb_s"], 0),
             ]
             for r in rows
         ],

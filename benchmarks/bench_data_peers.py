@@ -24,11 +24,14 @@ sleeps ``--step-ms``, for two epochs with a fresh node-local cache:
 ``ckptstore-packed`` (raw only) reads the raw files packed into Parquet shards of the peers'
 chunk size by ``ckptstore.data.pack.pack_files``: the like-for-like row against litdata's
 ``optimize()``d chunks. Conversion times (MDS, optimize(), pack) are printed, not counted.
+``memory`` is no peer but the floor: a torch DataLoader over the same shapes already in
+memory (no storage, no decode), whose steady wait is the least any loader can have here.
 
 Resume (once per dataset): 2 ranks x 2 workers train K steps, write their loader state
 (the checkpoint), train 2 more steps and are SIGKILLed mid-epoch; then 3 ranks x 1 worker
 resume from that state and finish the epoch. Counted over the checkpointed steps plus the
-resumed run: samples repeated and skipped. The fsspec loader has no state: it starts over.
+resumed run: samples repeated and skipped. The fsspec loader has no state: it starts over;
+the memory floor is not resumed.
 """
 
 from __future__ import annotations
@@ -55,7 +58,8 @@ from convert import make_raw, make_tokens, to_litdata, to_mds  # noqa: E402
 
 BUCKET = "peers"
 PACKED = "ckptstore-packed"  # raw files packed into Parquet shards (ckptstore.data.pack)
-NAMES = ("ckptstore", PACKED, "mosaic", "litdata", "fsspec")
+FLOOR = "memory"  # rows already in memory: the floor of a loader's wait on this machine
+NAMES = ("ckptstore", PACKED, "mosaic", "litdata", "fsspec", FLOOR)
 
 
 def _free_port() -> int:
@@ -373,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                     "contender": name,
                     "kind": kind,
                     "count": data[kind]["count"],
+                    "row_elems": args.tokens if kind == "tokens" else args.file_kib * 1024,
                     "urls": data[kind]["urls"],
                     "s3": shaped,
                     "seed": 7,
@@ -393,7 +398,7 @@ def main(argv: list[str] | None = None) -> int:
                     shown = {k: v for k, v in runs[-1].items() if k != "trace"}
                     print(f"{kind} {name} {rep + 1}/{args.repeat}: {shown}", flush=True)
                 entry: dict[str, Any] = {"runs": runs}
-                if not args.no_resume:
+                if not args.no_resume and name != FLOOR:
                     _clean_peers_shm()
                     entry["resume"] = resume_check(base, args, work, link.endpoint)
                     print(f"{kind} {name} resume: {entry['resume']}", flush=True)

@@ -1,4 +1,4 @@
-"""The four data loaders of bench_data_peers.py, each built the way its docs say to.
+"""The data loaders of bench_data_peers.py, each built the way its docs say to.
 
 Every contender reads the same rows from the same S3 server through the same shaped link,
 and gives the training loop batches with an ``id`` tensor (the row's global id), so that the
@@ -14,6 +14,10 @@ benchmark can count what each rank trained on.
 - ``fsspec``: a plain torch ``DataLoader`` over an ``IterableDataset`` that streams the
   Parquet shards (or raw files) through s3fs, split over ranks and workers, rows shuffled
   within a row group. It has no state: a resume starts the epoch again.
+- ``memory`` (the floor, not a peer): a plain torch ``DataLoader`` over rows of the same
+  shapes already in each rank's memory (a map-style ``Dataset``, ``DistributedSampler``): no
+  storage, no decode, only torch's worker-to-loop hand-off on this machine. Its steady wait
+  is what a loader's wait cannot go below here; it has no resume.
 
 Call order (in a rank process, torch.distributed initialised)::
 
@@ -254,10 +258,50 @@ class Fsspec(Contender):
         return None  # nothing to resume from: the epoch starts again
 
 
+class _InMemory(torch.utils.data.Dataset):
+    """``count`` rows of the dataset's shapes, made once in the rank (workers inherit them)."""
+
+    def __init__(self, spec: dict[str, Any]) -> None:
+        rng = np.random.default_rng(0)
+        shape = (spec["count"], spec["row_elems"])
+        self.kind = spec["kind"]
+        if self.kind == "tokens":
+            self.rows = rng.integers(0, 50_000, size=shape, dtype=np.int32)
+        else:
+            self.rows = rng.integers(0, 256, size=shape, dtype=np.uint8)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, i: int) -> dict[str, Any]:
+        if self.kind == "tokens":
+            return {"id": i, "tokens": self.rows[i]}
+        return {"id": i, "blob": torch.from_numpy(self.rows[i])}
+
+
+class Memory(Contender):
+    def loader(self, state: Any) -> Any:
+        from torch.utils.data.distributed import DistributedSampler
+
+        ds = _InMemory(self.spec)
+        sampler = DistributedSampler(ds, shuffle=True, seed=self.spec["seed"])
+        return torch.utils.data.DataLoader(
+            ds,
+            batch_size=self.batch,
+            sampler=sampler,
+            num_workers=self.workers,
+            collate_fn=_collate,
+        )
+
+    def state(self, loader: Any) -> Any:
+        return None  # the floor is measured for its waits only
+
+
 CONTENDERS: dict[str, type[Contender]] = {
     "ckptstore": Ckptstore,
     "ckptstore-packed": CkptstorePacked,
     "mosaic": Mosaic,
     "litdata": Litdata,
     "fsspec": Fsspec,
+    "memory": Memory,
 }
