@@ -148,6 +148,11 @@ def disk_written_bytes() -> int:
     return total
 
 
+def machine_counters() -> tuple[float, int]:
+    """``(machine_busy_s(), disk_written_bytes())`` now: read before and after a save."""
+    return machine_busy_s(), disk_written_bytes()
+
+
 def fsync_path(path: str) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -237,7 +242,7 @@ def bench_rank(
             continue
         path = fresh(name.replace(" ", "_").replace("+", ""))
         for i in range(saves):
-            t0, c0, d0 = time.perf_counter(), machine_busy_s(), disk_written_bytes()
+            t0, (c0, d0) = time.perf_counter(), machine_counters()
             box: dict[str, Any] = {}
 
             def start(i: int = i, stager: Any = stager, path: str = path, box: dict = box) -> None:
@@ -247,8 +252,8 @@ def bench_rank(
             stock_wait(box["f"])
             committed = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
             dist.all_reduce(committed, op=dist.ReduceOp.MAX)  # every rank is done
-            cpu, disk = machine_busy_s() - c0, disk_written_bytes() - d0
-            record(name, blocking, float(committed.item()), cpu, disk)
+            c1, d1 = machine_counters()
+            record(name, blocking, float(committed.item()), c1 - c0, d1 - d0)
         peak(name)
     cpu_stager.close()
 
@@ -275,13 +280,13 @@ def bench_rank(
         order = names[::-1] if i == 0 else names[i % len(names) :] + names[: i % len(names)]
         for name in order:
             mgr = managers[name]
-            c0, d0 = machine_busy_s(), disk_written_bytes()
+            c0, d0 = machine_counters()
             blocking = timed_max(lambda i=i, mgr=mgr: mgr.save(i, state))
             mgr.wait()
             committed = torch.tensor([mgr.records[-1].total_s], dtype=torch.float64)
             dist.all_reduce(committed, op=dist.ReduceOp.MAX)  # every rank is done
-            cpu, disk = machine_busy_s() - c0, disk_written_bytes() - d0
-            record(name, blocking, float(committed.item()), cpu, disk)
+            c1, d1 = machine_counters()
+            record(name, blocking, float(committed.item()), c1 - c0, d1 - d0)
     for name, mgr in managers.items():
         mgr.close()
         out[name]["peak_rss_mib"] = peak_rss_mib()  # type: ignore[assignment]

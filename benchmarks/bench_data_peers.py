@@ -24,8 +24,9 @@ sleeps ``--step-ms``, for two epochs with a fresh node-local cache:
 ``ckptstore-packed`` (raw only) reads the raw files packed into Parquet shards of the peers'
 chunk size by ``ckptstore.data.pack.pack_files``: the like-for-like row against litdata's
 ``optimize()``d chunks. Conversion times (MDS, optimize(), pack) are printed, not counted.
-``memory`` is no peer but the floor: a torch DataLoader over the same shapes already in
-memory (no storage, no decode), whose steady wait is the least any loader can have here.
+``memory`` is no peer but a floor: a stock torch DataLoader over the same shapes already in
+memory (no storage, no decode), whose steady wait is the least a loader that hands batches
+over as torch does can have here (ckptstore's own hand-off waits less).
 
 Resume (once per dataset): 2 ranks x 2 workers train K steps, write their loader state
 (the checkpoint), train 2 more steps and are SIGKILLed mid-epoch; then 3 ranks x 1 worker
@@ -58,7 +59,7 @@ from convert import make_raw, make_tokens, to_litdata, to_mds  # noqa: E402
 
 BUCKET = "peers"
 PACKED = "ckptstore-packed"  # raw files packed into Parquet shards (ckptstore.data.pack)
-FLOOR = "memory"  # rows already in memory: the floor of a loader's wait on this machine
+FLOOR = "memory"  # rows already in memory: the floor of a stock torch DataLoader's wait
 NAMES = ("ckptstore", PACKED, "mosaic", "litdata", "fsspec", FLOOR)
 
 

@@ -17,7 +17,7 @@ benchmark can count what each rank trained on.
 - ``memory`` (the floor, not a peer): a plain torch ``DataLoader`` over rows of the same
   shapes already in each rank's memory (a map-style ``Dataset``, ``DistributedSampler``): no
   storage, no decode, only torch's worker-to-loop hand-off on this machine. Its steady wait
-  is what a loader's wait cannot go below here; it has no resume.
+  is what a loader using that hand-off cannot go below here; it has no resume.
 
 Call order (in a rank process, torch.distributed initialised)::
 
