@@ -2,7 +2,7 @@
 
     python benchmarks/bench_async_scaling.py [--sizes-mib 256,1024,4096] [--worlds 1,2,4]
                                              [--saves 3] [--shm /dev/shm]
-                                             [--contenders "NAME;..."]
+                                             [--contenders "NAME;..."] [--torch-threads N]
 
 For every (total size, ranks) cell, on gloo ranks started for that cell, each contender
 saves ``--saves`` times, interleaved round by round (the first round apart as warm-up);
@@ -90,9 +90,14 @@ def scaling_rank(
     base: str,
     shm: str,
     names: tuple[str, ...] = CONTENDERS,
+    torch_threads: int | None = None,
 ):
     """Every contender's saves (of ``names``), interleaved round by round (the order
-    rotated each round), so that the machine's load drifts over all of them alike."""
+    rotated each round), so that the machine's load drifts over all of them alike; with
+    ``torch_threads``, torch's intra-op threads set to that first (torchrun's
+    ``OMP_NUM_THREADS=1``)."""
+    if torch_threads is not None:
+        torch.set_num_threads(torch_threads)
     from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
     from ckptstore.manager import CheckpointManager
@@ -317,6 +322,13 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="the destination's parent (default: a temp dir)")
     p.add_argument("--contenders", default=";".join(CONTENDERS), help="names, separated by ;")
     p.add_argument(
+        "--torch-threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads per rank (1: what torchrun's OMP_NUM_THREADS=1 gives "
+        "every rank of a node with more cores than ranks; default: torch's own)",
+    )
+    p.add_argument(
         "--plot-only", metavar="JSON", nargs="+", help="redraw the plots from earlier runs' rows"
     )
     args = p.parse_args()
@@ -340,7 +352,15 @@ def main() -> None:
             t = time.time()
             try:
                 raw = run_distributed(
-                    scaling_rank, world, size // world, args.saves, base, shm, names, timeout=3600
+                    scaling_rank,
+                    world,
+                    size // world,
+                    args.saves,
+                    base,
+                    shm,
+                    names,
+                    args.torch_threads,
+                    timeout=3600,
                 )
             finally:
                 shutil.rmtree(base, ignore_errors=True)

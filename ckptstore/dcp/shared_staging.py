@@ -27,7 +27,8 @@ Call order::
 
 The arena is a Linux memfd: it has no name in /dev/shm, and the kernel frees its memory
 when the last process holding it (an fd or a mapping) exits, whichever way it exits.
-Tensors are copied into 64-byte-aligned contiguous slots. The slots are laid out again
+Tensors are copied into 64-byte-aligned contiguous slots (CPU tensors on the rank's share
+of the cores: ``hostcopy``). The slots are laid out again
 only when the list of tensor dtypes and shapes changes (an optimizer's state appearing
 after its first step); a new arena is allocated only when the tensors no longer fit, so
 steady saves copy into the same memory. Everything that is not a tensor (containers,
@@ -64,6 +65,7 @@ from typing import Any, TypeVar
 
 import torch
 
+from ckptstore.dcp.hostcopy import HostCopier
 from ckptstore.errors import ConfigError, StagingMemoryError
 
 __all__ = [
@@ -196,6 +198,7 @@ class SharedStager:
         self.pin = pin
         self.budget = budget
         self.arena: Arena | None = None
+        self._copier = HostCopier()
         #: How many arenas were allocated so far (steady saves allocate none).
         self.allocations = 0
         #: Arena bytes holding the piece copied last, and the most ever; the most the
@@ -289,12 +292,17 @@ class SharedStager:
     def _copy(self, piece: int, tensors: list[torch.Tensor]) -> None:
         assert self.arena is not None
         cuda, end = False, 0
+        host: list[tuple[torch.Tensor, torch.Tensor]] = []
         for i in self._pieces[piece]:
             src, dst = tensors[i], self.views[i]
-            blocking = not (self.pin and src.device.type == "cuda")
-            dst.copy_(src, non_blocking=not blocking)
-            cuda = cuda or not blocking
+            if src.device.type == "cpu":
+                host.append((dst, src))
+            else:
+                blocking = not (self.pin and src.device.type == "cuda")
+                dst.copy_(src, non_blocking=not blocking)
+                cuda = cuda or not blocking
             end = max(end, self._slots[i].offset + self._slots[i].nbytes)
+        self._copier.copy(host)  # while the copy engine runs the CUDA ones
         if cuda:
             torch.cuda.synchronize()
         self.in_use = end
@@ -351,7 +359,9 @@ class SharedStager:
         self._key, self._slots, self._pieces = key, slots, pieces
 
     def close(self) -> None:
-        """Free the arena (this process's fd and mapping); the next ``stage`` allocates anew."""
+        """Free the arena (this process's fd and mapping) and stop the copy threads; the
+        next ``stage`` allocates anew."""
+        self._copier.close()
         self.views, self._sources = [], []
         self._key = None
         if self.arena is not None:

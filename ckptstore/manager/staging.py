@@ -35,7 +35,9 @@ arena bytes holding a staged copy (what the budget bounds). Each staged tensor h
 storage of its own over its bytes of the arena (``HostArena``), so the writer saves it
 as it is; a view into one big storage would be cloned by the writer first. The arena is
 allocated once and reused while the tensors' dtypes and shapes stay the same; a layout
-that needs more room (and the budget allows) allocates a larger one.
+that needs more room (and the budget allows) allocates a larger one. CPU tensors are copied
+on the rank's share of the cores (``ckptstore.dcp.hostcopy``: torchrun's one OpenMP thread
+per rank would leave a node's other cores idle).
 """
 
 from __future__ import annotations
@@ -49,6 +51,7 @@ from typing import Any
 
 import torch
 
+from ckptstore.dcp.hostcopy import HostCopier
 from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole, allocated, user_values
 from ckptstore.errors import ConfigError
 
@@ -175,6 +178,7 @@ class ArenaStager:
         self.budget = check_budget(budget)
         self.pin = pin
         self.arena: HostArena | None = None
+        self._copier = HostCopier()
         #: Arenas allocated so far (steady saves allocate none).
         self.allocations = 0
         #: Arena bytes holding the current staged copies, and the most ever held.
@@ -232,12 +236,17 @@ class ArenaStager:
             return None
         self.reserve(prepared)
         cuda = False
+        host: list[tuple[torch.Tensor, torch.Tensor]] = []
         for dst, src in zip(self._views, tensors, strict=True):
             if dst is None:
+                continue
+            if src.device.type == "cpu":
+                host.append((dst, src))
                 continue
             non_blocking = self.pin and src.device.type == "cuda"
             dst.copy_(src, non_blocking=non_blocking)
             cuda = cuda or non_blocking
+        self._copier.copy(host)  # while the copy engine runs the CUDA ones
         if cuda:
             torch.cuda.synchronize()
         self.peak_in_use = max(self.peak_in_use, self.in_use)
@@ -279,7 +288,8 @@ class ArenaStager:
         self._key, self._slots = key, slots
 
     def close(self) -> None:
-        """Free the arena; the next ``stage`` allocates anew."""
+        """Free the arena and stop the copy threads; the next ``stage`` allocates anew."""
+        self._copier.close()
         self._views, self._slots, self._key = [], [], None
         if self.arena is not None:
             self.arena.close()
