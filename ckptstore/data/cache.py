@@ -2,7 +2,7 @@
 
 Layout under ``cache_dir``::
 
-    budget.lock                 flock'ed (exclusive) around every space decision and publish
+    budget.lock                 flock'ed (exclusive) around every space decision
     pressure                    touched by a process waiting for space: others unpin
     shards/<key>.data           a complete, verified shard
     shards/<key>.meta           its size, CRC32C and footer digest (written before .data)
@@ -385,19 +385,25 @@ class ShardCache:
                 unlink_quietly(meta_tmp)  # a full disk can fail this small write too
                 raise
             final = os.path.join(self._shards, e.key + ".data")
-            with self._budget():  # a space scan sees these bytes once: as temp or as shard
-                os.replace(tmp, final)
+            os.replace(tmp, final)  # a space scan racing it counts it once (``_usage``)
             st = os.stat(final)
             with self._vlock:
                 self._verified[e.key] = (st.st_ino, st.st_mtime_ns, st.st_size)
             return
 
     def _reserve(self, e: CacheEntry, cursor: int, max_distance: int | None) -> str | None:
-        """Under the budget lock: evict as needed and create the pre-allocated temp file.
+        """Create the pre-allocated temp file, evicting as needed under the budget lock
+        (without a limit, the lock only once the disk is full).
 
         ``max_distance`` None (a demand fetch) may evict any unpinned shard; otherwise only
         shards next needed later than ``max_distance`` (or not at all). None: no room.
         """
+        if self.limit is None:  # no space decision to make, unless the disk is full
+            try:
+                return create_temp(self._shards, e, self.dir)
+            except CacheError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
         with self._budget():
             if self.limit is not None:
                 used, _ = self._usage()
@@ -424,37 +430,53 @@ class ShardCache:
 
     @contextlib.contextmanager
     def _budget(self) -> Iterator[None]:
-        """Hold the node's budget lock: around every space decision, and around every
-        publish (the rename of a temp file to its shard), so that a space scan never runs
-        while a shard's bytes are between their two names (counted as neither)."""
+        """Hold the node's budget lock around every space decision: with a limit, each
+        reservation; without one, only what a full disk makes necessary. It is one lock
+        for the node, so it is never taken where no decision is made (a publish, a
+        reservation under no limit): small files come hundreds a second."""
         with Lock(os.path.join(self.dir, "budget.lock")) as budget:
             budget.acquire(timeout=self.wait_timeout, what="cache budget lock")
             yield
 
     def _usage(self) -> tuple[int, dict[str, int]]:
         """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones.
-        Only under :meth:`_budget`."""
-        used, cached = 0, {}
+        Only under :meth:`_budget`.
+
+        Downloads publish (rename temp -> .data) without the lock, so a shard may move
+        between its two names during the scan: a temp file gone when stat()ed is looked
+        up under its .data name, so a shard is never counted as neither (at worst, for a
+        moment, as both: over the budget's count, never under it)."""
+        temps, cached = 0, {}
         with os.scandir(self._shards) as it:
             for d in it:
                 name = d.name
+                if name.endswith(".data"):
+                    key = name[: -len(".data")]
+                elif ".data" + TMP in name:
+                    key = name.split(".data" + TMP, 1)[0]
+                else:
+                    continue
                 try:
                     size = d.stat().st_size
                 except FileNotFoundError:
+                    if name.endswith(".data"):
+                        continue  # evicted
+                    try:  # published since it was listed
+                        cached[key] = os.stat(os.path.join(self._shards, key + ".data")).st_size
+                    except FileNotFoundError:
+                        pass  # failed and removed
                     continue
                 if name.endswith(".data"):
-                    cached[name[: -len(".data")]] = size
-                    used += size
-                elif ".data" + TMP in name:
-                    key = name.split(".data" + TMP, 1)[0]
-                    lock = self._lock(key, "dl")
-                    if lock.try_acquire():  # nobody downloads it: a crashed process's leftover
-                        lock.close()
-                        unlink_quietly(d.path)
-                    else:
-                        lock.close()
-                        used += size
-        return used, cached
+                    cached[key] = size
+                    continue
+                lock = self._lock(key, "dl")
+                if lock.try_acquire():  # nobody downloads it: a crashed process's leftover
+                    lock.close()
+                    unlink_quietly(d.path)
+                else:
+                    lock.close()
+                    temps += size
+        return temps + sum(cached.values()), cached
 
     def _in_progress(self) -> bool:
         """Whether some download is under way in this cache (its temp file holds space):
