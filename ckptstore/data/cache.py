@@ -450,7 +450,8 @@ class ShardCache:
         with os.scandir(self._shards) as it:
             for d in it:
                 name = d.name
-                if name.endswith(".data"):
+                is_data = name.endswith(".data")
+                if is_data:
                     key = name[: -len(".data")]
                 elif ".data" + TMP in name:
                     key = name.split(".data" + TMP, 1)[0]
@@ -459,14 +460,13 @@ class ShardCache:
                 try:
                     size = d.stat().st_size
                 except FileNotFoundError:
-                    if name.endswith(".data"):
-                        continue  # evicted
-                    try:  # published since it was listed
-                        cached[key] = os.stat(os.path.join(self._shards, key + ".data")).st_size
-                    except FileNotFoundError:
-                        pass  # failed and removed
+                    if not is_data:  # published since it was listed (else: evicted)
+                        try:
+                            cached[key] = os.stat(os.path.join(self._shards, key + ".data")).st_size
+                        except FileNotFoundError:
+                            pass  # failed and removed
                     continue
-                if name.endswith(".data"):
+                if is_data:
                     cached[key] = size
                     continue
                 lock = self._lock(key, "dl")
