@@ -103,9 +103,13 @@ class HostCopier:
     def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
         """``dst.copy_(src)`` for every pair (each ``dst`` contiguous, the same dtype and
         shape as its ``src``, both on the CPU); returns when all are done."""
-        flat = [p for p in pairs if p[1].is_contiguous() and p[0].is_contiguous()]
+        flat = (
+            [p for p in pairs if p[1].is_contiguous() and p[0].is_contiguous()]
+            if self.threads > 1
+            else []
+        )
         sizes = [src.numel() * src.element_size() for _, src in flat]
-        if self.threads == 1 or sum(sizes) < MIN_PARALLEL_BYTES:
+        if sum(sizes) < MIN_PARALLEL_BYTES:  # one thread, or too little to split
             for dst, src in pairs:
                 dst.copy_(src)
             return
