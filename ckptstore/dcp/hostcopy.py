@@ -13,11 +13,12 @@ Call order::
     copier = HostCopier()       # threads: the rank's cores (its CPU affinity divided by
                                 # LOCAL_WORLD_SIZE), at most 8; 1 when torch's own
                                 # intra-op threads are already as many (copy_ runs them)
-    copier.copy(pairs)          # [(dst, src), ...], every one a CPU tensor: returns once
-                                # every byte is copied; a copy's error is raised here
+    copier.copy(pairs, pin)     # [(dst, src), ...]: returns once every byte is copied;
+                                # a copy's error is raised here
     copier.close()              # stops the threads (the next copy starts them again)
 
-CUDA sources stay with the caller (pinned, non-blocking copies on the copy engine).
+CUDA sources into pinned memory (``pin``) are copied non-blocking on the copy engine,
+issued first, while the threads copy the CPU ones; one synchronize at the end.
 ``split_bytes`` is the pure part: the even split of the bytes over the threads.
 """
 
@@ -100,22 +101,30 @@ class HostCopier:
         self.threads = max(1, threads)
         self._pool: ThreadPoolExecutor | None = None
 
-    def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> None:
-        """``dst.copy_(src)`` for every pair (each ``dst`` contiguous, the same dtype and
-        shape as its ``src``, both on the CPU); returns when all are done."""
-        flat = (
-            [p for p in pairs if p[1].is_contiguous() and p[0].is_contiguous()]
-            if self.threads > 1
-            else []
-        )
+    def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], pin: bool = False) -> None:
+        """``dst.copy_(src)`` for every pair (each ``dst`` a host tensor of the same dtype
+        and shape as its ``src``; with ``pin``, pinned); returns when all are done."""
+        cuda = False
+        flat: list[tuple[torch.Tensor, torch.Tensor]] = []
+        for dst, src in pairs:
+            if src.device.type != "cpu":
+                non_blocking = pin and src.device.type == "cuda"
+                dst.copy_(src, non_blocking=non_blocking)
+                cuda = cuda or non_blocking
+            elif self.threads > 1 and src.is_contiguous() and dst.is_contiguous():
+                flat.append((dst, src))
+            else:  # one thread, or a strided source that cannot be cut into flat slices
+                dst.copy_(src)
+        self._copy_flat(flat)
+        if cuda:
+            torch.cuda.synchronize()
+
+    def _copy_flat(self, flat: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         sizes = [src.numel() * src.element_size() for _, src in flat]
-        if sum(sizes) < MIN_PARALLEL_BYTES:  # one thread, or too little to split
-            for dst, src in pairs:
+        if sum(sizes) < MIN_PARALLEL_BYTES:  # too little to split
+            for dst, src in flat:
                 dst.copy_(src)
             return
-        for dst, src in pairs:  # a strided source cannot be cut into flat slices
-            if not (src.is_contiguous() and dst.is_contiguous()):
-                dst.copy_(src)
         views = [(_bytes(dst), _bytes(src)) for dst, src in flat]
 
         def run(lane: list[Piece]) -> None:

@@ -291,20 +291,9 @@ class SharedStager:
 
     def _copy(self, piece: int, tensors: list[torch.Tensor]) -> None:
         assert self.arena is not None
-        cuda, end = False, 0
-        host: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for i in self._pieces[piece]:
-            src, dst = tensors[i], self.views[i]
-            if src.device.type == "cpu":
-                host.append((dst, src))
-            else:
-                blocking = not (self.pin and src.device.type == "cuda")
-                dst.copy_(src, non_blocking=not blocking)
-                cuda = cuda or not blocking
-            end = max(end, self._slots[i].offset + self._slots[i].nbytes)
-        self._copier.copy(host)  # while the copy engine runs the CUDA ones
-        if cuda:
-            torch.cuda.synchronize()
+        indices = self._pieces[piece]
+        self._copier.copy([(self.views[i], tensors[i]) for i in indices], self.pin)
+        end = max((self._slots[i].offset + self._slots[i].nbytes for i in indices), default=0)
         self.in_use = end
         self.peak_in_use = max(self.peak_in_use, end)
         if self.budget is not None:

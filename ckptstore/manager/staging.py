@@ -235,20 +235,8 @@ class ArenaStager:
         if self.budget is None and not all(prepared.plain):
             return None
         self.reserve(prepared)
-        cuda = False
-        host: list[tuple[torch.Tensor, torch.Tensor]] = []
-        for dst, src in zip(self._views, tensors, strict=True):
-            if dst is None:
-                continue
-            if src.device.type == "cpu":
-                host.append((dst, src))
-                continue
-            non_blocking = self.pin and src.device.type == "cuda"
-            dst.copy_(src, non_blocking=non_blocking)
-            cuda = cuda or non_blocking
-        self._copier.copy(host)  # while the copy engine runs the CUDA ones
-        if cuda:
-            torch.cuda.synchronize()
+        pairs = [(d, s) for d, s in zip(self._views, tensors, strict=True) if d is not None]
+        self._copier.copy(pairs, self.pin)
         self.peak_in_use = max(self.peak_in_use, self.in_use)
         items = [
             view if view is not None else src
