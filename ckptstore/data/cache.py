@@ -2,7 +2,8 @@
 
 Layout under ``cache_dir``::
 
-    budget.lock                 flock'ed (exclusive) around every space decision
+    budget.lock                 flock'ed (exclusive) around every space decision; holds
+                                the ledger: bytes in use, bytes reserved since a recount
     pressure                    touched by a process waiting for space: others unpin
     shards/<key>.data           a complete, verified shard
     shards/<key>.meta           its size, CRC32C and footer digest (written before .data)
@@ -13,17 +14,19 @@ Layout under ``cache_dir``::
 Rules: a download is written to a temp file (``posix_fallocate``'d, so space is claimed up
 front and a full disk fails at once: the farthest-needed unpinned shard is then evicted as
 if the budget were full, and only when none is left does a demand read fail with
-``CacheError``), verified (size, footer digest, CRC32C recorded) and
-renamed into place. Space is accounted by summing ``.data`` and temp files; when a new shard
-does not fit the byte budget, the shard needed farthest in the future (per
-:class:`~ckptstore.data.stream.DataOrder`) that nobody holds a ``.use`` lock on is
-evicted. Readers keep shards pinned between batches; a process waiting for space touches
-``pressure`` and every process unpins its idle shards at its next batch (or while it waits
-itself), so pins never starve a waiter. A prefetch may only evict shards needed later than
-the one it fetches. Locks are ``flock`` locks: a crashed process releases them (a forked
-child closes the ones it inherits), and its temp files are removed by the next space
-decision. Each process checks a cached file's CRC32C the first time it opens it and
-re-fetches it on mismatch.
+``CacheError``), verified (size, footer digest, CRC32C recorded) and renamed into place.
+Space is counted in the ledger (every reservation adds to it, every eviction takes away) and
+recounted by summing ``.data`` and temp files when it says a new shard does not fit, or
+after limit / 8 bytes of reservations; when a new shard does not fit the byte budget, the
+shards needed farthest in the future (per :class:`~ckptstore.data.stream.DataOrder`) that
+nobody holds a ``.use`` lock on are evicted, until it fits with limit / 16 to spare (so a
+directory of many small files is scanned once per many downloads, not for each). Readers
+keep shards pinned between batches; a process waiting for space touches ``pressure`` and
+every process unpins its idle shards at its next batch (or while it waits itself), so pins
+never starve a waiter. A prefetch may only evict shards needed later than the one it
+fetches. Locks are ``flock`` locks: a crashed process releases them (a forked child closes
+the ones it inherits), and its temp files are removed by the next recount. Each process
+checks a cached file's CRC32C the first time it opens it and re-fetches it on mismatch.
 
 Call order (per process)::
 
@@ -54,6 +57,7 @@ from ckptstore.data.cachefiles import (
     CacheEntry,
     CacheStats,
     Handle,
+    Ledger,
     Lock,
     Mismatch,
     cache_os_error,
@@ -62,6 +66,7 @@ from ckptstore.data.cachefiles import (
     fetch_to_file,
     file_crc32c,
     probe_cache_dir,
+    process_gate,
     unlink_quietly,
 )
 from ckptstore.data.stream import DataOrder
@@ -404,39 +409,86 @@ class ShardCache:
             except CacheError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-        with self._budget():
-            if self.limit is not None:
-                used, _ = self._usage()
-                while used + e.size > self.limit:
-                    evicted, _ = self._evict_farthest(cursor, e.key, max_distance)
-                    if not evicted:
-                        return None
-                    used, _ = self._usage()
-            while True:
-                try:
-                    return create_temp(self._shards, e, self.dir)
-                except CacheError as exc:
-                    if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                        raise
-                    evicted, pinned = self._evict_farthest(cursor, e.key, max_distance)
-                    if evicted:
-                        continue  # the disk itself is full: make room as the budget would
-                    if max_distance is not None or pinned or self._in_progress():
-                        # "full": a prefetch tries later; a demand read waits for a pinned
-                        # shard to be let go or for a download in progress (whose space
-                        # it holds) to be published and so become evictable
-                        return None
-                    raise  # nothing of ours to evict: the disk is full of other files
+        with self._budget() as ledger:
+            if self.limit is not None and not self._fit(ledger, e, cursor, max_distance):
+                return None
+            tmp = None
+            try:
+                tmp = self._create(e, cursor, max_distance, ledger)
+            finally:
+                if tmp is None and self.limit is not None:
+                    ledger.free(e.size)  # the reservation _fit counted
+            return tmp
+
+    def _fit(self, ledger: Ledger, e: CacheEntry, cursor: int, max_distance: int | None) -> bool:
+        """Count ``e`` in the ledger if it fits the limit, evicting as needed; False: not now.
+
+        The ledger decides alone while it says ``e`` fits and fewer than limit / 8 bytes
+        were reserved since the files were last counted (a recount also catches what a
+        process without this limit added). Otherwise the files are counted, and if ``e``
+        does not fit, the farthest-needed shards are evicted until it does with limit / 16
+        to spare: one scan of the directory, one sort, for many downloads, not each.
+        """
+        assert self.limit is not None
+        known = ledger.read()
+        if known is not None:
+            used, added = known
+            if used + e.size <= self.limit and added < self.limit // 8:
+                ledger.write(used + e.size, added + e.size)
+                return True
+        used, cached = self._usage()
+        if used + e.size > self.limit:
+            want = used + e.size - self.limit + self.limit // 16
+            used -= self._evict_farthest(cached, cursor, e.key, max_distance, want)[0]
+        fits = used + e.size <= self.limit
+        ledger.write(used + e.size if fits else used, e.size if fits else 0)
+        return fits
+
+    def _create(
+        self, e: CacheEntry, cursor: int, max_distance: int | None, ledger: Ledger
+    ) -> str | None:
+        """The temp file; on a full disk, evict as the budget would. None: no room now."""
+        while True:
+            try:
+                return create_temp(self._shards, e, self.dir)
+            except CacheError as exc:
+                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                    raise
+                _, cached = self._usage()
+                freed, others = self._evict_farthest(cached, cursor, e.key, max_distance, e.size)
+                if freed:
+                    if self.limit is not None:
+                        ledger.free(freed)
+                    continue
+                if max_distance is not None or others or self._in_progress():
+                    # "full": a prefetch tries later; a demand read waits for a pinned
+                    # shard to be let go or for a download in progress (whose space
+                    # it holds) to be published and so become evictable
+                    return None
+                raise  # nothing of ours to evict: the disk is full of other files
 
     @contextlib.contextmanager
-    def _budget(self) -> Iterator[None]:
+    def _budget(self) -> Iterator[Ledger]:
         """Hold the node's budget lock around every space decision: with a limit, each
         reservation; without one, only what a full disk makes necessary. It is one lock
         for the node, so it is never taken where no decision is made (a publish, a
         reservation under no limit): small files come hundreds a second."""
-        with Lock(os.path.join(self.dir, "budget.lock")) as budget:
-            budget.acquire(timeout=self.wait_timeout, what="cache budget lock")
-            yield
+        path = os.path.join(self.dir, "budget.lock")
+        deadline = time.monotonic() + self.wait_timeout
+        gate = process_gate(path)  # this process's threads queue here, not on the flock
+        if not gate.acquire(timeout=self.wait_timeout):
+            raise CacheError(
+                f"waited {self.wait_timeout:.0f} s for the cache budget lock held by another "
+                "thread of this process"
+            )
+        try:
+            with Lock(path) as budget:
+                budget.acquire(
+                    timeout=max(0.0, deadline - time.monotonic()), what="cache budget lock"
+                )
+                yield Ledger(budget)
+        finally:
+            gate.release()
 
     def _usage(self) -> tuple[int, dict[str, int]]:
         """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones.
@@ -485,17 +537,22 @@ class ShardCache:
         return used > sum(cached.values())
 
     def _evict_farthest(
-        self, cursor: int, keep: str, max_distance: int | None
-    ) -> tuple[bool, bool]:
-        """Evict the unpinned shard needed farthest in the future (beyond ``max_distance``).
+        self,
+        cached: dict[str, int],
+        cursor: int,
+        keep: str,
+        max_distance: int | None,
+        want: int,
+    ) -> tuple[int, bool]:
+        """Evict unpinned shards of ``cached``, farthest-needed first (and only beyond
+        ``max_distance``), until ``want`` bytes are freed.
 
-        ``(evicted, others)``: whether one went, and whether other cached shards remain
+        ``(freed, others)``: the bytes freed, and whether other cached shards were there
         (pinned, or needed sooner), so that waiting for space can help.
         """
-        _, cached = self._usage()
         far = self.distances(cursor)
         inf = float("inf")
-        others = False
+        freed, others = 0, False
         for k in sorted(cached, key=lambda k: -far.get(self._shard_of_key.get(k, -1), inf)):
             if k == keep:
                 continue
@@ -506,8 +563,10 @@ class ShardCache:
             ):
                 break
             if self._evict(k):
-                return True, True
-        return False, others
+                freed += cached[k]
+                if freed >= want:
+                    break
+        return freed, others
 
     def _evict(self, key: str) -> bool:
         use = self._lock(key, "use")

@@ -26,6 +26,7 @@ __all__ = [
     "CacheEntry",
     "CacheStats",
     "Handle",
+    "Ledger",
     "Lock",
     "Mismatch",
     "TMP",
@@ -35,6 +36,7 @@ __all__ = [
     "fetch_to_file",
     "file_crc32c",
     "probe_cache_dir",
+    "process_gate",
     "unlink_quietly",
 ]
 
@@ -60,9 +62,26 @@ _OPEN_FDS: set[int] = set()
 _FDS_LOCK = threading.Lock()
 
 
+# Threads of one process waiting for the same exclusive flock queue on a threading.Lock
+# first (see ``process_gate``); a forked child starts with fresh ones.
+_GATES: dict[str, threading.Lock] = {}
+
+
+def process_gate(path: str) -> threading.Lock:
+    """The one threading.Lock of this process for the lock file ``path``.
+
+    An flock is waited for by polling (a timeout must be possible), so threads that poll
+    for it leave it free between their sleeps; behind this gate only one thread of the
+    process polls, and the next one takes over the moment it is done.
+    """
+    with _FDS_LOCK:
+        return _GATES.setdefault(path, threading.Lock())
+
+
 def _close_inherited() -> None:
     global _FDS_LOCK
     _FDS_LOCK = threading.Lock()
+    _GATES.clear()
     for fd in list(_OPEN_FDS):
         try:
             os.close(fd)
@@ -149,6 +168,10 @@ class Lock:
             time.sleep(delay)
             delay = min(0.02, delay * 2)
 
+    def fileno(self) -> int:
+        """The lock file's descriptor (what :class:`Ledger` reads and writes)."""
+        return self._open()
+
     def close(self) -> None:
         """Release the lock (closing the file releases the flock)."""
         fd, self._fd = self._fd, None
@@ -162,6 +185,41 @@ class Lock:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class Ledger:
+    """The node's count of cache bytes, kept as text in the budget lock file itself.
+
+    ``used``: bytes of cached and in-progress shards, an upper bound as long as every
+    reservation adds to it. Bytes freed without the lock (a failed download's temp file, a
+    corrupt copy discarded, a crashed process's leftovers) stay counted until the next
+    recount, which writes the files' own sum. ``added``: bytes reserved since that recount.
+    Read and written only while the lock is held. None when unreadable (a new cache, one an
+    older version kept, anything else in the file): the caller recounts.
+    """
+
+    WIDTH = 48  # "used added", space-padded: a rewrite never leaves a longer one's tail
+
+    def __init__(self, lock: Lock) -> None:
+        self._fd = lock.fileno()
+
+    def read(self) -> tuple[int, int] | None:
+        """``(used, added)``, or None if the file holds no valid count."""
+        try:
+            used, added = (int(x) for x in os.pread(self._fd, self.WIDTH, 0).split())
+        except (OSError, ValueError):
+            return None
+        return (used, added) if used >= 0 and added >= 0 else None
+
+    def write(self, used: int, added: int) -> None:
+        """Record ``used`` bytes in use and ``added`` bytes reserved since the last recount."""
+        os.pwrite(self._fd, f"{used} {added}".ljust(self.WIDTH - 1).encode() + b"\n", 0)
+
+    def free(self, size: int) -> None:
+        """Count ``size`` bytes as freed (an eviction, a reservation given back)."""
+        known = self.read()
+        if known is not None:
+            self.write(max(0, known[0] - size), known[1])
 
 
 @dataclass
