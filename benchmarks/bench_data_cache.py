@@ -51,13 +51,20 @@ def _make_files(root: str, count: int, size: int) -> None:
 
 
 def _epoch(
-    root: str, cache: str, limit: int | None, rank: int, procs: int, batch: int, go: Any, out: Any
+    root: str,
+    cache: str,
+    limit: int | None,
+    rank: int,
+    procs: int,
+    batch: int,
+    ready: Any,
+    out: Any,
 ) -> None:
     from ckptstore.data import ShardedDataset
 
     ds = ShardedDataset(root, format="raw", cache_dir=cache, cache_limit=limit, seed=3)
     order = ds.order
-    go.wait()
+    ready.wait()  # every process has listed the shards and built its order
     t0 = time.perf_counter()
     for b, cursor in enumerate(range(0, ds.num_samples, batch)):
         if b % procs == rank:
@@ -72,16 +79,14 @@ def _epoch(
 def _run(root: str, limit: int | None, procs: int, batch: int) -> tuple[float, int, int]:
     ctx = mp.get_context("spawn")
     cache = tempfile.mkdtemp(prefix="bench-cache-")
-    go, out = ctx.Event(), ctx.Queue()
+    ready, out = ctx.Barrier(procs), ctx.Queue()
     ps = [
-        ctx.Process(target=_epoch, args=(root, cache, limit, r, procs, batch, go, out))
+        ctx.Process(target=_epoch, args=(root, cache, limit, r, procs, batch, ready, out))
         for r in range(procs)
     ]
     try:
         for p in ps:
             p.start()
-        time.sleep(2.0)  # every process has listed the shards and built its order
-        go.set()
         got = [out.get(timeout=1800) for _ in ps]
         for p in ps:
             p.join()

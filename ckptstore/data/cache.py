@@ -454,13 +454,14 @@ class ShardCache:
             except CacheError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                _, cached = self._usage()
+                used, cached = self._usage()
                 freed, others = self._evict_farthest(cached, cursor, e.key, max_distance, e.size)
                 if freed:
                     if self.limit is not None:
                         ledger.free(freed)
                     continue
-                if max_distance is not None or others or self._in_progress():
+                in_progress = used > sum(cached.values())  # live temp files hold space
+                if max_distance is not None or others or in_progress:
                     # "full": a prefetch tries later; a demand read waits for a pinned
                     # shard to be let go or for a download in progress (whose space
                     # it holds) to be published and so become evictable
@@ -529,12 +530,6 @@ class ShardCache:
                     lock.close()
                     temps += size
         return temps + sum(cached.values()), cached
-
-    def _in_progress(self) -> bool:
-        """Whether some download is under way in this cache (its temp file holds space):
-        ``_usage`` counts live temp files (a crashed process's it removes), cached ones apart."""
-        used, cached = self._usage()
-        return used > sum(cached.values())
 
     def _evict_farthest(
         self,
