@@ -258,10 +258,12 @@ def measure(results: list[dict[str, Any]], step_s: float, count: int) -> dict[st
         return {"error": errors[0]}
     if any(len(r["epochs"]) < 2 for r in results):
         return {"error": "fewer than 2 epochs"}
-    steady = []
+    steady, warm = [], []
     for r in results:
         w = r["epochs"][0]["waits"]
         steady += [x / step_s * 100 for x in w[len(w) // 4 :]]
+        w = r["epochs"][1]["waits"]
+        warm += [x / step_s * 100 for x in w[len(w) // 4 :]]
     ids = [i for r in results for b in r["epochs"][0]["ids"] for i in b]
     rep, skip = once(ids, count)
     return {
@@ -270,6 +272,9 @@ def measure(results: list[dict[str, Any]], step_s: float, count: int) -> dict[st
         "first_batch_s": max(r["epochs"][0]["first_batch_s"] or 0.0 for r in results),
         "wait_p50_pct": pct(steady, 50),
         "wait_p99_pct": pct(steady, 99),
+        # the same over the warm epoch: no downloads in the training process
+        "warm_wait_p50_pct": pct(warm, 50),
+        "warm_wait_p99_pct": pct(warm, 99),
         "wait_total_pct": 100
         * sum(x * step_s / 100 for x in steady)
         / max(1e-9, len(steady) * step_s + sum(x * step_s / 100 for x in steady)),

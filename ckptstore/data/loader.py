@@ -43,7 +43,7 @@ from torch.utils.data import DataLoader as TorchDataLoader
 from torch.utils.data import IterableDataset, default_collate, get_worker_info
 
 from ckptstore.data.dataset import ShardedDataset
-from ckptstore.data.handoff import inline
+from ckptstore.data.handoff import inline, widen_result_pipe
 from ckptstore.data.metrics import LoaderMetrics, MetricsSink
 from ckptstore.data.order import (
     DataOrderError,
@@ -215,6 +215,7 @@ class DataLoader:
             self._prefetcher.start(k0)
         plan = _EpochPlan(self.dataset, k0, end, self.rank, r, b, count, self.collate_fn)
         it: Iterator[Any] = iter(()) if not count else iter(self._torch_loader(plan))
+        widen_result_pipe(it)  # a batch crosses from its worker in one write (handoff)
         self._active = generation
         try:
             for s in range(count):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ckptstore.data import DataLoader, ShardedDataset
-from ckptstore.data.handoff import INLINE_BYTES, inline
+from ckptstore.data.handoff import INLINE_BYTES, PIPE_BYTES, inline, widen_result_pipe
 
 from .datasets import make_parquet
 
@@ -63,3 +63,26 @@ def test_batches_from_workers_arrive_whole(tmp_path) -> None:
         assert not b["id"].is_shared()  # came through the pipe, not shared memory
         assert b["x"].tolist() == pytest.approx([i / 10 for i in b["id"].tolist()])
     dl.close()
+
+
+def test_worker_result_pipe_is_widened_and_batches_arrive(tmp_path) -> None:
+    """A 256 KiB batch fits the widened pipe in one write; without workers nothing breaks."""
+    fcntl = pytest.importorskip("fcntl")
+    if not hasattr(fcntl, "F_GETPIPE_SZ"):
+        pytest.skip("no F_GETPIPE_SZ on this platform")
+
+    class Blobs(torch.utils.data.IterableDataset):
+        def __iter__(self):
+            for s in range(4):
+                yield inline((s, torch.full((256 << 10,), s, dtype=torch.uint8)))
+
+    loader = torch.utils.data.DataLoader(Blobs(), batch_size=None, num_workers=1)
+    it = iter(loader)
+    fd = it._worker_result_queue._reader.fileno()
+    before = fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ)
+    widen_result_pipe(it)
+    assert fcntl.fcntl(fd, fcntl.F_GETPIPE_SZ) >= max(before, PIPE_BYTES)
+    got = list(it)
+    assert [s for s, _ in got] == [0, 1, 2, 3]
+    assert all(bool((t == s).all()) and t.numel() == 256 << 10 for s, t in got)
+    widen_result_pipe(iter(torch.utils.data.DataLoader(Blobs(), batch_size=None)))  # no-op
