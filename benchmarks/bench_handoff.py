@@ -13,9 +13,9 @@ asked for). Hand-offs, alternated ``--repeat`` times:
   inline-pipe  the same, the result pipe widened to hold a batch (``widen_result_pipe``;
            what ``ckptstore.data.DataLoader`` does)
 
-Prints the wait in ``next()`` over the batches after the first quarter (p50, p90 of every
-rank's batches), in ms and as % of the step: what any loader built on torch's DataLoader
-pays per batch on this machine before it reads a byte.
+Prints the wait in ``next()`` over the batches after the first quarter (p50, p90 and
+p99 / p50 of every rank's batches), in ms and as % of the step: what any loader built on
+torch's DataLoader pays per batch on this machine before it reads a byte.
 """
 
 from __future__ import annotations
@@ -132,6 +132,7 @@ def main() -> None:
                 cell(p50 * 1e3),
                 f"{min(p50s) * 1e3:.2f}–{max(p50s) * 1e3:.2f}",
                 cell(statistics.median(_pct(r, 90) for r in rs) * 1e3),
+                cell(statistics.median(_pct(r, 99) / _pct(r, 50) for r in rs), ".1f", "x"),
                 cell(p50 / step_s * 100, ".1f", " %"),
             ]
         )
@@ -141,8 +142,8 @@ def main() -> None:
     )
     print(
         markdown_table(
-            ["hand-off", "KiB", "wait p50 ms", "min–max", "p90 ms", "p50 % of step"],
-            "lrrrrr",
+            ["hand-off", "KiB", "wait p50 ms", "min–max", "p90 ms", "p99 / p50", "p50 % of step"],
+            "lrrrrrr",
             rows,
         )
     )
