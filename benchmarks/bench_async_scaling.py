@@ -26,10 +26,15 @@ the state, the floor and each contender's staging copy within this machine's mem
 
 "CPU s" is the CPU time one steady save cost, summed over the ranks and their writer
 processes (``time.process_time`` of each rank, every thread of it, plus ``/proc``'s
-utime + stime of its writer process), median over the steady rounds; "÷ CPU bound" is
+utime + stime of its writer process), median over the steady rounds, with the part spent
+in the kernel in parentheses (page-cache writes, page faults); "÷ CPU bound" is
 committed time over that CPU time divided by the machine's cores (``os.cpu_count()``):
 1.0 means the save kept every core busy from ``save()`` to the commit, i.e. it is bound
 by CPU, not by the disk or by waiting.
+
+"paired" is a blocking (or committed) time over ``DefaultStager``'s of the same round,
+median over the steady rounds (the ratio of medians beside it can be moved by a drift of
+the machine between rounds).
 
 The destination is a directory on the machine's disk. "RSS added" is the most a steady
 save raised a rank's RSS above what was resident before it (``benchmarks/rss.py``): the
@@ -70,16 +75,16 @@ CONTENDERS = (FLOOR, STAGER, MANAGER, STAGED, BUDGET, PROCESS)
 _TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _cpu_s(pid: int | None) -> float:
-    """CPU seconds of process ``pid`` (utime + stime from /proc), 0.0 without one."""
+def _cpu_s(pid: int | None) -> tuple[float, float]:
+    """CPU seconds of process ``pid`` from /proc: (utime + stime, stime); 0s without one."""
     if pid is None:
-        return 0.0
+        return 0.0, 0.0
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rsplit(")", 1)[1].split()
     except OSError:
-        return 0.0
-    return (int(fields[11]) + int(fields[12])) / _TICK
+        return 0.0, 0.0
+    return (int(fields[11]) + int(fields[12])) / _TICK, int(fields[12]) / _TICK
 
 
 def scaling_rank(
@@ -104,7 +109,8 @@ def scaling_rank(
 
     state = make_state(rank, mib_per_rank)
     out: dict[str, dict[str, Any]] = {
-        c: {"blocking": [], "committed": [], "rss_added_mib": [], "cpu_s": []} for c in names
+        c: {"blocking": [], "committed": [], "rss_added_mib": [], "cpu_s": [], "sys_s": []}
+        for c in names
     }
 
     def fresh(parent: str, name: str) -> str:
@@ -187,9 +193,12 @@ def scaling_rank(
 
     runs = {FLOOR: floor, STAGER: stock, **{n: manager(n) for n in managers}}
 
-    def cpu_now(name: str) -> float:
+    def cpu_now(name: str) -> tuple[float, float]:
+        """(CPU s, of which in the kernel) of this rank and its writer process so far."""
         bg = managers[name]._bg if name in managers else None
-        return time.process_time() + _cpu_s(bg.writer.proc.pid if bg is not None else None)
+        total, kernel = _cpu_s(bg.writer.proc.pid if bg is not None else None)
+        t = os.times()
+        return t.user + t.system + total, t.system + kernel
 
     for i in range(saves):
         for k in range(len(names)):
@@ -198,7 +207,9 @@ def scaling_rank(
             before = peak_rss_mib()
             cpu = cpu_now(name)
             blocking, committed = runs[name](i)
-            out[name]["cpu_s"].append(sum_over_ranks(cpu_now(name) - cpu))
+            now = cpu_now(name)
+            out[name]["cpu_s"].append(sum_over_ranks(now[0] - cpu[0]))
+            out[name]["sys_s"].append(sum_over_ranks(now[1] - cpu[1]))
             out[name]["blocking"].append(blocking)
             out[name]["committed"].append(committed)
             out[name]["rss_added_mib"].append(peak_rss_mib() - before)
@@ -215,6 +226,7 @@ def summarise(results: list[dict], size_mib: int, world: int) -> list[dict]:
     for name, r in raw.items():
         b, c = r["blocking"][1:] or r["blocking"], r["committed"][1:] or r["committed"]
         cpu = statistics.median(r["cpu_s"][1:] or r["cpu_s"])
+        kernel = r.get("sys_s", [])
         rows.append(
             {
                 "contender": name,
@@ -225,6 +237,7 @@ def summarise(results: list[dict], size_mib: int, world: int) -> list[dict]:
                 "committed_s": statistics.median(c),
                 "committed_range": (min(c), max(c)),
                 "cpu_s": cpu,
+                "sys_s": statistics.median(kernel[1:] or kernel) if kernel else None,
                 "committed_x_cpu_bound": statistics.median(c) / (cpu / cores) if cpu else 0.0,
                 # steady saves: the RSS a save adds over what is resident (its buffers)
                 "rss_added_mib": max(
@@ -238,23 +251,42 @@ def summarise(results: list[dict], size_mib: int, world: int) -> list[dict]:
         r["blocking_x_floor"] = r["blocking_s"] / floor if floor else 0.0
         r["blocking_x_stager"] = r["blocking_s"] / ref["blocking_s"] if ref else 0.0
         r["committed_x_stager"] = r["committed_s"] / ref["committed_s"] if ref else 0.0
+        for key in ("blocking", "committed"):
+            r[f"{key}_x_stager_paired"] = _paired(raw, r["contender"], key) if ref else None
     return rows
+
+
+def _paired(raw: dict, name: str, key: str) -> float | None:
+    """``name``'s ``key`` time over ``DefaultStager``'s in the same round, median over the
+    steady rounds (every contender saves once a round, in turn): a drift of the machine
+    between rounds moves both sides of each ratio alike."""
+    mine, theirs = raw[name][key][1:], raw[STAGER][key][1:]
+    if not theirs or len(mine) != len(theirs):
+        return None
+    return statistics.median(a / b for a, b in zip(mine, theirs, strict=True))
+
+
+def _opt(value: float | None) -> str:
+    return "–" if value is None else f"{value:.2f}"
 
 
 def table(rows: list[dict]) -> str:
     head = (
-        "| MiB | ranks | contender | blocking s | min–max | × copy_ | × DefaultStager "
-        "| committed s | min–max | × DefaultStager | RSS added MiB/rank | CPU s "
-        "| ÷ CPU bound |\n"
-        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
+        "| MiB | ranks | contender | blocking s | min–max | × copy_ | × DefaultStager | paired "
+        "| committed s | min–max | × DefaultStager | paired | RSS added MiB/rank "
+        "| CPU s (kernel) | ÷ CPU bound |\n"
+        "|---:|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     )
     lines = [
         f"| {r['size_mib']} | {r['world']} | {r['contender']} | {r['blocking_s']:.3f} "
         f"| {r['blocking_range'][0]:.3f}–{r['blocking_range'][1]:.3f} "
         f"| {r['blocking_x_floor']:.2f} | {r['blocking_x_stager']:.2f} "
+        f"| {_opt(r.get('blocking_x_stager_paired'))} "
         f"| {r['committed_s']:.2f} | {r['committed_range'][0]:.2f}–{r['committed_range'][1]:.2f} "
-        f"| {r['committed_x_stager']:.2f} | {r['rss_added_mib']:.0f} "
-        f"| {r.get('cpu_s', 0.0):.2f} | {r.get('committed_x_cpu_bound', 0.0):.2f} |"
+        f"| {r['committed_x_stager']:.2f} | {_opt(r.get('committed_x_stager_paired'))} "
+        f"| {r['rss_added_mib']:.0f} "
+        f"| {r.get('cpu_s', 0.0):.2f} ({_opt(r.get('sys_s'))}) "
+        f"| {r.get('committed_x_cpu_bound', 0.0):.2f} |"
         for r in rows
     ]
     return "\n".join([head, *lines])
