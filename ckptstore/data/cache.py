@@ -496,10 +496,12 @@ class ShardCache:
         Only under :meth:`_budget`.
 
         Downloads publish (rename temp -> .data) without the lock, so a shard may move
-        between its two names during the scan: a temp file gone when stat()ed is looked
-        up under its .data name, so a shard is never counted as neither (at worst, for a
-        moment, as both: over the budget's count, never under it)."""
-        temps, cached = 0, {}
+        between its two names during the scan: a temp file gone when stat()ed, or whose
+        download is over by the time its lock is tried, is looked up under its .data
+        name, so a shard is never counted as neither (at worst, for a moment, as both:
+        over the budget's count, never under it)."""
+        temps = 0
+        cached: dict[str, int] = {}
         with os.scandir(self._shards) as it:
             for d in it:
                 name = d.name
@@ -514,22 +516,30 @@ class ShardCache:
                     size = d.stat().st_size
                 except FileNotFoundError:
                     if not is_data:  # published since it was listed (else: evicted)
-                        try:
-                            cached[key] = os.stat(os.path.join(self._shards, key + ".data")).st_size
-                        except FileNotFoundError:
-                            pass  # failed and removed
+                        self._count_published(key, cached)
                     continue
                 if is_data:
                     cached[key] = size
                     continue
                 lock = self._lock(key, "dl")
-                if lock.try_acquire():  # nobody downloads it: a crashed process's leftover
+                try:
+                    if not lock.try_acquire():
+                        temps += size  # its download is in progress
+                    elif os.path.lexists(d.path):
+                        unlink_quietly(d.path)  # nobody downloads it: a crashed one's leftover
+                    else:  # its download published it and ended since the stat()
+                        self._count_published(key, cached)
+                finally:
                     lock.close()
-                    unlink_quietly(d.path)
-                else:
-                    lock.close()
-                    temps += size
         return temps + sum(cached.values()), cached
+
+    def _count_published(self, key: str, cached: dict[str, int]) -> None:
+        """Count shard ``key`` under its .data name, if it is there (a temp file of it
+        was renamed during a scan; gone as well: its download failed, or it was evicted)."""
+        try:
+            cached[key] = os.stat(os.path.join(self._shards, key + ".data")).st_size
+        except FileNotFoundError:
+            pass
 
     def _evict_farthest(
         self,

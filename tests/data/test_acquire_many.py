@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
@@ -179,6 +180,46 @@ def test_a_space_scan_racing_a_publish_counts_the_shard(tmp_path, monkeypatch):
     dl.close()
     assert cached == {e.key: e.size}
     assert used == e.size
+    ds.close()
+
+
+def test_a_space_scan_racing_a_finished_download_counts_the_shard(tmp_path, monkeypatch):
+    """The scan stat()s a temp file; then its download publishes it and lets go of its
+    lock before the scan tries that lock. The shard counts under its .data name and
+    nothing is unlinked. It once counted as neither, as a crashed download's leftover: the
+    ledger then held a file less than the files took (CI: ``assert 19000 >= 19200`` in
+    test_cache_ledger)."""
+    ds, _ = _raw(tmp_path, delay=0.0)
+    cache = ds.make_cache()
+    e = ds.entries[0]
+    shards = os.path.join(cache.dir, "shards")
+    tmp = os.path.join(shards, f"{e.key}.data.tmp-1-x")
+    final = os.path.join(shards, f"{e.key}.data")
+    with open(tmp, "wb") as f:
+        f.write(b"x" * e.size)
+    dl = Lock(os.path.join(cache.dir, "locks", f"{e.key}.dl"))
+    assert dl.try_acquire()  # its download is in progress
+    real_scandir, real_lock = os.scandir, cache._lock
+    listed = list(real_scandir(shards))  # the temp name only
+
+    def lock(key: str, kind: str) -> Lock:
+        if key == e.key and kind == "dl" and os.path.exists(tmp):
+            os.replace(tmp, final)  # the publish, after the scan's stat() of the temp...
+            dl.close()  # ... and the download's end, before the scan tries its lock
+        return real_lock(key, kind)
+
+    monkeypatch.setattr(cache, "_lock", lock)
+
+    def scandir(path: str):
+        return contextlib.nullcontext(iter(listed)) if path == shards else real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    used, cached = cache._usage()
+    monkeypatch.undo()
+    assert not os.path.exists(tmp)  # the race did happen inside the scan
+    assert cached == {e.key: e.size}
+    assert used == e.size
+    assert os.path.getsize(final) == e.size  # the published copy is kept
     ds.close()
 
 
