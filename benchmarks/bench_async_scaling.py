@@ -25,7 +25,7 @@ moved; every tensor is then >= 128 MiB, far beyond any cache), so that a 4 GiB c
 the state, the floor and each contender's staging copy within this machine's memory.
 
 "CPU s" is the CPU time one steady save cost, summed over the ranks and their writer
-processes (``time.process_time`` of each rank, every thread of it, plus ``/proc``'s
+processes (``os.times`` user + system of each rank, every thread of it, plus ``/proc``'s
 utime + stime of its writer process), median over the steady rounds, with the part spent
 in the kernel in parentheses (page-cache writes, page faults); "÷ CPU bound" is
 committed time over that CPU time divided by the machine's cores (``os.cpu_count()``):
