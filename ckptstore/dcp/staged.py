@@ -35,10 +35,10 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore.dcp.writer import CkptWriter, step_from_url
+from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import publish
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.filewriter import FileWriter
-from ckptstore.engine.layout import parse_step
 from ckptstore.engine.manifest import MARKER_NAME, Manifest
 from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.store import Store
@@ -154,8 +154,9 @@ class StagedWriter(CkptWriter):
         self._trim_local()
 
     def _trim_local(self) -> None:
-        steps = sorted(
-            (s, n) for n in self.staging_root.listdir() if (s := parse_step(n)) is not None
-        )
-        for _, name in steps[: max(0, len(steps) - self.keep_local)]:
+        """Delete the oldest committed local copies beyond ``keep_local``. Only canonical
+        step directories count: an entry that is not one (a symlink, a file named like a
+        step) is warned about once and left alone, never followed or deleted."""
+        steps = [e.name for e in list_steps(self.staging_root, with_status=False, once=True)]
+        for name in steps[: max(0, len(steps) - self.keep_local)]:
             delete_step(self.staging_root, name)

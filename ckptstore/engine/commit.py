@@ -80,6 +80,7 @@ __all__ = [
     "publish",
     "finish_publish",
     "collect_warnings",
+    "warn_after_commit",
     "open_committed",
     "committed_from_bytes",
     "checkpoint_status",
@@ -111,6 +112,13 @@ def _warn(message: str) -> None:
     notes = getattr(_collecting, "notes", None)
     if notes is not None:
         notes.append(message)
+
+
+def warn_after_commit(message: str) -> None:
+    """Report a failure of work done after a checkpoint's marker (a hook's, not this
+    module's): logged, and collected by :func:`collect_warnings` like steps 4 and 5's.
+    The checkpoint is committed; the failure never makes its save a failed one."""
+    _warn(message)
 
 
 def attempt_manifest_name(attempt: str) -> str:
