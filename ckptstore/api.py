@@ -31,14 +31,17 @@ def writer(
 ) -> CkptWriter:
     """A DCP ``StorageWriter`` for ``url`` (a path, ``file://``, ``s3://``, ``gs://``, ...).
 
-    Raises ``CheckpointExistsError`` at once if ``url`` holds a committed checkpoint and
-    ``overwrite`` is False. ``codec="zstd"`` compresses every item in the format of DCP's
-    own ``ZStandard`` extension (stock readers load it when ``zstandard`` is installed).
+    A save refuses a destination holding a committed checkpoint (``CheckpointExistsError``,
+    unless ``overwrite``), checked by the coordinator when that save starts, on the URL it
+    writes: a writer kept across saves that each name their own ``checkpoint_id`` may be
+    built on a directory that holds one. ``codec="zstd"`` compresses every item in the
+    format of DCP's own ``ZStandard`` extension (stock readers load it when ``zstandard``
+    is installed).
     ``step`` is recorded in the manifest (default: from ``step_<n>``).
     ``key_layout="spread"`` spreads the shard files over 256 sub-prefixes, for object
     stores that limit request rates per key prefix (see ``ckptstore.dcp.writer``).
     """
-    w = CkptWriter(
+    return CkptWriter(
         url,
         storage_options=storage_options,
         config=config,
@@ -47,8 +50,6 @@ def writer(
         step=step,
         key_layout=key_layout,
     )
-    w.check_destination()
-    return w
 
 
 def reader(
