@@ -52,6 +52,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 
+from ckptstore._stack import user_stacklevel
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.format import decode_tensor
 from ckptstore.dcp.metadata import check_metadata, load_metadata
@@ -172,7 +173,7 @@ class CkptReader(StoreBound, StorageReader):
             f"{self.url} is a stock DCP checkpoint (no {MANIFEST_NAME} / {MARKER_NAME}): "
             "loading it without integrity verification.",
             StockCheckpointWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
         self._metadata_bytes = self.store.get(METADATA_NAME)
         metadata = self._parse_metadata()
