@@ -64,7 +64,8 @@ class CorruptCheckpointError(CkptStoreError, ValueError):
 
 class UnsafePickleError(CkptStoreError, pickle.UnpicklingError):
     """An object item's pickle needs more than ``weights_only`` loading allows; it was not
-    unpickled (opt in with ``allow_pickle=True`` for a checkpoint you trust)."""
+    unpickled. For a checkpoint you trust: allow its classes with
+    ``torch.serialization.add_safe_globals``, or opt in with ``allow_pickle=True``."""
 
 
 class CheckpointExistsError(CkptStoreError, FileExistsError):

@@ -471,6 +471,8 @@ def check_safe_object(data: Any, fqn: str, url: str) -> None:
         raise UnsafePickleError(
             f"{url}: object item {fqn!r} is a pickle that weights_only loading refuses "
             f"({reason[:200]}); it was not unpickled. If you trust this checkpoint and "
-            "its writer, load it with ckptstore.reader(url, allow_pickle=True) (or "
-            "CheckpointManager(..., allow_pickle=True))."
+            "its writer, allow the classes it names with "
+            "torch.serialization.add_safe_globals([...]) (ckptstore honours torch's "
+            "allowlist), or unpickle anything with ckptstore.reader(url, allow_pickle=True) "
+            "(or CheckpointManager(..., allow_pickle=True))."
         ) from None
