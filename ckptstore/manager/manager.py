@@ -105,6 +105,7 @@ from ckptstore.manager.backend import BACKENDS, ProcessBackend, make_backend
 from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
+from ckptstore.manager.report import report, size_text
 from ckptstore.manager.restore import StepLoader
 from ckptstore.manager.retention import KeepLast, RetentionPolicy, local_tier_keeps
 from ckptstore.manager.staging import check_budget
@@ -404,13 +405,16 @@ class CheckpointManager:
             self._committed_any = True
             self._newest = max(record.step, self._newest or record.step)
             self._damaged.discard(record.step)
-            log.info(
-                "step %d committed: blocking %.3fs, total %.2fs, %d bytes on this rank",
-                record.step,
-                record.blocking_s,
-                time.perf_counter() - start,
-                record.bytes,
-            )
+            if self.rank == 0:
+                report(
+                    "step %d committed to %s: %s from rank 0, %.2f s after save() "
+                    "(training blocked %.3f s)",
+                    record.step,
+                    self.root.url,
+                    size_text(record.bytes),
+                    time.perf_counter() - start,
+                    record.blocking_s,
+                )
             local_keeps = {record.step}
             if self.rank == 0:
                 try:
@@ -529,6 +533,7 @@ class CheckpointManager:
         # Rank 0 alone lists the root and reads a step's marker, manifest and .metadata,
         # newest first and only as far as a fallback needs (finishing a commit a crash cut
         # short after its marker); the others get them. A collective generator.
+        t = time.perf_counter()
         candidates = self._loader.discover(step)
         try:
             for s in candidates:
@@ -539,6 +544,7 @@ class CheckpointManager:
                     self._protected.discard(s)
                 if error is None:
                     self._newest = max(s, self._newest or s)
+                    self._report_restore(s, time.perf_counter() - t)
                     return s
                 self._damaged.add(s)
                 if step is not None:
@@ -549,9 +555,24 @@ class CheckpointManager:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+            if self.rank == 0:
+                report("no committed checkpoint under %s: starting from scratch", self.root.url)
             return None
         finally:
             self._loader.forget()
+
+    def _report_restore(self, step: int, seconds: float) -> None:
+        """Rank 0: the restore's one line (step, where from, size, seconds)."""
+        if self.rank != 0:
+            return
+        size = self._loader.size
+        report(
+            "restored step %d from %s%s in %.2f s",
+            step,
+            self._loader.source,
+            f" ({size_text(size)})" if size is not None else "",
+            seconds,
+        )
 
     # -- preemption and shutdown ---------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:

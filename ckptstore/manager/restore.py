@@ -126,6 +126,10 @@ class StepLoader:
         self.agree = agree
         #: Every rank: the broadcast of the step discovery just yielded, taken by try_load.
         self._first: Opened | None = None
+        #: The last ``try_load``: where it read from (words, for the restore's report line)
+        #: and the step's stored bytes (None: a stock checkpoint without a manifest).
+        self.source = ""
+        self.size: int | None = None
 
     @property
     def is_root(self) -> bool:
@@ -250,11 +254,14 @@ class StepLoader:
         assert not isinstance(opened, CkptStoreError)
         committed = opened
         remote = self.root.child(step_name(step))
+        self.size = sum(e.size for e in committed.manifest.files.values()) if committed else None
+        self.source = f"the remote copy in {self.root.url}"
         if committed is None:
             return self._load_from(remote, step, state, None)
         local = self._local_tier(step, committed)
         if local is not None:
             log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
+            self.source = f"the local copy in {self.staging_dir}"
             error = self._load_from(local, step, state, committed)
             if error is None:
                 return None
@@ -281,6 +288,12 @@ class StepLoader:
                 "step %d: %d bytes read locally, %d from the remote",
                 step, tier.bytes_local, tier.bytes_remote,
             )  # fmt: skip
+            if tier.local_files:
+                self.source = (
+                    f"the local copy in {self.staging_dir} and the remote copy in "
+                    f"{self.root.url} (rank 0: {tier.bytes_local} bytes local, "
+                    f"{tier.bytes_remote} remote)"
+                )
             if error is None:
                 return None
             warnings.warn(
@@ -290,6 +303,7 @@ class StepLoader:
                 stacklevel=3,
             )
         log.info("restoring step %d from the remote copy in %s", step, self.root.url)
+        self.source = f"the remote copy in {self.root.url}"
         return self._load_from(remote, step, state, committed)
 
     def _node_tier(self, step: int, remote: Store, committed: Committed) -> NodeTier | None:
