@@ -62,7 +62,7 @@ def parse_index(data: bytes, step: int) -> dict[str, Any]:
     if index.get("version") != 1 or isinstance(index.get("version"), bool):
         raise bad_index(step, f"version {index.get('version')!r}, this ckptstore reads 1")
     name, path, files = index.get("name"), index.get("path"), index.get("files")
-    if not (is_safe_name(name) and "/" not in name and not name.startswith(".")):
+    if not (isinstance(name, str) and is_safe_name(name)) or "/" in name or name[0] == ".":
         raise bad_index(step, f"folder name {name!r} is not one plain path segment")
     if trailing_int(name) != step:
         raise bad_index(step, f"folder name {name!r} does not end with the step")

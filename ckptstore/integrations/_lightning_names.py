@@ -25,8 +25,6 @@ import os
 import re
 from dataclasses import dataclass
 
-from lightning.pytorch.callbacks import ModelCheckpoint
-
 from ckptstore.engine.store import Store
 from ckptstore.errors import CorruptCheckpointError, UnsafePathError
 from ckptstore.stores import split_url
@@ -82,6 +80,8 @@ def split(url: str) -> tuple[str, str]:
 
 def is_last_name(path: str) -> bool:
     """Whether ``ModelCheckpoint`` treats ``path`` as a "last" checkpoint (its own rule)."""
+    from lightning.pytorch.callbacks import ModelCheckpoint  # only CkptStoreIO needs lightning
+
     name = os.path.basename(str(path))
     stem, ext = os.path.splitext(name)
     return ext == ModelCheckpoint.FILE_EXTENSION and stem.startswith(

@@ -30,9 +30,15 @@ from ckptstore.integrations import _folder, _folder_index  # noqa: E402
 from ckptstore.integrations._codec import to_uint8  # noqa: E402
 from ckptstore.integrations._folder import FILE_PREFIX, INDEX_KEY  # noqa: E402
 from ckptstore.integrations.hf import CkptStoreAccelerate, CkptStoreCallback  # noqa: E402
-from ckptstore.integrations.lightning import POINTER_FORMAT, CkptStoreIO  # noqa: E402
+from ckptstore.integrations.lightning import CkptStoreIO  # noqa: E402
 from ckptstore.manager import CheckpointManager  # noqa: E402
 from ckptstore.manager.retention import KeepAll  # noqa: E402
+from tests.adversarial.integration_inputs import (  # noqa: E402
+    MALFORMED_INDEXES,
+    MALFORMED_POINTERS,
+    index_doc,
+    pointer,
+)
 from tests.plugins.util import committed  # noqa: E402
 
 # -- Lightning pointers --------------------------------------------------------------------
@@ -50,12 +56,6 @@ def _run(root, names, steps: list[int]) -> None:
     io.teardown()
 
 
-def _pointer(root: str, step: int, follow: str = "step", **extra) -> bytes:
-    doc = {"format": POINTER_FORMAT, "version": 1, "root": root, "step": step, "follow": follow}
-    doc.update(extra)
-    return json.dumps(doc).encode()
-
-
 @pytest.mark.parametrize("with_root", [True, False], ids=["configured-root", "no-root"])
 def test_a_planted_pointer_never_prunes_another_runs_steps(tmp_path, with_root) -> None:
     """ModelCheckpoint's top-k removes a planted name: the run it points at keeps its steps."""
@@ -64,7 +64,7 @@ def test_a_planted_pointer_never_prunes_another_runs_steps(tmp_path, with_root) 
     names = tmp_path / "names"
     io = CkptStoreIO(str(tmp_path / "mine") if with_root else None, async_save=False)
     io.save_checkpoint(_ckpt(7), names / "s7.ckpt")
-    (names / "epoch=0-step=1.ckpt").write_bytes(_pointer(str(other), 1))
+    (names / "epoch=0-step=1.ckpt").write_bytes(pointer(str(other), 1))
     with pytest.warns(RuntimeWarning, match="neither its own directory nor the configured"):
         io.remove_checkpoint(names / "epoch=0-step=1.ckpt")
     assert committed(str(other)) == [1, 2, 3]
@@ -80,38 +80,14 @@ def test_a_planted_pointer_to_another_root_is_never_loaded(tmp_path) -> None:
     root, names = tmp_path / "mine", tmp_path / "names"
     _run(root, names, [5])
     io = CkptStoreIO(str(root))
-    (names / "best.ckpt").write_bytes(_pointer(str(other), 3))
+    (names / "best.ckpt").write_bytes(pointer(str(other), 3))
     with pytest.raises(UnsafePathError, match="other-run.*not followed"):
         io.load_checkpoint(names / "best.ckpt")
     # A "last" name means the newest committed step of the configured root, whatever it says.
-    (names / "last.ckpt").write_bytes(_pointer(str(other), 3, "newest"))
+    (names / "last.ckpt").write_bytes(pointer(str(other), 3, "newest"))
     with pytest.warns(RuntimeWarning, match="newest committed step under .*mine"):
         assert io.load_checkpoint(names / "last.ckpt")["global_step"] == 5
     io.teardown()
-
-
-_GOOD = json.loads(_pointer(".", 2))
-MALFORMED_POINTERS = {
-    "not-json": b"{not json",
-    "not-utf8": b'{"format": "\xff\xfe"}',
-    "a-list": b'[{"format": "ckptstore.lightning-pointer"}]',
-    "another-format": json.dumps({**_GOOD, "format": "other"}).encode(),
-    "missing-step": json.dumps({k: v for k, v in _GOOD.items() if k != "step"}).encode(),
-    "missing-root": json.dumps({k: v for k, v in _GOOD.items() if k != "root"}).encode(),
-    "extra-key": json.dumps({**_GOOD, "x": 1}).encode(),
-    "step-a-string": json.dumps({**_GOOD, "step": "1"}).encode(),
-    "step-a-bool": json.dumps({**_GOOD, "step": True}).encode(),
-    "step-negative": json.dumps({**_GOOD, "step": -1}).encode(),
-    "step-huge": json.dumps({**_GOOD, "step": 10**40}).encode(),
-    "step-a-float": json.dumps({**_GOOD, "step": 1.0}).encode(),
-    "root-a-number": json.dumps({**_GOOD, "root": 5}).encode(),
-    "root-empty": json.dumps({**_GOOD, "root": ""}).encode(),
-    "root-control-char": json.dumps({**_GOOD, "root": "/tmp/\x00x"}).encode(),
-    "follow-unknown": json.dumps({**_GOOD, "follow": "all"}).encode(),
-    "version-2": json.dumps({**_GOOD, "version": 2}).encode(),
-    "deep-nesting": b"{" + b'"a":[' * 5000 + b"]" * 5000 + b"}",
-    "oversized": b'{"format": "ckptstore.lightning-pointer", "pad": "' + b"x" * 70_000 + b'"}',
-}
 
 
 @pytest.mark.parametrize("data", MALFORMED_POINTERS.values(), ids=MALFORMED_POINTERS.keys())
@@ -133,13 +109,30 @@ def test_a_malformed_pointer_is_a_ckptstore_error_and_last_falls_back(tmp_path, 
     io.teardown()
 
 
+def test_a_symlinked_name_is_never_followed_and_only_the_link_is_removed(tmp_path) -> None:
+    other_names = tmp_path / "other-names"
+    _run(tmp_path / "other-run", other_names, [1, 2])
+    root, names = tmp_path / "mine", tmp_path / "names"
+    _run(root, names, [5])
+    os.symlink(other_names / "s1.ckpt", names / "best.ckpt")
+    io = CkptStoreIO(str(root))
+    with pytest.raises(CorruptCheckpointError, match="symlink"):
+        io.load_checkpoint(names / "best.ckpt")
+    with pytest.warns(RuntimeWarning, match="removed the name only"):
+        io.remove_checkpoint(names / "best.ckpt")
+    assert not os.path.lexists(names / "best.ckpt")
+    assert (other_names / "s1.ckpt").is_file()
+    assert committed(str(tmp_path / "other-run")) == [1, 2]
+    io.teardown()
+
+
 def test_a_damaged_name_beside_ours_stops_pruning_instead_of_guessing(tmp_path) -> None:
     """A name that cannot be read may have named any step: the prune deletes nothing."""
     root, names = tmp_path / "root", tmp_path / "names"
     io = CkptStoreIO(str(root), async_save=False)
     for step in (1, 2):
         io.save_checkpoint(_ckpt(step), names / f"s{step}.ckpt")
-    bad = {k: v for k, v in json.loads(_pointer(str(root), 1)).items() if k != "step"}
+    bad = {k: v for k, v in json.loads(pointer(str(root), 1)).items() if k != "step"}
     (names / "damaged.ckpt").write_text(json.dumps(bad))
     io.remove_checkpoint(names / "s1.ckpt")  # step 1 is named by nothing we can read
     assert committed(str(root)) == [1, 2]
@@ -178,14 +171,6 @@ def _plant(root: str, step: int, index: dict | bytes, files: dict[str, bytes]) -
     mgr.close()
 
 
-def _index(step: int, name: str, path: str, files: dict[str, bytes]) -> dict:
-    from ckptstore.engine.checksum import crc32c
-
-    listing = {rel: {"size": len(b), "crc32c": crc32c(b) if b else 0} for rel, b in files.items()}
-    return {"format": "ckptstore.folder", "version": 1, "name": name, "path": path,
-            "files": listing, "extra": {}}  # fmt: skip
-
-
 def _accelerate(project) -> CkptStoreAccelerate:
     from accelerate import Accelerator
     from accelerate.utils import ProjectConfiguration
@@ -204,7 +189,7 @@ def test_an_index_name_never_writes_outside_the_local_dir(tmp_path, name) -> Non
     root = str(project / "root")
     _good_step(root, tmp_path / "saved", 1)
     files = {"evil.txt": b"planted"}
-    _plant(root, 2, _index(2, name, str(tmp_path / "x_2"), files), files)
+    _plant(root, 2, index_doc(2, name, str(tmp_path / "x_2"), files), files)
     ckpt = _accelerate(project)
     local = project / "restore"
     before = _tree(tmp_path) - _tree(project / "root")
@@ -225,7 +210,7 @@ def test_an_index_path_never_moves_or_replaces_a_users_directory(tmp_path, insid
     user.mkdir(parents=True)
     (user / "chapter1.tex").write_text("years of work")
     files = {"model.safetensors": b"attacker"}
-    _plant(root, 2, _index(2, "thesis_2", str(user), files), files)
+    _plant(root, 2, index_doc(2, "thesis_2", str(user), files), files)
     ckpt = _accelerate(project)
     with pytest.raises(ConfigError, match="local_dir"):
         ckpt.prepare_resume()  # no local_dir: the index's own path
@@ -252,44 +237,6 @@ def test_an_index_path_inside_the_project_is_restored_when_free(tmp_path) -> Non
     ckpt.close()
 
 
-def _mutations() -> dict[str, tuple[object, dict[str, bytes]]]:
-    files = {"trainer_state.json": b"{}"}
-    good = _index(2, "checkpoint-2", "/tmp/out/checkpoint-2", files)
-
-    def m(**change: object) -> dict:
-        return {**good, **change}
-
-    entry = good["files"]["trainer_state.json"]
-    return {
-        "not-json": (b"{oops", files),
-        "a-list": (b"[1, 2]", files),
-        "another-format": (m(format="x"), files),
-        "version-2": (m(version=2), files),
-        "name-a-number": (m(name=2), files),
-        "name-with-slash": (m(name="a/checkpoint-2"), files),
-        "name-another-step": (m(name="checkpoint-3"), files),
-        "name-hidden": (m(name=".ckptstore-uncommitted-2"), files),
-        "path-relative": (m(path="out/checkpoint-2"), files),
-        "path-not-normalised": (m(path="/tmp/x/../checkpoint-2"), files),
-        "files-a-list": (m(files=["trainer_state.json"]), files),
-        "files-missing": ({k: v for k, v in good.items() if k != "files"}, files),
-        "file-escapes": (m(files={"../evil": entry}), {"../evil": b"{}"}),
-        "file-absolute": (m(files={"/etc/evil": entry}), files),
-        "file-size-a-string": (m(files={"trainer_state.json": {**entry, "size": "2"}}), files),
-        "file-size-negative": (m(files={"trainer_state.json": {**entry, "size": -1}}), files),
-        "file-size-lies": (m(files={"trainer_state.json": {**entry, "size": 1}}), files),
-        "file-crc-too-big": (m(files={"trainer_state.json": {**entry, "crc32c": 2**40}}), files),
-        "file-and-dir": (
-            m(files={"a": entry, "a/b": entry}),
-            {"a": b"{}", "a/b": b"{}"},
-        ),
-        "extra-a-string": (m(extra="x"), files),
-    }
-
-
-MALFORMED_INDEXES = _mutations()
-
-
 @pytest.mark.parametrize(
     "index, files", MALFORMED_INDEXES.values(), ids=list(MALFORMED_INDEXES.keys())
 )
@@ -310,7 +257,7 @@ def test_an_oversized_index_is_refused_before_it_is_loaded(tmp_path, monkeypatch
     root, out = str(tmp_path / "root"), tmp_path / "out"
     _good_step(root, tmp_path / "saved", 1)
     files = {"f": b"x"}
-    index = _index(2, "checkpoint-2", str(out / "checkpoint-2"), files)
+    index = index_doc(2, "checkpoint-2", str(out / "checkpoint-2"), files)
     index["extra"] = {"pad": "y" * 4096}
     _plant(root, 2, index, files)
     monkeypatch.setattr(_folder_index, "INDEX_MAX", 1024)
