@@ -26,7 +26,7 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from ckptstore.errors import ConfigError, CorruptCheckpointError, UnsafePathError  # noqa: E402
-from ckptstore.integrations import _folder, _folder_index  # noqa: E402
+from ckptstore.integrations import _folder  # noqa: E402
 from ckptstore.integrations._codec import to_uint8  # noqa: E402
 from ckptstore.integrations._folder import FILE_PREFIX, INDEX_KEY  # noqa: E402
 from ckptstore.integrations.hf import CkptStoreAccelerate, CkptStoreCallback  # noqa: E402
@@ -260,6 +260,8 @@ def test_an_oversized_index_is_refused_before_it_is_loaded(tmp_path, monkeypatch
     index = index_doc(2, "checkpoint-2", str(out / "checkpoint-2"), files)
     index["extra"] = {"pad": "y" * 4096}
     _plant(root, 2, index, files)
+    from ckptstore.integrations import _folder_index  # new with the cap
+
     monkeypatch.setattr(_folder_index, "INDEX_MAX", 1024)
     loads: list[int] = []
     real = CheckpointManager.restore
