@@ -50,10 +50,11 @@ import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from ckptstore.errors import ConfigError, missing_dependency
+from ckptstore.errors import ConfigError, UnsafePathError, missing_dependency
 
 from ._codec import trailing_int
 from ._folder import QUARANTINE, FolderCheckpoints, ManagerOptions, barrier, quarantine
+from ._folder_index import confined
 from ._versions import require
 
 if TYPE_CHECKING:
@@ -81,7 +82,7 @@ def _move_newer_aside(parent: str, pattern: re.Pattern[str], newest: int | None,
     for name in os.listdir(parent):
         m = pattern.fullmatch(name)
         full = os.path.join(parent, name)
-        if m and int(m.group(1)) > newest and os.path.isdir(full):
+        if m and int(m.group(1)) > newest and os.path.isdir(full) and not os.path.islink(full):
             quarantine(full, qdir)
 
 
@@ -235,7 +236,7 @@ class CkptStoreAccelerate:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Check that ``state`` is this plugin's own (``ConfigError`` otherwise)."""
-        if state.get("format") != self.FORMAT:
+        if not isinstance(state, dict) or state.get("format") != self.FORMAT:
             raise ConfigError(f"not a {self.FORMAT} state: {state!r}")
 
     # -- restoring -----------------------------------------------------------------------
@@ -260,17 +261,30 @@ class CkptStoreAccelerate:
         """Write the newest committed step as a local folder; its path, or None if none.
 
         The folder is ``project_dir/checkpoints/checkpoint_<N>`` with automatic naming,
-        else ``local_dir/<saved name>``, else the path it was saved from.
+        else ``local_dir/<saved name>``, else the path it was saved from -- only if that
+        lies inside ``project_dir`` (else the working directory), and an existing folder
+        there that differs is never moved (``ConfigError``: pass ``local_dir``).
         """
         auto = self._checkpoints_dir()
+        base = self.accelerator.project_dir or os.getcwd()
 
         def dest(step: int, index: dict[str, Any]) -> str:
             if auto is not None:
                 return os.path.join(auto, f"checkpoint_{step}")
-            return os.path.join(local_dir, index["name"]) if local_dir else index["path"]
+            if local_dir:  # the index's name is one plain segment (parse_index)
+                return os.path.join(local_dir, index["name"])
+            try:  # a path read from storage: only inside the configured directory
+                return confined(index["path"], base)
+            except UnsafePathError as exc:
+                raise ConfigError(
+                    f"step {step} was saved from {index['path']}, outside {base} ({exc}); "
+                    "pass prepare_resume(local_dir=...) to restore it into a directory "
+                    "of your choice"
+                ) from None
 
         qdir = self._qdir()
-        found = self.folders.restore_newest(dest, qdir, self._writes())
+        replace = auto is not None or local_dir is not None
+        found = self.folders.restore_newest(dest, qdir, self._writes(), replace)
         if found is not None and auto is not None and qdir is not None and self._writes():
             _move_newer_aside(auto, re.compile(r"checkpoint_(\d+)"), found[0], qdir)
         barrier()  # every rank goes on once the folders are in place
