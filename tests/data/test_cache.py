@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -183,7 +184,9 @@ def test_stale_temp_of_a_dead_process_is_reclaimed(tmp_path) -> None:
     probe = _ds(tmp_path)
     ds = _ds(tmp_path, cache_limit=max(s.size for s in probe.shards) + 10)
     cache = ds.make_cache()
-    stale = os.path.join(cache.dir, "shards", f"{ds.entries[2].key}.data.tmp-999999-dead")
+    stale = os.path.join(
+        cache.dir, "shards", f"{ds.entries[2].key}.data.tmp-999999-{uuid.uuid4().hex}"
+    )
     with open(stale, "wb") as f:
         f.truncate(ds.shards[3].size)
     cache.acquire(0, 0).release()
