@@ -2,8 +2,10 @@
 
 One line each::
 
-    trainer = Trainer(..., callbacks=[CkptStoreCallback("s3://bucket/run1")])
-    trainer.train(resume_from_checkpoint=True)     # the newest *committed* checkpoint
+    ckpt = CkptStoreCallback("s3://bucket/run1")
+    trainer = Trainer(..., callbacks=[ckpt])
+    trainer.train(resume_from_checkpoint=ckpt.resume_from)  # newest committed; None: fresh
+    ckpt.close()                                            # the last upload committed
 
     ckpt = CkptStoreAccelerate("s3://bucket/run1").register(accelerator)
     if path := ckpt.prepare_resume():               # None on a fresh run
@@ -90,8 +92,11 @@ class CkptStoreCallback(TrainerCallback):
     """Uploads every Trainer checkpoint to ``root`` and resumes from the newest committed.
 
     With ``sync_on_init`` (default) the callback prepares ``args.output_dir`` when the
-    Trainer is built, so ``train(resume_from_checkpoint=True)`` finds the newest committed
-    checkpoint even on a machine that never saw it. ``keep`` prunes committed steps
+    Trainer is built and sets ``resume_from``: the newest committed checkpoint's folder
+    (written back even on a machine that never saw it), or None on a fresh run. Pass it as
+    ``train(resume_from_checkpoint=ckpt.resume_from)``: the same line starts a fresh run
+    and resumes one (``resume_from_checkpoint=True`` makes the Trainer raise "No valid
+    checkpoint found" on a fresh run). ``keep`` prunes committed steps
     (default ``KeepLast(3)``); ``save_total_limit`` still prunes the local folders. The
     other ``options`` (:class:`~ckptstore.integrations._folder.ManagerOptions`) pass through
     to the ``CheckpointManager``.
@@ -102,6 +107,8 @@ class CkptStoreCallback(TrainerCallback):
     ) -> None:
         self.folders = FolderCheckpoints(root, **options)
         self.sync_on_init = sync_on_init
+        #: The folder ``prepare_resume`` put back (the newest committed step), or None.
+        self.resume_from: str | None = None
 
     def prepare_resume(self, output_dir: str, write: bool = True) -> str | None:
         """Make ``output_dir/checkpoint-<N>`` the newest committed step N; its path, or None.
@@ -119,7 +126,8 @@ class CkptStoreCallback(TrainerCallback):
             pattern = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)")
             _move_newer_aside(output_dir, pattern, found[0] if found else None, qdir)
         barrier()  # no rank looks for checkpoints before the folders are in place
-        return found[1] if found else None
+        self.resume_from = found[1] if found else None
+        return self.resume_from
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Trainer hook: with ``sync_on_init``, put the newest committed checkpoint folder
