@@ -217,8 +217,8 @@ class CkptStoreIO(CheckpointIO):
                     roots.add(ptr.root)
                 elif status == "failed" and report:
                     warnings.warn(
-                        f"{path} was not written: saving step {ptr.step} failed; the previous "
-                        "checkpoint stays the newest",
+                        f"{path} was not written: saving step {ptr.step} failed (steps "
+                        "committed before it are unaffected)",
                         RuntimeWarning,
                         stacklevel=3,
                     )
