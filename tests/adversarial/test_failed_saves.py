@@ -83,6 +83,7 @@ def test_after_a_commit_a_failure_is_a_warning_naming_the_newest_step(tmp_path) 
         assert [r.status for r in mgr.records] == ["committed", "failed", "committed"]
 
 
+@pytest.mark.processes
 def test_the_readme_pattern_with_a_file_root_exits_non_zero(tmp_path) -> None:
     (tmp_path / "root").write_text("x")
     script = textwrap.dedent(

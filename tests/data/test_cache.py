@@ -214,6 +214,7 @@ def _acquire_in_child(ds: ShardedDataset, queue) -> None:
     queue.put(cache.stats.snapshot())
 
 
+@pytest.mark.processes
 def test_processes_of_a_node_share_one_download(tmp_path) -> None:
     make_parquet(str(tmp_path / "ds"), SIZES, row_group=4, payload=64)
     from ckptstore.testing.faults import Fault

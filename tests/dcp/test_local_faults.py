@@ -219,6 +219,7 @@ def test_fsync_error_fails_the_checkpoint(tmp_path, monkeypatch) -> None:
         ckptstore.reader(str(path))
 
 
+@pytest.mark.processes
 def test_unwritable_path(tmp_path, request) -> None:
     """A directory the process may not write to. Root ignores permissions, so as root the
     save runs in a child process stripped of the capabilities that bypass them (setpriv)."""

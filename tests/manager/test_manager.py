@@ -243,6 +243,7 @@ def test_rng_state_saves_its_streams_again_after_a_resize_restore() -> None:
     assert torch.equal(torch.rand(2), a)
 
 
+@pytest.mark.processes
 def test_full_staging_disk_is_a_clean_error_and_training_goes_on(tmp_path, tiny_disk) -> None:
     root = str(tmp_path / "root")
     big = {"w": torch.ones(1024 * 1024)}  # 4 MiB: does not fit on the 1 MiB staging disk

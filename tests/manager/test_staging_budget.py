@@ -218,6 +218,7 @@ def test_a_tensor_larger_than_the_process_budget_is_a_config_error() -> None:
 
 
 @pytest.mark.parametrize("staging", [False, True], ids=["direct", "staging_dir"])
+@pytest.mark.processes
 def test_process_mode_over_the_budget_saves_in_pieces_and_restores_bitwise(
     tmp_path, staging
 ) -> None:
@@ -252,6 +253,7 @@ def test_process_mode_over_the_budget_saves_in_pieces_and_restores_bitwise(
         assert shared.allocations == 1
 
 
+@pytest.mark.processes
 def test_a_writer_killed_between_pieces_commits_nothing(tmp_path, monkeypatch) -> None:
     """SIGKILL after the first piece's file: the save fails, training is let go, the step
     is not committed; the next save starts a new writer and commits (restores of pieces

@@ -23,6 +23,7 @@ from tests.plugins.util import (  # noqa: E402
 )
 
 
+@pytest.mark.processes
 def test_trainer_killed_mid_upload_resumes_from_the_newest_committed(tmp_path, root_url) -> None:
     out = str(tmp_path / "out")
     # Killed -9 inside the upload of checkpoint-6 (data written, no commit marker): the
