@@ -175,10 +175,10 @@ class CkptStoreIO(CheckpointIO):
         try:
             if not store.exists(name) or store.size(name) > POINTER_MAX:
                 return None
-            data = store.get(name)
+            data = store.get(name, 0, POINTER_MAX + 1)  # it may have grown since size()
         except OSError:  # a directory, unreadable: not ours
             return None
-        return parse_pointer(data, parent)
+        return parse_pointer(data, parent) if len(data) <= POINTER_MAX else None
 
     def _write_pointer(self, path: str, ptr: Pointer) -> None:
         parent, name = split(path)

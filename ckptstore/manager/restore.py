@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
+from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
 from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import (
     Committed,
@@ -360,7 +361,8 @@ def _local_copy_matches(local: LocalStore, committed: Committed) -> bool:
     the remote one and every file the manifest lists is a regular file (never a symlink)
     of the recorded size. Reads only the local marker."""
     try:
-        marker = Marker.from_bytes(local.get(MARKER_NAME), local.describe(MARKER_NAME))
+        data = get_capped(local, MARKER_NAME, MAX_MARKER_SIZE)
+        marker = Marker.from_bytes(data, local.describe(MARKER_NAME))
     except StoreNotFoundError:
         return False
     if marker != committed.marker:
