@@ -226,38 +226,28 @@ def _check_tensor_md(md: TensorStorageMetadata, fqn: str, source: str, seen: _Se
 
 
 def _check_plain(value: Any, where: str, source: str) -> None:
-    """``value`` is plain data (what DCP's planners store): no objects, no cycles, nested at
-    most ``_MAX_DEPTH`` deep. Each distinct container is walked once (a depth-first walk
-    that remembers every container's height), so the check is linear in the pickle's size
-    however often its memo names one container."""
-    height: dict[int, int] = {}  # container id -> its height (its deepest path), when done
-    open_: set[int] = set()  # containers on the current path: meeting one is a cycle
-    stack: list[tuple[Any, bool]] = [(value, False)]
+    """``value`` is plain data (what DCP's planners store: each item's path, a tuple of
+    keys): no objects, nested at most ``_MAX_DEPTH`` deep, and a tree: a non-empty
+    container the pickle names twice (its memo makes that two bytes, and a chain of them
+    ~10^9 references from a few KB) is refused, so this walk and every later one (DCP's
+    planners follow those paths) is linear in the pickle's size."""
+    seen: set[int] = set()
+    stack = [(value, 0)]
     while stack:
-        v, done = stack.pop()
+        v, depth = stack.pop()
         if v is None or type(v) in (bool, int, float, str, bytes):
             continue
-        if type(v) in (list, tuple):
-            children: Any = v
-        elif type(v) is dict:
-            children = [x for kv in v.items() for x in kv]
-        else:
+        if type(v) not in (list, tuple, dict):
             raise _corrupt(source, f"has a {type(v).__name__} in {where}")
-        key = id(v)
-        if done:
-            open_.discard(key)
-            inner = [height[id(c)] for c in children if id(c) in height]
-            height[key] = 1 + max(inner, default=0)
-            if height[key] > _MAX_DEPTH:
-                raise _corrupt(source, f"has {where} nested deeper than {_MAX_DEPTH}")
-            continue
-        if key in height:
-            continue
-        if key in open_:
-            raise _corrupt(source, f"has {where} that contains itself")
-        open_.add(key)
-        stack.append((v, True))
-        stack.extend((c, False) for c in children)
+        if depth > _MAX_DEPTH:
+            raise _corrupt(source, f"has {where} nested deeper than {_MAX_DEPTH}")
+        if not v:
+            continue  # an empty one holds nothing (and () is one object for all)
+        if id(v) in seen:
+            raise _corrupt(source, f"names one container of {where} more than once")
+        seen.add(id(v))
+        children = [x for kv in v.items() for x in kv] if type(v) is dict else v
+        stack.extend((x, depth + 1) for x in children)
 
 
 def _check_storage_meta(sm: Any, source: str) -> None:

@@ -346,13 +346,26 @@ class StepLoader:
         for value in state.values():
             if isinstance(value, RNGState):
                 value.expect_world_size(world)
+        own: Exception | None = None
         try:
             dcp.load(state, storage_reader=reader, process_group=self.process_group)
-        except CheckpointException as exc:
+        except CheckpointException as exc:  # every rank gets it: no agreement needed
             inner = dcp.unwrap_checkpoint_exception(exc)
             if isinstance(inner, (CorruptCheckpointError, IncompleteCheckpointError)):
                 return inner
             raise inner from exc
+        except Exception as exc:  # noqa: BLE001 - a Stateful's load_state_dict, this rank alone
+            own = exc  # (RNGState refusing a malformed RNG state: CorruptCheckpointError)
+        # Every rank learns the worst outcome: 1 makes all fall back; 2 (any other error)
+        # is raised where it happened, the others keep what they loaded (as before).
+        code = 0 if own is None else 1 if isinstance(own, CorruptCheckpointError) else 2
+        worst = self.agree.max_of([code])[0]
+        if code == 2 or (code == 1 and worst == 2):
+            raise own  # type: ignore[misc]
+        if worst == 1:
+            if isinstance(own, CorruptCheckpointError):
+                return own
+            return CorruptCheckpointError(f"step {step} failed to load on another rank")
         return None
 
 
