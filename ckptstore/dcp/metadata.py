@@ -386,17 +386,19 @@ def _largest_ratio() -> int:
 
 
 def check_metadata(
-    metadata: Metadata, files: Mapping[str, int], source: str, max_ratio: int = 1
+    metadata: Metadata, files: Mapping[str, int], source: str, max_ratio: int | None = 1
 ) -> None:
     """Raise ``CorruptCheckpointError`` unless every stored item of ``metadata`` lies in a
     file of ``files`` (name -> size in bytes): a contained name present there, and
     ``0 <= offset``, ``0 <= length``, ``offset + length <= size``; and unless every tensor
     fits in the bytes stored for it: its size times its dtype's size at most the sum of
     its items' lengths, each times the most its codec expands a byte (``max_ratio``: the
-    manifest codec's, for items that name no DCP transform). A tensor claiming more (a
+    manifest codec's, for items that name no DCP transform; None: the largest of any known
+    codec, when the codec is not known). A tensor claiming more (a
     petabyte in a kilobyte file) is refused before anything is allocated for it."""
     capacity: dict[str, int] = {}
     ratios: dict[Any, int] = {}
+    plain_ratio = max_ratio if max_ratio is not None else _largest_ratio()
     checked: set[int] = set()
     for index, info in (metadata.storage_data or {}).items():
         fqn = getattr(index, "fqn", index)
@@ -421,7 +423,7 @@ def check_metadata(
                 f"stores {_name(fqn)} at bytes [{offset}, {offset + length}) of {path!r:.200}, "
                 f"past its end ({files[path]} bytes)",
             )
-        ratio = _ratio(getattr(info, "transform_descriptors", None), max_ratio, ratios)
+        ratio = _ratio(getattr(info, "transform_descriptors", None), plain_ratio, ratios)
         capacity[fqn] = capacity.get(fqn, 0) + max(length, 1) * ratio
     for fqn, md in (metadata.state_dict_metadata or {}).items():
         if not isinstance(md, TensorStorageMetadata):

@@ -268,9 +268,8 @@ def _get_first(
     bytes long: no more than ``size + 1`` are read). A read started ``early`` (beside the
     marker's, capped) stands for the object unless it failed, in which case it is read again
     (not there then, too big to read early, or a transient error: the new read raises what
-    is still wrong). Bytes that
-    changed after an early read are the marker's business: a marker written since names
-    its attempt's own copies, which come next in ``names``."""
+    is still wrong). Bytes that changed after an early read are the marker's business: a
+    marker written since names its attempt's own copies, which come next in ``names``."""
     for name in names:
         started = early.pop(name, None) if early else None
         if started is not None:
