@@ -386,3 +386,39 @@ def test_rng_refusals_name_what_is_wrong() -> None:
         restore_rng({**good, "numpy": rng_huge_void(1 << 40)})
     with pytest.raises(UnsafePickleError, match="not part of an RNG state"):
         restore_rng({**good, "python": pickle.dumps(print)})
+
+
+def _one_rank_has_a_malformed_rng_state(rank: int, world: int, root: str) -> Any:
+    good = RNGState()
+    with CheckpointManager(root) as mgr:
+        mgr.save(1, {"w": torch.full((8,), 1.0), "rng": good})
+        if rank == 1:  # only rank 1's stream is hostile in step 2
+            hostile = good.state_dict()
+            hostile["rank1"] = {**hostile["rank1"], "numpy": rng_huge_void(400_000_000)}
+            mgr.save(2, {"w": torch.full((8,), 2.0), "rng": hostile})
+        else:
+            mgr.save(2, {"w": torch.full((8,), 2.0), "rng": good})
+        mgr.wait()
+    state = {"w": torch.zeros(8), "rng": RNGState()}
+    with CheckpointManager(root) as mgr, pytest.warns(RuntimeWarning, match="step 2"):
+        step = mgr.restore(state)
+    return step, float(state["w"][0])
+
+
+@pytest.mark.distributed
+def test_a_malformed_rng_state_on_one_rank_makes_every_rank_fall_back(tmp_path: Path) -> None:
+    from harness.dist import run_distributed
+
+    out = run_distributed(_one_rank_has_a_malformed_rng_state, 2, str(tmp_path / "root"))
+    assert out == [(1, 1.0), (1, 1.0)]
+
+
+def test_a_control_file_bigger_than_the_early_read_is_read_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ckptstore.engine import commit
+
+    step_dir = two_steps(tmp_path / "root")
+    monkeypatch.setattr(commit, "EARLY_READ_LIMIT", 16)  # every manifest is "too big"
+    reader = ckptstore.reader(f"file://{step_dir}")  # opened, verified: no early copy used
+    assert reader.manifest is not None and reader.manifest.step == 2
