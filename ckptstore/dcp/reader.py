@@ -262,9 +262,10 @@ class CkptReader(StoreBound, StorageReader):
             )
             index = req.storage_index
             tensor = req.type != LoadItemType.BYTE_IO
-            limits[key] = (
-                self._limits.get((index.fqn, tuple(index.offset or ()))) if tensor else None
-            )
+            limit = self._limits.get((index.fqn, tuple(index.offset or ()))) if tensor else None
+            if key in limits and (limit is None or (limits[key] or limit) < limit):
+                limit = limits[key]  # a range two requests share: the tighter bound
+            limits[key] = limit
         ranges = self.committed.manifest.range_index() if self.committed else {}
 
         # On an object store the reads are planned from the whole plan (``engine.readplan``):
