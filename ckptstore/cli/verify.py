@@ -16,6 +16,7 @@ from ckptstore import CheckpointStatus, Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note, table
 from ckptstore.cli.sources import locate
+from ckptstore.engine.bounded import MAX_METADATA_SIZE, get_capped
 from ckptstore.engine.commit import METADATA_NAME
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 
@@ -45,7 +46,8 @@ def verify_stock(store: Store) -> list[str]:
     from ckptstore.dcp.metadata import load_metadata
 
     try:
-        metadata = load_metadata(store.get(METADATA_NAME), store.describe(METADATA_NAME))
+        data = get_capped(store, METADATA_NAME, MAX_METADATA_SIZE)
+        metadata = load_metadata(data, store.describe(METADATA_NAME))
     except CkptStoreError as exc:
         return [str(exc)]
     need: dict[str, int] = {}

@@ -35,6 +35,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore.dcp.writer import CkptWriter, step_from_url
+from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
 from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import publish
 from ckptstore.engine.deletion import delete_step
@@ -54,7 +55,9 @@ log = logging.getLogger(__name__)
 def local_tier_matches(local: Store, remote: Store) -> bool:
     """True when ``local`` holds a committed copy whose marker equals ``remote``'s."""
     try:
-        same = local.get(MARKER_NAME) == remote.get(MARKER_NAME)
+        same = get_capped(local, MARKER_NAME, MAX_MARKER_SIZE) == get_capped(
+            remote, MARKER_NAME, MAX_MARKER_SIZE
+        )
     except StoreNotFoundError:
         return False
     if not same:

@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
+from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
 from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import (
     Committed,
@@ -359,13 +360,26 @@ class StepLoader:
         for value in state.values():
             if isinstance(value, RNGState):
                 value.expect_world_size(world)
+        own: Exception | None = None
         try:
             dcp.load(state, storage_reader=reader, process_group=self.process_group)
-        except CheckpointException as exc:
+        except CheckpointException as exc:  # every rank gets it: no agreement needed
             inner = dcp.unwrap_checkpoint_exception(exc)
             if isinstance(inner, (CorruptCheckpointError, IncompleteCheckpointError)):
                 return inner
             raise inner from exc
+        except Exception as exc:  # noqa: BLE001 - a Stateful's load_state_dict, this rank alone
+            own = exc  # (RNGState refusing a malformed RNG state: CorruptCheckpointError)
+        # Every rank learns the worst outcome: 1 makes all fall back; 2 (any other error)
+        # is raised where it happened, the others keep what they loaded (as before).
+        code = 0 if own is None else 1 if isinstance(own, CorruptCheckpointError) else 2
+        worst = self.agree.max_of([code])[0]
+        if code == 2 or (code == 1 and worst == 2):
+            raise own  # type: ignore[misc]
+        if worst == 1:
+            if isinstance(own, CorruptCheckpointError):
+                return own
+            return CorruptCheckpointError(f"step {step} failed to load on another rank")
         return None
 
 
@@ -374,7 +388,8 @@ def _local_copy_matches(local: LocalStore, committed: Committed) -> bool:
     the remote one and every file the manifest lists is a regular file (never a symlink)
     of the recorded size. Reads only the local marker."""
     try:
-        marker = Marker.from_bytes(local.get(MARKER_NAME), local.describe(MARKER_NAME))
+        data = get_capped(local, MARKER_NAME, MAX_MARKER_SIZE)
+        marker = Marker.from_bytes(data, local.describe(MARKER_NAME))
     except StoreNotFoundError:
         return False
     if marker != committed.marker:
