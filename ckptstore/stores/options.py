@@ -24,6 +24,7 @@ from ckptstore.redact import redact_options
 
 __all__ = [
     "FSSPEC_OPTIONS",
+    "S3_ALIASES",
     "check_names",
     "check_s3_options",
     "check_gcs_options",
@@ -78,17 +79,39 @@ def class_parameters(cls: type) -> frozenset[str]:
     return frozenset(names)
 
 
+#: Names users reach for that S3 spells otherwise (botocore's, another tool's).
+S3_ALIASES = {
+    "endpoint": "endpoint_url",
+    "region": "client_kwargs.region_name",
+    "region_name": "client_kwargs.region_name",
+    "aws_access_key_id": "key",
+    "access_key": "key",
+    "aws_secret_access_key": "secret",
+    "secret_key": "secret",
+    "aws_session_token": "token",
+}
+
+
 def check_names(
-    url: str, options: Mapping[str, Any], known: Iterable[str], client: str, prefix: str = ""
+    url: str,
+    options: Mapping[str, Any],
+    known: Iterable[str],
+    client: str,
+    prefix: str = "",
+    aliases: Mapping[str, str] | None = None,
 ) -> None:
-    """Raise ``ConfigError`` if ``options`` holds a name outside ``known`` (for ``client``)."""
+    """Raise ``ConfigError`` if ``options`` holds a name outside ``known`` (for ``client``),
+    naming the option it most likely meant (``aliases`` first, then the closest names)."""
     pool = sorted(set(known))
     unknown = sorted(str(name) for name in options if name not in pool)
     if not unknown:
         return
     name = unknown[0]
-    close = difflib.get_close_matches(name, pool, n=2, cutoff=0.6)
-    hint = f" (did you mean {' or '.join(repr(prefix + c) for c in close)}?)" if close else ""
+    meant = (aliases or {}).get(name)
+    close = (
+        [meant] if meant else [prefix + c for c in difflib.get_close_matches(name, pool, 2, 0.6)]
+    )
+    hint = f" (did you mean {' or '.join(map(repr, close))}?)" if close else ""
     more = f" (and {len(unknown) - 1} more: {', '.join(map(repr, unknown[1:]))})"
     raise ConfigError(
         f"{url}: {prefix + name!r} in storage_options is not an option of {client}{hint}"
@@ -128,7 +151,7 @@ def check_s3_options(url: str, options: Mapping[str, Any]) -> None:
     A caller's own ``session`` takes no session options of ours to check against."""
     top, client, config = _s3_names()
     if top is not None and "session" not in options:
-        check_names(url, options, top, "the S3 client (s3fs)")
+        check_names(url, options, top, "the S3 client (s3fs)", aliases=S3_ALIASES)
     for key, names in (("client_kwargs", client), ("config_kwargs", config)):
         value = options.get(key)
         if value is not None and not isinstance(value, Mapping):
@@ -151,7 +174,9 @@ def check_gcs_options(url: str, options: Mapping[str, Any]) -> None:
     """Refuse option names gcsfs does not take (it would ignore them silently)."""
     names = _gcs_names()
     if names is not None:
-        check_names(url, options, names, "the GCS client (gcsfs)")
+        check_names(
+            url, options, names, "the GCS client (gcsfs)", aliases={"endpoint": "endpoint_url"}
+        )
 
 
 def _frames(tb: TracebackType | None) -> list[str]:
