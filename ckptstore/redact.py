@@ -76,7 +76,7 @@ _AUTH_HEADER = re.compile(
 )
 _BEARER = re.compile(r"(?i)\b(?P<kind>bearer)\s+[A-Za-z0-9._~+/=\-]{16,}")
 _PAIR = re.compile(
-    r"(?P<nq>['\"]?)(?P<name>(?<![\w.])[A-Za-z_][\w.\-]*)(?P=nq)"
+    r"['\"]?(?P<name>(?<![\w.])[A-Za-z_][\w.\-]*)['\"]?"
     r"(?P<sep>\s*[:=]\s*)"
     r"(?=(?P<value>'[^'\n]*'|\"[^\"\n]*\"|b'[^'\n]*'|[^\s,;&)}\]'\"]+))"
 )  # the value is looked at, not consumed: "args: --token=x" holds two pairs
