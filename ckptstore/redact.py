@@ -78,7 +78,9 @@ _BEARER = re.compile(r"(?i)\b(?P<kind>bearer)\s+[A-Za-z0-9._~+/=\-]{16,}")
 _PAIR = re.compile(
     r"['\"]?(?P<name>(?<![\w.])[A-Za-z_][\w.\-]*)['\"]?"
     r"(?P<sep>\s*[:=]\s*)"
-    r"(?=(?P<value>'[^'\n]*'|\"[^\"\n]*\"|b'[^'\n]*'|[^\s,;&)}\]'\"]+))"
+    r"(?=(?P<value>b?'(?:[^'\\\n]|\\.)*'|b?\"(?:[^\"\\\n]|\\.)*\""
+    r"|b?['\"][^\s,;&)}\]'\"]+"  # a quoted value cut short
+    r"|(?![\[{(])[^\s,;&)}\]'\"]+))"
 )  # the value is looked at, not consumed: "args: --token=x" holds two pairs
 
 _known: set[str] = set()
@@ -98,28 +100,31 @@ def is_secret_name(name: str) -> bool:
     return bool(normal) and normal.endswith(SECRET_NAME_ENDINGS)
 
 
-def _secret_spans(text: str) -> list[tuple[int, int]]:
-    """The spans of the values of credential-named pairs in ``text`` (quotes kept)."""
+def _secret_spans(text: str) -> list[tuple[int, int, str]]:
+    """``(start, end, mask)`` for each value of a credential-named pair in ``text``: quotes
+    kept; a bare value after a JSON key (``"key": 123``) becomes ``"***"``, still JSON."""
     spans = []
     for match in _PAIR.finditer(text):
         value = match.group("value")
         if not is_secret_name(match.group("name")):
             continue
-        quoted = 2 if value.startswith("b'") else 1 if value[:1] in "'\"" else 0
-        bare = value[quoted:-1] if quoted else value
+        quoted = 2 if value[:2] in ("b'", 'b"') else 1 if value[:1] in "'\"" else 0
+        closed = 1 if quoted and len(value) > quoted and value[-1] == value[quoted - 1] else 0
+        bare = value[quoted : len(value) - closed]
         if bare in _PLACEHOLDERS or bare.startswith(("<", "$", "*")):
             continue
-        start, end = match.start("value") + quoted, match.end("value") - (1 if quoted else 0)
-        spans.append((start, end))
+        start, end = match.start("value") + quoted, match.end("value") - closed
+        json_key = text[match.start()] == '"' and text[match.end("name")] == '"'
+        spans.append((start, end, f'"{MASK}"' if json_key and not quoted else MASK))
     return spans
 
 
 def _mask_pairs(text: str) -> str:
     out, at = [], 0
-    for start, end in _secret_spans(text):
+    for start, end, mask in _secret_spans(text):
         if end <= at:
             continue
-        out += [text[at : max(start, at)], MASK]
+        out += [text[at : max(start, at)], mask]
         at = end
     return "".join(out) + text[at:]
 
