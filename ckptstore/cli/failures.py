@@ -150,7 +150,7 @@ CLIENT_PACKAGES = frozenset(
     {
         "aiobotocore", "aiohttp", "adlfs", "azure", "botocore", "boto3", "dropbox",
         "dropboxdrivefs", "fsspec", "gcsfs", "google", "h11", "httpcore", "httpx",
-        "huggingface_hub", "msal", "ocifs", "ossfs", "paramiko", "pyarrow", "requests",
+        "huggingface_hub", "msal", "ocifs", "ossfs", "paramiko", "requests",
         "s3fs", "smbclient", "smbprotocol", "sshfs", "urllib3", "webdav4",
     }
 )  # fmt: skip
