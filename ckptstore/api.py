@@ -15,6 +15,7 @@ from ckptstore.dcp.calls import unwrap_checkpoint_exception
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.store import Store
+from ckptstore.errors import StateDictMismatchError
 
 __all__ = ["writer", "reader", "save", "load", "unwrap_checkpoint_exception"]
 
@@ -92,7 +93,11 @@ def save(state_dict: dict[str, Any], url: str | Store | CkptWriter, **kwargs: An
 
 
 def load(state_dict: dict[str, Any], url: str | Store | CkptReader, **kwargs: Any) -> None:
-    """``dcp.load`` from ``url`` in place; raises the ckptstore error of the first failed rank."""
+    """``dcp.load`` from ``url`` in place; raises the ckptstore error of the first failed rank.
+
+    A state dict that asks for a key the checkpoint lacks, or a tensor of another shape,
+    raises ``StateDictMismatchError`` naming the key and both shapes.
+    """
     from torch.distributed.checkpoint.api import CheckpointException
 
     from ckptstore.dcp.calls import load as dcp_load
@@ -101,4 +106,7 @@ def load(state_dict: dict[str, Any], url: str | Store | CkptReader, **kwargs: An
     try:
         dcp_load(state_dict, storage_reader=r)
     except CheckpointException as exc:
-        raise unwrap_checkpoint_exception(exc) from exc
+        inner = unwrap_checkpoint_exception(exc)
+        if isinstance(inner, StateDictMismatchError):
+            raise inner from inner.__cause__  # its rank's own error, not every rank's traces
+        raise inner from exc
