@@ -152,6 +152,7 @@ pack_files(src, sys.argv[2], shard_bytes=150, threads=1)
 """
 
 
+@pytest.mark.processes
 def test_killed_pack_reads_as_no_dataset_and_a_rerun_replaces_it(tmp_path) -> None:
     src, dst = _raw_src(tmp_path), tmp_path / "packed"
     dst.mkdir()

@@ -132,6 +132,7 @@ def _run_in(clone: Path, *argv: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
+@pytest.mark.processes
 def test_console_script_from_a_checkout_named_ckptstore(tmp_path: Path) -> None:
     """The real console script from a clone named ``ckptstore``: s3fs / botocore live in
     ``ckptstore/.venv/...``; an option they reject, a value of the wrong type, a bucket name

@@ -103,6 +103,7 @@ def test_cli_never_prints_a_credential(case: str, capsys: pytest.CaptureFixture[
     assert "Traceback" not in both and "internal error" not in both, both
 
 
+@pytest.mark.processes
 def test_console_script_with_traceback_env_prints_no_credential() -> None:
     """The real console script, with CKPTSTORE_TOOL_TRACEBACK=1 set, on a client error."""
     env = dict(os.environ, PYTHONPATH=REPO, CKPTSTORE_TOOL_TRACEBACK="1")

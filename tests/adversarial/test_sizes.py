@@ -235,6 +235,7 @@ def assert_cli_corrupt(res: dict[str, Any]) -> None:
 # -- the cases ------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_zstd_bomb_in_a_ckptstore_checkpoint(tmp_path: Path) -> None:
     step_dir = two_steps(tmp_path / "root", codec="zstd")
     md = _metadata(step_dir)
@@ -257,6 +258,7 @@ def test_zstd_bomb_in_a_ckptstore_checkpoint(tmp_path: Path) -> None:
     assert not out.exists()
 
 
+@pytest.mark.processes
 def test_zstd_bomb_in_a_stock_checkpoint(tmp_path: Path) -> None:
     from torch.distributed.checkpoint._extension import ZStandard
 
@@ -286,6 +288,7 @@ def test_zstd_bomb_in_a_stock_checkpoint(tmp_path: Path) -> None:
     assert_cli_corrupt(transcode)
 
 
+@pytest.mark.processes
 def test_a_huge_marker_is_refused_unread(tmp_path: Path) -> None:
     step_dir = two_steps(tmp_path / "root")
     with (step_dir / MARKER_NAME).open("r+b") as f:
@@ -302,6 +305,7 @@ def test_a_huge_marker_is_refused_unread(tmp_path: Path) -> None:
     assert_cli_corrupt(cli)
 
 
+@pytest.mark.processes
 def test_manifests_bigger_than_the_marker_commits_are_refused_unread(tmp_path: Path) -> None:
     step_dir = two_steps(tmp_path / "root")
     for p in step_dir.glob("ckptstore.manifest*.json"):
@@ -319,6 +323,7 @@ def test_manifests_bigger_than_the_marker_commits_are_refused_unread(tmp_path: P
     assert_cli_corrupt(cli)
 
 
+@pytest.mark.processes
 def test_a_metadata_naming_one_list_a_billion_times_is_refused_at_once(tmp_path: Path) -> None:
     step_dir = two_steps(tmp_path / "root")
     md = _metadata(step_dir)
@@ -338,6 +343,7 @@ def test_a_metadata_naming_one_list_a_billion_times_is_refused_at_once(tmp_path:
     assert_cli_corrupt(cli)
 
 
+@pytest.mark.processes
 def test_a_metadata_claiming_a_petabyte_tensor_is_refused_before_allocation(
     tmp_path: Path,
 ) -> None:
@@ -365,6 +371,7 @@ def test_a_metadata_claiming_a_petabyte_tensor_is_refused_before_allocation(
     [rng_object_array(), rng_huge_void(400_000_000)],
     ids=["object-array", "huge-void"],
 )
+@pytest.mark.processes
 def test_a_malformed_numpy_rng_state_is_corrupt_and_restore_falls_back(
     tmp_path: Path, numpy_state: bytes
 ) -> None:
