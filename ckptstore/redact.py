@@ -33,6 +33,7 @@ __all__ = [
     "MASK",
     "SECRET_NAME_ENDINGS",
     "RedactingHandler",
+    "has_output_handlers",
     "is_secret_name",
     "redact",
     "redact_options",
@@ -192,16 +193,31 @@ def redact_options(options: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
+def has_output_handlers(logger: logging.Logger) -> bool:
+    """Whether a record of ``logger`` reaches a handler that outputs it: one in its chain
+    of loggers (as far as ``propagate`` goes) other than the ``RedactingHandler``. False:
+    logging is not configured, and Python's last-resort handler is what prints."""
+    current: logging.Logger | None = logger
+    while current is not None:
+        if any(not isinstance(h, RedactingHandler) for h in current.handlers):
+            return True
+        current = current.parent if current.propagate else None
+    return False
+
+
 class RedactingHandler(logging.NullHandler):
     """Redacts each record that reaches it, in place, for the handlers that format it next.
 
     Installed once on the ``ckptstore`` logger: records of every ``ckptstore.*`` logger
     pass through it on their way up to the application's handlers (the root logger's or
-    its own), which then format the redacted message. It outputs nothing itself.
+    its own), which then format the redacted message. Being a handler, it would keep
+    Python's last-resort handler from printing warnings when logging is not configured;
+    so when no other handler will see the record, it hands it to that handler itself.
     """
 
     def handle(self, record: logging.LogRecord) -> bool:
-        """Redact ``record``'s message (and traceback text) in place; emit nothing."""
+        """Redact ``record``'s message (and traceback text) in place; print it as Python's
+        last-resort handler would when nothing else will."""
         try:
             message = record.getMessage()
         except Exception:  # noqa: BLE001 - a broken format: logging reports it later
@@ -211,6 +227,13 @@ class RedactingHandler(logging.NullHandler):
             record.exc_text = redact(logging.Formatter().formatException(record.exc_info))
         if record.exc_text:
             record.exc_text = redact(record.exc_text)
+        last = logging.lastResort
+        if (
+            last is not None
+            and record.levelno >= last.level
+            and not has_output_handlers(logging.getLogger(record.name))
+        ):
+            last.handle(record)
         return True
 
 

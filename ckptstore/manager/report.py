@@ -16,6 +16,8 @@ from __future__ import annotations
 import logging
 import sys
 
+from ckptstore.redact import has_output_handlers, redact
+
 __all__ = ["REPORT", "report", "size_text"]
 
 REPORT = logging.getLogger("ckptstore.report")
@@ -37,9 +39,10 @@ def report(message: str, *args: object) -> None:
     if not _enabled():
         return
     record = REPORT.makeRecord(REPORT.name, logging.INFO, "(report)", 0, message, args, None)
-    if REPORT.hasHandlers():
+    if has_output_handlers(REPORT):
         REPORT.handle(record)  # logging configured: its handlers (and filters) decide
     else:
+        record.msg, record.args = redact(record.getMessage()), None
         _stderr.handle(record)
 
 
