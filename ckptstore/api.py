@@ -35,14 +35,15 @@ def writer(
     A save refuses a destination holding a committed checkpoint (``CheckpointExistsError``,
     unless ``overwrite``), checked by the coordinator when that save starts, on the URL it
     writes: a writer kept across saves that each name their own ``checkpoint_id`` may be
-    built on a directory that holds one. ``codec="zstd"`` compresses every item in the
-    format of DCP's own ``ZStandard`` extension (stock readers load it when ``zstandard``
-    is installed).
+    built on a directory that holds one. The store is asked once here, so a wrong
+    endpoint or credential fails at once (``TransientStoreError`` / ``StoreAccessError``).
+    ``codec="zstd"`` compresses every item in the format of DCP's own ``ZStandard``
+    extension (stock readers load it when ``zstandard`` is installed).
     ``step`` is recorded in the manifest (default: from ``step_<n>``).
     ``key_layout="spread"`` spreads the shard files over 256 sub-prefixes, for object
     stores that limit request rates per key prefix (see ``ckptstore.dcp.writer``).
     """
-    return CkptWriter(
+    w = CkptWriter(
         url,
         storage_options=storage_options,
         config=config,
@@ -51,6 +52,8 @@ def writer(
         step=step,
         key_layout=key_layout,
     )
+    w.probe()
+    return w
 
 
 def reader(

@@ -221,6 +221,12 @@ class CkptWriter(StoreBound, StorageWriter):
                 "one checkpoint per rank, give each rank its own URL and pass no_dist=True."
             )
 
+    def probe(self) -> None:
+        """Ask the store about the destination once (whether it holds a marker), so that a
+        wrong endpoint or credential raises now; a committed destination is refused only
+        by the save that would write it (``check_destination``)."""
+        self.store.exists(MARKER_NAME)
+
     def check_destination(self) -> None:
         """Refuse a destination holding a committed checkpoint, unless ``overwrite``."""
         if self.store.exists(MARKER_NAME) and not self.overwrite:
