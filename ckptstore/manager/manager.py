@@ -201,6 +201,8 @@ class CheckpointManager:
         self._inflight: Future[None] | None = None
         self._unreported: list[BaseException] = []
         self._last_failed: BaseException | None = None
+        #: The last failure raised to the caller: ``close`` does not raise it again.
+        self._told: BaseException | None = None
         #: The newest step this manager committed or restored (what a failed save leaves
         #: the newest), and whether any save of it committed yet (until then every
         #: failure raises: see the module docstring).
@@ -351,6 +353,7 @@ class CheckpointManager:
             if hasattr(own, "add_note"):  # Python >= 3.11
                 alone = self._agree.group is None
                 own.add_note(note if alone else f"{note} (this is rank {self._agree.rank})")
+            self._told = own
             raise own
         name, message = why
         cls = getattr(errors, name, None)
@@ -454,6 +457,7 @@ class CheckpointManager:
         failures, self._unreported = self._unreported, []
         for exc in failures:
             if self._raises():
+                self._told = exc
                 raise exc
             warnings.warn(
                 f"a background checkpoint save failed: {exc}; training goes on and "
@@ -604,13 +608,15 @@ class CheckpointManager:
         return saved and self.records[-1].status == SaveStatus.COMMITTED
 
     def close(self) -> None:
-        """Wait for the in-flight save; raise if the last save failed. Stops the writer
+        """Wait for the in-flight save; raise if the last save failed (unless ``save`` or
+        ``wait`` raised that failure already). Stops the writer
         process (``background="process"``) and frees the staging buffers."""
         try:
             self._wait_inflight()
             self._unreported.clear()
             if self._last_failed is not None:
-                raise self._last_failed
+                if self._last_failed is not self._told:  # not raised to the caller yet
+                    raise self._last_failed
         finally:
             self._pool.shutdown(wait=True)
             self._backend.close()
@@ -622,12 +628,8 @@ class CheckpointManager:
     def __enter__(self) -> CheckpointManager:
         return self
 
-    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
-        try:
-            self.close()
-        except BaseException as err:
-            if err is not exc:  # the save's error raised already: not raised twice
-                raise
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
 
 
 def _describe(exc: BaseException | None) -> tuple[str, str]:

@@ -44,13 +44,13 @@ def test_a_root_that_is_a_file_raises_at_the_first_save(tmp_path) -> None:
     assert mgr.records[-1].status == "failed" and len(mgr.records) == 1
 
 
-def test_a_typo_below_a_file_raises_and_close_raises_too(tmp_path) -> None:
+def test_a_typo_below_a_file_raises_once(tmp_path) -> None:
     (tmp_path / "file").write_text("x")
     mgr = CheckpointManager(str(tmp_path / "file" / "ckpt"))
     with pytest.raises(StoreAccessError):
         mgr.save(1, state(1.0))
-    with pytest.raises(StoreAccessError):
-        mgr.close()  # the last save failed: close says so too
+    mgr.close()  # that failure was raised already: not raised twice
+    assert mgr.records[-1].status == "failed"
 
 
 def test_an_unwritable_root_raises_at_the_next_call(tmp_path) -> None:
@@ -63,8 +63,7 @@ def test_an_unwritable_root_raises_at_the_next_call(tmp_path) -> None:
     assert mgr.save(1, state(1.0))  # the write fails in the background
     with pytest.raises(StoreAccessError, match="access denied"):
         mgr.wait()
-    with pytest.raises(StoreAccessError):
-        mgr.close()
+    mgr.close()  # raised once, by wait
     assert mgr.records[-1].status == "failed"
 
 

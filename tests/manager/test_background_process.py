@@ -182,8 +182,7 @@ def test_strict_mode_raises_the_writer_error(tmp_path) -> None:
     mgr.save(1, {"w": torch.ones(10)})
     with pytest.raises(StoreAccessError, match="not a directory"):
         mgr.wait()
-    with pytest.raises(StoreAccessError):
-        mgr.close()
+    mgr.close()  # raised once, by wait()
 
 
 def _kill_the_writer(rank: int, world: int, tmp: str) -> dict:

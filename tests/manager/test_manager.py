@@ -98,8 +98,7 @@ def test_strict_mode_raises_the_background_error(tmp_path, monkeypatch) -> None:
     with pytest.raises(StorageFullError):
         mgr.wait()
     monkeypatch.undo()
-    with pytest.raises(StorageFullError):
-        mgr.close()
+    mgr.close()  # raised once, by wait(): close does not raise it again
 
 
 def test_local_tier_is_used_when_it_matches(tmp_path, caplog) -> None:
@@ -211,8 +210,7 @@ def test_unreachable_remote_fails_clearly_and_keeps_the_local_copy(tmp_path) -> 
     kept = os.listdir(os.path.join(staging, step_name(7)))
     assert any(n.endswith(".distcp") for n in kept)
     assert mgr.steps() == []  # nothing committed remotely
-    with pytest.raises(ckptstore.TransferError):
-        mgr.close()
+    mgr.close()  # the failure was raised by wait(), not again
 
 
 def test_rng_state_on_another_world_size_reseeds_with_a_warning() -> None:
