@@ -153,3 +153,16 @@ def missing_dependency(module: str, extra: str) -> MissingDependencyError:
     return MissingDependencyError(
         f"{module!r} is not installed; run: pip install 'ckptstore[{extra}]'"
     )
+
+
+class InUseError(CkptStoreError, RuntimeError):
+    """What would be changed is held by a live writer (a save in flight keeps a fresh
+    lease on its step; see ``ckptstore.engine.lease``): nothing was deleted or written."""
+
+
+class RootInUseError(InUseError):
+    """Another live job (another run id) owns this checkpoint root; its saves would mix
+    with this one's. The message names the owner (run, host, pid, heartbeat age)."""
+
+
+__all__ += ["InUseError", "RootInUseError"]

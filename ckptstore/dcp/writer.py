@@ -5,13 +5,18 @@ Call order (driven by ``torch.distributed.checkpoint.save``)::
     reset(checkpoint_id)            every rank, when DCP is given a checkpoint_id: the URL
     set_up_storage_writer(...)      every rank, every save: a new attempt id of its own;
                                     refuses use_collectives=False on several ranks
-    prepare_local_plan(plan)        every rank: refuses a committed destination
+    prepare_local_plan(plan)        every rank: refuses a committed destination; the
+                                    coordinator starts the save's step lease
+                                    (``engine.lease``: gc and retention leave the step
+                                    alone while it is fresh) before any rank writes
     prepare_global_plan(plans)      coordinator: gives each rank its file prefix
     write_data(plan, planner)       every rank: its shard files, durable before it returns
                                     (none for a rank whose plan is empty: DCP's dedup of
                                     replicated state often leaves one)
     finish(metadata, results)       coordinator, only if every rank succeeded: manifest,
-                                    .metadata, then the create-only COMMITTED marker
+                                    .metadata, then the create-only COMMITTED marker;
+                                    then the lease goes (also at the next save, or by
+                                    ``release_lease()``, after a save that failed)
 
 Shard files keep DCP's per-rank layout, named ``__<rank>_<i>.<attempt>.distcp``, where
 ``attempt`` is that rank's id for this save; the results carry each file's name to the
@@ -51,6 +56,7 @@ import dataclasses
 import os
 import pickle
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +82,9 @@ from ckptstore.engine.commit import publish
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
 from ckptstore.engine.layout import parse_step
+from ckptstore.engine.lease import Heartbeat, lease_name
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
+from ckptstore.engine.owner import run_identity
 from ckptstore.engine.store import Store
 from ckptstore.engine.tee import TeeWriter
 from ckptstore.engine.transfer import TransferEngine
@@ -179,8 +187,32 @@ class CkptWriter(StoreBound, StorageWriter):
         self.attempt = _new_attempt()
         self.rank = 0
         self.is_coordinator = True
-        #: Merged into the manifest's ``extra`` at commit (the manager records timings).
+        #: Merged into the manifest's ``extra`` at commit (the manager records timings
+        #: and its run identity, ``extra["run"]``).
         self.manifest_extra: dict[str, Any] = {}
+        self._lease: Heartbeat | None = None
+        self._lease_gone: Any = None  # the finalizer that stops it with this writer
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_lease"] = state["_lease_gone"] = None  # a thread: never sent
+        return state
+
+    def _hold_lease(self) -> None:
+        """Coordinator: start this attempt's step lease (written now, refreshed in the
+        background) before any rank writes a file."""
+        self.release_lease()
+        run = str(self.manifest_extra.get("run") or run_identity())
+        lease = Heartbeat(self.store, lease_name(self.attempt), run, attempt=self.attempt)
+        self._lease = lease.start()
+        self._lease_gone = weakref.finalize(self, lease.stop)
+
+    def release_lease(self) -> None:
+        """Stop this writer's step lease and delete it (idempotent). ``finish`` does it
+        after the commit; after a failed save, the next save (or this call) does."""
+        gone, self._lease, self._lease_gone = self._lease_gone, None, None
+        if gone is not None:
+            gone()
 
     @property
     def codec(self) -> str:
@@ -201,6 +233,7 @@ class CkptWriter(StoreBound, StorageWriter):
     # -- StorageWriter -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """Re-open the store if ``checkpoint_id`` names another URL; start a new attempt."""
+        self.release_lease()
         self._rebind(checkpoint_id)
         self.attempt = _new_attempt()
 
@@ -209,6 +242,7 @@ class CkptWriter(StoreBound, StorageWriter):
 
         Raises ``ConfigError`` for ``use_collectives=False`` with more than one rank.
         """
+        self.release_lease()  # a failed save's (finish never ran)
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank") or 0
         # DCP calls reset() only when given a checkpoint_id; this runs on every save.
@@ -233,6 +267,7 @@ class CkptWriter(StoreBound, StorageWriter):
         """Return ``plan`` unchanged; the coordinator first runs :meth:`check_destination`."""
         if self.is_coordinator:
             self.check_destination()
+            self._hold_lease()
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -347,11 +382,20 @@ class CkptWriter(StoreBound, StorageWriter):
         already there raises ``CommitConflictError`` (this attempt's files are removed).
         Then calls ``_committed``.
         """
-        manifest, metadata_bytes = self._build_manifest(metadata, results)
-        publish(
-            self.store, self.engine, self.attempt, manifest, metadata_bytes, replace=self.overwrite
-        )
-        self._committed(manifest, metadata_bytes)
+        try:
+            manifest, metadata_bytes = self._build_manifest(metadata, results)
+            publish(
+                self.store,
+                self.engine,
+                self.attempt,
+                manifest,
+                metadata_bytes,
+                replace=self.overwrite,
+                lease=self._lease,
+            )
+            self._committed(manifest, metadata_bytes)
+        finally:
+            self.release_lease()
 
     def _build_manifest(
         self, metadata: Metadata, results: list[list[WriteResult]]

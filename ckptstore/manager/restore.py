@@ -126,6 +126,8 @@ class StepLoader:
         self.agree = agree
         #: Every rank: the broadcast of the step discovery just yielded, taken by try_load.
         self._first: Opened | None = None
+        #: The committed step ``try_load`` last tried (its manifest names who wrote it).
+        self.loaded: Committed | None = None
 
     @property
     def is_root(self) -> bool:
@@ -248,7 +250,7 @@ class StepLoader:
                 return opened
             return CorruptCheckpointError(f"step {step} failed to verify on another rank")
         assert not isinstance(opened, CkptStoreError)
-        committed = opened
+        committed = self.loaded = opened
         remote = self.root.child(step_name(step))
         if committed is None:
             return self._load_from(remote, step, state, None)
