@@ -33,7 +33,7 @@ from ckptstore.errors import IncompleteCheckpointError, InUseError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.records import SaveStatus
 from ckptstore.manager.retention import KeepLast
-from ckptstore.testing.faults import Fault, FaultyStore
+from ckptstore.testing.faults import FaultyStore
 from tests.cli.conftest import Backend, run_script, sample_state, save_ckpt, step
 
 
@@ -193,9 +193,7 @@ def test_a_fresh_lease_stops_delete_step_and_a_stale_one_does_not(
     assert store.find() == []
 
 
-def test_a_commit_leaves_another_live_attempts_files_alone(
-    backend: Backend, root_url: str
-) -> None:
+def test_a_commit_leaves_another_live_attempts_files_alone(backend: Backend, root_url: str) -> None:
     url = step(root_url, 1)
     store = backend.open(url)
     # Another attempt of the same step in flight: its shard file and its fresh lease.

@@ -107,9 +107,7 @@ def test_a_second_live_job_is_refused_naming_the_first(backend: Backend, root_ur
         holder.wait(30)
 
 
-def test_same_run_takes_over_and_stale_leases_are_taken(
-    backend: Backend, root_url: str
-) -> None:
+def test_same_run_takes_over_and_stale_leases_are_taken(backend: Backend, root_url: str) -> None:
     root = backend.open(root_url)
     root.put(OWNER_NAME, _lease("job-1"))  # live, on another machine
     with pytest.raises(RootInUseError, match="'job-1'.*host node-17, pid 4242"):
