@@ -334,7 +334,10 @@ class Heartbeat:
 
     def stop(self, delete: bool = True) -> None:
         """Stop refreshing; with ``delete`` remove the lease if it is still this holder's.
-        Idempotent; never raises (a lease left behind goes stale)."""
+        Idempotent; never raises (a lease left behind goes stale). A forked child (a data
+        loader's worker) never touches its parent's lease."""
+        if os.getpid() != self.info.pid:
+            return
         self._stop.set()
         thread, self._thread = self._thread, None
         if thread is not None and thread is not threading.current_thread():

@@ -109,6 +109,9 @@ def test_gc_and_retention_spare_a_save_in_flight(backend: Backend, root_url: str
         assert 2 not in doc["deleted_steps"]
         why = {s["step"]: s["reason"] for s in doc["steps"]}
         assert why[2].startswith("save in flight"), why
+        r = run_script("ls", root_url, "--json", *backend.opts)
+        rows = {row["step"]: row for row in json.loads(r.out)["checkpoints"]}
+        assert rows[2]["status"] == "incomplete" and "heartbeat" in rows[2]["in_flight"]
         with CheckpointManager(
             root_url, storage_options=backend.options or None, keep=KeepLast(1), run_id="other"
         ) as mgr:
