@@ -82,7 +82,7 @@ from ckptstore.engine.commit import publish
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
 from ckptstore.engine.layout import parse_step
-from ckptstore.engine.lease import Heartbeat, lease_name
+from ckptstore.engine.lease import Heartbeat, hold_step_lease
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
 from ckptstore.engine.owner import run_identity
 from ckptstore.engine.store import Store
@@ -200,12 +200,12 @@ class CkptWriter(StoreBound, StorageWriter):
 
     def _hold_lease(self) -> None:
         """Coordinator: start this attempt's step lease (written now, refreshed in the
-        background) before any rank writes a file."""
+        background) before any rank writes a file (``engine.lease.hold_step_lease``)."""
         self.release_lease()
         run = str(self.manifest_extra.get("run") or run_identity())
-        lease = Heartbeat(self.store, lease_name(self.attempt), run, attempt=self.attempt)
-        self._lease = lease.start()
-        self._lease_gone = weakref.finalize(self, lease.stop)
+        self._lease = hold_step_lease(self.store, self.attempt, run)
+        if self._lease is not None:
+            self._lease_gone = weakref.finalize(self, self._lease.stop)
 
     def release_lease(self) -> None:
         """Stop this writer's step lease and delete it (idempotent). ``finish`` does it

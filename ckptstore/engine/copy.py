@@ -40,7 +40,7 @@ from ckptstore.engine.commit import (
     uncommit,
 )
 from ckptstore.engine.deletion import remove_made
-from ckptstore.engine.lease import Heartbeat, lease_name
+from ckptstore.engine.lease import hold_step_lease
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, Marker
 from ckptstore.engine.owner import run_identity
 from ckptstore.engine.paths import check_name
@@ -122,7 +122,7 @@ def copy_checkpoint(
     files = {n: e for n, e in committed.manifest.files.items() if n != METADATA_NAME}
     attempt = uuid.uuid4().hex[:12]
     made = [*files, attempt_manifest_name(attempt), attempt_metadata_name(attempt)]
-    lease = Heartbeat(dst, lease_name(attempt), run_identity(), attempt=attempt).start()
+    lease = hold_step_lease(dst, attempt, run_identity())
     pool = ThreadPoolExecutor(max(1, min(file_concurrency, len(files))), "ckptstore-cp")
     futures: list[Future] = []
     try:
@@ -142,10 +142,12 @@ def copy_checkpoint(
         for f in futures:
             f.cancel()
         pool.shutdown(wait=True)
-        lease.stop()
+        if lease is not None:
+            lease.stop()
         if not dst.exists(MARKER_NAME):
             remove_made(dst, made)
         raise
-    lease.stop()
+    if lease is not None:
+        lease.stop()
     pool.shutdown(wait=True)
     return CopyResult(src.url, dst.url, len(files), sum(e.size for e in files.values()), marker)

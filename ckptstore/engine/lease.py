@@ -51,6 +51,7 @@ __all__ = [
     "MAX_LEASE_BYTES",
     "LeaseInfo",
     "Heartbeat",
+    "hold_step_lease",
     "parse_lease",
     "lease_name",
     "is_lease_name",
@@ -352,3 +353,15 @@ class Heartbeat:
             self.store.delete(self.name)
         except Exception as exc:  # noqa: BLE001 - best effort: a stale lease protects nothing
             log.warning("could not remove %s: %s", self.store.describe(self.name), exc)
+
+
+def hold_step_lease(store: Store, attempt: str, run: str) -> Heartbeat | None:
+    """Start the step lease of save attempt ``attempt`` in step directory ``store``; None
+    (logged) when it cannot be written: the save's own writes meet the same store and
+    fail with their own error, and its commit still checks every file it vouches for."""
+    lease = Heartbeat(store, lease_name(attempt), run, attempt=attempt)
+    try:
+        return lease.start()
+    except CkptStoreError as exc:
+        log.warning("%s: writing without a lease (%s)", store.url, exc)
+        return None

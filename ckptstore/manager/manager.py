@@ -332,16 +332,24 @@ class CheckpointManager:
 
     def _claim_root(self) -> BaseException | None:
         """Rank 0: own the root (at the first save) or check it is still ours; the
-        ``RootInUseError`` naming another live run, else None."""
-        try:
-            if self._owner is None:
-                self._owner = claim_root(self.root, self.run_id)
-            else:
+        ``RootInUseError`` naming another live run, else None. A store error while
+        claiming is no refusal: the save goes on (and fails like any save if the root
+        cannot be written) and the claim is tried again at the next save."""
+        if self._owner is not None:
+            try:
                 self._owner.ensure_fresh()
+                return None
+            except errors.InUseError as exc:  # taken over, or not refreshed for long
+                owner, self._owner = self._owner, None
+                owner.stop(delete=False)
+                if owner.lost is not None:
+                    return RootInUseError(str(exc))
+        try:
+            self._owner = claim_root(self.root, self.run_id)
+        except RootInUseError as exc:
+            return exc
         except CkptStoreError as exc:
-            if self._owner is not None and self._owner.lost is not None:
-                self._owner = None  # taken over: claimed again (and refused) next time
-            return exc if isinstance(exc, RootInUseError) else RootInUseError(str(exc))
+            log.warning("could not claim %s for run %r: %s", self.root, self.run_id, exc)
         return None
 
     def _reserve(self, prepared: Any) -> BaseException | None:
