@@ -14,9 +14,11 @@ demo: setup
 test: setup
 	$(PYTEST) -q --durations=25
 
-# The quick inner loop: no servers, no multi-process groups, nothing slow.
+# The quick inner loop (~1-2 min on 2 cores): every test that runs in the pytest process
+# alone -- no object-store server, no torch.distributed group, no child process (writer
+# processes, kill -9 runs, script and CLI subprocesses), nothing slow. `make test` runs all.
 test-fast: setup
-	$(PYTEST) -q -m "not server and not distributed and not slow"
+	$(PYTEST) -q -m "not server and not distributed and not processes and not slow"
 
 lint: setup
 	$(PY) -m ruff check ckptstore harness tests benchmarks tools examples

@@ -39,6 +39,7 @@ from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes 
     IncompleteCheckpointError,
     MissingDependencyError,
     StagingMemoryError,
+    StateDictMismatchError,
     StorageFullError,
     StoreAccessError,
     StoreNotFoundError,

@@ -15,6 +15,7 @@ from ckptstore.dcp.calls import unwrap_checkpoint_exception
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.store import Store
+from ckptstore.errors import StateDictMismatchError
 
 __all__ = ["writer", "reader", "save", "load", "unwrap_checkpoint_exception"]
 
@@ -31,14 +32,17 @@ def writer(
 ) -> CkptWriter:
     """A DCP ``StorageWriter`` for ``url`` (a path, ``file://``, ``s3://``, ``gs://``, ...).
 
-    Raises ``CheckpointExistsError`` at once if ``url`` holds a committed checkpoint and
-    ``overwrite`` is False. ``codec="zstd"`` compresses every item in the format of DCP's
-    own ``ZStandard`` extension (stock readers load it when ``zstandard`` is installed).
+    A save refuses a destination holding a committed checkpoint (``CheckpointExistsError``,
+    unless ``overwrite``), checked by the coordinator when that save starts, on the URL it
+    writes: a writer kept across saves that each name their own ``checkpoint_id`` may be
+    built on a directory that holds one. ``codec="zstd"`` compresses every item in the
+    format of DCP's own ``ZStandard`` extension (stock readers load it when ``zstandard``
+    is installed).
     ``step`` is recorded in the manifest (default: from ``step_<n>``).
     ``key_layout="spread"`` spreads the shard files over 256 sub-prefixes, for object
     stores that limit request rates per key prefix (see ``ckptstore.dcp.writer``).
     """
-    w = CkptWriter(
+    return CkptWriter(
         url,
         storage_options=storage_options,
         config=config,
@@ -47,8 +51,6 @@ def writer(
         step=step,
         key_layout=key_layout,
     )
-    w.check_destination()
-    return w
 
 
 def reader(
@@ -93,7 +95,11 @@ def save(state_dict: dict[str, Any], url: str | Store | CkptWriter, **kwargs: An
 
 
 def load(state_dict: dict[str, Any], url: str | Store | CkptReader, **kwargs: Any) -> None:
-    """``dcp.load`` from ``url`` in place; raises the ckptstore error of the first failed rank."""
+    """``dcp.load`` from ``url`` in place; raises the ckptstore error of the first failed rank.
+
+    A state dict that asks for a key the checkpoint lacks, or a tensor of another shape,
+    raises ``StateDictMismatchError`` naming the key and both shapes.
+    """
     from torch.distributed.checkpoint.api import CheckpointException
 
     from ckptstore.dcp.calls import load as dcp_load
@@ -102,4 +108,7 @@ def load(state_dict: dict[str, Any], url: str | Store | CkptReader, **kwargs: An
     try:
         dcp_load(state_dict, storage_reader=r)
     except CheckpointException as exc:
-        raise unwrap_checkpoint_exception(exc) from exc
+        inner = unwrap_checkpoint_exception(exc)
+        if isinstance(inner, StateDictMismatchError):
+            raise inner from inner.__cause__  # its rank's own error, not every rank's traces
+        raise inner from exc

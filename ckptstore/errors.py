@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pickle
 
+from ckptstore.redact import redact
+
 #: The errors ``import ckptstore`` exports too (the data layer's stay here).
 CHECKPOINT_ERRORS = [
     "CkptStoreError",
@@ -28,6 +30,7 @@ CHECKPOINT_ERRORS = [
     "StagingMemoryError",
     "UnsafePathError",
     "UnsafePickleError",
+    "StateDictMismatchError",
 ]
 
 __all__ = [
@@ -43,7 +46,17 @@ __all__ = [
 
 
 class CkptStoreError(Exception):
-    """Root of every error raised by ckptstore."""
+    """Root of every error raised by ckptstore.
+
+    Its message never shows a credential: ``str()`` and ``repr()`` pass through
+    ``ckptstore.redact.redact`` (URL user-info, credential-named options, signatures).
+    """
+
+    def __str__(self) -> str:
+        return redact(super().__str__())
+
+    def __repr__(self) -> str:
+        return redact(super().__repr__())
 
 
 class ConfigError(CkptStoreError, ValueError):
@@ -64,7 +77,8 @@ class CorruptCheckpointError(CkptStoreError, ValueError):
 
 class UnsafePickleError(CkptStoreError, pickle.UnpicklingError):
     """An object item's pickle needs more than ``weights_only`` loading allows; it was not
-    unpickled (opt in with ``allow_pickle=True`` for a checkpoint you trust)."""
+    unpickled. For a checkpoint you trust: allow its classes with
+    ``torch.serialization.add_safe_globals``, or opt in with ``allow_pickle=True``."""
 
 
 class CheckpointExistsError(CkptStoreError, FileExistsError):
@@ -153,6 +167,15 @@ def missing_dependency(module: str, extra: str) -> MissingDependencyError:
     return MissingDependencyError(
         f"{module!r} is not installed; run: pip install 'ckptstore[{extra}]'"
     )
+
+
+class StateDictMismatchError(ConfigError):
+    """The state dict given to load into does not match the checkpoint: it asks for a key
+    the checkpoint does not hold, or a tensor's shape differs from the saved one.
+
+    Nothing was loaded into it. A ``ConfigError`` (and ``ValueError``), not damage:
+    ``CheckpointManager.restore`` raises it rather than falling back to an older step.
+    """
 
 
 class InUseError(CkptStoreError, RuntimeError):

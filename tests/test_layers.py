@@ -12,6 +12,7 @@ import pytest
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+@pytest.mark.processes
 def test_import_linter_contracts_are_kept() -> None:
     """``lint-imports`` (import-linter) with the repository's contracts: every one kept."""
     pytest.importorskip("importlinter")
@@ -34,6 +35,7 @@ def test_import_linter_contracts_are_kept() -> None:
     assert "0 broken" in done.stdout
 
 
+@pytest.mark.processes
 def test_torch_free_layers_import_no_torch() -> None:
     """``import ckptstore``, the engine, the stores registry and planning leave torch out."""
     code = (

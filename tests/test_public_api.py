@@ -8,6 +8,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 import ckptstore
 from ckptstore import errors
 
@@ -52,6 +54,7 @@ def test_root_tools_are_public_and_the_library_objects() -> None:
         assert getattr(ckptstore, name).__doc__
 
 
+@pytest.mark.processes
 def test_import_ckptstore_and_its_root_tools_import_no_torch() -> None:
     names = ", ".join(repr(n) for n in ROOT_TOOLS)
     code = (

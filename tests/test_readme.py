@@ -114,6 +114,7 @@ def marks(block: tuple[int, str]) -> list[Any]:
 
 
 @pytest.mark.parametrize("block", [pytest.param(b, id=block_id(b), marks=marks(b)) for b in PYTHON])
+@pytest.mark.processes
 def test_python_block_runs_as_written(block: tuple[int, str], tmp_path, request) -> None:
     line, code = block
     first = code.strip().splitlines()[0]
@@ -169,6 +170,7 @@ def _help(script: str) -> str:
     return proc.stdout
 
 
+@pytest.mark.processes
 def test_torchrun_block_matches_the_scripts_and_needs_no_environment() -> None:
     (_, code), *rest = blocks("bash")
     assert not rest
@@ -210,6 +212,7 @@ def tool(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
+@pytest.mark.processes
 def test_every_ckptstore_tool_line_parses() -> None:
     lines = tool_lines()
     assert len(lines) == 8

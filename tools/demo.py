@@ -19,8 +19,9 @@ disk, then uploaded and committed), ``RNGState`` and the ckptstore ``DataLoader`
 3. report     blocking per save (ckptstore vs rank-0 torch.save), restarts survived,
               exactly-once data, bitwise equality with the reference, every committed
               checkpoint verified and loaded in full, and the goodput account measured
-              against ``ckptstore.planning.goodput``'s model, with a PNG timeline (written to a new
-              directory per run, or the ``--dir`` / ``--keep`` one; its path is printed).
+              against ``ckptstore.planning.goodput``'s model, with a PNG timeline (written to
+              ``demo-output/`` where the demo started, or the ``--dir`` / ``--keep`` one; its
+              path is printed).
 
 Exit status 0 only if every check passed.
 """
@@ -328,8 +329,10 @@ def main(argv: list[str] | None = None) -> int:
     plan = FULL if a.full else QUICK
     if a.store == "s3":  # uploads to a SeaweedFS on the same 2 cores take 1-2 s per save
         plan = dataclasses.replace(plan, every=8)
-    # The timeline outlives a removed run directory: its own per-run directory (printed).
-    png_dir = root if (a.dir or a.keep) else tempfile.mkdtemp(prefix="ckptstore-demo-timeline-")
+    # The timeline outlives a removed run directory: demo-output/ where the demo was started
+    # (`make demo`: beside the Makefile), or the kept run directory.
+    png_dir = root if (a.dir or a.keep) else os.path.abspath("demo-output")
+    os.makedirs(png_dir, exist_ok=True)
     t_start = time.perf_counter()
     demo: Demo | None = None
     ok = True

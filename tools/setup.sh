@@ -10,12 +10,18 @@ if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
-.venv/bin/pip install -q --upgrade pip
+# pip warns once per package about each configured local index folder that does not hold
+# it ("Location 'file:///...' is ignored: it is neither a file nor a directory"): about a
+# hundred lines that say nothing about this project's setup. Everything else pip says stays.
+pip() {
+  .venv/bin/pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+}
+pip install -q --upgrade pip
 # torch first, pinned to the CPU build on this machine's disk (an unpinned torch pulls CUDA).
-.venv/bin/pip install -q -c tools/constraints.txt "torch==2.13.0"
-.venv/bin/pip install -q -c tools/constraints.txt -r tools/requirements-dev.txt
-.venv/bin/pip install -q -c tools/constraints.txt --no-deps -e .
-.venv/bin/pip check
+pip install -q -c tools/constraints.txt "torch==2.13.0"
+pip install -q -c tools/constraints.txt -r tools/requirements-dev.txt
+pip install -q -c tools/constraints.txt --no-deps -e .
+pip check
 # Azurite (Microsoft's Azure Blob emulator) for the Azure tests.
 if command -v npm >/dev/null 2>&1; then
   (cd tools && npm install --no-audit --no-fund --loglevel=error >/dev/null)

@@ -107,7 +107,11 @@ class _Side:
     def load(self, names: list[str]) -> dict[str, Any]:
         if self._flat is not None:
             return {n: self._flat[n] for n in names}
-        flat = flatten(load_state(self.ctx, self.loc, keys=names, allow_pickle=self.allow_pickle))
+        flat = flatten(
+            load_state(
+                self.ctx, self.loc, keys=names, allow_pickle=self.allow_pickle, note_stock=False
+            )
+        )  # the constructor's reader noted a stock checkpoint once
         return {n: flat[n] for n in names}
 
 

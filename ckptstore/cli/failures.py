@@ -8,9 +8,19 @@
   connection, a permission error) -> 2, naming the command's URLs;
 * an error raised inside a store client while ``-o`` options were given (an unknown option
   name, a value of the wrong type) -> 2, naming the options;
-* DCP's ``CheckpointException`` is unwrapped to the first rank's error first;
+* an exception of a store client's own type (botocore, aiohttp, httpx, the Azure and Google
+  SDKs, fsspec backends), or one a third-party module raised under the stores layer -> 2;
+* a missing package (``ImportError`` of a module that is not ckptstore's) -> 2, as a missing
+  optional dependency; running out of memory for what a checkpoint claims -> 2;
+* DCP's ``CheckpointException`` is unwrapped to the first rank's error first, and an error
+  that only wraps a ckptstore error (``raise ... from``) to that error;
 * anything else is a bug -> 3, one line with the exception and "please report"; setting
   ``CKPTSTORE_TOOL_TRACEBACK=1`` prints the traceback as well.
+
+Where an exception comes from is decided by its type's module and its frames' module names
+(``ckptstore.stores.s3_client``, ``botocore.client``), never by file paths: a checkout
+named ``ckptstore`` with its virtualenv inside puts ``/ckptstore/`` in every path.
+Every message is redacted (``ckptstore.redact``) before it is printed.
 
 Library messages speak of the Python API (``storage_options``, ``overwrite=True``); on the
 command line the same advice names the flags (``-o key=...``, ``--force``): ``cli_wording``.
@@ -19,15 +29,16 @@ command line the same advice names the flags (``-o key=...``, ``--force``): ``cl
 from __future__ import annotations
 
 import errno
-import os
 import re
 import socket
-import traceback
 from collections.abc import Sequence
 
 from ckptstore.errors import CkptStoreError, CorruptCheckpointError
+from ckptstore.redact import redact
+from ckptstore.stores.options import raised_in, rejected_by_client
 
 __all__ = [
+    "CLIENT_PACKAGES",
     "EXIT_OK",
     "EXIT_CHECK_FAILED",
     "EXIT_USAGE",
@@ -133,32 +144,95 @@ def _os_error(exc: OSError, urls: Sequence[str]) -> str:
     )
 
 
-def _from_store_layer(exc: BaseException) -> bool:
-    """Whether ``exc`` came out of a store (``ckptstore/stores/``) or the client it calls:
-    the innermost ckptstore frame of its traceback is in the stores layer."""
-    frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if f"{os.sep}ckptstore{os.sep}" in f.filename]
-    return bool(ours) and f"{os.sep}ckptstore{os.sep}stores{os.sep}" in ours[-1].filename
+#: Top-level packages of store clients: an exception of a type defined in one of them is
+#: the store's or its client's (a request refused, a connection lost), not a bug here.
+CLIENT_PACKAGES = frozenset(
+    {
+        "aiobotocore", "aiohttp", "adlfs", "azure", "botocore", "boto3", "dropbox",
+        "dropboxdrivefs", "fsspec", "gcsfs", "google", "h11", "httpcore", "httpx",
+        "huggingface_hub", "msal", "ocifs", "ossfs", "paramiko", "requests",
+        "s3fs", "smbclient", "smbprotocol", "sshfs", "urllib3", "webdav4",
+    }
+)  # fmt: skip
+
+
+def _package(module: str | None) -> str:
+    return (module or "").partition(".")[0]
+
+
+def _from_store_client(exc: BaseException) -> bool:
+    """Whether ``exc`` is a store client's: its type is a client package's, or a
+    third-party module raised it below a frame of ckptstore's stores layer."""
+    if _package(type(exc).__module__) in CLIENT_PACKAGES:
+        return True
+    ours, innermost = raised_in(exc)
+    return (
+        ours is not None
+        and ours.startswith("ckptstore.stores")
+        and _package(innermost) not in ("ckptstore", "")
+    )
+
+
+def _own_cause(exc: BaseException) -> BaseException:
+    """DCP's ``CheckpointException`` -> the first rank's error; an exception raised
+    ``from`` a ckptstore error (a library wrapping ours) -> that error."""
+    for _ in range(8):
+        exc = first_failure(exc)
+        cause = exc.__cause__
+        if isinstance(exc, CkptStoreError) or not isinstance(cause, CkptStoreError):
+            return exc
+        exc = cause
+    return exc
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    text = str(exc)
+    return isinstance(exc, MemoryError) or (
+        isinstance(exc, RuntimeError)
+        and ("can't allocate memory" in text or "not enough memory" in text)
+    )
 
 
 def explain(
     exc: BaseException, urls: Sequence[str], options_given: Sequence[str] = ()
 ) -> tuple[int, str]:
     """``(exit code, one-line message)`` for ``exc`` raised by a command on ``urls``."""
-    exc = first_failure(exc)
+    code, message = _explain(_own_cause(exc), urls, options_given)
+    return code, redact(message)
+
+
+def _explain(
+    exc: BaseException, urls: Sequence[str], options_given: Sequence[str]
+) -> tuple[int, str]:
     if isinstance(exc, CorruptCheckpointError):
         return EXIT_CHECK_FAILED, cli_wording(str(exc))
     if isinstance(exc, CkptStoreError):
         return EXIT_USAGE, cli_wording(str(exc))
     what = f"{type(exc).__name__}: {exc}".strip().rstrip(":")
-    if isinstance(exc, (TypeError, ValueError, AttributeError, KeyError)) and options_given:
-        if _from_store_layer(exc):
-            shown = " ".join(f"-o {o}" for o in options_given)
-            return EXIT_USAGE, cli_wording(
-                f"{_where(urls)}: the store client rejected the storage options ({what}). "
-                f"Check the names and values of {shown}: they go to the URL's filesystem "
-                "(s3fs, gcsfs, adlfs) as its options."
-            )
+    if options_given and rejected_by_client(exc):
+        shown = " ".join(f"-o {o}" for o in options_given)
+        return EXIT_USAGE, cli_wording(
+            f"{_where(urls)}: the store client rejected the storage options ({what}). "
+            f"Check the names and values of {shown}: they go to the URL's filesystem "
+            "(s3fs, gcsfs, adlfs) as its options."
+        )
+    if isinstance(exc, ImportError) and _package(exc.name) != "ckptstore":
+        return EXIT_USAGE, cli_wording(
+            f"{_where(urls)}: a package this needs is not installed ({what}). Install it "
+            "(pip install 'ckptstore[s3]', 'ckptstore[gcs]', 'ckptstore[azure]', "
+            "'ckptstore[cli]', or the package the message names)."
+        )
+    if _out_of_memory(exc):
+        return EXIT_USAGE, cli_wording(
+            f"{_where(urls)}: not enough memory for what the checkpoint holds ({what}). "
+            "Run it on a machine with more memory, or, if the checkpoint cannot be that "
+            "large, its .metadata is damaged (`ckptstore-tool inspect` shows the sizes it claims)."
+        )
     if isinstance(exc, OSError):
         return EXIT_USAGE, cli_wording(_os_error(exc, urls))
+    if _from_store_client(exc):
+        return EXIT_USAGE, cli_wording(
+            f"{_where(urls)}: the store's client failed ({what}). Check the URL, the -o "
+            "storage options and that the store is reachable from this machine."
+        )
     return EXIT_INTERNAL, cli_wording(f"internal error ({what}); {REPORT_HINT}")

@@ -15,7 +15,7 @@ from typing import Any
 
 from ckptstore import KeepEvery, KeepLast, RetentionPolicy, apply_prune, plan_prune
 from ckptstore.cli.context import Context, non_negative
-from ckptstore.cli.render import dump_json, human_bytes, table
+from ckptstore.cli.render import dump_json, human_bytes, safe, table
 from ckptstore.cli.sources import list_or_missing
 from ckptstore.errors import ConfigError
 
@@ -122,11 +122,11 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         )
     for u in plan.uploads:
         act = ("would abort" if args.dry_run else "aborted") if u.action == "abort" else "kept"
-        print(f"upload {u.path}: {act} ({u.reason})")
+        print(f"upload {safe(u.path)}: {act} ({safe(u.reason)})")
     uploads = {u.path for u in plan.uploads}
     for a in plan.left_alone:
         if a.path not in uploads:
-            print(f"{a.path}: {a.reason}")
+            print(f"{safe(a.path)}: {safe(a.reason)}")
     print(
         f"policy {plan.policy}: {verb} {len(plan.deletions)} checkpoints "
         f"({human_bytes(plan.freed_bytes)}), "

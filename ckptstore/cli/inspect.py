@@ -20,7 +20,7 @@ from typing import Any
 from ckptstore import CheckpointStatus
 from ckptstore.cli.context import Context
 from ckptstore.cli.describe import describe
-from ckptstore.cli.render import dump_json, format_shape, format_time, human_bytes, table
+from ckptstore.cli.render import dump_json, format_shape, format_time, human_bytes, safe, table
 
 __all__ = ["add_parser", "run", "describe"]
 
@@ -64,7 +64,7 @@ def _size_cell(f: dict[str, Any]) -> str:
 
 def _print(info: dict[str, Any]) -> None:
     m = info["manifest"]
-    print(f"Checkpoint  {info['url']}")
+    print(f"Checkpoint  {safe(info['url'])}")
     print(f"Format      {info['format']}")
     print(f"Status      {_STATUS_TEXT.get(info['status'], info['status'])}")
     if m is not None:
@@ -77,9 +77,9 @@ def _print(info: dict[str, Any]) -> None:
             f"ckptstore {m['ckptstore_version'] or '?'}"
         )
         for key, value in sorted(m["extra"].items()):
-            print(f"Extra       {key}: {value}")
+            print(f"Extra       {safe(key)}: {safe(value)}")
     for n in info["notes"]:
-        print(f"Note        {n}")
+        print(f"Note        {safe(n)}")
     rows = []
     for e in info["entries"]:
         files = e["files"]

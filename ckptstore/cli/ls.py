@@ -16,7 +16,7 @@ from typing import Any
 
 from ckptstore import Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context, non_negative
-from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, table
+from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, safe, table
 from ckptstore.cli.sources import is_dcp_listing, list_or_missing
 from ckptstore.engine.catalog import Skipped, scan_root
 from ckptstore.engine.deletion import step_in_flight
@@ -192,17 +192,17 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         )
         for r in rows:
             if r["problem"]:
-                print(f"step {r['step']}: {r['problem']}")
+                print(f"step {r['step']}: {safe(r['problem'])}")
             if r["in_flight"]:
-                print(f"step {r['step']}: a save is in flight ({r['in_flight']})")
+                print(f"step {r['step']}: a save is in flight ({safe(r['in_flight'])})")
     elif is_dcp_listing(names):
         print(f"{args.root} is itself a checkpoint, not a root of step_* checkpoints; use inspect")
     else:
         print(f"no step_* checkpoints under {args.root}")
     for k in skipped:
-        print(f"{k.name}: skipped ({k.reason})")
+        print(f"{safe(k.name)}: skipped ({safe(k.reason)})")
     if live_owner is not None:
-        print(f"owned by a live job: {live_owner.describe(now)}")
+        print(f"owned by a live job: {safe(live_owner.describe(now))}")
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

@@ -41,6 +41,8 @@ from ckptstore.cli.failures import (
     TRACEBACK_ENV,
     explain,
 )
+from ckptstore.cli.render import guard, guarded_output, safe, unguarded
+from ckptstore.redact import redact
 
 __all__ = [
     "main",
@@ -108,7 +110,8 @@ def parse_args(parser: argparse.ArgumentParser, argv: list[str] | None) -> argpa
 
 
 def _error(message: str) -> None:
-    print(f"ckptstore-tool: error: {message}", file=sys.stderr)
+    """The one line a failure prints: credentials redacted, control characters escaped."""
+    print(f"ckptstore-tool: error: {safe(redact(message))}", file=sys.stderr)
 
 
 def _quiet_library_chatter() -> None:
@@ -117,7 +120,16 @@ def _quiet_library_chatter() -> None:
     warnings.filterwarnings("ignore", message=".*torch.distributed.*disabled.*")
     warnings.filterwarnings("ignore", message=".*process group.*")
     warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
-    logging.basicConfig(level=logging.WARNING, format="ckptstore-tool: %(message)s")
+    handler = logging.StreamHandler(unguarded(sys.stderr))
+    handler.setFormatter(_GuardedFormatter("ckptstore-tool: %(message)s"))
+    logging.basicConfig(level=logging.WARNING, handlers=[handler])
+
+
+class _GuardedFormatter(logging.Formatter):
+    """Log lines as ``GuardedStream`` writes text: redacted, control characters escaped."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        return guard(super().format(record))
 
 
 def _urls(args: argparse.Namespace) -> list[str]:
@@ -134,11 +146,16 @@ def _options_given(args: argparse.Namespace) -> list[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run one ``ckptstore-tool`` command; returns the exit code (never raises SystemExit)."""
     parser = build_parser()
-    try:
-        args = parse_args(parser, list(argv) if argv is not None else None)
-    except SystemExit as exc:  # --help, --version, or a usage error argparse printed
-        return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_USAGE
-    _quiet_library_chatter()
+    with guarded_output():  # what it prints: credentials redacted, controls escaped
+        try:
+            args = parse_args(parser, list(argv) if argv is not None else None)
+        except SystemExit as exc:  # --help, --version, or a usage error argparse printed
+            return int(exc.code or 0) if isinstance(exc.code, int) else EXIT_USAGE
+        _quiet_library_chatter()
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     ctx: Context | None = None
     try:
         ctx = Context.from_args(args)
@@ -147,14 +164,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         _error("interrupted")
         return EXIT_INTERRUPTED
     except BrokenPipeError:  # `ckptstore-tool ls ROOT | head`
-        sys.stderr.close()
+        unguarded(sys.stderr).close()
         return EXIT_OK
     except (SystemExit, GeneratorExit):
         raise
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         code, message = explain(exc, _urls(args), _options_given(args))
         if code == EXIT_INTERNAL and os.environ.get(TRACEBACK_ENV):
-            traceback.print_exception(exc)
+            traceback.print_exception(exc, file=sys.stderr)
         _error(message)
         return code
     finally:

@@ -215,9 +215,15 @@ def dcp_reader(ctx: Context, store: Store, note_stock: bool = True) -> Any:
 
 
 def load_state(
-    ctx: Context, loc: Located, *, keys: list[str] | None = None, allow_pickle: bool = False
+    ctx: Context,
+    loc: Located,
+    *,
+    keys: list[str] | None = None,
+    allow_pickle: bool = False,
+    note_stock: bool = True,
 ) -> dict[str, Any]:
     """The state dict at ``loc`` (DCP: only ``keys`` when given; nested as it was saved).
+    ``note_stock=False``: the caller noted already that a stock checkpoint is unverified.
 
     Nothing runs pickled code unless ``allow_pickle`` (``ckptstore.cli.safeload``): object
     items and torch.save files load weights-only, ``.metadata`` through DCP's classes only.
@@ -231,7 +237,7 @@ def load_state(
         from ckptstore.cli.failures import first_failure
         from ckptstore.cli.safeload import SafeLoadPlanner
 
-        reader = dcp_reader(ctx, loc.store)
+        reader = dcp_reader(ctx, loc.store, note_stock)
         planner = SafeLoadPlanner(
             keys,
             source=loc.url,

@@ -14,8 +14,9 @@ from typing import Any
 
 from ckptstore import CheckpointStatus, Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context
-from ckptstore.cli.render import Progress, dump_json, human_bytes, note, table
+from ckptstore.cli.render import Progress, dump_json, human_bytes, note, safe, table
 from ckptstore.cli.sources import locate
+from ckptstore.engine.bounded import MAX_METADATA_SIZE, get_capped
 from ckptstore.engine.commit import METADATA_NAME
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 
@@ -45,7 +46,8 @@ def verify_stock(store: Store) -> list[str]:
     from ckptstore.dcp.metadata import load_metadata
 
     try:
-        metadata = load_metadata(store.get(METADATA_NAME), store.describe(METADATA_NAME))
+        data = get_capped(store, METADATA_NAME, MAX_METADATA_SIZE)
+        metadata = load_metadata(data, store.describe(METADATA_NAME))
     except CkptStoreError as exc:
         return [str(exc)]
     need: dict[str, int] = {}
@@ -89,7 +91,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                 dump_json(out)
             else:
                 for p in problems:
-                    print(f"BAD  {p}")
+                    print(f"BAD  {safe(p)}")
                 print(
                     f"{'OK' if not problems else 'FAILED'}: {store.url} is a stock DCP "
                     "checkpoint without checksums; only file presence and lengths were checked."
@@ -99,7 +101,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         if ctx.json:
             dump_json(out)
         else:
-            print(f"FAILED: {exc}")
+            print(f"FAILED: {safe(exc)}")
         return 1
 
     total = committed.manifest.total_bytes

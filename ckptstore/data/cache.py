@@ -11,6 +11,10 @@ Layout under ``cache_dir``::
     locks/<key>.use             shared-locked by every process reading the shard
     locks/<key>.dl              exclusively locked by the one process downloading it
 
+Only these names are the cache's (``cachefiles.cache_name``): a scan counts, evicts and
+deletes nothing else in ``shards/``, and never follows a link there; lock files, the
+ledger and ``pressure`` are opened with ``O_NOFOLLOW`` (a planted link is a ``CacheError``).
+
 Rules: a download is written to a temp file (``posix_fallocate``'d, so space is claimed up
 front and a full disk fails at once: the farthest-needed unpinned shard is then evicted as
 if the budget were full, and only when none is left does a demand read fail with
@@ -45,6 +49,7 @@ import errno
 import json
 import logging
 import os
+import stat
 import threading
 import time
 import uuid
@@ -53,6 +58,7 @@ from concurrent.futures import Executor, Future
 
 from ckptstore.data.cachedownload import check_copy, create_temp, explain_mismatch
 from ckptstore.data.cachefiles import (
+    NOFOLLOW,
     TMP,
     CacheEntry,
     CacheStats,
@@ -60,6 +66,7 @@ from ckptstore.data.cachefiles import (
     Ledger,
     Lock,
     Mismatch,
+    cache_name,
     cache_os_error,
     changed_error,
     check_limit,
@@ -136,15 +143,20 @@ class ShardCache:
     def signal_pressure(self) -> None:
         """Tell the node's other processes that one waits for space (they unpin idle shards)."""
         try:
-            os.close(os.open(self._pressure, os.O_WRONLY | os.O_CREAT, 0o644))
-            os.utime(self._pressure)
+            fd = os.open(self._pressure, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o644)
+        except OSError:
+            return
+        try:
+            os.utime(fd)  # through the fd: a link planted there is refused above
         except OSError:
             pass
+        finally:
+            os.close(fd)
 
     def pressure_stamp(self) -> int:
         """Changes whenever a process of the node waits for cache space (checked per batch)."""
         try:
-            return os.stat(self._pressure).st_mtime_ns
+            return os.lstat(self._pressure).st_mtime_ns
         except OSError:
             return 0
 
@@ -268,9 +280,11 @@ class ShardCache:
     def _check(self, e: CacheEntry, path: str) -> str:
         """``"ok"``, ``"missing"`` or ``"corrupt"``; the CRC is checked once per process."""
         try:
-            st = os.stat(path)
+            st = os.lstat(path)
         except FileNotFoundError:
             return "missing"
+        if not stat.S_ISREG(st.st_mode):  # a link or anything else planted under our name
+            return "corrupt"
         ident = (st.st_ino, st.st_mtime_ns, st.st_size)
         with self._vlock:
             if self._verified.get(e.key) == ident:
@@ -278,8 +292,9 @@ class ShardCache:
         ok = st.st_size == e.size
         if ok and self.verify:
             try:
-                with open(self._meta_path(e.key)) as f:
-                    meta = json.load(f)
+                fd = os.open(self._meta_path(e.key), os.O_RDONLY | NOFOLLOW)
+                with os.fdopen(fd) as f:
+                    meta = json.loads(f.read(4096))
                 ok = meta.get("size") == e.size and meta.get("crc32c") == file_crc32c(path)
             except (OSError, ValueError):
                 ok = False
@@ -383,7 +398,8 @@ class ShardCache:
             meta = {"path": e.path, "size": e.size, "crc32c": crc, "digest": e.digest}
             meta_tmp = f"{self._meta_path(e.key)}{TMP}{uuid.uuid4().hex}"
             try:
-                with open(meta_tmp, "w") as f:
+                fd = os.open(meta_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
+                with os.fdopen(fd, "w") as f:
                     json.dump(meta, f)
                 os.replace(meta_tmp, self._meta_path(e.key))
             except BaseException:
@@ -391,7 +407,7 @@ class ShardCache:
                 raise
             final = os.path.join(self._shards, e.key + ".data")
             os.replace(tmp, final)  # a space scan racing it counts it once (``_usage``)
-            st = os.stat(final)
+            st = os.lstat(final)
             with self._vlock:
                 self._verified[e.key] = (st.st_ino, st.st_mtime_ns, st.st_size)
             return
@@ -504,20 +520,20 @@ class ShardCache:
         cached: dict[str, int] = {}
         with os.scandir(self._shards) as it:
             for d in it:
-                name = d.name
-                is_data = name.endswith(".data")
-                if is_data:
-                    key = name[: -len(".data")]
-                elif ".data" + TMP in name:
-                    key = name.split(".data" + TMP, 1)[0]
-                else:
-                    continue
+                parsed = cache_name(d.name)
+                if parsed is None or parsed[1] != "data":
+                    continue  # not a shard file the cache made: never counted nor deleted
+                key, _, is_temp = parsed
+                is_data = not is_temp
                 try:
-                    size = d.stat().st_size
+                    st = d.stat(follow_symlinks=False)
+                    size = st.st_size
                 except FileNotFoundError:
                     if not is_data:  # published since it was listed (else: evicted)
                         self._count_published(key, cached)
                     continue
+                if not stat.S_ISREG(st.st_mode):
+                    continue  # a link or anything else under our name: never followed
                 if is_data:
                     cached[key] = size
                     continue
@@ -537,7 +553,9 @@ class ShardCache:
         """Count shard ``key`` under its .data name, if it is there (a temp file of it
         was renamed during a scan; gone as well: its download failed, or it was evicted)."""
         try:
-            cached[key] = os.stat(os.path.join(self._shards, key + ".data")).st_size
+            st = os.lstat(os.path.join(self._shards, key + ".data"))
+            if stat.S_ISREG(st.st_mode):
+                cached[key] = st.st_size
         except FileNotFoundError:
             pass
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import hashlib
 import os
+import re
+import stat
 import threading
 import time
 import uuid
@@ -31,10 +34,12 @@ __all__ = [
     "Mismatch",
     "TMP",
     "cache_os_error",
+    "cache_name",
     "changed_error",
     "check_limit",
     "fetch_to_file",
     "file_crc32c",
+    "make_key",
     "probe_cache_dir",
     "process_gate",
     "unlink_quietly",
@@ -42,6 +47,38 @@ __all__ = [
 
 #: Every temp file in the cache has this in its name.
 TMP = ".tmp-"
+
+#: Opening flags of every file the cache opens by a fixed name: a symlink planted there
+#: (``budget.lock`` -> a user's file) is refused (ELOOP), never followed and overwritten.
+NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
+
+# What the cache makes in ``shards/`` (``<key>`` as ``ShardedDataset`` builds it: 24 hex,
+# '-', at most 48 of [A-Za-z0-9._-]): ``<key>.data``, ``<key>.meta``, and their temp files
+# ``<key>.data.tmp-<pid>-<32 hex>`` (a download) and ``<key>.meta.tmp-<32 hex>``.
+_CACHE_NAME = re.compile(
+    r"(?P<key>[0-9a-f]{24}-[A-Za-z0-9._-]{0,48})\.(?P<kind>data|meta)"
+    r"(?P<tmp>\.tmp-(?:[0-9]+-)?[0-9a-f]{32})?"
+)
+
+
+def make_key(ident: bytes, path: str) -> str:
+    """The cache key of a shard: a hash of ``ident`` (what makes its content unique) and
+    the end of its file name, readable in a listing of the cache (see :func:`cache_name`)."""
+    base = re.sub(r"[^A-Za-z0-9._-]", "_", path.rsplit("/", 1)[-1])[-48:]
+    return f"{hashlib.sha256(ident).hexdigest()[:24]}-{base}"
+
+
+def cache_name(name: str) -> tuple[str, str, bool] | None:
+    """``(key, "data" | "meta", is_temp)`` if ``name`` is one the cache makes in ``shards/``.
+
+    The one predicate every deletion and space count of the cache goes through: a file of
+    any other name (a user's ``notes.data``, another tool's file) is never deleted, evicted
+    or counted.
+    """
+    m = _CACHE_NAME.fullmatch(name)
+    if m is None:
+        return None
+    return m.group("key"), m.group("kind"), m.group("tmp") is not None
 
 
 class Mismatch(Exception):
@@ -116,8 +153,14 @@ class Lock:
         if self._fd is None or self._pid != os.getpid():
             with _FDS_LOCK:
                 try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
                 except OSError as exc:
+                    if exc.errno == errno.ELOOP:
+                        raise CacheError(
+                            exc.errno,
+                            f"lock file {self.path} is a symbolic link; the cache never "
+                            "writes through one. Remove the link (the cache re-creates it)",
+                        ) from exc
                     raise CacheError(
                         exc.errno or 0,
                         f"cannot create lock file {self.path} ({exc.strerror}); the cache_dir "
@@ -187,6 +230,9 @@ class Lock:
         self.close()
 
 
+_LEDGER = re.compile(rb" *([0-9]{1,19}) ([0-9]{1,19}) *\n?")
+
+
 class Ledger:
     """The node's count of cache bytes, kept as text in the budget lock file itself.
 
@@ -203,13 +249,21 @@ class Ledger:
     def __init__(self, lock: Lock) -> None:
         self._fd = lock.fileno()
 
+    @classmethod
+    def parse(cls, data: bytes) -> tuple[int, int] | None:
+        """``(used, added)`` from the file's first bytes, or None if they hold no valid count
+        (only ``<digits> <digits>`` and padding count: the file is anyone's to write)."""
+        m = _LEDGER.fullmatch(data[: cls.WIDTH])
+        if m is None:
+            return None
+        return int(m.group(1)), int(m.group(2))
+
     def read(self) -> tuple[int, int] | None:
         """``(used, added)``, or None if the file holds no valid count."""
         try:
-            used, added = (int(x) for x in os.pread(self._fd, self.WIDTH, 0).split())
-        except (OSError, ValueError):
+            return self.parse(os.pread(self._fd, self.WIDTH, 0))
+        except OSError:
             return None
-        return (used, added) if used >= 0 and added >= 0 else None
 
     def write(self, used: int, added: int) -> None:
         """Record ``used`` bytes in use and ``added`` bytes reserved since the last recount."""
@@ -280,7 +334,7 @@ def fetch_to_file(engine: TransferEngine, store: Store, path: str, size: int, de
     def get(start: int, end: int) -> Future[bytes]:
         return engine.pool.submit(engine.retry, lambda: store.get(path, start, end), what)
 
-    fd = os.open(dest, os.O_WRONLY)
+    fd = os.open(dest, os.O_WRONLY | NOFOLLOW)
     try:
         it = iter(ranges)
         for start, end in it:
@@ -361,11 +415,19 @@ def probe_cache_dir(directory: str) -> tuple[str, str]:
     """Create the cache layout and prove it writable; ``CacheError`` says what to fix."""
     shards, locks = os.path.join(directory, "shards"), os.path.join(directory, "locks")
     try:
-        os.makedirs(shards, exist_ok=True)
-        os.makedirs(locks, exist_ok=True)
+        for sub in (shards, locks):
+            os.makedirs(sub, exist_ok=True)
+            if not stat.S_ISDIR(os.lstat(sub).st_mode):  # the cache's own: never a link
+                raise CacheError(
+                    errno.ENOTDIR,
+                    f"{sub} is not a directory (a symbolic link?); the cache never works "
+                    "through one. Remove it (the cache re-creates it) or pick another cache_dir",
+                )
         probe = os.path.join(shards, f".probe{TMP}{os.getpid()}-{uuid.uuid4().hex}")
         os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
         os.unlink(probe)
+    except CacheError:
+        raise
     except OSError as exc:
         raise cache_os_error(exc, directory) from exc
     return shards, locks

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 from collections.abc import Callable, Sequence
@@ -41,15 +42,20 @@ import numpy.random  # noqa: F401 - fork safety: see the module docstring
 
 from ckptstore.config import MiB, TransferConfig
 from ckptstore.data.cache import CacheEntry, ShardCache, check_limit, probe_cache_dir
+from ckptstore.data.cachefiles import make_key
 from ckptstore.data.formats import EXTENSIONS, FORMATS, check_schemas, inspect, preload
 from ckptstore.data.order import DataOrderError, sample_seed
+from ckptstore.data.pack import PACK_PENDING
 from ckptstore.data.runtime import ProcessRuntime
 from ckptstore.data.stream import DataOrder
+from ckptstore.engine.paths import is_safe_name
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import ConfigError, EmptyDatasetError, ShardFormatError
 
 __all__ = ["Shard", "ShardedDataset", "parse_size", "list_shards", "default_buckets"]
+
+log = logging.getLogger(__name__)
 
 _UNITS = {"": 1, "b": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
 _UNITS.update({"ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40})
@@ -94,6 +100,33 @@ class Shard:
         return sum(self.rows)
 
 
+def usable_paths(store: Store, paths: Sequence[str], fmt: str, include: str | None) -> list[str]:
+    """The listed ``paths`` a dataset of ``fmt`` reads, in the order given.
+
+    A name a store cannot be asked for (``x//y.bin``, ``a/../b``, a control character:
+    ``engine.paths``) is skipped here, with one warning naming how many and the first,
+    never refused mid-epoch by the store. A folder a pack is still writing (or one that
+    crashed) holds :data:`~ckptstore.data.pack.PACK_PENDING`: it is no dataset yet.
+    """
+    bad = [p for p in paths if not is_safe_name(p)]
+    if bad:
+        log.warning(
+            "skipping %d object(s) under %s whose names cannot be read safely (e.g. %s: "
+            "empty, '.' or '..' segments, or control characters); rename them to include them",
+            len(bad),
+            store.describe(),
+            ascii(bad[0]),
+        )
+    pending = [p for p in paths if p.rsplit("/", 1)[-1] == PACK_PENDING]
+    if pending:
+        where = store.describe(pending[0].rpartition("/")[0])
+        raise EmptyDatasetError(
+            f"{where} is being packed, or a pack into it failed ({PACK_PENDING} is there): "
+            "it is not a complete dataset. Wait for the pack, or run it again"
+        )
+    return [p for p in paths if is_safe_name(p) and _included(p, fmt, include)]
+
+
 def _included(path: str, fmt: str, include: str | None) -> bool:
     if any(mark in path for mark in _TMP_MARKS):
         return False
@@ -128,7 +161,7 @@ def list_shards(
     fmt = fmt or _detect_format(paths)
     if fmt not in FORMATS:
         raise ConfigError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-    paths = [p for p in paths if _included(p, fmt, include)]
+    paths = usable_paths(store, paths, fmt, include)
 
     def one(path: str) -> Shard:
         what = f"listing of {store.describe(path)}"
@@ -265,9 +298,7 @@ class ShardedDataset:
         return result[0]
 
     def _entry(self, s: Shard) -> CacheEntry:
-        ident = f"{self.url}|{s.path}|{s.size}|{s.digest}".encode()
-        base = re.sub(r"[^A-Za-z0-9._-]", "_", s.path.rsplit("/", 1)[-1])[-48:]
-        key = f"{hashlib.sha256(ident).hexdigest()[:24]}-{base}"
+        key = make_key(f"{self.url}|{s.path}|{s.size}|{s.digest}".encode(), s.path)
         return CacheEntry(key, s.path, s.size, self.format, s.digest, s.rows)
 
     # -- per-process state ---------------------------------------------------------------

@@ -21,12 +21,13 @@ dataset fingerprint and is checked again on the downloaded copy.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import struct
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,11 @@ FORMATS = ("parquet", "arrow", "raw")
 EXTENSIONS = {"parquet": (".parquet", ".parq", ".pq"), "arrow": (".arrow", ".feather", ".ipc")}
 _TAIL = 64 * 1024
 _ARROW_MAGIC = b"ARROW1"
+#: Most rows a shard of ``size`` bytes may claim: ``MAX_ROWS_PER_BYTE * size``. Honest
+#: files stay far below it (a Parquet column of one repeated value, run-length encoded,
+#: takes about 300 rows a byte); a footer claiming more lies, and is refused before the
+#: data order allocates 8 bytes a row for it.
+MAX_ROWS_PER_BYTE = 1024
 
 ReadFn = Callable[[int, int], bytes]
 
@@ -60,6 +66,19 @@ def _pyarrow() -> Any:
     except ImportError as exc:
         raise missing_dependency("pyarrow", "data") from exc
     return pyarrow
+
+
+def _check_rows(rows: Sequence[int], size: int, what: str) -> tuple[int, ...]:
+    """``rows`` if every count is >= 0 and they sum to at most what ``size`` bytes can hold."""
+    out = tuple(int(n) for n in rows)
+    if any(n < 0 for n in out):
+        raise ShardFormatError(f"{what}: the footer claims a negative row count")
+    if sum(out) > MAX_ROWS_PER_BYTE * max(size, 1):
+        raise ShardFormatError(
+            f"{what}: the footer claims {sum(out)} rows, more than a {size}-byte file can "
+            f"hold (at most {MAX_ROWS_PER_BYTE} a byte); the file is damaged or crafted"
+        )
+    return out
 
 
 def _tail(size: int, read: ReadFn, magic: bytes, what: str) -> tuple[bytes, int]:
@@ -97,7 +116,14 @@ def _parquet_inspect(size: int, read: ReadFn) -> tuple[tuple[int, ...], str, Sch
         fields = _fields(md.schema.to_arrow_schema())
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad footers
         raise ShardFormatError(f"Parquet: unreadable footer ({exc})") from exc
-    rows = tuple(int(md.row_group(i).num_rows) for i in range(md.num_row_groups))
+    try:
+        rows = _check_rows(
+            [md.row_group(i).num_rows for i in range(md.num_row_groups)], size, "Parquet"
+        )
+    except ShardFormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad footers
+        raise ShardFormatError(f"Parquet: unreadable row groups ({exc})") from exc
     return rows, hashlib.sha256(footer).hexdigest(), fields
 
 
@@ -124,18 +150,28 @@ def _deref(buf: bytes, pos: int) -> int:
     return pos + struct.unpack_from("<I", buf, pos)[0]
 
 
-def _arrow_blocks(footer: bytes) -> list[tuple[int, int]]:
-    """``(offset, metadata_length)`` of each record batch, from the IPC footer."""
+def _arrow_blocks(footer: bytes, size: int) -> list[tuple[int, int]]:
+    """``(offset, metadata_length)`` of each record batch, from the IPC footer; each one
+    checked to lie inside the file of ``size`` bytes before anything is read there."""
     root = _deref(footer, 0)
     pos = _field(footer, root, 3)  # Footer.recordBatches: [Block]
     if pos is None:
         return []
     vec = _deref(footer, pos)
     n = struct.unpack_from("<I", footer, vec)[0]
+    if vec + 4 + 24 * n > len(footer):
+        raise ShardFormatError(f"Arrow IPC: the footer claims {n} record batches it cannot hold")
     out = []
     for i in range(n):  # struct Block { offset: long; metaDataLength: int; bodyLength: long }
         offset, meta_len = struct.unpack_from("<qi", footer, vec + 4 + 24 * i)
+        if offset < 0 or meta_len < 8 or offset + meta_len > size:
+            raise ShardFormatError(
+                f"Arrow IPC: record batch {i} at [{offset}, {offset + meta_len}) does not fit "
+                f"the {size}-byte file"
+            )
         out.append((offset, meta_len))
+    if sum(n for _, n in out) > size:  # batches do not overlap: their headers fit the file
+        raise ShardFormatError("Arrow IPC: the footer's record batch headers overlap")
     return out
 
 
@@ -158,8 +194,10 @@ def _batch_length(message: bytes) -> int:
 def _arrow_index(size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
     footer, _ = _tail(size, read, _ARROW_MAGIC, "Arrow IPC")
     try:
-        blocks = _arrow_blocks(footer)
-        rows = tuple(_batch_length(bytes(read(off, n))) for off, n in blocks)
+        blocks = _arrow_blocks(footer, size)
+        rows = _check_rows(
+            [_batch_length(bytes(read(off, n))) for off, n in blocks], size, "Arrow IPC"
+        )
     except (struct.error, IndexError) as exc:
         raise ShardFormatError(f"Arrow IPC: malformed footer or batch header ({exc})") from exc
     return rows, hashlib.sha256(footer).hexdigest()
@@ -310,9 +348,15 @@ class ShardReader:
     """Samples of one local shard file. ``take`` decodes each needed group once (cached)."""
 
     def __init__(
-        self, key: str, rows: Sequence[int], groups: GroupCache, load: Callable[[int], Any]
+        self,
+        key: str,
+        rows: Sequence[int],
+        groups: GroupCache,
+        load: Callable[[int], Any],
+        name: str = "",
     ) -> None:
         self.key = key
+        self.name = name or key
         self.offsets = np.cumsum((0, *rows), dtype=np.int64)
         self._groups = groups
         self._load = load
@@ -333,11 +377,38 @@ class ShardReader:
         return out
 
     def _decode(self, g: int) -> DecodedGroup:
-        return DecodedGroup(self._load(g))
+        """Group ``g`` decoded, holding exactly the rows the listing counted: a damaged
+        file (truncated pages, a footer that lies) is a ``ShardFormatError`` naming it."""
+        want = int(self.offsets[g + 1] - self.offsets[g])
+        with _unreadable(f"{self.name}: group {g}"):
+            table = self._load(g)
+            got = int(table.num_rows)
+        if got != want:
+            raise ShardFormatError(
+                f"{self.name}: group {g} holds {got} rows where its footer says {want}; the "
+                "file is damaged. Rewrite or remove it, and list the dataset again"
+            )
+        return DecodedGroup(table)
 
     def close(self) -> None:
         """Drop references to the file (mapped memory is released when unreferenced)."""
         self._load = _closed
+
+
+@contextlib.contextmanager
+def _unreadable(what: str) -> Iterator[None]:
+    """Turn what pyarrow raises for a damaged file (``OSError``, ``ArrowInvalid``, an
+    ``IndexError`` of a short column...) into a ``ShardFormatError`` naming ``what``."""
+    pa = _pyarrow()
+    try:
+        yield
+    except ShardFormatError:
+        raise
+    except (OSError, ValueError, IndexError, KeyError, TypeError, pa.ArrowException) as exc:
+        raise ShardFormatError(
+            f"{what} is unreadable ({type(exc).__name__}: {exc}); the file is damaged. "
+            "Rewrite or remove it, and list the dataset again"
+        ) from exc
 
 
 def _closed(_group: int) -> Any:
@@ -377,16 +448,20 @@ def open_reader(
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
-        pf = pq.ParquetFile(local_path, memory_map=True)
-        return ShardReader(key, rows, groups, lambda g: pf.read_row_group(g, columns=cols))
+        with _unreadable(shard_path):
+            pf = pq.ParquetFile(local_path, memory_map=True)
+        return ShardReader(
+            key, rows, groups, lambda g: pf.read_row_group(g, columns=cols), shard_path
+        )
     if fmt == "arrow":
         import pyarrow.ipc as ipc
 
-        reader = ipc.open_file(pa.memory_map(local_path, "r"))
+        with _unreadable(shard_path):
+            reader = ipc.open_file(pa.memory_map(local_path, "r"))
 
         def load(g: int) -> Any:
             batch = reader.get_batch(g)
             return batch.select(cols) if cols is not None else batch
 
-        return ShardReader(key, rows, groups, load)
+        return ShardReader(key, rows, groups, load, shard_path)
     raise ShardFormatError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")

@@ -9,9 +9,21 @@ import numpy.typing as npt
 
 from ckptstore.errors import CkptStoreError
 
-__all__ = ["DataOrderError", "IntArray", "check_int", "check_sizes", "check_str"]
+__all__ = [
+    "MAX_CURSOR",
+    "DataOrderError",
+    "IntArray",
+    "check_cursor",
+    "check_int",
+    "check_sizes",
+    "check_str",
+]
 
 IntArray = npt.NDArray[np.int64]
+
+#: The largest cursor (global sample position) the data order serves: cursors, and the
+#: batches past them, stay 64-bit integers (4.6e18 samples: beyond any real run).
+MAX_CURSOR = 1 << 62
 
 
 class DataOrderError(CkptStoreError, ValueError):
@@ -25,6 +37,18 @@ def check_int(name: str, value: object, minimum: int | None = 0) -> int:
     if minimum is not None and value < minimum:
         raise DataOrderError(f"{name} must be >= {minimum}, got {value}")
     return int(value)
+
+
+def check_cursor(name: str, value: object) -> int:
+    """``value`` as a cursor: an int in ``[0, MAX_CURSOR]`` (a saved state's cursor past it
+    is damaged or crafted; it would overflow the 64-bit arithmetic of the order)."""
+    k = check_int(name, value)
+    if k > MAX_CURSOR:
+        raise DataOrderError(
+            f"{name} {k} is beyond any epoch this loader serves (at most {MAX_CURSOR}); the "
+            "saved data order state is damaged. Resume from another checkpoint"
+        )
+    return k
 
 
 def check_sizes(shard_sizes: Iterable[int]) -> tuple[int, ...]:

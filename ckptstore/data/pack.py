@@ -19,12 +19,23 @@ Files are packed in path order, whole (a file larger than ``shard_bytes`` gets a
 its own), ``row_group_bytes`` of them to a row group (the unit the loader decodes at once).
 Reads run ``threads`` at a time, the next shard's while this one is written: about three
 shards' bytes are held in memory. The destination must not hold Parquet files yet
-(nothing there is replaced or deleted). Each shard is written whole with the transfer
-engine (a multipart upload, or a temp file renamed): readers never see a partial one.
+(nothing there is replaced). Each shard is written whole with the transfer engine (a
+multipart upload, or a temp file renamed): readers never see a partial one.
+
+The output is published at once: a pack first creates :data:`PACK_PENDING` in ``dst``
+(create-only, so two packs into one place cannot both run), naming the shards it will
+write; while it is there, ``ShardedDataset(dst)`` refuses the folder as incomplete.
+Deleting it, after the last shard is durable, publishes the dataset (listings are sorted,
+and it sorts before every shard: a listing that missed it saw every shard). A pack that
+fails removes what it wrote and the marker; one that was killed leaves them, and the next
+pack into ``dst`` removes the shards that marker names (only those) and starts afresh.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import re
 import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -34,12 +45,24 @@ from typing import Any
 from ckptstore.config import TransferConfig
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import ConfigError, DatasetChangedError, EmptyDatasetError
+from ckptstore.errors import (
+    CkptStoreError,
+    CommitConflictError,
+    ConfigError,
+    DatasetChangedError,
+    EmptyDatasetError,
+)
 
-__all__ = ["PackReport", "pack_files", "plan_shards", "SHARD_NAME"]
+__all__ = ["PACK_PENDING", "PackReport", "pack_files", "plan_shards", "SHARD_NAME"]
+
+log = logging.getLogger(__name__)
 
 #: Shard ``k`` of a packed dataset is written as ``SHARD_NAME.format(k)``.
 SHARD_NAME = "part-{:05d}.parquet"
+_SHARD_RE = re.compile(r"part-[0-9]{5,}\.parquet")
+#: Present in a pack's destination from its start until its last shard is durable.
+PACK_PENDING = ".ckptstore-pack-pending.json"
+_PENDING_MAX = 1 << 20  # a marker naming ~40k shards; a larger one is not ours
 
 
 @dataclass(frozen=True)
@@ -118,7 +141,7 @@ def pack_files(
     ``EmptyDatasetError`` when there is nothing to pack and ``ConfigError`` when ``dst``
     already holds Parquet files. See the module docstring.
     """
-    from ckptstore.data.dataset import _included, parse_size
+    from ckptstore.data.dataset import parse_size, usable_paths
     from ckptstore.stores import open_store
 
     shard_limit = parse_size(shard_bytes) or 0
@@ -137,44 +160,35 @@ def pack_files(
         listed = source.find_sizes("")
         if listed is None:
             listed = {p: source.size(p) for p in source.find("")}
-        files = sorted((p, s) for p, s in listed.items() if _included(p, "raw", include))
+        keep = set(usable_paths(source, list(listed), "raw", include))
+        files = sorted((p, s) for p, s in listed.items() if p in keep)
         if not files:
             raise EmptyDatasetError(
                 f"no files to pack under {source.describe()}"
                 + (f" matching {include!r}" if include else "")
             )
-        existing = [p for p in target.find("") if p.lower().endswith(".parquet")]
+        runs = plan_shards(files, shard_limit)
+        names = [SHARD_NAME.format(k) for k in range(len(runs))]
+        there = target.find("")
+        if PACK_PENDING in there:
+            _remove_unfinished(engine, target)
+            there = target.find("")
+        existing = [p for p in there if p.lower().endswith(".parquet")]
         if existing:
             raise ConfigError(
                 f"{target.describe()} already holds Parquet files ({existing[0]}, ...): a "
                 "dataset there would mix them with the new shards. Pack into an empty prefix, "
                 "or delete those files first"
             )
-        runs = plan_shards(files, shard_limit)
+        _claim(engine, target, names)
         written: list[str] = []
-        with ThreadPoolExecutor(max(1, threads), "ckptstore-pack") as pool:
-
-            def read(path: str) -> bytes:
-                return engine.retry(lambda: source.get(path), f"read of {source.describe(path)}")
-
-            def contents() -> Iterator[list[tuple[str, bytes]]]:
-                pending = [pool.map(read, [p for p, _ in run]) for run in runs[:1]]
-                for k in range(len(runs)):
-                    if k + 1 < len(runs):  # read the next shard's files while this one is written
-                        pending.append(pool.map(read, [p for p, _ in runs[k + 1]]))
-                    data = list(pending.pop(0))
-                    yield [(p, d) for (p, _), d in zip(runs[k], data)]
-
-            for k, run in enumerate(contents()):
-                for (path, size), (_, data) in zip(runs[k], run):
-                    if len(data) != size:
-                        raise DatasetChangedError(
-                            f"{source.describe(path)} changed while packing ({len(data)} bytes "
-                            f"read, {size} listed); pack again once the source is stable"
-                        )
-                name = SHARD_NAME.format(k)
-                engine.put(target, name, memoryview(_encode(run, group_limit)))
-                written.append(name)
+        try:
+            _write_shards(engine, source, target, runs, group_limit, threads, written)
+        except BaseException:
+            _remove(target, [*written, PACK_PENDING])
+            raise
+        # The publish: from here on the folder is a dataset (a failure is an error).
+        engine.retry(lambda: target.delete(PACK_PENDING), f"publish of {target.describe()}")
         return PackReport(
             files=len(files),
             nbytes=sum(s for _, s in files),
@@ -187,3 +201,99 @@ def pack_files(
             source.close()
         if not isinstance(dst, Store):
             target.close()
+
+
+def _write_shards(
+    engine: TransferEngine,
+    source: Store,
+    target: Store,
+    runs: list[list[tuple[str, int]]],
+    group_limit: int,
+    threads: int,
+    written: list[str],
+) -> None:
+    """Read each run's files and write its shard; ``written`` collects the names done."""
+    with ThreadPoolExecutor(max(1, threads), "ckptstore-pack") as pool:
+
+        def read(path: str) -> bytes:
+            return engine.retry(lambda: source.get(path), f"read of {source.describe(path)}")
+
+        def contents() -> Iterator[list[tuple[str, bytes]]]:
+            pending = [pool.map(read, [p for p, _ in run]) for run in runs[:1]]
+            for k in range(len(runs)):
+                if k + 1 < len(runs):  # read the next shard's files while this one is written
+                    pending.append(pool.map(read, [p for p, _ in runs[k + 1]]))
+                data = list(pending.pop(0))
+                yield [(p, d) for (p, _), d in zip(runs[k], data)]
+
+        for k, run in enumerate(contents()):
+            for (path, size), (_, data) in zip(runs[k], run):
+                if len(data) != size:
+                    raise DatasetChangedError(
+                        f"{source.describe(path)} changed while packing ({len(data)} bytes "
+                        f"read, {size} listed); pack again once the source is stable"
+                    )
+            name = SHARD_NAME.format(k)
+            written.append(name)  # before the write: a failed one is removed too
+            engine.put(target, name, memoryview(_encode(run, group_limit)))
+
+
+def _claim(engine: TransferEngine, target: Store, names: list[str]) -> None:
+    """Create :data:`PACK_PENDING` naming the shards this pack writes (create-only)."""
+    body = json.dumps({"version": 1, "shards": names}).encode()
+    try:
+        engine.retry(
+            lambda: target.put_if_absent(PACK_PENDING, body), f"claim of {target.describe()}"
+        )
+    except CommitConflictError:
+        raise ConfigError(
+            f"another pack into {target.describe()} started at the same moment; let it "
+            "finish, or pack into another prefix"
+        ) from None
+
+
+def _remove_unfinished(engine: TransferEngine, target: Store) -> None:
+    """Remove the shards a pack that did not finish names in its marker, then the marker.
+
+    Only names of this module's form (``part-NNNNN.parquet``) listed there are deleted: a
+    marker that is not one :func:`_claim` wrote is refused, and nothing is deleted.
+    """
+    what = target.describe(PACK_PENDING)
+    size = engine.retry(lambda: target.size(PACK_PENDING), f"stat of {what}")
+    names: object = None
+    if size <= _PENDING_MAX:
+        try:
+            doc = json.loads(engine.retry(lambda: target.get(PACK_PENDING), f"read of {what}"))
+            names = doc.get("shards") if isinstance(doc, dict) else None
+        except (ValueError, UnicodeDecodeError):
+            names = None
+    if not (
+        isinstance(names, list)
+        and all(isinstance(n, str) and _SHARD_RE.fullmatch(n) for n in names)
+    ):
+        raise ConfigError(
+            f"{what} is not a marker a pack wrote; nothing was deleted. Remove it (and any "
+            "shards of a failed pack) by hand, or pack into another prefix"
+        )
+    log.warning(
+        "a pack into %s did not finish; removing the %d shard(s) its marker names",
+        target.describe(),
+        len(names),
+    )
+    _remove(target, [*names, PACK_PENDING], strict=True)
+
+
+def _remove(target: Store, names: list[str], strict: bool = False) -> None:
+    """Delete ``names`` in order, the marker (last) only if every shard went: a failure
+    is logged, or with ``strict`` raised; the folder then stays refused as incomplete."""
+    failed = False
+    for name in names:
+        if name == PACK_PENDING and failed:
+            return
+        try:
+            target.delete(name)
+        except CkptStoreError as exc:
+            if strict:
+                raise
+            failed = True
+            log.warning("could not remove %s of a failed pack: %s", target.describe(name), exc)

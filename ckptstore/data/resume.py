@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ckptstore.data.order_checks import DataOrderError, check_int, check_str
+from ckptstore.data.order_checks import DataOrderError, check_cursor, check_int, check_str
 
 __all__ = ["ORDER_STATE_VERSION", "OrderState", "check_resume"]
 
@@ -27,7 +27,7 @@ class OrderState:
     shuffle: bool = True
 
     def __post_init__(self) -> None:
-        check_int("cursor", self.cursor)
+        check_cursor("cursor", self.cursor)
         check_int("seed", self.seed, minimum=None)
         check_int("buckets", self.buckets, minimum=1)
         check_str("fingerprint", self.fingerprint)

@@ -18,8 +18,10 @@ import numpy.typing as npt
 
 from ckptstore.data.order import OrderState, epoch_permutation
 from ckptstore.data.order_checks import (
+    MAX_CURSOR,
     DataOrderError,
     IntArray,
+    check_cursor,
     check_int,
     check_sizes,
     check_str,
@@ -98,14 +100,17 @@ class DataOrder:
 
     def global_sample(self, k: int) -> tuple[int, int, int]:
         """``(epoch, position_in_epoch, sample_id)`` of cursor ``k``."""
-        epoch, pos = divmod(check_int("k", k), self.num_samples)
+        epoch, pos = divmod(check_cursor("k", k), self.num_samples)
         return epoch, pos, int(self.permutation(epoch)[pos])
 
     def sample_ids(self, cursors: Iterable[int] | npt.ArrayLike) -> IntArray:
         """Sample ids ``G[k]`` for many cursors at once (vectorised)."""
-        ks = np.asarray(cursors, dtype=np.int64).reshape(-1)
-        if ks.size and int(ks.min()) < 0:
-            raise DataOrderError("cursors must be >= 0")
+        try:
+            ks = np.asarray(cursors, dtype=np.int64).reshape(-1)
+        except OverflowError:
+            raise DataOrderError(f"cursors must lie in [0, {MAX_CURSOR}]") from None
+        if ks.size and (int(ks.min()) < 0 or int(ks.max()) > MAX_CURSOR):
+            raise DataOrderError(f"cursors must lie in [0, {MAX_CURSOR}]")
         epochs, pos = np.divmod(ks, self.num_samples)
         out = np.empty_like(ks)
         for e in sorted(set(epochs.tolist())):  # np.unique imports numpy.ma (0.1 s a worker)
@@ -115,7 +120,7 @@ class DataOrder:
 
     def stream(self, cursor: int, count: int) -> IntArray:
         """Sample ids ``G[cursor : cursor + count]`` (contiguous slices, no fancy indexing)."""
-        cursor, count = check_int("cursor", cursor), check_int("count", count)
+        cursor, count = check_cursor("cursor", cursor), check_int("count", count)
         parts = []
         while count > 0:
             epoch, pos = divmod(cursor, self.num_samples)
@@ -137,7 +142,7 @@ class DataOrder:
         return shard, int(sample_id) - int(self.shard_offsets[shard])
 
     def _first_use(self, cursor: int, horizon: int) -> tuple[IntArray, IntArray]:
-        cursor, horizon = check_int("cursor", cursor), check_int("horizon", horizon)
+        cursor, horizon = check_cursor("cursor", cursor), check_int("horizon", horizon)
         # Every non-empty shard is used before the end of the next epoch: look no further.
         span = min(horizon, 2 * self.num_samples - cursor % self.num_samples)
         used = self.shard_of(self.stream(cursor, span))

@@ -16,19 +16,21 @@ Users calling ``dcp.save(..., storage_writer=ckptstore.writer(url))`` themselves
 behaviour, warning included: this module only serves ckptstore's calls.
 
 :func:`unwrap_checkpoint_exception` turns DCP's ``CheckpointException`` (a ``BaseException``
-holding every rank's error) into the first rank's ckptstore error; ``ckptstore.api``
-re-exports it.
+holding every rank's error) into the first rank's ckptstore error, and a state dict that does
+not match the checkpoint (DCP's planner: a missing key, a shape mismatch) into one
+``StateDictMismatchError`` naming the key and both shapes; ``ckptstore.api`` re-exports it.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
-from ckptstore.errors import CkptStoreError
+from ckptstore.errors import CkptStoreError, StateDictMismatchError
 
 try:  # DCP internals (torch >= 2.4); without them the stock calls are used
     from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
@@ -84,16 +86,59 @@ def unwrap_checkpoint_exception(exc: BaseException) -> BaseException:
 
     The error returned is a copy of that rank's (same type, attributes, traceback, cause
     and notes) whose message ends with `` (rank N)``; the exception inside ``exc`` is left
-    as it was, so unwrapping twice never names the rank twice.
+    as it was, so unwrapping twice never names the rank twice. Without a ckptstore error,
+    DCP's planner refusing the state dict (a key the checkpoint lacks, another shape) is a
+    ``StateDictMismatchError`` caused by that rank's error alone (not every rank's traces).
     """
     failures = getattr(exc, "failures", None)
     if not isinstance(failures, dict):
         return exc
+    errors = []
     for rank in sorted(failures):
         inner = failures[rank][0] if isinstance(failures[rank], tuple) else failures[rank]
         if isinstance(inner, CkptStoreError):
             return _with_rank(inner, rank)
+        errors.append((rank, inner))
+    for rank, inner in errors:
+        mismatch = _mismatch(inner, rank)
+        if mismatch is not None:
+            return mismatch
     return exc
+
+
+#: DCP's default load planner's refusals (torch 2.4 - 2.13): key, and saved / asked shapes.
+_MISSING_KEY = re.compile(r"Missing key in checkpoint state_dict: (?P<key>.+?)\.?$", re.S)
+_SIZE_MISMATCH = re.compile(
+    r"Size mismatch between saved torch\.Size\((?P<saved>\[[^\]]*\])\) and current: "
+    r"torch\.Size\((?P<asked>\[[^\]]*\])\) for (?P<key>.+?)\.?$",
+    re.S,
+)
+
+
+def _mismatch(exc: BaseException, rank: int) -> StateDictMismatchError | None:
+    """The ckptstore error for DCP's planner refusing the state dict on ``rank``, if so."""
+    if not isinstance(exc, (ValueError, RuntimeError, KeyError)):
+        return None
+    text = str(exc.args[0]) if exc.args else str(exc)
+    advice = (
+        "Load into a state dict with the checkpoint's keys and shapes (`ckptstore-tool "
+        "inspect URL` lists them); nothing was loaded"
+    )
+    if found := _MISSING_KEY.search(text):
+        message = (
+            f"the state dict to load asks for {found['key']!r}, which the checkpoint does not "
+            f"hold. {advice} (rank {rank})"
+        )
+    elif found := _SIZE_MISMATCH.search(text):
+        message = (
+            f"{found['key']!r} has shape {found['asked']} in the state dict to load but "
+            f"{found['saved']} in the checkpoint. {advice} (rank {rank})"
+        )
+    else:
+        return None
+    error = StateDictMismatchError(message)
+    error.__cause__, error.__suppress_context__ = exc, True
+    return error
 
 
 def _with_rank(exc: CkptStoreError, rank: int) -> CkptStoreError:

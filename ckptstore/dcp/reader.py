@@ -52,10 +52,12 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorS
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 
+from ckptstore._stack import user_stacklevel
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.format import decode_tensor
-from ckptstore.dcp.metadata import check_metadata, load_metadata
+from ckptstore.dcp.metadata import check_metadata, item_limits, load_metadata
 from ckptstore.dcp.storebound import StoreBound
+from ckptstore.engine.bounded import MAX_METADATA_SIZE, get_capped
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec, stored_codec, transform_codec
 from ckptstore.engine.commit import (
@@ -127,6 +129,8 @@ class CkptReader(StoreBound, StorageReader):
         self._metadata_bytes = b""
         self.storage_data: dict[Any, Any] = {}
         self.metadata: Metadata | None = None
+        #: The most bytes each stored tensor item may decode to (``item_limits``).
+        self._limits: dict[tuple[str, tuple[int, ...]], int] = {}
         self.open()
 
     @property
@@ -156,7 +160,12 @@ class CkptReader(StoreBound, StorageReader):
             self._codec = stored_codec(m.codec_descriptor, self.store.describe(MANIFEST_NAME))
             self._metadata_bytes = self.committed.metadata_bytes
             files = {n: e.size for n, e in self.committed.manifest.files.items()}
-            check_metadata(self._parse_metadata(), files, self.store.describe(METADATA_NAME))
+            check_metadata(
+                self._parse_metadata(),
+                files,
+                self.store.describe(METADATA_NAME),
+                self._codec.max_ratio,
+            )
             return
         except IncompleteCheckpointError:
             if self.store.exists(MANIFEST_NAME) or not self.store.exists(METADATA_NAME):
@@ -172,9 +181,9 @@ class CkptReader(StoreBound, StorageReader):
             f"{self.url} is a stock DCP checkpoint (no {MANIFEST_NAME} / {MARKER_NAME}): "
             "loading it without integrity verification.",
             StockCheckpointWarning,
-            stacklevel=3,
+            stacklevel=user_stacklevel(),
         )
-        self._metadata_bytes = self.store.get(METADATA_NAME)
+        self._metadata_bytes = get_capped(self.store, METADATA_NAME, MAX_METADATA_SIZE)
         metadata = self._parse_metadata()
         check_metadata(metadata, self._stock_sizes(metadata), self.store.describe(METADATA_NAME))
 
@@ -219,6 +228,7 @@ class CkptReader(StoreBound, StorageReader):
         """Keep ``metadata`` (and its storage data) for planning the reads."""
         self.metadata = metadata
         self.storage_data = metadata.storage_data or {}
+        self._limits = item_limits(metadata)
 
     def prepare_local_plan(self, plan: LoadPlan) -> LoadPlan:
         """Return ``plan`` unchanged."""
@@ -240,6 +250,7 @@ class CkptReader(StoreBound, StorageReader):
         # One read per distinct stored range, however many requests share it.
         by_range: dict[tuple[str, int, int], list[ReadItem]] = {}
         codecs: dict[tuple[str, int, int], Codec] = {}
+        limits: dict[tuple[str, int, int], int | None] = {}
         for req in plan.items:
             info = self.storage_data[req.storage_index]
             key = (info.relative_path, info.offset, info.length)
@@ -250,6 +261,12 @@ class CkptReader(StoreBound, StorageReader):
                 req.storage_index.fqn,
                 self.url,
             )
+            index = req.storage_index
+            tensor = req.type != LoadItemType.BYTE_IO
+            limit = self._limits.get((index.fqn, tuple(index.offset or ()))) if tensor else None
+            if key in limits and (limit is None or (limits[key] or limit) < limit):
+                limit = limits[key]  # a range two requests share: the tighter bound
+            limits[key] = limit
         ranges = self.committed.manifest.range_index() if self.committed else {}
 
         # On an object store the reads are planned from the whole plan (``engine.readplan``):
@@ -304,7 +321,9 @@ class CkptReader(StoreBound, StorageReader):
                 for i in win.members:
                     key = keys[i]
                     part = data[key[1] - win.offset : key[1] - win.offset + key[2]]
-                    self._consume(key, part, by_range[key], ranges.get(key), codecs[key], planner)
+                    self._consume(
+                        key, part, by_range[key], ranges.get(key), codecs[key], planner, limits[key]
+                    )
         except BaseException:
             # Reads still in flight may be filling targets: let them finish before the
             # caller (e.g. a restore falling back to an older step) reuses those tensors.
@@ -393,8 +412,10 @@ class CkptReader(StoreBound, StorageReader):
         entry: RangeEntry | None,
         codec: Codec,
         planner: LoadPlanner,
+        limit: int | None = None,
     ) -> None:
-        """Check one stored range's bytes, decode them and hand them to every request.
+        """Check one stored range's bytes, decode them (to at most ``limit`` bytes: a tensor
+        item's, see ``item_limits``) and hand them to every request.
 
         A tensor that can take its raw bytes straight (see ``_direct``) gets the span
         copied into its target after the span's own CRC32C is checked.
@@ -411,7 +432,8 @@ class CkptReader(StoreBound, StorageReader):
             raise CorruptCheckpointError(f"{self._where(key)} is not listed in the manifest")
         if entry is not None:
             self._verify(path, offset, data, entry.crc32c)
-        data = codec.decode(data, entry.raw_length if entry else None, self._where(key))
+        raw_length = entry.raw_length if entry else None
+        data = codec.decode(data, raw_length, self._where(key), limit=limit)
         for req in reqs:
             self._deliver(req, data, planner)
 
@@ -470,6 +492,8 @@ def check_safe_object(data: Any, fqn: str, url: str) -> None:
         raise UnsafePickleError(
             f"{url}: object item {fqn!r} is a pickle that weights_only loading refuses "
             f"({reason[:200]}); it was not unpickled. If you trust this checkpoint and "
-            "its writer, load it with ckptstore.reader(url, allow_pickle=True) (or "
-            "CheckpointManager(..., allow_pickle=True))."
+            "its writer, allow the classes it names with "
+            "torch.serialization.add_safe_globals([...]) (ckptstore honours torch's "
+            "allowlist), or unpickle anything with ckptstore.reader(url, allow_pickle=True) "
+            "(or CheckpointManager(..., allow_pickle=True))."
         ) from None

@@ -35,10 +35,11 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore.dcp.writer import CkptWriter, step_from_url
+from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
+from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import publish
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.filewriter import FileWriter
-from ckptstore.engine.layout import parse_step
 from ckptstore.engine.manifest import MARKER_NAME, Manifest
 from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.store import Store
@@ -54,7 +55,9 @@ log = logging.getLogger(__name__)
 def local_tier_matches(local: Store, remote: Store) -> bool:
     """True when ``local`` holds a committed copy whose marker equals ``remote``'s."""
     try:
-        same = local.get(MARKER_NAME) == remote.get(MARKER_NAME)
+        same = get_capped(local, MARKER_NAME, MAX_MARKER_SIZE) == get_capped(
+            remote, MARKER_NAME, MAX_MARKER_SIZE
+        )
     except StoreNotFoundError:
         return False
     if not same:
@@ -162,8 +165,9 @@ class StagedWriter(CkptWriter):
         self._trim_local()
 
     def _trim_local(self) -> None:
-        steps = sorted(
-            (s, n) for n in self.staging_root.listdir() if (s := parse_step(n)) is not None
-        )
-        for _, name in steps[: max(0, len(steps) - self.keep_local)]:
+        """Delete the oldest committed local copies beyond ``keep_local``. Only canonical
+        step directories count: an entry that is not one (a symlink, a file named like a
+        step) is warned about once and left alone, never followed or deleted."""
+        steps = [e.name for e in list_steps(self.staging_root, with_status=False, once=True)]
+        for name in steps[: max(0, len(steps) - self.keep_local)]:
             delete_step(self.staging_root, name)

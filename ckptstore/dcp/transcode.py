@@ -32,6 +32,7 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from ckptstore.dcp.metadata import item_limits
 from ckptstore.dcp.reader import CkptReader, item_codec
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec
@@ -78,10 +79,13 @@ def transcode(
     index = src_manifest.range_index() if src_manifest else {}
     by_file: dict[str, dict[tuple[int, int], list[Any]]] = {}
     codecs: dict[tuple[str, int, int], Codec] = {}
+    tensor_limits = item_limits(metadata)
+    limits: dict[tuple[str, int, int], int | None] = {}
     for idx, info in (metadata.storage_data or {}).items():
         descriptors = getattr(info, "transform_descriptors", None)
         key = (info.relative_path, info.offset, info.length)
         codecs[key] = item_codec(reader.manifest_codec, descriptors, idx.fqn, src.url)
+        limits[key] = tensor_limits.get((idx.fqn, tuple(idx.offset or ())))  # None: an object
         by_file.setdefault(info.relative_path, {}).setdefault((info.offset, info.length), [])
         by_file[info.relative_path][(info.offset, info.length)].append(idx)
 
@@ -123,7 +127,10 @@ def transcode(
                     where = f"{src.describe(old)} bytes [{off}, {off + length})"
                     raw = memoryview(
                         codecs[(old, off, length)].decode(
-                            data, entry.raw_length if entry else None, where
+                            data,
+                            entry.raw_length if entry else None,
+                            where,
+                            limit=limits[(old, off, length)],
                         )
                     )
                     stored = out_codec.encode(raw)

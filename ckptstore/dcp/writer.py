@@ -78,7 +78,7 @@ from ckptstore.dcp.format import (
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec
-from ckptstore.engine.commit import publish
+from ckptstore.engine.commit import publish, warn_after_commit
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
 from ckptstore.engine.layout import parse_step
@@ -331,8 +331,8 @@ class CkptWriter(StoreBound, StorageWriter):
 
     def _committed(self, manifest: Manifest, metadata_bytes: bytes) -> None:
         """``finish`` committed the checkpoint at the destination (coordinator only): its
-        manifest and pickled ``.metadata``. A failure here fails the save after the commit
-        counted. Here: nothing to do."""
+        manifest and pickled ``.metadata``. A failure here is a warning in the save's
+        record, never a failed save: the checkpoint is committed. Here: nothing to do."""
 
     def _raise_if_committed_meanwhile(self, exc: Exception) -> None:
         """A racing writer that committed this step cleans up other attempts' files, so a
@@ -380,7 +380,8 @@ class CkptWriter(StoreBound, StorageWriter):
 
         See ``engine.commit.publish``. The marker is create-only unless ``overwrite``: one
         already there raises ``CommitConflictError`` (this attempt's files are removed).
-        Then calls ``_committed``.
+        Then calls ``_committed`` (a failure there is a warning in the save's record: the
+        checkpoint is committed).
         """
         try:
             manifest, metadata_bytes = self._build_manifest(metadata, results)
@@ -393,9 +394,12 @@ class CkptWriter(StoreBound, StorageWriter):
                 replace=self.overwrite,
                 lease=self._lease,
             )
-            self._committed(manifest, metadata_bytes)
         finally:
             self.release_lease()
+        try:
+            self._committed(manifest, metadata_bytes)
+        except Exception as exc:  # noqa: BLE001 - the marker is written: the save stands
+            warn_after_commit(f"{self.store.url} is committed, but {exc}")
 
     def _build_manifest(
         self, metadata: Metadata, results: list[list[WriteResult]]

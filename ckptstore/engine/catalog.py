@@ -13,6 +13,7 @@ with a ``SkippedEntryWarning`` from ``list_steps``: a link is never followed.
 
 from __future__ import annotations
 
+import threading
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -117,13 +118,25 @@ def scan_root(root: Store, with_status: bool = True) -> RootListing:
     return RootListing(steps, skipped, foreign)
 
 
-def list_steps(root: Store, with_status: bool = True) -> list[StepEntry]:
+#: (root url, name) of the skipped entries ``list_steps(once=True)`` warned about already.
+_warned: set[tuple[str, str]] = set()
+_warned_lock = threading.Lock()
+
+
+def list_steps(root: Store, with_status: bool = True, *, once: bool = False) -> list[StepEntry]:
     """Every ``step_%09d`` directory under ``root``, ascending by step, with its status.
 
-    Step-named entries that are not directories are skipped with a ``SkippedEntryWarning``.
+    Step-named entries that are not directories are skipped with a ``SkippedEntryWarning``;
+    with ``once``, each such entry is warned about once per process (a node-local tier
+    listed after every save: a stray link there is news once, not at every save).
     """
     listing = scan_root(root, with_status)
     for s in listing.skipped:
+        if once:
+            with _warned_lock:
+                if (root.url, s.name) in _warned:
+                    continue
+                _warned.add((root.url, s.name))
         warnings.warn(
             f"{root.describe(s.name)} skipped: {s.reason}", SkippedEntryWarning, stacklevel=2
         )

@@ -117,29 +117,57 @@ class Codec(ABC):
             )
         return out
 
-    def decode(self, data: BytesLike, raw_length: int | None, where: str = "an item") -> BytesLike:
-        """``decode_unchecked(data, raw_length)``, refusing a ``raw_length`` beyond
-        ``max_ratio`` times the stored size and a result of another length; any failure is
-        ``CorruptCheckpointError`` naming ``where``."""
+    def decode_limited(self, data: BytesLike, raw_length: int | None, limit: int) -> BytesLike:
+        """The item's bytes, decoding no more than ``limit`` of them (``decode`` passes the
+        recorded raw length, or ``max_ratio`` times the stored size, whichever is known and
+        smaller). Default: ``decode_unchecked`` (``decode`` checks the result's length
+        after); a codec that can stop early, as zstd does, overrides this so a stored
+        item that lies about its size never costs more memory than ``limit``."""
+        return self.decode_unchecked(data, raw_length)
+
+    def decode(
+        self,
+        data: BytesLike,
+        raw_length: int | None,
+        where: str = "an item",
+        *,
+        limit: int | None = None,
+    ) -> BytesLike:
+        """``decode_limited``: refusing a ``raw_length`` beyond ``max_ratio`` times the
+        stored size (or beyond ``limit``, the most the caller can use: a tensor item's
+        bytes) and a result of another length; any failure is ``CorruptCheckpointError``
+        naming ``where``."""
         stored = len(memoryview(data))
-        if raw_length is not None and raw_length > max(stored, 1) * self.max_ratio:
+        cap = max(stored, 1) * self.max_ratio
+        if limit is not None:
+            cap = min(cap, max(limit, 0))
+        if raw_length is not None and raw_length > cap:
             raise CorruptCheckpointError(
                 f"{where}: {stored} stored bytes cannot decode to {raw_length} with "
-                f"{self.descriptor}; the manifest is damaged: restore the previous checkpoint."
+                f"{self.descriptor} (at most {cap}); the manifest is damaged: restore the "
+                "previous checkpoint."
             )
         try:
-            out = self.decode_unchecked(data, raw_length)
+            out = self.decode_limited(
+                data, raw_length, raw_length if raw_length is not None else cap
+            )
         except CkptStoreError:
             raise
         except Exception as exc:
             raise CorruptCheckpointError(
-                f"{where} does not decode with {self.descriptor} ({exc}); the checkpoint is "
-                "damaged: restore the previous one."
+                f"{where} does not decode with {self.descriptor} ({str(exc)[:200]}); the "
+                "checkpoint is damaged: restore the previous one."
             ) from exc
-        if raw_length is not None and len(memoryview(out)) != raw_length:
+        size = len(memoryview(out))
+        if raw_length is not None and size != raw_length:
             raise CorruptCheckpointError(
-                f"{where} decodes to {len(memoryview(out))} bytes with {self.descriptor}, "
+                f"{where} decodes to {size} bytes with {self.descriptor}, "
                 f"but the manifest says {raw_length}; restore the previous checkpoint."
+            )
+        if size > cap:
+            raise CorruptCheckpointError(
+                f"{where} decodes to {size} bytes with {self.descriptor}, more than the "
+                f"{cap} its item can hold; the checkpoint is damaged: restore the previous one."
             )
         return out
 
@@ -199,14 +227,35 @@ class ZstdCodec(Codec):
         return _zstd().ZstdCompressor(level=3, threads=-1).compress(data)  # type: ignore[no-any-return]
 
     def decode_unchecked(self, data: BytesLike, raw_length: int | None) -> BytesLike:
-        """The frame's content, refused before allocation if it declares another size."""
+        """The frame's content (at most ``max_ratio`` times the stored size)."""
+        return self.decode_limited(data, raw_length, max(len(memoryview(data)), 1) * self.max_ratio)
+
+    def decode_limited(self, data: BytesLike, raw_length: int | None, limit: int) -> BytesLike:
+        """The frame's content, never more than ``limit`` bytes of it: a frame that declares
+        its size is refused before allocation if that size is another (or over ``limit``);
+        one that does not is decoded in pieces, stopping once past ``limit``."""
         zstd = _zstd()
-        if raw_length is None:  # a frame of DCP's stream extension may not record its size
-            return zstd.ZstdDecompressor().decompressobj().decompress(data)  # type: ignore[no-any-return]
         declared = zstd.get_frame_parameters(data).content_size
-        if declared != zstd.CONTENTSIZE_UNKNOWN and declared != raw_length:
-            raise ValueError(f"the frame declares {declared} bytes")  # before allocating them
-        return zstd.ZstdDecompressor().decompress(data, max_output_size=raw_length)  # type: ignore[no-any-return]
+        if declared != zstd.CONTENTSIZE_UNKNOWN:
+            if raw_length is not None and declared != raw_length:
+                raise ValueError(f"the frame declares {declared} bytes")  # before allocating
+            if declared > limit:
+                raise ValueError(f"the frame declares {declared} bytes, more than {limit}")
+            return zstd.ZstdDecompressor().decompress(data)  # type: ignore[no-any-return]
+        if raw_length is not None:  # a buffer of raw_length; more output is an error
+            return zstd.ZstdDecompressor().decompress(data, max_output_size=raw_length)  # type: ignore[no-any-return]
+        # A frame of DCP's stream extension records no size: stream it, within the limit.
+        out = bytearray()
+        with zstd.ZstdDecompressor().stream_reader(data) as reader:
+            while chunk := reader.read(min(_PIECE, limit + 1 - len(out))):
+                out += chunk
+                if len(out) > limit:
+                    raise ValueError(f"the frame decodes to more than {limit} bytes")
+        return out
+
+
+#: How much of a frame that records no size is decoded at a time.
+_PIECE = 16 << 20
 
 
 def _zstd() -> Any:

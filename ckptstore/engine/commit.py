@@ -62,6 +62,12 @@ from dataclasses import dataclass
 from enum import Enum
 
 from ckptstore.config import RetryConfig
+from ckptstore.engine.bounded import (
+    EARLY_READ_LIMIT,
+    MAX_MARKER_SIZE,
+    MAX_METADATA_SIZE,
+    get_capped,
+)
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.layout import TMP_MARK, is_ckptstore_file
@@ -87,6 +93,7 @@ __all__ = [
     "publish",
     "finish_publish",
     "collect_warnings",
+    "warn_after_commit",
     "open_committed",
     "committed_from_bytes",
     "checkpoint_status",
@@ -118,6 +125,13 @@ def _warn(message: str) -> None:
     notes = getattr(_collecting, "notes", None)
     if notes is not None:
         notes.append(message)
+
+
+def warn_after_commit(message: str) -> None:
+    """Report a failure of work done after a checkpoint's marker (a hook's, not this
+    module's): logged, and collected by :func:`collect_warnings` like steps 4 and 5's.
+    The checkpoint is committed; the failure never makes its save a failed one."""
+    _warn(message)
 
 
 def attempt_manifest_name(attempt: str) -> str:
@@ -314,7 +328,7 @@ def finish_publish(
 
 def _read_marker(store: Store) -> Marker:
     try:
-        data = store.get(MARKER_NAME)
+        data = get_capped(store, MARKER_NAME, MAX_MARKER_SIZE)
     except StoreNotFoundError:
         raise IncompleteCheckpointError(
             f"{store.url} has no {MARKER_NAME} marker: the save did not finish (or this is not "
@@ -325,13 +339,18 @@ def _read_marker(store: Store) -> Marker:
 
 
 def _get_first(
-    store: Store, names: list[str], ok: object, early: dict[str, Future[bytes]] | None = None
+    store: Store,
+    names: list[str],
+    ok: object,
+    early: dict[str, Future[bytes]] | None = None,
+    size: int = 0,
 ) -> tuple[str, bytes] | None:
-    """The first of ``names`` whose bytes are ``ok``. A read started ``early`` (beside the
-    marker's) stands for the object unless it failed, in which case it is read again (not
-    there then, or a transient error: the new read raises what is still wrong). Bytes that
-    changed after an early read are the marker's business: a marker written since names
-    its attempt's own copies, which come next in ``names``."""
+    """The first of ``names`` whose bytes are ``ok`` (which they can be only if ``size``
+    bytes long: no more than ``size + 1`` are read). A read started ``early`` (beside the
+    marker's, capped) stands for the object unless it failed, in which case it is read again
+    (not there then, too big to read early, or a transient error: the new read raises what
+    is still wrong). Bytes that changed after an early read are the marker's business: a
+    marker written since names its attempt's own copies, which come next in ``names``."""
     for name in names:
         started = early.pop(name, None) if early else None
         if started is not None:
@@ -344,7 +363,7 @@ def _get_first(
                     return name, data
                 continue
         try:
-            data = store.get(name)
+            data = store.get(name, 0, size + 1)
         except StoreNotFoundError:
             continue
         if ok(data):  # type: ignore[operator]
@@ -362,13 +381,16 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
     # .metadata are read alongside the marker, and used only if they match it (a pool per
     # call: a module-level one would hang in a forked child).
     with ThreadPoolExecutor(2, thread_name_prefix="ckptstore-open") as pool:
-        early = {name: pool.submit(store.get, name) for name in (MANIFEST_NAME, METADATA_NAME)}
+        early = {
+            name: pool.submit(get_capped, store, name, EARLY_READ_LIMIT)
+            for name in (MANIFEST_NAME, METADATA_NAME)
+        }
         return _open(store, _read_marker(store), early)
 
 
 def _open(store: Store, marker: Marker, early: dict[str, Future[bytes]]) -> Committed:
     names = [MANIFEST_NAME] + ([attempt_manifest_name(marker.attempt)] if marker.attempt else [])
-    found = _get_first(store, names, marker.matches, early)
+    found = _get_first(store, names, marker.matches, early, marker.manifest_size)
     if found is None:
         raise CorruptCheckpointError(
             f"{store.url}: the manifest does not match the checksum in {MARKER_NAME} (or is "
@@ -377,14 +399,17 @@ def _open(store: Store, marker: Marker, early: dict[str, Future[bytes]]) -> Comm
     manifest_name, manifest_bytes = found
     manifest = Manifest.from_bytes(manifest_bytes, store.describe(MANIFEST_NAME))
     entry = manifest.files.get(METADATA_NAME)
-    if entry is None:
-        raise CorruptCheckpointError(f"{store.url}: the manifest does not list {METADATA_NAME}")
+    if entry is None or entry.size > MAX_METADATA_SIZE:
+        raise CorruptCheckpointError(
+            f"{store.url}: the manifest does not list {METADATA_NAME} (or at more than "
+            f"{MAX_METADATA_SIZE} bytes); the checkpoint is damaged"
+        )
     names = [METADATA_NAME] + ([attempt_metadata_name(marker.attempt)] if marker.attempt else [])
 
     def metadata_ok(data: bytes) -> bool:
         return len(data) == entry.size and crc32c(data) == entry.crc32c
 
-    got = _get_first(store, names, metadata_ok, early)
+    got = _get_first(store, names, metadata_ok, early, entry.size)
     if got is None:
         raise CorruptCheckpointError(
             f"{store.describe(METADATA_NAME)} is missing or does not match the manifest; the "

@@ -9,7 +9,10 @@ Points: ``after_shards`` (a rank's data files are durable), ``mid_upload`` (a st
 file is half uploaded), ``before_marker`` (manifest + .metadata written, no marker),
 ``after_marker`` (committed, before canonical copies and cleanup); in the deletion path
 (``engine.deletion.delete_step``): ``after_unmark`` (a step's marker deleted, its files not
-yet) and ``after_step_deleted`` (a step's files deleted).
+yet) and ``after_step_deleted`` (a step's files deleted). The commit and deletion points
+run on the coordinator alone (rank 0: it commits, and retention runs there), so pairing
+one with ``CKPTSTORE_CRASH_RANK`` naming another rank is refused (``ConfigError`` from the
+first crash point any rank reaches) instead of never firing.
 """
 
 from __future__ import annotations
@@ -18,9 +21,16 @@ import os
 import signal
 from collections import Counter
 
-__all__ = ["crashpoint"]
+from ckptstore.errors import ConfigError
+
+__all__ = ["crashpoint", "COORDINATOR_POINTS"]
 
 _visits: Counter[str] = Counter()
+
+#: Points only the coordinator (rank 0) reaches.
+COORDINATOR_POINTS = frozenset(
+    {"before_marker", "after_marker", "after_unmark", "after_step_deleted"}
+)
 
 
 def crashpoint(name: str) -> None:
@@ -34,9 +44,15 @@ def crashpoint(name: str) -> None:
     if not spec:
         return
     point, _, nth = spec.partition(":")
+    rank = os.environ.get("CKPTSTORE_CRASH_RANK")
+    if point in COORDINATOR_POINTS and rank not in (None, "0"):
+        raise ConfigError(
+            f"CKPTSTORE_CRASH_AT={spec} with CKPTSTORE_CRASH_RANK={rank} would never fire: "
+            f"{point} is reached by the coordinator (rank 0) alone; set "
+            "CKPTSTORE_CRASH_RANK=0 or leave it unset"
+        )
     if point != name:
         return
-    rank = os.environ.get("CKPTSTORE_CRASH_RANK")
     if rank is not None and rank != os.environ.get("RANK", "0"):
         return
     _visits[name] += 1

@@ -38,6 +38,8 @@ MANIFEST_NAME = "ckptstore.manifest.json"
 MARKER_NAME = "COMMITTED"
 #: A marker naming a bigger manifest is refused (a real one is a few MiB at most).
 MAX_MANIFEST_SIZE = 1 << 30
+#: A marker is ~150 bytes; a bigger one is refused before it is parsed.
+MAX_MARKER_SIZE = 64 << 10
 _MAX_COUNT = 1 << 62
 #: An attempt id becomes part of file names: one plain name component (ckptstore makes
 #: hex ids; other tools re-committing a checkpoint may use words).
@@ -149,7 +151,7 @@ class Manifest:
         """Parse and schema-check a manifest (see :func:`_parse_manifest`); anything
         malformed is ``CorruptCheckpointError`` naming ``where``."""
         try:
-            return _parse_manifest(cls, _json(data), where)
+            return _parse_manifest(cls, _json(data, MAX_MANIFEST_SIZE), where)
         except _Bad as exc:
             raise CorruptCheckpointError(
                 f"{where} is not a valid ckptstore manifest ({exc}); the checkpoint is "
@@ -198,7 +200,7 @@ class Marker:
         """Parse and schema-check a marker; anything malformed is ``CorruptCheckpointError``
         naming ``where``."""
         try:
-            doc = _json(data)
+            doc = _json(data, MAX_MARKER_SIZE)
             if type(doc) is not dict:
                 raise _Bad("not a JSON object")
             attempt = doc.get("attempt", "")
@@ -229,7 +231,9 @@ class _Bad(Exception):
     """A schema violation inside a manifest or marker (turned into CorruptCheckpointError)."""
 
 
-def _json(data: bytes) -> Any:
+def _json(data: bytes, limit: int) -> Any:
+    if len(data) > limit:  # json.loads would hold many times its size
+        raise _Bad(f"{len(data)} bytes, more than such a file can be ({limit})")
     try:
         return json.loads(data)
     except (ValueError, RecursionError) as exc:  # UnicodeDecodeError is a ValueError

@@ -85,6 +85,7 @@ from ckptstore.config import RetryConfig
 from ckptstore.engine import create_only, emulated
 from ckptstore.engine.store_guard import guard_class
 from ckptstore.errors import ConfigError, StoreNotFoundError
+from ckptstore.redact import remember
 
 __all__ = ["Store", "Capabilities", "Multipart", "Part", "Entry", "Buffer", "join_path"]
 
@@ -174,6 +175,7 @@ class Store(abc.ABC):
     ) -> None:
         self.url = url.rstrip("/")
         self.storage_options = dict(storage_options or {})
+        remember(self.storage_options)  # no message shows its credentials, named or not
         self.retry = retry or RetryConfig()
 
     def __repr__(self) -> str:

@@ -16,7 +16,12 @@ the framework's own loader. Call order::
 
 A local folder that does not match its committed step (torn, edited, another step) is
 moved aside to a quarantine directory, never deleted, before the committed copy is
-written in its place (files fsynced, then the folder renamed in).
+written in its place (files fsynced, then the folder renamed in) -- only where the caller
+allows it (``replace``): a folder whose path came from the stored index is never moved.
+
+The index is read back from storage and is untrusted: its size is capped before it is
+loaded and ``_folder_index.parse_index`` checks it; a bad one is a
+``CorruptCheckpointError``, and a restore falls back past that step.
 
 Several processes (``torch.distributed`` initialised, world size > 1): every rank calls
 ``save``, ``ensure_local`` and ``restore_newest``, in the same order, on the training
@@ -51,7 +56,9 @@ from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import RetentionPolicy
 from ckptstore.stores.local import LocalStore
 
-from ._codec import from_uint8, load_step, to_uint8
+from . import _folder_index
+from ._codec import from_uint8, load_step, template, to_uint8
+from ._folder_index import INDEX_FORMAT, bad_index, parse_index
 
 if TYPE_CHECKING:
     from typing_extensions import Unpack
@@ -70,7 +77,6 @@ log = logging.getLogger(__name__)
 
 INDEX_KEY = "folder/index"
 FILE_PREFIX = "folder/files/"
-INDEX_FORMAT = "ckptstore.folder"
 #: Where local folders that do not match a committed step are moved.
 QUARANTINE = ".ckptstore-uncommitted"
 
@@ -255,12 +261,15 @@ class FolderCheckpoints:
         return self.manager.steps()
 
     def index(self, step: int) -> dict[str, Any]:
-        """The committed file index of ``step`` (verified)."""
-        flat = load_step(self.manager, step, [INDEX_KEY])
-        index = json.loads(from_uint8(flat[INDEX_KEY]))
-        if not isinstance(index, dict) or index.get("format") != INDEX_FORMAT:
-            raise ConfigError(f"step {step} under {self.root} is not a checkpoint folder upload")
-        return index
+        """The committed file index of ``step`` (verified, size-capped, ``parse_index``)."""
+        flat = template(self.manager, step, [INDEX_KEY])
+        t = flat[INDEX_KEY]
+        cap = _folder_index.INDEX_MAX
+        if t.dtype != torch.uint8 or t.dim() != 1 or t.numel() > cap:
+            what = f"{t.dtype}{list(t.shape)}"
+            raise bad_index(step, f"item {INDEX_KEY!r} is {what}, not uint8 bytes (over {cap})")
+        self.manager.restore(flat, step=step)
+        return parse_index(from_uint8(flat[INDEX_KEY]), step)
 
     @staticmethod
     def matches(folder: str, index: dict[str, Any]) -> bool:
@@ -283,10 +292,12 @@ class FolderCheckpoints:
         qdir: str | None = None,
         index: dict[str, Any] | None = None,
         write: bool = True,
+        replace: bool = True,
     ) -> str:
         """Make ``folder`` hold committed ``step`` byte for byte.
 
-        A local folder that differs is moved to ``qdir`` (default: ``QUARANTINE`` beside it).
+        A local folder that differs is moved to ``qdir`` (default: ``QUARANTINE`` beside it)
+        if ``replace``; else ``ConfigError`` (ckptstore moves no folder it was not given).
         With several processes every rank calls it; only those with ``write`` write.
         """
         index = index if index is not None else self.index(step)
@@ -294,9 +305,19 @@ class FolderCheckpoints:
         if not any(_gather(need)):
             return folder
         flat = load_step(self.manager, step, [FILE_PREFIX + rel for rel in index["files"]])
+        for rel, want in index["files"].items():
+            if flat[FILE_PREFIX + rel].numel() != want["size"]:
+                raise bad_index(step, f"{rel!r} is stored with another size than it lists")
         error: BaseException | None = None
         if need:
             try:
+                if not replace and os.path.lexists(folder):
+                    raise ConfigError(
+                        f"{folder} exists and differs from committed step {step}; ckptstore "
+                        "does not move a folder whose path it read from the stored index. "
+                        "Pass the local directory to restore into (prepare_resume(local_dir)), "
+                        "or move that folder away"
+                    )
                 self._write_folder(step, folder, qdir, index, flat)
             except BaseException as exc:  # noqa: BLE001 - every rank hears of it below
                 error = exc
@@ -338,16 +359,18 @@ class FolderCheckpoints:
         dest: Callable[[int, dict[str, Any]], str],
         qdir: str | None = None,
         write: bool = True,
+        replace: bool = True,
     ) -> tuple[int, str] | None:
         """(step, local folder) of the newest committed step that verifies, or None.
 
-        A step that fails verification is skipped with a warning, as
-        ``CheckpointManager.restore`` does. ``write`` as for ``ensure_local``.
+        A step that fails verification (its index too) is skipped with a warning, as
+        ``CheckpointManager.restore`` does. ``write`` and ``replace`` as for ``ensure_local``.
         """
         for step in reversed(self.steps()):
             try:
                 index = self.index(step)
-                return step, self.ensure_local(step, dest(step, index), qdir, index, write)
+                folder = dest(step, index)
+                return step, self.ensure_local(step, folder, qdir, index, write, replace)
             except (CorruptCheckpointError, IncompleteCheckpointError) as exc:
                 warnings.warn(
                     f"checkpoint step {step} could not be restored ({exc}); falling back to "

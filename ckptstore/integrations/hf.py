@@ -2,8 +2,10 @@
 
 One line each::
 
-    trainer = Trainer(..., callbacks=[CkptStoreCallback("s3://bucket/run1")])
-    trainer.train(resume_from_checkpoint=True)     # the newest *committed* checkpoint
+    ckpt = CkptStoreCallback("s3://bucket/run1")
+    trainer = Trainer(..., callbacks=[ckpt])
+    trainer.train(resume_from_checkpoint=ckpt.resume_from)  # newest committed; None: fresh
+    ckpt.close()                                            # the last upload committed
 
     ckpt = CkptStoreAccelerate("s3://bucket/run1").register(accelerator)
     if path := ckpt.prepare_resume():               # None on a fresh run
@@ -50,10 +52,11 @@ import re
 import warnings
 from typing import TYPE_CHECKING, Any
 
-from ckptstore.errors import ConfigError, missing_dependency
+from ckptstore.errors import ConfigError, UnsafePathError, missing_dependency
 
 from ._codec import trailing_int
 from ._folder import QUARANTINE, FolderCheckpoints, ManagerOptions, barrier, quarantine
+from ._folder_index import confined
 from ._versions import require
 
 if TYPE_CHECKING:
@@ -81,7 +84,7 @@ def _move_newer_aside(parent: str, pattern: re.Pattern[str], newest: int | None,
     for name in os.listdir(parent):
         m = pattern.fullmatch(name)
         full = os.path.join(parent, name)
-        if m and int(m.group(1)) > newest and os.path.isdir(full):
+        if m and int(m.group(1)) > newest and os.path.isdir(full) and not os.path.islink(full):
             quarantine(full, qdir)
 
 
@@ -89,8 +92,11 @@ class CkptStoreCallback(TrainerCallback):
     """Uploads every Trainer checkpoint to ``root`` and resumes from the newest committed.
 
     With ``sync_on_init`` (default) the callback prepares ``args.output_dir`` when the
-    Trainer is built, so ``train(resume_from_checkpoint=True)`` finds the newest committed
-    checkpoint even on a machine that never saw it. ``keep`` prunes committed steps
+    Trainer is built and sets ``resume_from``: the newest committed checkpoint's folder
+    (written back even on a machine that never saw it), or None on a fresh run. Pass it as
+    ``train(resume_from_checkpoint=ckpt.resume_from)``: the same line starts a fresh run
+    and resumes one (``resume_from_checkpoint=True`` makes the Trainer raise "No valid
+    checkpoint found" on a fresh run). ``keep`` prunes committed steps
     (default ``KeepLast(3)``); ``save_total_limit`` still prunes the local folders. The
     other ``options`` (:class:`~ckptstore.integrations._folder.ManagerOptions`) pass through
     to the ``CheckpointManager``.
@@ -101,6 +107,8 @@ class CkptStoreCallback(TrainerCallback):
     ) -> None:
         self.folders = FolderCheckpoints(root, **options)
         self.sync_on_init = sync_on_init
+        #: The folder ``prepare_resume`` put back (the newest committed step), or None.
+        self.resume_from: str | None = None
 
     def prepare_resume(self, output_dir: str, write: bool = True) -> str | None:
         """Make ``output_dir/checkpoint-<N>`` the newest committed step N; its path, or None.
@@ -118,7 +126,8 @@ class CkptStoreCallback(TrainerCallback):
             pattern = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)")
             _move_newer_aside(output_dir, pattern, found[0] if found else None, qdir)
         barrier()  # no rank looks for checkpoints before the folders are in place
-        return found[1] if found else None
+        self.resume_from = found[1] if found else None
+        return self.resume_from
 
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Trainer hook: with ``sync_on_init``, put the newest committed checkpoint folder
@@ -235,7 +244,7 @@ class CkptStoreAccelerate:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Check that ``state`` is this plugin's own (``ConfigError`` otherwise)."""
-        if state.get("format") != self.FORMAT:
+        if not isinstance(state, dict) or state.get("format") != self.FORMAT:
             raise ConfigError(f"not a {self.FORMAT} state: {state!r}")
 
     # -- restoring -----------------------------------------------------------------------
@@ -260,17 +269,30 @@ class CkptStoreAccelerate:
         """Write the newest committed step as a local folder; its path, or None if none.
 
         The folder is ``project_dir/checkpoints/checkpoint_<N>`` with automatic naming,
-        else ``local_dir/<saved name>``, else the path it was saved from.
+        else ``local_dir/<saved name>``, else the path it was saved from -- only if that
+        lies inside ``project_dir`` (else the working directory), and an existing folder
+        there that differs is never moved (``ConfigError``: pass ``local_dir``).
         """
         auto = self._checkpoints_dir()
+        base = self.accelerator.project_dir or os.getcwd()
 
         def dest(step: int, index: dict[str, Any]) -> str:
             if auto is not None:
                 return os.path.join(auto, f"checkpoint_{step}")
-            return os.path.join(local_dir, index["name"]) if local_dir else index["path"]
+            if local_dir:  # the index's name is one plain segment (parse_index)
+                return os.path.join(local_dir, index["name"])
+            try:  # a path read from storage: only inside the configured directory
+                return confined(index["path"], base)
+            except UnsafePathError as exc:
+                raise ConfigError(
+                    f"step {step} was saved from {index['path']}, outside {base} ({exc}); "
+                    "pass prepare_resume(local_dir=...) to restore it into a directory "
+                    "of your choice"
+                ) from None
 
         qdir = self._qdir()
-        found = self.folders.restore_newest(dest, qdir, self._writes())
+        replace = auto is not None or local_dir is not None
+        found = self.folders.restore_newest(dest, qdir, self._writes(), replace)
         if found is not None and auto is not None and qdir is not None and self._writes():
             _move_newer_aside(auto, re.compile(r"checkpoint_(\d+)"), found[0], qdir)
         barrier()  # every rank goes on once the folders are in place

@@ -57,7 +57,12 @@ import torch
 
 from ckptstore.config import TransferConfig
 from ckptstore.engine.catalog import parse_step
-from ckptstore.errors import ConfigError, IncompleteCheckpointError, missing_dependency
+from ckptstore.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    missing_dependency,
+)
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import KeepAll, KeepLast, RetentionPolicy, select_deletions
 from ckptstore.stores import open_store, split_url
@@ -76,12 +81,12 @@ require("lightning")
 from . import _lightning_ranks  # noqa: E402 - needs lightning, checked above
 from ._lightning_names import (  # noqa: E402
     POINTER_FORMAT,
-    POINTER_MAX,
     Pointer,
+    confine,
     is_last_name,
     norm,
-    parse_pointer,
     pointer_bytes,
+    read_pointer,
     split,
 )
 
@@ -169,16 +174,20 @@ class CkptStoreIO(CheckpointIO):
             return self._managers[root]
 
     # -- pointers ------------------------------------------------------------------------
+    def _home(self, parent: str) -> str:
+        """The root this IO saves into (and may prune) for names in ``parent``."""
+        return self.root or parent
+
     def _read_pointer(self, path: str) -> Pointer | None:
+        """The pointer at ``path``; None if there is none (absent, a stock ``.ckpt``).
+
+        The file is untrusted: its size is checked before it is read, its bytes parsed
+        strictly and its root confined (``_lightning_names``); anything else raises a
+        ``CorruptCheckpointError`` (an ``UnsafePathError`` for a foreign root).
+        """
         parent, name = split(path)
-        store = open_store(parent, self._options(parent))
-        try:
-            if not store.exists(name) or store.size(name) > POINTER_MAX:
-                return None
-            data = store.get(name)
-        except OSError:  # a directory, unreadable: not ours
-            return None
-        return parse_pointer(data, parent)
+        ptr = read_pointer(open_store(parent, self._options(parent)), name, parent)
+        return None if ptr is None else confine(ptr, parent, self.root)
 
     def _write_pointer(self, path: str, ptr: Pointer) -> None:
         parent, name = split(path)
@@ -208,8 +217,8 @@ class CkptStoreIO(CheckpointIO):
                     roots.add(ptr.root)
                 elif status == "failed" and report:
                     warnings.warn(
-                        f"{path} was not written: saving step {ptr.step} failed; the previous "
-                        "checkpoint stays the newest",
+                        f"{path} was not written: saving step {ptr.step} failed (steps "
+                        "committed before it are unaffected)",
                         RuntimeWarning,
                         stacklevel=3,
                     )
@@ -243,21 +252,29 @@ class CkptStoreIO(CheckpointIO):
                 )
                 self._watcher.start()
 
-    def _named_steps(self, root: str) -> set[int]:
-        """Steps under ``root`` that some checkpoint name (written or waiting) refers to."""
+    def _named_steps(self, root: str) -> set[int] | None:
+        """Steps under ``root`` that some checkpoint name (written or waiting) refers to;
+        None when a name cannot be read (it may have named any step)."""
         steps = {p.step for _, p in self._pending if p.root == root}
         for parent in self._pointer_dirs:
             store = open_store(parent, self._options(parent))
             for name in store.listdir():
                 if name.endswith(ModelCheckpoint.FILE_EXTENSION):
-                    ptr = self._read_pointer(f"{parent}/{name}")
+                    try:  # unconfined: a name that keeps a step only stops a deletion
+                        ptr = read_pointer(store, name, parent)
+                    except CorruptCheckpointError as exc:
+                        log.warning("not pruning %s: %s", root, exc)
+                        return None
                     if ptr is not None and not ptr.newest and ptr.root == root:
                         steps.add(ptr.step)
         return steps
 
     def _prune(self, root: str) -> None:
         mgr = self.manager(root)
-        doomed = select_deletions(mgr.steps(), self.keep, protected=self._named_steps(root))
+        protected = self._named_steps(root)
+        if protected is None:  # unsure what the names keep: delete nothing
+            return
+        doomed = select_deletions(mgr.steps(), self.keep, protected=protected)
         for step in doomed:
             log.info("deleting step %d under %s: no checkpoint name refers to it", step, root)
             mgr.delete(step)
@@ -311,7 +328,20 @@ class CkptStoreIO(CheckpointIO):
         if step is not None:
             return parent, step
         with self._lock:
-            ptr = self._read_pointer(path)
+            try:
+                ptr = self._read_pointer(path)
+            except CorruptCheckpointError as exc:
+                if not is_last_name(path):
+                    raise
+                # A "last" name always means the newest committed step of its root: take
+                # it from the configured root instead of the damaged or planted file.
+                home = self._home(parent)
+                warnings.warn(
+                    f"{exc}; loading the newest committed step under {home} instead",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+                return home, None
             if ptr is not None:
                 self._pointer_dirs.add(parent)
                 return ptr.root, (None if ptr.newest else ptr.step)
@@ -359,14 +389,21 @@ class CkptStoreIO(CheckpointIO):
         parent, name = split(path)
         with self._lock:
             self._pending = [(p, ptr) for p, ptr in self._pending if p != path]
-            ptr = self._read_pointer(path)
+            try:
+                ptr = self._read_pointer(path)
+            except CorruptCheckpointError as exc:
+                # Lightning asked for the name to go; what it points at is not trusted, so
+                # nothing is pruned through it.
+                warnings.warn(f"{exc}; removed the name only", RuntimeWarning, stacklevel=2)
+                open_store(parent, self._options(parent)).delete(name)
+                return
             if ptr is None:
                 if open_store(parent, self._options(parent)).exists(name):
                     TorchCheckpointIO().remove_checkpoint(path)  # a stock file from before
                 return
             open_store(parent, self._options(parent)).delete(name)
             self._pointer_dirs.add(parent)
-            if not ptr.newest:
+            if not ptr.newest and ptr.root == self._home(parent):
                 self._prune(ptr.root)
 
     def wait(self) -> None:

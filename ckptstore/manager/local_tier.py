@@ -30,7 +30,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckptstore.engine.catalog import scan_root
+from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.deletion import delete_step
 from ckptstore.manager.retention import local_tier_deletions
 from ckptstore.stores.local import LocalStore
@@ -48,11 +48,12 @@ def trim_local_tier(staging_dir: str, keeps: Collection[int]) -> list[str]:
     """Delete the step directories of ``staging_dir`` that ``keeps`` lets go; their names.
 
     Only canonical step directories (a symlink or a file of a step's name is skipped by
-    the listing) and only ckptstore's files in them; a missing staging dir is empty."""
+    the listing, with one warning per process) and only ckptstore's files in them; a
+    missing staging dir is empty."""
     if not os.path.isdir(staging_dir):
         return []
     store = LocalStore(staging_dir)
-    steps = {e.step: e.name for e in scan_root(store, with_status=False).steps}
+    steps = {e.step: e.name for e in list_steps(store, with_status=False, once=True)}
     removed = []
     for step in local_tier_deletions(steps, keeps):
         delete_step(store, steps[step])

@@ -37,7 +37,10 @@ training script's own default group, use ``ckptstore.launch.init_process_group``
 At most one save is in flight: a new ``save`` while one is uploading waits for it
 (``on_busy="wait"``, counted as blocking time) or is skipped on every rank
 (``on_busy="skip"``). A failed background save is reported at the next
-``save``/``wait`` (a warning, or the error with ``strict=True``) and by ``close``.
+``save``/``wait`` and by ``close``: until the manager has committed its first save (a root
+that is a file, a typo, an unwritable root or bucket, wrong credentials: nothing of the
+run is protected yet) and with ``strict=True``, the error is raised; after that, a warning
+naming the step that stays the newest, and training goes on.
 A save that some rank cannot even check the root for (its link to the store is down)
 fails on every rank, reported at once the same way; training goes on. A save that some
 rank cannot take at all (in process mode a tensor larger than ``max_staging_bytes`` or a
@@ -121,6 +124,7 @@ from ckptstore.manager.backend import BACKENDS, ProcessBackend, make_backend
 from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
+from ckptstore.manager.report import report, size_text
 from ckptstore.manager.restore import StepLoader
 from ckptstore.manager.retention import KeepLast, RetentionPolicy, local_tier_keeps
 from ckptstore.manager.staging import check_budget
@@ -222,6 +226,11 @@ class CheckpointManager:
         self._inflight: Future[None] | None = None
         self._unreported: list[BaseException] = []
         self._last_failed: BaseException | None = None
+        #: The newest step this manager committed or restored (what a failed save leaves
+        #: the newest), and whether any save of it committed yet (until then every
+        #: failure raises: see the module docstring).
+        self._newest: int | None = None
+        self._committed_any = False
         self._protected: set[int] = set()
         #: Committed steps restore found corrupt (their marker matched): retention neither
         #: counts them toward what it keeps nor deletes them, and saving one again
@@ -361,10 +370,22 @@ class CheckpointManager:
             return exc
         return None
 
+    def _raises(self) -> bool:
+        """Whether a failed save is raised (else warned about): with ``strict``, and until
+        the first save of this manager commits. The same on every rank (saves commit or
+        fail on every rank alike)."""
+        return self.strict or not self._committed_any
+
+    def _fallback(self) -> str:
+        """What a failed save leaves the newest checkpoint, for its message."""
+        if self._newest is None:
+            return f"no checkpoint of this job is committed under {self.root.url} yet"
+        return f"step {self._newest} stays the newest checkpoint"
+
     def _take_failure(self) -> BaseException | None:
-        """A previous save's failure: warned about now (None), or with ``strict`` returned
-        to be raised (on every rank, by ``_agree_on``)."""
-        if not self.strict:
+        """A previous save's failure: warned about now (None), or returned to be raised
+        (on every rank, by ``_agree_on``) while ``_raises``."""
+        if not self._raises():
             self._report_failures(stacklevel=5)  # save -> _agree_on -> here
             return None
         failures, self._unreported = self._unreported, []
@@ -406,14 +427,15 @@ class CheckpointManager:
         if exc is None:
             exc = TransientStoreError(
                 f"the save of step {record.step} was not started: another rank could not "
-                f"reach {self.root}; the previous checkpoint stays the newest"
+                f"reach {self.root}; {self._fallback()}"
             )
         record.status, record.error = SaveStatus.FAILED, f"{type(exc).__name__}: {exc}"
         record.total_s = time.perf_counter() - start
         self.records.append(record)
         log.error("saving step %d failed: %s", record.step, record.error)
         self._unreported.append(exc)
-        self._report_failures()  # at once, on every rank alike (strict: raises it)
+        self._last_failed = exc
+        self._report_failures()  # at once, on every rank alike (or raises it: _raises)
 
     def _needs_replacing(self, step: int) -> bool:
         """For a ``step`` with a marker: True if it is not a loadable checkpoint (restore
@@ -444,14 +466,19 @@ class CheckpointManager:
             notes = self._backend.write(record.step, staged, record.manifest_timings(), overwrite)
             record.warnings.extend(notes)
             record.status = SaveStatus.COMMITTED
+            self._committed_any = True
+            self._newest = max(record.step, self._newest or record.step)
             self._damaged.discard(record.step)
-            log.info(
-                "step %d committed: blocking %.3fs, total %.2fs, %d bytes on this rank",
-                record.step,
-                record.blocking_s,
-                time.perf_counter() - start,
-                record.bytes,
-            )
+            if self.rank == 0:
+                report(
+                    "step %d committed to %s: %s from rank 0, %.2f s after save() "
+                    "(training blocked %.3f s)",
+                    record.step,
+                    self.root.url,
+                    size_text(record.bytes),
+                    time.perf_counter() - start,
+                    record.blocking_s,
+                )
             local_keeps = {record.step}
             if self.rank == 0:
                 try:
@@ -486,15 +513,15 @@ class CheckpointManager:
         return True
 
     def _report_failures(self, stacklevel: int = 3) -> None:
-        """Warn about (``strict``: raise the first of) the failures not reported yet;
-        ``stacklevel`` 3 names the caller of the public method that called this."""
+        """Warn about (while ``_raises``: raise the first of) the failures not reported
+        yet; ``stacklevel`` 3 names the caller of the public method that called this."""
         failures, self._unreported = self._unreported, []
         for exc in failures:
-            if self.strict:
+            if self._raises():
                 raise exc
             warnings.warn(
-                f"a background checkpoint save failed: {exc}; training goes on and the "
-                "previous checkpoint stays the newest",
+                f"a background checkpoint save failed: {exc}; training goes on and "
+                f"{self._fallback()}",
                 RuntimeWarning,
                 stacklevel=stacklevel,
             )
@@ -570,6 +597,7 @@ class CheckpointManager:
         # Rank 0 alone lists the root and reads a step's marker, manifest and .metadata,
         # newest first and only as far as a fallback needs (finishing a commit a crash cut
         # short after its marker); the others get them. A collective generator.
+        t = time.perf_counter()
         candidates = self._loader.discover(step)
         try:
             for s in candidates:
@@ -580,6 +608,8 @@ class CheckpointManager:
                     self._protected.discard(s)
                 if error is None:
                     self._note_origin(s)
+                    self._newest = max(s, self._newest or s)
+                    self._report_restore(s, time.perf_counter() - t)
                     return s
                 self._damaged.add(s)
                 if step is not None:
@@ -590,9 +620,24 @@ class CheckpointManager:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+            if self.rank == 0:
+                report("no committed checkpoint under %s: starting from scratch", self.root.url)
             return None
         finally:
             self._loader.forget()
+
+    def _report_restore(self, step: int, seconds: float) -> None:
+        """Rank 0: the restore's one line (step, where from, size, seconds)."""
+        if self.rank != 0:
+            return
+        size = self._loader.size
+        report(
+            "restored step %d from %s%s in %.2f s",
+            step,
+            self._loader.source,
+            f" ({size_text(size)})" if size is not None else "",
+            seconds,
+        )
 
     def _note_origin(self, step: int) -> None:
         """Rank 0: say so when the step just restored was written by another run."""
@@ -660,8 +705,12 @@ class CheckpointManager:
     def __enter__(self) -> CheckpointManager:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
+    def __exit__(self, exc_type: Any, exc: Any, tb: Any) -> None:
+        try:
+            self.close()
+        except BaseException as err:
+            if err is not exc:  # the save's error raised already: not raised twice
+                raise
 
 
 def _run_of(manifest: Manifest) -> str | None:

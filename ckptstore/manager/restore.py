@@ -46,6 +46,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
+from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
 from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import (
     Committed,
@@ -126,6 +127,10 @@ class StepLoader:
         self.agree = agree
         #: Every rank: the broadcast of the step discovery just yielded, taken by try_load.
         self._first: Opened | None = None
+        #: The last ``try_load``: where it read from (words, for the restore's report line)
+        #: and the step's stored bytes (None: a stock checkpoint without a manifest).
+        self.source = ""
+        self.size: int | None = None
         #: The committed step ``try_load`` last tried (its manifest names who wrote it).
         self.loaded: Committed | None = None
 
@@ -252,11 +257,14 @@ class StepLoader:
         assert not isinstance(opened, CkptStoreError)
         committed = self.loaded = opened
         remote = self.root.child(step_name(step))
+        self.size = sum(e.size for e in committed.manifest.files.values()) if committed else None
+        self.source = f"the remote copy in {self.root.url}"
         if committed is None:
             return self._load_from(remote, step, state, None)
         local = self._local_tier(step, committed)
         if local is not None:
             log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
+            self.source = f"the local copy in {self.staging_dir}"
             error = self._load_from(local, step, state, committed)
             if error is None:
                 return None
@@ -283,6 +291,12 @@ class StepLoader:
                 "step %d: %d bytes read locally, %d from the remote",
                 step, tier.bytes_local, tier.bytes_remote,
             )  # fmt: skip
+            if tier.local_files:
+                self.source = (
+                    f"the local copy in {self.staging_dir} and the remote copy in "
+                    f"{self.root.url} (rank 0: {tier.bytes_local} bytes local, "
+                    f"{tier.bytes_remote} remote)"
+                )
             if error is None:
                 return None
             warnings.warn(
@@ -292,6 +306,7 @@ class StepLoader:
                 stacklevel=3,
             )
         log.info("restoring step %d from the remote copy in %s", step, self.root.url)
+        self.source = f"the remote copy in {self.root.url}"
         return self._load_from(remote, step, state, committed)
 
     def _node_tier(self, step: int, remote: Store, committed: Committed) -> NodeTier | None:
@@ -347,13 +362,26 @@ class StepLoader:
         for value in state.values():
             if isinstance(value, RNGState):
                 value.expect_world_size(world)
+        own: Exception | None = None
         try:
             dcp.load(state, storage_reader=reader, process_group=self.process_group)
-        except CheckpointException as exc:
+        except CheckpointException as exc:  # every rank gets it: no agreement needed
             inner = dcp.unwrap_checkpoint_exception(exc)
             if isinstance(inner, (CorruptCheckpointError, IncompleteCheckpointError)):
                 return inner
             raise inner from exc
+        except Exception as exc:  # noqa: BLE001 - a Stateful's load_state_dict, this rank alone
+            own = exc  # (RNGState refusing a malformed RNG state: CorruptCheckpointError)
+        # Every rank learns the worst outcome: 1 makes all fall back; 2 (any other error)
+        # is raised where it happened, the others keep what they loaded (as before).
+        code = 0 if own is None else 1 if isinstance(own, CorruptCheckpointError) else 2
+        worst = self.agree.max_of([code])[0]
+        if code == 2 or (code == 1 and worst == 2):
+            raise own  # type: ignore[misc]
+        if worst == 1:
+            if isinstance(own, CorruptCheckpointError):
+                return own
+            return CorruptCheckpointError(f"step {step} failed to load on another rank")
         return None
 
 
@@ -362,7 +390,8 @@ def _local_copy_matches(local: LocalStore, committed: Committed) -> bool:
     the remote one and every file the manifest lists is a regular file (never a symlink)
     of the recorded size. Reads only the local marker."""
     try:
-        marker = Marker.from_bytes(local.get(MARKER_NAME), local.describe(MARKER_NAME))
+        data = get_capped(local, MARKER_NAME, MAX_MARKER_SIZE)
+        marker = Marker.from_bytes(data, local.describe(MARKER_NAME))
     except StoreNotFoundError:
         return False
     if marker != committed.marker:

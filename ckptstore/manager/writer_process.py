@@ -249,8 +249,8 @@ class BackgroundWriter:
 
     def _died(self, died: WriterDied, step: int | None) -> WriterProcessDiedError:
         what = (
-            f"while saving step {step}; step {step} was not committed and the previous "
-            "committed checkpoint is intact"
+            f"while saving step {step}; step {step} was not committed (the checkpoints "
+            "committed before it are intact)"
             if step is not None
             else "while starting"
         )

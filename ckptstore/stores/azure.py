@@ -39,6 +39,7 @@ from typing import Any
 from ckptstore.config import RetryConfig
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import (
+    CkptStoreError,
     CommitConflictError,
     ConfigError,
     StoreAccessError,
@@ -47,6 +48,13 @@ from ckptstore.errors import (
     missing_dependency,
 )
 from ckptstore.stores._cloud import Reachability
+from ckptstore.stores.options import (
+    FSSPEC_OPTIONS,
+    check_names,
+    class_parameters,
+    rejected_by_client,
+    rejected_error,
+)
 
 try:
     import requests
@@ -73,6 +81,24 @@ _MiB = 1024 * 1024
 def _option(options: dict[str, Any], key: str) -> Any:
     value = options.pop(key, None)
     return value if value is not None else os.environ.get(f"AZURE_STORAGE_{key.upper()}")
+
+
+#: The options ``_service_client`` reads; adlfs's own are accepted (and not used) too.
+_OPTIONS = frozenset(
+    {
+        "connection_string", "account_name", "account_key", "sas_token", "credential",
+        "account_host", "account_url", "client_id", "tenant_id", "client_secret", "anon",
+        "connection_timeout", "read_timeout",
+    }
+)  # fmt: skip
+
+
+def _known_options() -> frozenset[str]:
+    try:
+        from adlfs import AzureBlobFileSystem
+    except ImportError:
+        return _OPTIONS | FSSPEC_OPTIONS
+    return _OPTIONS | FSSPEC_OPTIONS | class_parameters(AzureBlobFileSystem)
 
 
 def _service_client(options: dict[str, Any], retry: RetryConfig) -> BlobServiceClient:
@@ -136,6 +162,11 @@ def _parse(url: str) -> tuple[str, str, str | None]:
     if "@" in container:  # abfs://container@account.dfs.core.windows.net/path
         container, host = container.split("@", 1)
         account = host.split(".", 1)[0]
+    if ":" in container:  # az://user:password@host: not how Azure takes credentials
+        raise ConfigError(
+            f"{url}: a password in an Azure URL is not used; give the container (and "
+            "@account) alone and the credentials in storage_options (account_key, sas_token)"
+        )
     return container, root.strip("/"), account
 
 
@@ -165,6 +196,8 @@ class AzureStore(Store):
         _client: _Client | None = None,
     ) -> None:
         container, root, account = _parse(url)
+        if _client is None:
+            check_names(url, storage_options or {}, _known_options(), "the Azure client")
         scheme = url.split("://", 1)[0].lower()
         super().__init__(
             f"{scheme}://{url.split('://', 1)[1].strip('/')}", storage_options, retry=retry
@@ -172,7 +205,12 @@ class AzureStore(Store):
         self.container = container
         self.root = root
         self._owns_client = _client is None  # children share their parent's client
-        self._client = _client or _Client(self.storage_options, self.retry, account)
+        try:
+            self._client = _client or _Client(self.storage_options, self.retry, account)
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:  # the SDK's refusal
+            if isinstance(exc, CkptStoreError) or not rejected_by_client(exc):
+                raise
+            raise rejected_error(self.url, exc, self.storage_options) from exc
         self._container = self._client.service.get_container_client(container)
 
     def child(self, prefix: str) -> AzureStore:

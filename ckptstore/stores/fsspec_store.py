@@ -34,11 +34,13 @@ from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_p
 from ckptstore.errors import (
     CkptStoreError,
     CommitConflictError,
+    MissingDependencyError,
     StorageFullError,
     StoreAccessError,
     StoreNotFoundError,
     TransientStoreError,
 )
+from ckptstore.stores.options import rejected_by_client, rejected_error
 
 __all__ = ["FsspecStore", "MPU_MARK"]
 
@@ -60,9 +62,32 @@ def _errors(what: str) -> Iterator[None]:
         raise StoreAccessError(f"{what}: permission denied ({exc}); check credentials") from exc
     except (ConnectionError, TimeoutError) as exc:
         raise TransientStoreError(f"{what}: {type(exc).__name__}: {exc}") from exc
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        if rejected_by_client(exc):  # e.g. aiohttp: "unexpected keyword argument 'x'"
+            raise rejected_error(what, exc, {}) from exc
+        raise
     except OSError as exc:
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
             raise StorageFullError(f"{what}: out of space; free space and retry") from exc
+        raise
+
+
+def _url_to_fs(url: str, options: dict[str, Any]) -> tuple[Any, str]:
+    """fsspec's filesystem for ``url``; a backend's missing package is a
+    ``MissingDependencyError``, options it rejects a ``ConfigError``."""
+    import fsspec
+
+    try:
+        return fsspec.core.url_to_fs(url, **options)  # type: ignore[no-any-return]
+    except ImportError as exc:  # fsspec: 'SFTPFileSystem requires "paramiko" to be installed'
+        scheme = url.partition("://")[0]
+        raise MissingDependencyError(
+            f"the fsspec backend for {scheme}:// needs a package that is not installed "
+            f"({exc}); install it (pip install it into this environment) or use another URL"
+        ) from exc
+    except (TypeError, ValueError, AttributeError, KeyError) as exc:
+        if options and rejected_by_client(exc):
+            raise rejected_error(url, exc, options) from exc
         raise
 
 
@@ -84,9 +109,7 @@ class FsspecStore(Store):
     ) -> None:
         super().__init__(url, storage_options, retry=retry)
         if fs is None:
-            import fsspec
-
-            fs, root = fsspec.core.url_to_fs(url, **self.storage_options)
+            fs, root = _url_to_fs(url, self.storage_options)
         self.fs = fs
         self.root = (root or "").rstrip("/")
 

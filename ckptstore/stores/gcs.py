@@ -46,6 +46,7 @@ from ckptstore.errors import (
     missing_dependency,
 )
 from ckptstore.stores.gcs_client import GCSClient, b64crc, combined_crc, crc_of, parallel
+from ckptstore.stores.options import check_gcs_options, refuse_userinfo
 
 try:
     import aiohttp
@@ -89,6 +90,9 @@ class GCSStore(Store):
         if not sep or scheme.lower() not in ("gs", "gcs") or not rest.strip("/"):
             raise ConfigError(f"expected a gs://bucket/path URL, got {url!r}")
         bucket, _, root = rest.strip("/").partition("/")
+        refuse_userinfo(url, bucket)
+        if _client is None:
+            check_gcs_options(url, storage_options or {})
         super().__init__(
             f"gs://{bucket}/{root}" if root else f"gs://{bucket}", storage_options, retry=retry
         )

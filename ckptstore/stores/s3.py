@@ -48,6 +48,7 @@ from ckptstore.errors import (
     TransientStoreError,
 )
 from ckptstore.stores import s3_folders
+from ckptstore.stores.options import check_s3_options, refuse_userinfo
 from ckptstore.stores.s3_client import (
     CHECKSUMS,
     S3Client,
@@ -103,7 +104,10 @@ class S3Store(Store):
         if checksum not in CHECKSUMS:
             raise ConfigError(f"checksum must be one of {CHECKSUMS}, got {checksum!r}")
         bucket, _, prefix = rest.strip("/").partition("/")
+        refuse_userinfo(url, bucket)
         self.bucket, self.prefix = bucket, prefix.strip("/")
+        if fs is None:
+            check_s3_options(url, storage_options or {})
         super().__init__(
             f"s3://{join_path(self.bucket, self.prefix)}", storage_options, retry=retry
         )
@@ -142,6 +146,7 @@ class S3Store(Store):
         self.client = S3Client(
             self.fs, self.bucket, self.endpoint, self.retry.request_timeout_s, self.checksum
         )
+        self.client.where, self.client.options = self.url, self.storage_options
 
     @property
     def conditional_create(self) -> bool | None:

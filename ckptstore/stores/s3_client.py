@@ -22,6 +22,7 @@ from ckptstore.config import RetryConfig
 from ckptstore.engine.checksum import crc32c as _crc32c
 from ckptstore.engine.store import Buffer, Part
 from ckptstore.errors import TransientStoreError, missing_dependency
+from ckptstore.stores.options import rejected_error
 from ckptstore.stores.s3_errors import error_code, translate_s3_error
 from ckptstore.stores.s3_session import http_session_class, process_session
 
@@ -111,10 +112,20 @@ class S3Client:
         self.endpoint = endpoint
         self.request_timeout_s = request_timeout_s
         self.checksum = checksum
+        #: The store's URL and options, for the error when the client rejects them.
+        self.where = f"s3://{bucket}"
+        self.options: dict[str, Any] = {}
+
+    async def _session(self) -> Any:
+        """The client, made on first use from the options: what it rejects is theirs."""
+        try:
+            return await self.fs.set_session()
+        except (TypeError, ValueError, AttributeError, KeyError) as exc:
+            raise rejected_error(self.where, exc, self.options) from exc
 
     async def _request(self, method: str, kwargs: dict[str, Any], read_body: bool) -> Any:
         async def go() -> Any:
-            client = await self.fs.set_session()
+            client = await self._session()
             if isinstance(kwargs.get("Body"), _pieces_body_type()):
                 no_expect_for_pieces(client)
             response = await getattr(client, method)(**kwargs)
@@ -137,7 +148,7 @@ class S3Client:
         """
 
         async def go() -> int:
-            client = await self.fs.set_session()
+            client = await self._session()
             response = await client.get_object(
                 Bucket=self.bucket, Key=key, Range=f"bytes={start}-{start + len(buf) - 1}"
             )

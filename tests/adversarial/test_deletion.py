@@ -196,6 +196,7 @@ def _gc(root: str, crash: str | None) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.processes
 def test_kill_9_during_gc_never_loses_a_kept_checkpoint(tmp_path) -> None:
     backend = Backend("volume", str(tmp_path / "store"))
     root = backend.url("run")

@@ -134,8 +134,10 @@ class _Deleting(FaultyStore):
     """Deletes the attempt's shard files (as a stray gc or ``rm`` would) when the commit
     writes its own manifest copy: the files the manifest lists are gone before the marker."""
 
+    armed = [True]  # class-wide switch: a test may let a first save through
+
     def put_many(self, items: Any) -> None:
-        if any(str(p).startswith("ckptstore.manifest.") for p, _ in items):
+        if self.armed[0] and any(str(p).startswith("ckptstore.manifest.") for p, _ in items):
             for name in self.inner.find():
                 if name.endswith(".distcp"):
                     self.inner.delete(name)
@@ -157,15 +159,22 @@ def test_files_deleted_under_a_save_leave_no_marker(backend: Backend, root_url: 
 
 
 def test_manager_reports_such_a_save_failed(backend: Backend, root_url: str) -> None:
-    mgr = CheckpointManager(_Deleting(backend.open(root_url)))
-    assert mgr.save(1, {"w": torch.ones(8)})
-    with pytest.warns(RuntimeWarning, match="is missing"):
+    _Deleting.armed[0] = False  # the first save commits
+    try:
+        mgr = CheckpointManager(_Deleting(backend.open(root_url)))
+        assert mgr.save(1, {"w": torch.ones(8)})
         mgr.wait()
-    assert mgr.records[-1].status == SaveStatus.FAILED
-    assert mgr.steps() == []
-    with pytest.raises(IncompleteCheckpointError, match="was not committed"):
-        mgr.close()
-    assert not backend.open(step(root_url, 1)).exists(MARKER_NAME)
+        _Deleting.armed[0] = True  # the second one has its files deleted from under it
+        assert mgr.save(2, {"w": torch.ones(8)})
+        with pytest.warns(RuntimeWarning, match="is missing"):
+            mgr.wait()
+        assert mgr.records[-1].status == SaveStatus.FAILED
+        assert mgr.steps() == [1]
+        with pytest.raises(IncompleteCheckpointError, match="was not committed"):
+            mgr.close()
+    finally:
+        _Deleting.armed[0] = True
+    assert not backend.open(step(root_url, 2)).exists(MARKER_NAME)
 
 
 def test_a_fresh_lease_stops_delete_step_and_a_stale_one_does_not(

@@ -88,6 +88,7 @@ def _replace_and_crash(root: str, point: str) -> None:
 
 
 @pytest.mark.parametrize(("point", "expect"), [("before_marker", 4), ("after_marker", 6)])
+@pytest.mark.processes
 def test_replacement_killed_midway_leaves_old_or_new_whole(
     tmp_path: Path, point: str, expect: int
 ) -> None:

@@ -81,6 +81,7 @@ def _seconds_to_exit(pid: int, limit: float = 1.0) -> float | None:
         pytest.param("from-a-thread", marks=pytest.mark.slow),
     ],
 )
+@pytest.mark.processes
 def test_writer_exits_within_1s_of_its_trainers_kill(tmp_path, when: str) -> None:
     env = dict(os.environ, PYTHONPATH=REPO + os.pathsep + os.environ.get("PYTHONPATH", ""))
     trainer = subprocess.Popen(

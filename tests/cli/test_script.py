@@ -29,6 +29,7 @@ def no_traceback(err: str) -> bool:
     return "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.processes
 def test_ls_and_missing_root(backend: Backend, root_url: str, script) -> None:
     save_ckpt(backend, root_url + "/step_000000010")
     r = script("ls", root_url)
@@ -37,6 +38,7 @@ def test_ls_and_missing_root(backend: Backend, root_url: str, script) -> None:
     assert r.rc == 2 and r.out == "" and "nothing at" in r.err and no_traceback(r.err)
 
 
+@pytest.mark.processes
 def test_inspect_incomplete_says_so(backend: Backend, root_url: str, script) -> None:
     url = save_ckpt(backend, root_url + "/step_000000010")
     backend.open(url).delete(MARKER_NAME)
@@ -44,6 +46,7 @@ def test_inspect_incomplete_says_so(backend: Backend, root_url: str, script) -> 
     assert r.rc == 0 and '"status": "incomplete"' in r.out
 
 
+@pytest.mark.processes
 def test_verify_corrupt_shard_exits_1(backend: Backend, root_url: str, script) -> None:
     url = save_ckpt(backend, root_url + "/step_000000010")
     store = backend.open(url)
@@ -55,6 +58,7 @@ def test_verify_corrupt_shard_exits_1(backend: Backend, root_url: str, script) -
     assert res.rc == 1 and f"bytes [{r.offset}, {r.offset + r.length})" in res.out
 
 
+@pytest.mark.processes
 def test_convert_to_safetensors_replaces_with_force(
     backend: Backend, root_url: str, script
 ) -> None:
@@ -69,6 +73,7 @@ def test_convert_to_safetensors_replaces_with_force(
     assert torch.equal(got["model.w"], sample_state()["model"]["w"])
 
 
+@pytest.mark.processes
 def test_cp_interrupted_commits_nothing_then_completes(backend: Backend, root_url: str) -> None:
     """SIGINT mid-copy (slowed by tests/cli/slow_cli.py): nothing committed at DST."""
     dst_url = root_url + "/copy/step_000000010"
@@ -115,6 +120,7 @@ def test_cp_interrupted_commits_nothing_then_completes(backend: Backend, root_ur
     assert dst.exists(MARKER_NAME)
 
 
+@pytest.mark.processes
 def test_gc_deletes_all_but_the_newest(backend: Backend, root_url: str, script) -> None:
     for n in (1, 2, 3):
         save_ckpt(backend, f"{root_url}/step_{n:09d}")
@@ -125,6 +131,7 @@ def test_gc_deletes_all_but_the_newest(backend: Backend, root_url: str, script) 
     ]
 
 
+@pytest.mark.processes
 def test_storage_commands_start_without_torch(backend: Backend, root_url: str) -> None:
     """ls, verify, cp and gc never load a tensor, so they never import torch (seconds)."""
     url = save_ckpt(backend, root_url + "/step_000000010")
@@ -153,6 +160,7 @@ def test_storage_commands_start_without_torch(backend: Backend, root_url: str) -
     assert json.loads(proc.stdout.splitlines()[-1]) == {"rcs": [0, 0, 0, 0], "torch": False}
 
 
+@pytest.mark.processes
 def test_diff_exit_codes(backend: Backend, root_url: str, script) -> None:
     a = save_ckpt(backend, root_url + "/a")
     b = save_ckpt(backend, root_url + "/b", sample_state(seed=1))
@@ -160,12 +168,14 @@ def test_diff_exit_codes(backend: Backend, root_url: str, script) -> None:
     assert r.rc == 1 and "model.w  differs" in r.out
 
 
+@pytest.mark.processes
 def test_goodput_mission_figure() -> None:
     r = run_script("goodput", "--failures-per-day", "8.6", "--interval-min", "30")
     line = next(x for x in r.out.splitlines() if x.startswith("Goodput (first-order model)"))
     assert r.rc == 0 and line.split()[-2] == "91.0"
 
 
+@pytest.mark.processes
 def test_console_script_entry_point() -> None:
     with open(os.path.join(REPO, "pyproject.toml")) as f:
         assert 'ckptstore-tool = "ckptstore.cli.main:main"' in f.read()

@@ -6,6 +6,7 @@ import contextlib
 import os
 import threading
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -158,7 +159,7 @@ def test_a_space_scan_racing_a_publish_counts_the_shard(tmp_path, monkeypatch):
     cache = ds.make_cache()
     e = ds.entries[0]
     shards = os.path.join(cache.dir, "shards")
-    tmp = os.path.join(shards, f"{e.key}.data.tmp-1-x")
+    tmp = os.path.join(shards, f"{e.key}.data.tmp-1-{uuid.uuid4().hex}")
     with open(tmp, "wb") as f:
         f.write(b"x" * e.size)
     dl = Lock(os.path.join(cache.dir, "locks", f"{e.key}.dl"))
@@ -193,7 +194,7 @@ def test_a_space_scan_racing_a_finished_download_counts_the_shard(tmp_path, monk
     cache = ds.make_cache()
     e = ds.entries[0]
     shards = os.path.join(cache.dir, "shards")
-    tmp = os.path.join(shards, f"{e.key}.data.tmp-1-x")
+    tmp = os.path.join(shards, f"{e.key}.data.tmp-1-{uuid.uuid4().hex}")
     final = os.path.join(shards, f"{e.key}.data")
     with open(tmp, "wb") as f:
         f.write(b"x" * e.size)

@@ -62,6 +62,7 @@ def _ids_and_x(batch) -> list[tuple[int, float]]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.processes
 def test_shard_changed_under_a_running_loader(tmp_path, workers) -> None:
     """Batches before the change are all listed data; the change is a clear error, not mixed."""
     make_parquet(str(tmp_path / "ds"), [8, 8, 8, 8], row_group=4)
@@ -118,6 +119,7 @@ def _cache_is_whole(cache_dir) -> list[str]:
 
 
 @pytest.mark.parametrize("prefetch", [False, True])
+@pytest.mark.processes
 def test_cache_on_a_full_disk_evicts_and_never_tears_a_file(tmp_path, tiny_disk, prefetch):
     """No cache_limit, a disk that holds 3 of 6 shards: ENOSPC evicts like a budget would."""
     _blob_shards(tmp_path / "ds", shards=6, rows=10, blob=30_000)  # ~300 KB a shard
@@ -133,6 +135,7 @@ def test_cache_on_a_full_disk_evicts_and_never_tears_a_file(tmp_path, tiny_disk,
     assert len([n for n in _cache_is_whole(cache) if n.endswith(".data")]) <= 3
 
 
+@pytest.mark.processes
 def test_shard_larger_than_the_disk_is_a_clear_error(tmp_path, tiny_disk) -> None:
     _blob_shards(tmp_path / "ds", shards=2, rows=4, blob=400_000)  # 1.6 MB a shard
     cache = tiny_disk / "cache"

@@ -7,6 +7,7 @@ import multiprocessing as mp
 import os
 import threading
 import time
+import uuid
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -183,7 +184,9 @@ def test_stale_temp_of_a_dead_process_is_reclaimed(tmp_path) -> None:
     probe = _ds(tmp_path)
     ds = _ds(tmp_path, cache_limit=max(s.size for s in probe.shards) + 10)
     cache = ds.make_cache()
-    stale = os.path.join(cache.dir, "shards", f"{ds.entries[2].key}.data.tmp-999999-dead")
+    stale = os.path.join(
+        cache.dir, "shards", f"{ds.entries[2].key}.data.tmp-999999-{uuid.uuid4().hex}"
+    )
     with open(stale, "wb") as f:
         f.truncate(ds.shards[3].size)
     cache.acquire(0, 0).release()
@@ -211,6 +214,7 @@ def _acquire_in_child(ds: ShardedDataset, queue) -> None:
     queue.put(cache.stats.snapshot())
 
 
+@pytest.mark.processes
 def test_processes_of_a_node_share_one_download(tmp_path) -> None:
     make_parquet(str(tmp_path / "ds"), SIZES, row_group=4, payload=64)
     from ckptstore.testing.faults import Fault

@@ -131,6 +131,7 @@ def _gate_in_child(path: str, queue) -> None:
     queue.put(gate.acquire(timeout=5))
 
 
+@pytest.mark.processes
 def test_the_gate_is_one_per_lock_file_and_a_forked_child_starts_with_a_free_one(tmp_path):
     a, b = str(tmp_path / "a.lock"), str(tmp_path / "b.lock")
     assert process_gate(a) is process_gate(a)

@@ -42,6 +42,7 @@ def _write(root, tables, fmt="parquet") -> None:
 
 
 @pytest.mark.parametrize("fmt", ["parquet", "arrow"])
+@pytest.mark.processes
 def test_equal_length_lists_stack_into_one_tensor(tmp_path, fmt) -> None:
     _write(tmp_path / "ds", [_token_table(0, 10, 6), _token_table(10, 7, 6)], fmt)
     ds = ShardedDataset(str(tmp_path / "ds"), cache_dir=str(tmp_path / "c"), seed=3)
@@ -64,6 +65,7 @@ def test_equal_length_lists_stack_into_one_tensor(tmp_path, fmt) -> None:
     ds.close()
 
 
+@pytest.mark.processes
 def test_ragged_lists_pad_with_pad_collate(tmp_path) -> None:
     _write(tmp_path / "ds", [_token_table(0, 9, None), _token_table(9, 6, None)])
     ds = ShardedDataset(str(tmp_path / "ds"), cache_dir=str(tmp_path / "c"), seed=5)
@@ -140,6 +142,7 @@ def test_every_number_type_and_nulls_decode_as_arrow_says(tmp_path) -> None:
                     )
 
 
+@pytest.mark.processes
 def test_decoding_a_shard_imports_no_pandas(tmp_path) -> None:
     """pyarrow's ``to_numpy`` imports pandas when it is installed (1-2 s in each fresh
     DataLoader worker) and ``flatten`` pyarrow.compute (0.3 s); decoding array columns

@@ -52,6 +52,7 @@ def test_large_or_special_tensors_go_as_torch_sends_them() -> None:
     assert isinstance(got["param"], torch.nn.Parameter) and torch.equal(got["param"], param)
 
 
+@pytest.mark.processes
 def test_batches_from_workers_arrive_whole(tmp_path) -> None:
     make_parquet(str(tmp_path / "ds"), [10, 14, 8], row_group=4)
     ds = ShardedDataset(str(tmp_path / "ds"), cache_dir=str(tmp_path / "c"), seed=2)
@@ -65,6 +66,7 @@ def test_batches_from_workers_arrive_whole(tmp_path) -> None:
     dl.close()
 
 
+@pytest.mark.processes
 def test_worker_result_pipe_is_widened_and_batches_arrive(tmp_path) -> None:
     """A 256 KiB batch fits the widened pipe in one write; without workers nothing breaks."""
     fcntl = pytest.importorskip("fcntl")

@@ -63,6 +63,7 @@ def _lockstep(loaders, steps=None) -> list[int]:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.processes
 def test_one_epoch_exactly_once_then_the_next(root, workers) -> None:
     ds = _ds(root)
     dl = DataLoader(ds, batch_size=8, num_workers=workers, prefetch=workers == 2)
@@ -130,6 +131,7 @@ def test_short_tail_and_drop_last(root) -> None:
     "first, second",
     [((2, 4, 0), (3, 5, 2)), ((1, 7, 2), (4, 2, 0)), ((3, 3, 0), (1, 16, 0))],
 )
+@pytest.mark.processes
 def test_resume_on_another_layout_is_exactly_once(root, first, second) -> None:
     (r, b, w), (r2, b2, w2) = first, second
     ds = _ds(root)
@@ -147,6 +149,7 @@ def test_resume_on_another_layout_is_exactly_once(root, first, second) -> None:
     assert sorted(nxt) == list(range(59))
 
 
+@pytest.mark.processes
 def test_resume_mid_epoch_on_other_worker_count_matches_uninterrupted(root) -> None:
     ds = _ds(root)
     whole = [i for b in DataLoader(ds, 4, prefetch=False) for i in _ids(b)]
@@ -160,6 +163,7 @@ def test_resume_mid_epoch_on_other_worker_count_matches_uninterrupted(root) -> N
     assert part + [i for b in dl2 for i in _ids(b)] == whole
 
 
+@pytest.mark.processes
 def test_small_cache_budget_still_exactly_once(root) -> None:
     sizes = sorted(s.size for s in _ds(root).shards)
     ds = _ds(root, cache_limit=sizes[-1] + sizes[-2])  # any two shards, never three
@@ -242,6 +246,7 @@ def _seed_log(batches) -> dict[int, tuple[int, int, int]]:
 
 
 @pytest.mark.parametrize("stop", [4, 5])  # 4: a multiple of W, so every batch keeps its worker
+@pytest.mark.processes
 def test_worker_seeds_after_resume_match_uninterrupted(root, stop) -> None:
     def loader() -> DataLoader:
         return DataLoader(_ds(root, transform=_worker_seeds), 4, num_workers=2, prefetch=False)
@@ -280,6 +285,7 @@ def test_worker_seeds_after_resume_match_uninterrupted(root, stop) -> None:
 
 
 @pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.processes
 def test_iterating_leaves_the_global_torch_rng_alone(root, workers) -> None:
     torch.manual_seed(5)
     before = torch.get_rng_state()
@@ -317,6 +323,7 @@ def test_metrics_and_logging_sink(root, caplog) -> None:
     dl.close()
 
 
+@pytest.mark.processes
 def test_mlflow_sink(root, tmp_path, monkeypatch) -> None:
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")

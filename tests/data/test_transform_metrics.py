@@ -47,6 +47,7 @@ def _run(loaders, steps=None) -> dict[tuple[int, int], tuple[int, list[float]]]:
     return out
 
 
+@pytest.mark.processes
 def test_random_transform_is_the_same_after_resume_on_another_layout(tmp_path) -> None:
     make_parquet(str(tmp_path / "ds"), SIZES, row_group=4)
     ds = _ds(tmp_path, transform=augment)
@@ -74,6 +75,7 @@ def test_random_transform_is_the_same_after_resume_on_another_layout(tmp_path) -
     ds.close()
 
 
+@pytest.mark.processes
 def test_metrics_reach_mlflow_file_store_and_a_scalar_hook(tmp_path, monkeypatch) -> None:
     pytest.importorskip("mlflow")
     monkeypatch.setenv("MLFLOW_ALLOW_FILE_STORE", "true")

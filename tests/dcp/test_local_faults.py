@@ -166,6 +166,24 @@ def test_refuses_to_overwrite_a_committed_checkpoint(ckpt) -> None:
     assert sorted(os.listdir(ckpt)) == before
 
 
+def test_a_persistent_writer_checks_the_destination_each_save_writes(ckpt, tmp_path) -> None:
+    """Built on a directory holding a committed checkpoint, a writer whose saves each name
+    their own ``checkpoint_id`` saves there; only a save to the committed one is refused."""
+    w = ckptstore.writer(ckpt)  # no refusal at construction
+    other = str(tmp_path / "step_000000008")
+    dcp.save(state(), checkpoint_id=other, storage_writer=w, no_dist=True)
+    out = empty()
+    ckptstore.load(out, other)
+    assert torch.equal(out["w"], state()["w"])
+    before = sorted(os.listdir(ckpt))
+    with pytest.raises(BaseException) as caught:  # DCP's CheckpointException wraps it
+        dcp.save(state(), checkpoint_id=ckpt, storage_writer=w, no_dist=True)
+    refused = ckptstore.unwrap_checkpoint_exception(caught.value)
+    assert isinstance(refused, CheckpointExistsError), refused
+    assert "already holds a committed checkpoint" in str(refused)
+    assert sorted(os.listdir(ckpt)) == before
+
+
 def test_overwrite_replaces_and_cleans_the_old_attempt(ckpt) -> None:
     new = state()
     new["w"] += 1
@@ -201,6 +219,7 @@ def test_fsync_error_fails_the_checkpoint(tmp_path, monkeypatch) -> None:
         ckptstore.reader(str(path))
 
 
+@pytest.mark.processes
 def test_unwritable_path(tmp_path, request) -> None:
     """A directory the process may not write to. Root ignores permissions, so as root the
     save runs in a child process stripped of the capabilities that bypass them (setpriv)."""

@@ -152,6 +152,7 @@ dcp.save({"w": torch.full((4096,), 5.0)}, storage_writer=backend.writer("c", ove
 """
 
 
+@pytest.mark.processes
 def test_plan_caching_overwrite_killed_after_shards_keeps_a_loadable_checkpoint(backend, tmp_path):
     """With a cached plan, an ``overwrite=True`` save killed after its shards must leave
     a checkpoint that loads whole (old or new values), never a torn mix."""

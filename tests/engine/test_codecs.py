@@ -171,6 +171,7 @@ def test_dcp_transforms_map_onto_the_registry() -> None:
             transform_codec(bad, "item a")
 
 
+@pytest.mark.processes
 def test_the_registry_imports_no_torch_and_zstandard_only_when_used() -> None:
     code = (
         "import sys\n"
@@ -210,6 +211,7 @@ class Rot(Codec):
 """
 
 
+@pytest.mark.processes
 def test_installed_packages_add_codecs_through_the_entry_point_group(tmp_path) -> None:
     """A real distribution on sys.path (a .dist-info with entry_points.txt) is found by
     importlib.metadata in a fresh process; a broken entry is logged and skipped."""

@@ -72,6 +72,7 @@ def test_sparse_state_is_refused_with_the_fix() -> None:
         SharedStager().stage({"s": torch.eye(3).to_sparse()})
 
 
+@pytest.mark.processes
 def test_single_process_round_trip_reuses_the_staging_arena(tmp_path) -> None:
     root = str(tmp_path / "root")
     model, opt = model_and_optim(0)
@@ -145,6 +146,7 @@ def test_two_ranks_save_in_writer_processes_and_restore_bitwise(tmp_path) -> Non
     assert run_distributed(_two_ranks_round_trip, 2, str(tmp_path)) == [True, True]
 
 
+@pytest.mark.processes
 def test_writer_error_is_reported_at_the_next_save_and_training_goes_on(tmp_path) -> None:
     """A real failure inside the writer: a file stands where the step's local staging
     directory goes (the training process never touches the staging directory)."""
@@ -169,6 +171,7 @@ def test_writer_error_is_reported_at_the_next_save_and_training_goes_on(tmp_path
         mgr.close()  # the last save failed
 
 
+@pytest.mark.processes
 def test_strict_mode_raises_the_writer_error(tmp_path) -> None:
     nvme = tmp_path / "nvme"
     nvme.mkdir()
@@ -241,6 +244,7 @@ def test_killed_writer_fails_its_step_keeps_the_last_checkpoint_and_is_replaced(
         assert r["maps"] == [] and r["shm_new"] == []
 
 
+@pytest.mark.processes
 def test_writer_killed_between_saves_is_replaced_at_the_next_save(tmp_path, caplog) -> None:
     with CheckpointManager(str(tmp_path), background="process", strict=True) as mgr:
         mgr.save(1, {"w": torch.ones(10)})
@@ -258,6 +262,7 @@ def test_writer_killed_between_saves_is_replaced_at_the_next_save(tmp_path, capl
     assert mgr.steps() == [1, 2]
 
 
+@pytest.mark.processes
 def test_writer_exits_when_the_training_process_is_killed(tmp_path) -> None:
     code = (
         "import os, signal, torch\n"

@@ -205,8 +205,8 @@ def test_unreachable_remote_fails_clearly_and_keeps_the_local_copy(tmp_path) -> 
     staging = str(tmp_path / "nvme")
     mgr = CheckpointManager(remote, staging_dir=staging, config=fast)
     mgr.save(7, state(7.0))
-    with pytest.warns(RuntimeWarning, match="after 3 attempts.*local copy is kept"):
-        mgr.wait()
+    with pytest.raises(ckptstore.TransferError, match="after 3 attempts.*local copy is kept"):
+        mgr.wait()  # the manager's first save: nothing of the run is protected, it raises
     assert mgr.records[-1].status == "failed"
     kept = os.listdir(os.path.join(staging, step_name(7)))
     assert any(n.endswith(".distcp") for n in kept)
@@ -243,13 +243,14 @@ def test_rng_state_saves_its_streams_again_after_a_resize_restore() -> None:
     assert torch.equal(torch.rand(2), a)
 
 
+@pytest.mark.processes
 def test_full_staging_disk_is_a_clean_error_and_training_goes_on(tmp_path, tiny_disk) -> None:
     root = str(tmp_path / "root")
     big = {"w": torch.ones(1024 * 1024)}  # 4 MiB: does not fit on the 1 MiB staging disk
     mgr = CheckpointManager(root, staging_dir=str(tiny_disk))
     mgr.save(1, big)
-    with pytest.warns(RuntimeWarning, match="no space left"):
-        mgr.wait()
+    with pytest.raises(StorageFullError, match="no space left"):
+        mgr.wait()  # the manager's first save: raised, not a warning
     assert mgr.records[-1].status == "failed"
     assert os.listdir(tiny_disk) == []  # partial files removed
     mgr.save(2, state(2.0))  # a small one still fits: training went on

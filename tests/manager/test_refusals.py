@@ -304,6 +304,7 @@ def test_a_failed_arena_allocation_leaves_a_stager_that_allocates_next_time(
         stager.close()
 
 
+@pytest.mark.processes
 def test_one_process_raises_the_refusal_itself(tmp_path) -> None:
     with CheckpointManager(str(tmp_path), max_staging_bytes=KIB, background="process") as mgr:
         with pytest.raises(ConfigError, match="larger than max_staging_bytes") as caught:

@@ -8,7 +8,7 @@ import torch
 
 from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.engine.catalog import step_name
-from ckptstore.errors import ConfigError
+from ckptstore.errors import ConfigError, WriterProcessDiedError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.backend import ThreadBackend
 from ckptstore.manager.staging import ArenaStager
@@ -218,6 +218,7 @@ def test_a_tensor_larger_than_the_process_budget_is_a_config_error() -> None:
 
 
 @pytest.mark.parametrize("staging", [False, True], ids=["direct", "staging_dir"])
+@pytest.mark.processes
 def test_process_mode_over_the_budget_saves_in_pieces_and_restores_bitwise(
     tmp_path, staging
 ) -> None:
@@ -252,6 +253,7 @@ def test_process_mode_over_the_budget_saves_in_pieces_and_restores_bitwise(
         assert shared.allocations == 1
 
 
+@pytest.mark.processes
 def test_a_writer_killed_between_pieces_commits_nothing(tmp_path, monkeypatch) -> None:
     """SIGKILL after the first piece's file: the save fails, training is let go, the step
     is not committed; the next save starts a new writer and commits (restores of pieces
@@ -262,8 +264,8 @@ def test_a_writer_killed_between_pieces_commits_nothing(tmp_path, monkeypatch) -
     try:
         state = pieces_state(1)
         assert mgr.save(1, state)  # returns: the dead writer releases training too
-        with pytest.warns(RuntimeWarning, match="killed by SIGKILL.*step 1 was not committed"):
-            mgr.wait()
+        with pytest.raises(WriterProcessDiedError, match="SIGKILL.*step 1 was not committed"):
+            mgr.wait()  # the manager's first save: raised, not a warning
         assert mgr.records[-1].status == "failed"
         assert mgr.steps() == []
         assert not (root / step_name(1) / "COMMITTED").exists()

@@ -107,6 +107,7 @@ def _two_nodes_save(rank: int, world: int, root: str, staging: str) -> dict:
     }
 
 
+@pytest.mark.processes
 def test_every_nodes_local_tier_keeps_what_rank_0_decided(tmp_path) -> None:
     from harness.dist import run_distributed
 

@@ -78,8 +78,10 @@ class Recorder(TrainerCallback):
 
 
 def train(
-    output_dir: str, root: str, max_steps: int, resume: bool = False
+    output_dir: str, root: str, max_steps: int, resume: bool | str = False
 ) -> tuple[Trainer, Recorder, CkptStoreCallback]:
+    """``resume``: True as the Trainer takes it; ``"auto"`` the documented pattern,
+    ``resume_from_checkpoint=ckpt.resume_from`` (a fresh run or a resume alike)."""
     args = TrainingArguments(
         output_dir=output_dir,
         max_steps=max_steps,
@@ -101,7 +103,9 @@ def train(
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # the same float reduction order in every process
     try:
-        trainer.train(resume_from_checkpoint=resume or None)
+        trainer.train(
+            resume_from_checkpoint=ckpt.resume_from if resume == "auto" else resume or None
+        )
     finally:
         torch.set_num_threads(threads)
     ckpt.close()

@@ -120,8 +120,8 @@ def test_a_root_another_job_commits_to_first_fails_this_save_and_tears_nothing(t
     thread = threading.Thread(target=job_a)
     thread.start()
     thread.join()
-    with pytest.warns(RuntimeWarning, match="b.ckpt was not written"):
-        job_b.wait()
+    with pytest.raises(CommitConflictError):
+        job_b.wait()  # B's first save failed: raised, not a warning (nothing of B is saved)
     with pytest.raises(CommitConflictError):
         job_b.teardown()
     assert committed(root) == [2]

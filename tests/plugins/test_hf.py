@@ -23,6 +23,7 @@ from tests.plugins.util import (  # noqa: E402
 )
 
 
+@pytest.mark.processes
 def test_trainer_killed_mid_upload_resumes_from_the_newest_committed(tmp_path, root_url) -> None:
     out = str(tmp_path / "out")
     # Killed -9 inside the upload of checkpoint-6 (data written, no commit marker): the
@@ -103,3 +104,15 @@ def test_manager_options_pass_through_and_unknown_ones_fail_at_once(tmp_path) ->
     for cls in (CkptStoreCallback, CkptStoreAccelerate):
         with pytest.raises(TypeError, match="'on_busy'.*storage_options"):
             cls(str(tmp_path / "root"), on_busy="skip")  # a manager option no plugin takes
+
+
+def test_one_line_starts_a_fresh_run_and_resumes_it_on_a_new_machine(tmp_path, root_url):
+    """The documented ``train(resume_from_checkpoint=ckpt.resume_from)``: None on the first
+    run (where ``True`` makes the Trainer raise), the newest committed folder after."""
+    trainer, rec, ckpt = train(str(tmp_path / "first"), root_url, 4, resume="auto")
+    assert ckpt.resume_from is None and rec.start_step == 0
+    assert trainer.state.global_step == 4 and committed(root_url) == [2, 4]
+    trainer, rec, ckpt = train(str(tmp_path / "second"), root_url, 6, resume="auto")
+    assert ckpt.resume_from == str(tmp_path / "second" / "checkpoint-4")
+    assert rec.start_step == 4 and trainer.state.global_step == 6
+    assert committed(root_url) == [2, 4, 6]

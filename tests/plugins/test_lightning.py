@@ -42,6 +42,7 @@ def checkpoint(step: int, value: float) -> dict:
     }
 
 
+@pytest.mark.processes
 def test_kill_mid_save_then_resume_from_last_is_exact(tmp_path, root_url) -> None:
     ckdir = str(tmp_path / "ckpts")
     # Run 1 is killed -9 inside the third background save (step 6), after its data is

@@ -75,6 +75,7 @@ def test_pyproject_declares_the_extras() -> None:
         assert f"{name}{spec}" in extras[extra]
 
 
+@pytest.mark.processes
 def test_the_wheel_ships_the_library_and_no_test_code(tmp_path) -> None:
     """Build the wheel offline (setuptools from the venv, no index) from a copy of the sources,
     so the checkout gets no build/ or egg-info, and check what it ships."""

@@ -135,6 +135,7 @@ def _crash_saving(root: str, point: str) -> None:
     ckptstore.save({"w": torch.full((256, 1024), 2.0), "n": 2}, os.path.join(root, "step_2"))
 
 
+@pytest.mark.processes
 def test_a_save_killed_at_each_point_loses_nothing(tmp_path) -> None:
     """Killed with its shard durable, with the attempt's manifest and .metadata durable,
     and just after its marker: the earlier step loads whole every time; the killed step is

@@ -1,0 +1,147 @@
+"""A failed save is never reported as success, and a foreign entry in the node-local tier
+never changes what happens to ckptstore's own steps (trust rule 6).
+
+- A root that is a file (or a typo, or unwritable): the first failed save raises at the
+  next ``save`` / ``wait`` / ``close``, as an unwritable root does, and no message claims a
+  previous checkpoint when there is none.
+- After the manager committed a save, a failure is a warning naming the step that stays
+  the newest, and training goes on.
+- A symlinked or file-named step entry in ``staging_dir`` is skipped with one warning; every
+  save commits, retention and the local-tier trim go on.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import pytest
+import torch
+
+from ckptstore.engine.catalog import SkippedEntryWarning, step_name
+from ckptstore.errors import StoreAccessError
+from ckptstore.manager import CheckpointManager
+from ckptstore.manager.retention import KeepLast
+from ckptstore.stores.local import LocalStore
+from ckptstore.testing.faults import Fault, FaultyStore
+
+
+def state(v: float) -> dict:
+    return {"w": torch.full((256,), v)}
+
+
+def test_a_root_that_is_a_file_raises_at_the_first_save(tmp_path) -> None:
+    root = tmp_path / "root"
+    root.write_text("not a directory")
+    with pytest.raises(StoreAccessError, match="not a directory") as caught:
+        with CheckpointManager(str(root)) as mgr:
+            mgr.save(1, state(1.0))
+            mgr.save(2, state(2.0))  # never reached
+    assert "stays the newest" not in str(caught.value)
+    assert mgr.records[-1].status == "failed" and len(mgr.records) == 1
+
+
+def test_a_typo_below_a_file_raises_and_close_raises_too(tmp_path) -> None:
+    (tmp_path / "file").write_text("x")
+    mgr = CheckpointManager(str(tmp_path / "file" / "ckpt"))
+    with pytest.raises(StoreAccessError):
+        mgr.save(1, state(1.0))
+    with pytest.raises(StoreAccessError):
+        mgr.close()  # the last save failed: close says so too
+
+
+def test_an_unwritable_root_raises_at_the_next_call(tmp_path) -> None:
+    denied = StoreAccessError("access denied (injected)")
+    root = FaultyStore(
+        LocalStore(str(tmp_path / "root")),
+        [Fault(m, error=denied) for m in ("put", "put_part", "begin_multipart")],
+    )
+    mgr = CheckpointManager(root)
+    assert mgr.save(1, state(1.0))  # the write fails in the background
+    with pytest.raises(StoreAccessError, match="access denied"):
+        mgr.wait()
+    with pytest.raises(StoreAccessError):
+        mgr.close()
+    assert mgr.records[-1].status == "failed"
+
+
+def test_after_a_commit_a_failure_is_a_warning_naming_the_newest_step(tmp_path) -> None:
+    faulty = FaultyStore(LocalStore(str(tmp_path / "root")))
+    with CheckpointManager(faulty) as mgr:
+        mgr.save(1, state(1.0))
+        mgr.wait()
+        faulty.faults.append(Fault("put_if_absent", error=StoreAccessError("injected")))
+        mgr.save(2, state(2.0))  # its marker's create fails (step folders copy the faults)
+        with pytest.warns(RuntimeWarning, match="step 1 stays the newest checkpoint"):
+            mgr.wait()
+        faulty.faults.clear()
+        mgr.save(3, state(3.0))
+        mgr.wait()
+        assert [r.status for r in mgr.records] == ["committed", "failed", "committed"]
+
+
+@pytest.mark.processes
+def test_the_readme_pattern_with_a_file_root_exits_non_zero(tmp_path) -> None:
+    (tmp_path / "root").write_text("x")
+    script = textwrap.dedent(
+        f"""
+        import torch
+        from ckptstore import CheckpointManager
+        with CheckpointManager({str(tmp_path / "root")!r}) as mgr:
+            state = {{"w": torch.zeros(4)}}
+            start = (mgr.restore(state) or 0) + 1
+            for step in range(start, start + 3):
+                mgr.save(step, state)
+        """
+    )
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert run.returncode != 0
+    assert "StoreAccessError" in run.stderr and "not a directory" in run.stderr
+    assert "stays the newest" not in run.stderr
+
+
+@pytest.mark.parametrize("kind", ["symlink", "file"])
+def test_a_foreign_step_entry_in_staging_dir_changes_nothing(tmp_path, kind) -> None:
+    staging, elsewhere = tmp_path / "nvme", tmp_path / "elsewhere"
+    staging.mkdir()
+    (elsewhere / step_name(1)).mkdir(parents=True)
+    (elsewhere / step_name(1) / "precious.bin").write_text("not ckptstore's")
+    stray = staging / step_name(1)
+    if kind == "symlink":
+        stray.symlink_to(elsewhere / step_name(1), target_is_directory=True)
+    else:
+        stray.write_text("a file named like a step")
+    root = str(tmp_path / "root")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with CheckpointManager(root, staging_dir=str(staging), keep=KeepLast(2)) as mgr:
+            for step in range(2, 7):
+                mgr.save(step, state(float(step)))
+                mgr.wait()
+    assert [r.status for r in mgr.records] == ["committed"] * 5
+    assert all(not r.warnings for r in mgr.records)
+    assert mgr.steps() == [5, 6]  # retention went on
+    kept = sorted(n for n in os.listdir(staging) if n != step_name(1))
+    assert kept == [step_name(6)]  # the local-tier trim went on
+    assert os.path.lexists(stray)  # the foreign entry is left alone ...
+    assert (elsewhere / step_name(1) / "precious.bin").exists()  # ... and not followed
+    skipped = [w for w in caught if issubclass(w.category, SkippedEntryWarning)]
+    assert len({str(w.message) for w in skipped}) == 1  # one warning, not one per save
+
+
+def test_a_failure_after_the_marker_is_a_warning_not_a_failed_save(tmp_path, monkeypatch):
+    from ckptstore.dcp.staged import StagedWriter
+
+    def broken(self):
+        raise OSError("injected: the local tier cannot be trimmed")
+
+    monkeypatch.setattr(StagedWriter, "_trim_local", broken)
+    with CheckpointManager(str(tmp_path / "root"), staging_dir=str(tmp_path / "nvme")) as mgr:
+        mgr.save(1, state(1.0))
+        mgr.wait()
+        assert mgr.records[-1].status == "committed"
+        assert any("cannot be trimmed" in w for w in mgr.records[-1].warnings)
+        assert mgr.steps() == [1]
