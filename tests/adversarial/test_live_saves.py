@@ -96,6 +96,7 @@ class _Stalled:
         assert not self.thread.is_alive()
 
 
+@pytest.mark.processes  # ckptstore-tool gc and ls as real processes
 def test_gc_and_retention_spare_a_save_in_flight(backend: Backend, root_url: str) -> None:
     for n in (1, 3, 4):
         save_ckpt(backend, step(root_url, n), sample_state(step=n))

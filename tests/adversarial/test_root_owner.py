@@ -71,6 +71,7 @@ def _lease(run: str, age_s: float = 0.0) -> bytes:
     ).encode()
 
 
+@pytest.mark.processes  # the other job is a real process
 def test_a_second_live_job_is_refused_naming_the_first(backend: Backend, root_url: str) -> None:
     holder = subprocess.Popen(
         [sys.executable, "-c", _HOLDER, root_url, json.dumps(backend.options)],
