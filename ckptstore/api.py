@@ -92,6 +92,8 @@ def save(state_dict: dict[str, Any], url: str | Store | CkptWriter, **kwargs: An
         dcp_save(state_dict, storage_writer=w)
     except CheckpointException as exc:
         raise unwrap_checkpoint_exception(exc) from exc
+    finally:
+        w.release_lease()  # a failed save's step lease (a committed one has let it go)
     return w
 
 

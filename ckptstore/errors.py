@@ -176,3 +176,16 @@ class StateDictMismatchError(ConfigError):
     Nothing was loaded into it. A ``ConfigError`` (and ``ValueError``), not damage:
     ``CheckpointManager.restore`` raises it rather than falling back to an older step.
     """
+
+
+class InUseError(CkptStoreError, RuntimeError):
+    """What would be changed is held by a live writer (a save in flight keeps a fresh
+    lease on its step; see ``ckptstore.engine.lease``): nothing was deleted or written."""
+
+
+class RootInUseError(InUseError):
+    """Another live job (another run id) owns this checkpoint root; its saves would mix
+    with this one's. The message names the owner (run, host, pid, heartbeat age)."""
+
+
+__all__ += ["InUseError", "RootInUseError"]

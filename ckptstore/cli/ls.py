@@ -3,6 +3,9 @@
 Status comes from each step's marker and manifest (``committed`` / ``incomplete`` /
 ``corrupt``), never from the listing; ``--verify`` re-reads every committed checkpoint's
 bytes, so damage after commit shows as ``corrupt``. Exit 1 if any checkpoint is corrupt.
+Each committed row names the run that wrote it (``run``); a step without a marker whose
+save holds a fresh lease is marked in flight (``in_flight``), and the root's live owner,
+if any, is shown (``owner``; ``engine.owner``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, safe, table
 from ckptstore.cli.sources import is_dcp_listing, list_or_missing
 from ckptstore.engine.catalog import Skipped, scan_root
+from ckptstore.engine.deletion import step_in_flight
+from ckptstore.engine.owner import read_owner
 from ckptstore.engine.store import Multipart
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
 
@@ -92,6 +97,8 @@ def list_root(
             "created": None,
             "format_version": None,
             "codec": None,
+            "run": None,
+            "in_flight": None,
             "problem": "",
         }
         if e.status == "committed":
@@ -103,6 +110,7 @@ def list_root(
                 created=m.created,
                 format_version=m.version,
                 codec=m.codec,
+                run=m.extra.get("run") if isinstance(m.extra.get("run"), str) else None,
             )
             if verify:
                 report = verify_checkpoint(
@@ -115,6 +123,9 @@ def list_root(
                     )
         else:
             row["size"] = _size_of(store)
+            holder = step_in_flight(root, e.name)
+            if holder is not None:
+                row["in_flight"] = holder.describe()
             if e.status == "corrupt":
                 try:
                     open_committed(store)
@@ -136,12 +147,22 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     ages = [upload_age_s(u, now) for u in uploads]
     stale = sum(1 for a in ages if a is not None and a > args.stale_after_hours * 3600)
     corrupt = sum(1 for r in rows if r["status"] == "corrupt")
+    owner = read_owner(root)
+    live_owner = owner if owner is not None and owner.fresh(now) else None
     if ctx.json:
         dump_json(
             {
                 "root": root.url,
                 "checkpoints": rows,
                 "skipped": [{"name": k.name, "reason": k.reason} for k in skipped],
+                "owner": None
+                if live_owner is None
+                else {
+                    "run": live_owner.run,
+                    "host": live_owner.host,
+                    "pid": live_owner.pid,
+                    "heartbeat_age_s": round(live_owner.age(now), 1),
+                },
                 "uploads": {
                     "unfinished": len(uploads),
                     "stale": stale,
@@ -172,12 +193,16 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         for r in rows:
             if r["problem"]:
                 print(f"step {r['step']}: {safe(r['problem'])}")
+            if r["in_flight"]:
+                print(f"step {r['step']}: a save is in flight ({safe(r['in_flight'])})")
     elif is_dcp_listing(names):
         print(f"{args.root} is itself a checkpoint, not a root of step_* checkpoints; use inspect")
     else:
         print(f"no step_* checkpoints under {args.root}")
     for k in skipped:
         print(f"{safe(k.name)}: skipped ({safe(k.reason)})")
+    if live_owner is not None:
+        print(f"owned by a live job: {safe(live_owner.describe(now))}")
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

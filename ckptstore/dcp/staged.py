@@ -153,7 +153,15 @@ class StagedWriter(CkptWriter):
     def _committed(self, manifest: Manifest, metadata_bytes: bytes) -> None:
         """Publish the same manifest and marker locally (the restore tier), then trim the
         committed local copies to ``keep_local``."""
-        publish(self.local, self.engine, self.attempt, manifest, metadata_bytes, replace=True)
+        publish(
+            self.local,
+            self.engine,
+            self.attempt,
+            manifest,
+            metadata_bytes,
+            replace=True,
+            check_files=False,  # this node's ranks' files only
+        )
         self._trim_local()
 
     def _trim_local(self) -> None:

@@ -38,7 +38,9 @@ from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec
 from ckptstore.engine.commit import attempt_manifest_name, attempt_metadata_name, publish
 from ckptstore.engine.deletion import remove_made
+from ckptstore.engine.lease import hold_step_lease
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, Marker, RangeEntry
+from ckptstore.engine.owner import run_identity
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CorruptCheckpointError
@@ -102,6 +104,8 @@ def transcode(
     )
     storage_md: dict[Any, _StorageInfo] = {}
     made = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)]
+    # gc and retention on dst's root leave a conversion in flight alone (engine.lease)
+    lease = hold_step_lease(dst, attempt, run_identity())
     try:
         for old in sorted(by_file):
             new = _new_name(old, attempt)
@@ -153,11 +157,16 @@ def transcode(
             manifest.files[new] = FileEntry(info.size, info.crc32c)
         metadata.storage_data = storage_md
         metadata.storage_meta = StorageMeta(checkpoint_id=dst.url, save_id=attempt)
-        return publish(dst, engine, attempt, manifest, pickle.dumps(metadata))
+        return publish(dst, engine, attempt, manifest, pickle.dumps(metadata), lease=lease)
     except BaseException:
+        if lease is not None:
+            lease.stop()
         if not dst.exists(MARKER_NAME):
             remove_made(dst, made)  # the one deletion path: only ckptstore's names
         raise
+    finally:
+        if lease is not None:
+            lease.stop()
 
 
 def _read_ahead(

@@ -5,13 +5,18 @@ Call order (driven by ``torch.distributed.checkpoint.save``)::
     reset(checkpoint_id)            every rank, when DCP is given a checkpoint_id: the URL
     set_up_storage_writer(...)      every rank, every save: a new attempt id of its own;
                                     refuses use_collectives=False on several ranks
-    prepare_local_plan(plan)        every rank: refuses a committed destination
+    prepare_local_plan(plan)        every rank: refuses a committed destination; the
+                                    coordinator starts the save's step lease
+                                    (``engine.lease``: gc and retention leave the step
+                                    alone while it is fresh) before any rank writes
     prepare_global_plan(plans)      coordinator: gives each rank its file prefix
     write_data(plan, planner)       every rank: its shard files, durable before it returns
                                     (none for a rank whose plan is empty: DCP's dedup of
                                     replicated state often leaves one)
     finish(metadata, results)       coordinator, only if every rank succeeded: manifest,
-                                    .metadata, then the create-only COMMITTED marker
+                                    .metadata, then the create-only COMMITTED marker;
+                                    then the lease goes (also at the next save, or by
+                                    ``release_lease()``, after a save that failed)
 
 Shard files keep DCP's per-rank layout, named ``__<rank>_<i>.<attempt>.distcp``, where
 ``attempt`` is that rank's id for this save; the results carry each file's name to the
@@ -51,6 +56,7 @@ import dataclasses
 import os
 import pickle
 import uuid
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,7 +82,9 @@ from ckptstore.engine.commit import publish, warn_after_commit
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
 from ckptstore.engine.layout import parse_step
+from ckptstore.engine.lease import Heartbeat, hold_step_lease
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
+from ckptstore.engine.owner import run_identity
 from ckptstore.engine.store import Store
 from ckptstore.engine.tee import TeeWriter
 from ckptstore.engine.transfer import TransferEngine
@@ -179,8 +187,32 @@ class CkptWriter(StoreBound, StorageWriter):
         self.attempt = _new_attempt()
         self.rank = 0
         self.is_coordinator = True
-        #: Merged into the manifest's ``extra`` at commit (the manager records timings).
+        #: Merged into the manifest's ``extra`` at commit (the manager records timings
+        #: and its run identity, ``extra["run"]``).
         self.manifest_extra: dict[str, Any] = {}
+        self._lease: Heartbeat | None = None
+        self._lease_gone: Any = None  # the finalizer that stops it with this writer
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["_lease"] = state["_lease_gone"] = None  # a thread: never sent
+        return state
+
+    def _hold_lease(self) -> None:
+        """Coordinator: start this attempt's step lease (written now, refreshed in the
+        background) before any rank writes a file (``engine.lease.hold_step_lease``)."""
+        self.release_lease()
+        run = str(self.manifest_extra.get("run") or run_identity())
+        self._lease = hold_step_lease(self.store, self.attempt, run)
+        if self._lease is not None:
+            self._lease_gone = weakref.finalize(self, self._lease.stop)
+
+    def release_lease(self) -> None:
+        """Stop this writer's step lease and delete it (idempotent). ``finish`` does it
+        after the commit; after a failed save, the next save (or this call) does."""
+        gone, self._lease, self._lease_gone = self._lease_gone, None, None
+        if gone is not None:
+            gone()
 
     @property
     def codec(self) -> str:
@@ -201,6 +233,7 @@ class CkptWriter(StoreBound, StorageWriter):
     # -- StorageWriter -----------------------------------------------------------------
     def reset(self, checkpoint_id: str | os.PathLike | None = None) -> None:
         """Re-open the store if ``checkpoint_id`` names another URL; start a new attempt."""
+        self.release_lease()
         self._rebind(checkpoint_id)
         self.attempt = _new_attempt()
 
@@ -209,6 +242,7 @@ class CkptWriter(StoreBound, StorageWriter):
 
         Raises ``ConfigError`` for ``use_collectives=False`` with more than one rank.
         """
+        self.release_lease()  # a failed save's (finish never ran)
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank") or 0
         # DCP calls reset() only when given a checkpoint_id; this runs on every save.
@@ -239,6 +273,7 @@ class CkptWriter(StoreBound, StorageWriter):
         """Return ``plan`` unchanged; the coordinator first runs :meth:`check_destination`."""
         if self.is_coordinator:
             self.check_destination()
+            self._hold_lease()
         return plan
 
     def prepare_global_plan(self, plans: list[SavePlan]) -> list[SavePlan]:
@@ -354,10 +389,19 @@ class CkptWriter(StoreBound, StorageWriter):
         Then calls ``_committed`` (a failure there is a warning in the save's record: the
         checkpoint is committed).
         """
-        manifest, metadata_bytes = self._build_manifest(metadata, results)
-        publish(
-            self.store, self.engine, self.attempt, manifest, metadata_bytes, replace=self.overwrite
-        )
+        try:
+            manifest, metadata_bytes = self._build_manifest(metadata, results)
+            publish(
+                self.store,
+                self.engine,
+                self.attempt,
+                manifest,
+                metadata_bytes,
+                replace=self.overwrite,
+                lease=self._lease,
+            )
+        finally:
+            self.release_lease()
         try:
             self._committed(manifest, metadata_bytes)
         except Exception as exc:  # noqa: BLE001 - the marker is written: the save stands

@@ -5,6 +5,7 @@ A root holds one directory (prefix) per step, named exactly ``step_<9 digits>``
 whether a step is a checkpoint is decided by its marker and manifest (``engine.commit``),
 never by the listing. "Newest" is the highest step number, never a modification time.
 
+The root owner's lease (``ckptstore.owner.json``) is ckptstore's and not listed.
 Everything else under a root is someone else's: ``scan_root`` reports it (``foreign``), and
 a canonical step name that is not a plain directory (a symlink, a regular file) is skipped
 with a ``SkippedEntryWarning`` from ``list_steps``: a link is never followed.
@@ -18,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
-from ckptstore.engine.layout import parse_step, step_name
+from ckptstore.engine.layout import OWNER_NAME, parse_step, step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import UnsafePathError
 
@@ -103,6 +104,8 @@ def scan_root(root: Store, with_status: bool = True) -> RootListing:
             skipped.append(Skipped(e.name, _WHY.get(e.kind, "not a directory")))
         elif step is not None:  # an object beside a prefix of the same name
             skipped.append(Skipped(e.name, "an object named like a step, beside the step"))
+        elif e.name == OWNER_NAME and e.kind == "file":
+            continue  # the root owner's lease (engine.owner): ours, not a checkpoint
         else:
             kind = "directory" if e.kind == "dir" else e.kind
             foreign.append(Skipped(e.name, f"not ckptstore's ({kind}): left alone"))

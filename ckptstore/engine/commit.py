@@ -5,6 +5,10 @@ Call order on the coordinator, after every rank's data files are durable::
     publish(store, engine, attempt, manifest, metadata_bytes, replace=False)
         1. ckptstore.manifest.<attempt>.json     (put)   the attempt's own copies: a racing
         2. .metadata.<attempt>                    (put)   writer can never clobber them
+           check: every file the manifest lists is there with its recorded size (one
+              stat each, in parallel), and the writer's lease (``engine.lease``) is still
+              fresh; else IncompleteCheckpointError and no marker: a marker never
+              vouches for a file that is not there
         3. COMMITTED                              (create-only; names attempt + manifest CRC)
            -> CommitConflictError if another attempt committed first (the loser's files
               are deleted; the winner's are untouched)
@@ -19,7 +23,9 @@ Call order on the coordinator, after every rank's data files are durable::
         5. files of other attempts (torn leftovers, replaced checkpoints) are deleted:
            only names ckptstore or DCP make (``layout.is_ckptstore_file``), never a temp
            file (``.ckptstore-tmp-``) a live writer is still creating (a racing loser's;
-           the stale-upload sweep removes abandoned ones)
+           the stale-upload sweep removes abandoned ones), and nothing at all while
+           another attempt's lease in the step is fresh (a save in flight: its files
+           stay; the next commit or gc of the step removes them once it is stale)
 
 Steps 4 and 5 are best effort: the checkpoint is committed once step 3 returns, so a
 failure there is a warning (logged, and collected by :func:`collect_warnings` into the
@@ -65,6 +71,7 @@ from ckptstore.engine.bounded import (
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.layout import TMP_MARK, is_ckptstore_file
+from ckptstore.engine.lease import Heartbeat, lease_name, live_leases
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
@@ -156,8 +163,15 @@ def publish(
     metadata_bytes: bytes,
     *,
     replace: bool = False,
+    lease: Heartbeat | None = None,
+    check_files: bool = True,
 ) -> Marker:
-    """Commit a checkpoint whose data files are durable; see the module docstring."""
+    """Commit a checkpoint whose data files are durable; see the module docstring.
+
+    ``lease``: the writer's step lease; the commit refuses to write its marker once the
+    lease no longer protects the files (``Heartbeat.ensure_fresh``). ``check_files=False``
+    only for a node's local staged copy, which holds just its own ranks' files (the
+    marker that counts is the destination's; a restore checks the local files itself)."""
     store = retrying(store, engine.config.retry, engine.stats)
     manifest.files[METADATA_NAME] = FileEntry(len(metadata_bytes), crc32c(metadata_bytes))
     manifest.extra["attempt"] = attempt
@@ -166,6 +180,17 @@ def publish(
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)]
     _put_all(store, engine, [(own[0], manifest_bytes), (own[1], metadata_bytes)])
     crashpoint("before_marker")
+    if check_files:
+        _check_files(store, engine, manifest, own)
+    if lease is not None:
+        try:
+            lease.ensure_fresh()
+        except CkptStoreError as exc:
+            raise IncompleteCheckpointError(
+                f"{store.url} was not committed: {exc}. Its files may have been deleted by "
+                "gc or another job's retention meanwhile; the previous checkpoint stays the "
+                "newest, and the next save writes a new one."
+            ) from None
     what = f"commit of {store.describe(MARKER_NAME)}"
     if replace:
         engine.retry(lambda: store.put(MARKER_NAME, marker.to_bytes()), what)
@@ -180,7 +205,9 @@ def publish(
             ) from None
     crashpoint("after_marker")
     try:
-        _publish_canonical(store, engine, attempt, manifest, manifest_bytes, metadata_bytes)
+        _publish_canonical(
+            store, engine, attempt, manifest, manifest_bytes, metadata_bytes, live=True
+        )
     except CkptStoreError as exc:
         _warn(
             f"{store.url} is committed, but writing its canonical copies or removing other "
@@ -188,6 +215,39 @@ def publish(
             "ckptstore-tool gc) completes it later"
         )
     return marker
+
+
+def _check_files(store: Store, engine: TransferEngine, manifest: Manifest, own: list[str]) -> None:
+    """Raise ``IncompleteCheckpointError`` (no marker is written) unless every file the
+    manifest lists is there with its recorded size, and the attempt's own manifest and
+    ``.metadata`` copies too: one stat each, on the engine's I/O pool. Files deleted
+    from under a save in flight (gc, another job's retention) are found here."""
+    expected = {n: e.size for n, e in manifest.files.items() if n != METADATA_NAME}
+    expected[own[1]] = manifest.files[METADATA_NAME].size
+
+    def stat(name: str) -> int | None:
+        try:
+            return store.size(name)  # a retrying view (publish)
+        except StoreNotFoundError:
+            return None
+
+    futures = {n: engine.pool.submit(stat, n) for n in [*sorted(expected), own[0]]}
+    sizes = {n: f.result() for n, f in futures.items()}
+    bad = [
+        f"{n} is missing" if sizes[n] is None else f"{n} has {sizes[n]} bytes, not {size}"
+        for n, size in expected.items()
+        if sizes[n] != size
+    ]
+    if sizes[own[0]] is None:
+        bad.append(f"{own[0]} is missing")
+    if bad:
+        shown = "; ".join(bad[:5]) + (f"; and {len(bad) - 5} more" if len(bad) > 5 else "")
+        raise IncompleteCheckpointError(
+            f"{store.url} was not committed: files the manifest lists are not as written "
+            f"({shown}). They were deleted or changed while the save was in flight (gc or "
+            "another job's retention on this root?); no marker was written, the previous "
+            "checkpoint stays the newest, and the next save writes a new one."
+        )
 
 
 def _put_all(store: Store, engine: TransferEngine, items: list[tuple[str, bytes]]) -> None:
@@ -218,15 +278,28 @@ def _publish_canonical(
     manifest: Manifest,
     manifest_bytes: bytes,
     metadata_bytes: bytes,
+    live: bool = False,
 ) -> None:
     """Steps 4 and 5: canonical copies, then delete what no committed file needs (only
-    ckptstore's own names, never a live writer's temp file)."""
+    ckptstore's own names, never a live writer's temp file, nothing while another save
+    of the step holds a fresh lease). ``live``: the committing writer itself (its own
+    lease is its, not another save's; it removes it itself)."""
     # .metadata before the manifest: a canonical manifest that matches the marker then
     # proves the canonical .metadata beside it was ckptstore's (see open_committed).
     _put_all(store, engine, [(METADATA_NAME, metadata_bytes), (MANIFEST_NAME, manifest_bytes)])
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)] if attempt else []
-    keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, *own, *manifest.files}
-    for name in store.find():
+    own_lease = [lease_name(attempt)] if attempt and live else []
+    keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, *own, *own_lease, *manifest.files}
+    names = store.find()
+    others = live_leases(store, names, exclude=own_lease)
+    if others:
+        log.info(
+            "%s: another save of this step is in flight (%s); its files are left alone",
+            store.url,
+            others[0].describe(),
+        )
+        return
+    for name in names:
         if name not in keep and is_ckptstore_file(name) and TMP_MARK not in name:
             store.delete(name)
 

@@ -10,6 +10,10 @@ Call order::
                                           manifest *before* the file is made visible
         4. publish(dst, ...)              manifest + .metadata, then the create-only COMMITTED
 
+From step 3 to the end the copy keeps a step lease in ``dst`` (``engine.lease``), so
+``ckptstore-tool gc`` or a manager's retention on the destination's root leaves its files
+alone while it runs.
+
 If anything fails, or ``cancel`` is set (Ctrl-C), the file copies stop, open uploads are
 aborted, the files this copy made are deleted (through ``engine.deletion.remove_made``: only
 ckptstore's own names), and no marker is written: the destination never holds a committed
@@ -36,7 +40,9 @@ from ckptstore.engine.commit import (
     uncommit,
 )
 from ckptstore.engine.deletion import remove_made
+from ckptstore.engine.lease import hold_step_lease
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, Marker
+from ckptstore.engine.owner import run_identity
 from ckptstore.engine.paths import check_name
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import CopyCancelled, TransferEngine
@@ -116,6 +122,7 @@ def copy_checkpoint(
     files = {n: e for n, e in committed.manifest.files.items() if n != METADATA_NAME}
     attempt = uuid.uuid4().hex[:12]
     made = [*files, attempt_manifest_name(attempt), attempt_metadata_name(attempt)]
+    lease = hold_step_lease(dst, attempt, run_identity())
     pool = ThreadPoolExecutor(max(1, min(file_concurrency, len(files))), "ckptstore-cp")
     futures: list[Future] = []
     try:
@@ -129,14 +136,18 @@ def copy_checkpoint(
                 raise f.exception()  # type: ignore[misc]
         manifest = Manifest.from_bytes(committed.manifest.to_bytes(), src.url)
         manifest.extra["copied_from"] = src.url
-        marker = publish(dst, engine, attempt, manifest, committed.metadata_bytes)
+        marker = publish(dst, engine, attempt, manifest, committed.metadata_bytes, lease=lease)
     except BaseException:
         cancel.set()
         for f in futures:
             f.cancel()
         pool.shutdown(wait=True)
+        if lease is not None:
+            lease.stop()
         if not dst.exists(MARKER_NAME):
             remove_made(dst, made)
         raise
+    if lease is not None:
+        lease.stop()
     pool.shutdown(wait=True)
     return CopyResult(src.url, dst.url, len(files), sum(e.size for e in files.values()), marker)

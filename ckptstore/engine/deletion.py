@@ -14,7 +14,10 @@ ckptstore made:
   that the next prune finishes, never a committed checkpoint with files missing; then the
   other files; then the directory, only if nothing is left in it;
 * an unfinished upload only of such a file inside such a step, and only when it is stale
-  (older than ``stale_after_s``; an upload of unknown age is kept).
+  (older than ``stale_after_s``; an upload of unknown age is kept);
+* never a step whose save is in flight: a fresh step lease (``engine.lease``; fresh
+  means refreshed within ``STALE_AFTER_S``, 60 s) makes ``delete_step`` raise
+  ``InUseError`` with nothing deleted, and ``plan_uploads`` keep its uploads.
 
 Names go through the stores, which refuse anything that would leave the root
 (``engine.paths``) and never follow a symlink. Which committed steps may go at all
@@ -30,15 +33,17 @@ from dataclasses import dataclass, field
 
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.layout import is_ckptstore_file, parse_step
+from ckptstore.engine.lease import STALE_AFTER_S, LeaseInfo, live_leases
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.paths import is_safe_name
 from ckptstore.engine.store import Multipart, Store
-from ckptstore.errors import CkptStoreError, UnsafePathError
+from ckptstore.errors import CkptStoreError, InUseError, UnsafePathError
 
 __all__ = [
     "StepFiles",
     "UploadDecision",
     "step_files",
+    "step_in_flight",
     "delete_step",
     "remove_made",
     "upload_is_ours",
@@ -47,6 +52,8 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+_STALE = f"{STALE_AFTER_S:.0f} s"
 
 
 @dataclass(frozen=True)
@@ -89,11 +96,30 @@ def step_files(root: Store, name: str) -> StepFiles:
     )
 
 
+def step_in_flight(root: Store, name: str, ours: list[str] | None = None) -> LeaseInfo | None:
+    """The fresh lease of a save in flight in step directory ``name`` (``ours``: its
+    ckptstore files, if already listed), else None."""
+    if ours is None:
+        ours = step_files(root, name).ours
+    leases = live_leases(_step_store(root, name), ours)
+    return leases[0] if leases else None
+
+
 def delete_step(root: Store, name: str) -> list[str]:
     """Delete ckptstore's files of step directory ``name``: marker first, then the rest,
-    then the directory if it is empty. Returns the files left alone (not ckptstore's)."""
+    then the directory if it is empty. Returns the files left alone (not ckptstore's).
+
+    Raises ``InUseError`` (nothing deleted) while a save of the step holds a fresh lease.
+    """
     step = _step_store(root, name)
     files = step_files(root, name)
+    holder = step_in_flight(root, name, files.ours)
+    if holder is not None:
+        raise InUseError(
+            f"{root.describe(name)} is not deleted: a save of it is in flight "
+            f"({holder.describe()}). Its lease goes stale {_STALE} after its writer stops; "
+            "delete it after that."
+        )
     if MARKER_NAME in files.ours:
         step.delete(MARKER_NAME)  # invisible at once: the rest is a torn leftover
     crashpoint("after_unmark")
@@ -135,16 +161,19 @@ def plan_uploads(
     deleted_steps: Iterable[str] = (),
     stale_after_s: float = 24 * 3600.0,
     now: float | None = None,
+    in_flight: Iterable[str] = (),
 ) -> list[UploadDecision]:
     """What to do with each unfinished upload under ``root``.
 
     Aborted: ours under a step being deleted, or ours older than ``stale_after_s`` (strictly;
     stores record the start in ``Multipart.extra["initiated"]``; moto reports 2010 for every
-    upload, so there every upload is stale). Kept: younger or of unknown age ones, and
-    uploads that are not ckptstore's (reported as left alone).
+    upload, so there every upload is stale). Kept: younger or of unknown age ones, those
+    under a step in ``in_flight`` (a fresh lease: a save in flight), and uploads that are
+    not ckptstore's (reported as left alone).
     """
     now = time.time() if now is None else now
     gone = set(deleted_steps)
+    live = set(in_flight)
     out = []
     for up in root.list_multipart():
         started = up.extra.get("initiated")
@@ -152,6 +181,8 @@ def plan_uploads(
         top = up.path.split("/", 1)[0]
         if not upload_is_ours(up.path):
             out.append(UploadDecision(up.path, "keep", "not ckptstore's: left alone", age, up))
+        elif top in live:
+            out.append(UploadDecision(up.path, "keep", "save in flight (fresh lease)", age, up))
         elif top in gone:
             out.append(UploadDecision(up.path, "abort", f"under deleted {top}", age, up))
         elif age is not None and age > stale_after_s:

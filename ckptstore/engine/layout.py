@@ -14,10 +14,14 @@ Names of a step directory::
                                                   stock DCP's temp .metadata.tmp)
     [<hh>/]__<rank>_<i>[.<attempt>].distcp        shard files (stock DCP's without attempt;
                                                   ``<hh>/`` with ``key_layout="spread"``)
+    ckptstore.lease.<attempt>.json                a save in flight's lease (engine.lease)
     <any of the above>.ckptstore-tmp-<hex>        a temp object of an unfinished write: a
                                                   volume's temp file, or an emulated
                                                   multipart upload's begin marker (32 hex)
                                                   and parts (32 + 8 hex; engine.emulated)
+
+Directly under a root, ``ckptstore.owner.json`` is the root owner's lease
+(``engine.owner``): ckptstore's, never listed as someone else's file.
 
 Pure functions; no I/O.
 """
@@ -29,6 +33,7 @@ import re
 __all__ = [
     "STEP_PREFIX",
     "TMP_MARK",
+    "OWNER_NAME",
     "step_name",
     "parse_step",
     "is_ckptstore_file",
@@ -39,12 +44,16 @@ STEP_PREFIX = "step_"
 #: multipart uploads keep their begin marker and parts beside the target).
 TMP_MARK = ".ckptstore-tmp-"
 
+#: The root owner's lease, directly under a root (``engine.owner``).
+OWNER_NAME = "ckptstore.owner.json"
+
 _STEP = re.compile(r"^step_(\d{9})$")
 _ATTEMPT = r"[0-9a-f]{1,64}"
 _OURS = re.compile(
     r"^(?:"
     r"COMMITTED"
     rf"|ckptstore\.manifest(?:\.{_ATTEMPT})?\.json"
+    rf"|ckptstore\.lease\.{_ATTEMPT}\.json"
     rf"|\.metadata(?:\.{_ATTEMPT}|\.tmp)?"
     rf"|(?:[0-9a-f]{{2}}/)?__\d+_\d+(?:\.{_ATTEMPT})?\.distcp"
     r")"

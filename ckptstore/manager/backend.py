@@ -122,8 +122,10 @@ class ThreadBackend:
         key_layout: str,
         process_group: Any,
         max_staging_bytes: int | None = None,
+        run_id: str | None = None,
     ) -> None:
         self.root = root
+        self.run_id = run_id
         self.engine = engine
         self.staging_dir = staging_dir
         self.codec = codec
@@ -201,6 +203,7 @@ class ThreadBackend:
                 is_live=staged.is_live if live else None,
                 release=staged.release if live else None,
                 refusal=staged.error if refused else None,
+                run_id=self.run_id,
             )
         finally:
             if isinstance(staged, StagedSave):
@@ -374,6 +377,7 @@ def make_backend(
     process_group: Any,
     agree: Agreement,
     max_staging_bytes: int | None = None,
+    run_id: str | None = None,
 ) -> SaveBackend:
     """The backend ``background`` names (one of ``BACKENDS``, checked by the caller).
 
@@ -390,6 +394,7 @@ def make_backend(
             rank,
             key_layout=key_layout,
             world_size=world_size,
+            run_id=run_id,
         )
         return ProcessBackend(settings, agree, max_staging_bytes)
     return ThreadBackend(
@@ -400,4 +405,5 @@ def make_backend(
         key_layout=key_layout,
         process_group=process_group,
         max_staging_bytes=max_staging_bytes,
+        run_id=run_id,
     )

@@ -17,7 +17,17 @@ Call order::
     mgr.preemption_requested()       # all ranks agree whether SIGTERM arrived anywhere
     mgr.finalize(step, state)        # on preemption: flush the in-flight save within the
                                      # grace period and take one last checkpoint
-    mgr.close()                      # waits; raises if the last save failed
+    mgr.close()                      # waits; raises if the last save failed; frees the root
+
+One job per root: the first ``save`` makes rank 0 the root's owner (a lease at
+``<root>/ckptstore.owner.json``, refreshed every 5 s in the background until ``close``;
+``ckptstore.engine.owner``). A save while another live job of a different run owns the
+root raises ``RootInUseError`` from ``save`` on every rank, naming that run; a stale
+owner (no heartbeat for 60 s) or one whose process is gone is taken over. The run
+identity (``run_id``, else one from the launcher: ``engine.owner.run_identity``, the
+same across torchrun's restarts of one job) is recorded in each manifest: a step
+another run committed is replaced, not skipped, when saved again, and ``restore`` of
+one logs a warning naming that run.
 
 Every rank calls every method in the same order. Background saves run on their own gloo
 process group (never training's), and small agreements (is any rank still busy? did
@@ -90,15 +100,24 @@ from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.dcp.writer import shard_prefix
 from ckptstore.engine.catalog import committed_steps
 from ckptstore.engine.codecs import get_codec
-from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
+from ckptstore.engine.commit import CheckpointStatus, open_committed
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.layout import step_name
-from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.lease import Heartbeat
+from ckptstore.engine.manifest import MARKER_NAME, Manifest
+from ckptstore.engine.owner import claim_root, run_identity
 from ckptstore.engine.paths import check_staging_dir
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import CkptStoreError, ConfigError, TransientStoreError
+from ckptstore.errors import (
+    CkptStoreError,
+    ConfigError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    RootInUseError,
+    TransientStoreError,
+)
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.backend import BACKENDS, ProcessBackend, make_backend
@@ -138,6 +157,7 @@ class CheckpointManager:
         background: str = "thread",
         allow_pickle: bool = False,
         max_staging_bytes: int | None = None,
+        run_id: str | None = None,
     ) -> None:
         if on_busy not in ("wait", "skip"):
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
@@ -171,6 +191,10 @@ class CheckpointManager:
         # restart under torchrun's shared store never meets a dead attempt's keys.
         self._pg = fresh_new_group("gloo") if distributed else None
         self._agree = Agreement(fresh_new_group("gloo") if distributed else None)
+        #: This job's run identity (rank 0's, on every rank): recorded in each manifest,
+        #: and the root owner's lease names it (``engine.owner``).
+        self.run_id: str = self._agree.broadcast(run_identity(run_id))
+        self._owner: Heartbeat | None = None  # rank 0, from the first save until close
         self._backend = make_backend(
             background,
             root,
@@ -185,6 +209,7 @@ class CheckpointManager:
             process_group=self._pg,
             agree=self._agree,
             max_staging_bytes=self.max_staging_bytes,
+            run_id=self.run_id,
         )
         self._loader = StepLoader(
             self.root,
@@ -305,6 +330,8 @@ class CheckpointManager:
         cannot allocate) makes every rank raise here: that rank its own error, the others
         the same error naming it."""
         own = self._take_failure() or refusal
+        if own is None and self._agree.rank == 0:
+            own = self._claim_root()
         if own is None and not busy:
             own = self._backend.start_error() or self._reserve(prepared)
         flags, unreachable = self._step_flags(step, busy)
@@ -313,6 +340,28 @@ class CheckpointManager:
         if refused:
             self._refuse(step, own, refused - 1)
         return [bool(v) for v in agreed], unreachable
+
+    def _claim_root(self) -> BaseException | None:
+        """Rank 0: own the root (at the first save) or check it is still ours; the
+        ``RootInUseError`` naming another live run, else None. A store error while
+        claiming is no refusal: the save goes on (and fails like any save if the root
+        cannot be written) and the claim is tried again at the next save."""
+        if self._owner is not None:
+            try:
+                self._owner.ensure_fresh()
+                return None
+            except errors.InUseError as exc:  # taken over, or not refreshed for long
+                owner, self._owner = self._owner, None
+                owner.stop(delete=False)
+                if owner.lost is not None:
+                    return RootInUseError(str(exc))
+        try:
+            self._owner = claim_root(self.root, self.run_id)
+        except RootInUseError as exc:
+            return exc
+        except CkptStoreError as exc:
+            log.warning("could not claim %s for run %r: %s", self.root, self.run_id, exc)
+        return None
 
     def _reserve(self, prepared: Any) -> BaseException | None:
         """Allocate the staging memory ``prepared`` needs (no save of this rank reads the
@@ -393,11 +442,26 @@ class CheckpointManager:
 
     def _needs_replacing(self, step: int) -> bool:
         """For a ``step`` with a marker: True if it is not a loadable checkpoint (restore
-        found it damaged, or its marker does not commit a valid manifest). Saving it then
-        replaces it (a new attempt and marker) rather than skipping it."""
+        found it damaged, or its marker does not commit a valid manifest) or (rank 0's
+        view) another run committed it. Saving it then replaces it (a new attempt and
+        marker) rather than skipping it."""
         if step in self._damaged:
             return True
-        return checkpoint_status(self.root.child(step_name(step))) != CheckpointStatus.COMMITTED
+        try:
+            manifest = open_committed(self.root.child(step_name(step))).manifest
+        except (IncompleteCheckpointError, CorruptCheckpointError):
+            return True
+        if self._agree.rank != 0 or _run_of(manifest) == self.run_id:
+            return False
+        log.warning(
+            "step %d under %s was committed by %s, not by this run (%r): saving it again "
+            "replaces it",
+            step,
+            self.root,
+            _describe_run(manifest),
+            self.run_id,
+        )
+        return True
 
     def _write(self, record: SaveRecord, staged: Any, start: float, overwrite: bool) -> None:
         t = time.perf_counter()
@@ -547,6 +611,7 @@ class CheckpointManager:
                 finally:
                     self._protected.discard(s)
                 if error is None:
+                    self._note_origin(s)
                     self._newest = max(s, self._newest or s)
                     self._report_restore(s, time.perf_counter() - t)
                     return s
@@ -577,6 +642,21 @@ class CheckpointManager:
             f" ({size_text(size)})" if size is not None else "",
             seconds,
         )
+
+    def _note_origin(self, step: int) -> None:
+        """Rank 0: say so when the step just restored was written by another run."""
+        committed = self._loader.loaded
+        if self._agree.rank != 0 or committed is None:
+            return
+        if _run_of(committed.manifest) != self.run_id:
+            log.warning(
+                "restored step %d of %s, written by %s; this is run %r (a new job resuming "
+                "that run's root; pass the same run_id to continue it as one run)",
+                step,
+                self.root,
+                _describe_run(committed.manifest),
+                self.run_id,
+            )
 
     # -- preemption and shutdown ---------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:
@@ -619,6 +699,9 @@ class CheckpointManager:
                     raise self._last_failed
         finally:
             self._pool.shutdown(wait=True)
+            if self._owner is not None:
+                self._owner.stop()  # the root is free for the next job
+                self._owner = None
             self._backend.close()
             self.engine.close()
             if self._old_handler is not None:
@@ -630,6 +713,18 @@ class CheckpointManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _run_of(manifest: Manifest) -> str | None:
+    """The run that wrote ``manifest`` (``extra["run"]``), None when it does not say."""
+    run = manifest.extra.get("run")
+    return run if isinstance(run, str) else None
+
+
+def _describe_run(manifest: Manifest) -> str:
+    """``run 'x'``, or a note that the manifest names none (an older writer's)."""
+    run = _run_of(manifest)
+    return f"run {run!r}" if run is not None else "a run that recorded no run id"
 
 
 def _describe(exc: BaseException | None) -> tuple[str, str]:

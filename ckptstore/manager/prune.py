@@ -9,6 +9,9 @@ ckptstore's own files of canonical ``step_%09d`` directories):
 
 * committed steps the policy lets go (``retention.select_deletions``: never the newest
   committed step, never a protected one);
+* never a step whose save is in flight: one holding a fresh lease (``engine.lease``:
+  refreshed by its writer every 5 s, stale after 60 s without) is kept whatever its
+  status, and ``apply_prune`` checks again right before deleting each step;
 * torn leftovers: steps without a valid marker that are *older* than the newest committed
   step (a save that died). Incomplete steps newer than the newest commit may be saves in
   flight and are never touched; corrupt steps (a marker that matches no manifest) are left
@@ -27,6 +30,7 @@ A committed step is deleted marker first, so a deletion cut short leaves an inco
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Collection
 from dataclasses import dataclass, field
@@ -39,10 +43,13 @@ from ckptstore.engine.deletion import (
     delete_step,
     plan_uploads,
     step_files,
+    step_in_flight,
 )
 from ckptstore.engine.store import Store
-from ckptstore.errors import CkptStoreError, StoreNotFoundError
+from ckptstore.errors import CkptStoreError, InUseError, StoreNotFoundError
 from ckptstore.manager.retention import RetentionPolicy, select_deletions
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "StepDecision",
@@ -156,8 +163,11 @@ def plan_prune(
         )
         listed = status != CheckpointStatus.COMMITTED or e.step in doomed
         files = step_files(root, e.name) if listed else None
+        holder = step_in_flight(root, e.name, files.ours) if files is not None else None
         if e.step in protected:
             action, reason = "keep", "protected"
+        elif holder is not None:
+            action, reason = "keep", f"save in flight: lease of {holder.describe(now)}"
         elif status == CheckpointStatus.COMMITTED:
             if e.step in doomed:
                 action, reason = "delete", f"not kept by {policy.describe()}"
@@ -182,7 +192,8 @@ def plan_prune(
         size = _size(root.child(e.name), status, files.ours if files else [])
         decisions.append(StepDecision(e.step, e.name, status, action, reason, size))
     gone = {d.name for d in decisions if d.action == "delete"}
-    uploads = plan_uploads(root, gone, stale_after_s, now)
+    live = {d.name for d in decisions if d.reason.startswith("save in flight")}
+    uploads = plan_uploads(root, gone, stale_after_s, now, in_flight=live)
     left += [LeftAlone(u.path, u.reason) for u in uploads if u.reason.startswith("not ckptstore")]
     by_step = {d.step: d.name for d in decisions}
     return PrunePlan(
@@ -199,7 +210,8 @@ def apply_prune(root: Store, plan: PrunePlan) -> None:
     """Carry out ``plan``: delete its steps (marker first) and abort its uploads.
 
     Committed steps are deleted only while the newest good commit the plan saw is still
-    committed, so a root is never left without a checkpoint by a prune racing another.
+    committed, so a root is never left without a checkpoint by a prune racing another;
+    a step whose save started since the plan (a fresh lease) is left alone.
     """
     try:
         newest_ok = (
@@ -211,5 +223,8 @@ def apply_prune(root: Store, plan: PrunePlan) -> None:
     for d in plan.deletions:
         if d.status == CheckpointStatus.COMMITTED and not newest_ok:
             continue
-        delete_step(root, d.name)
+        try:
+            delete_step(root, d.name)  # refuses a step whose save started since the plan
+        except InUseError as exc:
+            log.info("%s", exc)
     abort_uploads(root, plan.uploads)

@@ -131,6 +131,8 @@ class StepLoader:
         #: and the step's stored bytes (None: a stock checkpoint without a manifest).
         self.source = ""
         self.size: int | None = None
+        #: The committed step ``try_load`` last tried (its manifest names who wrote it).
+        self.loaded: Committed | None = None
 
     @property
     def is_root(self) -> bool:
@@ -253,7 +255,7 @@ class StepLoader:
                 return opened
             return CorruptCheckpointError(f"step {step} failed to verify on another rank")
         assert not isinstance(opened, CkptStoreError)
-        committed = opened
+        committed = self.loaded = opened
         remote = self.root.child(step_name(step))
         self.size = sum(e.size for e in committed.manifest.files.values()) if committed else None
         self.source = f"the remote copy in {self.root.url}"

@@ -54,6 +54,7 @@ def save_step(
     release: Callable[[], float] | None = None,
     pieces: Pieces | None = None,
     refusal: BaseException | None = None,
+    run_id: str | None = None,
 ) -> list[str]:
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
     on every rank of ``process_group``; the post-commit warnings.
@@ -68,6 +69,8 @@ def save_step(
     rank could not get its state ready (a writer process that cannot rebuild it); it is
     raised inside DCP's planning step, which every rank enters, so that every rank fails
     with it at once instead of the others waiting for this one in DCP's collectives.
+    ``run_id``: the manager's run identity, recorded in the manifest (``extra["run"]``)
+    and in the save's step lease.
     Raises the first rank's ckptstore error; nothing is committed then.
     """
     url = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
@@ -94,11 +97,15 @@ def save_step(
     else:
         writer = StagedWriter(url, **common) if staging_dir else CkptWriter(url, **common)
     writer.manifest_extra["timings"] = dict(timings)
+    if run_id:
+        writer.manifest_extra["run"] = run_id
     with collect_warnings() as notes:
         try:
             dcp.save(state, storage_writer=writer, process_group=process_group)
         except CheckpointException as exc:
             raise dcp.unwrap_checkpoint_exception(exc) from exc
+        finally:
+            writer.release_lease()  # a save that failed before its commit holds it still
     return notes
 
 

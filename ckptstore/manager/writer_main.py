@@ -167,6 +167,7 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
                 overwrite=job.overwrite,
                 pieces=pieces,
                 refusal=refusal,
+                run_id=s.run_id,
             )
             outcome = Outcome(
                 job.step,

@@ -81,6 +81,7 @@ class WriterSettings:
     generation: int = 0
     parent_pid: int = 0
     sys_path: tuple[str, ...] = ()
+    run_id: str | None = None  # the manager's run identity, recorded in each manifest
 
 
 @dataclass(frozen=True)

@@ -129,7 +129,11 @@ def test_damaged_local_copy_falls_back_to_the_remote_copy_of_the_same_step(
 
 def _racer(root: str, who: int, barrier: Any, steps: int) -> list[str]:
     outcomes = []
-    mgr = CheckpointManager(root, keep=KeepLast(100), async_save=False, strict=True)
+    # Two processes of the same run (a zombie and its replacement, FAULTS row 14): the
+    # root owner lets both in; the create-only marker decides each step.
+    mgr = CheckpointManager(
+        root, keep=KeepLast(100), async_save=False, strict=True, run_id="one-run"
+    )
     for s in range(steps):
         barrier.wait(60)
         try:
