@@ -17,7 +17,7 @@ from typing import Any
 from ckptstore import Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, safe, table
-from ckptstore.cli.sources import is_dcp_listing, list_or_missing
+from ckptstore.cli.sources import classify, is_dcp_listing, list_or_missing
 from ckptstore.engine.catalog import Skipped, scan_root
 from ckptstore.engine.deletion import step_in_flight
 from ckptstore.engine.owner import read_owner
@@ -70,22 +70,46 @@ def _size_of(store: Store) -> int:
     return total
 
 
+#: Other folders of a root ``ls`` looks into at most (a root may also hold a dataset).
+OTHERS_EXAMINED = 200
+
+
+def other_checkpoints(root: Store, foreign: list[Skipped]) -> tuple[list[dict[str, Any]], int]:
+    """The checkpoints among a root's other folders (``checkpoint_step5/``, ``mymodel/``, a
+    6-digit ``step_000042/``): name and status (``committed``, ``incomplete``, ``corrupt``
+    or ``stock``), by the same test ``inspect`` makes; and how many folders were not
+    looked into (beyond ``OTHERS_EXAMINED``). Links are never followed."""
+    folders = sorted(f.name for f in foreign if f.kind == "dir")
+    out = []
+    for name in folders[:OTHERS_EXAMINED]:
+        try:
+            status = classify(root.child(name))
+        except CkptStoreError:  # a name the store refuses, or gone meanwhile
+            continue
+        if status not in ("not-a-checkpoint", "missing"):
+            out.append({"name": name, "status": status})
+    return out, max(0, len(folders) - OTHERS_EXAMINED)
+
+
 def list_root(
     ctx: Context,
     root: Store,
     verify: bool = False,
     progress: Any = None,
     skipped: list[Skipped] | None = None,
+    foreign: list[Skipped] | None = None,
 ) -> list[dict[str, Any]]:
     """One dict per ``step_%09d`` directory under ``root`` (ascending step).
 
     Step-named entries that are not directories (a symlink, a file) are never followed or
-    read: they go into ``skipped`` when it is given.
+    read: they go into ``skipped`` when it is given; every other entry into ``foreign``.
     """
     out = []
     listing = scan_root(root)
     if skipped is not None:
         skipped.extend(listing.skipped)
+    if foreign is not None:
+        foreign.extend(listing.foreign)
     for e in listing.steps:
         store = root.child(e.name)
         row: dict[str, Any] = {
@@ -140,8 +164,12 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     root = ctx.open(args.root)
     names = list_or_missing(root, args.root)
     skipped: list[Skipped] = []
+    foreign: list[Skipped] = []
     with Progress(None, "verify", ctx.progress_enabled and args.verify) as bar:
-        rows = list_root(ctx, root, verify=args.verify, progress=bar.update, skipped=skipped)
+        rows = list_root(
+            ctx, root, verify=args.verify, progress=bar.update, skipped=skipped, foreign=foreign
+        )
+    others, unexamined = other_checkpoints(root, foreign)
     now = time.time()
     uploads = root.list_multipart()
     ages = [upload_age_s(u, now) for u in uploads]
@@ -155,6 +183,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                 "root": root.url,
                 "checkpoints": rows,
                 "skipped": [{"name": k.name, "reason": k.reason} for k in skipped],
+                "other_checkpoints": others,
+                "other_folders_not_examined": unexamined,
                 "owner": None
                 if live_owner is None
                 else {
@@ -201,6 +231,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"no step_* checkpoints under {args.root}")
     for k in skipped:
         print(f"{safe(k.name)}: skipped ({safe(k.reason)})")
+    if others:
+        print(
+            "other checkpoints under this root (not named step_NNNNNNNNN: listed here, never "
+            "pruned by gc or retention; inspect / verify / convert take their paths):"
+        )
+        print(table(["NAME", "STATUS"], [[safe(o["name"]), o["status"]] for o in others]))
+    if unexamined:
+        print(f"({unexamined} more folders under this root were not looked into)")
     if live_owner is not None:
         print(f"owned by a live job: {safe(live_owner.describe(now))}")
     counts: dict[str, int] = {}

@@ -60,6 +60,8 @@ class Skipped:
 
     name: str
     reason: str
+    #: What the listing says it is: ``dir``, ``file``, ``link`` or ``other``.
+    kind: str = ""
 
 
 @dataclass
@@ -108,7 +110,7 @@ def scan_root(root: Store, with_status: bool = True) -> RootListing:
             continue  # the root owner's lease (engine.owner): ours, not a checkpoint
         else:
             kind = "directory" if e.kind == "dir" else e.kind
-            foreign.append(Skipped(e.name, f"not ckptstore's ({kind}): left alone"))
+            foreign.append(Skipped(e.name, f"not ckptstore's ({kind}): left alone", e.kind))
     steps = [
         StepEntry(
             step, name, _status(root.child(name)) if with_status else CheckpointStatus.UNKNOWN

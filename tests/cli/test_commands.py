@@ -73,6 +73,27 @@ def test_ls_verify_finds_damage(backend, root_url, cli) -> None:
     assert r.rc == 1 and "1  corrupt" in r.out and "checksum mismatch" in r.out
 
 
+def test_ls_shows_checkpoints_under_other_names_in_their_own_section(backend, root_url, cli):
+    save_ckpt(backend, step(root_url, 5))
+    save_ckpt(backend, root_url + "/checkpoint_step5")
+    save_ckpt(backend, root_url + "/step_000042")  # six digits: not a canonical step
+    stock_dcp(backend, root_url + "/mymodel")
+    backend.open(root_url).put("data/part-0.bin", b"not a checkpoint")
+    r = cli("ls", root_url)
+    assert r.rc == 0, r.err
+    assert "other checkpoints under this root" in r.out
+    rows = {tuple(line.split()) for line in r.out.splitlines()}
+    assert {("checkpoint_step5", "committed"), ("step_000042", "committed")} <= rows
+    assert ("mymodel", "stock") in rows and not any(row[:1] == ("data",) for row in rows)
+    doc = cli("ls", root_url, "--json").json()
+    assert doc["other_checkpoints"] == [
+        {"name": "checkpoint_step5", "status": "committed"},
+        {"name": "mymodel", "status": "stock"},
+        {"name": "step_000042", "status": "committed"},
+    ]
+    assert [c["step"] for c in doc["checkpoints"]] == [5]
+
+
 def test_ls_missing_root_is_a_usage_error(backend, cli) -> None:
     r = cli("ls", backend.missing)
     assert r.rc == 2 and "Traceback" not in r.err
