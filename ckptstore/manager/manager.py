@@ -256,7 +256,22 @@ class CheckpointManager:
 
     # -- saving --------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> bool:
-        """Start saving ``state`` as ``step``; False if skipped. See the module docstring."""
+        """Start saving ``state`` as ``step``; False if skipped. See the module docstring.
+
+        Ctrl-C (``KeyboardInterrupt``) while ``save`` runs: one line says the step was not
+        committed, and the interrupt goes on as Python's own (exit status 130 / SIGINT),
+        never as the error of whatever torch was serialising when it arrived."""
+        try:
+            return self._save(step, state)
+        except BaseException as exc:
+            if not _interrupted(exc):
+                raise
+            log.warning("interrupted (Ctrl-C): step %d was not committed", step)
+            if isinstance(exc, KeyboardInterrupt):
+                raise
+            raise KeyboardInterrupt from None
+
+    def _save(self, step: int, state: dict[str, Any]) -> bool:
         start = time.perf_counter()
         record = SaveRecord(step)
         busy = self._inflight is not None and not self._inflight.done()
@@ -725,6 +740,20 @@ def _describe_run(manifest: Manifest) -> str:
     """``run 'x'``, or a note that the manifest names none (an older writer's)."""
     run = _run_of(manifest)
     return f"run {run!r}" if run is not None else "a run that recorded no run id"
+
+
+def _interrupted(exc: BaseException) -> bool:
+    """Whether ``exc`` is Ctrl-C, or an error a Ctrl-C caused on its way through torch's
+    code (its serializer reports an interrupted write as ``RuntimeError: [enforce fail
+    ...] unexpected pos``, with the ``KeyboardInterrupt`` as its context)."""
+    seen: set[int] = set()
+    cur: BaseException | None = exc
+    while cur is not None and id(cur) not in seen:
+        if isinstance(cur, KeyboardInterrupt):
+            return True
+        seen.add(id(cur))
+        cur = cur.__cause__ or cur.__context__
+    return False
 
 
 def _describe(exc: BaseException | None) -> tuple[str, str]:

@@ -144,3 +144,32 @@ def test_a_failure_after_the_marker_is_a_warning_not_a_failed_save(tmp_path, mon
         assert mgr.records[-1].status == "committed"
         assert any("cannot be trimmed" in w for w in mgr.records[-1].warnings)
         assert mgr.steps() == [1]
+
+
+@pytest.mark.parametrize("how", ["plain", "through-torch"])
+def test_ctrl_c_during_a_save_is_an_interrupt_that_says_the_step_is_lost(
+    tmp_path, monkeypatch, caplog, how
+) -> None:
+    """Ctrl-C while ``save`` copies or serialises: ``KeyboardInterrupt`` (so Python exits as
+    on SIGINT) and one line naming the step, never torch's "unexpected pos" error."""
+    with CheckpointManager(str(tmp_path / "root")) as mgr:
+        mgr.save(1, state(1.0))
+        mgr.wait()
+
+        def interrupted(*args, **kwargs):
+            if how == "plain":
+                raise KeyboardInterrupt
+            try:
+                raise KeyboardInterrupt
+            except KeyboardInterrupt:
+                raise RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos")  # noqa: B904 - as torch does
+
+        monkeypatch.setattr(mgr._backend, "stage", interrupted)
+        with pytest.raises(KeyboardInterrupt), caplog.at_level("WARNING", "ckptstore"):
+            mgr.save(2, state(2.0))
+        monkeypatch.undo()
+        assert "interrupted (Ctrl-C): step 2 was not committed" in caplog.text
+        assert mgr.steps() == [1]
+        mgr.save(3, state(3.0))  # the manager still works
+        mgr.wait()
+        assert mgr.steps() == [1, 3]
