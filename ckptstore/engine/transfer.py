@@ -224,14 +224,25 @@ class TransferEngine:
         passes the piece size it planned, see ``ckptstore.engine.readplan``).
 
         The bytes land straight in one uninitialised buffer (no zeroing, no joining); a
-        range that comes back short raises ``CorruptCheckpointError`` (truncated object).
+        range that comes back short raises ``CorruptCheckpointError`` (truncated object),
+        and so does a ``length`` no buffer can be had for: a length read from storage (a
+        manifest's range) that claims more than memory holds is a lie or a checkpoint this
+        host cannot load, never a ``MemoryError`` that stops a restore's fallback.
         """
         if length is None:
             what = f"read of {store.describe(path)}"
             deadline = Deadline(self.config.retry.deadline_s)
             raw = unretried(store)  # retried here, under this read's deadline
             length = self.retry(lambda: raw.size(path), what, deadline) - offset
-        buf = np.empty(length, dtype=np.uint8).data
+        try:
+            buf = np.empty(length, dtype=np.uint8).data
+        except (MemoryError, ValueError) as exc:  # ValueError: a negative or absurd length
+            raise CorruptCheckpointError(
+                f"read of {store.describe(path)}: no buffer of {length} bytes can be had for "
+                f"bytes [{offset}, {offset + length}) ({type(exc).__name__}); the manifest "
+                "claims more than this host's memory (damaged or crafted), or this host is "
+                "too small to load it"
+            ) from None
         return self.read_into_async(store, path, offset, buf, part_size=part_size)
 
     def read_into_async(

@@ -429,3 +429,32 @@ def test_a_control_file_bigger_than_the_early_read_is_read_again(
     monkeypatch.setattr(commit, "EARLY_READ_LIMIT", 16)  # every manifest is "too big"
     reader = ckptstore.reader(f"file://{step_dir}")  # opened, verified: no early copy used
     assert reader.manifest is not None and reader.manifest.step == 2
+
+
+def test_an_object_item_claiming_terabytes_makes_restore_fall_back(tmp_path: Path) -> None:
+    """A re-signed manifest and ``.metadata`` giving an object item (no tensor shape to
+    check it by) a 10 TiB range in a 10 TiB file: the read cannot get a buffer for it, which
+    is a ``CorruptCheckpointError`` that makes restore fall back (numpy's MemoryError
+    escaped before)."""
+    root = tmp_path / "root"
+    step_dir = two_steps(root)
+    md = _metadata(step_dir)
+    index, info = _info_of(md, "n")
+    big = 10 * 2**40
+    md.storage_data[index] = type(info)(
+        info.relative_path, info.offset, big, info.transform_descriptors
+    )
+    data = pickle.dumps(md)
+    for p in step_dir.glob(".metadata*"):
+        p.write_bytes(data)
+    doc = json.loads((step_dir / MANIFEST_NAME).read_bytes())
+    doc["files"][".metadata"] = {"size": len(data), "crc32c": format_crc(crc32c(data))}
+    doc["files"][info.relative_path]["size"] = info.offset + big
+    for r in doc["ranges"]:
+        if r["key"] == "n@":
+            r["length"] = big
+    _resign(step_dir, doc)
+    out = {"w": torch.zeros(64), "n": 0}
+    with CheckpointManager(str(root)) as mgr, pytest.warns(RuntimeWarning, match="no buffer"):
+        assert mgr.restore(out) == 1
+    assert out["n"] == 1 and torch.equal(out["w"], torch.full((64,), 1.0))
