@@ -29,20 +29,26 @@ Deleting it, after the last shard is durable, publishes the dataset (listings ar
 and it sorts before every shard: a listing that missed it saw every shard). A pack that
 fails removes what it wrote and the marker; one that was killed leaves them, and the next
 pack into ``dst`` removes the shards that marker names (only those) and starts afresh.
+While it runs, a pack keeps a lease in ``dst`` (``engine.lease``: rewritten every 5 s,
+stale after 60 s or at once when its process is known dead): a pack that finds the marker
+of one whose lease is fresh is refused, naming it, instead of deleting its shards.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import time
+import uuid
 from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
 from ckptstore.config import TransferConfig
+from ckptstore.engine.lease import Heartbeat, is_lease_name, lease_name, live_leases, this_host
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
@@ -181,14 +187,18 @@ def pack_files(
                 "or delete those files first"
             )
         _claim(engine, target, names)
+        lease = Heartbeat(target, lease_name(uuid.uuid4().hex), f"pack:{this_host()}:{os.getpid()}")
         written: list[str] = []
         try:
+            lease.start()
             _write_shards(engine, source, target, runs, group_limit, threads, written)
         except BaseException:
+            lease.stop()
             _remove(target, [*written, PACK_PENDING])
             raise
         # The publish: from here on the folder is a dataset (a failure is an error).
         engine.retry(lambda: target.delete(PACK_PENDING), f"publish of {target.describe()}")
+        lease.stop()
         return PackReport(
             files=len(files),
             nbytes=sum(s for _, s in files),
@@ -259,6 +269,13 @@ def _remove_unfinished(engine: TransferEngine, target: Store) -> None:
     marker that is not one :func:`_claim` wrote is refused, and nothing is deleted.
     """
     what = target.describe(PACK_PENDING)
+    listing = target.find("")
+    running = live_leases(target, listing)
+    if running:
+        raise ConfigError(
+            f"another pack into {target.describe()} is still running ("
+            f"{running[0].describe()}); let it finish, or pack into another prefix"
+        )
     size = engine.retry(lambda: target.size(PACK_PENDING), f"stat of {what}")
     names: object = None
     if size <= _PENDING_MAX:
@@ -280,7 +297,8 @@ def _remove_unfinished(engine: TransferEngine, target: Store) -> None:
         target.describe(),
         len(names),
     )
-    _remove(target, [*names, PACK_PENDING], strict=True)
+    stale = [n for n in listing if is_lease_name(n)]  # the dead pack's own lease
+    _remove(target, [*names, *stale, PACK_PENDING], strict=True)
 
 
 def _remove(target: Store, names: list[str], strict: bool = False) -> None:

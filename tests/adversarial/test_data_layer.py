@@ -177,6 +177,32 @@ def test_killed_pack_reads_as_no_dataset_and_a_rerun_replaces_it(tmp_path) -> No
     assert sorted(s["data"][0] for s in ds.fetch(range(8))) == list(range(8))
 
 
+def test_a_pack_still_running_is_never_taken_for_a_killed_one(tmp_path) -> None:
+    """A marker whose pack keeps its lease fresh: a second pack is refused, naming it, and
+    deletes nothing; once that lease is gone the second pack cleans up and packs."""
+    import dataclasses
+
+    from ckptstore.engine.lease import Heartbeat, lease_name, parse_lease
+
+    src, dst = _raw_src(tmp_path), tmp_path / "packed"
+    dst.mkdir()
+    (dst / PACK_PENDING).write_text('{"version": 1, "shards": ["part-00000.parquet"]}')
+    (dst / "part-00000.parquet").write_bytes(b"being written")
+    live = Heartbeat(LocalStore(str(dst)), lease_name("a1b2"), "pack:other:1").start()
+    try:
+        with pytest.raises(Exception, match="another pack into .* is still running .*pack:other"):
+            pack_files(src, str(dst), shard_bytes=150)
+        assert (dst / "part-00000.parquet").read_bytes() == b"being written"
+    finally:
+        live.stop(delete=False)  # the holder stops: its lease file stays behind
+    left = dst / lease_name("a1b2")
+    old = parse_lease(left.read_bytes(), str(left))
+    left.write_bytes(dataclasses.replace(old, time=old.time - 3600).to_bytes())  # stale
+    report = pack_files(src, str(dst), shard_bytes=150)
+    assert len(report.shards) == 8 and not (dst / PACK_PENDING).exists()
+    assert not list(dst.glob("ckptstore.lease.*"))
+
+
 def test_a_pending_marker_pack_did_not_write_deletes_nothing(tmp_path) -> None:
     src, dst = _raw_src(tmp_path), tmp_path / "packed"
     dst.mkdir()
