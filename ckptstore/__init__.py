@@ -25,7 +25,6 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-from ckptstore import _moved
 from ckptstore import errors as _errors
 from ckptstore._version import __version__
 from ckptstore.config import RetryConfig, TransferConfig
@@ -64,7 +63,6 @@ if TYPE_CHECKING:
     from ckptstore.manager.state import AppState, RNGState
     from ckptstore.stores import open_store
 
-_moved.install()
 
 #: name -> module, for the names imported on first use. The first group imports torch; the
 #: second (stores, verify, copy, prune) does not, but is not paid for by ``import ckptstore``.

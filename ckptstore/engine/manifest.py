@@ -86,12 +86,6 @@ def _range_doc(r: RangeEntry) -> dict[str, Any]:
     return doc
 
 
-def _parse_span(doc: dict[str, Any] | None) -> Span | None:
-    if doc is None:
-        return None
-    return Span(int(doc["offset"]), int(doc["length"]), parse_crc(doc["crc32c"]))
-
-
 @dataclass
 class Manifest:
     """The integrity manifest of one checkpoint (``ckptstore.manifest.json``).

@@ -53,13 +53,6 @@ def test_ckptstore_and_the_plugins_package_import_no_framework(monkeypatch) -> N
     ]
 
 
-def test_the_old_plugins_path_still_imports_with_a_deprecation_warning() -> None:
-    sys.modules.pop("ckptstore.plugins", None)
-    with pytest.warns(DeprecationWarning, match="ckptstore.integrations"):
-        old = importlib.import_module("ckptstore.plugins")
-    assert old is importlib.import_module("ckptstore.integrations")
-
-
 def test_pyproject_declares_the_extras() -> None:
     tomllib = pytest.importorskip("tomllib")  # Python >= 3.11
     with open(os.path.join(REPO, "pyproject.toml"), "rb") as f:
