@@ -181,15 +181,23 @@ def publish(
     _put_all(store, engine, [(own[0], manifest_bytes), (own[1], metadata_bytes)])
     crashpoint("before_marker")
     if check_files:
-        _check_files(store, engine, manifest, own)
+        try:
+            _check_files(store, engine, manifest, own)
+        except IncompleteCheckpointError:
+            if replace or not store.exists(MARKER_NAME):
+                raise
+            # Another attempt committed meanwhile, and its cleanup took this one's files:
+            # this attempt lost the race, as if its marker's create had failed.
+            _remove_loser(store, [*own, *(n for n in manifest.files if n != METADATA_NAME)])
+            raise _lost(store) from None
     if lease is not None:
         try:
             lease.ensure_fresh()
         except CkptStoreError as exc:
             raise IncompleteCheckpointError(
                 f"{store.url} was not committed: {exc}. Its files may have been deleted by "
-                "gc or another job's retention meanwhile; the previous checkpoint stays the "
-                "newest, and the next save writes a new one."
+                "gc or another job's retention meanwhile (checkpoints committed before it are "
+                "unaffected); the next save writes a new one."
             ) from None
     what = f"commit of {store.describe(MARKER_NAME)}"
     if replace:
@@ -199,10 +207,7 @@ def publish(
             engine.retry(lambda: store.put_if_absent(MARKER_NAME, marker.to_bytes()), what)
         except CommitConflictError:
             _remove_loser(store, [*own, *(n for n in manifest.files if n != METADATA_NAME)])
-            raise CommitConflictError(
-                f"{store.url} was committed by another writer while this one was saving; "
-                "this attempt's files were removed and the other checkpoint is kept."
-            ) from None
+            raise _lost(store) from None
     crashpoint("after_marker")
     try:
         _publish_canonical(
@@ -215,6 +220,14 @@ def publish(
             "ckptstore-tool gc) completes it later"
         )
     return marker
+
+
+def _lost(store: Store) -> CommitConflictError:
+    """The error of an attempt another writer's commit beat to ``store``."""
+    return CommitConflictError(
+        f"{store.url} was committed by another writer while this one was saving; "
+        "this attempt's files were removed and the other checkpoint is kept."
+    )
 
 
 def _check_files(store: Store, engine: TransferEngine, manifest: Manifest, own: list[str]) -> None:
@@ -245,8 +258,8 @@ def _check_files(store: Store, engine: TransferEngine, manifest: Manifest, own: 
         raise IncompleteCheckpointError(
             f"{store.url} was not committed: files the manifest lists are not as written "
             f"({shown}). They were deleted or changed while the save was in flight (gc or "
-            "another job's retention on this root?); no marker was written, the previous "
-            "checkpoint stays the newest, and the next save writes a new one."
+            "another job's retention on this root?); no marker was written (checkpoints "
+            "committed before it are unaffected), and the next save writes a new one."
         )
 
 
