@@ -111,13 +111,17 @@ def test_a_two_rank_save_makes_these_fsyncs(tmp_path) -> None:
     first to make it) the step directory's parent. The coordinator (rank 0) then commits:
     the attempt's manifest and .metadata (synced at once) and their directory, COMMITTED
     and its directory, the canonical .metadata and manifest (at once) and their directory.
-    13 in all, as before: the commit's small files are now synced two at a time."""
+    Before all that, the coordinator's step lease (``engine.lease``), published like any
+    file (the file, then the step directory). 15 in all."""
     path = str(tmp_path / "step_000000005")
     ranks = run_distributed(_save_counting, 2, path)
     parent = ("dir", tmp_path.name)
     assert sum(calls.count(parent) for calls in ranks) == 1
     coord, other = ([c for c in calls if c != parent] for calls in ranks)
     step = ("dir", os.path.basename(path))
+    (lease_at,) = [i for i, (_, n) in enumerate(coord) if n.startswith("ckptstore.lease.")]
+    assert coord[lease_at][0] == "file" and coord[lease_at + 1] == step
+    coord = coord[:lease_at] + coord[lease_at + 2 :]  # the save's own, as before the lease
     assert other[0][0] == "file" and other[0][1].startswith("__1_") and other[1:] == [step]
     assert coord[0][0] == "file" and coord[0][1].startswith("__0_")
     attempt = sorted(n for _, n in coord[2:4])
