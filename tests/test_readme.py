@@ -6,7 +6,7 @@ real server from the session fixtures and, through the environment, the credenti
 block reads (as a user's environment would hold them); its bucket is created first. After a
 block, the test checks what the README says it leaves behind. The ```bash block of the
 torchrun section is checked against the scripts' own argument parsers, and every
-``ckptstore-tool`` line against the tool. The ```text block is the demo's output, not code.
+``ckptstore-tool`` line against the tool. The ```text blocks are output, not code.
 
 No python block is skipped: ``NOT_RUN`` would list one that cannot run here, with the reason,
 and it is empty.
