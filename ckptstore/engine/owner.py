@@ -10,8 +10,12 @@ The owner is a lease (``engine.lease``) at ``<root>/ckptstore.owner.json``, refr
 there is none, when it names this same run (a worker torchrun restarted, a second manager
 of the same process), when its holder is stale (``STALE_AFTER_S`` without a heartbeat: a
 job that died) or when its holder's process is gone (same machine and pid namespace, pid
-not alive: a job that crashed and was started again at once). Otherwise the claim raises
-``RootInUseError`` naming the holder (run, host, pid, heartbeat age) and what to do.
+not alive: a job that crashed and was started again at once). A fresh lease of another
+run on another machine is watched for up to ``PROBE_S`` (three heartbeats): a live holder
+rewrites it meanwhile, and the claim raises ``RootInUseError`` naming the holder (run,
+host, pid, heartbeat age) and what to do; one that does not is a job that died moments
+ago (preempted, rescheduled elsewhere), and it is taken over with a warning, instead of
+failing the restarted job's first save until ``STALE_AFTER_S`` has passed.
 
 Run identity (``run_identity``), first that applies: an explicit ``run_id``; the
 ``CKPTSTORE_RUN_ID`` environment variable; torchelastic's ``TORCHELASTIC_RUN_ID`` (its
@@ -28,11 +32,13 @@ and stops (``ensure_fresh`` raises at its next save). Pure store calls; no torch
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 
 from ckptstore.engine.layout import OWNER_NAME
 from ckptstore.engine.lease import (
+    HEARTBEAT_S,
     STALE_AFTER_S,
     Heartbeat,
     LeaseInfo,
@@ -44,7 +50,13 @@ from ckptstore.engine.lease import (
 from ckptstore.engine.store import Store
 from ckptstore.errors import CommitConflictError, ConfigError, RootInUseError
 
-__all__ = ["OWNER_NAME", "run_identity", "read_owner", "claim_root"]
+__all__ = ["OWNER_NAME", "PROBE_S", "run_identity", "read_owner", "claim_root"]
+
+log = logging.getLogger(__name__)
+
+#: How long a claim watches another run's fresh lease for a heartbeat (a live holder
+#: rewrites it every ``HEARTBEAT_S``) before it takes that holder for dead.
+PROBE_S = 3 * HEARTBEAT_S
 
 
 def run_identity(run_id: str | None = None) -> str:
@@ -85,6 +97,20 @@ def _refusal(root: Store, run: str, holder: LeaseInfo) -> RootInUseError:
     )
 
 
+def _next_beat(root: Store, holder: LeaseInfo) -> LeaseInfo | None:
+    """The owner lease once it changes within ``PROBE_S`` (``holder`` is alive, or another
+    claimant came), or None: nobody rewrote it (its holder is gone) or it was released."""
+    deadline = time.monotonic() + PROBE_S
+    while time.monotonic() < deadline:
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        now = read_owner(root)
+        if now is None:
+            return None
+        if (now.token, now.time) != (holder.token, holder.time):
+            return now
+    return None
+
+
 def claim_root(root: Store, run: str) -> Heartbeat:
     """Own ``root`` for run ``run`` (see the module docstring): its started heartbeat, or
     ``RootInUseError`` naming the live owner of another run."""
@@ -93,7 +119,17 @@ def claim_root(root: Store, run: str) -> Heartbeat:
         holder = read_owner(root)
         if holder is not None and holder.run != run:
             if holder.fresh() and not holder_is_dead(holder):
-                raise _refusal(root, run, holder)
+                beat = _next_beat(root, holder)
+                if beat is not None:
+                    raise _refusal(root, run, beat)
+                log.warning(
+                    "taking over %s from %s: no heartbeat for %.0f s, so that job is gone "
+                    "(a live one rewrites its lease every %.0f s)",
+                    root.url,
+                    holder.describe(),
+                    holder.age(),
+                    HEARTBEAT_S,
+                )
         if holder is None and not root.exists(OWNER_NAME):
             try:
                 root.put_if_absent(OWNER_NAME, lease.document())

@@ -23,7 +23,8 @@ One job per root: the first ``save`` makes rank 0 the root's owner (a lease at
 ``<root>/ckptstore.owner.json``, refreshed every 5 s in the background until ``close``;
 ``ckptstore.engine.owner``). A save while another live job of a different run owns the
 root raises ``RootInUseError`` from ``save`` on every rank, naming that run; a stale
-owner (no heartbeat for 60 s) or one whose process is gone is taken over. The run
+owner (no heartbeat for 60 s), one whose process is gone, or one that does not beat while
+the first save watches it (up to 15 s) is taken over. The run
 identity (``run_id``, else one from the launcher: ``engine.owner.run_identity``, the
 same across torchrun's restarts of one job) is recorded in each manifest: a step
 another run committed is replaced, not skipped, when saved again, and ``restore`` of
