@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ckptstore.config import TransferConfig
+from ckptstore.engine.bounded import get_capped
 from ckptstore.engine.lease import Heartbeat, is_lease_name, lease_name, live_leases, this_host
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -55,6 +56,7 @@ from ckptstore.errors import (
     CkptStoreError,
     CommitConflictError,
     ConfigError,
+    CorruptCheckpointError,
     DatasetChangedError,
     EmptyDatasetError,
 )
@@ -276,14 +278,15 @@ def _remove_unfinished(engine: TransferEngine, target: Store) -> None:
             f"another pack into {target.describe()} is still running ("
             f"{running[0].describe()}); let it finish, or pack into another prefix"
         )
-    size = engine.retry(lambda: target.size(PACK_PENDING), f"stat of {what}")
     names: object = None
-    if size <= _PENDING_MAX:
-        try:
-            doc = json.loads(engine.retry(lambda: target.get(PACK_PENDING), f"read of {what}"))
-            names = doc.get("shards") if isinstance(doc, dict) else None
-        except (ValueError, UnicodeDecodeError):
-            names = None
+    try:
+        data = engine.retry(
+            lambda: get_capped(target, PACK_PENDING, _PENDING_MAX), f"read of {what}"
+        )
+        doc = json.loads(data)
+        names = doc.get("shards") if isinstance(doc, dict) else None
+    except (CorruptCheckpointError, ValueError, RecursionError):  # too big, or not JSON
+        names = None
     if not (
         isinstance(names, list)
         and all(isinstance(n, str) and _SHARD_RE.fullmatch(n) for n in names)

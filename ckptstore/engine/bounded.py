@@ -27,13 +27,18 @@ MAX_METADATA_SIZE = 1 << 30
 EARLY_READ_LIMIT = 16 << 20
 
 
-def get_capped(store: Store, path: str, limit: int) -> bytes:
+#: What ``get_capped`` tells a user to do about a checkpoint's oversized control file.
+RESTORE_PREVIOUS = "The checkpoint is damaged: restore the previous one."
+
+
+def get_capped(store: Store, path: str, limit: int, advice: str = RESTORE_PREVIOUS) -> bytes:
     """The whole of ``path``, read as at most ``limit + 1`` bytes; ``CorruptCheckpointError``
-    if it is bigger than ``limit`` (``StoreNotFoundError`` if it does not exist)."""
+    (ending with ``advice``) if it is bigger than ``limit`` (``StoreNotFoundError`` if it
+    does not exist)."""
     data = store.get(path, 0, limit + 1)
     if len(data) > limit:
         raise CorruptCheckpointError(
             f"{store.describe(path)} is larger than the {limit} bytes such a file can be; "
-            "it was not read. The checkpoint is damaged: restore the previous one."
+            f"it was not read. {advice}".rstrip()
         )
     return data

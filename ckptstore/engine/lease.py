@@ -41,6 +41,7 @@ import uuid
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from ckptstore.engine.bounded import get_capped
 from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, CorruptCheckpointError, InUseError, StoreNotFoundError
 
@@ -184,10 +185,8 @@ def read_lease(store: Store, name: str) -> LeaseInfo | None:
     """The lease ``name`` of ``store``; None if it is missing or not a valid lease (a
     damaged one is logged: it protects nothing)."""
     try:
-        size = store.size(name)
-        if size > MAX_LEASE_BYTES:
-            raise CorruptCheckpointError(f"{store.describe(name)}: a lease of {size} bytes")
-        return parse_lease(store.get(name), store.describe(name))
+        data = get_capped(store, name, MAX_LEASE_BYTES, advice="")
+        return parse_lease(data, store.describe(name))
     except StoreNotFoundError:
         return None
     except CorruptCheckpointError as exc:
