@@ -18,7 +18,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import warnings
 from pathlib import Path
 from typing import Any
@@ -28,9 +27,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckptstore
-from ckptstore.cli.main import main
 from ckptstore.engine.checksum import crc32c, format_crc
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Marker
+from tests.adversarial.clirun import closed_port, run_cli
 
 PWNED = "PWNED"
 
@@ -43,12 +42,6 @@ class _Payload:
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (shutil.copyfile, (os.devnull, self.target))
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])  # closed once the with-block ends
 
 
 def _save(url: str, state: dict[str, Any]) -> str:
@@ -148,13 +141,6 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Path:
     (d / "notes" / "readme.txt").write_text("not a checkpoint")
     (d / "emptydir").mkdir()
     return d
-
-
-def run_cli(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str, str]:
-    capsys.readouterr()
-    rc = main(argv)
-    cap = capsys.readouterr()
-    return rc, cap.out, cap.err
 
 
 #: (id, argv with {d} for the inputs folder and {port} for a closed port, exit code,
@@ -373,7 +359,7 @@ def test_hostile_input(
     case: tuple[str, str, int, str, str], inputs: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     _, argv, code, names, says = case
-    port = _closed_port()
+    port = closed_port()
     rc, out, err = run_cli(capsys, _fill(argv, inputs, port).split())
     both = out + err
     assert "Traceback" not in both, both

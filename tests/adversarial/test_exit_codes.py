@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import socket
 import subprocess
 import sys
 import textwrap
@@ -30,23 +29,10 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckptstore
-from ckptstore.cli.main import main
 from ckptstore.errors import ConfigError, CorruptCheckpointError, MissingDependencyError
 from ckptstore.stores import open_store
+from tests.adversarial.clirun import closed_port, run_cli_text
 from tests.cli.conftest import REPO
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
-    capsys.readouterr()
-    rc = main(argv)
-    cap = capsys.readouterr()
-    return rc, cap.out + cap.err
 
 
 def _usage_error(rc: int, both: str) -> None:
@@ -88,7 +74,7 @@ def test_client_error_from_a_path_named_ckptstore_is_a_usage_error(
 ) -> None:
     """An option the client rejects: exit 2 naming the option, wherever the client lives."""
     assert f"{os.sep}ckptstore{os.sep}" in client_under_ckptstore
-    rc, both = _run(capsys, ["ls", "strictfs://bucket/run", "-o", "regoin=eu"])
+    rc, both = run_cli_text(capsys, ["ls", "strictfs://bucket/run", "-o", "regoin=eu"])
     _usage_error(rc, both)
     assert "regoin" in both, both
 
@@ -138,7 +124,7 @@ def test_console_script_from_a_checkout_named_ckptstore(tmp_path: Path) -> None:
     ``ckptstore/.venv/...``; an option they reject, a value of the wrong type, a bucket name
     botocore refuses are exit 2, never "internal error"."""
     clone = _checkout_named_ckptstore(tmp_path)
-    port = _closed_port()
+    port = closed_port()
     s3 = ["-o", f"endpoint_url=http://127.0.0.1:{port}", "-o", "key=k", "-o", "secret=s"]
     probe = _run_in(clone, "ls", "s3://bucket/run", *s3)
     assert probe.returncode == 2, probe.stderr  # the clone runs
@@ -168,7 +154,7 @@ def test_real_client_errors_against_seaweedfs(
     clone = _checkout_named_ckptstore(tmp_path)
     for opts, says in cases:
         argv = ["ls", "s3://ckpt/exit-codes", *creds, *opts]
-        rc, both = _run(capsys, argv)
+        rc, both = run_cli_text(capsys, argv)
         _usage_error(rc, both)
         assert says in both, both
         proc = _run_in(clone, *argv)
@@ -212,7 +198,7 @@ def test_missing_optional_dependency_is_exit_2(capsys: pytest.CaptureFixture[str
     )
     with pytest.raises(MissingDependencyError, match="ckptstore_no_such_package_xyz"):
         open_store("needspkg://bucket/run")
-    rc, both = _run(capsys, ["ls", "needspkg://bucket/run"])
+    rc, both = run_cli_text(capsys, ["ls", "needspkg://bucket/run"])
     _usage_error(rc, both)
     assert "not installed" in both, both
 
@@ -244,7 +230,7 @@ def test_petabyte_metadata_is_never_an_internal_error(
         "diff": ["diff", str(pib_metadata), str(pib_metadata)],
     }[command]
     t = time.monotonic()
-    rc, both = _run(capsys, argv)
+    rc, both = run_cli_text(capsys, argv)
     assert rc in (1, 2), both
     assert "internal error" not in both and "Traceback" not in both, both
     assert time.monotonic() - t < 60

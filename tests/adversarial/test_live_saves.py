@@ -28,12 +28,12 @@ from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.lease import STALE_AFTER_S, is_lease_name, lease_name
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.store import Buffer, Store
-from ckptstore.engine.verify import verify_checkpoint
 from ckptstore.errors import IncompleteCheckpointError, InUseError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.records import SaveStatus
 from ckptstore.manager.retention import KeepLast
 from ckptstore.testing.faults import FaultyStore
+from tests.adversarial.test_deletion import loads
 from tests.cli.conftest import Backend, run_script, sample_state, save_ckpt, step
 
 
@@ -46,16 +46,6 @@ def _wait_for(cond: Any, timeout: float = 60.0) -> None:
 
 def _attempt_manifest(store: Store) -> bool:
     return any(n.startswith("ckptstore.manifest.") and n.count(".") == 3 for n in store.find())
-
-
-def _loads(backend: Backend, url: str, n: int) -> bool:
-    store = backend.open(url)
-    if not verify_checkpoint(store).ok:
-        return False
-    out = sample_state(step=n)
-    out["model"]["w"].zero_()
-    ckptstore.load(out, store)
-    return torch.equal(out["model"]["w"], sample_state(step=n)["model"]["w"])
 
 
 class _Stalled:
@@ -125,7 +115,7 @@ def test_gc_and_retention_spare_a_save_in_flight(backend: Backend, root_url: str
         stalled.finish()
     assert stalled.error is None, stalled.error
     assert checkpoint_status(backend.open(step(root_url, 2))) == "committed"
-    assert _loads(backend, step(root_url, 2), 2)
+    assert loads(backend, step(root_url, 2), 2)
     assert not any(is_lease_name(n) for n in backend.open(step(root_url, 2)).find())
     r = run_script("verify", step(root_url, 2), *backend.opts)
     assert r.rc == 0, r.out + r.err
@@ -229,4 +219,4 @@ def test_a_commit_leaves_another_live_attempts_files_alone(backend: Backend, roo
     save_ckpt(backend, url, sample_state(), overwrite=True)
     assert not store.exists("__0_0.feedbeef.distcp")
     assert not store.exists(lease_name("feedbeef"))
-    assert _loads(backend, url, 7)
+    assert loads(backend, url, 7)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -27,26 +26,13 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.cli.main import main
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Marker
 from ckptstore.errors import CkptStoreError
 from ckptstore.stores import open_store
+from tests.adversarial.clirun import closed_port, run_cli_text
 from tests.cli.conftest import REPO
 
 SECRET = "Sent1nelSecretValue9"  # as a password, key, token, account key, signature
-
-
-def _closed_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _run(capsys: pytest.CaptureFixture[str], argv: list[str]) -> tuple[int, str]:
-    capsys.readouterr()
-    rc = main(argv)
-    cap = capsys.readouterr()
-    return rc, cap.out + cap.err
 
 
 def _cases(port: int) -> list[tuple[str, list[str]]]:
@@ -96,8 +82,8 @@ _IDS = [c[0] for c in _cases(1)]
 def test_cli_never_prints_a_credential(case: str, capsys: pytest.CaptureFixture[str]) -> None:
     """Every failure of these commands is a usage/access error (2) whose output holds no
     part of the credential given: not the value, not the URL's user-info."""
-    argv = dict(_cases(_closed_port()))[case]
-    rc, both = _run(capsys, argv)
+    argv = dict(_cases(closed_port()))[case]
+    rc, both = run_cli_text(capsys, argv)
     assert SECRET not in both, both
     assert rc == 2, both
     assert "Traceback" not in both and "internal error" not in both, both
@@ -107,7 +93,7 @@ def test_cli_never_prints_a_credential(case: str, capsys: pytest.CaptureFixture[
 def test_console_script_with_traceback_env_prints_no_credential() -> None:
     """The real console script, with CKPTSTORE_TOOL_TRACEBACK=1 set, on a client error."""
     env = dict(os.environ, PYTHONPATH=REPO, CKPTSTORE_TOOL_TRACEBACK="1")
-    port = _closed_port()
+    port = closed_port()
     for argv in (
         ["ls", "s3://b/r", "-o", f"endpoint_url=http://127.0.0.1:{port}"]
         + ["-o", f"secret={SECRET}", "-o", "bogus=1"],
@@ -133,7 +119,7 @@ def test_wrong_secret_on_a_real_server_is_not_printed(
     opts = dict(seaweedfs.storage_options)
     argv = ["ls", f"s3://ckpt/secrets-{uuid.uuid4().hex[:8]}"]
     argv += ["-o", f"endpoint_url={opts['endpoint_url']}", "-o", f"key={opts['key']}"]
-    rc, both = _run(capsys, [*argv, "-o", f"secret={SECRET}"])
+    rc, both = run_cli_text(capsys, [*argv, "-o", f"secret={SECRET}"])
     assert rc == 2 and SECRET not in both, both
     assert "access denied" in both or "refused" in both, both
 
@@ -141,7 +127,7 @@ def test_wrong_secret_on_a_real_server_is_not_printed(
 def test_library_errors_carry_no_credential() -> None:
     """``str`` and ``repr`` of every ckptstore error built around a credential are clean,
     whichever way the credential got into the message."""
-    port = _closed_port()
+    port = closed_port()
     attempts: list[Any] = [
         lambda: open_store(f"s3://user:{SECRET}@bkt/run"),
         lambda: open_store(f"az://user:{SECRET}@acct/run"),
@@ -227,17 +213,17 @@ def test_inspect_escapes_manifest_extra(tmp_path: Path, capsys: pytest.CaptureFi
         warnings.simplefilter("ignore")
         ckptstore.save({"w": torch.ones(2)}, ckptstore.writer(str(step)))
     _resign_extra(step, {EVIL: EVIL, "note": {"nested": EVIL}})
-    rc, both = _run(capsys, ["inspect", str(step)])
+    rc, both = run_cli_text(capsys, ["inspect", str(step)])
     assert rc == 0, both
     _assert_escaped(both)
     assert "\\u001b" in both and "\\n" in both  # shown, escaped, not dropped
-    rc, out = _run(capsys, ["inspect", str(step), "--json"])
+    rc, out = run_cli_text(capsys, ["inspect", str(step), "--json"])
     assert rc == 0 and json.loads(out[: out.rindex("}") + 1])["manifest"]["extra"][EVIL] == EVIL
 
 
 def test_error_lines_escape_controls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """An error naming a path from the user or storage stays one escaped line."""
-    rc, both = _run(capsys, ["inspect", str(tmp_path / f"nope{EVIL}")])
+    rc, both = run_cli_text(capsys, ["inspect", str(tmp_path / f"nope{EVIL}")])
     assert rc == 2
     _assert_escaped(both)
     assert len(both.strip().splitlines()) == 1, both
