@@ -18,7 +18,7 @@ Contenders (one after another in the same run, same directory type):
 - stock ``dcp.async_save`` (FileSystemWriter, default stager: a fresh deep copy per save).
 - stock ``dcp.async_save`` with ``DefaultStager`` (cached staging buffers; CPU options).
 - ckptstore ``CheckpointManager.save`` (cached staging buffers; background write + commit),
-  the same with ``staging_dir`` (local staging tier, then upload to the root), with
+  the same with ``local_tier_dir`` (local staging tier, then upload to the root), with
   ``background="process"`` (shared-memory staging arena; a writer process per rank), and in
   process mode with ``max_staging_bytes`` = half the rank's state (staged in pieces).
   The managers are built together and their saves interleaved round by round (the order
@@ -75,7 +75,7 @@ TENSORS_PER_RANK = 8
 STAGER = "dcp.async_save + DefaultStager"
 FLOOR = "copy_ floor"
 TORCH_SAVE = "rank-0 torch.save"
-#: The managers: (name, staging_dir, background, budget as a fraction of the rank's state).
+#: The managers: (name, local_tier_dir, background, budget as a fraction of the rank's state).
 MANAGERS = (
     ("ckptstore manager", False, "thread", None),
     ("ckptstore manager + staging", True, "thread", None),
@@ -268,7 +268,7 @@ def bench_rank(
         out[name] = {"blocking": [], "committed": [], "cpu_s": [], "disk_bytes": []}
         managers[name] = CheckpointManager(
             fresh(f"manager_{n}"),
-            staging_dir=fresh(f"nvme_{n}_{rank}") if staging else None,
+            local_tier_dir=fresh(f"nvme_{n}_{rank}") if staging else None,
             strict=True,
             background=background,
             max_staging_bytes=None if budget is None else int(rank_bytes * budget),

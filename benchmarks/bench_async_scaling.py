@@ -11,7 +11,7 @@ timings are the max over ranks, "steady" the median of the other rounds:
 - ``copy_`` floor: a bare ``copy_`` of the state into preallocated buffers;
 - ``dcp.async_save`` + ``DefaultStager`` (CPU options, cached buffers) to ``FileSystemWriter``;
 - ckptstore manager (thread backend, staging arena);
-- ckptstore manager with ``staging_dir`` on ``--shm`` (tmpfs standing in for NVMe: the local
+- ckptstore manager with ``local_tier_dir`` on ``--shm`` (tmpfs standing in for NVMe: the local
   tier and the destination are different devices, so the tee writes both at once);
 - ckptstore manager with ``max_staging_bytes`` = half the rank's state (half stays live:
   blocking grows by about the time to write that half);
@@ -68,7 +68,7 @@ from harness.dist import run_distributed  # noqa: E402
 
 FLOOR = "copy_ floor"
 MANAGER = "ckptstore manager"
-STAGED = "ckptstore manager + staging_dir on tmpfs"
+STAGED = "ckptstore manager + local_tier_dir on tmpfs"
 BUDGET = "ckptstore manager, budget = state / 2"
 PROCESS = "ckptstore manager (process)"
 CONTENDERS = (FLOOR, STAGER, MANAGER, STAGED, BUDGET, PROCESS)
@@ -173,10 +173,10 @@ def scaling_rank(
             continue
         root = fresh(base, name.replace(" ", "_").replace(",", "").replace("/", ""))
         root = root.replace("(", "").replace(")", "")
-        staging_dir = fresh(shm, f"nvme_{len(managers)}_{rank}") if staging else None
+        local_tier_dir = fresh(shm, f"nvme_{len(managers)}_{rank}") if staging else None
         managers[name] = CheckpointManager(
             root,
-            staging_dir=staging_dir,
+            local_tier_dir=local_tier_dir,
             strict=True,
             max_staging_bytes=budget,
             background=background,

@@ -6,11 +6,11 @@
 
 It starts its own SeaweedFS and a shaped link in front of it (``shaped_link.py``: every
 connection capped at ``--link-mbps``, ``--link-latency-ms`` added one way), then on every
-rank saves one checkpoint with ``CheckpointManager(root, staging_dir=...)`` (the local tier
+rank saves one checkpoint with ``CheckpointManager(root, local_tier_dir=...)`` (the local tier
 here is a temp directory on this machine's disk, standing in for a node's NVMe; the root is
 ``s3://`` through the shaped link). Then, alternating which goes first in each repeat:
 
-  local tier   ``CheckpointManager(root, staging_dir=...).restore(state)``: the data comes
+  local tier   ``CheckpointManager(root, local_tier_dir=...).restore(state)``: the data comes
                from the local copy; the marker, manifest and ``.metadata`` still come from
                the remote (the remote decides what is committed).
   local, cold  the same after ``posix_fadvise(DONTNEED)`` on every local file: the page
@@ -94,7 +94,7 @@ def _rank_main(
     n = mib_per_rank * MiB // 4 // tensors
     gen = torch.Generator().manual_seed(rank)
     state = {f"r{rank}.t{i}": torch.rand(n, generator=gen) for i in range(tensors)}
-    saver = CheckpointManager(url, storage_options=options, staging_dir=tier_dir, async_save=False)
+    saver = CheckpointManager(url, storage_options=options, local_tier_dir=tier_dir, async_save=False)
     saver.save(1, {"model": state})
     saver.close()
     samples: dict[str, list[float]] = {m: [] for m in MODES}
@@ -118,7 +118,7 @@ def _rank_main(
             mgr = CheckpointManager(
                 url,
                 storage_options=options,
-                staging_dir=None if mode == "remote" else tier_dir,
+                local_tier_dir=None if mode == "remote" else tier_dir,
             )
             if mode == "local, cold" and rank == 0:
                 _evict(tier_dir)

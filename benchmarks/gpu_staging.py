@@ -14,7 +14,7 @@ and min–max of the others. Every time ends with ``torch.cuda.synchronize()``.
   dcp.async_save + DefaultStager(pinned, async)   blocking = until staging_completion
   CheckpointManager      ckptstore, pinned cached staging; blocking = save() returning;
                          committed = the record's total_s (written, fsynced, committed)
-  CheckpointManager + staging_dir   the same via a local staging tier
+  CheckpointManager + local_tier_dir   the same via a local staging tier
 """
 
 from __future__ import annotations
@@ -117,9 +117,9 @@ def main(argv: list[str] | None = None) -> int:
                 (getattr(fut, "upload_completion", None) or fut).result()
                 rec(name, blocking, time.perf_counter() - t0)
         stager.close()
-        for name, staging_dir in (("CheckpointManager", None), ("+ staging_dir", "staging")):
-            sd = os.path.join(base, staging_dir) if staging_dir else None
-            mgr = CheckpointManager(os.path.join(base, f"mgr-{staging_dir}"), staging_dir=sd)
+        for name, local_tier_dir in (("CheckpointManager", None), ("+ local_tier_dir", "staging")):
+            sd = os.path.join(base, local_tier_dir) if local_tier_dir else None
+            mgr = CheckpointManager(os.path.join(base, f"mgr-{local_tier_dir}"), local_tier_dir=sd)
             for i in range(a.saves):
                 t0 = time.perf_counter()
                 mgr.save(i, state)
@@ -127,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
                 blocking = time.perf_counter() - t0
                 mgr.wait()
                 rec(
-                    f"CheckpointManager {name if staging_dir else ''}".strip(),
+                    f"CheckpointManager {name if local_tier_dir else ''}".strip(),
                     blocking,
                     mgr.records[-1].total_s,
                 )

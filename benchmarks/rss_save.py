@@ -112,7 +112,7 @@ def _save(name: str, state: dict[str, Any], path: str, step: int) -> None:
             state,
             open_store(path),
             step,
-            staging_dir=None,
+            local_tier_dir=None,
             codec="none",
             engine=TransferEngine.shared(TransferConfig()),
             timings={},

@@ -10,7 +10,7 @@ kinds:
   local     bench_local.run: rank-0 torch.save, stock DCP, ckptstore; save + same-world load
   reshard   save on ``world`` ranks (stock DCP, ckptstore), load on each of ``load_worlds``
   async     bench_async.run: copy_ floor, torch.save, dcp.async_save (+DefaultStager),
-            CheckpointManager (+staging_dir, background="process"): blocking and
+            CheckpointManager (+local_tier_dir, background="process"): blocking and
             until-committed times (its loop-interference figures stay in its own output)
   objstore  bench_objstore.run: SeaweedFS started here; raw PUT/GET ceiling, FsspecWriter,
             ckptstore, s3torchconnector; ``links`` direct and/or shaped

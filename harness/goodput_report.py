@@ -38,7 +38,7 @@ __all__ = ["Phase", "Failure", "GoodputAccount", "account", "plot_timeline", "ti
 COUNTED = ("startup", "train", "redone", "blocking", "restart", "resize", "shutdown")
 
 _POINTS = {
-    "after_shards": "a save: its shard written to local staging, not yet uploaded",
+    "after_shards": "a save: its shard written to the node-local tier, not yet uploaded",
     "mid_upload": "a save's background upload (first part sent)",
     "before_marker": "a save's commit: manifest and .metadata written, COMMITTED not yet",
     "after_marker": "a save's commit: COMMITTED written, canonical copies not yet",

@@ -6,7 +6,7 @@ Call order is ``CkptWriter``'s; it overrides only ``CkptWriter``'s hooks
 
     write_data   every rank serialises each shard file once and streams the same bytes to
                  two files at the same time (``engine.tee.TeeWriter``): the local copy in
-                 ``staging_dir/<step>/`` and the upload to the destination, as parallel
+                 ``local_tier_dir/<step>/`` and the upload to the destination, as parallel
                  parts of each; it returns when both are durable and agree on size and
                  CRC32C (a rank with an empty plan, as DCP's dedup of replicated state
                  leaves, writes and uploads nothing). With a ``memory_budget`` too small
@@ -41,7 +41,7 @@ from ckptstore.engine.commit import publish
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.filewriter import FileWriter
 from ckptstore.engine.manifest import MARKER_NAME, Manifest
-from ckptstore.engine.paths import check_staging_dir
+from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.engine.store import Store
 from ckptstore.engine.tee import TeeWriter
 from ckptstore.errors import CkptStoreError, StoreNotFoundError, TransferError
@@ -75,20 +75,20 @@ class StagedWriter(CkptWriter):
     """A ``CkptWriter`` that writes every shard to local disk and uploads it at once."""
 
     def __init__(
-        self, url: str | Store, *, staging_dir: str, keep_local: int = 1, **kwargs: Any
+        self, url: str | Store, *, local_tier_dir: str, keep_local: int = 1, **kwargs: Any
     ) -> None:
         super().__init__(url, **kwargs)
         url = self.store.url  # a step's staging must not overlap its run root either
-        check_staging_dir(
-            url.rpartition("/")[0] if step_from_url(url) is not None else url, staging_dir
+        check_local_tier_dir(
+            url.rpartition("/")[0] if step_from_url(url) is not None else url, local_tier_dir
         )
-        self.staging_root = LocalStore(staging_dir)
+        self.staging_root = LocalStore(local_tier_dir)
         self.keep_local = keep_local
         self._tees: list[tuple[str, TeeWriter]] = []  # this write_data's, in file order
 
     @property
     def local(self) -> LocalStore:
-        """The local copy of the current destination: ``staging_dir/<its last path segment>``."""
+        """The local copy of the current destination: ``local_tier_dir/<its last path segment>``."""
         return self.staging_root.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
@@ -101,7 +101,7 @@ class StagedWriter(CkptWriter):
 
     # -- CkptWriter's hooks ------------------------------------------------------------
     def _shard_store(self) -> Store:
-        """Shards are serialised into the local copy, ``staging_dir/<step>/``."""
+        """Shards are serialised into the local copy, ``local_tier_dir/<step>/``."""
         return self.local
 
     def _shard_writer(self, store: Store, name: str) -> FileWriter | TeeWriter:

@@ -81,7 +81,7 @@ from ckptstore.engine.codecs import Codec, get_codec
 from ckptstore.engine.commit import publish, warn_after_commit
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
-from ckptstore.engine.layout import parse_step
+from ckptstore.engine.layout import KEY_LAYOUTS, parse_step
 from ckptstore.engine.lease import Heartbeat, hold_step_lease
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
 from ckptstore.engine.owner import run_identity
@@ -109,9 +109,6 @@ class _RankPlan:
     cache it), never a per-save id."""
 
     prefix: str
-
-
-KEY_LAYOUTS = ("flat", "spread")
 
 
 def shard_prefix(rank: int, layout: str) -> str:

@@ -30,7 +30,11 @@ from __future__ import annotations
 
 import re
 
+#: The values of ``key_layout``: shard files named flat, or spread over 256 prefixes.
+KEY_LAYOUTS = ("flat", "spread")
+
 __all__ = [
+    "KEY_LAYOUTS",
     "STEP_PREFIX",
     "TMP_MARK",
     "OWNER_NAME",

@@ -16,7 +16,7 @@ on some servers), and a name that is not a ``str``. A *prefix* (``find``, ``list
 ``ckptstore.engine.store``), so a new store is contained without writing a line; the volume
 store adds symlink checks of its own (a link is never followed below the root).
 
-:func:`check_staging_dir` refuses a local staging directory that overlaps the root.
+:func:`check_local_tier_dir` refuses a local tier directory that overlaps the root.
 Pure functions; no I/O but ``os.path`` arithmetic.
 """
 
@@ -27,7 +27,7 @@ import re
 
 from ckptstore.errors import ConfigError, UnsafePathError
 
-__all__ = ["check_name", "check_prefix", "is_safe_name", "check_staging_dir"]
+__all__ = ["check_name", "check_prefix", "is_safe_name", "check_local_tier_dir"]
 
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -93,15 +93,15 @@ def _inside(child: str, parent: str) -> bool:
     return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
 
 
-def check_staging_dir(root_url: str, staging_dir: str | None) -> None:
-    """ConfigError if the local ``staging_dir`` is, is inside, or holds the root ``root_url``.
+def check_local_tier_dir(root_url: str, local_tier_dir: str | None) -> None:
+    """ConfigError if the local ``local_tier_dir`` is, is inside, or holds the root ``root_url``.
 
-    The staging tier trims its own old copies; sharing a directory with the root would let
+    The local tier trims its own old copies; sharing a directory with the root would let
     it delete committed checkpoints (and retention would count the staged copies).
     """
-    if not staging_dir:
+    if not local_tier_dir:
         return
-    root, staging = _local_path(root_url), _local_path(staging_dir)
+    root, staging = _local_path(root_url), _local_path(local_tier_dir)
     if root is None or staging is None:
         return
     if root == staging:
@@ -113,7 +113,7 @@ def check_staging_dir(root_url: str, staging_dir: str | None) -> None:
     else:
         return
     raise ConfigError(
-        f"staging_dir {staging_dir!r} {why}; the local staging tier must be a directory of its "
-        "own (e.g. node-local NVMe such as /local_nvme/ckpt-staging), outside the root and not "
+        f"local_tier_dir {local_tier_dir!r} {why}; the node-local tier must be a directory of its "
+        "own (e.g. node-local NVMe such as /local_nvme/ckpt), outside the root and not "
         "above it."
     )

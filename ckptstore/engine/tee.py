@@ -2,7 +2,7 @@
 
 ``TeeWriter`` takes the place of a ``FileWriter`` (same ``write`` / ``item`` / ``close`` /
 ``abort``) and forwards every byte to two of them: the *primary* (the file that must be
-complete, e.g. the local staging copy) and the *secondary* (e.g. the upload to the
+complete, e.g. the node-local tier copy) and the *secondary* (e.g. the upload to the
 destination). Bytes are hashed once (by ``write`` or by the ``ItemSink``) and both files'
 CRC32Cs are extended with the same value; both sinks send their parts on the engine's I/O
 threads, so the upload neither waits for the local write nor re-reads it.

@@ -85,13 +85,13 @@ class ManagerOptions(TypedDict, total=False):
     """The ``CheckpointManager`` options a folder plugin passes through, as keywords.
 
     Each means what it means there, with its default: ``storage_options`` (None),
-    ``staging_dir`` (None), ``keep`` (None: ``KeepLast(3)``), ``async_save`` (True),
+    ``local_tier_dir`` (None), ``keep`` (None: ``KeepLast(3)``), ``async_save`` (True),
     ``config`` (None: ``TransferConfig()``), ``codec`` ("none"), ``strict`` (False),
     ``key_layout`` ("flat"), ``background`` ("thread").
     """
 
     storage_options: dict[str, Any] | None
-    staging_dir: str | None
+    local_tier_dir: str | None
     keep: RetentionPolicy | None
     async_save: bool
     config: TransferConfig | None

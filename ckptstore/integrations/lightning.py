@@ -118,7 +118,7 @@ class CkptStoreIO(CheckpointIO):
         root: str | None = None,
         *,
         storage_options: dict[str, Any] | None = None,
-        staging_dir: str | None = None,
+        local_tier_dir: str | None = None,
         keep: RetentionPolicy | None = None,
         async_save: bool = True,
         config: TransferConfig | None = None,
@@ -129,7 +129,7 @@ class CkptStoreIO(CheckpointIO):
     ) -> None:
         self.root = norm(root) if root else None
         self.storage_options = storage_options
-        self.staging_dir = staging_dir
+        self.local_tier_dir = local_tier_dir
         self.keep = keep or KeepLast(1)
         self.async_save = async_save
         self.config = config
@@ -162,7 +162,7 @@ class CkptStoreIO(CheckpointIO):
                 self._managers[root] = CheckpointManager(
                     root,
                     storage_options=self._options(root),
-                    staging_dir=self.staging_dir,
+                    local_tier_dir=self.local_tier_dir,
                     keep=KeepAll(),  # pruning needs the names, so this plugin does it
                     config=self.config,
                     async_save=self.async_save,

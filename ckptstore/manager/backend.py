@@ -65,10 +65,7 @@ from ckptstore.manager.staging import ArenaStager, StagedSave
 from ckptstore.manager.writer_process import BackgroundWriter
 from ckptstore.manager.writer_protocol import Fetch, Fetched, WriterSettings
 
-__all__ = ["BACKENDS", "ProcessBackend", "SaveBackend", "ThreadBackend", "make_backend"]
-
-#: The values of ``CheckpointManager(background=...)``.
-BACKENDS = ("thread", "process")
+__all__ = ["ProcessBackend", "SaveBackend", "ThreadBackend", "make_backend"]
 
 
 class SaveBackend(Protocol):
@@ -117,7 +114,7 @@ class ThreadBackend:
         root: Store,
         *,
         engine: TransferEngine,
-        staging_dir: str | None,
+        local_tier_dir: str | None,
         codec: str,
         key_layout: str,
         process_group: Any,
@@ -127,7 +124,7 @@ class ThreadBackend:
         self.root = root
         self.run_id = run_id
         self.engine = engine
-        self.staging_dir = staging_dir
+        self.local_tier_dir = local_tier_dir
         self.codec = codec
         self.key_layout = key_layout
         self.process_group = process_group
@@ -193,7 +190,7 @@ class ThreadBackend:
                 {} if refused else staged.state if isinstance(staged, StagedSave) else staged,
                 self.root,
                 step,
-                staging_dir=self.staging_dir,
+                local_tier_dir=self.local_tier_dir,
                 codec=self.codec,
                 key_layout=self.key_layout,
                 engine=self.engine,
@@ -369,7 +366,7 @@ def make_backend(
     *,
     storage_options: dict[str, Any] | None,
     engine: TransferEngine,
-    staging_dir: str | None,
+    local_tier_dir: str | None,
     codec: str,
     key_layout: str,
     rank: int,
@@ -379,7 +376,7 @@ def make_backend(
     max_staging_bytes: int | None = None,
     run_id: str | None = None,
 ) -> SaveBackend:
-    """The backend ``background`` names (one of ``BACKENDS``, checked by the caller).
+    """The backend ``background`` names (checked by ``ManagerOptions``).
 
     ``root`` is the manager's argument as given (a writer process reopens it from that);
     ``retrying_root`` the manager's store, retried per the engine's policy;
@@ -388,7 +385,7 @@ def make_backend(
         settings = WriterSettings(
             root,
             storage_options,
-            staging_dir,
+            local_tier_dir,
             codec,
             engine.config,
             rank,
@@ -400,7 +397,7 @@ def make_backend(
     return ThreadBackend(
         retrying_root,
         engine=engine,
-        staging_dir=staging_dir,
+        local_tier_dir=local_tier_dir,
         codec=codec,
         key_layout=key_layout,
         process_group=process_group,

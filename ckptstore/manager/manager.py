@@ -2,7 +2,7 @@
 
 Call order::
 
-    mgr = CheckpointManager(root, staging_dir=..., keep=KeepLast(3))   # every rank, after
+    mgr = CheckpointManager(root, local_tier_dir=..., keep=KeepLast(3))  # every rank, after
                                                                        # init_process_group
     step = mgr.restore(state)        # newest committed + verified step (falls back past a
                                      # corrupt one), or None on a fresh run; the loop goes on
@@ -96,18 +96,15 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ckptstore import errors
-from ckptstore.config import TransferConfig
 from ckptstore.dcp.shared_staging import SharedStager
-from ckptstore.dcp.writer import shard_prefix
 from ckptstore.engine.catalog import committed_steps
-from ckptstore.engine.codecs import get_codec
 from ckptstore.engine.commit import CheckpointStatus, open_committed
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.layout import step_name
 from ckptstore.engine.lease import Heartbeat
 from ckptstore.engine.manifest import MARKER_NAME, Manifest
 from ckptstore.engine.owner import claim_root, run_identity
-from ckptstore.engine.paths import check_staging_dir
+from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -121,14 +118,14 @@ from ckptstore.errors import (
 )
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
-from ckptstore.manager.backend import BACKENDS, ProcessBackend, make_backend
+from ckptstore.manager.backend import ProcessBackend, make_backend
 from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
+from ckptstore.manager.options import ManagerOptions
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
 from ckptstore.manager.report import report, size_text
 from ckptstore.manager.restore import StepLoader
-from ckptstore.manager.retention import KeepLast, RetentionPolicy, local_tier_keeps
-from ckptstore.manager.staging import check_budget
+from ckptstore.manager.retention import local_tier_keeps
 from ckptstore.manager.writer_process import BackgroundWriter
 from ckptstore.stores import open_store
 
@@ -141,49 +138,19 @@ class CheckpointManager:
     """Async checkpoints under one root URL; see the module docstring for the call order."""
 
     def __init__(
-        self,
-        root: str | Store,
-        *,
-        storage_options: dict[str, Any] | None = None,
-        staging_dir: str | None = None,
-        keep: RetentionPolicy | None = None,
-        config: TransferConfig | None = None,
-        async_save: bool = True,
-        on_busy: str = "wait",
-        strict: bool = False,
-        codec: str = "none",
-        key_layout: str = "flat",
-        grace_period_s: float = 120.0,
-        handle_sigterm: bool = False,
-        background: str = "thread",
-        allow_pickle: bool = False,
-        max_staging_bytes: int | None = None,
-        run_id: str | None = None,
+        self, root: str | Store, options: ManagerOptions | None = None, **keywords: Any
     ) -> None:
-        if on_busy not in ("wait", "skip"):
-            raise ConfigError(f"on_busy must be 'wait' or 'skip', not {on_busy!r}")
-        if background not in BACKENDS:
-            raise ConfigError(f"background must be 'thread' or 'process', not {background!r}")
-        get_codec(codec)  # validates it (ConfigError listing the choices)
-        self.max_staging_bytes = check_budget(max_staging_bytes)
-        self.engine = TransferEngine(config)
+        """``options`` (``ManagerOptions``, checked) with any of its fields given as keywords
+        on top: ``CheckpointManager(root, keep=KeepLast(5), local_tier_dir="/nvme/ckpt")``."""
+        self.options = opts = ManagerOptions.from_keywords(options, **keywords)
+        self.engine = TransferEngine(opts.config)
+        storage_options = dict(opts.storage_options) if opts.storage_options else None
         # Every control call on the root (HEAD of a marker, listings, marker and manifest
         # GETs, deletes) is retried per the engine's RetryConfig through this view.
         self.root = retrying(
             open_store(root, storage_options), self.engine.config.retry, self.engine.stats
         )
-        check_staging_dir(self.root.url, staging_dir)
-        self.staging_dir = staging_dir
-        self.keep = keep or KeepLast(3)
-        self.async_save = async_save
-        self.on_busy = on_busy
-        self.strict = strict
-        self.codec = codec
-        shard_prefix(0, key_layout)  # validates it
-        self.key_layout = key_layout
-        self.allow_pickle = allow_pickle  # restore unpickles any object item (trusted roots)
-        self.grace_period_s = grace_period_s
-        self.background = background
+        check_local_tier_dir(self.root.url, opts.local_tier_dir)
         self.records: list[SaveRecord] = []
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
@@ -194,35 +161,35 @@ class CheckpointManager:
         self._agree = Agreement(fresh_new_group("gloo") if distributed else None)
         #: This job's run identity (rank 0's, on every rank): recorded in each manifest,
         #: and the root owner's lease names it (``engine.owner``).
-        self.run_id: str = self._agree.broadcast(run_identity(run_id))
+        self.run_id: str = self._agree.broadcast(run_identity(opts.run_id))
         self._owner: Heartbeat | None = None  # rank 0, from the first save until close
         self._backend = make_backend(
-            background,
+            opts.background,
             root,
             self.root,
             storage_options=storage_options,
             engine=self.engine,
-            staging_dir=staging_dir,
-            codec=codec,
-            key_layout=key_layout,
+            local_tier_dir=opts.local_tier_dir,
+            codec=opts.codec,
+            key_layout=opts.key_layout,
             rank=self.rank,
             world_size=dist.get_world_size() if distributed else 1,
             process_group=self._pg,
             agree=self._agree,
-            max_staging_bytes=self.max_staging_bytes,
+            max_staging_bytes=opts.max_staging_bytes,
             run_id=self.run_id,
         )
         self._loader = StepLoader(
             self.root,
             engine=self.engine,
-            staging_dir=staging_dir,
-            allow_pickle=allow_pickle,
+            local_tier_dir=opts.local_tier_dir,
+            allow_pickle=opts.allow_pickle,
             process_group=self._pg,
             agree=self._agree,
         )
-        #: Every node's staging dir trimmed by one decision after each save (on ``_pg``,
+        #: Every node's local tier directory trimmed by one decision after each save (on ``_pg``,
         #: from the save thread: nothing else uses that group meanwhile).
-        self._local_tiers = LocalTierTrimmer(staging_dir, self._pg)
+        self._local_tiers = LocalTierTrimmer(opts.local_tier_dir, self._pg)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self._inflight: Future[None] | None = None
         self._unreported: list[BaseException] = []
@@ -241,7 +208,7 @@ class CheckpointManager:
         self._damaged: set[int] = set()
         self._preempted = threading.Event()
         self._old_handler: Any = None
-        if handle_sigterm:
+        if opts.handle_sigterm:
             self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
     # -- the process backend's parts, for diagnostics ------------------------------------
@@ -291,7 +258,7 @@ class CheckpointManager:
         agreed, unreachable = self._agree_on(step, busy, refusal, prepared)
         any_busy, unchecked, overwrite, missing, restart = agreed
         if any_busy:
-            if self.on_busy == "skip":
+            if self.options.on_busy == "skip":
                 record.status = SaveStatus.SKIPPED
                 self.records.append(record)
                 log.info("skipping the save of step %d: the previous one is still uploading", step)
@@ -316,7 +283,7 @@ class CheckpointManager:
         record.status = SaveStatus.WRITING
         self.records.append(record)
         self._protected.add(step)
-        if self.async_save:
+        if self.options.async_save:
             self._inflight = self._pool.submit(self._write, record, staged, start, overwrite)
             # Over the staging budget: training waits until the part not copied is written
             # (the manifest's blocking_s adds the same seconds).
@@ -392,7 +359,7 @@ class CheckpointManager:
         """Whether a failed save is raised (else warned about): with ``strict``, and until
         the first save of this manager commits. The same on every rank (saves commit or
         fail on every rank alike)."""
-        return self.strict or not self._committed_any
+        return self.options.strict or not self._committed_any
 
     def _fallback(self) -> str:
         """What a failed save leaves the newest checkpoint, for its message."""
@@ -559,7 +526,7 @@ class CheckpointManager:
         committed steps kept."""
         plan = plan_prune(
             self.root,
-            self.keep,
+            self.options.keep,
             protected=set(self._protected),
             damaged=set(self._damaged),
         )
@@ -677,7 +644,7 @@ class CheckpointManager:
     # -- preemption and shutdown ---------------------------------------------------------
     def _on_sigterm(self, signum: int, frame: Any) -> None:
         log.warning(
-            "SIGTERM received: finishing checkpoint work within %.0f s", self.grace_period_s
+            "SIGTERM received: finishing checkpoint work within %.0f s", self.options.grace_period_s
         )
         self._preempted.set()
 
@@ -692,8 +659,8 @@ class CheckpointManager:
     def finalize(self, step: int | None = None, state: dict[str, Any] | None = None) -> bool:
         """Flush the in-flight save within the grace period, then (if given) save ``step``
         synchronously. True if everything asked for is committed."""
-        deadline = time.monotonic() + self.grace_period_s
-        if not self._wait_inflight(timeout=self.grace_period_s):
+        deadline = time.monotonic() + self.options.grace_period_s
+        if not self._wait_inflight(timeout=self.options.grace_period_s):
             log.error("the in-flight save did not finish within the grace period")
             return False
         if step is None or state is None:

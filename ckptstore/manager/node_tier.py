@@ -1,6 +1,6 @@
 """A node's share of a committed step: its own staged shards read locally, the rest remote.
 
-On several nodes each node's staging directory holds only the shards its ranks wrote, and
+On several nodes each node's local tier directory holds only the shards its ranks wrote, and
 the commit marker only on the coordinator's node, so no node has a whole local copy.
 :class:`NodeTier` is a read-only store over one step that serves each data file from the
 local copy when it is there with the size the remote manifest records, and everything else

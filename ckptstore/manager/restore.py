@@ -2,7 +2,7 @@
 
 Call order (every rank, the same steps in the same order; the manager drives it)::
 
-    loader = StepLoader(root, engine=..., staging_dir=..., allow_pickle=...,
+    loader = StepLoader(root, engine=..., local_tier_dir=..., allow_pickle=...,
                         process_group=pg, agree=agreement)
     for s in loader.discover(step):  # a collective generator, advanced on every rank
                                      # alike: rank 0 lists the root once, then for each
@@ -107,21 +107,21 @@ class Opened:
 
 
 class StepLoader:
-    """Loads steps of ``root`` (and of the staged local copies in ``staging_dir``)."""
+    """Loads steps of ``root`` (and of the staged local copies in ``local_tier_dir``)."""
 
     def __init__(
         self,
         root: Store,
         *,
         engine: TransferEngine,
-        staging_dir: str | None,
+        local_tier_dir: str | None,
         allow_pickle: bool,
         process_group: Any,
         agree: Agreement,
     ) -> None:
         self.root = root
         self.engine = engine
-        self.staging_dir = staging_dir
+        self.local_tier_dir = local_tier_dir
         self.allow_pickle = allow_pickle
         self.process_group = process_group
         self.agree = agree
@@ -263,13 +263,13 @@ class StepLoader:
             return self._load_from(remote, step, state, None)
         local = self._local_tier(step, committed)
         if local is not None:
-            log.info("restoring step %d from the local copy in %s", step, self.staging_dir)
-            self.source = f"the local copy in {self.staging_dir}"
+            log.info("restoring step %d from the local copy in %s", step, self.local_tier_dir)
+            self.source = f"the local copy in {self.local_tier_dir}"
             error = self._load_from(local, step, state, committed)
             if error is None:
                 return None
             warnings.warn(
-                f"the local copy of step {step} in {self.staging_dir} could not be restored "
+                f"the local copy of step {step} in {self.local_tier_dir} could not be restored "
                 f"({error}); loading the same step from {self.root.url} instead",
                 RuntimeWarning,
                 stacklevel=3,
@@ -279,12 +279,12 @@ class StepLoader:
             if tier.local_files:
                 log.info(
                     "restoring step %d from the local copy in %s (%d of its files; the rest "
-                    "from %s)", step, self.staging_dir, len(tier.local_files), self.root.url,
+                    "from %s)", step, self.local_tier_dir, len(tier.local_files), self.root.url,
                 )  # fmt: skip
             else:  # another node has files of it; this one reads all remotely
                 log.info(
                     "restoring step %d from the remote copy in %s (none of its files in %s)",
-                    step, self.root.url, self.staging_dir,
+                    step, self.root.url, self.local_tier_dir,
                 )  # fmt: skip
             error = self._load_from(tier, step, state, committed)
             log.info(
@@ -293,14 +293,14 @@ class StepLoader:
             )  # fmt: skip
             if tier.local_files:
                 self.source = (
-                    f"the local copy in {self.staging_dir} and the remote copy in "
+                    f"the local copy in {self.local_tier_dir} and the remote copy in "
                     f"{self.root.url} (rank 0: {tier.bytes_local} bytes local, "
                     f"{tier.bytes_remote} remote)"
                 )
             if error is None:
                 return None
             warnings.warn(
-                f"the local files of step {step} in {self.staging_dir} could not be restored "
+                f"the local files of step {step} in {self.local_tier_dir} could not be restored "
                 f"({error}); loading the same step from {self.root.url} instead",
                 RuntimeWarning,
                 stacklevel=3,
@@ -311,13 +311,13 @@ class StepLoader:
 
     def _node_tier(self, step: int, remote: Store, committed: Committed) -> NodeTier | None:
         """This node's share of ``step`` when no rank-agreed whole local copy exists (on
-        several nodes, each staging dir holds its own ranks' shards). A collective: used
+        several nodes, each local tier directory holds its own ranks' shards). A collective: used
         only if every rank can use it or none can, so a load that fails on one falls back
         to the remote on all (a rank with none of the files reads them all remotely)."""
         local: LocalStore | None = None
         files: list[str] = []
-        if self.staging_dir:
-            local = LocalStore(self.staging_dir).child(step_name(step))
+        if self.local_tier_dir:
+            local = LocalStore(self.local_tier_dir).child(step_name(step))
             try:
                 files = node_files(local, committed.manifest)
             except (OSError, CkptStoreError):
@@ -331,8 +331,8 @@ class StepLoader:
         committed remote checkpoint (a collective), else None. Only local files are read:
         the remote marker is the one rank 0 broadcast."""
         local: LocalStore | None = None
-        if self.staging_dir:
-            local = LocalStore(self.staging_dir).child(step_name(step))
+        if self.local_tier_dir:
+            local = LocalStore(self.local_tier_dir).child(step_name(step))
             try:
                 if not _local_copy_matches(local, committed):
                     local = None

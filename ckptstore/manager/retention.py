@@ -8,7 +8,7 @@ turns that into deletions, and it never deletes the newest committed step or a p
 (a save in flight, a checkpoint being restored), whatever the policy says. Pure functions:
 no I/O, shared by ``ckptstore-tool gc`` and the checkpoint manager.
 
-The node-local tiers (staged copies in each node's ``staging_dir``) follow one decision too:
+The node-local tiers (staged copies in each node's ``local_tier_dir``) follow one decision too:
 :func:`local_tier_keeps` (made once, by rank 0, from the steps the root keeps) and
 :func:`local_tier_deletions` (what one node's directory lets go of it).
 """

@@ -43,7 +43,7 @@ def save_step(
     root: Store,
     step: int,
     *,
-    staging_dir: str | None,
+    local_tier_dir: str | None,
     codec: str,
     key_layout: str = "flat",
     engine: TransferEngine,
@@ -59,7 +59,7 @@ def save_step(
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
     on every rank of ``process_group``; the post-commit warnings.
 
-    ``staging_dir`` stages the shards on local disk first (``StagedWriter``); ``overwrite``
+    ``local_tier_dir`` stages the shards on local disk first (``StagedWriter``); ``overwrite``
     replaces a committed ``step`` (one found damaged) atomically. With ``is_live`` (part
     of ``state`` is training's own memory, not a copy: a staging budget was exceeded) the
     live tensors are written first and ``release`` is called once they are durable
@@ -82,20 +82,20 @@ def save_step(
         config=engine.config,
         overwrite=overwrite,
     )
-    if staging_dir:
-        common["staging_dir"] = staging_dir
+    if local_tier_dir:
+        common["local_tier_dir"] = local_tier_dir
     writer: CkptWriter
     if refusal is not None:
         state, writer = {}, _Refusing(url, refusal, **common)
     elif is_live is not None:
         assert release is not None, "is_live needs release"
         writer = live_first_writer(
-            bool(staging_dir), url, is_live=is_live, release=release, **common
+            bool(local_tier_dir), url, is_live=is_live, release=release, **common
         )
     elif pieces is not None:
-        writer = piecewise_writer(bool(staging_dir), url, pieces=pieces, **common)
+        writer = piecewise_writer(bool(local_tier_dir), url, pieces=pieces, **common)
     else:
-        writer = StagedWriter(url, **common) if staging_dir else CkptWriter(url, **common)
+        writer = StagedWriter(url, **common) if local_tier_dir else CkptWriter(url, **common)
     writer.manifest_extra["timings"] = dict(timings)
     if run_id:
         writer.manifest_extra["run"] = run_id

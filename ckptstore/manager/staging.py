@@ -53,21 +53,9 @@ import torch
 
 from ckptstore.dcp.hostcopy import HostCopier
 from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole, allocated, user_values
-from ckptstore.errors import ConfigError
+from ckptstore.manager.options import check_budget
 
-__all__ = ["ArenaStager", "HostArena", "Prepared", "StagedSave", "check_budget"]
-
-
-def check_budget(value: object) -> int | None:
-    """``value`` as a staging budget in bytes (None: unbounded); ConfigError if it is not one."""
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(
-            f"max_staging_bytes must be a positive number of bytes (or None for no limit), "
-            f"not {value!r}"
-        )
-    return value
+__all__ = ["ArenaStager", "HostArena", "Prepared", "StagedSave"]
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,7 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
                 state,
                 root,
                 job.step,
-                staging_dir=s.staging_dir,
+                local_tier_dir=s.local_tier_dir,
                 codec=s.codec,
                 key_layout=s.key_layout,
                 engine=engine,

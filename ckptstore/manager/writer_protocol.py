@@ -71,7 +71,7 @@ class WriterSettings:
 
     root: str | Store
     storage_options: dict[str, Any] | None
-    staging_dir: str | None
+    local_tier_dir: str | None
     codec: str
     config: TransferConfig
     rank: int = 0

@@ -50,7 +50,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", default="", help="node-local data cache directory")
     p.add_argument("--root", required=True, help="checkpoint root URL")
     p.add_argument("--storage-options", default="{}", help="JSON storage options for --root")
-    p.add_argument("--staging", default="", help="local staging directory (NVMe)")
+    p.add_argument("--staging", default="", help="local tier directory (NVMe)")
     p.add_argument("--events", default="", help="event log directory (default: the harness's)")
     p.add_argument("--out", default="", help="write final.rank<r>.pt here")
     p.add_argument("--steps", type=int, default=48)
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> None:
     mgr = CheckpointManager(
         a.root,
         storage_options=json.loads(a.storage_options) or None,
-        staging_dir=a.staging or None,
+        local_tier_dir=a.staging or None,
         keep=KeepLast(a.keep) if a.keep else KeepAll(),
         config=TransferConfig(retry=RetryConfig(attempts=a.retry_attempts))
         if a.retry_attempts

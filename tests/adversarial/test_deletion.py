@@ -165,19 +165,19 @@ def test_damaged_steps_neither_count_nor_go(tmp_path) -> None:
     assert committed(backend, root_url) == [6, 7]
 
 
-# -- staging_dir overlapping the root -----------------------------------------------------
+# -- local_tier_dir overlapping the root -----------------------------------------------------
 def test_staging_dir_overlapping_the_root_is_a_config_error(tmp_path) -> None:
     from ckptstore.dcp.staged import StagedWriter
 
     root = str(tmp_path / "root")
     for staging in (root, os.path.join(root, "nvme"), str(tmp_path), root + "/"):
-        with pytest.raises(ConfigError, match="staging_dir"):
-            CheckpointManager(root, staging_dir=staging)
-        with pytest.raises(ConfigError, match="staging_dir"):
-            StagedWriter(step(root, 1), staging_dir=staging)
-    CheckpointManager(root, staging_dir=str(tmp_path / "nvme")).close()
+        with pytest.raises(ConfigError, match="local_tier_dir"):
+            CheckpointManager(root, local_tier_dir=staging)
+        with pytest.raises(ConfigError, match="local_tier_dir"):
+            StagedWriter(step(root, 1), local_tier_dir=staging)
+    CheckpointManager(root, local_tier_dir=str(tmp_path / "nvme")).close()
     # the bug it prevents: staging == root left one checkpoint under KeepLast(3)
-    with CheckpointManager(root, staging_dir=str(tmp_path / "nvme"), keep=KeepLast(3)) as mgr:
+    with CheckpointManager(root, local_tier_dir=str(tmp_path / "nvme"), keep=KeepLast(3)) as mgr:
         for n in range(4):
             mgr.save(n, {"w": torch.ones(2)})
     assert CheckpointManager(root).steps() == [1, 2, 3]

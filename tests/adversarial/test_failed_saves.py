@@ -6,7 +6,7 @@ never changes what happens to ckptstore's own steps (trust rule 6).
   previous checkpoint when there is none.
 - After the manager committed a save, a failure is a warning naming the step that stays
   the newest, and training goes on.
-- A symlinked or file-named step entry in ``staging_dir`` is skipped with one warning; every
+- A symlinked or file-named step entry in ``local_tier_dir`` is skipped with one warning; every
   save commits, retention and the local-tier trim go on.
 """
 
@@ -116,7 +116,7 @@ def test_a_foreign_step_entry_in_staging_dir_changes_nothing(tmp_path, kind) -> 
     root = str(tmp_path / "root")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with CheckpointManager(root, staging_dir=str(staging), keep=KeepLast(2)) as mgr:
+        with CheckpointManager(root, local_tier_dir=str(staging), keep=KeepLast(2)) as mgr:
             for step in range(2, 7):
                 mgr.save(step, state(float(step)))
                 mgr.wait()
@@ -138,7 +138,7 @@ def test_a_failure_after_the_marker_is_a_warning_not_a_failed_save(tmp_path, mon
         raise OSError("injected: the local tier cannot be trimmed")
 
     monkeypatch.setattr(StagedWriter, "_trim_local", broken)
-    with CheckpointManager(str(tmp_path / "root"), staging_dir=str(tmp_path / "nvme")) as mgr:
+    with CheckpointManager(str(tmp_path / "root"), local_tier_dir=str(tmp_path / "nvme")) as mgr:
         mgr.save(1, state(1.0))
         mgr.wait()
         assert mgr.records[-1].status == "committed"

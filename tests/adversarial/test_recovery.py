@@ -112,14 +112,14 @@ def test_damaged_local_copy_falls_back_to_the_remote_copy_of_the_same_step(
     tmp_path: Path,
 ) -> None:
     root, staging = str(tmp_path / "remote"), str(tmp_path / "local")
-    with CheckpointManager(root, staging_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging) as mgr:
         for s in (1, 2):
             mgr.save(s, state(float(s)))
     local = Path(staging) / step_name(2)
     assert shards(local)
     damage(shards(local)[0])
     out = state(0.0)
-    with CheckpointManager(root, staging_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging) as mgr:
         with pytest.warns(RuntimeWarning, match="local copy of step 2") as caught:
             assert mgr.restore(out) == 2
         assert mgr._damaged == set()

@@ -1,6 +1,6 @@
 """Fully replicated state (plain DDP: the same key and tensor on every rank): DCP's dedup
 leaves a rank with an empty plan, which is normal on every path: the thread writer, the
-staged writer (``staging_dir``), the manager's writer process, on a volume and on S3.
+staged writer (``local_tier_dir``), the manager's writer process, on a volume and on S3.
 Each save is loaded bitwise on 2 ranks and on 1."""
 
 from __future__ import annotations
@@ -46,13 +46,13 @@ def _save_and_load(rank: int, world: int, url: str, mode: str, tmp: str, options
 
             import torch.distributed.checkpoint as dcp
 
-            w = StagedWriter(url, staging_dir=staging, storage_options=options)
+            w = StagedWriter(url, local_tier_dir=staging, storage_options=options)
             with warnings.catch_warnings():  # dcp.save has no coordinator_rank; this still does
                 warnings.simplefilter("ignore", FutureWarning)
                 dcp.save_state_dict(_replicated(), storage_writer=w, coordinator_rank=1)
             return _loaded(url, options)
         ckptstore.save(
-            _replicated(), StagedWriter(url, staging_dir=staging, storage_options=options)
+            _replicated(), StagedWriter(url, local_tier_dir=staging, storage_options=options)
         )
     else:  # the manager's writer process (writer_process.write_step), staged locally
         from ckptstore.manager import CheckpointManager
@@ -60,7 +60,7 @@ def _save_and_load(rank: int, world: int, url: str, mode: str, tmp: str, options
         root = url.rsplit("/", 1)[0]
         staging = os.path.join(tmp, "staging")
         with CheckpointManager(
-            root, storage_options=options, staging_dir=staging, background="process", strict=True
+            root, storage_options=options, local_tier_dir=staging, background="process", strict=True
         ) as mgr:
             mgr.save(5, _replicated())
             mgr.wait()

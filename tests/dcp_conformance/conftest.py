@@ -38,17 +38,19 @@ class Backend:
     def url(self, name: str) -> str:
         return f"{self.base}/{name}" if self.kind == "s3" else os.path.join(self.base, name)
 
-    def writer(self, name: str, *, overwrite: bool = False, staging_dir: str | None = None) -> Any:
+    def writer(
+        self, name: str, *, overwrite: bool = False, local_tier_dir: str | None = None
+    ) -> Any:
         if self.kind == "stock":
             from torch.distributed.checkpoint import FileSystemWriter
 
             return FileSystemWriter(self.url(name), overwrite=overwrite)
-        if staging_dir is not None:
+        if local_tier_dir is not None:
             from ckptstore.dcp.staged import StagedWriter
 
             return StagedWriter(
                 self.url(name),
-                staging_dir=staging_dir,
+                local_tier_dir=local_tier_dir,
                 storage_options=self.storage_options or None,
             )
         import ckptstore

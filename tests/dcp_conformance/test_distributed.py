@@ -52,7 +52,7 @@ def test_dtensor_reshards_and_replicated_state_commits(backend):
 
 def _replicated_staged(rank: int, world: int, backend: Backend, staging: str) -> bool:
     local = os.path.join(staging, f"rank{rank}")
-    writer = backend.writer("c", staging_dir=local) if backend.is_ckptstore else None
+    writer = backend.writer("c", local_tier_dir=local) if backend.is_ckptstore else None
     # every rank holds the same key and tensor: deduplication leaves one rank no writes
     dcp.save({"w": FULL.clone()}, storage_writer=writer or backend.writer("c"))
     back = {"w": torch.zeros_like(FULL)}

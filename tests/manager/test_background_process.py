@@ -148,10 +148,10 @@ def test_two_ranks_save_in_writer_processes_and_restore_bitwise(tmp_path) -> Non
 
 @pytest.mark.processes
 def test_writer_error_is_reported_at_the_next_save_and_training_goes_on(tmp_path) -> None:
-    """A real failure inside the writer: a file stands where the step's local staging
-    directory goes (the training process never touches the staging directory)."""
+    """A real failure inside the writer: a file stands where the step's node-local tier
+    directory goes (the training process never touches the local tier directory)."""
     root, nvme = str(tmp_path / "root"), tmp_path / "nvme"
-    mgr = CheckpointManager(root, staging_dir=str(nvme), background="process")
+    mgr = CheckpointManager(root, local_tier_dir=str(nvme), background="process")
     mgr.save(1, {"w": torch.ones(100)})
     mgr.wait()
     (nvme / step_name(2)).write_text("a file where the step's directory goes")
@@ -177,7 +177,7 @@ def test_strict_mode_raises_the_writer_error(tmp_path) -> None:
     nvme.mkdir()
     (nvme / step_name(1)).write_text("in the way")
     mgr = CheckpointManager(
-        str(tmp_path / "root"), staging_dir=str(nvme), background="process", strict=True
+        str(tmp_path / "root"), local_tier_dir=str(nvme), background="process", strict=True
     )
     mgr.save(1, {"w": torch.ones(10)})
     with pytest.raises(StoreAccessError, match="not a directory"):
@@ -190,7 +190,7 @@ def _kill_the_writer(rank: int, world: int, tmp: str) -> dict:
     root = os.path.join(tmp, "root")
     shm_before = set(os.listdir("/dev/shm"))
     mgr = CheckpointManager(
-        root, staging_dir=os.path.join(tmp, f"nvme{rank}"), background="process"
+        root, local_tier_dir=os.path.join(tmp, f"nvme{rank}"), background="process"
     )
     state = {f"r{rank}": torch.full((1000,), 1.0)}
     mgr.save(1, state)

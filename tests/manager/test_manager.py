@@ -61,7 +61,7 @@ def test_fresh_run_restores_nothing(tmp_path) -> None:
 
 def test_background_failure_is_reported_not_fatal(tmp_path, monkeypatch) -> None:
     root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
-    mgr = CheckpointManager(root, staging_dir=staging)
+    mgr = CheckpointManager(root, local_tier_dir=staging)
     mgr.save(1, state(1.0))
     mgr.wait()
     import ckptstore.stores.local as local
@@ -103,11 +103,11 @@ def test_strict_mode_raises_the_background_error(tmp_path, monkeypatch) -> None:
 
 def test_local_tier_is_used_when_it_matches(tmp_path, caplog) -> None:
     root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
-    with CheckpointManager(root, staging_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging) as mgr:
         mgr.save(5, state(5.0))
     out = state(0.0)
     caplog.set_level("INFO", logger="ckptstore.manager")
-    with CheckpointManager(root, staging_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging) as mgr:
         assert mgr.restore(out) == 5
     assert "from the local copy" in caplog.text
     assert torch.equal(out["w"], state(5.0)["w"])
@@ -202,7 +202,7 @@ def test_unreachable_remote_fails_clearly_and_keeps_the_local_copy(tmp_path) -> 
     )
     fast = TransferConfig(retry=RetryConfig(attempts=3, base_backoff_s=0.01, deadline_s=5))
     staging = str(tmp_path / "nvme")
-    mgr = CheckpointManager(remote, staging_dir=staging, config=fast)
+    mgr = CheckpointManager(remote, local_tier_dir=staging, config=fast)
     mgr.save(7, state(7.0))
     with pytest.raises(ckptstore.TransferError, match="after 3 attempts.*local copy is kept"):
         mgr.wait()  # the manager's first save: nothing of the run is protected, it raises
@@ -245,7 +245,7 @@ def test_rng_state_saves_its_streams_again_after_a_resize_restore() -> None:
 def test_full_staging_disk_is_a_clean_error_and_training_goes_on(tmp_path, tiny_disk) -> None:
     root = str(tmp_path / "root")
     big = {"w": torch.ones(1024 * 1024)}  # 4 MiB: does not fit on the 1 MiB staging disk
-    mgr = CheckpointManager(root, staging_dir=str(tiny_disk))
+    mgr = CheckpointManager(root, local_tier_dir=str(tiny_disk))
     mgr.save(1, big)
     with pytest.raises(StorageFullError, match="no space left"):
         mgr.wait()  # the manager's first save: raised, not a warning

@@ -21,11 +21,11 @@ if "RANK" in __import__("os").environ:
     dist.init_process_group("gloo")
 root, staging = sys.argv[1], sys.argv[2]
 state = {{"w": torch.ones(1000, 250)}}
-with CheckpointManager(root, staging_dir=staging) as mgr:
+with CheckpointManager(root, local_tier_dir=staging) as mgr:
     mgr.restore(state)
     for step in (1, 2):
         mgr.save(step, state)
-with CheckpointManager(root, staging_dir=staging) as mgr:
+with CheckpointManager(root, local_tier_dir=staging) as mgr:
     mgr.restore(state)
 if dist.is_initialized():
     dist.destroy_process_group()

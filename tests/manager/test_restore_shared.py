@@ -167,7 +167,7 @@ def body(rank: int, world: int, url: str, options: dict, staging: str | None) ->
     store = CountingStore(open_store(url, options))
     node_staging = os.path.join(staging, f"node{rank}") if staging else None
     result: dict[str, Any] = {"url": store.url}
-    mgr = CheckpointManager(store, staging_dir=node_staging, async_save=False, keep=KeepAll())
+    mgr = CheckpointManager(store, local_tier_dir=node_staging, async_save=False, keep=KeepAll())
     with mgr:
         for step in STEPS:
             mgr.save(step, make_state(rank, step))

@@ -29,12 +29,12 @@ def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> 
     staging = str(tmp_path / "nvme")
     engine = TransferEngine()
     try:
-        for step, staging_dir in ((1, None), (2, staging)):
+        for step, local_tier_dir in ((1, None), (2, staging)):
             notes = save_step(
                 {"w": torch.arange(10.0) + step},
                 root,
                 step,
-                staging_dir=staging_dir,
+                local_tier_dir=local_tier_dir,
                 codec="none",
                 engine=engine,
                 timings={"blocking_s": 0.5},

@@ -55,10 +55,10 @@ def stager_of(mgr: CheckpointManager) -> ArenaStager:
     return mgr._backend.arena
 
 
-@pytest.mark.parametrize("staging", [False, True], ids=["direct", "staging_dir"])
+@pytest.mark.parametrize("staging", [False, True], ids=["direct", "local_tier_dir"])
 def test_a_state_larger_than_the_budget_saves_and_restores_bitwise(tmp_path, staging) -> None:
     budget = 20 * KIB  # the state holds ~42 KiB of tensors: about half stays live
-    kwargs = {"staging_dir": str(tmp_path / "nvme")} if staging else {}
+    kwargs = {"local_tier_dir": str(tmp_path / "nvme")} if staging else {}
     with CheckpointManager(str(tmp_path / "root"), max_staging_bytes=budget, **kwargs) as mgr:
         for step in (1, 2):  # the second save reuses the first one's arena
             state = make_state(step)
@@ -217,13 +217,13 @@ def test_a_tensor_larger_than_the_process_budget_is_a_config_error() -> None:
     stager.close()
 
 
-@pytest.mark.parametrize("staging", [False, True], ids=["direct", "staging_dir"])
+@pytest.mark.parametrize("staging", [False, True], ids=["direct", "local_tier_dir"])
 @pytest.mark.processes
 def test_process_mode_over_the_budget_saves_in_pieces_and_restores_bitwise(
     tmp_path, staging
 ) -> None:
     budget = 32 * KIB  # the state holds ~86 KiB of tensors: written in 4 pieces
-    kwargs = {"staging_dir": str(tmp_path / "nvme")} if staging else {}
+    kwargs = {"local_tier_dir": str(tmp_path / "nvme")} if staging else {}
     root = tmp_path / "root"
     with CheckpointManager(
         str(root), max_staging_bytes=budget, background="process", strict=True, **kwargs

@@ -65,7 +65,7 @@ def main() -> None:
     state = {"app": AppState(model, opt), "rng": RNGState(seed=1000)}
     mgr = CheckpointManager(
         args.root,
-        staging_dir=args.staging,
+        local_tier_dir=args.staging,
         keep=KeepLast(2),
         strict=True,
         handle_sigterm=True,

@@ -1,6 +1,6 @@
 """The node tier of a restore: a node's own staged shards read locally, the rest remotely.
 
-On several nodes a node's staging directory holds its ranks' shards but not the commit
+On several nodes a node's local tier directory holds its ranks' shards but not the commit
 marker (only the coordinator's node publishes it), so it is no whole local copy. One
 process reproduces that by removing the local marker; every byte read is still checked
 against the remote manifest.
@@ -36,9 +36,9 @@ def flip(path: str) -> None:
 @pytest.fixture
 def saved(tmp_path) -> tuple[str, str]:
     """Step 5 committed remotely; its staged copy without a marker (a non-coordinator
-    node's staging dir). Returns (remote step dir, local step dir)."""
+    node's local tier directory). Returns (remote step dir, local step dir)."""
     root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
-    with CheckpointManager(root, staging_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging) as mgr:
         mgr.save(5, state(5.0))
     local = os.path.join(staging, step_name(5))
     os.remove(os.path.join(local, "COMMITTED"))
@@ -48,7 +48,7 @@ def saved(tmp_path) -> tuple[str, str]:
 def restore(remote: str, local: str) -> dict:
     out = state(0.0)
     root, staging = os.path.dirname(remote), os.path.dirname(local)
-    with CheckpointManager(root, staging_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging) as mgr:
         assert mgr.restore(out) == 5
     return out
 
@@ -87,13 +87,13 @@ def test_a_local_shard_of_another_size_is_not_used(saved, caplog) -> None:
 
 # -- every node's local tier follows one retention decision (2 simulated nodes) -----------
 def _two_nodes_save(rank: int, world: int, root: str, staging: str) -> dict:
-    """Rank r is node r (its own staging dir). Saves steps 1 and 2; what each node's
-    staging dir holds after each save, then what a restore read."""
+    """Rank r is node r (its own local tier directory). Saves steps 1 and 2; what each node's
+    local tier directory holds after each save, then what a restore read."""
     import torch.distributed as dist
 
     mine = os.path.join(staging, f"node{rank}")
     seen = {}
-    with CheckpointManager(root, staging_dir=mine, async_save=False) as mgr:
+    with CheckpointManager(root, local_tier_dir=mine, async_save=False) as mgr:
         for step in (1, 2):
             mgr.save(step, {f"w{rank}": torch.full((1000,), float(step + rank))})
             dist.barrier()
@@ -112,7 +112,7 @@ def test_every_nodes_local_tier_keeps_what_rank_0_decided(tmp_path) -> None:
     from harness.dist import run_distributed
 
     root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
-    # What is not ckptstore's in node 1's staging dir stays: a user's file, a symlink
+    # What is not ckptstore's in node 1's local tier directory stays: a user's file, a symlink
     # named like an old step (pointing outside), a foreign file inside an old step dir.
     node1 = os.path.join(staging, "node1")
     outside = tmp_path / "outside"

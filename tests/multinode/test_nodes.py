@@ -1,6 +1,6 @@
 """Multi-node scenarios on one machine: two torchrun agents as nodes, one c10d rendezvous.
 
-Each node (``harness.nodes``) has its own staging directory (the node-local tier) and data
+Each node (``harness.nodes``) has its own local tier directory (the node-local tier) and data
 cache; the checkpoint root is one directory both reach (the remote). Every scenario checks
 the final model, optimizer and RNG state of every rank bitwise against an uninterrupted
 two-node run, and which tier each rank restored from (the manager's restore log, which the

@@ -4,7 +4,7 @@ Two nodes, node 0 with two processes and node 1 with one (world 3), each rank sa
 through its own writer process (``CheckpointManager(background="process")``): the writers
 of all three ranks form their gloo group through the rendezvous store rank 0 hosts, whose
 address reaches every rank over the manager's control group (the default store's host, or
-``MASTER_ADDR``). Node 0's two processes share its staging directory (the node-local tier)
+``MASTER_ADDR``). Node 0's two processes share its local tier directory (the node-local tier)
 and its data cache. Once step 8 is committed everywhere, one of node 0's workers is
 SIGKILLed: its writer dies with it, every rank starts a new worker and writer, and all
 three restore the same step from their node's local tier (node 0's two ranks from the one
@@ -55,7 +55,7 @@ def test_process_writers_across_nodes_and_a_node_directory_shared_by_two_process
     ready = [e for r in attempts[1].ranks.values() for e in r if e["ev"] == "ready"]
     assert len(ready) == 3 and len({e["restored"] for e in ready}) == 1
     assert ready[0]["restored"] >= EVERY * 2
-    for e in ready:  # node 0's two ranks from the one staging directory
+    for e in ready:  # node 0's two ranks from the one local tier directory
         assert tier(e) == "local", e["restore_log"]
     every = list(range(EVERY, STEPS + 1, EVERY))
     for r, evs in attempts[1].ranks.items():  # every save after the restart, on every rank

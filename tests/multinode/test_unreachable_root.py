@@ -49,7 +49,7 @@ def _body(rank: int, world_size: int, port: int, options: dict[str, Any], url: s
     if rank == 1:
         link.clear()  # back
     out["back"] = mgr.save(3, state)
-    mgr.strict = True
+    mgr.options.strict = True
     if rank == 1:
         link.add(Rule("*", "reset"))
     try:

@@ -148,7 +148,7 @@ def test_folder_shares_balance_bytes_and_refuse_different_copies() -> None:
 def test_lightning_io_passes_key_layout_and_background_to_its_manager(tmp_path) -> None:
     io = CkptStoreIO(str(tmp_path), key_layout="spread", background="thread")
     mgr = io.manager()
-    assert (mgr.key_layout, mgr.background) == ("spread", "thread")
+    assert (mgr.options.key_layout, mgr.options.background) == ("spread", "thread")
     io.teardown()
     with pytest.raises(ConfigError, match="background"):
         CkptStoreIO(str(tmp_path), background="fork").manager()

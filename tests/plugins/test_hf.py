@@ -98,8 +98,8 @@ def test_manager_options_pass_through_and_unknown_ones_fail_at_once(tmp_path) ->
         str(tmp_path / "root"), keep=KeepLast(5), codec="zstd", strict=True, key_layout="spread"
     )
     mgr = cb.folders.manager
-    assert (mgr.keep, mgr.codec, mgr.strict) == (KeepLast(5), "zstd", True)
-    assert (mgr.key_layout, mgr.background) == ("spread", "thread")
+    assert (mgr.options.keep, mgr.options.codec, mgr.options.strict) == (KeepLast(5), "zstd", True)
+    assert (mgr.options.key_layout, mgr.options.background) == ("spread", "thread")
     cb.close()
     for cls in (CkptStoreCallback, CkptStoreAccelerate):
         with pytest.raises(TypeError, match="'on_busy'.*storage_options"):

@@ -4,7 +4,7 @@ The job is ``examples/resilience/train.py`` (tiny transformer, Parquet tokens, D
 gloo, CheckpointManager with staged async saves, RNGState, ckptstore DataLoader); the
 harness is ``harness.chaos``. Three checks:
 
-1. Same world size, a kill in every phase of a save (local staging, upload, before and after
+1. Same world size, a kill in every phase of a save (node-local tier copy, upload, before and after
    the commit marker) and one at a random time: the final model, optimizer and RNG states
    are bitwise those of an uninterrupted run, and every sample is consumed exactly once
    per epoch.

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ckptstore.engine.paths import check_staging_dir
+from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.errors import ConfigError, MissingDependencyError
 from ckptstore.stores import (
     BUILTIN_STORES,
@@ -116,8 +116,8 @@ def test_local_scheme_is_stripped(tmp_path: Path) -> None:
 def test_staging_inside_a_local_url_root_is_refused(tmp_path: Path) -> None:
     root = tmp_path / "root"
     with pytest.raises(ConfigError, match="inside the checkpoint root"):
-        check_staging_dir(f"local://{root}", str(root / "staging"))
-    check_staging_dir(f"local://{root}", str(tmp_path / "staging"))  # beside it: fine
+        check_local_tier_dir(f"local://{root}", str(root / "staging"))
+    check_local_tier_dir(f"local://{root}", str(tmp_path / "staging"))  # beside it: fine
 
 
 def test_every_builtin_store_takes_the_one_constructor() -> None:

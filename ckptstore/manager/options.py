@@ -1,0 +1,124 @@
+"""``ManagerOptions``: every option of a ``CheckpointManager``, in one frozen, checked value.
+
+Built once (by the caller, or from the manager's keywords) and passed down: the manager,
+its save backends and the integrations read their options from it, so a new option is
+added here once and reaches every one of them. ``from_keywords`` refuses an unknown
+keyword with the list of known ones, and an old name with the name that replaced it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ckptstore.config import TransferConfig
+from ckptstore.engine.codecs import get_codec
+from ckptstore.engine.layout import KEY_LAYOUTS
+from ckptstore.errors import ConfigError
+from ckptstore.manager.retention import KeepLast, RetentionPolicy
+
+__all__ = ["BACKENDS", "ON_BUSY", "RENAMED", "ManagerOptions", "check_budget"]
+
+#: The values of ``background``.
+BACKENDS = ("thread", "process")
+#: The values of ``on_busy``.
+ON_BUSY = ("wait", "skip")
+#: Keywords that were renamed: old name -> new name (refused with a message naming it).
+RENAMED = {"staging_dir": "local_tier_dir"}
+
+
+def check_budget(value: object) -> int | None:
+    """``value`` as a staging budget in bytes (None: unbounded); ConfigError if it is not one."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(
+            f"max_staging_bytes must be a positive number of bytes (or None for no limit), "
+            f"not {value!r}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class ManagerOptions:
+    """What a ``CheckpointManager`` does; every field is checked when the value is made.
+
+    storage_options: the store's options (credentials, endpoint), as ``open_store`` takes.
+    local_tier_dir: the node-local tier, a directory on node-local disk (NVMe, tmpfs):
+        each save lands there first and is uploaded from it, and a restore reads a step
+        from it when this node still holds it. Outside the root. None: no local tier.
+    keep: retention of committed steps (default ``KeepLast(3)``).
+    config: the transfer engine's tuning (parts, concurrency, retries).
+    async_save: False writes each save before ``save`` returns.
+    on_busy: a save while the previous one is uploading "wait"s for it or is "skip"ped.
+    strict: raise a failed background save at the next call even after a first commit.
+    codec: "none" or "zstd" (per item, in DCP's own ``ZStandard`` format).
+    key_layout: "flat", or "spread" over 256 key prefixes for request-rate-limited stores.
+    grace_period_s: what ``finalize`` may take after a preemption notice.
+    handle_sigterm: install a SIGTERM handler that ``preemption_requested`` reports.
+    background: "thread" (default) or "process" (a writer process per rank).
+    allow_pickle: restore unpickles any object item (only for roots you trust).
+    max_staging_bytes: host memory a save stages into, at most (None: the whole state).
+    run_id: this job's identity (default: from the launcher; see ``engine.owner``).
+    """
+
+    storage_options: Mapping[str, Any] | None = None
+    local_tier_dir: str | None = None
+    keep: RetentionPolicy = field(default_factory=lambda: KeepLast(3))
+    config: TransferConfig | None = None
+    async_save: bool = True
+    on_busy: str = "wait"
+    strict: bool = False
+    codec: str = "none"
+    key_layout: str = "flat"
+    grace_period_s: float = 120.0
+    handle_sigterm: bool = False
+    background: str = "thread"
+    allow_pickle: bool = False
+    max_staging_bytes: int | None = None
+    run_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.keep is None:  # None means the default, as it does for the keyword
+            object.__setattr__(self, "keep", KeepLast(3))
+        if self.on_busy not in ON_BUSY:
+            raise ConfigError(f"on_busy must be 'wait' or 'skip', not {self.on_busy!r}")
+        if self.background not in BACKENDS:
+            raise ConfigError(f"background must be 'thread' or 'process', not {self.background!r}")
+        get_codec(self.codec)  # ConfigError listing the choices
+        if self.key_layout not in KEY_LAYOUTS:
+            raise ConfigError(
+                f"key_layout must be one of {', '.join(map(repr, KEY_LAYOUTS))}, "
+                f"not {self.key_layout!r}"
+            )
+        check_budget(self.max_staging_bytes)
+        if isinstance(self.grace_period_s, bool) or not (
+            isinstance(self.grace_period_s, (int, float)) and self.grace_period_s > 0
+        ):
+            raise ConfigError(
+                f"grace_period_s must be a positive number of seconds, not {self.grace_period_s!r}"
+            )
+
+    @classmethod
+    def from_keywords(
+        cls, base: ManagerOptions | None = None, /, **keywords: Any
+    ) -> ManagerOptions:
+        """``base`` (default: the defaults) with ``keywords`` replacing its fields.
+
+        An unknown keyword is a ``TypeError`` listing the known ones; an old name
+        (``RENAMED``) one naming its new name."""
+        known = {f.name for f in dataclasses.fields(cls)}
+        for name in keywords:
+            if name in RENAMED:
+                raise ConfigError(
+                    f"the option {name!r} is now called {RENAMED[name]!r}: pass "
+                    f"{RENAMED[name]}=... instead"
+                )
+            if name not in known:
+                raise ConfigError(
+                    f"unknown CheckpointManager option {name!r}; the options are "
+                    f"{', '.join(sorted(known))}"
+                )
+        return dataclasses.replace(base or cls(), **keywords)
