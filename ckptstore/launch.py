@@ -25,15 +25,19 @@ Call order (every rank, once, before anything else distributed)::
     dist.destroy_process_group()
 
 :func:`fresh_new_group` is for a library that did not create the default group (the
-CheckpointManager): a ``dist.new_group`` whose name no earlier attempt used.
+CheckpointManager): a ``dist.new_group`` whose name no earlier attempt used. Both call
+:func:`check_rendezvous` once, which warns when the agent runs stock c10d on several nodes
+(``ckptstore.rendezvous`` is the backend to use).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -41,16 +45,62 @@ import torch.distributed as dist
 
 from ckptstore.errors import ConfigError
 
-__all__ = ["fresh_new_group", "init_process_group", "made_here", "shares_agent_store"]
+__all__ = [
+    "check_rendezvous",
+    "fresh_new_group",
+    "init_process_group",
+    "made_here",
+    "rendezvous_backend",
+    "shares_agent_store",
+]
+
+log = logging.getLogger(__name__)
 
 BASE = "ckptstore/attempt"
 POLL_S = 0.01
 _OURS: set[int] = set()  # id() of default groups this module created
+_CHECKED: list[bool] = []  # check_rendezvous ran in this process
 
 
 def shares_agent_store() -> bool:
     """True in a torchrun worker whose store is the agent's, shared by every attempt."""
     return os.environ.get("TORCHELASTIC_USE_AGENT_STORE") == "True"
+
+
+def rendezvous_backend(agent_args: Sequence[str], env: dict[str, str]) -> str | None:
+    """The ``--rdzv-backend`` a torchrun agent run as ``agent_args`` uses (its argument,
+    else ``PET_RDZV_BACKEND`` from ``env``, as torchrun reads it), or None if not named."""
+    for i, arg in enumerate(agent_args):
+        if arg in ("--rdzv-backend", "--rdzv_backend") and i + 1 < len(agent_args):
+            return agent_args[i + 1]
+        if arg.startswith(("--rdzv-backend=", "--rdzv_backend=")):
+            return arg.partition("=")[2]
+        if arg.endswith(".py"):  # the training script: what follows are its own arguments
+            break
+    return env.get("PET_RDZV_BACKEND")
+
+
+def check_rendezvous() -> None:
+    """Warn once (rank 0) when this worker's torchrun agent uses stock c10d with its store
+    shared on a job of several nodes: a replaced or added node would never join (torch's
+    handler publishes the store in its first round only); ``ckptstore-c10d`` fixes that."""
+    if _CHECKED or not shares_agent_store():
+        return
+    _CHECKED.append(True)
+    if os.environ.get("RANK", "0") != "0" or int(os.environ.get("GROUP_WORLD_SIZE", "1")) < 2:
+        return
+    try:
+        with open(f"/proc/{os.getppid()}/cmdline", "rb") as f:
+            agent = [a.decode(errors="replace") for a in f.read().split(b"\0")]
+    except OSError:  # not Linux, or the agent is gone: torchrun's environment alone
+        agent = []
+    if rendezvous_backend(agent, dict(os.environ)) == "c10d":
+        log.warning(
+            "torchrun's stock c10d rendezvous shares one store with the workers but publishes "
+            "it in its first round only: a replaced or added node would wait for it until the "
+            "rendezvous times out. Launch with --rdzv-backend ckptstore-c10d (the same "
+            "options otherwise; docs/multinode.md)."
+        )
 
 
 def made_here() -> bool:
@@ -108,6 +158,7 @@ def init_process_group(backend: str = "gloo", timeout: timedelta | None = None) 
     """``dist.init_process_group(backend)`` from torchrun's environment, in a store
     namespace of this attempt's own; see the module docstring."""
     timeout = timeout or timedelta(minutes=10)
+    check_rendezvous()
     if not shares_agent_store():
         dist.init_process_group(backend, timeout=timeout)
         _OURS.add(id(dist.group.WORLD))
@@ -127,6 +178,7 @@ def fresh_new_group(backend: str = "gloo", timeout: timedelta | None = None) -> 
     shared store, that is plain ``new_group``; else the group is named from a number
     rank 0 draws and broadcasts on the default group (whose own connection is fresh),
     and the name counter is put back for the caller's own groups."""
+    check_rendezvous()
     if made_here() or not shares_agent_store():
         return dist.new_group(backend=backend, timeout=timeout)
     box = [secrets.randbits(62) | (1 << 62)]  # far above any counter a program reaches

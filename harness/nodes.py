@@ -14,8 +14,9 @@
         job.wait()               # every agent exited; NodeError if one failed
                                  # (leaving the block kills whatever still runs)
 
-Each node is ``torchrun --nnodes N --nproc-per-node P --rdzv-backend c10d --rdzv-endpoint
-127.0.0.1:PORT --rdzv-id ID --max-restarts K`` with torchrun's defaults otherwise
+Each node is ``torchrun --nnodes N --nproc-per-node P --rdzv-backend ckptstore-c10d
+--rdzv-endpoint 127.0.0.1:PORT --rdzv-id ID --max-restarts K`` with torchrun's defaults
+otherwise (``rdzv_backend="c10d"``: the stock backend, for the upstream canaries)
 (``nnodes`` may be elastic, ``"1:3"``; ``rdzv_conf`` adds ``--rdzv-conf``;
 ``nproc_per_node`` may name each node's count). Node ``i`` passes the training script its
 own node-local directories, ``run_dir/node<i>/staging`` (``--staging``) and
@@ -52,6 +53,43 @@ class NodeError(CkptStoreError, RuntimeError):
     """A node's agent failed, or the job hung; the message has the agents' output."""
 
 
+#: Set in each node's environment (the agent's, so its workers' and theirs): how
+#: ``kill_node`` finds every process of a node, also those the agent's death orphaned.
+MARK = "CKPTSTORE_TEST_NODE"
+
+
+def _marked(mark: str) -> list[int]:
+    """Pids of this user's live processes whose environment has ``MARK=mark``."""
+    needle = f"{MARK}={mark}\0".encode()
+    pids = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read() + b"\0"
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                state = f.read().rpartition(b")")[2].split()[0]
+        except OSError:  # gone, or not ours
+            continue
+        if needle in env and state != b"Z":
+            pids.append(int(entry))
+    return pids
+
+
+def _kill_marked(mark: str, within: float = 10.0) -> None:
+    """SIGKILL every process marked ``mark`` until none is left (a dying agent may still
+    start one) or ``within`` seconds passed."""
+    deadline = time.monotonic() + within
+    while (pids := _marked(mark)) and time.monotonic() < deadline:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        time.sleep(0.02)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -70,6 +108,7 @@ class Node:
     exited: float = 0.0  # time.time() the current agent was seen gone (0: not yet)
     job: str = ""  # the job's name: a later job on the same nodes logs apart
     left: bool = False  # taken out of the job for good (remove_node): not waited for
+    mark: str = ""  # MARK's value in the environment of every process of this node
 
     @property
     def _tag(self) -> str:
@@ -106,6 +145,7 @@ class NodeJob:
         nproc_per_node: int | Sequence[int] = 1,
         max_restarts: int = 1,
         rdzv_conf: str = "",
+        rdzv_backend: str = "ckptstore-c10d",
         node_args: Callable[[int], Sequence[str]] | None = None,
         env: dict[str, str] | None = None,
         job: str = "",
@@ -119,7 +159,7 @@ class NodeJob:
         if len(procs) != count:
             raise ValueError(f"nproc_per_node names {len(procs)} nodes, the job has {count}")
         self.nproc_per_node, self.max_restarts = list(procs), max_restarts
-        self.rdzv_conf, self.node_args = rdzv_conf, node_args
+        self.rdzv_conf, self.rdzv_backend, self.node_args = rdzv_conf, rdzv_backend, node_args
         self.python = python
         self.port = free_port()
         self.rdzv_id = uuid.uuid4().hex[:12]
@@ -132,7 +172,10 @@ class NodeJob:
             OMP_NUM_THREADS="1",
             PYTHONPATH=os.pathsep.join(p for p in (root, self.env.get("PYTHONPATH")) if p),
         )
-        self.nodes = [Node(i, os.path.join(run_dir, f"node{i}"), job=job) for i in range(count)]
+        self.nodes = [
+            Node(i, os.path.join(run_dir, f"node{i}"), job=job, mark=f"{self.rdzv_id}.{i}")
+            for i in range(count)
+        ]
 
     def __enter__(self) -> NodeJob:
         return self
@@ -146,7 +189,7 @@ class NodeJob:
             self.python, "-m", "torch.distributed.run",
             "--nnodes", self.nnodes,
             "--nproc-per-node", str(self.nproc_per_node[node.index]),
-            "--rdzv-backend", "c10d",
+            "--rdzv-backend", self.rdzv_backend,
             "--rdzv-endpoint", f"127.0.0.1:{self.port}",
             "--rdzv-id", self.rdzv_id,
             *(["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []),
@@ -165,7 +208,7 @@ class NodeJob:
                 self.command(node),
                 stdout=out,
                 stderr=subprocess.STDOUT,
-                env=self.env,
+                env={**self.env, MARK: node.mark},
                 start_new_session=True,
             )
         node.started.append(time.time())
@@ -284,53 +327,15 @@ class NodeJob:
         return pid
 
     def kill_node(self, i: int) -> None:
-        """SIGKILL node ``i``'s agent (its process group), then its workers: torchrun
-        starts each worker in a session of its own, so the agent's group misses them."""
-        proc = self.nodes[i].proc
-        workers = self._live_workers(i)
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            proc.wait()
-        for pid in workers:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        if proc is not None:
-            self._until_group_gone(proc.pid)
-            self.nodes[i].exited = self.nodes[i].exited or time.time()
-        for pid in workers:
-            self._until_group_gone(pid)  # each worker leads its own group
-
-    def _live_workers(self, i: int) -> list[int]:
-        """Pids of node ``i``'s logged workers that still run this job's script."""
-        live = []
-        for a in self.attempts(i):
-            for evs in a.ranks.values():
-                for e in evs:
-                    if e["ev"] != "start":
-                        continue
-                    try:
-                        with open(f"/proc/{int(e['pid'])}/cmdline", "rb") as f:
-                            if self.script.encode() in f.read():
-                                live.append(int(e["pid"]))
-                    except OSError:
-                        continue
-        return live
-
-    def _until_group_gone(self, pgid: int) -> None:
-        """Wait until no process of group ``pgid`` (the agent's workers) is left."""
-        for _ in range(500):
-            try:
-                os.killpg(pgid, 0)
-            except ProcessLookupError:
-                return
-            except PermissionError:
-                return
-            time.sleep(0.01)
+        """SIGKILL every process of node ``i``: its agent, the workers (torchrun starts each
+        in a session of its own) and what they started (writer processes), found by the
+        node's mark in their environment, so that none outlives the node, orphans
+        included. Returns once they are gone."""
+        node = self.nodes[i]
+        _kill_marked(node.mark)
+        if node.proc is not None:
+            node.proc.wait()
+            node.exited = node.exited or time.time()
 
     def replace_node(self, i: int) -> Node:
         """Kill node ``i`` whole, wipe its local directories, start a new agent there."""
@@ -351,8 +356,12 @@ class NodeJob:
         self.nodes[i].left = True
 
     def kill_all(self) -> None:
+        """Kill every node; NodeError if a process of the job is still there after that."""
         for node in self.nodes:
             self.kill_node(node.index)
+        left = [pid for node in self.nodes for pid in _marked(node.mark)]
+        if left:
+            raise NodeError(f"processes of the job outlived kill_all: {sorted(left)}")
 
     def wait(self) -> None:
         """Wait for every agent to exit; NodeError (after killing the rest) if one failed."""

@@ -172,7 +172,7 @@ def _help(script: str) -> str:
 
 @pytest.mark.processes
 def test_torchrun_block_matches_the_scripts_and_needs_no_environment() -> None:
-    (_, code), *rest = blocks("bash")
+    (_, code), _multinode, *rest = blocks("bash")
     assert not rest
     lines = code.replace("\\\n", " ").strip().splitlines()
     assert len(lines) == 2
@@ -187,6 +187,24 @@ def test_torchrun_block_matches_the_scripts_and_needs_no_environment() -> None:
         assert flag in train_help
     assert tokens[2] == launch[launch.index("--data") + 1]  # the dataset it wrote
     _help(os.path.join(REPO, tokens[1]))
+
+
+def test_multinode_torchrun_block_names_a_registered_backend() -> None:
+    """The several-nodes line parses as torchrun's own arguments, and the backend it names
+    is one torchrun's registry makes (the entry point ckptstore installs)."""
+    import torch.distributed.elastic.rendezvous.registry as registry
+    from torch.distributed.run import get_args_parser
+
+    from ckptstore.rendezvous import BACKEND
+
+    _, (_, code), *_ = blocks("bash")
+    (line,) = code.replace("\\\n", " ").strip().splitlines()
+    tokens = shlex.split(line)
+    assert tokens[0] == "torchrun"
+    args = get_args_parser().parse_args(tokens[1:])
+    assert args.rdzv_backend == BACKEND
+    registry._register_out_of_tree_handlers()  # what torchrun does at start
+    assert BACKEND in registry.handler_registry._registry
 
 
 def tool_lines() -> list[str]:

@@ -3,12 +3,14 @@ holds an earlier attempt's keys (as torchrun's shared store does after a restart
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
 
 import pytest
 import torch.distributed as dist
 
+from ckptstore import launch
 from ckptstore.errors import ConfigError
 from ckptstore.launch import BASE, _agree
 
@@ -60,3 +62,44 @@ def test_rank_0_names_the_ranks_that_never_joined():
     master = _store()
     with pytest.raises(ConfigError, match=r"ranks \[1\] did not join"):
         _agree(master, 0, 2, timedelta(seconds=0.3))
+
+
+@pytest.mark.parametrize(
+    ("agent", "env", "want"),
+    [
+        (["torchrun", "--nnodes", "2", "--rdzv-backend", "c10d", "t.py"], {}, "c10d"),
+        (["python", "-m", "torch.distributed.run", "--rdzv_backend=c10d", "t.py"], {}, "c10d"),
+        (["torchrun", "--rdzv-backend", "ckptstore-c10d", "t.py"], {}, "ckptstore-c10d"),
+        (["torchrun", "t.py", "--rdzv-backend", "c10d"], {}, None),  # the script's own
+        (["torchrun", "t.py"], {"PET_RDZV_BACKEND": "c10d"}, "c10d"),  # torchrun's env form
+        (["torchrun", "--rdzv-backend=etcd", "t.py"], {"PET_RDZV_BACKEND": "c10d"}, "etcd"),
+    ],
+)
+def test_the_agents_rendezvous_backend_is_read_as_torchrun_reads_it(agent, env, want) -> None:
+    assert launch.rendezvous_backend(agent, env) == want
+
+
+@pytest.mark.parametrize(
+    ("backend", "nodes", "warned"),
+    [("c10d", "2", True), ("ckptstore-c10d", "2", False), ("c10d", "1", False)],
+)
+def test_stock_c10d_on_several_nodes_is_warned_once(
+    monkeypatch, caplog, backend, nodes, warned
+) -> None:
+    """A worker of a two-node job whose agent (here: this test's parent, which names no
+    backend) runs with PET_RDZV_BACKEND: rank 0 warns once, naming the backend to use."""
+    monkeypatch.setattr(launch, "_CHECKED", [])
+    for name, value in {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "GROUP_WORLD_SIZE": nodes,
+        "RANK": "0",
+        "PET_RDZV_BACKEND": backend,
+    }.items():
+        monkeypatch.setenv(name, value)
+    with caplog.at_level(logging.WARNING, logger="ckptstore.launch"):
+        launch.check_rendezvous()
+        launch.check_rendezvous()
+    lines = [r.getMessage() for r in caplog.records if r.name == "ckptstore.launch"]
+    assert len(lines) == (1 if warned else 0)
+    if warned:
+        assert "--rdzv-backend ckptstore-c10d" in lines[0]

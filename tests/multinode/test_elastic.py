@@ -2,10 +2,9 @@
 
 Shrinking works under torchrun as it ships: a node that leaves for good is dropped from the
 next rendezvous round, and the remaining node restarts alone (world 1) from the newest
-commit, resharding the two-rank checkpoint. Growing a running job does not (torch 2.13):
-the node that joins a later round never gets into one group with the other (the bug of
-scenario 2; docs/multinode.md), so that test is a strict xfail, and the path that works
-is tested instead: a new job on two nodes resuming from the one-node job's checkpoint.
+commit, resharding the two-rank checkpoint. Growing a running job works under
+``--rdzv-backend ckptstore-c10d`` (stock c10d: a strict-xfail canary, ``scenario.BACKENDS``),
+and so does a new job on two nodes resuming from the one-node job's checkpoint.
 Every sample is consumed exactly once across the whole run (the effective steps, re-done
 ones excluded), and each restore loads exactly the model + optimizer state the step was
 saved with, on the other world size.
@@ -21,9 +20,18 @@ import pytest
 
 from harness.chaos import KillRecord
 from harness.nodelog import goodput, job_attempts
-from harness.nodes import NodeError, NodeJob
+from harness.nodes import NodeJob
 from harness.runlog import check_exactly_once, check_restores, trajectory
-from tests.multinode.scenario import EVERY, GLOBAL_BATCH, SAMPLES, SCRIPT, restores, tier
+from tests.multinode.scenario import (
+    BACKENDS,
+    EVERY,
+    GLOBAL_BATCH,
+    SAMPLES,
+    SCRIPT,
+    join_deadline,
+    restores,
+    tier,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -31,15 +39,8 @@ STEPS = 40
 SHRUNK_UNTIL = 24  # the one-node job's last step; the new two-node job trains the rest
 # Once a round has its minimum of nodes it waits this long for more (torchrun's default is
 # 30 s), so the shrink's restart pays it once; long enough for node 1's agent to join the
-# first round (with less, node 0 starts alone and node 1 joins a later round: the bug).
+# first round (with less, node 0 starts alone and node 1 joins a later round).
 RDZV_CONF = "last_call_timeout=10"
-#: Node 1 may take this many times node 0's start-up (its agent launched to its worker in
-#: the group) to join the running job: from node 1's agent's launch to its worker in a
-#: group of two is the same work (an agent's start, a rendezvous round with its last call,
-#: workers' start), all torch's, bar node 0's final save. With the rendezvous opt-out (a
-#: torch that publishes MASTER_ADDR in every round) the join took 1.11x the start-up on two
-#: heavily loaded cores (34 s of 31 s).
-JOIN_PER_STARTUP = 1.5
 
 
 def elastic(
@@ -95,19 +96,13 @@ def test_shrink_to_one_node_then_a_new_two_node_job_resumes(tmp_path, data) -> N
     print(acct.format())
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=NodeError,
-    reason="torch 2.13's c10d rendezvous, as torchrun ships it, publishes the workers' "
-    "store address (MASTER_ADDR) in its first round only: a node joining a running job's "
-    "later round either waits for that key until the rendezvous times out, or its workers "
-    "and the other node's are never in one store and each waits for the other "
-    "(docs/multinode.md). Strict: it passes once torch is fixed.",
-)
-def test_grow_a_running_job_from_one_node_to_two(tmp_path, data) -> None:
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_grow_a_running_job_from_one_node_to_two(tmp_path, data, backend) -> None:
     d = str(tmp_path)
     # node 0 trains slowly enough that node 1 joins mid-run
-    with elastic(d, data, STEPS, max_restarts=1, extra=("--step-delay", "0.5")) as nj:
+    with elastic(
+        d, data, STEPS, max_restarts=1, extra=("--step-delay", "0.5"), rdzv_backend=backend
+    ) as nj:
         t0 = time.monotonic()
         nj.start(1)
         nj.wait_until("node 0's worker in its group", lambda: nj.joined(0))
@@ -118,10 +113,10 @@ def test_grow_a_running_job_from_one_node_to_two(tmp_path, data) -> None:
         )
         t1 = time.monotonic()
         nj.start_node(1)
-        # Where torch 2.13 hangs: NodeError (every agent killed) once a fixed torch would
-        # have joined; the rest of the run has the job's deadline.
+        # Where stock c10d hangs: NodeError (every agent killed) at the join deadline;
+        # the rest of the run has the job's deadline.
         nj.wait_until("node 1's worker in a group of two", lambda: nj.joined(1, world=2),
-                      within=JOIN_PER_STARTUP * startup)  # fmt: skip
+                      within=join_deadline(startup))  # fmt: skip
         join = time.monotonic() - t1
         print(f"start-up {startup:.2f} s; node 1 joined in {join:.2f} s "
               f"({join / startup:.2f}x the start-up)")  # fmt: skip

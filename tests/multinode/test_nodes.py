@@ -15,8 +15,15 @@ import pytest
 
 from harness.chaos import KillRecord
 from harness.nodelog import goodput
-from harness.nodes import NodeError
-from tests.multinode.scenario import EVERY, assert_same_final, job, restores, tier
+from tests.multinode.scenario import (
+    BACKENDS,
+    EVERY,
+    assert_same_final,
+    job,
+    join_deadline,
+    restores,
+    tier,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.distributed]
 
@@ -44,27 +51,12 @@ def test_worker_killed_on_one_node_both_nodes_restore_from_their_local_tier(
     )
 
 
-#: A replacement may take this many times the job's own start-up (agents launched to
-#: both workers in their group) to join: from its agent's launch to its worker in the group
-#: is the same work (an agent's start, a rendezvous round, workers' start), all torch's.
-#: With the rendezvous opt-out (a torch that publishes MASTER_ADDR in every round) the join
-#: took 0.98x the start-up on two heavily loaded cores (39 s of 39 s).
-JOIN_PER_STARTUP = 1.5
-
-
-@pytest.mark.xfail(
-    strict=True,
-    raises=NodeError,
-    reason="torch 2.13's c10d rendezvous, as torchrun ships it, shares its TCPStore with the "
-    "workers, and rank 0's agent publishes MASTER_ADDR on its first round only: a node that "
-    "joins a later round (a replacement) waits for that key until the rendezvous times out, "
-    "before any ckptstore code runs (docs/multinode.md). Strict: it passes once torch is fixed.",
-)
+@pytest.mark.parametrize("backend", BACKENDS)
 def test_node_replaced_restores_from_the_remote_while_the_other_reads_locally(
-    tmp_path, data, reference
+    tmp_path, data, reference, backend
 ) -> None:
     d = str(tmp_path)
-    with job(d, data, max_restarts=2) as nj:
+    with job(d, data, max_restarts=2, rdzv_backend=backend) as nj:
         t0 = time.monotonic()
         nj.start()
         nj.wait_until("both workers in their group", lambda: nj.joined(0) and nj.joined(1))
@@ -73,10 +65,10 @@ def test_node_replaced_restores_from_the_remote_while_the_other_reads_locally(
         t_kill = time.time()
         nj.replace_node(1)  # agent and worker SIGKILLed, node dir wiped, a new agent started
         t1 = time.monotonic()
-        # Where torch 2.13 hangs: NodeError (every agent killed) once a fixed torch would
-        # have joined; the rest of the run has the job's deadline.
+        # Where stock c10d hangs: NodeError (every agent killed) at the join deadline;
+        # the rest of the run has the job's deadline.
         nj.wait_until("the replacement's worker in the group", lambda: nj.joined(1),
-                      within=JOIN_PER_STARTUP * startup)  # fmt: skip
+                      within=join_deadline(startup))  # fmt: skip
         join = time.monotonic() - t1
         print(f"start-up {startup:.2f} s; the replacement joined in {join:.2f} s "
               f"({join / startup:.2f}x the start-up)")  # fmt: skip
