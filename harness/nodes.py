@@ -26,7 +26,9 @@ so after a replacement two nodes' ``TORCHELASTIC_RESTART_COUNT`` differ and one 
 per incarnation keeps their logs apart; ``node_args(i)`` adds arguments of node ``i``'s
 own (its link to the store), and a named ``job`` (a later job on the same nodes, same
 ``run_dir``) logs under ``log/<job>-node<i>.<n>``. The agent of node 0 hosts the rendezvous
-store (it binds the endpoint first), so it is the one node that cannot be replaced.
+store (it binds the endpoint first), so it is the one node that cannot be replaced, unless
+``external_store=True``: then the harness hosts the store, as a job's launcher would, the
+agents are its clients (``--rdzv-conf is_host=false``), and any node can be replaced.
 """
 
 from __future__ import annotations
@@ -90,6 +92,15 @@ def _kill_marked(mark: str, within: float = 10.0) -> None:
         time.sleep(0.02)
 
 
+#: The launcher's rendezvous store (``NodeJob(external_store=True)``): a TCPStore server
+#: on the port in argv[1], until killed.
+_STORE_SERVER = (
+    "import sys, time, torch.distributed as d\n"
+    "s = d.TCPStore('127.0.0.1', int(sys.argv[1]), is_master=True, wait_for_workers=False)\n"
+    "while True: time.sleep(3600)\n"
+)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -146,6 +157,7 @@ class NodeJob:
         max_restarts: int = 1,
         rdzv_conf: str = "",
         rdzv_backend: str = "ckptstore-c10d",
+        external_store: bool = False,
         node_args: Callable[[int], Sequence[str]] | None = None,
         env: dict[str, str] | None = None,
         job: str = "",
@@ -159,7 +171,14 @@ class NodeJob:
         if len(procs) != count:
             raise ValueError(f"nproc_per_node names {len(procs)} nodes, the job has {count}")
         self.nproc_per_node, self.max_restarts = list(procs), max_restarts
-        self.rdzv_conf, self.rdzv_backend, self.node_args = rdzv_conf, rdzv_backend, node_args
+        self.rdzv_backend, self.node_args = rdzv_backend, node_args
+        # An external store: the launcher (this harness) hosts the rendezvous store, every
+        # agent is a client of it (is_host=false), and node 0 is a node like any other.
+        self.external_store = external_store
+        self.rdzv_conf = ",".join(
+            c for c in (rdzv_conf, "is_host=false" if external_store else "") if c
+        )
+        self.store_proc: subprocess.Popen[bytes] | None = None
         self.python = python
         self.port = free_port()
         self.rdzv_id = uuid.uuid4().hex[:12]
@@ -216,10 +235,18 @@ class NodeJob:
         return node
 
     def start(self, count: int | None = None) -> None:
-        """Start the first ``count`` nodes (all), node 0 first: it binds the endpoint."""
+        """Start the first ``count`` nodes (all), node 0 first: it binds the endpoint (with
+        ``external_store``, the store this harness starts first does)."""
+        if self.external_store:
+            self.store_proc = subprocess.Popen(
+                [self.python, "-c", _STORE_SERVER, str(self.port)],
+                env={**self.env, MARK: f"{self.rdzv_id}.store"},
+                start_new_session=True,
+            )
+            self._until("the rendezvous store", self._store_up)
         for i in range(count if count is not None else len(self.nodes)):
             self.start_node(i)
-            if i == 0:
+            if i == 0 and not self.external_store:
                 self._until("node 0's rendezvous store", self._store_up)
 
     def _store_up(self) -> bool:
@@ -339,7 +366,7 @@ class NodeJob:
 
     def replace_node(self, i: int) -> Node:
         """Kill node ``i`` whole, wipe its local directories, start a new agent there."""
-        if i == 0:
+        if i == 0 and not self.external_store:
             raise ValueError("node 0 hosts the rendezvous store; replace another node")
         self.kill_node(i)
         node = self.nodes[i]
@@ -350,16 +377,21 @@ class NodeJob:
     def remove_node(self, i: int) -> None:
         """Kill node ``i`` whole and take it out of the job for good (an elastic job
         shrinks): its failure is not the job's, and nothing waits for it any more."""
-        if i == 0:
+        if i == 0 and not self.external_store:
             raise ValueError("node 0 hosts the rendezvous store; remove another node")
         self.kill_node(i)
         self.nodes[i].left = True
 
     def kill_all(self) -> None:
-        """Kill every node; NodeError if a process of the job is still there after that."""
+        """Kill every node (and the external store); NodeError if a process of the job is
+        still there after that."""
         for node in self.nodes:
             self.kill_node(node.index)
-        left = [pid for node in self.nodes for pid in _marked(node.mark)]
+        _kill_marked(f"{self.rdzv_id}.store")
+        if self.store_proc is not None:
+            self.store_proc.wait()
+        marks = [node.mark for node in self.nodes] + [f"{self.rdzv_id}.store"]
+        left = [pid for mark in marks for pid in _marked(mark)]
         if left:
             raise NodeError(f"processes of the job outlived kill_all: {sorted(left)}")
 

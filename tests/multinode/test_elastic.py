@@ -17,6 +17,7 @@ import time
 from typing import Any
 
 import pytest
+import torch
 
 from harness.chaos import KillRecord
 from harness.nodelog import goodput, job_attempts
@@ -44,9 +45,18 @@ RDZV_CONF = "last_call_timeout=10"
 
 
 def elastic(
-    d: str, data: str, steps: int, job: str = "", extra: tuple[str, ...] = (), **kw: Any
+    d: str,
+    data: str,
+    steps: int,
+    job: str = "",
+    extra: tuple[str, ...] = (),
+    nodes: int = 2,
+    nnodes: str = "",
+    **kw: Any,
 ) -> NodeJob:
-    """Two nodes of an elastic job, ``--nnodes 1:2`` (``job``: its name, for logs apart)."""
+    """``nodes`` nodes of an elastic job, ``--nnodes 1:<nodes>`` unless ``nnodes`` says
+    otherwise (``job``: its name, for logs apart; ``d/ckpt`` its root, ``d/out`` where it
+    writes its final state)."""
     args = [
         "--data", data, "--root", f"{d}/ckpt", "--out", f"{d}/out", "--steps", str(steps),
         "--save-every", str(EVERY), "--global-batch", str(GLOBAL_BATCH), "--d-model", "32",
@@ -54,7 +64,14 @@ def elastic(
     ]  # fmt: skip
     kw.setdefault("timeout_s", 240.0)
     return NodeJob(
-        SCRIPT, args, run_dir=d, nnodes="1:2", nodes=2, rdzv_conf=RDZV_CONF, job=job, **kw
+        SCRIPT,
+        args,
+        run_dir=d,
+        nnodes=nnodes or f"1:{nodes}",
+        nodes=nodes,
+        rdzv_conf=RDZV_CONF,
+        job=job,
+        **kw,
     )
 
 
@@ -129,3 +146,81 @@ def test_grow_a_running_job_from_one_node_to_two(tmp_path, data, backend) -> Non
     assert restored.ok, restored.problems
     (joined,) = restores(nj, 1)
     assert joined["restored"] >= EVERY and tier(joined) == "remote", joined["restore_log"]
+
+
+def _committed_by(nj: NodeJob, node: int) -> bool:
+    """True once node ``node``'s current incarnation logged a committed save."""
+    return any(
+        e["ev"] == "commit" and e["status"] == "committed"
+        for a in nj.attempts(node)
+        for evs in a.ranks.values()
+        for e in evs
+    )
+
+
+def test_grow_one_to_two_to_three_nodes_then_one_leaves(tmp_path, data) -> None:
+    """``--nnodes 1:3`` under ckptstore-c10d: node 0 alone, node 1 joins, node 2 joins, node
+    2 leaves for good. The run ends bitwise equal to the same schedule run as separate
+    jobs of fixed size (each resuming the step the elastic run resumed), every sample is
+    seen exactly once, and each restore loads the state its step was saved with."""
+    d, steps = str(tmp_path / "run"), 60
+    with elastic(
+        d, data, steps, nodes=3, max_restarts=3, extra=("--step-delay", "0.4"), timeout_s=420
+    ) as nj:
+        t0 = time.monotonic()
+        nj.start(1)
+        nj.wait_until("node 0's worker in its group", lambda: nj.joined(0))
+        startup = time.monotonic() - t0
+        nj.wait_until("node 0's first commit", lambda: _committed_by(nj, 0))
+        joins = []
+        for i in (1, 2):
+            t = time.monotonic()
+            nj.start_node(i)
+            nj.wait_until(f"node {i}'s worker in a group of {i + 1}",
+                          lambda i=i: nj.joined(i, world=i + 1),
+                          within=join_deadline(startup))  # fmt: skip
+            joins.append(time.monotonic() - t)
+            nj.wait_until(f"a commit of the {i + 1}-node group", lambda i=i: _committed_by(nj, i))
+        t_leave = time.time()
+        nj.remove_node(2)  # agent and worker SIGKILLed: the job goes on with two nodes
+        nj.wait()
+    attempts = job_attempts([nj])
+    assert [a.world for a in attempts] == [1, 2, 3, 2]
+    data_check = check_exactly_once(trajectory(attempts), SAMPLES, steps)
+    assert data_check.ok, data_check.problems
+    restored = check_restores(attempts)
+    assert restored.ok, restored.problems
+    resumed = [step for _, step in restored.restores]  # None, then each attempt's step
+    assert resumed[0] is None and all(s is not None for s in resumed[1:])
+    for node in (1, 2):  # a node joining has no local copy: its first restore is remote
+        ready = restores(nj, node)[0]
+        assert tier(ready) == "remote", ready["restore_log"]
+    print(f"start-up {startup:.2f} s; joins {', '.join(f'{j:.2f} s' for j in joins)} "
+          f"({', '.join(f'{j / startup:.2f}x' for j in joins)} the start-up)")  # fmt: skip
+    for node in (0, 1):
+        ready = restores(nj, node)[-1]
+        print(f"node {node} after node 2 left: {ready['restore_log']}, ready "
+              f"{ready['t'] - t_leave:.2f} s after")  # fmt: skip
+
+    # The same schedule as jobs of fixed size: world w_k trains up to the step the next
+    # attempt resumed from, and the last to the end; each resumes where the last stopped.
+    ref = str(tmp_path / "ref")
+    ends = [*(int(s) for s in resumed[1:]), steps]
+    for k, (a, end) in enumerate(zip(attempts, ends)):
+        with elastic(ref, data, end, job=f"ref{k}", nodes=a.world, nnodes=str(a.world),
+                     max_restarts=0) as fixed:  # fmt: skip
+            fixed.start()
+            fixed.wait()
+    for rank in (0, 1):
+        got = torch.load(f"{d}/out/final.rank{rank}.pt", weights_only=False)
+        want = torch.load(f"{ref}/out/final.rank{rank}.pt", weights_only=False)
+        assert got["step"] == want["step"] == steps
+        for part in ("model", "optim", "rng"):
+            flat_got = torch.utils._pytree.tree_flatten(got[part])[0]
+            flat_want = torch.utils._pytree.tree_flatten(want[part])[0]
+            assert len(flat_got) == len(flat_want)
+            for x, y in zip(flat_got, flat_want):
+                if isinstance(x, torch.Tensor):
+                    assert torch.equal(x, y), part
+                else:
+                    assert x == y, part

@@ -83,3 +83,35 @@ def test_node_replaced_restores_from_the_remote_while_the_other_reads_locally(
     for node, ready in ((0, survivor), (1, replaced)):
         print(f"node {node}: {ready['restore_log']}, restore {ready['restore_s']:.2f} s, "
               f"ready {ready['t'] - t_kill:.2f} s after the kill")  # fmt: skip
+
+
+def test_node_0_replaced_when_the_launcher_hosts_the_rendezvous_store(
+    tmp_path, data, reference
+) -> None:
+    """Node 0's agent hosts the rendezvous store by default, so losing it ends the job; with
+    the store hosted by the launcher (``--rdzv-conf is_host=false``, every agent a client)
+    node 0 is replaced like any other, and the job ends as the uninterrupted run does."""
+    d = str(tmp_path)
+    with job(d, data, max_restarts=2, external_store=True) as nj:
+        t0 = time.monotonic()
+        nj.start()
+        nj.wait_until("both workers in their group", lambda: nj.joined(0) and nj.joined(1))
+        startup = time.monotonic() - t0
+        nj.wait_commit(EVERY * 2)
+        t_kill = time.time()
+        nj.replace_node(0)  # the agent the store would have lived in, by default
+        t1 = time.monotonic()
+        nj.wait_until("the replacement's worker in the group", lambda: nj.joined(0),
+                      within=join_deadline(startup))  # fmt: skip
+        join = time.monotonic() - t1
+        nj.wait()
+    assert_same_final(d, reference)
+    (survivor,) = restores(nj, 1)
+    (replaced,) = restores(nj, 0)
+    assert survivor["restored"] == replaced["restored"] >= EVERY * 2
+    assert tier(replaced) == "remote", replaced["restore_log"]
+    print(f"start-up {startup:.2f} s; node 0's replacement joined in {join:.2f} s "
+          f"({join / startup:.2f}x the start-up)")  # fmt: skip
+    for node, ready in ((0, replaced), (1, survivor)):
+        print(f"node {node}: {ready['restore_log']}, ready {ready['t'] - t_kill:.2f} s after "
+              "the kill")  # fmt: skip
