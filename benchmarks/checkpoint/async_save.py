@@ -1,7 +1,7 @@
 """Blocking time of an async checkpoint: ckptstore's manager vs torch.save vs dcp.async_save.
 
-    python benchmarks/bench_async.py [--size-mib 1024] [--world 2] [--saves 4] [--quick]
-                                     [--contenders "NAME;..."] [--no-interference]
+    python -m benchmarks.checkpoint.async_save [--size-mib 1024] [--world 2] [--saves 4]
+        [--quick] [--contenders "NAME;..."] [--no-interference]
 
 Every rank holds ``size / world`` MiB of float32 tensors (8 per rank). For each contender,
 ``--saves`` saves run one after another while the "training loop" keeps going; we time, on
@@ -52,11 +52,9 @@ ratios within one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
@@ -64,11 +62,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling rss.py in the ranks
-
-from rss import peak_rss_mib, reset_peak  # noqa: E402 - a sibling module, found via sys.path
-
-from harness.dist import run_distributed  # noqa: E402
+from benchmarks.common import markdown_table, peak_rss_mib, reset_peak, rotated, write_results
+from harness.dist import run_distributed
 
 TENSORS_PER_RANK = 8
 #: The reference "until committed" is measured against (issue: <= 1.0x, <= 1.2x staged).
@@ -277,7 +272,7 @@ def bench_rank(
     for i in range(saves):
         # Round 0 (the first saves, reported apart) runs the process managers first, right
         # after construction: their first save shows what is left of the writer start.
-        order = names[::-1] if i == 0 else names[i % len(names) :] + names[: i % len(names)]
+        order = names[::-1] if i == 0 else rotated(names, i)
         for name in order:
             mgr = managers[name]
             c0, d0 = machine_counters()
@@ -396,9 +391,7 @@ def interference_table(rows: list[dict]) -> str:
 def markdown(header: str, rows: list[list[str]]) -> str:
     """A markdown table: ``header`` is the column names joined by "|"."""
     names = header.split("|")
-    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
+    return markdown_table(names, "l" * len(names), rows)
 
 
 def summarise(results: list[dict], total_mib: int) -> list[dict]:
@@ -541,11 +534,8 @@ def main() -> None:
     if res["interference"]:
         print("\nA CPU-bound training loop while a background save runs (1 torch thread/rank)\n")
         print(interference_table(res["interference"]))
-    os.makedirs("benchmarks/results", exist_ok=True)
-    out = f"benchmarks/results/bench_async-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    with open(out, "w") as f:
-        json.dump({"args": vars(args), **res}, f, indent=1)
-    print(f"\nraw results: {out}")
+    out = write_results("bench_async", {"args": vars(args), **res})
+    print(f"\nraw results: {os.path.relpath(out)}")
 
 
 if __name__ == "__main__":

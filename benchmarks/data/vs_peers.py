@@ -4,7 +4,7 @@ Run it with the peers' interpreter (benchmarks/peers/setup.sh makes it; the proj
 .venv does not have the peers, on purpose):
 
     benchmarks/peers/setup.sh
-    benchmarks/peers/.venv/bin/python benchmarks/bench_data_peers.py [--quick]
+    benchmarks/peers/.venv/bin/python -m benchmarks.data.vs_peers [--quick]
 
 Same rows, same server, same link for everyone: a SeaweedFS on 127.0.0.1 behind a shaped
 link (benchmarks/shaped_link.py: a per-connection bandwidth cap and added latency), two
@@ -52,11 +52,8 @@ import time
 from collections import Counter
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [os.path.join(HERE, "peers"), HERE, REPO]
-
-from convert import make_raw, make_tokens, to_litdata, to_mds  # noqa: E402
+from benchmarks.common import REPO_ROOT
+from benchmarks.peers.convert import make_raw, make_tokens, to_litdata, to_mds
 
 BUCKET = "peers"
 PACKED = "ckptstore-packed"  # raw files packed into Parquet shards (ckptstore.data.pack)
@@ -148,7 +145,7 @@ def run_ranks(spec: dict[str, Any], world: int, work: str, link: str, timeout: f
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             GLOO_SOCKET_IFNAME="lo",
-            PYTHONPATH=REPO,
+            PYTHONPATH=REPO_ROOT,
             AWS_ACCESS_KEY_ID=spec["s3"]["key"],
             AWS_SECRET_ACCESS_KEY=spec["s3"]["secret"],
             AWS_ENDPOINT_URL=link,
@@ -163,7 +160,8 @@ def run_ranks(spec: dict[str, Any], world: int, work: str, link: str, timeout: f
         log = open(os.path.join(work, f"{tag}.rank{r}.log"), "w")  # noqa: SIM115
         procs.append(
             subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "peers", "rank.py"), spec_path, out],
+                [sys.executable, "-m", "benchmarks.peers.rank", spec_path, out],
+                cwd=REPO_ROOT,
                 env=env,
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -362,8 +360,7 @@ def main(argv: list[str] | None = None) -> int:
     args.datasets = args.datasets.split(",")
     names = args.contenders.split(",")
 
-    from shaped_link import ShapedLink
-
+    from benchmarks.shaped_link import ShapedLink
     from harness.seaweedfs import SeaweedFS
 
     work = tempfile.mkdtemp(prefix="ckptstore-peers-")

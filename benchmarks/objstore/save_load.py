@@ -1,10 +1,10 @@
 """Object-store save/load benchmark: stock FsspecWriter vs ckptstore, on a direct and a shaped link.
 
-    python benchmarks/bench_objstore.py                  # 1 GiB state, 2 gloo ranks, 3 repeats
-    python benchmarks/bench_objstore.py --quick          # 256 MiB, 2 repeats
-    python benchmarks/bench_objstore.py --part-mib 16 --concurrency 16   # + a tuned ckptstore row
-    python benchmarks/bench_objstore.py --links shaped --contenders raw,ckptstore
-    python benchmarks/bench_objstore.py --links shaped --link-mbps 50 --saves-only
+    python -m benchmarks.objstore.save_load              # 1 GiB state, 2 gloo ranks, 3 repeats
+    python -m benchmarks.objstore.save_load --quick      # 256 MiB, 2 repeats
+    python -m benchmarks.objstore.save_load --part-mib 16 --concurrency 16   # + a tuned row
+    python -m benchmarks.objstore.save_load --links shaped --contenders raw,ckptstore
+    python -m benchmarks.objstore.save_load --links shaped --link-mbps 50 --saves-only
 
 The benchmark starts its own SeaweedFS (``weed mini``, fresh temp directory, deleted at the
 end) and a shaped link in front of it (``benchmarks/shaped_link.py``: a TCP proxy that caps
@@ -41,7 +41,7 @@ rank-unique names. Contenders (ids for ``--contenders`` in brackets):
         stand-in is put in its place (it only decorates a retried delete in ``rename``).
 
 The stock writer/reader and the raw ceiling get the s3fs client options for SeaweedFS
-(``objstore_contenders.CLIENT_CONFIG``: checksums only when required); ckptstore builds its own
+(``contenders.CLIENT_CONFIG``: checksums only when required); ckptstore builds its own
 s3fs client; s3torchconnector its CRT client (credentials from AWS_* variables set for the
 ranks). Each time is barrier -> operation -> barrier on every rank; the sample is the max over
 ranks. Loads run right after their own save, into tensors zeroed beforehand, and are checked
@@ -61,7 +61,6 @@ import argparse
 import glob
 import multiprocessing
 import os
-import platform
 import signal
 import statistics
 import sys
@@ -71,30 +70,30 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _report import (  # noqa: E402 - sibling modules, found via sys.path
+from benchmarks.common import (
+    MiB,
     cell,
+    command_line,
     load_average,
+    machine_facts,
     machine_line,
+    make_state,
     markdown_table,
-    mem_gib,
+    rotated,
     write_results,
 )
-from objstore_contenders import (  # noqa: E402
+from benchmarks.objstore.contenders import (
     BUCKET,
     CONTENDERS,
     LINKS,
     LOAD_FNS,
     SAVE_FNS,
     BenchConfig,
-    MiB,
     RankCtx,
     cpu_seconds,
     delete_prefix,
     import_s3torch,
     labels,
-    make_state,
     raw_bodies,
 )
 
@@ -183,7 +182,7 @@ def _rank_main(
     ctx.bodies = raw_bodies(ctx.state, part) if "raw" in names else []
     rounds = []
     for r in range(cfg.repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]
+        order = rotated(names, r)
         links = cfg.links if r % 2 == 0 else tuple(reversed(cfg.links))
         got: dict[str, Any] = {"order": list(order), "links": list(links)}
         for link in links:
@@ -193,32 +192,6 @@ def _rank_main(
 
 
 # -- parent side -------------------------------------------------------------------------
-def _machine() -> dict[str, Any]:
-    import torch
-
-    cpu = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    versions = {}
-    for mod in ("s3fs", "botocore", "aiobotocore", "s3torchconnector"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except (ImportError, AttributeError):
-            versions[mod] = None
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "mem_gib": mem_gib(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        **versions,
-    }
-
-
 def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> list[dict]:
     """One row per (operation, contender, link): medians, ranges, ratios."""
     labs = labels(cfg)
@@ -326,8 +299,7 @@ def targets(rows: list[dict[str, Any]]) -> list[str]:
 
 
 def run(cfg: BenchConfig) -> dict[str, Any]:
-    from shaped_link import ShapedLink
-
+    from benchmarks.shaped_link import ShapedLink
     from harness.dist import run_distributed
     from harness.seaweedfs import SeaweedFS
 
@@ -358,7 +330,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             _rank_main, cfg.world, cfg, endpoints, pids, vacuum, counters, timeout=3600, env=env
         )
         wall = time.perf_counter() - t0
-        machine = _machine()
+        machine = machine_facts(modules=("s3fs", "botocore", "aiobotocore", "s3torchconnector"))
         machine["loadavg_before"] = load_before
         machine["loadavg_after"] = load_average()
         link_stats = link.stats()
@@ -378,7 +350,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         },
         "state_bytes": cfg.state_bytes,
         "link": {"description": link.describe(), **link_stats},
-        "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(),
         "machine": machine,
         "wall_s": wall,
         "rows": _summarise(rounds_by_rank, cfg),
