@@ -38,6 +38,7 @@ __all__ = [
     "cell",
     "command_line",
     "current_rss_mib",
+    "fsync_path",
     "load_average",
     "machine_facts",
     "machine_line",
@@ -120,6 +121,15 @@ def record(scn: str, kind: str, metric: str, contender: str, samples: list[float
         "peak_rss_mib": kw.pop("peak_rss_mib", None),
         "extra": kw,
     }
+
+
+def fsync_path(path: str, flags: int = os.O_RDONLY) -> None:
+    """fsync a file or a directory by its path."""
+    fd = os.open(path, flags)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 # -- peak resident memory ------------------------------------------------------------------

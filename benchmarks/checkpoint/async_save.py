@@ -62,12 +62,22 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks.common import markdown_table, peak_rss_mib, reset_peak, rotated, write_results
+from benchmarks.checkpoint.async_common import (
+    STAGER,
+    make_state,
+    markdown,
+    stock_async_save,
+    stock_wait,
+    timed_max,
+)
+from benchmarks.checkpoint.interference import (
+    interference,
+    interference_table,
+    summarise_interference,
+)
+from benchmarks.common import fsync_path, peak_rss_mib, reset_peak, rotated, write_results
 from harness.dist import run_distributed
 
-TENSORS_PER_RANK = 8
-#: The reference "until committed" is measured against (issue: <= 1.0x, <= 1.2x staged).
-STAGER = "dcp.async_save + DefaultStager"
 FLOOR = "copy_ floor"
 TORCH_SAVE = "rank-0 torch.save"
 #: The managers: (name, staging_dir, background, budget as a fraction of the rank's state).
@@ -78,42 +88,6 @@ MANAGERS = (
     ("ckptstore manager (process), budget = state / 2", False, "process", 0.5),
 )
 CONTENDERS = (FLOOR, TORCH_SAVE, "dcp.async_save", STAGER, *(m[0] for m in MANAGERS))
-
-
-def make_state(
-    rank: int, mib_per_rank: int, tensors: int = TENSORS_PER_RANK
-) -> dict[str, torch.Tensor]:
-    numel = mib_per_rank * 1024 * 1024 // 4 // tensors
-    g = torch.Generator().manual_seed(rank)
-    return {f"r{rank}.t{i}": torch.randn(numel, generator=g) for i in range(tensors)}
-
-
-def timed_max(fn: Any) -> float:
-    dist.barrier()
-    t = time.perf_counter()
-    fn()
-    dt = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
-    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-    return float(dt.item())
-
-
-def stock_async_save(state: dict, path: str, pg: Any, stager: Any) -> Any:
-    """``dcp.async_save`` into a ``FileSystemWriter`` at ``path``; returns its future once
-    staging is done (what training waits for). ``stock_wait`` waits for the rest."""
-    import torch.distributed.checkpoint as dcp
-
-    fut = dcp.async_save(
-        state, storage_writer=dcp.FileSystemWriter(path), process_group=pg, async_stager=stager
-    )
-    staging = getattr(fut, "staging_completion", None)
-    if staging is not None:
-        staging.result()
-    return fut
-
-
-def stock_wait(fut: Any) -> None:
-    """Wait until a ``stock_async_save`` is durable (its upload future, else the future)."""
-    (getattr(fut, "upload_completion", None) or fut).result()
 
 
 def machine_busy_s() -> float:
@@ -146,14 +120,6 @@ def disk_written_bytes() -> int:
 def machine_counters() -> tuple[float, int]:
     """``(machine_busy_s(), disk_written_bytes())`` now: read before and after a save."""
     return machine_busy_s(), disk_written_bytes()
-
-
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def bench_rank(
@@ -289,109 +255,6 @@ def bench_rank(
     if not with_interference:
         return out, {}
     return out, interference(rank, mib_per_rank, saves, fresh)
-
-
-def loop_rate(min_s: float, done: Any = lambda: True) -> float:
-    """Iterations/s of a small CPU-bound "training step" over at least ``min_s`` seconds,
-    until ``done()`` (checked every 16 iterations)."""
-    g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(128, 128, generator=g), torch.randn(128, 128, generator=g) / 12
-    n, t0 = 0, time.perf_counter()
-    while True:
-        x = torch.tanh(x @ w)
-        n += 1
-        if n % 16 == 0:
-            dt = time.perf_counter() - t0
-            if dt >= min_s and done():
-                return n / dt
-
-
-def interference(rank: int, mib_per_rank: int, saves: int, fresh: Any) -> dict[str, dict]:
-    """Training-loop rate with no save in flight vs during a background save, thread vs
-    process mode (alternating, so both see the same load), for the state in 8 tensors
-    per rank and in 1024 (a model's many parameters and optimizer moments)."""
-    from ckptstore.manager import CheckpointManager
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    out: dict[str, dict] = {}
-    modes = ("thread", "process")
-    try:
-        for tensors in (TENSORS_PER_RANK, 1024):
-            state = make_state(rank, mib_per_rank, tensors)
-            mgrs = {
-                m: CheckpointManager(
-                    fresh(f"interference_{tensors}_{m}"), strict=True, background=m
-                )
-                for m in modes
-            }
-            for mgr in mgrs.values():
-                mgr.save(0, state)  # warm-up: buffers allocated, writer process started
-                mgr.wait()
-            res = {m: {"idle": [], "during": [], "background_s": []} for m in modes}
-            for i in range(1, saves + 1):
-                for m in modes if i % 2 else modes[::-1]:
-                    mgr, r = mgrs[m], res[m]
-                    dist.barrier()
-                    r["idle"].append(loop_rate(1.0))
-                    dist.barrier()
-                    mgr.save(i, state)
-                    r["during"].append(
-                        loop_rate(0.0, lambda mgr=mgr: mgr.records[-1].status != "writing")
-                    )
-                    mgr.wait()
-                    r["background_s"].append(mgr.records[-1].background_s)
-            for m, mgr in mgrs.items():
-                mgr.close()
-                out[f"{m}, {tensors} tensors/rank"] = res[m]
-    finally:
-        torch.set_num_threads(threads)
-    return out
-
-
-def summarise_interference(results: list[dict]) -> list[dict]:
-    """One row per mode: medians over every rank's saves."""
-    rows: list[dict] = []
-    for mode in results[0] if results else ():
-        per = [res[mode] for res in results]
-        idle = [x for r in per for x in r["idle"]]
-        during = [x for r in per for x in r["during"]]
-        ratios = [i / d for r in per for i, d in zip(r["idle"], r["during"])]
-        rows.append(
-            {
-                "mode": mode,
-                "idle_its": statistics.median(idle),
-                "during_its": statistics.median(during),
-                "slowdown": statistics.median(ratios),
-                "slowdown_max": max(ratios),
-                "background_s": statistics.median(x for r in per for x in r["background_s"]),
-            }
-        )
-    return rows
-
-
-def interference_table(rows: list[dict]) -> str:
-    return markdown(
-        "background, state|loop it/s, no save|loop it/s during a save|slowdown (median)"
-        "|slowdown (max)|save's background s",
-        [
-            [
-                r["mode"],
-                f"{r['idle_its']:.0f}",
-                f"{r['during_its']:.0f}",
-                f"{r['slowdown']:.2f}x",
-                f"{r['slowdown_max']:.2f}x",
-                f"{r['background_s']:.2f}",
-            ]
-            for r in rows
-        ],
-    )
-
-
-def markdown(header: str, rows: list[list[str]]) -> str:
-    """A markdown table: ``header`` is the column names joined by "|"."""
-    names = header.split("|")
-    return markdown_table(names, "l" * len(names), rows)
 
 
 def summarise(results: list[dict], total_mib: int) -> list[dict]:

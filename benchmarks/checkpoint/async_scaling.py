@@ -57,7 +57,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from benchmarks.checkpoint.async_save import (
+from benchmarks.checkpoint.async_common import (
     STAGER,
     make_state,
     stock_async_save,

@@ -53,6 +53,7 @@ from benchmarks.common import (
     cell,
     command_line,
     current_rss_mib,
+    fsync_path,
     load_average,
     machine_facts,
     machine_line,
@@ -83,14 +84,6 @@ class BenchConfig(StateShape):
 
 
 # -- per-rank side -----------------------------------------------------------------------
-def _fsync_path(path: str, flags: int = os.O_RDONLY) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_torch(state: dict[str, Any], path: str, rank: int, world: int) -> dict[str, float]:
     """Gather every rank's tensors on rank 0, torch.save them, fsync file + directory."""
     import torch
@@ -115,7 +108,7 @@ def save_torch(state: dict[str, Any], path: str, rank: int, world: int) -> dict[
         torch.save(full, f)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_path(path)
+    fsync_path(path)
     return {"gather_s": t1 - t0, "serialize_write_fsync_s": time.perf_counter() - t1}
 
 
