@@ -16,6 +16,7 @@ refuses, the peak is the process's lifetime peak (``peak_is_reset()`` says which
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import platform
@@ -35,6 +36,7 @@ __all__ = [
     "REPO_ROOT",
     "RESULTS_DIR",
     "StateShape",
+    "add_state_args",
     "cell",
     "command_line",
     "current_rss_mib",
@@ -79,6 +81,17 @@ class StateShape:
     @property
     def state_bytes(self) -> int:
         return self.tensor_numel * 4 * self.tensors_per_rank * self.world
+
+
+def add_state_args(p: argparse.ArgumentParser, size_mib: int, repeats: int) -> None:
+    """The ``StateShape`` flags: --size-mib, --world, --repeats, --tensors-per-rank (the
+    defaults named in the help; ``None`` on the command line means "the default")."""
+    p.add_argument("--size-mib", type=int, default=None, help=f"total state (default {size_mib})")
+    p.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
+    p.add_argument(
+        "--repeats", type=int, default=None, help=f"repeats; median reported ({repeats})"
+    )
+    p.add_argument("--tensors-per-rank", type=int, default=8)
 
 
 def make_state(rank: int, cfg: StateShape, numel: int | None = None) -> dict[str, Any]:

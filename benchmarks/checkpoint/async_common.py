@@ -8,6 +8,8 @@ go on (staging done) and where the checkpoint is durable.
 
 from __future__ import annotations
 
+import os
+import shutil
 import time
 from typing import Any
 
@@ -19,6 +21,7 @@ from benchmarks.common import markdown_table
 __all__ = [
     "STAGER",
     "TENSORS_PER_RANK",
+    "fresh_dir",
     "make_state",
     "markdown",
     "stock_async_save",
@@ -37,6 +40,16 @@ def make_state(
     numel = mib_per_rank * 1024 * 1024 // 4 // tensors
     g = torch.Generator().manual_seed(rank)
     return {f"r{rank}.t{i}": torch.randn(numel, generator=g) for i in range(tensors)}
+
+
+def fresh_dir(parent: str, name: str, rank: int) -> str:
+    """``parent/name``, emptied and made by rank 0, once every rank may use it."""
+    path = os.path.join(parent, name)
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+        os.makedirs(path)
+    dist.barrier()
+    return path
 
 
 def timed_max(fn: Any) -> float:

@@ -64,6 +64,7 @@ import torch.distributed as dist
 
 from benchmarks.checkpoint.async_common import (
     STAGER,
+    fresh_dir,
     make_state,
     markdown,
     stock_async_save,
@@ -154,12 +155,7 @@ def bench_rank(
             out[name]["disk_bytes"].append(disk)
 
     def fresh(name: str) -> str:
-        path = os.path.join(base, name)
-        if rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
-            os.makedirs(path)
-        dist.barrier()
-        return path
+        return fresh_dir(base, name, rank)
 
     def peak(name: str) -> None:  # this rank's peak RSS since the last reset_peak()
         out[name]["peak_rss_mib"] = peak_rss_mib()  # type: ignore[assignment]

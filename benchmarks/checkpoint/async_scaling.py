@@ -59,6 +59,7 @@ import torch.distributed as dist
 
 from benchmarks.checkpoint.async_common import (
     STAGER,
+    fresh_dir,
     make_state,
     stock_async_save,
     stock_wait,
@@ -114,14 +115,6 @@ def scaling_rank(
         for c in names
     }
 
-    def fresh(parent: str, name: str) -> str:
-        path = os.path.join(parent, name)
-        if rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
-            os.makedirs(path)
-        dist.barrier()
-        return path
-
     def max_over_ranks(value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -147,7 +140,7 @@ def scaling_rank(
 
     stager = DefaultStager(StagingOptions(False, False, False, False))
     pg = dist.new_group(backend="gloo")
-    dcp_path = fresh(base, "dcp")
+    dcp_path = fresh_dir(base, "dcp", rank)
 
     def stock(i: int) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -172,9 +165,9 @@ def scaling_rank(
     ):
         if name not in names:
             continue
-        root = fresh(base, name.replace(" ", "_").replace(",", "").replace("/", ""))
+        root = fresh_dir(base, name.replace(" ", "_").replace(",", "").replace("/", ""), rank)
         root = root.replace("(", "").replace(")", "")
-        staging_dir = fresh(shm, f"nvme_{len(managers)}_{rank}") if staging else None
+        staging_dir = fresh_dir(shm, f"nvme_{len(managers)}_{rank}", rank) if staging else None
         managers[name] = CheckpointManager(
             root,
             staging_dir=staging_dir,

@@ -50,6 +50,7 @@ from typing import Any
 
 from benchmarks.common import (
     StateShape,
+    add_state_args,
     cell,
     command_line,
     current_rss_mib,
@@ -345,10 +346,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mib", type=int, default=None, help="total state size (default 1024)")
-    p.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats; median reported (3)")
-    p.add_argument("--tensors-per-rank", type=int, default=8)
+    add_state_args(p, size_mib=1024, repeats=3)
     p.add_argument("--dir", default="", help="parent directory for the runs (default: /tmp)")
     p.add_argument("--quick", action="store_true", help="256 MiB and 2 repeats")
     p.add_argument("--no-warmup", action="store_true")

@@ -44,6 +44,7 @@ from typing import Any
 
 from benchmarks.common import (
     MiB,
+    add_state_args,
     cell,
     command_line,
     load_average,
@@ -236,10 +237,7 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mib", type=int, default=None, help="total state (default 512)")
-    p.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats; median reported (5)")
-    p.add_argument("--tensors-per-rank", type=int, default=8)
+    add_state_args(p, size_mib=512, repeats=5)
     p.add_argument("--link-mbps", type=float, default=200.0, help="shaped link, per connection")
     p.add_argument("--link-latency-ms", type=float, default=20.0, help="shaped link, one way")
     p.add_argument("--quick", action="store_true", help="128 MiB and 3 repeats")

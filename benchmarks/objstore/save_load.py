@@ -71,6 +71,7 @@ from typing import Any
 
 from benchmarks.common import (
     MiB,
+    add_state_args,
     command_line,
     load_average,
     machine_facts,
@@ -281,10 +282,7 @@ def _available(names: list[str], cfg_tuned: bool) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mib", type=int, default=None, help="total state size (default 1024)")
-    p.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats; median reported (3)")
-    p.add_argument("--tensors-per-rank", type=int, default=8)
+    add_state_args(p, size_mib=1024, repeats=3)
     p.add_argument("--part-mib", type=int, default=0, help="tuned ckptstore row: part size")
     p.add_argument(
         "--concurrency", type=int, default=0, help="tuned ckptstore row: parts in flight"
