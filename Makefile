@@ -27,21 +27,21 @@ lint: setup
 	$(PY) -m mypy --python-version 3.10
 	PYTHONPATH=. .venv/bin/lint-imports
 
-# The benchmark suite (benchmarks/suite.py, scenarios in benchmarks/suite_config.py); it
+# The benchmark suite (benchmarks/suite/, scenarios in benchmarks/suite/config.py); it
 # starts its own SeaweedFS. Results: benchmarks/results/<config>-<time>/ (JSON, report, PNGs).
 bench: setup
-	PYTHONPATH=. $(PY) benchmarks/suite.py --config full
+	PYTHONPATH=. $(PY) -m benchmarks.suite --config full
 
 # Small version of the same: under 5 minutes on 2 cores.
 bench-quick: setup
-	PYTHONPATH=. $(PY) benchmarks/suite.py --config quick
+	PYTHONPATH=. $(PY) -m benchmarks.suite --config quick
 
 # S3 (a SeaweedFS it starts), direct and through a shaped link; ~20 min here, --quick a few.
 bench-objstore: setup
-	PYTHONPATH=. $(PY) benchmarks/bench_objstore.py
+	PYTHONPATH=. $(PY) -m benchmarks.objstore.save_load
 
 bench-objstore-quick: setup
-	PYTHONPATH=. $(PY) benchmarks/bench_objstore.py --quick
+	PYTHONPATH=. $(PY) -m benchmarks.objstore.save_load --quick
 
 clean:
 	rm -rf .venv tools/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -1,6 +1,6 @@
 """A shaped link: a TCP proxy that adds latency and caps each connection's bandwidth.
 
-    python benchmarks/shaped_link.py --upstream-port 8333 --link-mbps 200 --link-latency-ms 20
+    python -m benchmarks.shaped_link --upstream-port 8333 --link-mbps 200 --link-latency-ms 20
 
     link = ShapedLink(upstream_port, mbps=200, latency_ms=20).start()
     client = make_client(endpoint=link.endpoint)       # instead of the server's own port

@@ -1,4 +1,4 @@
-"""The data loaders of bench_data_peers.py, each built the way its docs say to.
+"""The data loaders of data.vs_peers, each built the way its docs say to.
 
 Every contender reads the same rows from the same S3 server through the same shaped link,
 and gives the training loop batches with an ``id`` tensor (the row's global id), so that the

@@ -7,7 +7,7 @@
   Parquet shard's size, no compression.
 - litdata: ``optimize()`` over the same rows, chunks of about the Parquet shard's size.
 
-Every function here is pure file work on local directories; bench_data_peers.py uploads
+Every function here is pure file work on local directories; data.vs_peers uploads
 the results to the S3 server.
 """
 
@@ -66,7 +66,7 @@ def _rows(kind: str, src: str) -> Iterator[dict[str, Any]]:
 
 
 def to_mds(kind: str, src: str, out: str, shard_bytes: int) -> None:
-    from contenders import import_streaming
+    from benchmarks.peers.contenders import import_streaming
 
     MDSWriter = import_streaming().MDSWriter
 

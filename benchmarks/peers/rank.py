@@ -1,6 +1,6 @@
-"""One rank of a bench_data_peers.py run: the training loop, timed; a kill; a resume.
+"""One rank of a data.vs_peers run: the training loop, timed; a kill; a resume.
 
-    python benchmarks/peers/rank.py SPEC.json OUT.json     (RANK, WORLD_SIZE, ... set)
+    python -m benchmarks.peers.rank SPEC.json OUT.json     (RANK, WORLD_SIZE, ... set)
 
 The environment is torchrun's (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
 MASTER_ADDR, MASTER_PORT), so every contender sees a normal distributed job. The loop, per
@@ -22,12 +22,10 @@ import time
 from datetime import timedelta
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+import torch
+import torch.distributed as dist
 
-import torch  # noqa: E402
-import torch.distributed as dist  # noqa: E402
-from contenders import CONTENDERS  # noqa: E402
+from benchmarks.peers.contenders import CONTENDERS
 
 
 def disk_bytes(path: str) -> int:

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates benchmarks/peers/.venv: torch (CPU build), ckptstore (editable, this checkout) and
-# the data loaders it is measured against, for benchmarks/bench_data_peers.py. Kept apart
+# the data loaders it is measured against, for benchmarks/data/vs_peers.py. Kept apart
 # from the project's .venv on purpose: mosaicml-streaming and litdata pin other versions of
 # numpy and friends than the project's tests run with. Idempotent (a stamp of the inputs).
 set -euo pipefail
@@ -25,9 +25,7 @@ pip=("$venv/bin/pip" install -q -c "$repo/tools/constraints.txt")
 "$venv/bin/pip" uninstall -q -y torchvision || true
 (cd "$repo" && "$venv/bin/python" - <<'PY'
 import importlib
-import sys
-sys.path.insert(0, "benchmarks/peers")
-from contenders import import_streaming
+from benchmarks.peers.contenders import import_streaming
 import_streaming()
 for name in ("torch", "ckptstore.data", "litdata", "pyarrow", "s3fs"):
     importlib.import_module(name)

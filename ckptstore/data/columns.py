@@ -100,7 +100,7 @@ class _HasNulls(Exception):
 
 # pyarrow's own ``to_numpy`` (and ``np.asarray`` of an array) goes through its pandas
 # conversion layer, which imports pandas whenever it is installed: 1.3-1.8 s in every
-# fresh DataLoader worker's first batch on a loaded 2-core machine (bench_data_setup.py,
+# fresh DataLoader worker's first batch on a loaded 2-core machine (benchmarks/data/rank_setup.py,
 # -X importtime), for arrays that are one buffer NumPy can view. So the buffers are read
 # here directly, for exactly the types an array column has (array_shape): numbers and
 # booleans without nulls, and list offsets.

@@ -19,7 +19,7 @@ normal batch.
 The pipe itself holds 64 KiB by default, so a batch of a few hundred KiB crosses in several
 writes, each waiting for the loop to read the last one: :func:`widen_result_pipe` lets the
 worker's queue write a whole batch while the loop is still in its step (on 2 cores,
-``benchmarks/bench_handoff.py``: 256 KiB batches wait 0.85 instead of 1.37 ms a batch).
+``benchmarks/data/handoff.py``: 256 KiB batches wait 0.85 instead of 1.37 ms a batch).
 
 Call order: in a worker, ``queue_item = inline(batch)``; in the loop, once per ``iter()`` of
 torch's DataLoader, ``widen_result_pipe(it)``; the batch arrives as it was.

@@ -58,7 +58,7 @@ MIN_PIECE = 4 * MiB
 #: 1 Gbit/s), so the request's round trip costs a few per cent of it, and the size
 #: s3torchconnector's CRT client reads in. Through this project's shaped link (2 ranks x
 #: 256 MiB) 32 GETs of 8 MiB in flight per rank took 0.80x the time of 8 of 32 MiB, the
-#: same bytes in flight (benchmarks/README.md, issue 17).
+#: same bytes in flight (issue 17; the run is in `git log -p benchmarks/README.md`).
 READ_PIECE = 8 * MiB
 
 #: The most ranged GETs a process keeps in flight: the S3 client's connection pool

@@ -1,7 +1,7 @@
 """One aiobotocore session per process for S3Store's clients, its botocore data loaded once.
 
 A process's first S3 request used to cost 0.5-2.6 s on a shared 2-core machine before a byte
-moved (benchmarks/bench_data_client.py, cProfile of the request's event-loop thread, issue
+moved (benchmarks/data/client_start.py, cProfile of the request's event-loop thread, issue
 18): about half of it botocore reading and parsing its JSON data (the S3 service model, its
 endpoint rules, endpoints/partitions) and listing its data directories to find them, about
 an eighth creating the session (registering its built-in event handlers); with those gone,
@@ -111,7 +111,7 @@ def _warm(loader: Any) -> None:
     Written out rather than aiobotocore's ``warm_up_loader_caches("s3")``, which also loads
     the paginators, waiters and examples with other argument forms: each such call scans
     botocore's ~400 service directories again, which cost more than the warm-up saved
-    (bench_data_client: the rank's open_store 0.9-1.1 s -> 1.3-1.7 s with it, at load 4-6).
+    (data/client_start.py: the rank's open_store 0.9-1.1 s -> 1.3-1.7 s with it, at load 4-6).
     """
     if id(loader) in _WARM:
         return

@@ -1,8 +1,8 @@
-"""The contenders of ``bench_objstore.py``: what each one's save and load do on one rank.
+"""The contenders of ``objstore.save_load``: what each one's save and load do on one rank.
 
 Each ``SAVE_FNS[name](ctx, link, key)`` writes this rank's state to ``s3://bench/<link>/<key>``
 on the link's endpoint; ``LOAD_FNS[name]`` reads it back into ``ctx.dest``. See
-``bench_objstore.py`` for what each contender is and how it is timed.
+``save_load.py`` for what each contender is and how it is timed.
 """
 
 from __future__ import annotations
@@ -14,9 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from bench_local import make_state  # noqa: E402 - a sibling module, found via sys.path
+from benchmarks.common import MiB, StateShape
 
 __all__ = [
     "BenchConfig",
@@ -26,9 +24,7 @@ __all__ = [
     "CONTENDERS",
     "LINKS",
     "BUCKET",
-    "MiB",
     "labels",
-    "make_state",
     "raw_bodies",
     "delete_prefix",
     "cpu_seconds",
@@ -37,7 +33,6 @@ __all__ = [
 
 BUCKET = "bench"
 REGION = "us-east-1"
-MiB = 1024 * 1024
 #: s3fs client options for SeaweedFS (stock fsspec and the raw ceiling): checksums only when
 #: required.
 CLIENT_CONFIG = {
@@ -49,11 +44,7 @@ LINKS = ("direct", "shaped")
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    size_mib: int = 1024
-    world: int = 2
-    repeats: int = 3
-    tensors_per_rank: int = 8
+class BenchConfig(StateShape):
     part_mib: int = 0  # tuned ckptstore row; 0 = ckptstore's default
     concurrency: int = 0  # tuned ckptstore row; 0 = ckptstore's default
     link_mbps: float = 200.0
@@ -62,15 +53,6 @@ class BenchConfig:
     contenders: tuple[str, ...] = CONTENDERS
     warmup: bool = True
     ops: tuple[str, ...] = ("save", "load")  # without "load": saves only
-
-    @property
-    def tensor_numel(self) -> int:
-        per_tensor = self.size_mib * MiB // (self.world * self.tensors_per_rank)
-        return max(1024, per_tensor // 4 // 1024 * 1024)
-
-    @property
-    def state_bytes(self) -> int:
-        return self.tensor_numel * 4 * self.tensors_per_rank * self.world
 
     def transfer_config(self, tuned: bool) -> Any:
         from ckptstore.config import TransferConfig

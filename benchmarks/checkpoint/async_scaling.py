@@ -1,8 +1,7 @@
 """Async-save scaling: blocking and committed time against state size and ranks (issue 17).
 
-    python benchmarks/bench_async_scaling.py [--sizes-mib 256,1024,4096] [--worlds 1,2,4]
-                                             [--saves 3] [--shm /dev/shm]
-                                             [--contenders "NAME;..."] [--torch-threads N]
+    python -m benchmarks.checkpoint.async_scaling [--sizes-mib 256,1024,4096] [--worlds 1,2,4]
+        [--saves 3] [--shm /dev/shm] [--contenders "NAME;..."] [--torch-threads N]
 
 For every (total size, ranks) cell, on gloo ranks started for that cell, each contender
 saves ``--saves`` times, interleaved round by round (the first round apart as warm-up);
@@ -37,7 +36,7 @@ median over the steady rounds (the ratio of medians beside it can be moved by a 
 the machine between rounds).
 
 The destination is a directory on the machine's disk. "RSS added" is the most a steady
-save raised a rank's RSS above what was resident before it (``benchmarks/rss.py``): the
+save raised a rank's RSS above what was resident before it (``benchmarks.common.peak_rss_mib``): the
 writer's buffers, as every contender's staging copy stays resident between its saves.
 Writes a markdown table and a JSON file to ``benchmarks/results/`` and, when matplotlib is
 installed, PNG plots to ``benchmarks/figures/`` (``async_scaling_size.png``,
@@ -51,7 +50,6 @@ import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
@@ -59,12 +57,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling modules in the ranks
-
-from bench_async import STAGER, make_state, stock_async_save, stock_wait, timed_max  # noqa: E402
-from rss import peak_rss_mib, reset_peak  # noqa: E402
-
-from harness.dist import run_distributed  # noqa: E402
+from benchmarks.checkpoint.async_common import (
+    STAGER,
+    fresh_dir,
+    make_state,
+    stock_async_save,
+    stock_wait,
+    timed_max,
+)
+from benchmarks.common import FIGURES_DIR, peak_rss_mib, reset_peak, rotated, write_results
+from harness.dist import run_distributed
 
 FLOOR = "copy_ floor"
 MANAGER = "ckptstore manager"
@@ -113,14 +115,6 @@ def scaling_rank(
         for c in names
     }
 
-    def fresh(parent: str, name: str) -> str:
-        path = os.path.join(parent, name)
-        if rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
-            os.makedirs(path)
-        dist.barrier()
-        return path
-
     def max_over_ranks(value: float) -> float:
         t = torch.tensor([value], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
@@ -146,7 +140,7 @@ def scaling_rank(
 
     stager = DefaultStager(StagingOptions(False, False, False, False))
     pg = dist.new_group(backend="gloo")
-    dcp_path = fresh(base, "dcp")
+    dcp_path = fresh_dir(base, "dcp", rank)
 
     def stock(i: int) -> tuple[float, float]:
         t0 = time.perf_counter()
@@ -171,9 +165,9 @@ def scaling_rank(
     ):
         if name not in names:
             continue
-        root = fresh(base, name.replace(" ", "_").replace(",", "").replace("/", ""))
+        root = fresh_dir(base, name.replace(" ", "_").replace(",", "").replace("/", ""), rank)
         root = root.replace("(", "").replace(")", "")
-        local_tier_dir = fresh(shm, f"nvme_{len(managers)}_{rank}") if staging else None
+        local_tier_dir = fresh_dir(shm, f"nvme_{len(managers)}_{rank}", rank) if staging else None
         managers[name] = CheckpointManager(
             root,
             local_tier_dir=local_tier_dir,
@@ -201,8 +195,7 @@ def scaling_rank(
         return t.user + t.system + total, t.system + kernel
 
     for i in range(saves):
-        for k in range(len(names)):
-            name = names[(i + k) % len(names)]
+        for name in rotated(names, i):
             reset_peak()
             before = peak_rss_mib()
             cpu = cpu_now(name)
@@ -369,8 +362,8 @@ def main() -> None:
         for name in args.plot_only:
             with open(name) as f:
                 rows_of.extend(json.load(f)["rows"])
-        for path in plot(rows_of, "benchmarks/figures"):
-            print(f"plot: {path}")
+        for path in plot(rows_of, FIGURES_DIR):
+            print(f"plot: {os.path.relpath(path)}")
         return
     names = tuple(n.strip() for n in args.contenders.split(";") if n.strip())
     unknown = sorted(set(names) - set(CONTENDERS))
@@ -405,13 +398,10 @@ def main() -> None:
             print(f"\n{size} MiB on {world} ranks ({time.time() - t:.0f} s, load {load:.1f})")
             print(table(cell), flush=True)
     print("\n" + table(rows))
-    os.makedirs("benchmarks/results", exist_ok=True)
-    out = f"benchmarks/results/bench_async_scaling-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    with open(out, "w") as f:
-        json.dump({"args": vars(args), "rows": rows}, f, indent=1)
-    print(f"\nraw results: {out}")
-    for path in plot(rows, "benchmarks/figures"):
-        print(f"plot: {path}")
+    out = write_results("bench_async_scaling", {"args": vars(args), "rows": rows})
+    print(f"\nraw results: {os.path.relpath(out)}")
+    for path in plot(rows, FIGURES_DIR):
+        print(f"plot: {os.path.relpath(path)}")
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Blocking time of an async checkpoint: ckptstore's manager vs torch.save vs dcp.async_save.
 
-    python benchmarks/bench_async.py [--size-mib 1024] [--world 2] [--saves 4] [--quick]
-                                     [--contenders "NAME;..."] [--no-interference]
+    python -m benchmarks.checkpoint.async_save [--size-mib 1024] [--world 2] [--saves 4]
+        [--quick] [--contenders "NAME;..."] [--no-interference]
 
 Every rank holds ``size / world`` MiB of float32 tensors (8 per rank). For each contender,
 ``--saves`` saves run one after another while the "training loop" keeps going; we time, on
@@ -52,11 +52,9 @@ ratios within one run.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
@@ -64,15 +62,23 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling rss.py in the ranks
+from benchmarks.checkpoint.async_common import (
+    STAGER,
+    fresh_dir,
+    make_state,
+    markdown,
+    stock_async_save,
+    stock_wait,
+    timed_max,
+)
+from benchmarks.checkpoint.interference import (
+    interference,
+    interference_table,
+    summarise_interference,
+)
+from benchmarks.common import fsync_path, peak_rss_mib, reset_peak, rotated, write_results
+from harness.dist import run_distributed
 
-from rss import peak_rss_mib, reset_peak  # noqa: E402 - a sibling module, found via sys.path
-
-from harness.dist import run_distributed  # noqa: E402
-
-TENSORS_PER_RANK = 8
-#: The reference "until committed" is measured against (issue: <= 1.0x, <= 1.2x staged).
-STAGER = "dcp.async_save + DefaultStager"
 FLOOR = "copy_ floor"
 TORCH_SAVE = "rank-0 torch.save"
 #: The managers: (name, local_tier_dir, background, budget as a fraction of the rank's state).
@@ -83,42 +89,6 @@ MANAGERS = (
     ("ckptstore manager (process), budget = state / 2", False, "process", 0.5),
 )
 CONTENDERS = (FLOOR, TORCH_SAVE, "dcp.async_save", STAGER, *(m[0] for m in MANAGERS))
-
-
-def make_state(
-    rank: int, mib_per_rank: int, tensors: int = TENSORS_PER_RANK
-) -> dict[str, torch.Tensor]:
-    numel = mib_per_rank * 1024 * 1024 // 4 // tensors
-    g = torch.Generator().manual_seed(rank)
-    return {f"r{rank}.t{i}": torch.randn(numel, generator=g) for i in range(tensors)}
-
-
-def timed_max(fn: Any) -> float:
-    dist.barrier()
-    t = time.perf_counter()
-    fn()
-    dt = torch.tensor([time.perf_counter() - t], dtype=torch.float64)
-    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-    return float(dt.item())
-
-
-def stock_async_save(state: dict, path: str, pg: Any, stager: Any) -> Any:
-    """``dcp.async_save`` into a ``FileSystemWriter`` at ``path``; returns its future once
-    staging is done (what training waits for). ``stock_wait`` waits for the rest."""
-    import torch.distributed.checkpoint as dcp
-
-    fut = dcp.async_save(
-        state, storage_writer=dcp.FileSystemWriter(path), process_group=pg, async_stager=stager
-    )
-    staging = getattr(fut, "staging_completion", None)
-    if staging is not None:
-        staging.result()
-    return fut
-
-
-def stock_wait(fut: Any) -> None:
-    """Wait until a ``stock_async_save`` is durable (its upload future, else the future)."""
-    (getattr(fut, "upload_completion", None) or fut).result()
 
 
 def machine_busy_s() -> float:
@@ -153,14 +123,6 @@ def machine_counters() -> tuple[float, int]:
     return machine_busy_s(), disk_written_bytes()
 
 
-def fsync_path(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def bench_rank(
     rank: int,
     world: int,
@@ -193,12 +155,7 @@ def bench_rank(
             out[name]["disk_bytes"].append(disk)
 
     def fresh(name: str) -> str:
-        path = os.path.join(base, name)
-        if rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
-            os.makedirs(path)
-        dist.barrier()
-        return path
+        return fresh_dir(base, name, rank)
 
     def peak(name: str) -> None:  # this rank's peak RSS since the last reset_peak()
         out[name]["peak_rss_mib"] = peak_rss_mib()  # type: ignore[assignment]
@@ -277,7 +234,7 @@ def bench_rank(
     for i in range(saves):
         # Round 0 (the first saves, reported apart) runs the process managers first, right
         # after construction: their first save shows what is left of the writer start.
-        order = names[::-1] if i == 0 else names[i % len(names) :] + names[: i % len(names)]
+        order = names[::-1] if i == 0 else rotated(names, i)
         for name in order:
             mgr = managers[name]
             c0, d0 = machine_counters()
@@ -294,111 +251,6 @@ def bench_rank(
     if not with_interference:
         return out, {}
     return out, interference(rank, mib_per_rank, saves, fresh)
-
-
-def loop_rate(min_s: float, done: Any = lambda: True) -> float:
-    """Iterations/s of a small CPU-bound "training step" over at least ``min_s`` seconds,
-    until ``done()`` (checked every 16 iterations)."""
-    g = torch.Generator().manual_seed(0)
-    x, w = torch.randn(128, 128, generator=g), torch.randn(128, 128, generator=g) / 12
-    n, t0 = 0, time.perf_counter()
-    while True:
-        x = torch.tanh(x @ w)
-        n += 1
-        if n % 16 == 0:
-            dt = time.perf_counter() - t0
-            if dt >= min_s and done():
-                return n / dt
-
-
-def interference(rank: int, mib_per_rank: int, saves: int, fresh: Any) -> dict[str, dict]:
-    """Training-loop rate with no save in flight vs during a background save, thread vs
-    process mode (alternating, so both see the same load), for the state in 8 tensors
-    per rank and in 1024 (a model's many parameters and optimizer moments)."""
-    from ckptstore.manager import CheckpointManager
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    out: dict[str, dict] = {}
-    modes = ("thread", "process")
-    try:
-        for tensors in (TENSORS_PER_RANK, 1024):
-            state = make_state(rank, mib_per_rank, tensors)
-            mgrs = {
-                m: CheckpointManager(
-                    fresh(f"interference_{tensors}_{m}"), strict=True, background=m
-                )
-                for m in modes
-            }
-            for mgr in mgrs.values():
-                mgr.save(0, state)  # warm-up: buffers allocated, writer process started
-                mgr.wait()
-            res = {m: {"idle": [], "during": [], "background_s": []} for m in modes}
-            for i in range(1, saves + 1):
-                for m in modes if i % 2 else modes[::-1]:
-                    mgr, r = mgrs[m], res[m]
-                    dist.barrier()
-                    r["idle"].append(loop_rate(1.0))
-                    dist.barrier()
-                    mgr.save(i, state)
-                    r["during"].append(
-                        loop_rate(0.0, lambda mgr=mgr: mgr.records[-1].status != "writing")
-                    )
-                    mgr.wait()
-                    r["background_s"].append(mgr.records[-1].background_s)
-            for m, mgr in mgrs.items():
-                mgr.close()
-                out[f"{m}, {tensors} tensors/rank"] = res[m]
-    finally:
-        torch.set_num_threads(threads)
-    return out
-
-
-def summarise_interference(results: list[dict]) -> list[dict]:
-    """One row per mode: medians over every rank's saves."""
-    rows: list[dict] = []
-    for mode in results[0] if results else ():
-        per = [res[mode] for res in results]
-        idle = [x for r in per for x in r["idle"]]
-        during = [x for r in per for x in r["during"]]
-        ratios = [i / d for r in per for i, d in zip(r["idle"], r["during"])]
-        rows.append(
-            {
-                "mode": mode,
-                "idle_its": statistics.median(idle),
-                "during_its": statistics.median(during),
-                "slowdown": statistics.median(ratios),
-                "slowdown_max": max(ratios),
-                "background_s": statistics.median(x for r in per for x in r["background_s"]),
-            }
-        )
-    return rows
-
-
-def interference_table(rows: list[dict]) -> str:
-    return markdown(
-        "background, state|loop it/s, no save|loop it/s during a save|slowdown (median)"
-        "|slowdown (max)|save's background s",
-        [
-            [
-                r["mode"],
-                f"{r['idle_its']:.0f}",
-                f"{r['during_its']:.0f}",
-                f"{r['slowdown']:.2f}x",
-                f"{r['slowdown_max']:.2f}x",
-                f"{r['background_s']:.2f}",
-            ]
-            for r in rows
-        ],
-    )
-
-
-def markdown(header: str, rows: list[list[str]]) -> str:
-    """A markdown table: ``header`` is the column names joined by "|"."""
-    names = header.split("|")
-    lines = ["| " + " | ".join(names) + " |", "|" + "---|" * len(names)]
-    lines += ["| " + " | ".join(row) + " |" for row in rows]
-    return "\n".join(lines)
 
 
 def summarise(results: list[dict], total_mib: int) -> list[dict]:
@@ -541,11 +393,8 @@ def main() -> None:
     if res["interference"]:
         print("\nA CPU-bound training loop while a background save runs (1 torch thread/rank)\n")
         print(interference_table(res["interference"]))
-    os.makedirs("benchmarks/results", exist_ok=True)
-    out = f"benchmarks/results/bench_async-{time.strftime('%Y%m%d-%H%M%S')}.json"
-    with open(out, "w") as f:
-        json.dump({"args": vars(args), **res}, f, indent=1)
-    print(f"\nraw results: {out}")
+    out = write_results("bench_async", {"args": vars(args), **res})
+    print(f"\nraw results: {os.path.relpath(out)}")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""Markdown tables and PNG plots from the suite's records (see ``suite_scenarios.py``).
+"""Markdown tables and PNG plots from the suite's records (see ``scenarios.py``).
 
 Ratios are time ÷ reference time, medians of one run: < 1 means faster than the reference.
 A floor measured at another size is scaled linearly to the row's bytes.

@@ -1,10 +1,10 @@
 """Object-store save/load benchmark: stock FsspecWriter vs ckptstore, on a direct and a shaped link.
 
-    python benchmarks/bench_objstore.py                  # 1 GiB state, 2 gloo ranks, 3 repeats
-    python benchmarks/bench_objstore.py --quick          # 256 MiB, 2 repeats
-    python benchmarks/bench_objstore.py --part-mib 16 --concurrency 16   # + a tuned ckptstore row
-    python benchmarks/bench_objstore.py --links shaped --contenders raw,ckptstore
-    python benchmarks/bench_objstore.py --links shaped --link-mbps 50 --saves-only
+    python -m benchmarks.objstore.save_load              # 1 GiB state, 2 gloo ranks, 3 repeats
+    python -m benchmarks.objstore.save_load --quick      # 256 MiB, 2 repeats
+    python -m benchmarks.objstore.save_load --part-mib 16 --concurrency 16   # + a tuned row
+    python -m benchmarks.objstore.save_load --links shaped --contenders raw,ckptstore
+    python -m benchmarks.objstore.save_load --links shaped --link-mbps 50 --saves-only
 
 The benchmark starts its own SeaweedFS (``weed mini``, fresh temp directory, deleted at the
 end) and a shaped link in front of it (``benchmarks/shaped_link.py``: a TCP proxy that caps
@@ -41,7 +41,7 @@ rank-unique names. Contenders (ids for ``--contenders`` in brackets):
         stand-in is put in its place (it only decorates a retried delete in ``rename``).
 
 The stock writer/reader and the raw ceiling get the s3fs client options for SeaweedFS
-(``objstore_contenders.CLIENT_CONFIG``: checksums only when required); ckptstore builds its own
+(``contenders.CLIENT_CONFIG``: checksums only when required); ckptstore builds its own
 s3fs client; s3torchconnector its CRT client (credentials from AWS_* variables set for the
 ranks). Each time is barrier -> operation -> barrier on every rank; the sample is the max over
 ranks. Loads run right after their own save, into tensors zeroed beforehand, and are checked
@@ -61,9 +61,7 @@ import argparse
 import glob
 import multiprocessing
 import os
-import platform
 import signal
-import statistics
 import sys
 import time
 import urllib.request
@@ -71,32 +69,31 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from _report import (  # noqa: E402 - sibling modules, found via sys.path
-    cell,
+from benchmarks.common import (
+    MiB,
+    add_state_args,
+    command_line,
     load_average,
+    machine_facts,
     machine_line,
-    markdown_table,
-    mem_gib,
+    make_state,
+    rotated,
     write_results,
 )
-from objstore_contenders import (  # noqa: E402
+from benchmarks.objstore.contenders import (
     BUCKET,
     CONTENDERS,
     LINKS,
     LOAD_FNS,
     SAVE_FNS,
     BenchConfig,
-    MiB,
     RankCtx,
     cpu_seconds,
     delete_prefix,
     import_s3torch,
-    labels,
-    make_state,
     raw_bodies,
 )
+from benchmarks.objstore.summary import format_cpu, format_table, summarise, targets
 
 __all__ = ["BenchConfig", "main", "run"]
 
@@ -183,7 +180,7 @@ def _rank_main(
     ctx.bodies = raw_bodies(ctx.state, part) if "raw" in names else []
     rounds = []
     for r in range(cfg.repeats):
-        order = names[r % len(names) :] + names[: r % len(names)]
+        order = rotated(names, r)
         links = cfg.links if r % 2 == 0 else tuple(reversed(cfg.links))
         got: dict[str, Any] = {"order": list(order), "links": list(links)}
         for link in links:
@@ -193,141 +190,8 @@ def _rank_main(
 
 
 # -- parent side -------------------------------------------------------------------------
-def _machine() -> dict[str, Any]:
-    import torch
-
-    cpu = ""
-    with open("/proc/cpuinfo") as f:
-        for line in f:
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    versions = {}
-    for mod in ("s3fs", "botocore", "aiobotocore", "s3torchconnector"):
-        try:
-            versions[mod] = __import__(mod).__version__
-        except (ImportError, AttributeError):
-            versions[mod] = None
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "mem_gib": mem_gib(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        **versions,
-    }
-
-
-def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> list[dict]:
-    """One row per (operation, contender, link): medians, ranges, ratios."""
-    labs = labels(cfg)
-    rows: list[dict[str, Any]] = []
-    for op in cfg.ops:
-        for link in cfg.links:
-            base: dict[str, float] = {}
-            for name in cfg.contenders:
-                if op == "load" and name not in LOAD_FNS:
-                    continue
-                walls, cpu, server, link_cpu, moved = [], [], [], [], []
-                for r in range(cfg.repeats):
-                    per_rank = [rounds[r][link][name][op] for rounds in rounds_by_rank]
-                    walls.append(max(p["s"] for p in per_rank))
-                    cpu.append(sum(p["cpu_s"] for p in per_rank))
-                    server.append(per_rank[0].get("server_cpu_s", 0.0))
-                    link_cpu.append(per_rank[0].get("link_cpu_s", 0.0))
-                    moved.append(per_rank[0].get("link_bytes", 0))
-                med = statistics.median(walls)
-                base.setdefault(name, med)
-                lab = labs[name]
-                rows.append(
-                    {
-                        "op": op,
-                        "contender": name,
-                        "label": lab.save if op == "save" else lab.load,
-                        "link": link,
-                        "median_s": med,
-                        "min_s": min(walls),
-                        "max_s": max(walls),
-                        "mb_per_s": cfg.state_bytes / 1e6 / med,
-                        "samples_s": walls,
-                        "client_cpu_s": statistics.median(cpu),
-                        "server_cpu_s": statistics.median(server),
-                        "link_cpu_s": statistics.median(link_cpu),
-                        "link_mb": statistics.median(moved) / 1e6,
-                    }
-                )
-            for row in rows:
-                if row["op"] == op and row["link"] == link:
-                    raw, fsspec = base.get("raw"), base.get("fsspec")
-                    row["pct_of_ceiling"] = 100 * raw / row["median_s"] if raw else None
-                    row["x_fsspec"] = fsspec / row["median_s"] if fsspec else None
-    return rows
-
-
-def format_table(rows: list[dict[str, Any]], op: str) -> str:
-    head = "FsspecWriter" if op == "save" else "FsspecReader"
-    header = [op, "link", "median s", "min–max s", "MB/s", "% of ceiling", f"× {head} (speed-up)"]
-    cells = [
-        [
-            r["label"],
-            r["link"],
-            cell(r["median_s"]),
-            f"{cell(r['min_s'])}–{cell(r['max_s'])}",
-            cell(r["mb_per_s"], ".0f"),
-            cell(r["pct_of_ceiling"], ".0f", " %"),
-            cell(r["x_fsspec"]),
-        ]
-        for r in rows
-        if r["op"] == op
-    ]
-    return markdown_table(header, "llrrrrr", cells)
-
-
-def format_cpu(rows: list[dict[str, Any]]) -> str:
-    """CPU seconds of clients, server and link per operation; MB through the shaped link."""
-    header = ["contender", "op", "link", "clients CPU s (all ranks)", "SeaweedFS CPU s"]
-    header += ["link CPU s", "MB through the link"]
-    cells = [
-        [
-            r["label"],
-            r["op"],
-            r["link"],
-            cell(r["client_cpu_s"], ".1f"),
-            cell(r["server_cpu_s"], ".1f"),
-            cell(r["link_cpu_s"] if r["link"] == "shaped" else None, ".1f"),
-            cell(r["link_mb"] if r["link"] == "shaped" else None, ".0f"),
-        ]
-        for r in rows
-    ]
-    return markdown_table(header, "lllrrrr", cells)
-
-
-def targets(rows: list[dict[str, Any]]) -> list[str]:
-    """The issue's targets, checked against ckptstore's default and tuned rows."""
-    out = []
-    for r in rows:
-        if r["contender"] not in ("ckptstore", "tuned"):
-            continue
-        if r["link"] == "direct" and r["pct_of_ceiling"] is not None:
-            ok = r["pct_of_ceiling"] >= 90
-            out.append(
-                f"direct {r['op']}: {r['label']} at {r['pct_of_ceiling']:.0f} % of the raw "
-                f"ceiling (target >= 90 %): {'met' if ok else 'MISSED'}"
-            )
-        if r["link"] == "shaped" and r["x_fsspec"] is not None:
-            ok = r["x_fsspec"] >= 3
-            base = "FsspecWriter" if r["op"] == "save" else "FsspecReader"
-            out.append(
-                f"shaped {r['op']}: {r['label']} {r['x_fsspec']:.2f}x faster than {base} "
-                f"(target >= 3x): {'met' if ok else 'MISSED'}"
-            )
-    return out
-
-
 def run(cfg: BenchConfig) -> dict[str, Any]:
-    from shaped_link import ShapedLink
-
+    from benchmarks.shaped_link import ShapedLink
     from harness.dist import run_distributed
     from harness.seaweedfs import SeaweedFS
 
@@ -358,7 +222,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
             _rank_main, cfg.world, cfg, endpoints, pids, vacuum, counters, timeout=3600, env=env
         )
         wall = time.perf_counter() - t0
-        machine = _machine()
+        machine = machine_facts(modules=("s3fs", "botocore", "aiobotocore", "s3torchconnector"))
         machine["loadavg_before"] = load_before
         machine["loadavg_after"] = load_average()
         link_stats = link.stats()
@@ -378,10 +242,10 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         },
         "state_bytes": cfg.state_bytes,
         "link": {"description": link.describe(), **link_stats},
-        "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(),
         "machine": machine,
         "wall_s": wall,
-        "rows": _summarise(rounds_by_rank, cfg),
+        "rows": summarise(rounds_by_rank, cfg),
         "orders": [{"order": r["order"], "links": r["links"]} for r in rounds_by_rank[0]],
         "samples_by_rank": rounds_by_rank,
     }
@@ -418,10 +282,7 @@ def _available(names: list[str], cfg_tuned: bool) -> tuple[str, ...]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mib", type=int, default=None, help="total state size (default 1024)")
-    p.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats; median reported (3)")
-    p.add_argument("--tensors-per-rank", type=int, default=8)
+    add_state_args(p, size_mib=1024, repeats=3)
     p.add_argument("--part-mib", type=int, default=0, help="tuned ckptstore row: part size")
     p.add_argument(
         "--concurrency", type=int, default=0, help="tuned ckptstore row: parts in flight"

@@ -1,8 +1,8 @@
 """The steady-state wait of a data loader whose workers are ahead: what handing over costs.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_data_handoff.py [--steps 300] [--busy 2]
+    python -m benchmarks.data.handoff_wait [--steps 300] [--busy 2]
 
-bench_data_peers.py shows every contender at a 5-9 % wait per 40 ms step even in the steady
+data.vs_peers shows every contender at a 5-9 % wait per 40 ms step even in the steady
 state, when the workers have batches ready. This measures that floor in one process, warm
 cache, no network: the training loop sleeps ``--step-ms`` (the "GPU step") and times each
 ``next()``. Contenders, each with 2 workers and batch 8 of the peers benchmark's token rows
@@ -32,11 +32,8 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path[:0] = [os.path.join(HERE, "peers"), os.path.dirname(HERE)]
-
-import torch  # noqa: E402
-from torch.utils.data import IterableDataset  # noqa: E402
+import torch
+from torch.utils.data import IterableDataset
 
 
 class _Ready(IterableDataset):
@@ -86,8 +83,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--strategies", default="file_descriptor,file_system")
     p.add_argument("--contenders", default="torch,torch-inline,ckptstore")
     args = p.parse_args(argv)
-    from convert import make_tokens
-
+    from benchmarks.peers.convert import make_tokens
     from ckptstore.data import DataLoader, ShardedDataset
 
     torch.set_num_threads(1)

@@ -4,7 +4,7 @@ Run it with the peers' interpreter (benchmarks/peers/setup.sh makes it; the proj
 .venv does not have the peers, on purpose):
 
     benchmarks/peers/setup.sh
-    benchmarks/peers/.venv/bin/python benchmarks/bench_data_peers.py [--quick]
+    benchmarks/peers/.venv/bin/python -m benchmarks.data.vs_peers [--quick]
 
 Same rows, same server, same link for everyone: a SeaweedFS on 127.0.0.1 behind a shaped
 link (benchmarks/shaped_link.py: a per-connection bandwidth cap and added latency), two
@@ -41,33 +41,21 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
-import socket
-import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections import Counter
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [os.path.join(HERE, "peers"), HERE, REPO]
-
-from convert import make_raw, make_tokens, to_litdata, to_mds  # noqa: E402
+from benchmarks.data.vs_peers_report import convert_lines, phases_table, table
+from benchmarks.peers.convert import make_raw, make_tokens, to_litdata, to_mds
+from benchmarks.peers.launch import clean_peers_shm, run_ranks
 
 BUCKET = "peers"
 PACKED = "ckptstore-packed"  # raw files packed into Parquet shards (ckptstore.data.pack)
 FLOOR = "memory"  # rows already in memory: the floor of a stock torch DataLoader's wait
 NAMES = ("ckptstore", PACKED, "mosaic", "litdata", "fsspec", FLOOR)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _upload(s3: dict[str, Any], local: str, prefix: str) -> None:
@@ -127,115 +115,6 @@ def prepare(
             },
         }
     return out
-
-
-def run_ranks(spec: dict[str, Any], world: int, work: str, link: str, timeout: float) -> list[Any]:
-    """``world`` rank processes under torchrun's environment; their results (None: killed)."""
-    tag = f"{spec['contender']}-{spec['kind']}-{spec['phase']}-{time.monotonic_ns()}"
-    spec_path = os.path.join(work, f"{tag}.json")
-    with open(spec_path, "w") as f:
-        json.dump(spec, f)
-    port = _free_port()
-    shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
-    procs, outs = [], []
-    for r in range(world):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(r),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            GLOO_SOCKET_IFNAME="lo",
-            PYTHONPATH=REPO,
-            AWS_ACCESS_KEY_ID=spec["s3"]["key"],
-            AWS_SECRET_ACCESS_KEY=spec["s3"]["secret"],
-            AWS_ENDPOINT_URL=link,
-            S3_ENDPOINT_URL=link,  # Mosaic Streaming's variable
-            AWS_ALLOW_HTTP="true",  # litdata's object_store client: the link is plain http
-            AWS_REQUEST_CHECKSUM_CALCULATION="when_required",
-            AWS_RESPONSE_CHECKSUM_VALIDATION="when_required",
-            OMP_NUM_THREADS="1",
-        )
-        out = os.path.join(work, f"{tag}.rank{r}.json")
-        outs.append(out)
-        log = open(os.path.join(work, f"{tag}.rank{r}.log"), "w")  # noqa: SIM115
-        procs.append(
-            subprocess.Popen(
-                [sys.executable, os.path.join(HERE, "peers", "rank.py"), spec_path, out],
-                env=env,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        )
-    deadline = time.monotonic() + timeout
-    failed_at = None
-    while any(p.poll() is None for p in procs) and time.monotonic() < deadline:
-        time.sleep(0.2)
-        done = [p for p in procs if p.poll() is not None]
-        if failed_at is None and any(p.returncode not in (0, -9) for p in done):
-            failed_at = time.monotonic()
-        if failed_at is None and any(_has_error(o) for o in outs):
-            failed_at = time.monotonic()
-        if failed_at is not None and time.monotonic() - failed_at > 10:
-            break  # one rank failed; the others wait in a collective for ever
-    for p in procs:  # the ranks' DataLoader workers and helpers, if any were left
-        try:
-            os.killpg(p.pid, 9)
-        except ProcessLookupError:
-            pass
-    for p in procs:
-        p.wait()
-    _remove_new_shm(shm_before)
-    results = []
-    for r, out in enumerate(outs):
-        if os.path.exists(out):
-            with open(out) as f:
-                results.append(json.load(f))
-        else:
-            with open(os.path.join(work, f"{tag}.rank{r}.log")) as f:
-                tail = f.read()[-1200:]
-            code = procs[r].returncode
-            results.append({"rank": r, "killed": True, "log_tail": f"exit {code}; {tail}"})
-    return results
-
-
-def _remove_new_shm(before: set[str]) -> None:
-    """Mosaic's shared memory (``/dev/shm/NNNNNN_*``) that this run's ranks left behind.
-
-    A killed rank cannot unlink it, and a stale prefix makes the next job's local ranks
-    disagree on where to coordinate (they then download the same shard file at once).
-    """
-    if not os.path.isdir("/dev/shm"):
-        return
-    for name in set(os.listdir("/dev/shm")) - before:
-        if re.fullmatch(r"\d{6}_\w+", name):
-            try:
-                os.unlink(os.path.join("/dev/shm", name))
-            except OSError:
-                pass
-
-
-def _has_error(path: str) -> bool:
-    try:
-        with open(path) as f:
-            return "error" in json.load(f)
-    except (OSError, ValueError):
-        return False
-
-
-def _clean_peers_shm() -> None:
-    try:
-        from contenders import import_streaming
-
-        import_streaming()
-        from streaming.base.util import clean_stale_shared_memory
-
-        clean_stale_shared_memory()
-    except Exception:  # noqa: BLE001 - best effort between runs
-        pass
 
 
 def once(ids: list[int], count: int) -> tuple[int, int]:
@@ -312,7 +191,7 @@ def resume_check(
             return {"error": f"no checkpoint from rank {r}: {why[-300:]}"}
         with open(path, "rb") as f:
             trained += [i for b in pickle.load(f)["trained"] for i in b]
-    _clean_peers_shm()
+    clean_peers_shm()
     spec2 = dict(base, phase="resume", epochs=1, cache=cache, workers=1)
     spec2.update(state_in=spec["state_out"], state_world=2)
     second = run_ranks(spec2, 3, work, link, args.timeout)
@@ -362,8 +241,7 @@ def main(argv: list[str] | None = None) -> int:
     args.datasets = args.datasets.split(",")
     names = args.contenders.split(",")
 
-    from shaped_link import ShapedLink
-
+    from benchmarks.shaped_link import ShapedLink
     from harness.seaweedfs import SeaweedFS
 
     work = tempfile.mkdtemp(prefix="ckptstore-peers-")
@@ -397,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
                 }
                 runs = []
                 for rep in range(args.repeat):
-                    _clean_peers_shm()
+                    clean_peers_shm()
                     cache = os.path.join(work, f"cache-{name}-{kind}-{rep}")
                     spec = dict(base, phase="epochs", epochs=2, cache=cache)
                     res = run_ranks(spec, 2, work, link.endpoint, args.timeout)
@@ -408,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
                     print(f"{kind} {name} {rep + 1}/{args.repeat}: {shown}", flush=True)
                 entry: dict[str, Any] = {"runs": runs}
                 if not args.no_resume and name != FLOOR:
-                    _clean_peers_shm()
+                    clean_peers_shm()
                     entry["resume"] = resume_check(base, args, work, link.endpoint)
                     print(f"{kind} {name} resume: {entry['resume']}", flush=True)
                 report["runs"][f"{kind}/{name}"] = entry
@@ -432,106 +310,6 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(convert_lines(report))
     return 0
-
-
-def convert_lines(report: dict[str, Any]) -> str:
-    """Seconds each format conversion took (local files in, local shards out; not counted in
-    the cold epoch, as a real job converts once ahead of time)."""
-    lines = []
-    for kind, d in report.get("data", {}).items():
-        cells = ", ".join(f"{name} {sec:.2f} s" for name, sec in d.get("convert_s", {}).items())
-        lines.append(f"- conversion of {kind}: {cells or 'none (read as they are)'}")
-    return "\n".join(lines)
-
-
-def _med(runs: list[dict[str, Any]], key: str) -> tuple[float, float, float]:
-    vals = [r[key] for r in runs]
-    return statistics.median(vals), min(vals), max(vals)
-
-
-def _cell(runs: list[dict[str, Any]], key: str, scale: float = 1.0) -> str:
-    m, lo, hi = (v / scale for v in _med(runs, key))
-    return f"{m:.2f} ({lo:.2f}–{hi:.2f})" if len(runs) > 1 else f"{m:.2f}"
-
-
-def _clean(text: str, n: int = 90) -> str:
-    return " ".join(str(text).split()).replace("|", "/")[-n:]
-
-
-HEADER = (
-    "| dataset | contender | cold epoch s | warm epoch s | first batch s | steady wait % of step "
-    "p50 / p99 | disk MiB | epoch 0 repeated / skipped | resume 2x2 → 3x1 repeated / skipped |"
-)
-
-
-def table(report: dict[str, Any]) -> str:
-    """The README table: medians (min–max) over the runs that finished."""
-    lines = [HEADER, "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
-    for key, entry in report["runs"].items():
-        kind, name = key.split("/")
-        runs = [r for r in entry["runs"] if "error" not in r]
-        failed = [r["error"] for r in entry["runs"] if "error" in r]
-        note = (
-            f" ({len(failed)} of {len(entry['runs'])} runs failed: {_clean(failed[0])})"
-            if failed
-            else ""
-        )
-        res = entry.get("resume", {})
-        if "repeated" in res:
-            resume = f"{res['repeated']} / {res['skipped']}"
-            resume += f" (of {res['checkpointed']} + {res['resumed']})"
-        else:
-            resume = f"failed: {_clean(res.get('error', ''))}" if res else "not run"
-        if not runs:
-            lines.append(f"| {kind} | {name} | failed{note} | | | | | | {resume} |")
-            continue
-        p50, p99 = _med(runs, "wait_p50_pct")[0], _med(runs, "wait_p99_pct")[0]
-        lines.append(
-            f"| {kind} | {name}{note} | {_cell(runs, 'cold_s')} | "
-            f"{_cell(runs, 'warm_s')} | {_cell(runs, 'first_batch_s')} | {p50:.1f} / {p99:.1f} | "
-            f"{_med(runs, 'disk_bytes')[0] / 2**20:.1f} | "
-            f"{runs[0]['repeated']} / {runs[0]['skipped']} | {resume} |"
-        )
-    return "\n".join(lines)
-
-
-PHASES = (
-    ("import_s", "import"),
-    ("client_s", "store client"),
-    ("listing_s", "listing (footers)"),
-    ("loader_s", "loader"),
-    ("iter_s", "iter() (workers, prefetch)"),
-    ("first_next_s", "first next()"),
-)
-
-
-def phases_table(report: dict[str, Any]) -> str:
-    """Time to the first batch, phase by phase (slowest rank, median over the runs).
-
-    Every contender has ``iter()`` and the first ``next()``; the rest of its build time is
-    "build" (ckptstore splits it into its phases).
-    """
-    head = ["dataset", "contender", "build", *(label for _, label in PHASES), "first batch"]
-    lines = ["| " + " | ".join(head) + " |", "| --- | --- |" + " ---: |" * (len(head) - 2)]
-    for key, entry in report["runs"].items():
-        kind, name = key.split("/")
-        runs = [r for r in entry["runs"] if "error" not in r and "phases" in r]
-        if not runs:
-            continue
-        cells = []
-        builds = [
-            r["first_batch_s"] - r["phases"].get("iter_s", 0) - r["phases"]["first_next_s"]
-            for r in runs
-            if "first_next_s" in r["phases"]
-        ]
-        build = max(0.0, statistics.median(builds)) if builds else 0.0
-        cells.append(f"{build:.2f}")
-        for k, _ in PHASES:
-            vals = [r["phases"][k] for r in runs if k in r["phases"]]
-            cells.append(f"{statistics.median(vals):.2f}" if vals else "")
-        cells.append(f"{statistics.median(r['first_batch_s'] for r in runs):.2f}")
-        lines.append(f"| {kind} | {name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 if __name__ == "__main__":

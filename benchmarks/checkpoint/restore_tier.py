@@ -1,10 +1,10 @@
 """Restore from the node-local tier vs from the remote store, on a shaped link.
 
-    python benchmarks/bench_restore_tier.py                 # 512 MiB, 2 gloo ranks, 5 repeats
-    python benchmarks/bench_restore_tier.py --quick         # 128 MiB, 3 repeats
-    python benchmarks/bench_restore_tier.py --link-mbps 50 --size-mib 256
+    python -m benchmarks.checkpoint.restore_tier            # 512 MiB, 2 gloo ranks, 5 repeats
+    python -m benchmarks.checkpoint.restore_tier --quick    # 128 MiB, 3 repeats
+    python -m benchmarks.checkpoint.restore_tier --link-mbps 50 --size-mib 256
 
-It starts its own SeaweedFS and a shaped link in front of it (``shaped_link.py``: every
+It starts its own SeaweedFS and a shaped link in front of it (``benchmarks/shaped_link.py``: every
 connection capped at ``--link-mbps``, ``--link-latency-ms`` added one way), then on every
 rank saves one checkpoint with ``CheckpointManager(root, local_tier_dir=...)`` (the local tier
 here is a temp directory on this machine's disk, standing in for a node's NVMe; the root is
@@ -42,14 +42,21 @@ import tempfile
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from _report import cell, load_average, machine_line, markdown_table, mem_gib  # noqa: E402
+from benchmarks.common import (
+    MiB,
+    add_state_args,
+    cell,
+    command_line,
+    load_average,
+    machine_line,
+    markdown_table,
+    mem_gib,
+    rotated,
+    write_results,
+)
 
 __all__ = ["main", "run"]
 
-MiB = 1 << 20
 BUCKET = "restore-tier"
 MODES = ("local tier", "local, cold", "remote", "plain read")
 
@@ -94,14 +101,15 @@ def _rank_main(
     n = mib_per_rank * MiB // 4 // tensors
     gen = torch.Generator().manual_seed(rank)
     state = {f"r{rank}.t{i}": torch.rand(n, generator=gen) for i in range(tensors)}
-    saver = CheckpointManager(url, storage_options=options, local_tier_dir=tier_dir, async_save=False)
+    saver = CheckpointManager(
+        url, storage_options=options, local_tier_dir=tier_dir, async_save=False
+    )
     saver.save(1, {"model": state})
     saver.close()
     samples: dict[str, list[float]] = {m: [] for m in MODES}
     link_bytes: dict[str, list[int]] = {m: [] for m in MODES}
     for rep in range(repeats):
-        order = MODES[rep % len(MODES) :] + MODES[: rep % len(MODES)]
-        for mode in order:
+        for mode in rotated(MODES, rep):
             if mode == "plain read":
                 if rank == 0:
                     _evict(tier_dir)
@@ -140,8 +148,7 @@ def _rank_main(
 
 
 def run(size_mib: int, world: int, repeats: int, tensors: int, mbps: float, ms: float) -> dict:
-    from shaped_link import ShapedLink
-
+    from benchmarks.shaped_link import ShapedLink
     from harness.dist import run_distributed
     from harness.seaweedfs import SeaweedFS
 
@@ -206,7 +213,7 @@ def run(size_mib: int, world: int, repeats: int, tensors: int, mbps: float, ms: 
             "loadavg_after": load_average(),
         },
         "wall_s": wall,
-        "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(),
     }
 
 
@@ -231,13 +238,8 @@ def _sigterm(signum: int, frame: Any) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from _report import write_results
-
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mib", type=int, default=None, help="total state (default 512)")
-    p.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats; median reported (5)")
-    p.add_argument("--tensors-per-rank", type=int, default=8)
+    add_state_args(p, size_mib=512, repeats=5)
     p.add_argument("--link-mbps", type=float, default=200.0, help="shaped link, per connection")
     p.add_argument("--link-latency-ms", type=float, default=20.0, help="shaped link, one way")
     p.add_argument("--quick", action="store_true", help="128 MiB and 3 repeats")

@@ -1,18 +1,19 @@
 """The benchmark suite: ckptstore vs torch.save, stock DCP, s3torchconnector and the floors.
 
-    python benchmarks/suite.py --config quick      # make bench-quick: < 5 min on 2 cores
-    python benchmarks/suite.py --config medium     # 1 GiB, world 1/2/4, both links (~15 min)
-    python benchmarks/suite.py --config full       # make bench: adds 4 GiB and 4-rank async
-    python benchmarks/suite.py --config my.json --only local,async
-    python benchmarks/suite.py --from benchmarks/results/full-<time> --readme   # no run
+    python -m benchmarks.suite --config quick      # make bench-quick: < 5 min on 2 cores
+    python -m benchmarks.suite --config medium     # 1 GiB, world 1/2/4, both links (~15 min)
+    python -m benchmarks.suite --config full       # make bench: adds 4 GiB and 4-rank async
+    python -m benchmarks.suite --config my.json --only local,async
+    python -m benchmarks.suite --from benchmarks/results/full-<time> --readme   # no run
 
-The scenarios are listed in ``suite_config.py``; each runs one of the existing benchmark
-scripts (``bench_local``, ``bench_async``, ``bench_objstore`` with its own SeaweedFS,
-``bench_data``) through its ``run()`` and turns its rows into common records
-(``suite_scenarios.py``). Contenders alternate inside each script. Output, under
+The scenarios are listed in ``config.py``; each runs one of the benchmarks
+(``checkpoint.local``, ``checkpoint.async_save``, ``objstore.save_load`` with its own
+SeaweedFS, ``data.loader``) through its ``run()`` and turns its rows into common records
+(``scenarios.py``). Contenders alternate inside each script. Output, under
 ``benchmarks/results/<config>-<timestamp>/``: ``results.json`` (every sample, the config,
 the machine), ``report.md`` (medians, min–max, ratios) and PNG plots. ``--readme`` also
-replaces the "Latest full run" section of ``benchmarks/README.md`` with the report.
+replaces the part of ``benchmarks/README.md`` between the ``suite:begin`` / ``suite:end``
+markers with the report.
 """
 
 from __future__ import annotations
@@ -20,49 +21,35 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
-import subprocess
 import sys
 import time
 import traceback
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-
-from suite_config import CONFIGS  # noqa: E402 - siblings, found via sys.path
-from suite_report import markdown, plots  # noqa: E402
-from suite_scenarios import RUNNERS  # noqa: E402
+from benchmarks.common import (
+    FIGURES_DIR,
+    RESULTS_DIR,
+    command_line,
+    load_average,
+    machine_facts,
+)
+from benchmarks.suite.config import CONFIGS
+from benchmarks.suite.report import markdown, plots
+from benchmarks.suite.scenarios import RUNNERS
 
 __all__ = ["main", "run_suite"]
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-RESULTS_DIR = os.path.join(HERE, "results")
-README = os.path.join(HERE, "README.md")
+README = os.path.join(os.path.dirname(RESULTS_DIR), "README.md")
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
 
 
-def _sh(cmd: str) -> str:
-    try:
-        return subprocess.run(cmd, shell=True, capture_output=True, text=True, timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
-        return ""
-
-
 def machine() -> dict[str, Any]:
-    import torch
-
-    mem = _sh("grep MemTotal /proc/meminfo").split()
-    cpu = _sh("grep -m1 'model name' /proc/cpuinfo").split(":", 1)[-1].strip()
-    df = _sh("df -hT /tmp | tail -1").split()
-    return {
-        "nproc": os.cpu_count(),
-        "cpu": cpu,
-        "mem_gib": round(int(mem[1]) / 1024**2, 1) if len(mem) > 1 else None,
-        "disk": f"/tmp on {df[0]} ({df[1]}, {df[2]})" if len(df) > 2 else "",
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-    }
+    """``machine_facts`` plus ``disk``: the volume the scenarios write to (/tmp)."""
+    m = machine_facts(df_path="/tmp")
+    lines = m.pop("df", "").splitlines()
+    df = lines[-1].split() if lines else []
+    m["disk"] = f"/tmp on {df[0]} ({df[1]}, {df[2]})" if len(df) > 2 else ""
+    return m
 
 
 def scenario_id(s: dict[str, Any]) -> str:
@@ -82,7 +69,7 @@ def run_suite(config: dict[str, Any], only: set[str] | None = None) -> dict[str,
     recs: list[dict] = []
     errors: dict[str, str] = {}
     durations: dict[str, float] = {}
-    before = [round(x, 2) for x in os.getloadavg()]
+    before = load_average()
     t0 = time.perf_counter()
     for s in config["scenarios"]:
         if only and s["kind"] not in only:
@@ -102,10 +89,10 @@ def run_suite(config: dict[str, Any], only: set[str] | None = None) -> dict[str,
         print(f"   {sid}: {durations[sid]:.0f} s", flush=True)
     m = machine()
     m["loadavg_before"] = before
-    m["loadavg_after"] = [round(x, 2) for x in os.getloadavg()]
+    m["loadavg_after"] = load_average()
     return {
         "config": config,
-        "command": " ".join(["python", os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(),
         "date": time.strftime("%Y-%m-%d %H:%M"),
         "machine": m,
         "wall_s": time.perf_counter() - t0,
@@ -180,13 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.readme:
         import shutil
 
-        figdir = os.path.join(HERE, "figures")
-        os.makedirs(figdir, exist_ok=True)
+        os.makedirs(FIGURES_DIR, exist_ok=True)
         figs = []
         for want in a.figures.split(","):
             src = os.path.join(outdir, f"{want}.png")
             if os.path.exists(src):
-                figs.append(shutil.copy(src, os.path.join(figdir, f"{want}.png")))
+                figs.append(shutil.copy(src, os.path.join(FIGURES_DIR, f"{want}.png")))
         update_readme(report, res, figs)
     return 1 if res["errors"] else 0
 

@@ -1,6 +1,6 @@
 """What a ``cache_limit`` costs per download when the shards are many small files.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_data_cache.py [--files 20000] [--procs 2]
+    python -m benchmarks.data.cache_limit [--files 20000] [--procs 2]
 
 Raw files read as they are make every file a shard: a download is one small GET, and with
 a ``cache_limit`` each one is also a space decision under the node's budget lock. This
@@ -24,15 +24,11 @@ import multiprocessing as mp
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
-from benchmarks._report import (  # noqa: E402
+from benchmarks.common import (
     cell,
     load_average,
     machine_line,

@@ -1,6 +1,6 @@
 """GPU -> host staging and async-save blocking time on one CUDA device (ready; not yet run).
 
-    python benchmarks/gpu_staging.py --size-gib 4 [--saves 4] [--dir /local/nvme]
+    python -m benchmarks.checkpoint.gpu_staging --size-gib 4 [--saves 4] [--dir /local/nvme]
 
 One process, one device, a 1-rank gloo group. The state is ``--size-gib`` of float32
 (bf16 with ``--dtype bfloat16``) CUDA tensors of 256 MiB. Each contender runs ``--saves``

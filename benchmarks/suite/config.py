@@ -1,22 +1,22 @@
-"""The suite's scenarios, declaratively: ``python benchmarks/suite.py --config NAME``.
+"""The suite's scenarios, declaratively: ``python -m benchmarks.suite --config NAME``.
 
 A config is a name and a list of scenarios; each scenario is a ``kind`` plus that kind's
-options (see ``suite_scenarios.py`` for what each kind runs). A JSON file of the same shape
+options (see ``scenarios.py`` for what each kind runs). A JSON file of the same shape
 works too: ``--config my.json``.
 
 kinds:
   floor     physical floors on the local volume: one process writes the state's bytes
             sequentially from a ready buffer + fsync, then reads them back into a buffer
-  local     bench_local.run: rank-0 torch.save, stock DCP, ckptstore; save + same-world load
+  local     checkpoint.local.run: rank-0 torch.save, stock DCP, ckptstore; save + same-world load
   reshard   save on ``world`` ranks (stock DCP, ckptstore), load on each of ``load_worlds``
-  async     bench_async.run: copy_ floor, torch.save, dcp.async_save (+DefaultStager),
+  async     checkpoint.async_save.run: copy_ floor, torch.save, dcp.async_save (+DefaultStager),
             CheckpointManager (+local_tier_dir, background="process"): blocking and
             until-committed times (its loop-interference figures stay in its own output)
-  objstore  bench_objstore.run: SeaweedFS started here; raw PUT/GET ceiling, FsspecWriter,
+  objstore  objstore.save_load.run: SeaweedFS started here; raw PUT/GET ceiling, FsspecWriter,
             ckptstore, s3torchconnector; ``links`` direct and/or shaped
   objstore_torchsave   rank-0 torch.save + upload vs ckptstore vs FsspecWriter on one
-            SeaweedFS (suite_torchsave_s3.py)
-  data      bench_data.main with ``args``: fsspec DataLoader vs ckptstore cold/warm cache
+            SeaweedFS (objstore/torchsave_s3.py)
+  data      data.loader.main with ``args``: fsspec DataLoader vs ckptstore cold/warm cache
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """cProfile of one process saving/loading one rank's share to SeaweedFS, every thread included.
 
-    python benchmarks/profile_objstore.py                  # 512 MiB (one rank of bench_objstore)
-    python benchmarks/profile_objstore.py --link shaped --only save --top 30
-    python benchmarks/profile_objstore.py --contenders raw,ckptstore --profile ckptstore
+    python -m benchmarks.objstore.profile_s3          # 512 MiB (one rank of objstore.save_load)
+    python -m benchmarks.objstore.profile_s3 --link shaped --only save --top 30
+    python -m benchmarks.objstore.profile_s3 --contenders raw,ckptstore --profile ckptstore
 
 Starts its own SeaweedFS (and, for ``--link shaped``, the shaped link), then runs each
-contender of ``bench_objstore.py`` (same code) in this one process, without a process
+contender of ``objstore.save_load`` (same code) in this one process, without a process
 group (DCP's single-process path), ``--repeats`` times unprofiled, printing wall, this
 process's CPU and SeaweedFS's CPU; then once more under cProfile for the contenders named
 by ``--profile``. cProfile sees only its own thread, so a profiler is started in every
@@ -21,15 +21,12 @@ from __future__ import annotations
 import argparse
 import cProfile
 import io
-import os
 import pstats
 import statistics
 import sys
 import threading
 import time
 from typing import Any
-
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 __all__ = ["main"]
 
@@ -122,7 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         _PROFILERS.append(("main", main_prof))
 
     import torch
-    from objstore_contenders import (
+
+    from benchmarks.common import make_state, rotated
+    from benchmarks.objstore.contenders import (
         BUCKET,
         LOAD_FNS,
         SAVE_FNS,
@@ -130,11 +129,9 @@ def main(argv: list[str] | None = None) -> int:
         RankCtx,
         cpu_seconds,
         delete_prefix,
-        make_state,
         raw_bodies,
     )
-    from shaped_link import ShapedLink
-
+    from benchmarks.shaped_link import ShapedLink
     from harness.seaweedfs import SeaweedFS
 
     torch.set_num_threads(1)
@@ -191,7 +188,7 @@ def main(argv: list[str] | None = None) -> int:
         ctx.bodies = raw_bodies(ctx.state, part)
         times: dict[str, list[dict[str, float]]] = {n: [] for n in names}
         for r in range(a.repeats):
-            for name in names[r % len(names) :] + names[: r % len(names)]:
+            for name in rotated(names, r):
                 times[name].append(one(name, f"r{r}-{name}"))
                 delete_prefix(ctx, a.link, f"r{r}-{name}")
         print(f"\n{a.size_mib} MiB in one process, link {a.link}; medians of {a.repeats}:")

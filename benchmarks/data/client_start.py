@@ -1,10 +1,10 @@
 """The S3 client's cold start in a rank and in its forked DataLoader workers (issue 18).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_data_client.py [--workers 2] [--repeat 3]
-        [--latency-ms 10] [--profile]
+    python -m benchmarks.data.client_start [--workers 2] [--repeat 3] [--latency-ms 10]
+        [--profile]
 
-One SeaweedFS on 127.0.0.1 (behind ``shaped_link.py``'s added latency, as in
-bench_data_peers.py) holding one small object. Each repeat starts a fresh Python process
+One SeaweedFS on 127.0.0.1 (behind ``benchmarks/shaped_link.py``'s added latency, as in
+data.vs_peers) holding one small object. Each repeat starts a fresh Python process
 (the "rank": nothing imported yet) that times, as ``ShardedDataset`` and its DataLoader
 do them:
 
@@ -32,10 +32,6 @@ import subprocess
 import sys
 import time
 from typing import Any
-
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
-sys.path[:0] = [HERE, REPO]
 
 OBJECT = "client-bench/one.bin"
 
@@ -134,8 +130,8 @@ def main() -> None:
         print(json.dumps(child(spec["url"], spec["opts"], args.workers, args.profile)))
         return
 
-    from shaped_link import ShapedLink
-
+    from benchmarks.common import REPO_ROOT
+    from benchmarks.shaped_link import ShapedLink
     from harness.seaweedfs import SeaweedFS
 
     with SeaweedFS() as server:
@@ -151,10 +147,10 @@ def main() -> None:
         runs = []
         try:
             for _ in range(args.repeat):
-                cmd = [sys.executable, __file__, "--child", spec, "--workers", str(args.workers)]
-                if args.profile:
-                    cmd.append("--profile")
-                out = subprocess.run(cmd, capture_output=True, text=True, check=True)
+                # A fresh process importing this checkout's ckptstore (the cwd comes first).
+                cmd = [sys.executable, "-m", "benchmarks.data.client_start", "--child", spec]
+                cmd += ["--workers", str(args.workers)] + (["--profile"] if args.profile else [])
+                out = subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=REPO_ROOT)
                 runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
         finally:
             if link is not None:

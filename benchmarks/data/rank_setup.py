@@ -1,13 +1,12 @@
 """A fresh rank's setup before its first sample, phase by phase, across checkouts (issue 18).
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_data_setup.py \\
-        --trees main=/work/main,branch=. [--repeat 3] [--profile]
+    python -m benchmarks.data.rank_setup --trees main=/work/main,branch=. [--repeat 3] [--profile]
 
-One SeaweedFS on 127.0.0.1 behind ``shaped_link.py`` (100 Mbit/s per connection, +10 ms
-each way, as in bench_data_peers.py) holding the head to head's token dataset (16 Parquet
+One SeaweedFS on 127.0.0.1 behind ``benchmarks/shaped_link.py`` (100 Mbit/s per connection,
++10 ms each way, as in data.vs_peers) holding the head to head's token dataset (16 Parquet
 shards x 144 rows of 1 024 int32 tokens). Each repeat starts one fresh process per
 checkout, alternating (``PYTHONPATH`` picks the checkout's ``ckptstore``), which imports
-torch first (as a rank has) and then times, as bench_data_peers.py's ckptstore contender
+torch first (as a rank has) and then times, as data.vs_peers's ckptstore contender
 does them:
 
   import        ``from ckptstore.data import DataLoader, ShardedDataset``; ``open_store``
@@ -34,8 +33,10 @@ import tempfile
 import time
 from typing import Any
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(HERE)
+# The checkout this file is in. The child runs this file as a script (not as a module of
+# the package), so that it imports the ckptstore its PYTHONPATH names: nothing at the top
+# here may import ``benchmarks``.
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 PHASES = ("import", "store client", "listing", "first batch", "total")
 
@@ -111,10 +112,8 @@ def main() -> None:
         return
 
     # Here only: a child must import the ckptstore of its checkout (its PYTHONPATH).
-    sys.path[:0] = [os.path.join(HERE, "peers"), HERE, REPO]
-    from convert import make_tokens
-    from shaped_link import ShapedLink
-
+    from benchmarks.peers.convert import make_tokens
+    from benchmarks.shaped_link import ShapedLink
     from harness.seaweedfs import SeaweedFS
 
     trees = dict(t.split("=", 1) for t in args.trees.split(","))

@@ -1,8 +1,8 @@
 """cProfile of one process saving/loading one rank's share with stock DCP and ckptstore.
 
-    python benchmarks/profile_local.py                # 512 MiB (one rank of bench_local)
-    python benchmarks/profile_local.py --size-mib 256 --top 25 --sort tottime
-    python benchmarks/profile_local.py --phases --repeats 5   # where a durable save's time goes
+    python -m benchmarks.checkpoint.profile_local     # 512 MiB (one rank of checkpoint.local)
+    python -m benchmarks.checkpoint.profile_local --size-mib 256 --top 25 --sort tottime
+    python -m benchmarks.checkpoint.profile_local --phases --repeats 5   # where a save's time goes
 
 No process group: ``dcp.save`` / ``dcp.load`` run their single-process (no_dist) path, so
 the profile shows the storage layer alone. Each contender saves into a fresh directory

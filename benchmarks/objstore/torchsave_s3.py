@@ -1,10 +1,10 @@
 """Suite scenario ``objstore_torchsave``: rank-0 torch.save + upload vs the DCP writers, on S3.
 
-The remote counterpart of ``bench_local``'s torch.save row, in one run against one fresh
-SeaweedFS (direct link), alternating with ``bench_objstore``'s own ckptstore and
+The remote counterpart of ``checkpoint.local``'s torch.save row, in one run against one fresh
+SeaweedFS (direct link), alternating with ``objstore.save_load``'s own ckptstore and
 FsspecWriter contenders (called, not re-implemented):
 
-  rank-0 torch.save + upload   bench_local.save_torch into a local temp dir (gather to rank 0,
+  rank-0 torch.save + upload   checkpoint.local.save_torch into a local temp dir (gather to rank 0,
         torch.save, fsync of file and directory), then s3fs ``put_file`` of that one file to
         the bucket (s3fs's default multipart upload, one stream), then the local file is
         removed (untimed). The time is all of it; the split is kept in ``extra``.
@@ -18,25 +18,28 @@ import tempfile
 import time
 from typing import Any
 
+from benchmarks.common import make_state, record, rotated
+
 __all__ = ["run_objstore_torchsave"]
 
 NAMES = ("rank-0 torch.save + upload", "ckptstore", "FsspecWriter")
 
 
 def _rank(rank: int, world: int, cfg: Any, endpoint: str, repeats: int, tmp: str) -> dict:
-    import bench_local
-    import objstore_contenders as oc
     import torch
     import torch.distributed as dist
 
+    from benchmarks.checkpoint.local import save_torch
+    from benchmarks.objstore import contenders as oc
+
     torch.set_num_threads(1)
     ctx = oc.RankCtx(rank, world, cfg, {"direct": endpoint}, {}, "")
-    ctx.state = oc.make_state(rank, cfg)
+    ctx.state = make_state(rank, cfg)
     fs, _ = oc._raw_client(ctx, "direct")
 
     def torch_save_upload(key: str) -> dict[str, float]:
         path = os.path.join(tmp, key)
-        parts = bench_local.save_torch(ctx.state, path, rank, world)
+        parts = save_torch(ctx.state, path, rank, world)
         if rank == 0:
             t = time.perf_counter()
             fs.put_file(os.path.join(path, "state.pt"), f"{oc.BUCKET}/direct/{key}/state.pt")
@@ -50,8 +53,7 @@ def _rank(rank: int, world: int, cfg: Any, endpoint: str, repeats: int, tmp: str
     }
     out: dict[str, list[dict]] = {n: [] for n in NAMES}
     for r in range(-1, repeats):  # r = -1: untimed-in-the-table warm-up
-        order = NAMES[r % len(NAMES) :] + NAMES[: r % len(NAMES)]
-        for name in order:
+        for name in rotated(NAMES, r):
             key = f"ts{r + 1}-{NAMES.index(name)}"
             dist.barrier()
             t0 = time.perf_counter()
@@ -69,9 +71,7 @@ def _rank(rank: int, world: int, cfg: Any, endpoint: str, repeats: int, tmp: str
 def run_objstore_torchsave(
     scn: str, size_mib: int, world: int, repeats: int, **_: Any
 ) -> list[dict]:
-    import objstore_contenders as oc
-    from suite_scenarios import record
-
+    from benchmarks.objstore import contenders as oc
     from harness.dist import run_distributed
     from harness.seaweedfs import SeaweedFS
 

@@ -18,38 +18,14 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
-import sys
 import tempfile
 import time
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from benchmarks.common import MiB, make_state, peak_rss_mib, record, reset_peak, rotated
+from benchmarks.objstore.torchsave_s3 import run_objstore_torchsave
 
-__all__ = ["RUNNERS", "record"]
-
-MiB = 1024 * 1024
-
-
-def record(scn: str, kind: str, metric: str, contender: str, samples: list[float], **kw: Any):
-    nbytes = kw.pop("bytes", 0)
-    med = statistics.median(samples)
-    return {
-        "scenario": scn,
-        "kind": kind,
-        "metric": metric,
-        "contender": contender,
-        "dest": kw.pop("dest", "volume"),
-        "world": kw.pop("world", 1),
-        "bytes": nbytes,
-        "samples_s": samples,
-        "median_s": med,
-        "min_s": min(samples),
-        "max_s": max(samples),
-        "gb_per_s": nbytes / 1e9 / med if nbytes and med > 0 else None,
-        "peak_rss_mib": kw.pop("peak_rss_mib", None),
-        "extra": kw,
-    }
+__all__ = ["RUNNERS"]
 
 
 # -- floor: sequential write + fsync, read back ------------------------------------------
@@ -93,12 +69,12 @@ def run_floor(scn: str, size_mib: int, repeats: int = 3, **_: Any) -> list[dict]
     ]
 
 
-# -- local: bench_local ------------------------------------------------------------------
+# -- local: checkpoint.local --------------------------------------------------------------
 def run_local(scn: str, size_mib: int, world: int, repeats: int, **_: Any) -> list[dict]:
-    import bench_local
+    from benchmarks.checkpoint import local
 
-    cfg = bench_local.BenchConfig(size_mib=size_mib, world=world, repeats=repeats)
-    res = bench_local.run(cfg)
+    cfg = local.BenchConfig(size_mib=size_mib, world=world, repeats=repeats)
+    res = local.run(cfg)
     out = []
     for name, row in res["rows"].items():
         metric = "load" if "load" in name else "save"
@@ -122,25 +98,24 @@ def run_local(scn: str, size_mib: int, world: int, repeats: int, **_: Any) -> li
 def _reshard_load_rank(
     rank: int, world: int, paths: dict[str, str], cfg: Any, repeats: int
 ) -> dict[str, Any]:
-    import bench_local
     import torch
-    from rss import peak_rss_mib, reset_peak
+
+    from benchmarks.checkpoint import local
 
     torch.set_num_threads(1)
     full: dict[str, Any] = {}
     for src in range(cfg.world):
-        full.update(bench_local.make_state(src, cfg))
+        full.update(make_state(src, cfg))
     names = sorted(full)
     mine = {k: full[k] for i, k in enumerate(names) if i % world == rank}
     dest = {k: torch.empty_like(v) for k, v in mine.items()}
     out: dict[str, Any] = {}
     for r in range(repeats):
-        order = list(paths)[r % len(paths) :] + list(paths)[: r % len(paths)]
-        for name in order:
+        for name in rotated(list(paths), r):
             for t in dest.values():
                 t.zero_()
             reset_peak()
-            secs, _ = bench_local._timed(lambda n=name: bench_local.LOAD_FNS[n](dest, paths[n]))
+            secs, _ = local._timed(lambda n=name: local.LOAD_FNS[n](dest, paths[n]))
             if not all(torch.equal(dest[k], mine[k]) for k in mine):
                 raise AssertionError(f"{name}: load on {world} ranks is not bitwise equal")
             out.setdefault(name, {"s": [], "rss": []})
@@ -150,21 +125,20 @@ def _reshard_load_rank(
 
 
 def _reshard_save_rank(rank: int, world: int, cfg: Any, paths: dict[str, str]) -> None:
-    import bench_local
+    from benchmarks.checkpoint.local import SAVE_FNS
 
-    state = bench_local.make_state(rank, cfg)
+    state = make_state(rank, cfg)
     for name, path in paths.items():
-        bench_local.SAVE_FNS[name](state, path, rank, world)
+        SAVE_FNS[name](state, path, rank, world)
 
 
 def run_reshard(
     scn: str, size_mib: int, world: int, load_worlds: list[int], repeats: int, **_: Any
 ) -> list[dict]:
-    import bench_local
-
+    from benchmarks.checkpoint.local import BenchConfig
     from harness.dist import run_distributed
 
-    cfg = bench_local.BenchConfig(size_mib=size_mib, world=world, repeats=repeats)
+    cfg = BenchConfig(size_mib=size_mib, world=world, repeats=repeats)
     base = tempfile.mkdtemp(prefix="ckptstore-suite-reshard-")
     paths = {n: os.path.join(base, n.replace(" ", "_")) for n in ("stock DCP", "ckptstore")}
     out = []
@@ -193,11 +167,11 @@ def run_reshard(
     return out
 
 
-# -- async: bench_async ------------------------------------------------------------------
+# -- async: checkpoint.async_save --------------------------------------------------------
 def run_async(scn: str, size_mib: int, world: int, saves: int, **_: Any) -> list[dict]:
-    import bench_async
+    from benchmarks.checkpoint import async_save
 
-    res = bench_async.run(size_mib, world, saves)
+    res = async_save.run(size_mib, world, saves)
     out = []
     nbytes = size_mib * MiB
     for row in res["rows"]:
@@ -221,7 +195,7 @@ def run_async(scn: str, size_mib: int, world: int, saves: int, **_: Any) -> list
     return out
 
 
-# -- objstore: bench_objstore -------------------------------------------------------------
+# -- objstore: objstore.save_load --------------------------------------------------------
 def run_objstore(
     scn: str,
     size_mib: int,
@@ -231,14 +205,14 @@ def run_objstore(
     contenders: list[str],
     **_: Any,
 ) -> list[dict]:
-    import bench_objstore
-    from objstore_contenders import BenchConfig
+    from benchmarks.objstore import save_load
+    from benchmarks.objstore.contenders import BenchConfig
 
-    names = bench_objstore._available(list(contenders), False)
+    names = save_load._available(list(contenders), False)
     cfg = BenchConfig(
         size_mib=size_mib, world=world, repeats=repeats, links=tuple(links), contenders=names
     )
-    res = bench_objstore.run(cfg)
+    res = save_load.run(cfg)
     out = []
     for row in res["rows"]:
         metric = {"raw": {"save": "put", "load": "get"}}.get(row["contender"], {}).get(
@@ -261,14 +235,14 @@ def run_objstore(
     return out
 
 
-# -- data: bench_data ----------------------------------------------------------------------
+# -- data: data.loader ---------------------------------------------------------------------
 def run_data(scn: str, args: list[str], **_: Any) -> list[dict]:
-    import bench_data
+    from benchmarks.data import loader
 
     fd, path = tempfile.mkstemp(suffix=".json", prefix="ckptstore-suite-data-")
     os.close(fd)
     try:
-        bench_data.main([*args, "--json", path])
+        loader.main([*args, "--json", path])
         with open(path) as f:
             got = json.load(f)
     finally:
@@ -296,12 +270,6 @@ def run_data(scn: str, args: list[str], **_: Any) -> list[dict]:
             )
         )
     return out
-
-
-def run_objstore_torchsave(scn: str, **kw: Any) -> list[dict]:
-    from suite_torchsave_s3 import run_objstore_torchsave as run
-
-    return run(scn, **kw)
 
 
 RUNNERS = {

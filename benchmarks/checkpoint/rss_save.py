@@ -1,13 +1,13 @@
 """Peak RSS a save adds, ckptstore against stock DCP, and where in the save it is reached.
 
-    python benchmarks/rss_save.py                          # 256 and 1024 MiB, 1 and 2 ranks
-    python benchmarks/rss_save.py --sizes 256 --worlds 1 --repeats 3
+    python -m benchmarks.checkpoint.rss_save               # 256 and 1024 MiB, 1 and 2 ranks
+    python -m benchmarks.checkpoint.rss_save --sizes 256 --worlds 1 --repeats 3
 
 Every rank holds ``size / world`` bytes as 8 float32 tensors. For each contender (stock
 ``dcp.save`` + ``FileSystemWriter``; ``ckptstore.save``; the manager's ``save_step`` given
 the state as if already staged: what its writer adds, not the staging copy), in a rotated
 order, each into a fresh
-directory: the rank's peak RSS is reset (``rss.reset_peak``) right before the save, and the
+directory: the rank's peak RSS is reset (``common.reset_peak``) right before the save, and the
 number reported is ``VmHWM`` after it minus the RSS before it (MiB, max over ranks and
 repeats): what the save itself added. A sampler thread reads ``VmRSS`` every millisecond
 and reports, for ckptstore, the phase in which the most was resident (the DCP writer's
@@ -31,9 +31,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling rss.py in the ranks
-
-from rss import current_rss_mib, peak_rss_mib, reset_peak  # noqa: E402
+from benchmarks.common import current_rss_mib, peak_rss_mib, reset_peak, rotated
 
 __all__ = ["main"]
 
@@ -136,8 +134,7 @@ def _rank_main(rank: int, world: int, size_mib: int, repeats: int, base: str) ->
     phases: list[dict[str, float]] = []
     pool_stats: list[tuple[int, int]] = []
     for r in range(repeats + 1):
-        order = CONTENDERS[r % 3 :] + CONTENDERS[: r % 3]
-        for name in order:
+        for name in rotated(CONTENDERS, r):
             path = os.path.join(base, f"{size_mib}-{world}-{r}-{name.replace(' ', '_')}")
             dist.barrier()
             before = current_rss_mib()

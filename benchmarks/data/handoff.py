@@ -1,6 +1,6 @@
 """What a torch DataLoader's ``next()`` costs for a batch its workers already made.
 
-    PYTHONPATH=. .venv/bin/python benchmarks/bench_handoff.py [--kib 8,256] [--procs 2]
+    python -m benchmarks.data.handoff [--kib 8,256] [--procs 2]
 
 The floor under issue 18's "steady-state wait <= 2 % of the step": no storage, no decode,
 no ckptstore loader. ``--procs`` processes (the ranks of a node) each iterate a torch
@@ -24,7 +24,6 @@ import argparse
 import multiprocessing as mp
 import os
 import statistics
-import sys
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -32,10 +31,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, IterableDataset, get_worker_info
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.dirname(HERE))
-
-from benchmarks._report import (  # noqa: E402
+from benchmarks.common import (
     cell,
     load_average,
     machine_line,
@@ -43,7 +39,7 @@ from benchmarks._report import (  # noqa: E402
     mem_gib,
     write_results,
 )
-from ckptstore.data.handoff import inline, widen_result_pipe  # noqa: E402
+from ckptstore.data.handoff import inline, widen_result_pipe
 
 
 class _Ready(IterableDataset):

@@ -1,8 +1,8 @@
 """Local-volume save/load benchmark: rank-0 torch.save vs stock DCP vs ckptstore.
 
-    python benchmarks/bench_local.py                 # 1 GiB state, 2 gloo ranks, 3 repeats
-    python benchmarks/bench_local.py --quick         # 256 MiB, 2 repeats
-    python benchmarks/bench_local.py --size-mib 512 --world 2 --repeats 5 --dir /mnt/x
+    python -m benchmarks.checkpoint.local            # 1 GiB state, 2 gloo ranks, 3 repeats
+    python -m benchmarks.checkpoint.local --quick    # 256 MiB, 2 repeats
+    python -m benchmarks.checkpoint.local --size-mib 512 --world 2 --repeats 5 --dir /mnt/x
 
 Every rank holds ``size / world`` bytes as ``--tensors-per-rank`` float32 tensors with
 rank-unique names, so each rank writes its own share. Contenders, run in a rotated order
@@ -39,10 +39,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -50,14 +48,21 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import Any
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # sibling rss.py in the ranks
-
-from _report import (  # noqa: E402 - a sibling module, found via sys.path
+from benchmarks.common import (
+    StateShape,
+    add_state_args,
     cell,
+    command_line,
+    current_rss_mib,
+    fsync_path,
     load_average,
+    machine_facts,
     machine_line,
+    make_state,
     markdown_table,
-    mem_gib,
+    peak_rss_mib,
+    reset_peak,
+    rotated,
     write_results,
 )
 
@@ -69,11 +74,7 @@ LOADS = {"stock DCP": "stock DCP load", "ckptstore": "ckptstore load (verified)"
 
 
 @dataclass(frozen=True)
-class BenchConfig:
-    size_mib: int = 1024
-    world: int = 2
-    repeats: int = 3
-    tensors_per_rank: int = 8
+class BenchConfig(StateShape):
     dir: str = ""  # parent of the per-run directories; "" = a temp dir under /tmp
     warmup: bool = True
     floor: bool = False  # also time the raw write + fsync floor (a fourth contender)
@@ -82,36 +83,8 @@ class BenchConfig:
     def saves(self) -> tuple[str, ...]:
         return (*SAVES, FLOOR) if self.floor else SAVES
 
-    @property
-    def state_bytes(self) -> int:
-        return self.tensor_numel * 4 * self.tensors_per_rank * self.world
-
-    @property
-    def tensor_numel(self) -> int:
-        per_tensor = self.size_mib * 1024 * 1024 // (self.world * self.tensors_per_rank)
-        return max(1024, per_tensor // 4 // 1024 * 1024)
-
 
 # -- per-rank side -----------------------------------------------------------------------
-def make_state(rank: int, cfg: BenchConfig, numel: int | None = None) -> dict[str, Any]:
-    import torch
-
-    numel = numel or cfg.tensor_numel
-    g = torch.Generator().manual_seed(1234 + rank)
-    return {
-        f"rank{rank}.t{i}": torch.randn(numel // 1024, 1024, generator=g)
-        for i in range(cfg.tensors_per_rank)
-    }
-
-
-def _fsync_path(path: str, flags: int = os.O_RDONLY) -> None:
-    fd = os.open(path, flags)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def save_torch(state: dict[str, Any], path: str, rank: int, world: int) -> dict[str, float]:
     """Gather every rank's tensors on rank 0, torch.save them, fsync file + directory."""
     import torch
@@ -136,7 +109,7 @@ def save_torch(state: dict[str, Any], path: str, rank: int, world: int) -> dict[
         torch.save(full, f)
         f.flush()
         os.fsync(f.fileno())
-    _fsync_path(path)
+    fsync_path(path)
     return {"gather_s": t1 - t0, "serialize_write_fsync_s": time.perf_counter() - t1}
 
 
@@ -209,8 +182,6 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
 def _timed_rss(fn: Callable[[], Any]) -> tuple[float, Any, float, float]:
     """``_timed`` plus this rank's peak RSS (MiB) during the operation, and that peak minus
     its RSS right before it (what the operation added)."""
-    from rss import current_rss_mib, peak_rss_mib, reset_peak
-
     before = current_rss_mib()
     reset_peak()
     secs, out = _timed(fn)
@@ -270,8 +241,7 @@ def _rank_main(rank: int, world: int, cfg: BenchConfig, base: str) -> list[dict[
     dest = {k: torch.empty_like(v) for k, v in state.items()}
     rounds = []
     for r in range(cfg.repeats):
-        saves = cfg.saves
-        order = saves[r % len(saves) :] + saves[: r % len(saves)]
+        order = rotated(cfg.saves, r)
         got = _one_round(rank, world, state, dest, base, f"r{r}", order)
         got["order"] = list(order)
         rounds.append(got)
@@ -279,25 +249,6 @@ def _rank_main(rank: int, world: int, cfg: BenchConfig, base: str) -> list[dict[
 
 
 # -- parent side -------------------------------------------------------------------------
-def _machine(base: str) -> dict[str, Any]:
-    def sh(cmd: list[str]) -> str:
-        try:
-            return subprocess.run(cmd, capture_output=True, text=True, timeout=10).stdout.strip()
-        except (OSError, subprocess.SubprocessError):
-            return ""
-
-    import torch
-
-    return {
-        "nproc": os.cpu_count(),
-        "mem_gib": mem_gib(),
-        "python": platform.python_version(),
-        "torch": torch.__version__,
-        "platform": platform.platform(),
-        "df": sh(["df", "-hT", base]),
-    }
-
-
 def _summarise(rounds_by_rank: list[list[dict[str, Any]]], cfg: BenchConfig) -> dict[str, Any]:
     saves = cfg.saves
     names = list(saves) + [LOADS[n] for n in saves if n in LOADS]
@@ -375,7 +326,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         t0 = time.perf_counter()
         rounds_by_rank = run_distributed(_rank_main, cfg.world, cfg, base, timeout=1800)
         wall = time.perf_counter() - t0
-        machine = _machine(base)
+        machine = machine_facts(df_path=base)
         machine["loadavg_before"] = load_before
         machine["loadavg_after"] = load_average()
     finally:
@@ -385,7 +336,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
         "config": asdict(cfg),
         "state_bytes": cfg.state_bytes,
         "dir": base,
-        "command": " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]),
+        "command": command_line(),
         "machine": machine,
         "wall_s": wall,
         "rows": _summarise(rounds_by_rank, cfg),
@@ -395,10 +346,7 @@ def run(cfg: BenchConfig) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--size-mib", type=int, default=None, help="total state size (default 1024)")
-    p.add_argument("--world", type=int, default=2, help="gloo ranks (default 2)")
-    p.add_argument("--repeats", type=int, default=None, help="repeats; median reported (3)")
-    p.add_argument("--tensors-per-rank", type=int, default=8)
+    add_state_args(p, size_mib=1024, repeats=3)
     p.add_argument("--dir", default="", help="parent directory for the runs (default: /tmp)")
     p.add_argument("--quick", action="store_true", help="256 MiB and 2 repeats")
     p.add_argument("--no-warmup", action="store_true")

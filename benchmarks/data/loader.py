@@ -26,7 +26,7 @@ What each number includes:
   samples/s  samples of the epoch / wall time of the epoch loop (not listing the dataset)
   list_s     (b)/(c): building the ShardedDataset (listing + footers), outside the loop
 
-Run:  python benchmarks/bench_data.py            (about 1.5 min; --quick: about 20 s)
+Run:  python -m benchmarks.data.loader            (about 1.5 min; --quick: about 20 s)
 """
 
 from __future__ import annotations
