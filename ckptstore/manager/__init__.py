@@ -3,7 +3,7 @@
 ``CheckpointManager``, ``SaveRecord`` and ``SaveStatus`` (they import torch) load on first
 use, so ``ckptstore.manager.retention`` and ``ckptstore.manager.prune`` (which
 ``ckptstore-tool gc`` uses) do not pay for torch, and ``python -m
-ckptstore.manager.writer_main`` starts light.
+ckptstore.manager.saving.writer_main`` starts light.
 """
 
 from __future__ import annotations

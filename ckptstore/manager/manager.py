@@ -68,10 +68,10 @@ never takes more memory. In process mode every tensor must fit the budget (a lar
 is a ``ConfigError`` from ``save``, on every rank).
 
 Saves run on the backend ``background`` picks once, in the constructor
-(``ckptstore.manager.backend``): both end in the same ``save_step``.
+(``ckptstore.manager.saving.backend``): both end in the same ``save_step``.
 ``background="thread"`` (default) writes on a thread of the training process.
 ``background="process"`` writes in one long-lived writer process per rank (see
-``ckptstore.manager.writer_process``), started by the constructor: the staging copy goes into a
+``ckptstore.manager.saving.writer_process``), started by the constructor: the staging copy goes into a
 shared-memory arena reused across saves, and serialisation, upload and commit run in the
 writer, on a gloo group of the writers' own, without the training process's GIL. A writer
 that dies fails its save with ``WriterProcessDiedError`` (reported like any failed save;
@@ -96,7 +96,6 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ckptstore import errors
-from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.engine.catalog import committed_steps
 from ckptstore.engine.commit import CheckpointStatus, open_committed
 from ckptstore.engine.deletion import delete_step
@@ -118,7 +117,6 @@ from ckptstore.errors import (
 )
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
-from ckptstore.manager.backend import ProcessBackend, make_backend
 from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.manager.prune import apply_prune, plan_prune
@@ -126,7 +124,9 @@ from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
 from ckptstore.manager.report import report, size_text
 from ckptstore.manager.restore import StepLoader
 from ckptstore.manager.retention import local_tier_keeps
-from ckptstore.manager.writer_process import BackgroundWriter
+from ckptstore.manager.saving.backend import ProcessBackend, make_backend
+from ckptstore.manager.saving.shared_arena import SharedStager
+from ckptstore.manager.saving.writer_process import BackgroundWriter
 from ckptstore.stores import open_store
 
 __all__ = ["CheckpointManager", "MANIFEST_TIMINGS", "SaveRecord", "SaveStatus"]

@@ -27,8 +27,8 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="us
 TRAINER = """
 import sys, threading, time
 from ckptstore.config import TransferConfig
-from ckptstore.manager.writer_process import BackgroundWriter
-from ckptstore.manager.writer_protocol import WriterSettings
+from ckptstore.manager.saving.writer_process import BackgroundWriter
+from ckptstore.manager.saving.writer_protocol import WriterSettings
 
 root, when = sys.argv[1], sys.argv[2]
 world = 2 if when == "rendezvous" else 1  # rank 1 never comes: the writer waits for it

@@ -10,10 +10,10 @@ import warnings
 import pytest
 import torch
 
-from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.engine.catalog import step_name
 from ckptstore.errors import ConfigError, StoreAccessError
 from ckptstore.manager import CheckpointManager
+from ckptstore.manager.saving.shared_arena import SharedStager
 from harness.dist import run_distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

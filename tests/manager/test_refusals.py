@@ -20,12 +20,12 @@ from collections.abc import Iterator
 import pytest
 import torch
 
-from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.engine.catalog import step_name
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.errors import ConfigError, StagingMemoryError
 from ckptstore.manager import CheckpointManager
-from ckptstore.manager.staging import ArenaStager
+from ckptstore.manager.saving.host_arena import ArenaStager
+from ckptstore.manager.saving.shared_arena import SharedStager
 from harness.dist import run_distributed
 
 KIB = 1024

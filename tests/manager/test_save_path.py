@@ -10,9 +10,9 @@ import ckptstore
 from ckptstore.engine.catalog import list_steps, step_name
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.manager import CheckpointManager
-from ckptstore.manager.backend import ThreadBackend
 from ckptstore.manager.records import SaveRecord, SaveStatus
-from ckptstore.manager.save_step import save_step
+from ckptstore.manager.saving.backend import ThreadBackend
+from ckptstore.manager.saving.save_step import save_step
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
 

@@ -6,12 +6,12 @@ import json
 import pytest
 import torch
 
-from ckptstore.dcp.shared_staging import SharedStager
 from ckptstore.engine.catalog import step_name
 from ckptstore.errors import ConfigError, WriterProcessDiedError
 from ckptstore.manager import CheckpointManager
-from ckptstore.manager.backend import ThreadBackend
-from ckptstore.manager.staging import ArenaStager
+from ckptstore.manager.saving.backend import ThreadBackend
+from ckptstore.manager.saving.host_arena import ArenaStager
+from ckptstore.manager.saving.shared_arena import SharedStager
 from harness.dist import run_distributed
 
 KIB = 1024

@@ -36,7 +36,7 @@ storage of its own over its bytes of the arena (``HostArena``), so the writer sa
 as it is; a view into one big storage would be cloned by the writer first. The arena is
 allocated once and reused while the tensors' dtypes and shapes stay the same; a layout
 that needs more room (and the budget allows) allocates a larger one. CPU tensors are copied
-on the rank's share of the cores (``ckptstore.dcp.hostcopy``: torchrun's one OpenMP thread
+on the rank's share of the cores (``ckptstore.manager.saving.hostcopy``: torchrun's one OpenMP thread
 per rank would leave a node's other cores idle).
 """
 
@@ -51,9 +51,9 @@ from typing import Any
 
 import torch
 
-from ckptstore.dcp.hostcopy import HostCopier
-from ckptstore.dcp.shared_staging import ALIGN, Slot, _fill, _Hole, allocated, user_values
 from ckptstore.manager.options import check_budget
+from ckptstore.manager.saving.hostcopy import HostCopier
+from ckptstore.manager.saving.slots import ALIGN, Hole, Slot, allocated, fill, user_values
 
 __all__ = ["ArenaStager", "HostArena", "Prepared", "StagedSave"]
 
@@ -230,7 +230,7 @@ class ArenaStager:
             view if view is not None else src
             for view, src in zip(self._views, tensors, strict=True)
         ]
-        staged_state = _fill(prepared.skeleton, lambda i: items[i])
+        staged_state = fill(prepared.skeleton, lambda i: items[i])
         total = sum(_nbytes(t) for t in tensors)
         live = sum(_nbytes(t) for t, v in zip(tensors, self._views, strict=True) if v is None)
         lo, hi = (self.arena.lo, self.arena.hi) if self.arena is not None else (0, 0)
@@ -301,7 +301,7 @@ def _strip(obj: Any, tensors: list[torch.Tensor], plain: list[bool]) -> Any:
     if isinstance(obj, torch.Tensor):
         tensors.append(obj)
         plain.append(_is_plain(obj))
-        return _Hole(len(tensors) - 1)
+        return Hole(len(tensors) - 1)
     if isinstance(obj, dict):
         out = copy.copy(obj)
         for k, v in obj.items():

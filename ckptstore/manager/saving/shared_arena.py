@@ -59,43 +59,17 @@ import copy
 import mmap
 import os
 import pickle
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 
-from ckptstore.dcp.hostcopy import HostCopier
-from ckptstore.errors import ConfigError, StagingMemoryError
+from ckptstore.errors import ConfigError
+from ckptstore.manager.saving.hostcopy import HostCopier
+from ckptstore.manager.saving.slots import ALIGN, Hole, Slot, allocated, fill, user_values
 
-__all__ = [
-    "ArenaView",
-    "Prepared",
-    "SharedStager",
-    "Slot",
-    "StagedState",
-    "allocated",
-    "user_values",
-]
+__all__ = ["Arena", "ArenaView", "Prepared", "SharedStager", "StagedState"]
 
-ALIGN = 64
-_T = TypeVar("_T")
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where one tensor lies in the arena."""
-
-    offset: int
-    nbytes: int
-    dtype: torch.dtype
-    shape: tuple[int, ...]
-    piece: int = 0  # with a staging budget: the piece it belongs to (offset: in the segment)
-
-
-@dataclass(frozen=True)
-class _Hole:
-    index: int  # into StagedState.slots
 
 
 @dataclass(frozen=True)
@@ -126,7 +100,7 @@ class StagedState:
                 "define its class in an importable module (not __main__), or use "
                 "background='thread'"
             ) from exc
-        return _fill(skeleton, lambda i: view.tensor(self.slots[i]))
+        return fill(skeleton, lambda i: view.tensor(self.slots[i]))
 
 
 _Plan = tuple[tuple[Slot, ...], list[list[int]], int]  # slots, pieces' slot indices, size
@@ -423,28 +397,6 @@ class ArenaView:
             self._fd = -1
 
 
-def allocated(nbytes: int, make: Callable[[], _T]) -> _T:
-    """``make()``, which allocates an arena of ``nbytes``, or ``StagingMemoryError`` saying
-    what to do when the memory cannot be had (mmap, memfd or pinning failed)."""
-    try:
-        return make()
-    except (OSError, MemoryError, RuntimeError) as exc:
-        raise StagingMemoryError(
-            f"could not allocate {nbytes} bytes of host memory to stage the state into "
-            f"({type(exc).__name__}: {exc}); free host memory, or bound what saves stage "
-            "with CheckpointManager(max_staging_bytes=...) below what is free"
-        ) from exc
-
-
-def user_values(make: Callable[[], Any], message: str) -> Any:
-    """``make()`` (a copy or pickle of the user's non-tensor values), or ``ConfigError``
-    with ``message``, its ``{error}`` the exception it raised."""
-    try:
-        return make()
-    except Exception as exc:  # noqa: BLE001 - whatever the user's values raise
-        raise ConfigError(message.format(error=f"{type(exc).__name__}: {exc}")) from exc
-
-
 def _strip(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
     """``obj`` with every tensor replaced by a hole (containers rebuilt, the rest as is)."""
     if isinstance(obj, torch.Tensor):
@@ -461,7 +413,7 @@ def _strip(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
                 "for sharded (DTensor / ShardedTensor) or sparse state"
             )
         tensors.append(obj)
-        return _Hole(len(tensors) - 1)
+        return Hole(len(tensors) - 1)
     if type(obj) is dict:
         return {k: _strip(v, tensors, f"{path}.{k}") for k, v in obj.items()}
     if isinstance(obj, dict):
@@ -477,18 +429,3 @@ def _strip(obj: Any, tensors: list[torch.Tensor], path: str) -> Any:
     return obj
 
 
-def _fill(obj: Any, make: Callable[[int], torch.Tensor]) -> Any:
-    """``obj`` (freshly unpickled) with every hole replaced by ``make(index)``."""
-    if isinstance(obj, _Hole):
-        return make(obj.index)
-    if isinstance(obj, dict):
-        for k, v in obj.items():
-            obj[k] = _fill(v, make)
-        return obj
-    if isinstance(obj, list):
-        obj[:] = [_fill(v, make) for v in obj]
-        return obj
-    if isinstance(obj, tuple):
-        values = [_fill(v, make) for v in obj]
-        return type(obj)(*values) if hasattr(obj, "_fields") else tuple(values)
-    return obj

@@ -1,10 +1,10 @@
 """The writer process of ``CheckpointManager(background="process")``.
 
-Started by ``ckptstore.manager.writer_process`` as
-``python -m ckptstore.manager.writer_main <fd> <pid>``
+Started by ``ckptstore.manager.saving.writer_process`` as
+``python -m ckptstore.manager.saving.writer_main <fd> <pid>``
 (a fresh interpreter: never a fork, and the training script's ``__main__`` is not imported
 again; ``pid`` is the training process's). Its life, in the order of
-``ckptstore.manager.writer_protocol``'s messages::
+``ckptstore.manager.saving.writer_protocol``'s messages::
 
     watch_parent(pid)            # first, before any heavy import: see below
     settings = recv()            # WriterSettings
@@ -43,10 +43,10 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ckptstore.dcp.shared_staging import ArenaView
     from ckptstore.engine.store import Store
     from ckptstore.engine.transfer import TransferEngine
-    from ckptstore.manager.writer_protocol import WriterSettings
+    from ckptstore.manager.saving.shared_arena import ArenaView
+    from ckptstore.manager.saving.writer_protocol import WriterSettings
 
 __all__ = ["main", "watch_parent", "PARENT_POLL_S"]
 
@@ -91,7 +91,7 @@ def watch_parent(parent_pid: int) -> None:
 def _join_group(s: WriterSettings) -> None:
     import torch.distributed as dist
 
-    from ckptstore.manager.writer_protocol import PG_TIMEOUT, connect
+    from ckptstore.manager.saving.writer_protocol import PG_TIMEOUT, connect
 
     assert s.rendezvous is not None
     client = connect(s.rendezvous, s.rank)
@@ -104,7 +104,7 @@ def _join_group(s: WriterSettings) -> None:
 def _fetcher(sock: socket.socket, step: int) -> Callable[[int | None, bool], float]:
     """``Pieces``' fetch over ``sock``: ask the training side to stage a piece; wait."""
     from ckptstore.errors import CkptStoreError
-    from ckptstore.manager.writer_protocol import Fetch, Fetched, recv, send
+    from ckptstore.manager.saving.writer_protocol import Fetch, Fetched, recv, send
 
     def fetch(piece: int | None, last: bool) -> float:
         send(sock, Fetch(step, piece, last))
@@ -121,10 +121,10 @@ def _fetcher(sock: socket.socket, step: int) -> Callable[[int | None, bool], flo
 
 
 def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root: Store) -> None:
-    from ckptstore.dcp.shared_staging import ArenaView
-    from ckptstore.manager.piecewise import Pieces
-    from ckptstore.manager.save_step import save_step
-    from ckptstore.manager.writer_protocol import Outcome, SaveJob, failure, recv, send
+    from ckptstore.manager.saving.piecewise import Pieces
+    from ckptstore.manager.saving.save_step import save_step
+    from ckptstore.manager.saving.shared_arena import ArenaView
+    from ckptstore.manager.saving.writer_protocol import Outcome, SaveJob, failure, recv, send
 
     view: ArenaView | None = None
     mapped = 0
@@ -192,7 +192,13 @@ def main(argv: list[str]) -> int:
 
     import torch.distributed as dist
 
-    from ckptstore.manager.writer_protocol import Outcome, WriterSettings, failure, recv, send
+    from ckptstore.manager.saving.writer_protocol import (
+        Outcome,
+        WriterSettings,
+        failure,
+        recv,
+        send,
+    )
 
     sock = socket.socket(fileno=int(argv[0]))
     try:
@@ -212,7 +218,7 @@ def main(argv: list[str]) -> int:
     try:
         # Everything a save needs is imported and opened before the ready answer: the
         # manager starts this process with itself, and the first save should find it done.
-        import ckptstore.manager.save_step  # noqa: F401 - DCP, the writers, the engine
+        import ckptstore.manager.saving.save_step  # noqa: F401 - DCP, the writers, the engine
         from ckptstore.engine.transfer import TransferEngine
         from ckptstore.stores import open_store
 

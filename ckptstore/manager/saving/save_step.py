@@ -2,7 +2,7 @@
 
 The one save path of ``CheckpointManager``: its thread backend calls it on a thread of
 the training process, its process backend in each writer process
-(``ckptstore.manager.writer_main``); both with the state already staged. Under it::
+(``ckptstore.manager.saving.writer_main``); both with the state already staged. Under it::
 
     save_step(state, root, step, ...)
       CkptWriter / StagedWriter(root/step_<n>)     the DCP StorageWriter (dcp/writer.py,
@@ -32,8 +32,8 @@ from ckptstore.engine.layout import step_name
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.manager.live_first import live_first_writer
-from ckptstore.manager.piecewise import Pieces, piecewise_writer
+from ckptstore.manager.saving.live_first import live_first_writer
+from ckptstore.manager.saving.piecewise import Pieces, piecewise_writer
 
 __all__ = ["save_step"]
 
@@ -63,9 +63,9 @@ def save_step(
     replaces a committed ``step`` (one found damaged) atomically. With ``is_live`` (part
     of ``state`` is training's own memory, not a copy: a staging budget was exceeded) the
     live tensors are written first and ``release`` is called once they are durable
-    (``ckptstore.manager.live_first``). With ``pieces`` (a writer process's state staged
+    (``ckptstore.manager.saving.live_first``). With ``pieces`` (a writer process's state staged
     in shared memory one piece at a time: a staging budget) the files are written piece
-    by piece, each fetched first (``ckptstore.manager.piecewise``). ``refusal``: this
+    by piece, each fetched first (``ckptstore.manager.saving.piecewise``). ``refusal``: this
     rank could not get its state ready (a writer process that cannot rebuild it); it is
     raised inside DCP's planning step, which every rank enters, so that every rank fails
     with it at once instead of the others waiting for this one in DCP's collectives.

@@ -1,8 +1,8 @@
 """One writer process, training side: starting it, talking to it, telling how it ended.
 
-Call order (``BackgroundWriter`` in ``ckptstore.manager.writer_process`` drives it)::
+Call order (``BackgroundWriter`` in ``ckptstore.manager.saving.writer_process`` drives it)::
 
-    child = WriterChild(settings)     # starts ``python -m ckptstore.manager.writer_main``
+    child = WriterChild(settings)     # starts ``python -m ckptstore.manager.saving.writer_main``
                                       # (through ``spawn``: from a thread that lives as long
                                       # as this process) and sends it the settings
     child.answered()                  # True once its ready answer (or its exit) is there
@@ -31,8 +31,8 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
-from ckptstore.dcp.shared_staging import Arena
-from ckptstore.manager.writer_protocol import (
+from ckptstore.manager.saving.shared_arena import Arena
+from ckptstore.manager.saving.writer_protocol import (
     Fetch,
     Fetched,
     Outcome,
@@ -159,7 +159,7 @@ class WriterChild:
                 [
                     sys.executable,
                     "-m",
-                    "ckptstore.manager.writer_main",
+                    "ckptstore.manager.saving.writer_main",
                     str(theirs.fileno()),
                     str(os.getpid()),
                 ],

@@ -35,9 +35,9 @@ from typing import Any
 import torch.distributed as dist
 
 from ckptstore.config import TransferConfig
-from ckptstore.dcp.shared_staging import StagedState
 from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, ConfigError
+from ckptstore.manager.saving.shared_arena import StagedState
 
 __all__ = [
     "Fetch",

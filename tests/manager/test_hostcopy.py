@@ -1,4 +1,4 @@
-"""Staging copies of CPU tensors on several threads (ckptstore.dcp.hostcopy)."""
+"""Staging copies of CPU tensors on several threads (ckptstore.manager.saving.hostcopy)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import threading
 import pytest
 import torch
 
-from ckptstore.dcp import hostcopy
-from ckptstore.dcp.hostcopy import CUT_ALIGN, HostCopier, rank_cores, split_bytes
-from ckptstore.dcp.shared_staging import SharedStager
-from ckptstore.manager.staging import ArenaStager
+from ckptstore.manager.saving import hostcopy
+from ckptstore.manager.saving.host_arena import ArenaStager
+from ckptstore.manager.saving.hostcopy import CUT_ALIGN, HostCopier, rank_cores, split_bytes
+from ckptstore.manager.saving.shared_arena import SharedStager
 
 
 def _covered(sizes: list[int], lanes: list[list[tuple[int, int, int]]]) -> dict[int, list]:

@@ -24,14 +24,14 @@ Call order (training side, every rank; the manager drives it)::
                                                 # grace period, reaps it
 
 One long-lived writer process per rank, started with the manager: a fresh interpreter
-running ``ckptstore.manager.writer_main`` (never a fork), started and watched by
-``ckptstore.manager.writer_child``; ``ckptstore.manager.writer_protocol`` has what the
+running ``ckptstore.manager.saving.writer_main`` (never a fork), started and watched by
+``ckptstore.manager.saving.writer_child``; ``ckptstore.manager.saving.writer_protocol`` has what the
 two say to each other. The writers form their own gloo group through the rendezvous store,
 under a prefix unique to the manager and the writer generation, so their collectives never
 meet training's. That store is a new server per manager (never torchrun's shared one) and
 its address travels over the manager's control group, so after a torchrun restart no writer
 reads a key a dead attempt wrote. Each save runs ``save_step`` there
-(``ckptstore.manager.save_step``), the same serialise / upload / commit path as the thread
+(``ckptstore.manager.saving.save_step``), the same serialise / upload / commit path as the thread
 mode, over the staged state mapped out of the shared-memory arena.
 
 A writer that dies (kill -9, the OOM killer) is seen at once (its socket closes): the save
@@ -57,16 +57,16 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckptstore.dcp.shared_staging import Arena, StagedState
 from ckptstore.errors import CkptStoreError, ConfigError, WriterProcessDiedError
-from ckptstore.manager.writer_child import (
+from ckptstore.manager.saving.shared_arena import Arena, StagedState
+from ckptstore.manager.saving.writer_child import (
     POLL_S,
     GroupBroken,
     WriterChild,
     WriterDied,
     exit_description,
 )
-from ckptstore.manager.writer_protocol import (
+from ckptstore.manager.saving.writer_protocol import (
     PG_TIMEOUT,
     Fetch,
     Fetched,

@@ -54,16 +54,17 @@ from typing import Any, Protocol
 import torch
 from torch.distributed.checkpoint.staging import DefaultStager, StagingOptions
 
-from ckptstore.dcp.shared_staging import SharedStager, StagedState, allocated
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import StagingMemoryError
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.records import tensor_bytes
-from ckptstore.manager.save_step import save_step
-from ckptstore.manager.staging import ArenaStager, StagedSave
-from ckptstore.manager.writer_process import BackgroundWriter
-from ckptstore.manager.writer_protocol import Fetch, Fetched, WriterSettings
+from ckptstore.manager.saving.host_arena import ArenaStager, StagedSave
+from ckptstore.manager.saving.save_step import save_step
+from ckptstore.manager.saving.shared_arena import SharedStager, StagedState
+from ckptstore.manager.saving.slots import allocated
+from ckptstore.manager.saving.writer_process import BackgroundWriter
+from ckptstore.manager.saving.writer_protocol import Fetch, Fetched, WriterSettings
 
 __all__ = ["ProcessBackend", "SaveBackend", "ThreadBackend", "make_backend"]
 
@@ -264,7 +265,7 @@ class ProcessBackend:
 
     With ``max_staging_bytes`` the arena holds one piece of at most that many bytes at a
     time (``SharedStager``): ``stage`` copies the first, ``write`` stages each other one
-    when the writer asks for it (``ckptstore.manager.piecewise``), and ``wait_staged``
+    when the writer asks for it (``ckptstore.manager.saving.piecewise``), and ``wait_staged``
     returns once the last piece the writer needs is copied (or the save ended).
     """
 

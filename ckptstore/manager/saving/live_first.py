@@ -1,6 +1,6 @@
 """Writers that write a save's *live* tensors first and say when they are done.
 
-A state larger than the manager's staging budget (``ckptstore.manager.staging``) is
+A state larger than the manager's staging budget (``ckptstore.manager.saving.host_arena``) is
 saved with part of its tensors not copied: training waits while those are written. These
 writers order this rank's shard files so that the live items go first, in a file of their
 own, and call ``release`` once that file is durable (or once ``write_data`` ends, which
@@ -94,11 +94,11 @@ class _LiveFirst:
 
 
 class LiveFirstWriter(_LiveFirst, CkptWriter):
-    """``CkptWriter`` writing the live items first (``ckptstore.manager.live_first``)."""
+    """``CkptWriter`` writing the live items first (``ckptstore.manager.saving.live_first``)."""
 
 
 class LiveFirstStagedWriter(_LiveFirst, StagedWriter):
-    """``StagedWriter`` writing the live items first (``ckptstore.manager.live_first``)."""
+    """``StagedWriter`` writing the live items first (``ckptstore.manager.saving.live_first``)."""
 
 
 def live_first_writer(

@@ -2,7 +2,7 @@
 
 With ``CheckpointManager(max_staging_bytes=B, background="process")`` the training side
 stages the state into one shared-memory segment of at most B bytes, one piece at a time
-(``ckptstore.dcp.shared_staging``): piece 0 before ``save`` hands the job over, each other
+(``ckptstore.manager.saving.shared_arena``): piece 0 before ``save`` hands the job over, each other
 piece when the writer process asks for it, over the piece it has written. These writers
 (in the writer process) order this rank's shard files by piece, one file per piece in
 ascending order (non-tensor items join the first), and before the file of a piece that
@@ -30,10 +30,10 @@ from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteIte
 from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
-from ckptstore.dcp.shared_staging import ArenaView
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.store import Store
+from ckptstore.manager.saving.shared_arena import ArenaView
 
 __all__ = ["Pieces", "PiecewiseStagedWriter", "PiecewiseWriter", "piecewise_writer"]
 
@@ -119,11 +119,11 @@ class _Piecewise:
 
 
 class PiecewiseWriter(_Piecewise, CkptWriter):
-    """``CkptWriter`` writing a state staged in pieces (``ckptstore.manager.piecewise``)."""
+    """``CkptWriter`` writing a state staged in pieces (``ckptstore.manager.saving.piecewise``)."""
 
 
 class PiecewiseStagedWriter(_Piecewise, StagedWriter):
-    """``StagedWriter`` writing a state staged in pieces (``ckptstore.manager.piecewise``)."""
+    """``StagedWriter`` writing a state staged in pieces (``ckptstore.manager.saving.piecewise``)."""
 
 
 def piecewise_writer(staged: bool, *args: Any, pieces: Pieces, **kwargs: Any) -> CkptWriter:
