@@ -125,7 +125,7 @@ from ckptstore.manager.report import report, size_text
 from ckptstore.manager.restore import StepLoader
 from ckptstore.manager.retention import local_tier_keeps
 from ckptstore.manager.saving.backend import ProcessBackend, make_backend
-from ckptstore.manager.saving.shared_arena import SharedStager
+from ckptstore.manager.saving.shared_stager import SharedStager
 from ckptstore.manager.saving.writer_process import BackgroundWriter
 from ckptstore.stores import open_store
 

@@ -13,7 +13,7 @@ import torch
 from ckptstore.engine.catalog import step_name
 from ckptstore.errors import ConfigError, StoreAccessError
 from ckptstore.manager import CheckpointManager
-from ckptstore.manager.saving.shared_arena import SharedStager
+from ckptstore.manager.saving.shared_stager import SharedStager
 from harness.dist import run_distributed
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))

@@ -10,7 +10,7 @@ import torch
 from ckptstore.manager.saving import hostcopy
 from ckptstore.manager.saving.host_arena import ArenaStager
 from ckptstore.manager.saving.hostcopy import CUT_ALIGN, HostCopier, rank_cores, split_bytes
-from ckptstore.manager.saving.shared_arena import SharedStager
+from ckptstore.manager.saving.shared_stager import SharedStager
 
 
 def _covered(sizes: list[int], lanes: list[list[tuple[int, int, int]]]) -> dict[int, list]:

@@ -25,7 +25,7 @@ from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.errors import ConfigError, StagingMemoryError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.saving.host_arena import ArenaStager
-from ckptstore.manager.saving.shared_arena import SharedStager
+from ckptstore.manager.saving.shared_stager import SharedStager
 from harness.dist import run_distributed
 
 KIB = 1024

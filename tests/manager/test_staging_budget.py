@@ -11,7 +11,7 @@ from ckptstore.errors import ConfigError, WriterProcessDiedError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.saving.backend import ThreadBackend
 from ckptstore.manager.saving.host_arena import ArenaStager
-from ckptstore.manager.saving.shared_arena import SharedStager
+from ckptstore.manager.saving.shared_stager import SharedStager
 from harness.dist import run_distributed
 
 KIB = 1024

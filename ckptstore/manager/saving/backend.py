@@ -61,7 +61,8 @@ from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.records import tensor_bytes
 from ckptstore.manager.saving.host_arena import ArenaStager, StagedSave
 from ckptstore.manager.saving.save_step import save_step
-from ckptstore.manager.saving.shared_arena import SharedStager, StagedState
+from ckptstore.manager.saving.shared_arena import StagedState
+from ckptstore.manager.saving.shared_stager import SharedStager
 from ckptstore.manager.saving.slots import allocated
 from ckptstore.manager.saving.writer_process import BackgroundWriter
 from ckptstore.manager.saving.writer_protocol import Fetch, Fetched, WriterSettings
