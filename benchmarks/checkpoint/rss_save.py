@@ -103,6 +103,7 @@ def _save(name: str, state: dict[str, Any], path: str, step: int) -> None:
     else:  # the manager's save path, given the state as if already staged
         from ckptstore.config import TransferConfig
         from ckptstore.engine.transfer import TransferEngine
+        from ckptstore.manager.options import SaveOptions
         from ckptstore.manager.saving.save_step import save_step
         from ckptstore.stores import open_store
 
@@ -110,8 +111,7 @@ def _save(name: str, state: dict[str, Any], path: str, step: int) -> None:
             state,
             open_store(path),
             step,
-            local_tier_dir=None,
-            codec="none",
+            SaveOptions(),
             engine=TransferEngine.shared(TransferConfig()),
             timings={},
         )

@@ -1,33 +1,18 @@
-"""The staged-local writer: each shard is written to local NVMe and uploaded at once.
+"""``StagedWriter``: each shard written to the node-local tier and uploaded at once.
 
-Call order is ``CkptWriter``'s; it overrides only ``CkptWriter``'s hooks
-(``_shard_store``, ``_shard_writer``, ``_shards_failed``, ``_shards_written``,
-``_committed``). What differs:
-
-    write_data   every rank serialises each shard file once and streams the same bytes to
-                 two files at the same time (``engine.tee.TeeWriter``): the local copy in
-                 ``local_tier_dir/<step>/`` and the upload to the destination, as parallel
-                 parts of each; it returns when both are durable and agree on size and
-                 CRC32C (a rank with an empty plan, as DCP's dedup of replicated state
-                 leaves, writes and uploads nothing). With a ``memory_budget`` too small
-                 for a part of each, the local file is written first and then uploaded
-                 (``engine.copy``, checking its CRC32C)
-    finish       coordinator: commits at the destination (the only commit that counts),
-                 then publishes the same manifest and marker locally, which makes the local
-                 copy a restore tier: ``local_tier_matches`` tells when it is identical to
-                 the committed remote checkpoint
-
-If writing the local copy fails (a full staging disk), its partial files are removed, the
-uploads in flight aborted and those already made deleted. If the upload fails (the
-destination unreachable past the retry policy), the local files are still written to the
-end and kept, complete and uncommitted, and the error says where. ``keep_local`` bounds how many
-committed local copies stay on disk (oldest removed first).
+A ``CkptWriter`` that serialises each shard file once and streams the same bytes to two
+files at the same time (``engine.tee.TeeWriter``): the local copy in
+``local_tier_dir/<step>/`` and the upload to the destination. After the commit at the
+destination (the only commit that counts) the same manifest and marker are published
+locally, which makes the local copy a restore tier, and the local tier is trimmed to
+``keep_local`` steps (the rules: ``engine.local_tier``). If writing the local copy fails,
+its partial files and this save's uploads are removed; if the upload fails, the complete
+local files are kept, uncommitted, and the error says where.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from typing import Any
 
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
@@ -35,44 +20,32 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore.dcp.writer import CkptWriter, step_from_url
-from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
-from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import publish
-from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.filewriter import FileWriter
-from ckptstore.engine.manifest import MARKER_NAME, Manifest
+from ckptstore.engine.local_tier import keep_newest, local_tier_keeps
+from ckptstore.engine.manifest import Manifest
 from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.engine.store import Store
 from ckptstore.engine.tee import TeeWriter
 from ckptstore.errors import CkptStoreError, StoreNotFoundError, TransferError
 from ckptstore.stores.local import LocalStore
 
-__all__ = ["StagedWriter", "local_tier_matches"]
+__all__ = ["StagedWriter"]
 
 log = logging.getLogger(__name__)
 
 
-def local_tier_matches(local: Store, remote: Store) -> bool:
-    """True when ``local`` holds a committed copy whose marker equals ``remote``'s."""
-    try:
-        same = get_capped(local, MARKER_NAME, MAX_MARKER_SIZE) == get_capped(
-            remote, MARKER_NAME, MAX_MARKER_SIZE
-        )
-    except StoreNotFoundError:
-        return False
-    if not same:
-        return False
-    from ckptstore.engine.commit import open_committed
-
-    manifest = open_committed(local).manifest
-    return all(
-        os.path.exists(os.path.join(local.url, name)) and local.size(name) == entry.size
-        for name, entry in manifest.files.items()
-    )
-
-
 class StagedWriter(CkptWriter):
-    """A ``CkptWriter`` that writes every shard to local disk and uploads it at once."""
+    """A ``CkptWriter`` that writes every shard to local disk and uploads it at once.
+
+    Call order is ``CkptWriter``'s; it overrides only its hooks. ``write_data``: every
+    rank writes each shard file locally and uploads it in parallel parts of each,
+    returning when both are durable and agree on size and CRC32C; with a
+    ``memory_budget`` too small for a part of each, the local file is written first and
+    then uploaded (``engine.copy``, checking its CRC32C). ``finish``: the coordinator
+    commits at the destination, then publishes the same manifest and marker locally and
+    keeps the newest ``keep_local`` local copies (``engine.local_tier.keep_newest``).
+    """
 
     def __init__(
         self, url: str | Store, *, local_tier_dir: str, keep_local: int = 1, **kwargs: Any
@@ -82,14 +55,15 @@ class StagedWriter(CkptWriter):
         check_local_tier_dir(
             url.rpartition("/")[0] if step_from_url(url) is not None else url, local_tier_dir
         )
-        self.staging_root = LocalStore(local_tier_dir)
+        local_tier_keeps((), keep_local)  # checks it (ConfigError)
+        self.tier_root = LocalStore(local_tier_dir)
         self.keep_local = keep_local
         self._tees: list[tuple[str, TeeWriter]] = []  # this write_data's, in file order
 
     @property
     def local(self) -> LocalStore:
         """The local copy of the current destination: ``local_tier_dir/<its last path segment>``."""
-        return self.staging_root.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
+        return self.tier_root.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """``CkptWriter.write_data``, each file written locally and uploaded at once."""
@@ -165,9 +139,6 @@ class StagedWriter(CkptWriter):
         self._trim_local()
 
     def _trim_local(self) -> None:
-        """Delete the oldest committed local copies beyond ``keep_local``. Only canonical
-        step directories count: an entry that is not one (a symlink, a file named like a
-        step) is warned about once and left alone, never followed or deleted."""
-        steps = [e.name for e in list_steps(self.staging_root, with_status=False, once=True)]
-        for name in steps[: max(0, len(steps) - self.keep_local)]:
-            delete_step(self.staging_root, name)
+        """Keep the newest ``keep_local`` step directories of the local tier (on this
+        node: the coordinator's; the manager trims every node's)."""
+        keep_newest(self.tier_root, self.keep_local)

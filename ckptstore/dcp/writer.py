@@ -1,53 +1,16 @@
-"""The DCP ``StorageWriter`` over any store: parallel parts, checksums, create-only commit.
+"""``CkptWriter``: the DCP ``StorageWriter`` over any store (parts, checksums, commit).
 
-Call order (driven by ``torch.distributed.checkpoint.save``)::
-
-    reset(checkpoint_id)            every rank, when DCP is given a checkpoint_id: the URL
-    set_up_storage_writer(...)      every rank, every save: a new attempt id of its own;
-                                    refuses use_collectives=False on several ranks
-    prepare_local_plan(plan)        every rank: refuses a committed destination; the
-                                    coordinator starts the save's step lease
-                                    (``engine.lease``: gc and retention leave the step
-                                    alone while it is fresh) before any rank writes
-    prepare_global_plan(plans)      coordinator: gives each rank its file prefix
-    write_data(plan, planner)       every rank: its shard files, durable before it returns
-                                    (none for a rank whose plan is empty: DCP's dedup of
-                                    replicated state often leaves one)
-    finish(metadata, results)       coordinator, only if every rank succeeded: manifest,
-                                    .metadata, then the create-only COMMITTED marker;
-                                    then the lease goes (also at the next save, or by
-                                    ``release_lease()``, after a save that failed)
-
-Shard files keep DCP's per-rank layout, named ``__<rank>_<i>.<attempt>.distcp``, where
-``attempt`` is that rank's id for this save; the results carry each file's name to the
-coordinator, whose own attempt names the manifest, ``.metadata`` copy and marker. So
-ranks need not agree on an id, and nothing DCP may cache across saves (the plans of
-``DefaultSavePlanner(enable_plan_caching=True)``) holds one: every save, overwrites of
-one step included, writes files of new names and never touches a committed one. The id
-also keeps a racing writer (a zombie of an earlier job) from mixing its shards with ours.
-
-``key_layout="spread"`` puts each rank's files under one of 256
-two-hex-digit sub-prefixes (``<hh>/__<rank>_<i>...``, see ``shard_prefix``), so an object
-store that partitions its request rate by key prefix (S3: about 3,500 PUT and 5,500 GET
-per second per prefix) can spread a checkpoint of thousands of ranks; stock DCP readers
-load either layout.
-
-``codec`` names a codec of ``ckptstore.engine.codecs`` (ConfigError listing the choices
-otherwise); the manifest records its versioned descriptor. With ``codec="zstd"`` every
-item's ``.metadata`` entry names DCP's own ``stream.zstd/1`` transform, so stock readers
-(which have that extension) load it too; another codec names ``ckptstore.<name>/<n>``,
-which stock readers refuse rather than misread.
-Writers pickle (``dcp.async_save`` with the process executor sends them to a
-subprocess): the store and engine are re-opened there from the URL, options and config.
-If any rank fails, DCP never calls ``finish``: nothing is committed and
-every rank raises.
-
-Subclasses change where shards go and what follows the commit through five protected
-hooks, called in this order: ``_shard_store()`` (where ``write_data`` serialises the
-shard files), ``_shard_writer(store, name)`` for each file (what it is written through),
-then ``_shards_failed(exc)`` if that raised, else ``_shards_written(files)``;
-``_committed(manifest, metadata_bytes)`` at the end of ``finish``. ``StagedWriter``
-(``ckptstore.dcp.staged``) overrides only these.
+Every rank writes its shard files through the transfer engine, each durable before
+``write_data`` returns; the coordinator then writes the manifest, ``.metadata`` and the
+create-only ``COMMITTED`` marker (``engine.commit.publish``). Shard files keep DCP's
+per-rank layout, named ``__<rank>_<i>.<attempt>.distcp`` with an id per rank and save,
+so no two saves (overwrites of a step included, or a zombie of an earlier job) ever
+touch each other's files, and nothing DCP caches across saves holds an id. A
+``WriteSchedule`` (``dcp.schedule``) given at construction decides the grouping and
+order of a rank's files; ``StagedWriter`` (``dcp.staged``) changes where they go through
+the protected hooks listed in the class docstring. Writers pickle (``dcp.async_save``
+with the process executor sends them to a subprocess): the store and engine are
+re-opened there from the URL, options and config.
 """
 
 from __future__ import annotations
@@ -75,6 +38,7 @@ from ckptstore.dcp.format import (
     payload_of,
     write_item,
 )
+from ckptstore.dcp.schedule import PlainSchedule, WriteSchedule
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec
@@ -128,37 +92,36 @@ def _new_attempt() -> str:
     return uuid.uuid4().hex[:12]
 
 
-def _split_items(items: list, bins: int) -> list[list]:
-    """Bytes items round-robin, tensors largest-first into the lightest bin; no empty bin
-    (an empty plan gives no bins: that rank writes no file)."""
-    if not items:
-        return []
-    if bins <= 1:
-        return [list(items)]
-    out: list[list] = [[] for _ in range(bins)]
-    sizes = [0] * bins
-    blobs = [i for i in items if i.type == WriteItemType.BYTE_IO]
-    tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
-    for n, item in enumerate(blobs):
-        out[n % bins].append(item)
-    for item in sorted(tensors, key=_item_bytes, reverse=True):
-        b = sizes.index(min(sizes))
-        out[b].append(item)
-        sizes[b] += _item_bytes(item)
-    return [b for b in out if b]
-
-
-def _item_bytes(item: Any) -> int:
-    if item.tensor_data is None:
-        return 0
-    numel = 1
-    for d in item.tensor_data.size:
-        numel *= d
-    return numel * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
-
-
 class CkptWriter(StoreBound, StorageWriter):
-    """Writes a DCP checkpoint to any ckptstore store. Build it with ``ckptstore.writer``."""
+    """Writes a DCP checkpoint to any ckptstore store. Build it with ``ckptstore.writer``.
+
+    Call order (driven by ``torch.distributed.checkpoint.save``)::
+
+        reset(checkpoint_id)          every rank, when DCP is given a checkpoint_id: the URL
+        set_up_storage_writer(...)    every rank, every save: a new attempt id of its own;
+                                      ``schedule.set_up()``; refuses use_collectives=False
+                                      on several ranks
+        prepare_local_plan(plan)      every rank: the coordinator refuses a committed
+                                      destination and starts the step lease
+                                      (``engine.lease``) before any rank writes
+        prepare_global_plan(plans)    coordinator: gives each rank its file prefix
+        write_data(plan, planner)     every rank: its shard files as ``schedule`` groups and
+                                      orders them, durable before it returns (none for an
+                                      empty plan, which DCP's dedup often leaves)
+        finish(metadata, results)     coordinator, only if every rank succeeded: manifest,
+                                      .metadata, then COMMITTED; then the lease goes (also
+                                      at the next save, or by ``release_lease()``)
+
+    If any rank fails, DCP never calls ``finish``: nothing is committed and every rank
+    raises. Subclasses change where shards go through five hooks, called in this order:
+    ``_shard_store()`` (where ``write_data`` serialises the files), ``_shard_writer(store,
+    name)`` per file, then ``_shards_failed(exc)`` if that raised, else
+    ``_shards_written(files)``; ``_committed(manifest, metadata_bytes)`` at the end of
+    ``finish``. ``key_layout="spread"`` puts each rank's files under one of 256
+    two-hex-digit sub-prefixes (``shard_prefix``) for stores that limit the request rate
+    per key prefix; ``codec`` names a codec of ``engine.codecs`` (with ``"zstd"`` stock
+    readers load it too, through DCP's ``stream.zstd/1`` transform).
+    """
 
     def __init__(
         self,
@@ -172,6 +135,7 @@ class CkptWriter(StoreBound, StorageWriter):
         files_per_rank: int = 1,
         key_layout: str = "flat",
         engine: TransferEngine | None = None,
+        schedule: WriteSchedule | None = None,
     ) -> None:
         super().__init__()
         shard_prefix(0, key_layout)  # validates it
@@ -181,6 +145,8 @@ class CkptWriter(StoreBound, StorageWriter):
         self.codec = codec  # validated (see the property)
         self._step = step
         self.files_per_rank = max(1, files_per_rank)
+        #: How this rank's shard files are grouped and ordered (``dcp.schedule``).
+        self.schedule: WriteSchedule = schedule if schedule is not None else PlainSchedule()
         self.attempt = _new_attempt()
         self.rank = 0
         self.is_coordinator = True
@@ -240,6 +206,7 @@ class CkptWriter(StoreBound, StorageWriter):
         Raises ``ConfigError`` for ``use_collectives=False`` with more than one rank.
         """
         self.release_lease()  # a failed save's (finish never ran)
+        self.schedule.set_up()
         self.is_coordinator = is_coordinator
         self.rank = kwargs.get("rank") or 0
         # DCP calls reset() only when given a checkpoint_id; this runs on every save.
@@ -280,34 +247,37 @@ class CkptWriter(StoreBound, StorageWriter):
             for i, plan in enumerate(plans)
         ]
 
-    def shard_names(self, plan: SavePlan) -> list[tuple[str, list]]:
-        """(file name, items) of each shard file this rank writes for ``plan``."""
-        groups = _split_items(plan.items, self.files_per_rank)
-        return self.name_shards(plan, groups)
-
-    def name_shards(self, plan: SavePlan, groups: list[list]) -> list[tuple[str, list]]:
+    def _shard_files(self, plan: SavePlan, groups: list[list]) -> list[tuple[str, list]]:
         """(file name, items) for ``groups`` of ``plan``'s items, one shard file each, in order."""
         rank_plan: _RankPlan = plan.storage_data
         return [(f"{rank_plan.prefix}{i}.{self.attempt}.distcp", g) for i, g in enumerate(groups)]
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
-        """Write this rank's shard files into ``_shard_store()``, durable before returning.
+        """Write this rank's shard files into ``_shard_store()``, in the groups and order
+        ``schedule`` gives, durable before returning.
 
         Returns an already completed future of one ``WriteResult`` per item (its
         ``storage_data`` an ``ItemInfo``); an error is raised here, after ``_shards_failed``.
         """
-        target = self._shard_store()
-        results: list[WriteResult] = []
-        files: list[tuple[str, int]] = []
+        schedule = self.schedule
         try:
-            for name, items in self.shard_names(plan):
-                file_results = self._write_file(name, items, planner, store=target)
-                files.append((name, file_results[0].storage_data.file_crc32c))
-                results.extend(file_results)
-        except BaseException as exc:
-            self._shards_failed(exc)
-            raise
-        self._shards_written(files)
+            target = self._shard_store()
+            results: list[WriteResult] = []
+            files: list[tuple[str, int]] = []
+            try:
+                groups = schedule.group(plan.items, planner.resolve_data, self.files_per_rank)
+                for i, (name, items) in enumerate(self._shard_files(plan, groups)):
+                    schedule.before_file(i)
+                    file_results = self._write_file(name, items, planner, store=target)
+                    schedule.after_file(i)
+                    files.append((name, file_results[0].storage_data.file_crc32c))
+                    results.extend(file_results)
+            except BaseException as exc:
+                self._shards_failed(exc)
+                raise
+            self._shards_written(files)
+        finally:
+            schedule.end()
         fut: Future[list[WriteResult]] = Future()
         fut.set_result(results)
         return fut

@@ -1,23 +1,10 @@
-"""Every node's local tier follows one retention decision.
+"""Every node's local tier follows one retention decision, rank 0's, after each save.
 
 The staged writer trims the local copies only on the coordinator's node; on several
-nodes every other node's local tier directory would keep its ranks' shards of every step.
-After each save, every rank of the manager's checkpoint group calls
-:meth:`LocalTierTrimmer.after_save` (a collective, success or not, so the calls always
-match): rank 0's decision (``retention.local_tier_keeps``: the newest ``keep_local`` steps
-the root keeps; None when its save failed) is broadcast, and on each node the first rank
-of those sharing that local tier directory (same host, same real path) deletes the step
-directories the decision lets go (``retention.local_tier_deletions``).
-
-Call order (every rank, in the manager's save thread, after each save's write)::
-
-    trimmer = LocalTierTrimmer(local_tier_dir, group)     # the manager's constructor
-    removed = trimmer.after_save(keeps)                # collective; rank 0's keeps count
-    # the first call also gathers every rank's (host, local tier directory) once
-
-Only what ckptstore made is deleted (``engine.deletion.delete_step``: canonical
-``step_%09d`` directories, ckptstore's file names, marker first); symlinks and anything
-else in the local tier directory are never followed or touched.
+nodes every other node's local tier directory would keep its ranks' shards of every
+step. ``LocalTierTrimmer`` broadcasts rank 0's decision and has one rank per node (and
+local tier directory) apply it. The rules themselves (what is kept, what a restore
+trusts) are ``engine.local_tier``'s.
 """
 
 from __future__ import annotations
@@ -30,12 +17,10 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckptstore.engine.catalog import list_steps
-from ckptstore.engine.deletion import delete_step
-from ckptstore.manager.retention import local_tier_deletions
+from ckptstore.engine.local_tier import trim_local_tier
 from ckptstore.stores.local import LocalStore
 
-__all__ = ["KEEP_LOCAL", "LocalTierTrimmer", "trim_local_tier"]
+__all__ = ["KEEP_LOCAL", "LocalTierTrimmer"]
 
 log = logging.getLogger(__name__)
 
@@ -44,25 +29,20 @@ log = logging.getLogger(__name__)
 KEEP_LOCAL = 1
 
 
-def trim_local_tier(local_tier_dir: str, keeps: Collection[int]) -> list[str]:
-    """Delete the step directories of ``local_tier_dir`` that ``keeps`` lets go; their names.
-
-    Only canonical step directories (a symlink or a file of a step's name is skipped by
-    the listing, with one warning per process) and only ckptstore's files in them; a
-    missing local tier directory is empty."""
-    if not os.path.isdir(local_tier_dir):
-        return []
-    store = LocalStore(local_tier_dir)
-    steps = {e.step: e.name for e in list_steps(store, with_status=False, once=True)}
-    removed = []
-    for step in local_tier_deletions(steps, keeps):
-        delete_step(store, steps[step])
-        removed.append(steps[step])
-    return removed
-
-
 class LocalTierTrimmer:
-    """Applies rank 0's local-tier decision on every node (see the module docstring)."""
+    """Applies rank 0's local-tier decision on every node.
+
+    Call order (every rank, in the manager's save thread, after each save's write)::
+
+        trimmer = LocalTierTrimmer(local_tier_dir, group)  # the manager's constructor
+        removed = trimmer.after_save(keeps)  # collective, success or not; rank 0's keeps
+                                             # (``engine.local_tier.local_tier_keeps``;
+                                             # None: its save failed) count; the first
+                                             # call gathers every rank's (host, real path)
+
+    On each node the lowest rank of those sharing the directory deletes the step
+    directories the decision lets go (``engine.local_tier.trim_local_tier``).
+    """
 
     def __init__(self, local_tier_dir: str | None, group: Any) -> None:
         self.local_tier_dir = local_tier_dir
@@ -100,7 +80,9 @@ class LocalTierTrimmer:
             keeps = box[0]
         if keeps is None or not first or self.local_tier_dir is None:
             return []
-        removed = trim_local_tier(self.local_tier_dir, keeps)
+        if not os.path.isdir(self.local_tier_dir):
+            return []
+        removed = trim_local_tier(LocalStore(self.local_tier_dir), keeps)
         for name in removed:
             log.info(
                 "removed the local copy %s from %s (the local tier keeps steps %s)",

@@ -101,6 +101,7 @@ from ckptstore.engine.commit import CheckpointStatus, open_committed
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.layout import step_name
 from ckptstore.engine.lease import Heartbeat
+from ckptstore.engine.local_tier import local_tier_keeps
 from ckptstore.engine.manifest import MARKER_NAME, Manifest
 from ckptstore.engine.owner import claim_root, run_identity
 from ckptstore.engine.paths import check_local_tier_dir
@@ -118,13 +119,13 @@ from ckptstore.errors import (
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
-from ckptstore.manager.options import ManagerOptions
+from ckptstore.manager.options import ManagerOptions, SaveOptions
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
 from ckptstore.manager.report import report, size_text
 from ckptstore.manager.restore import StepLoader
-from ckptstore.manager.retention import local_tier_keeps
-from ckptstore.manager.saving.backend import ProcessBackend, make_backend
+from ckptstore.manager.saving.backend import make_backend
+from ckptstore.manager.saving.process_backend import ProcessBackend
 from ckptstore.manager.saving.shared_stager import SharedStager
 from ckptstore.manager.saving.writer_process import BackgroundWriter
 from ckptstore.stores import open_store
@@ -163,21 +164,17 @@ class CheckpointManager:
         #: and the root owner's lease names it (``engine.owner``).
         self.run_id: str = self._agree.broadcast(run_identity(opts.run_id))
         self._owner: Heartbeat | None = None  # rank 0, from the first save until close
+        #: The part of the options a save needs, as every backend and writer gets it.
+        self.save_options = SaveOptions.of(opts, self.run_id)
         self._backend = make_backend(
-            opts.background,
             root,
             self.root,
-            storage_options=storage_options,
+            self.save_options,
             engine=self.engine,
-            local_tier_dir=opts.local_tier_dir,
-            codec=opts.codec,
-            key_layout=opts.key_layout,
             rank=self.rank,
             world_size=dist.get_world_size() if distributed else 1,
             process_group=self._pg,
             agree=self._agree,
-            max_staging_bytes=opts.max_staging_bytes,
-            run_id=self.run_id,
         )
         self._loader = StepLoader(
             self.root,

@@ -13,15 +13,13 @@ the remote step); nothing is written.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Iterable
 
-from ckptstore.engine.manifest import Manifest
 from ckptstore.engine.store import Buffer, Store
 from ckptstore.errors import ConfigError
 from ckptstore.stores.local import LocalStore
 
-__all__ = ["NodeTier", "node_files"]
+__all__ = ["NodeTier"]
 
 
 class NodeTier(Store):
@@ -63,16 +61,3 @@ class NodeTier(Store):
     def delete(self, path: str) -> None:
         """Refused: a restore only reads."""
         raise ConfigError(f"{self.describe(path)}: a restore's node tier is read-only")
-
-
-def node_files(local: LocalStore, manifest: Manifest) -> list[str]:
-    """The files of the committed remote step whose verified ``manifest`` is given that
-    ``local`` (this node's staged copy of it) holds as regular files (never a symlink) of
-    the size the manifest records."""
-    return [
-        name
-        for name, entry in manifest.files.items()
-        if os.path.isfile(path := os.path.join(local.url, name))
-        and not os.path.islink(path)
-        and local.size(name) == entry.size
-    ]

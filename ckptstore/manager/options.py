@@ -4,6 +4,8 @@ Built once (by the caller, or from the manager's keywords) and passed down: the 
 its save backends and the integrations read their options from it, so a new option is
 added here once and reaches every one of them. ``from_keywords`` refuses an unknown
 keyword with the list of known ones, and an old name with the name that replaced it.
+``SaveOptions`` is the part a save needs, derived from it once by the manager and handed
+to the save backends, the writer process and ``save_step`` as one picklable value.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from ckptstore.engine.layout import KEY_LAYOUTS
 from ckptstore.errors import ConfigError
 from ckptstore.manager.retention import KeepLast, RetentionPolicy
 
-__all__ = ["BACKENDS", "ON_BUSY", "RENAMED", "ManagerOptions", "check_budget"]
+__all__ = ["BACKENDS", "ON_BUSY", "RENAMED", "ManagerOptions", "SaveOptions", "check_budget"]
 
 #: The values of ``background``.
 BACKENDS = ("thread", "process")
@@ -122,3 +124,36 @@ class ManagerOptions:
                     f"{', '.join(sorted(known))}"
                 )
         return dataclasses.replace(base or cls(), **keywords)
+
+
+@dataclass(frozen=True)
+class SaveOptions:
+    """What a save needs of ``ManagerOptions`` (see there), made once by the manager.
+
+    Picklable (the writer process of ``background="process"`` gets it), so it holds no
+    retention policy or other user object; ``run_id`` is the run identity the manager
+    settled on (rank 0's), recorded in each manifest and step lease.
+    """
+
+    storage_options: dict[str, Any] | None = None
+    local_tier_dir: str | None = None
+    config: TransferConfig = field(default_factory=TransferConfig)
+    codec: str = "none"
+    key_layout: str = "flat"
+    background: str = "thread"
+    max_staging_bytes: int | None = None
+    run_id: str | None = None
+
+    @classmethod
+    def of(cls, options: ManagerOptions, run_id: str | None = None) -> SaveOptions:
+        """The save's part of ``options``, with the run identity ``run_id``."""
+        return cls(
+            storage_options=dict(options.storage_options) if options.storage_options else None,
+            local_tier_dir=options.local_tier_dir,
+            config=options.config or TransferConfig(),
+            codec=options.codec,
+            key_layout=options.key_layout,
+            background=options.background,
+            max_staging_bytes=options.max_staging_bytes,
+            run_id=run_id,
+        )

@@ -35,7 +35,6 @@ skipped (with a logged warning when it is damaged, silently when it has no marke
 from __future__ import annotations
 
 import logging
-import os
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -46,7 +45,6 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
-from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
 from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import (
     Committed,
@@ -55,17 +53,17 @@ from ckptstore.engine.commit import (
     open_committed,
 )
 from ckptstore.engine.layout import step_name
-from ckptstore.engine.manifest import MARKER_NAME, Marker
+from ckptstore.engine.local_tier import local_copy_matches, local_files
+from ckptstore.engine.manifest import Marker
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
     CkptStoreError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
-    StoreNotFoundError,
 )
 from ckptstore.manager.agreement import Agreement
-from ckptstore.manager.node_tier import NodeTier, node_files
+from ckptstore.manager.node_tier import NodeTier
 from ckptstore.manager.state import RNGState
 from ckptstore.stores.local import LocalStore
 
@@ -319,7 +317,7 @@ class StepLoader:
         if self.local_tier_dir:
             local = LocalStore(self.local_tier_dir).child(step_name(step))
             try:
-                files = node_files(local, committed.manifest)
+                files = local_files(local, committed.manifest)
             except (OSError, CkptStoreError):
                 files = []
         if not self.agree.any(bool(files)):
@@ -334,7 +332,7 @@ class StepLoader:
         if self.local_tier_dir:
             local = LocalStore(self.local_tier_dir).child(step_name(step))
             try:
-                if not _local_copy_matches(local, committed):
+                if not local_copy_matches(local, committed):
                     local = None
             except (OSError, CkptStoreError):
                 local = None
@@ -383,22 +381,3 @@ class StepLoader:
                 return own
             return CorruptCheckpointError(f"step {step} failed to load on another rank")
         return None
-
-
-def _local_copy_matches(local: LocalStore, committed: Committed) -> bool:
-    """True when ``local`` holds a whole copy of the committed remote step: its marker is
-    the remote one and every file the manifest lists is a regular file (never a symlink)
-    of the recorded size. Reads only the local marker."""
-    try:
-        data = get_capped(local, MARKER_NAME, MAX_MARKER_SIZE)
-        marker = Marker.from_bytes(data, local.describe(MARKER_NAME))
-    except StoreNotFoundError:
-        return False
-    if marker != committed.marker:
-        return False
-    return all(
-        os.path.isfile(path := os.path.join(local.url, name))
-        and not os.path.islink(path)
-        and local.size(name) == entry.size
-        for name, entry in committed.manifest.files.items()
-    )

@@ -7,10 +7,7 @@ A policy only says which steps it *keeps*; :func:`select_deletions` is the one p
 turns that into deletions, and it never deletes the newest committed step or a protected one
 (a save in flight, a checkpoint being restored), whatever the policy says. Pure functions:
 no I/O, shared by ``ckptstore-tool gc`` and the checkpoint manager.
-
-The node-local tiers (staged copies in each node's ``local_tier_dir``) follow one decision too:
-:func:`local_tier_keeps` (made once, by rank 0, from the steps the root keeps) and
-:func:`local_tier_deletions` (what one node's directory lets go of it).
+The node-local tiers follow one decision too: see ``engine.local_tier``.
 """
 
 from __future__ import annotations
@@ -28,8 +25,6 @@ __all__ = [
     "KeepAll",
     "AnyOf",
     "select_deletions",
-    "local_tier_keeps",
-    "local_tier_deletions",
 ]
 
 
@@ -150,21 +145,3 @@ def select_deletions(
         return []
     keep = policy.keep(list(steps)) | {steps[-1]} | set(protected)
     return [s for s in steps if s not in keep]
-
-
-def local_tier_keeps(kept_steps: Iterable[int], keep_local: int) -> set[int]:
-    """The steps every node's local tier keeps: the newest ``keep_local`` of
-    ``kept_steps`` (the committed steps the root keeps, the one just saved among them)."""
-    _positive_int("keep_local", keep_local)
-    return set(sorted(set(kept_steps))[-keep_local:])
-
-
-def local_tier_deletions(local_steps: Iterable[int], keeps: Collection[int]) -> list[int]:
-    """The steps of one node's local tier that ``keeps`` (from :func:`local_tier_keeps`)
-    lets go, ascending: every one not kept that is older than the newest kept step. A step
-    newer than that is left alone (a save the decision did not know of); no decision
-    (``keeps`` empty) deletes nothing."""
-    if not keeps:
-        return []
-    newest = max(keeps)
-    return sorted(s for s in set(local_steps) if s not in keeps and s < newest)

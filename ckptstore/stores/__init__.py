@@ -27,10 +27,8 @@ and a missing one raises ``MissingDependencyError`` naming the ``pip install`` t
 from __future__ import annotations
 
 import importlib
-from collections.abc import Mapping
 from dataclasses import dataclass
 from importlib import metadata
-from types import MappingProxyType
 from typing import Any
 
 from ckptstore.config import RetryConfig
@@ -42,7 +40,6 @@ __all__ = [
     "BUILTIN_STORES",
     "FSSPEC_STORE",
     "ENTRY_POINT_GROUP",
-    "STORE_CLASSES",
     "open_store",
     "split_url",
     "store_spec",
@@ -110,10 +107,6 @@ FSSPEC_STORE = StoreSpec((), "ckptstore.stores.fsspec_store:FsspecStore")
 
 _BUILTIN: dict[str, StoreSpec] = {s: spec for spec in BUILTIN_STORES for s in spec.schemes}
 
-#: Read-only view, kept for compatibility: object-store scheme -> ``"module:Class"``.
-STORE_CLASSES: Mapping[str, str] = MappingProxyType(
-    {s: spec.target for s, spec in _BUILTIN.items() if spec.extra is not None}
-)
 
 
 def split_url(url: str) -> tuple[str, str]:

@@ -26,13 +26,13 @@ pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="us
 
 TRAINER = """
 import sys, threading, time
-from ckptstore.config import TransferConfig
+from ckptstore.manager.options import SaveOptions
 from ckptstore.manager.saving.writer_process import BackgroundWriter
 from ckptstore.manager.saving.writer_protocol import WriterSettings
 
 root, when = sys.argv[1], sys.argv[2]
 world = 2 if when == "rendezvous" else 1  # rank 1 never comes: the writer waits for it
-settings = WriterSettings(root, None, None, "none", TransferConfig(), 0, world_size=world)
+settings = WriterSettings(root, SaveOptions(), 0, world_size=world)
 broadcast = (lambda value: value) if when == "rendezvous" else None
 if when == "from-a-thread":
     box = []

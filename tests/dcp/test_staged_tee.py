@@ -5,7 +5,9 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from ckptstore.config import RetryConfig, TransferConfig
-from ckptstore.dcp.staged import StagedWriter, local_tier_matches
+from ckptstore.dcp.staged import StagedWriter
+from ckptstore.engine.commit import open_committed
+from ckptstore.engine.local_tier import local_copy_matches
 from ckptstore.errors import StoreAccessError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
@@ -33,7 +35,7 @@ def test_local_copy_and_upload_are_identical_and_the_tier_matches(tmp_path, budg
     dcp.save(state(), storage_writer=w, no_dist=True)
     remote = shards(url)
     assert len(remote) == 2 and remote == shards(w.local)
-    assert local_tier_matches(w.local, url)
+    assert local_copy_matches(w.local, open_committed(url))
     back = {
         k: torch.zeros_like(v) if isinstance(v, torch.Tensor) else 0 for k, v in state().items()
     }

@@ -10,9 +10,10 @@ import ckptstore
 from ckptstore.engine.catalog import list_steps, step_name
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.manager import CheckpointManager
+from ckptstore.manager.options import SaveOptions
 from ckptstore.manager.records import SaveRecord, SaveStatus
-from ckptstore.manager.saving.backend import ThreadBackend
 from ckptstore.manager.saving.save_step import save_step
+from ckptstore.manager.saving.thread_backend import ThreadBackend
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
 
@@ -34,8 +35,7 @@ def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> 
                 {"w": torch.arange(10.0) + step},
                 root,
                 step,
-                local_tier_dir=local_tier_dir,
-                codec="none",
+                SaveOptions(local_tier_dir=local_tier_dir),
                 engine=engine,
                 timings={"blocking_s": 0.5},
             )

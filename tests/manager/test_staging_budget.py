@@ -9,9 +9,9 @@ import torch
 from ckptstore.engine.catalog import step_name
 from ckptstore.errors import ConfigError, WriterProcessDiedError
 from ckptstore.manager import CheckpointManager
-from ckptstore.manager.saving.backend import ThreadBackend
 from ckptstore.manager.saving.host_arena import ArenaStager
 from ckptstore.manager.saving.shared_stager import SharedStager
+from ckptstore.manager.saving.thread_backend import ThreadBackend
 from harness.dist import run_distributed
 
 KIB = 1024

@@ -121,8 +121,8 @@ def _fetcher(sock: socket.socket, step: int) -> Callable[[int | None, bool], flo
 
 
 def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root: Store) -> None:
-    from ckptstore.manager.saving.piecewise import Pieces
     from ckptstore.manager.saving.save_step import save_step
+    from ckptstore.manager.saving.schedule import Pieces
     from ckptstore.manager.saving.shared_arena import ArenaView
     from ckptstore.manager.saving.writer_protocol import Outcome, SaveJob, failure, recv, send
 
@@ -159,15 +159,12 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
                 state,
                 root,
                 job.step,
-                local_tier_dir=s.local_tier_dir,
-                codec=s.codec,
-                key_layout=s.key_layout,
+                s.options,
                 engine=engine,
                 timings=job.timings,
                 overwrite=job.overwrite,
                 pieces=pieces,
                 refusal=refusal,
-                run_id=s.run_id,
             )
             outcome = Outcome(
                 job.step,
@@ -222,8 +219,8 @@ def main(argv: list[str]) -> int:
         from ckptstore.engine.transfer import TransferEngine
         from ckptstore.stores import open_store
 
-        engine = TransferEngine(settings.config)
-        root = open_store(settings.root, settings.storage_options)
+        engine = TransferEngine(settings.options.config)
+        root = open_store(settings.root, settings.options.storage_options)
         if settings.rendezvous is not None:
             _join_group(settings)
     except BaseException as exc:  # noqa: BLE001 - reported to the manager

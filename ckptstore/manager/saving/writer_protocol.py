@@ -34,9 +34,9 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckptstore.config import TransferConfig
 from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, ConfigError
+from ckptstore.manager.options import SaveOptions
 from ckptstore.manager.saving.shared_arena import StagedState
 
 __all__ = [
@@ -70,18 +70,13 @@ class WriterSettings:
     """Everything a writer process needs, sent once when it starts."""
 
     root: str | Store
-    storage_options: dict[str, Any] | None
-    local_tier_dir: str | None
-    codec: str
-    config: TransferConfig
+    options: SaveOptions
     rank: int = 0
-    key_layout: str = "flat"
     world_size: int = 1
     rendezvous: Rendezvous | None = None
     generation: int = 0
     parent_pid: int = 0
     sys_path: tuple[str, ...] = ()
-    run_id: str | None = None  # the manager's run identity, recorded in each manifest
 
 
 @dataclass(frozen=True)
