@@ -1,0 +1,320 @@
+"""``SaveFlow``: one save of a ``CheckpointManager``, from ``save()`` to its commit.
+
+The training thread prepares the state, joins the save's one agreement (is any rank
+busy, can every rank reach the root and take the save, must the step be replaced) and
+has the backend stage it; the write then runs on the save thread (or inline), followed by
+retention on rank 0 and every node's local-tier trim. What can refuse a save is found
+before that agreement and carried by it, so every rank raises at once.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+from torch.distributed.checkpoint.stateful import Stateful
+
+from ckptstore import errors
+from ckptstore.engine.commit import CheckpointStatus, open_committed
+from ckptstore.engine.layout import step_name
+from ckptstore.engine.local_tier import local_tier_keeps
+from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.store import Store
+from ckptstore.errors import (
+    CkptStoreError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    TransientStoreError,
+)
+from ckptstore.manager.agreement import Agreement
+from ckptstore.manager.failures import FailureLog
+from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
+from ckptstore.manager.options import ManagerOptions
+from ckptstore.manager.ownership import RootOwner, describe_run, run_of
+from ckptstore.manager.prune import apply_prune, plan_prune
+from ckptstore.manager.records import SaveRecord, SaveStatus
+from ckptstore.manager.report import report, size_text
+from ckptstore.manager.saving.backend import SaveBackend
+
+__all__ = ["SaveFlow"]
+
+log = logging.getLogger(__name__)
+
+
+class SaveFlow:
+    """The saves of one manager, at most one in flight.
+
+    Call order (every rank, in the same order; ``CheckpointManager`` drives it)::
+
+        flow.save(step, state)         # training thread: prepare, agree, stage; the
+                                       # write goes to the save thread (or runs inline)
+        flow.wait_inflight(timeout)    # the save in flight, committed or failed
+        flow.close()                   # after the last save: the save thread stops
+
+    ``records`` lists every save's ``SaveRecord``; ``protected`` the steps in use (a save
+    in flight, a restore), ``damaged`` the committed steps a restore found corrupt:
+    retention neither counts nor deletes them, and saving one again replaces it.
+    """
+
+    def __init__(
+        self,
+        root: Store,
+        options: ManagerOptions,
+        backend: SaveBackend,
+        *,
+        agree: Agreement,
+        group: Any,
+        failures: FailureLog,
+        owner: RootOwner,
+        run_id: str,
+        rank: int,
+    ) -> None:
+        self.root, self.options, self._backend = root, options, backend
+        self._agree, self.failures, self.owner, self.run_id = agree, failures, owner, run_id
+        self.rank = rank
+        self.records: list[SaveRecord] = []
+        self.protected: set[int] = set()
+        self.damaged: set[int] = set()
+        #: Every node's local tier trimmed by one decision after each save (on ``group``,
+        #: from the save thread: nothing else uses that group meanwhile).
+        self._local_tiers = LocalTierTrimmer(options.local_tier_dir, group)
+        self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
+        self.inflight: Future[None] | None = None
+
+    def close(self) -> None:
+        """Stop the save thread (after the save in flight)."""
+        self._pool.shutdown(wait=True)
+
+    def save(self, step: int, state: dict[str, Any]) -> bool:
+        """Start saving ``state`` as ``step``; False if skipped (see ``CheckpointManager``)."""
+        start = time.perf_counter()
+        record = SaveRecord(step)
+        busy = self.inflight is not None and not self.inflight.done()
+        # Whatever can refuse the state (a Stateful's state_dict() raising; in process mode
+        # a tensor larger than the staging budget, a value that cannot be pickled) is
+        # found before any collective and rides on the save's agreement, so that every
+        # rank raises at once instead of the others entering the save's collectives alone.
+        prepared, refusal = self._prepare(state)
+        # So is a staging arena this rank cannot allocate (``_agree_on`` reserves it once no
+        # save of this rank reads the old one: at once, or after waiting for that save).
+        # One agreement in the steady case: is any rank busy, could any rank not check the
+        # root (its link is down: then no rank saves), must the step be replaced, is it
+        # missing anywhere, must any rank's writer process be replaced, and which rank (if
+        # any) cannot take part at all. A save that was in flight may commit this very
+        # step, so after waiting for one the step is looked at again.
+        agreed, unreachable = self._agree_on(step, busy, refusal, prepared)
+        any_busy, unchecked, overwrite, missing, restart = agreed
+        if any_busy:
+            if self.options.on_busy == "skip":
+                record.status = SaveStatus.SKIPPED
+                self.records.append(record)
+                log.info("skipping the save of step %d: the previous one is still uploading", step)
+                return False
+            self.wait_inflight()
+            agreed, unreachable = self._agree_on(step, False, None, prepared)
+            _, unchecked, overwrite, missing, restart = agreed
+        record.waited_s = time.perf_counter() - start
+        if unchecked:
+            self._fail_unchecked(record, start, unreachable)
+            return False
+        if not overwrite and not missing:
+            record.status = SaveStatus.SKIPPED
+            self.records.append(record)
+            log.info("step %d is already committed under %s; not saving it again", step, self.root)
+            return False
+        self._backend.ensure_ready(restart)
+        t = time.perf_counter()
+        staged, record.bytes = self._backend.stage(prepared)
+        record.staging_s = time.perf_counter() - t
+        record.blocking_s = time.perf_counter() - start
+        record.status = SaveStatus.WRITING
+        self.records.append(record)
+        self.protected.add(step)
+        if self.options.async_save:
+            self.inflight = self._pool.submit(self._write, record, staged, start, overwrite)
+            # Over the staging budget: training waits until the part not copied is written
+            # (the manifest's blocking_s adds the same seconds).
+            record.blocking_s += self._backend.wait_staged(staged)
+        else:
+            self._write(record, staged, start, overwrite)
+            self.failures.report()
+        return True
+
+    def _prepare(self, state: dict[str, Any]) -> tuple[Any, BaseException | None]:
+        """``state`` flattened and checked by the backend (copying nothing), or the error
+        that refuses it on this rank."""
+        try:
+            flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+            return self._backend.prepare(flat), None
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by _agree_on
+            return None, exc
+
+    def _agree_on(
+        self, step: int, busy: bool, refusal: BaseException | None, prepared: Any
+    ) -> tuple[list[bool], CkptStoreError | None]:
+        """The save's one collective: [any rank busy, the root unchecked somewhere,
+        ``step`` to be replaced, ``step`` missing somewhere, a writer to be restarted],
+        and this rank's error checking the root. A rank that cannot take part (its
+        ``refusal``, a previous save's failure that ``strict`` raises now, a writer that
+        could not start, or, unless ``busy``, the staging memory for ``prepared`` that it
+        cannot allocate) makes every rank raise here: that rank its own error, the others
+        the same error naming it."""
+        own = self.failures.take(stacklevel=5) or refusal
+        if own is None and self._agree.rank == 0:
+            own = self.owner.claim()
+        if own is None and not busy:
+            own = self._backend.start_error() or self._reserve(prepared)
+        flags, unreachable = self._step_flags(step, busy)
+        values = [int(busy), *(int(f) for f in flags), self._agree.rank + 1 if own else 0]
+        *agreed, refused = self._agree.max_of(values)
+        if refused:
+            self.failures.refuse(self._agree, step, own, refused - 1)
+        return [bool(v) for v in agreed], unreachable
+
+    def _reserve(self, prepared: Any) -> BaseException | None:
+        """Allocate the staging memory ``prepared`` needs (no save of this rank reads the
+        arena now); the error if it cannot be had."""
+        try:
+            self._backend.reserve(prepared)
+        except errors.StagingMemoryError as exc:
+            return exc
+        return None
+
+    def _step_flags(
+        self, step: int, busy: bool = False
+    ) -> tuple[list[bool], CkptStoreError | None]:
+        """[the root could not be checked, ``step`` must be replaced, ``step`` is not
+        committed, the backend must be restarted] as this rank sees it, and the error
+        that kept it from checking. While this rank's save is in flight (``busy``) the
+        backend is not asked (the flags are taken again after waiting for it)."""
+        restart = not busy and self._backend.needs_restart()
+        try:
+            exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
+            return [False, exists and self._needs_replacing(step), not exists, restart], None
+        except CkptStoreError as exc:
+            return [True, False, False, restart], exc
+
+    def _fail_unchecked(self, record: SaveRecord, start: float, exc: CkptStoreError | None) -> None:
+        """A save that failed on every rank before writing anything: some rank could not
+        check the root for the step (``exc``: this rank's error, None if it could)."""
+        if exc is None:
+            exc = TransientStoreError(
+                f"the save of step {record.step} was not started: another rank could not "
+                f"reach {self.root}; {self.failures.fallback()}"
+            )
+        record.status, record.error = SaveStatus.FAILED, f"{type(exc).__name__}: {exc}"
+        record.total_s = time.perf_counter() - start
+        self.records.append(record)
+        log.error("saving step %d failed: %s", record.step, record.error)
+        self.failures.failed(exc)
+        self.failures.report(stacklevel=5)  # at once, on every rank alike (or raises it)
+
+    def _needs_replacing(self, step: int) -> bool:
+        """For a ``step`` with a marker: True if it is not a loadable checkpoint (restore
+        found it damaged, or its marker does not commit a valid manifest) or (rank 0's
+        view) another run committed it. Saving it then replaces it (a new attempt and
+        marker) rather than skipping it."""
+        if step in self.damaged:
+            return True
+        try:
+            manifest = open_committed(self.root.child(step_name(step))).manifest
+        except (IncompleteCheckpointError, CorruptCheckpointError):
+            return True
+        if self._agree.rank != 0 or run_of(manifest) == self.run_id:
+            return False
+        log.warning(
+            "step %d under %s was committed by %s, not by this run (%r): saving it again "
+            "replaces it",
+            step,
+            self.root,
+            describe_run(manifest),
+            self.run_id,
+        )
+        return True
+
+    def _write(self, record: SaveRecord, staged: Any, start: float, overwrite: bool) -> None:
+        t = time.perf_counter()
+        try:
+            notes = self._backend.write(record.step, staged, record.manifest_timings(), overwrite)
+            record.warnings.extend(notes)
+            record.status = SaveStatus.COMMITTED
+            self.failures.committed(record.step)
+            self.damaged.discard(record.step)
+            if self.rank == 0:
+                report(
+                    "step %d committed to %s: %s from rank 0, %.2f s after save() "
+                    "(training blocked %.3f s)",
+                    record.step,
+                    self.root.url,
+                    size_text(record.bytes),
+                    time.perf_counter() - start,
+                    record.blocking_s,
+                )
+            local_keeps = {record.step}
+            if self.rank == 0:
+                try:
+                    local_keeps |= self._apply_retention()
+                except CkptStoreError as exc:  # the step is committed: a warning, not a failure
+                    note = f"retention after step {record.step} failed: {exc}"
+                    log.warning("%s", note)
+                    record.warnings.append(note)
+        except BaseException as exc:  # noqa: BLE001 - reported at the next save/wait/close
+            record.status, record.error = SaveStatus.FAILED, f"{type(exc).__name__}: {exc}"
+            log.error("saving step %d failed: %s", record.step, record.error)
+            self.failures.failed(exc)
+            local_keeps = None
+        else:
+            self.failures.last_failed = None
+        finally:
+            self._trim_local_tiers(record, local_keeps)
+            self.protected.discard(record.step)
+            record.background_s = time.perf_counter() - t
+            record.total_s = time.perf_counter() - start
+
+    def wait_inflight(self, timeout: float | None = None) -> bool:
+        """Wait (at most ``timeout`` s) for the save in flight; False if it still runs."""
+        fut = self.inflight
+        if fut is None:
+            return True
+        try:
+            fut.result(timeout=timeout)
+        except concurrent.futures.TimeoutError:  # not the builtin before Python 3.11
+            return False
+        self.inflight = None
+        return True
+
+    def _apply_retention(self) -> set[int]:
+        """Prune the root as ``ckptstore-tool gc`` does (``ckptstore.manager.prune``): steps the
+        policy lets go, torn leftovers, stale uploads; never the newest good commit, a step
+        in use or a damaged one. Only ckptstore's own files are deleted. Returns the
+        committed steps kept."""
+        plan = plan_prune(
+            self.root,
+            self.options.keep,
+            protected=set(self.protected),
+            damaged=set(self.damaged),
+        )
+        for d in plan.deletions:
+            log.info("removing %s (%s)", d.name, d.reason)
+        apply_prune(self.root, plan)
+        return {
+            d.step
+            for d in plan.steps
+            if d.action == "keep" and d.status == CheckpointStatus.COMMITTED
+        }
+
+    def _trim_local_tiers(self, record: SaveRecord, kept: set[int] | None) -> None:
+        """After every save, on every rank (a collective on the checkpoint group): every
+        node's local tier keeps the newest ``KEEP_LOCAL`` of the steps rank 0's retention
+        kept (``kept``; None: the save failed, nothing is trimmed). A failure here is a
+        warning in the save's record."""
+        keeps = local_tier_keeps(kept, KEEP_LOCAL) if kept else None
+        try:
+            self._local_tiers.after_save(keeps)
+        except Exception as exc:  # noqa: BLE001 - the save itself is done either way
+            note = f"trimming the local tier after step {record.step} failed: {exc}"
+            log.warning("%s", note)
+            record.warnings.append(note)
