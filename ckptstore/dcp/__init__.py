@@ -1,10 +1,10 @@
-"""Torch DCP over any store: the ``StorageWriter`` / ``StorageReader`` and their staging.
+"""Torch DCP over any store: the ``StorageWriter`` / ``StorageReader`` adapters only.
 
 ``writer`` (``CkptWriter``) and ``reader`` (``CkptReader``) are the backends
 ``torch.distributed.checkpoint`` drives, both bound to a store by ``storebound``;
-``staged`` writes shards to local disk and uploads them at once, ``shared_staging`` copies a
-state into shared memory for a writer process, ``format`` encodes one item's bytes,
-``metadata`` reads ``.metadata`` without running untrusted code, ``transcode`` rewrites a
-checkpoint with another codec and ``calls`` wraps ``dcp.save`` / ``dcp.load`` for
-ckptstore's own calls.
+``schedule`` is the writer's one hook for how a rank groups and orders its shard files;
+``staged`` writes shards to the node-local tier and uploads them at once, ``format``
+encodes one item's bytes, ``metadata`` reads ``.metadata`` without running untrusted
+code, ``transcode`` rewrites a checkpoint with another codec and ``calls`` wraps
+``dcp.save`` / ``dcp.load`` for ckptstore's own calls.
 """

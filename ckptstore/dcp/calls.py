@@ -1,24 +1,14 @@
 """``dcp.save`` / ``dcp.load`` for ckptstore's own calls, quiet in a single process.
 
-Stock ``dcp.save`` / ``dcp.load`` (torch 2.13) warn "torch.distributed is disabled,
-unavailable or uninitialized, assuming the intent is to save in a single process" on every
-call made without an initialised process group, even when passed ``no_dist=True``. A script
-that saves without ``torch.distributed`` means to, so :func:`save` and :func:`load` do not
-make torch say so each time:
-
-- with an initialised process group they *are* ``dcp.save`` / ``dcp.load``;
-- without one they run the same steps those functions run (each ``Stateful``'s
-  ``state_dict()``, the planner-driven save or load with ``no_dist=True``, then each
-  ``Stateful``'s ``load_state_dict()`` on load) through DCP's own internal functions. A torch
-  without those internals gets the stock call and its warning.
-
-Users calling ``dcp.save(..., storage_writer=ckptstore.writer(url))`` themselves get torch's
-behaviour, warning included: this module only serves ckptstore's calls.
-
-:func:`unwrap_checkpoint_exception` turns DCP's ``CheckpointException`` (a ``BaseException``
-holding every rank's error) into the first rank's ckptstore error, and a state dict that does
-not match the checkpoint (DCP's planner: a missing key, a shape mismatch) into one
-``StateDictMismatchError`` naming the key and both shapes; ``ckptstore.api`` re-exports it.
+Stock ``dcp.save`` / ``dcp.load`` warn "torch.distributed is disabled, unavailable or
+uninitialized ..." on every call made without an initialised process group, even with
+``no_dist=True``. A script that saves without ``torch.distributed`` means to, so with a
+process group :func:`save` and :func:`load` *are* ``dcp.save`` / ``dcp.load``, and
+without one they run the same steps through DCP's own internal functions (a torch
+without them gets the stock call and its warning). Users calling ``dcp.save`` themselves
+get torch's behaviour. :func:`unwrap_checkpoint_exception` turns DCP's
+``CheckpointException`` into the first rank's ckptstore error, and a state dict that does
+not match the checkpoint into one ``StateDictMismatchError`` naming the key and shapes.
 """
 
 from __future__ import annotations

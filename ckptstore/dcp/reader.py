@@ -1,38 +1,14 @@
-"""The DCP ``StorageReader`` over any store: refuses uncommitted checkpoints, verifies reads.
+"""``CkptReader``: the DCP ``StorageReader`` over any store; refuses uncommitted checkpoints.
 
-Call order (driven by ``torch.distributed.checkpoint.load``)::
-
-    open()                          at construction (``ckptstore.reader``): marker, manifest
-                                    and .metadata are read and checked, so a missing or
-                                    torn checkpoint raises IncompleteCheckpointError before
-                                    DCP (which would re-wrap the error) runs. Given
-                                    ``committed=`` (the seam for a restore where one rank
-                                    read those three objects for all, see
-                                    ``ckptstore.manager.restore``), open() reads none of
-                                    them: it re-checks the handed-over bytes
-                                    (``engine.commit.committed_from_bytes``) and refuses
-                                    them (CorruptCheckpointError) if they do not verify
-    reset(checkpoint_id)            every rank (re-opens if the URL changes)
-    read_metadata()                 every rank: the already-verified DCP Metadata
-    set_up_storage_reader(md, ...)  every rank
-    prepare_local_plan / prepare_global_plan: unchanged plans
-    read_data(plan, planner)        every rank: parallel ranged reads planned from the whole
-                                    plan (``engine.readplan``: small adjacent items share a
-                                    GET on object stores), each range checked against its
-                                    manifest CRC32C before it is decoded
-
-The manifest's codec is looked up in ``ckptstore.engine.codecs`` at ``open()``: one this
-ckptstore does not know is ``CorruptCheckpointError`` (never a guess), a known one whose
-library is missing ``MissingDependencyError``. A stock DCP checkpoint (``.metadata`` but
-no manifest and no marker) loads with a warning and without verification; items written
-with DCP's ``ZStandard`` extension (``stream.zstd/1``) are decompressed.
-
-Object (BYTE_IO) items reach DCP's default load planner, which unpickles them with
-``torch.load(weights_only=False)``, only after a ``weights_only=True`` load of the same
-bytes succeeded: a pickle that would import or run anything else raises
-``UnsafePickleError`` naming the item, unless the reader was built with
-``allow_pickle=True`` (for a checkpoint you trust). Readers pickle (see
-``ckptstore.dcp.storebound``).
+Every range it reads is checked against its manifest CRC32C before it is decoded. The
+manifest's codec is looked up in ``engine.codecs`` at ``open()``: one this ckptstore does
+not know is ``CorruptCheckpointError`` (never a guess), a known one whose library is
+missing ``MissingDependencyError``. A stock DCP checkpoint (``.metadata``, no manifest, no
+marker) loads with a warning and without verification; items written with DCP's
+``ZStandard`` extension are decompressed. Object (BYTE_IO) items reach DCP's unpickling
+only after a ``weights_only=True`` load of the same bytes succeeded, else
+``UnsafePickleError`` names the item (unless ``allow_pickle=True``, for a checkpoint you
+trust). Readers pickle (see ``dcp.storebound``).
 """
 
 from __future__ import annotations
@@ -105,7 +81,27 @@ class StockCheckpointWarning(UserWarning):
 
 
 class CkptReader(StoreBound, StorageReader):
-    """Reads a DCP checkpoint from any ckptstore store. Build it with ``ckptstore.reader``."""
+    """Reads a DCP checkpoint from any ckptstore store. Build it with ``ckptstore.reader``.
+
+    Call order (driven by ``torch.distributed.checkpoint.load``)::
+
+        open()                          at construction: marker, manifest and .metadata
+                                        read and checked (a missing or torn checkpoint
+                                        raises IncompleteCheckpointError before DCP runs).
+                                        Given ``committed=`` (one rank read those three
+                                        objects for all: ``manager.restore``), it reads
+                                        none and re-checks the handed-over bytes
+                                        (``engine.commit.committed_from_bytes``),
+                                        refusing them (CorruptCheckpointError) if they
+                                        do not verify
+        reset(checkpoint_id)            every rank (re-opens if the URL changes)
+        read_metadata()                 every rank: the already-verified DCP Metadata
+        set_up_storage_reader(md, ...)  every rank
+        prepare_local_plan / prepare_global_plan: unchanged plans
+        read_data(plan, planner)        every rank: parallel ranged reads planned from the
+                                        whole plan (``engine.readplan``: small adjacent
+                                        items share a GET on object stores)
+    """
 
     def __init__(
         self,

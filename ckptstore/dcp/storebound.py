@@ -1,14 +1,5 @@
 """What the DCP writer and reader share: the store at a URL, its options, config and engine.
 
-Call order (``CkptWriter`` / ``CkptReader`` inherit it, before DCP's base class)::
-
-    self._bind(url, storage_options, config, engine)   in __init__: open the store
-    self._rebind(checkpoint_id)                         in reset(): reopen the store if DCP
-                                                        names another URL; True if it did
-    self.url                                            the store's URL
-    pickle.dumps(self) / pickle.loads(...)              the store and engine are re-made in
-                                                        the receiving process (see below)
-
 A backend pickles (``dcp.async_save`` with the process executor sends it to another
 process): its store is sent as its URL (re-opened there with the same storage_options
 and config) or, for a ``Store`` the caller built, as that store object; its engine (a
@@ -30,7 +21,17 @@ __all__ = ["StoreBound"]
 
 
 class StoreBound:
-    """A DCP storage backend over one ckptstore store, moved by ``checkpoint_id``."""
+    """A DCP storage backend over one ckptstore store, moved by ``checkpoint_id``.
+
+    Call order (``CkptWriter`` / ``CkptReader`` inherit it, before DCP's base class)::
+
+        self._bind(url, storage_options, config, engine)  in __init__: open the store
+        self._rebind(checkpoint_id)                        in reset(): reopen the store if
+                                                           DCP names another URL; True if so
+        self.url                                           the store's URL
+        pickle.dumps(self) / pickle.loads(...)             store and engine re-made in the
+                                                           receiving process
+    """
 
     storage_options: dict[str, Any] | None
     config: TransferConfig

@@ -2,18 +2,12 @@
 
     marker = transcode(src_store, dst_store, engine, codec="zstd")
 
-Streams: each stored item is read (checked against the source manifest when there is one),
-decoded with the source codec, encoded with ``codec`` (a name or descriptor of
-``ckptstore.engine.codecs``) and appended to a new shard file at the destination, one
-destination file per source file, so the rank layout (and resharding on load) is
-unchanged and memory stays bounded by the engine's budget. The DCP ``Metadata`` is
-rewritten to point at the new offsets, a new manifest records every file and range, and the
-result is committed last with ``publish`` (create-only marker). A stock DCP source (no
-manifest) is adopted: the output has a manifest and a marker.
-
-Call order: ``transcode`` opens the source with ``CkptReader`` (refuses torn checkpoints),
-writes every file, then publishes; on any failure the files it wrote are deleted and nothing
-is committed.
+Streams: each stored item is read (checked against the source manifest when there is
+one), decoded, encoded with ``codec`` and appended to a new shard file at the destination,
+one per source file, so the rank layout (and resharding on load) is unchanged and memory
+stays bounded by the engine's budget. The ``Metadata`` is rewritten to the new offsets, a
+new manifest records every file and range, and the result is committed last with
+``publish``. A stock DCP source (no manifest) is adopted: the output has both.
 """
 
 from __future__ import annotations
@@ -71,7 +65,11 @@ def transcode(
     cancel: threading.Event | None = None,
     extra: dict[str, Any] | None = None,
 ) -> Marker:
-    """Transcode the DCP checkpoint at ``src`` into ``dst`` (which the caller made empty)."""
+    """Transcode the DCP checkpoint at ``src`` into ``dst`` (which the caller made empty).
+
+    Opens the source with ``CkptReader`` (refuses torn checkpoints), writes every file,
+    then publishes; on any failure the files it wrote are deleted and nothing is committed.
+    """
     out_codec = get_codec(codec)
     reader = CkptReader(src, engine=engine, config=engine.config)
     metadata: Metadata = reader.read_metadata()

@@ -1,4 +1,4 @@
-"""The checkpoint manager and what it runs on: save backends, retention, rng state.
+"""The checkpoint manager and what it runs on: the background save (``saving``), retention, restore.
 
 ``CheckpointManager``, ``SaveRecord`` and ``SaveStatus`` (they import torch) load on first
 use, so ``ckptstore.manager.retention`` and ``ckptstore.manager.prune`` (which

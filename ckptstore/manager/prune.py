@@ -4,28 +4,11 @@
     print(plan.deletions)          # look before you leap (``gc --dry-run`` prints this)
     apply_prune(root, plan)
 
-What is deleted (through ``engine.deletion``, the one deletion path, which deletes only
-ckptstore's own files of canonical ``step_%09d`` directories):
-
-* committed steps the policy lets go (``retention.select_deletions``: never the newest
-  committed step, never a protected one);
-* never a step whose save is in flight: one holding a fresh lease (``engine.lease``:
-  refreshed by its writer every 5 s, stale after 60 s without) is kept whatever its
-  status, and ``apply_prune`` checks again right before deleting each step;
-* torn leftovers: steps without a valid marker that are *older* than the newest committed
-  step (a save that died). Incomplete steps newer than the newest commit may be saves in
-  flight and are never touched; corrupt steps (a marker that matches no manifest) are left
-  for a human to inspect, and so are ``damaged`` ones (their marker matched but their bytes
-  did not: the checkpoint manager found them at restore). Neither counts toward what the
-  policy keeps: ``KeepLast(2)`` keeps two *good* checkpoints;
-* unfinished multipart uploads of ckptstore files under a deleted step, and any older than
-  ``stale_after_s`` (stores record the start time in ``Multipart.extra["initiated"]``;
-  uploads of unknown age are kept).
-
-Anything else under the root (``notes.txt``, ``step_5/``, a symlink or file named like a
-step, a user's file inside a step) is left alone and listed in ``PrunePlan.left_alone``.
-A committed step is deleted marker first, so a deletion cut short leaves an incomplete step
-(which the next prune removes), never a committed one with files missing.
+Shared by ``ckptstore-tool gc`` and the checkpoint manager. Everything is deleted through
+``engine.deletion`` (only ckptstore's own files of canonical ``step_%09d`` directories,
+a committed step marker first, so a deletion cut short leaves an incomplete step, never
+a committed one with files missing). Anything else under the root is left alone and
+listed in ``PrunePlan.left_alone``; ``plan_prune`` says what is deleted and why.
 """
 
 from __future__ import annotations
@@ -138,10 +121,18 @@ def plan_prune(
     stale_after_s: float = 24 * 3600.0,
     now: float | None = None,
 ) -> PrunePlan:
-    """Decide what to delete under ``root`` (nothing is changed; see the module docstring).
+    """Decide what to delete under ``root``; nothing is changed.
 
-    ``damaged``: steps whose marker matches but whose bytes were found corrupt (at restore):
-    they are kept for inspection and do not count toward what ``policy`` keeps.
+    Deleted: committed steps ``policy`` lets go (``retention.select_deletions``: never the
+    newest committed step, never a ``protected`` one); torn leftovers (steps without a
+    valid marker *older* than the newest committed step: a save that died); unfinished
+    multipart uploads of ckptstore files under a deleted step, and any older than
+    ``stale_after_s`` (uploads of unknown age are kept). Never deleted: a step holding a
+    fresh lease (a save in flight, ``engine.lease``; ``apply_prune`` checks again right
+    before each deletion), incomplete steps newer than the newest commit, corrupt steps
+    (a marker that matches no manifest) and ``damaged`` ones (their marker matched but
+    their bytes did not, found at restore), left for a human to inspect; neither counts
+    toward what ``policy`` keeps: ``KeepLast(2)`` keeps two *good* checkpoints.
     """
     now = time.time() if now is None else now
     listing = scan_root(root)

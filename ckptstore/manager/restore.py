@@ -1,35 +1,13 @@
 """Loading one committed step for ``CheckpointManager.restore``: local tier first, then remote.
 
-Call order (every rank, the same steps in the same order; the manager drives it)::
-
-    loader = StepLoader(root, engine=..., local_tier_dir=..., allow_pickle=...,
-                        process_group=pg, agree=agreement)
-    for s in loader.discover(step):  # a collective generator, advanced on every rank
-                                     # alike: rank 0 lists the root once, then for each
-                                     # step it yields opens the steps newest first (marker,
-                                     # manifest, .metadata: one GET each) only until one
-                                     # opens and verifies, finishing its commit if a crash
-                                     # cut it short after its marker, and broadcasts it
-                                     # with what it read ([step] alone if one was asked for)
-        error = loader.try_load(s, state)
-                                     # collective: the local staged copy if every rank has
-                                     # one identical to the committed remote step, else (or
-                                     # if it fails) the remote one; the error that makes
-                                     # the step unloadable (the same on every rank), or None
-        if error is None:
-            break                    # an older step is opened only when this one failed
-    loader.forget()                  # the restore is over: drop what discovery kept
-
 Only rank 0 reads a step's small objects (and lists the root), once per restore and only
-for the steps the restore gets to: the newest that opens, and older ones one at a time
+for the steps the restore gets to: the newest that opens, then older ones one at a time
 as fallbacks need them. The other ranks get the bytes it read and verified in one
-``broadcast_object_list`` over the agreement group per step (and one more that says no
-step is left, when every step failed), and hand them to their ``CkptReader`` (its
-``committed=`` seam), which re-checks them without a store read and refuses anything
-that does not verify. So a restore's request count on a step's prefix grows neither with
-the world size (bar the data reads each rank does for its shards) nor with the number of
-steps the root keeps. A step rank 0 cannot open is never a candidate, on any rank: it is
-skipped (with a logged warning when it is damaged, silently when it has no marker).
+broadcast per step and hand them to their ``CkptReader`` (its ``committed=`` seam), which
+re-checks them without a store read. So a restore's request count on a step's prefix
+grows neither with the world size (bar each rank's shard reads) nor with the number of
+steps the root keeps. A step rank 0 cannot open is never a candidate, on any rank. Which
+local files a restore trusts is ``engine.local_tier``'s rule.
 """
 
 from __future__ import annotations
@@ -105,7 +83,24 @@ class Opened:
 
 
 class StepLoader:
-    """Loads steps of ``root`` (and of the staged local copies in ``local_tier_dir``)."""
+    """Loads steps of ``root`` (and of the staged local copies in ``local_tier_dir``).
+
+    Call order (every rank, the same steps in the same order; the manager drives it)::
+
+        for s in loader.discover(step):  # a collective generator: rank 0 lists the root
+                                         # once, then opens steps newest first (marker,
+                                         # manifest, .metadata) only until one verifies,
+                                         # finishing a commit cut short after its marker,
+                                         # and broadcasts what it read
+            error = loader.try_load(s, state)
+                                         # collective: the local copy if every rank has
+                                         # one matching the committed step, else (or if it
+                                         # fails) this node's files and the remote; the
+                                         # error that makes the step unloadable, or None
+            if error is None:
+                break                    # an older step is opened only if this one failed
+        loader.forget()                  # the restore is over: drop what discovery kept
+    """
 
     def __init__(
         self,

@@ -4,17 +4,8 @@
 ``torch.distributed.checkpoint.state_dict``'s ``get_state_dict`` / ``set_state_dict`` (which
 handle DDP, FSDP and DTensor FQNs and optimizer state keyed by parameter name), so
 ``{"app": AppState(model, optim)}`` is a state a ``CheckpointManager`` saves and restores.
-
-``RNGState`` is DCP-``Stateful``: put it in the state dict next to the model and
-optimizer. It captures Python ``random``, NumPy and torch (CPU and every CUDA device) RNG
+``RNGState`` captures Python ``random``, NumPy and torch (CPU and every CUDA device) RNG
 states of *this* rank under the key ``rank<r>``, so each rank restores its own streams.
-
-Call order on restore (``CheckpointManager`` does it): ``expect_world_size(n)`` with the
-checkpoint's world size, then DCP calls ``state_dict()`` (to learn what to load) and
-``load_state_dict()``, which ends the expectation: later ``state_dict()`` calls (saves) hold
-this rank's streams on the current world size. On the same world size every rank gets its
-exact streams back; on a different one the old per-rank streams mean nothing, so every rank
-re-seeds deterministically from ``(seed, rank)`` and a warning says so.
 """
 
 from __future__ import annotations
@@ -248,7 +239,16 @@ def restore_rng(states: dict[str, Any]) -> None:
 
 
 class RNGState:
-    """Per-rank RNG states as a DCP ``Stateful``; see the module docstring."""
+    """Per-rank RNG states as a DCP ``Stateful``: put it in the state dict next to the
+    model and optimizer.
+
+    Call order on restore (``CheckpointManager`` does it): ``expect_world_size(n)`` with
+    the checkpoint's world size, then DCP calls ``state_dict()`` (to learn what to load)
+    and ``load_state_dict()``, which ends the expectation: later ``state_dict()`` calls
+    (saves) hold this rank's streams on the current world size. On the same world size
+    every rank gets its exact streams back; on a different one every rank re-seeds
+    deterministically from ``(seed, rank)`` and a warning says so.
+    """
 
     def __init__(self, seed: int = 0) -> None:
         self.seed = seed

@@ -108,7 +108,6 @@ FSSPEC_STORE = StoreSpec((), "ckptstore.stores.fsspec_store:FsspecStore")
 _BUILTIN: dict[str, StoreSpec] = {s: spec for spec in BUILTIN_STORES for s in spec.schemes}
 
 
-
 def split_url(url: str) -> tuple[str, str]:
     """``("s3", "bucket/key")`` for ``s3://bucket/key``; ``("file", path)`` for a path."""
     if "://" not in url:

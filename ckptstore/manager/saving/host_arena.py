@@ -1,43 +1,15 @@
 """The thread backend's staging: one reused arena of host memory, optionally bounded.
 
-Call order (the manager's one-save-in-flight rule: nobody reads the arena while ``stage``
-writes it)::
-
-    stager = ArenaStager(budget=None, pin=torch.cuda.is_available())
-    prepared = stager.prepare(state) # training thread, optional: the state's walk and the
-                                     # deep copy of its non-tensor values (what can fail:
-                                     # ConfigError); the arena is not touched
-    stager.reserve(prepared)         # training thread, optional, once no save reads the
-                                     # arena: lays it out and allocates what the state
-                                     # needs (what can fail: StagingMemoryError)
-    staged = stager.stage(prepared)  # training thread (or ``stage(state)``): every tensor
-                                     # that fits the budget
-                                     # copied into the arena, the rest of the state
-                                     # deep-copied; a StagedSave, or None when the state
-                                     # holds non-plain tensors and there is no budget (the
-                                     # caller stages it with DCP's DefaultStager instead)
-    staged.state                     # what the save writes: arena views, the copies, and
-                                     # the *live* tensors (training's own, not copied)
-    staged.is_live(tensor)           # True for a tensor whose bytes are not in the arena
-    staged.release()                 # the save wrote every live tensor (or gave up)
-    staged.wait_released()           # training thread: returns after ``release``; both
-                                     # return the seconds training waited for it
-    stager.close()                   # frees the arena
-
-Without a budget every plain dense tensor is staged and nothing is live. With
-``budget=B`` the arena never holds more than B bytes (64-byte alignment padding counted):
+Without a budget every plain dense tensor is copied and nothing is *live*. With
+``budget=B`` the arena never holds more than B bytes (64-byte alignment counted):
 tensors are placed first-fit in the state's order, and each that does not fit, like
-every DTensor / ShardedTensor / sparse tensor, stays live: the save writes those first,
-in files of their own, and training waits for them (``wait_released``). So a state larger
-than the budget costs blocking time of about the write time of the part that did not fit,
-and never more host memory than the budget. ``in_use`` / ``peak_in_use`` count the
-arena bytes holding a staged copy (what the budget bounds). Each staged tensor has a
-storage of its own over its bytes of the arena (``HostArena``), so the writer saves it
-as it is; a view into one big storage would be cloned by the writer first. The arena is
-allocated once and reused while the tensors' dtypes and shapes stay the same; a layout
-that needs more room (and the budget allows) allocates a larger one. CPU tensors are copied
-on the rank's share of the cores (``ckptstore.manager.saving.hostcopy``: torchrun's one OpenMP thread
-per rank would leave a node's other cores idle).
+every DTensor / ShardedTensor / sparse tensor, stays live (training's own memory): the
+save writes those first and training waits for them, so a state larger than the budget
+costs about the write time of what did not fit, never more memory. Each staged tensor
+has a storage of its own over its bytes (``HostArena``): a writer saves it as it is,
+where a view into one big storage would be cloned first. The arena is reused while the
+tensors' dtypes and shapes stay the same; CPU tensors are copied on the rank's share of
+the cores (``hostcopy``).
 """
 
 from __future__ import annotations
@@ -160,7 +132,27 @@ class HostArena:
 
 
 class ArenaStager:
-    """Copies states into one reused host-memory arena of at most ``budget`` bytes."""
+    """Copies states into one reused host-memory arena of at most ``budget`` bytes.
+
+    Call order (the manager's one-save-in-flight rule: nobody reads the arena while
+    ``stage`` writes it)::
+
+        prepared = stager.prepare(state)  # optional: the state's walk and the deep copy
+                                          # of its non-tensor values (ConfigError)
+        stager.reserve(prepared)          # optional, once no save reads the arena: lays it
+                                          # out and allocates it (StagingMemoryError)
+        staged = stager.stage(prepared)   # every tensor that fits copied, the rest of the
+                                          # state deep-copied: a StagedSave, or None for
+                                          # non-plain tensors without a budget (DCP's
+                                          # DefaultStager stages those instead)
+        staged.state, staged.is_live(t)   # what the save writes; True for a tensor whose
+                                          # bytes are not in the arena
+        staged.release()                  # the save wrote every live tensor (or gave up)
+        staged.wait_released()            # training thread: returns after ``release``
+        stager.close()                    # frees the arena
+
+    ``in_use`` / ``peak_in_use`` count the arena bytes holding a staged copy.
+    """
 
     def __init__(self, *, budget: int | None = None, pin: bool = False) -> None:
         self.budget = check_budget(budget)

@@ -1,25 +1,12 @@
 """Staging copies of CPU tensors on the rank's share of the cores.
 
 torchrun sets ``OMP_NUM_THREADS=1`` in every rank when it starts more than one per node,
-so a rank's ``copy_`` runs on one core even on a node with many more cores than ranks
-(GPU nodes have 8-16 per GPU); a copy of hundreds of MiB is then bound by what one core
-moves, not by the node's memory. torch releases the GIL inside ``copy_``, so copying
-disjoint slices from a few threads uses those idle cores. Written here because torch has
-no per-call thread count: ``torch.set_num_threads`` is process-wide and would also change
-the training's own ops (and the background writer's) while a save stages.
-
-Call order::
-
-    copier = HostCopier()       # threads: the rank's cores (its CPU affinity divided by
-                                # LOCAL_WORLD_SIZE), at most 8; 1 when torch's own
-                                # intra-op threads are already as many (copy_ runs them)
-    copier.copy(pairs, pin)     # [(dst, src), ...]: returns once every byte is copied;
-                                # a copy's error is raised here
-    copier.close()              # stops the threads (the next copy starts them again)
-
-CUDA sources into pinned memory (``pin``) are copied non-blocking on the copy engine,
-issued first, while the threads copy the CPU ones; one synchronize at the end.
-``split_bytes`` is the pure part: the even split of the bytes over the threads.
+so a rank's ``copy_`` runs on one core even on a node with many more cores than ranks; a
+copy of hundreds of MiB is then bound by what one core moves. torch releases the GIL
+inside ``copy_``, so copying disjoint slices from a few threads uses the idle cores.
+Written here because torch has no per-call thread count (``torch.set_num_threads`` is
+process-wide and would change training's own ops while a save stages). ``split_bytes``
+is the pure part: the even split of the bytes over the threads.
 """
 
 from __future__ import annotations
@@ -90,8 +77,20 @@ def _bytes(t: torch.Tensor) -> torch.Tensor:
 
 
 class HostCopier:
-    """Copies CPU tensors into staging buffers on ``threads`` threads; see the module
-    docstring."""
+    """Copies CPU tensors into staging buffers on ``threads`` threads.
+
+    Call order::
+
+        copier = HostCopier()       # threads: the rank's cores (its CPU affinity divided
+                                    # by LOCAL_WORLD_SIZE), at most 8; 1 when torch's own
+                                    # intra-op threads are already as many
+        copier.copy(pairs, pin)     # [(dst, src), ...]: returns once every byte is
+                                    # copied; a copy's error is raised here
+        copier.close()              # stops the threads (the next copy starts them again)
+
+    CUDA sources into pinned memory (``pin``) are copied non-blocking on the copy engine,
+    issued first, while the threads copy the CPU ones; one synchronize at the end.
+    """
 
     def __init__(self, threads: int | None = None) -> None:
         if threads is None:

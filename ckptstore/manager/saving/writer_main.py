@@ -1,30 +1,12 @@
 """The writer process of ``CheckpointManager(background="process")``.
 
-Started by ``ckptstore.manager.saving.writer_process`` as
-``python -m ckptstore.manager.saving.writer_main <fd> <pid>``
-(a fresh interpreter: never a fork, and the training script's ``__main__`` is not imported
-again; ``pid`` is the training process's). Its life, in the order of
-``ckptstore.manager.saving.writer_protocol``'s messages::
-
-    watch_parent(pid)            # first, before any heavy import: see below
-    settings = recv()            # WriterSettings
-    import what a save needs, open the root and the transfer engine
-    join the writers' gloo group (rendezvous through rank 0's store); answer ready or why not
-    loop: job = recv()           # None, or the socket closing: exit
-          map the arena if its fd came with the job (once per arena)
-          state = job.staged.rebuild(arena)        # the tensors over the shared bytes
-                                                   # (if that fails, save_step fails the
-                                                   # save on every rank at once)
-          save_step(state, ...)                    # the thread mode's serialise / upload /
-                                                   # commit path, on the writers' group;
-                                                   # a state staged in pieces asks for each
-                                                   # piece (Fetch) before writing it
-          answer the Outcome (the error, pickled, if it failed)
-
-It ignores SIGINT and SIGTERM (the manager decides when it stops, within its grace
-period) and exits within a second of the training process dying, whenever that happens —
-while importing torch, in the rendezvous, idle or saving: ``watch_parent`` arms Linux's
-PR_SET_PDEATHSIG (SIGKILL) and starts a thread polling the parent pid (every platform).
+Started by ``writer_child`` as ``python -m ckptstore.manager.saving.writer_main <fd>
+<pid>``: a fresh interpreter (never a fork; the training script's ``__main__`` is not
+imported again), ``pid`` the training process's. It runs ``save_step``, the thread
+mode's serialise / upload / commit path, on the writers' own gloo group, over each
+save's state rebuilt from the shared-memory arena (``main`` lists its life). It ignores
+SIGINT and SIGTERM (the manager decides when it stops) and exits within a second of the
+training process dying, whenever that happens (``watch_parent``).
 """
 
 from __future__ import annotations
@@ -180,7 +162,21 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
 
 
 def main(argv: list[str]) -> int:
-    """``argv``: the socket's fd, and the training process's pid (else our parent's)."""
+    """``argv``: the socket's fd, and the training process's pid (else our parent's).
+
+    Its life, in the order of ``writer_protocol``'s messages::
+
+        watch_parent(pid)          # first, before any heavy import
+        settings = recv()          # WriterSettings
+        import what a save needs, open the root and the transfer engine, join the
+        writers' gloo group (through rank 0's store); answer ready or why not
+        loop: job = recv()         # None, or the socket closing: exit
+              map the arena if its fd came with the job (once per arena)
+              state = job.staged.rebuild(arena)  # tensors over the shared bytes (if that
+                                                 # fails, save_step refuses on every rank)
+              save_step(state, ...)              # a state in pieces asks for each (Fetch)
+              answer the Outcome (the error, pickled, if it failed)
+    """
     parent_pid = int(argv[1]) if len(argv) > 1 else os.getppid()
     watch_parent(parent_pid)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the manager says when to stop

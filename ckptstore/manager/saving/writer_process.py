@@ -1,45 +1,14 @@
 """Background saves in a separate process: ``CheckpointManager(background="process")``.
 
-Call order (training side, every rank; the manager drives it)::
-
-    bg = BackgroundWriter(settings, broadcast)  # constructor: rank 0 hosts a rendezvous
-                                                # TCPStore, its address reaches every rank
-                                                # over the manager's control group; each
-                                                # rank starts its writer process (returns
-                                                # at once: the writers meet on their own)
-    bg.needs_restart()                          # save: a writer died or its group broke;
-    bg.restart()                                # the manager agrees on it across ranks and
-                                                # every rank starts a new writer
-    bg.check_started()                          # save: raises if the writer already said
-                                                # it could not start; never waits
-    bg.ensure_ready()                           # background thread: the writer has joined
-                                                # its group (waits on the first save only)
-    bg.save(step, staged, arena, timings,       # background thread: sends the job (and the
-            on_fetch=...)                       # staging arena's fd, once per writer),
-                                                # answers its Fetch requests (a state staged
-                                                # in pieces) and waits for the outcome;
-                                                # raises the writer's error, or
-                                                # WriterProcessDiedError
-    bg.close()                                  # asks the writer to exit, kills it after a
-                                                # grace period, reaps it
-
 One long-lived writer process per rank, started with the manager: a fresh interpreter
-running ``ckptstore.manager.saving.writer_main`` (never a fork), started and watched by
-``ckptstore.manager.saving.writer_child``; ``ckptstore.manager.saving.writer_protocol`` has what the
-two say to each other. The writers form their own gloo group through the rendezvous store,
-under a prefix unique to the manager and the writer generation, so their collectives never
-meet training's. That store is a new server per manager (never torchrun's shared one) and
-its address travels over the manager's control group, so after a torchrun restart no writer
-reads a key a dead attempt wrote. Each save runs ``save_step`` there
-(``ckptstore.manager.saving.save_step``), the same serialise / upload / commit path as the thread
-mode, over the staged state mapped out of the shared-memory arena.
-
-A writer that dies (kill -9, the OOM killer) is seen at once (its socket closes): the save
-fails with ``WriterProcessDiedError`` naming the step, the previous committed checkpoint
-stays intact, and the rank marks the group broken in the rendezvous store, so writers on
-other ranks blocked on the dead one are stopped too. At the next save every rank starts a
-new writer (a new generation, a new gloo group); the staging arena is kept. A writer that
-cannot start raises from ``ensure_ready`` (and from ``check_started`` once it has said so).
+running ``writer_main`` (never a fork), started and watched by ``writer_child``;
+``writer_protocol`` has what the two say. The writers form their own gloo group through a
+rendezvous store that rank 0 hosts (a new server per manager, its address sent over the
+manager's control group, keys under a prefix per manager and writer generation), so their
+collectives never meet training's and no writer reads a key a dead attempt wrote. A
+writer that dies is seen at once (its socket closes): its save fails with
+``WriterProcessDiedError``, the rank marks the group broken so the other ranks' writers
+stop waiting, and every rank starts a new writer at the next save.
 """
 
 from __future__ import annotations
@@ -100,8 +69,27 @@ def _advertised_host() -> str:
 
 
 class BackgroundWriter:
-    """This rank's writer process and its place in the writers' group; see the module
-    docstring for the call order."""
+    """This rank's writer process and its place in the writers' group.
+
+    Call order (training side, every rank; the manager drives it)::
+
+        bg = BackgroundWriter(settings, broadcast)  # rank 0 hosts the rendezvous store,
+                                                    # its address reaches every rank; each
+                                                    # rank starts its writer (at once)
+        bg.needs_restart()                          # save: a writer died or its group
+        bg.restart()                                # broke; agreed across ranks, every
+                                                    # rank starts a new one
+        bg.check_started()                          # save: raises if the writer said it
+                                                    # could not start; never waits
+        bg.ensure_ready()                           # save thread: the writer joined its
+                                                    # group (waits on the first save only)
+        bg.save(step, staged, arena, timings,       # save thread: the job (and the arena's
+                on_fetch=...)                       # fd, once per writer), its Fetch
+                                                    # requests answered; raises the
+                                                    # writer's error or WriterProcessDiedError
+        bg.close()                                  # asks the writer to exit, kills it
+                                                    # after a grace period, reaps it
+    """
 
     def __init__(
         self, settings: WriterSettings, broadcast: Callable[[Any], Any] | None = None

@@ -1,25 +1,19 @@
-"""What travels between a ``CheckpointManager`` and its writer process.
+"""What travels between a ``CheckpointManager`` and its writer process, in this order.
 
-Messages, each an 8-byte length then a pickle, over a Unix socket pair (file descriptors
-ride on the length, with SCM_RIGHTS)::
+Each message is an 8-byte length then a pickle, over a Unix socket pair (fds ride on the
+length, with SCM_RIGHTS)::
 
-    manager -> writer   (sys.path, pickled      once, when the writer starts (the path
-                        WriterSettings)         first: a root Store from one of the
-                                                user's modules must unpickle)
-    writer -> manager   Outcome(step=-1)        ready (joined its group), or why not
-    manager -> writer   SaveJob [+ arena fd]    a save; the fd when the arena is new to it
-    writer -> manager   Fetch(step, piece, last)  (a state staged in several pieces, during
-    manager -> writer   Fetched(piece, ...)     its save, any number of times) the piece
-                                                in memory is written: stage ``piece`` over
-                                                it (None: none); ``last``: no other is
-                                                needed, training may go on
-    writer -> manager   Outcome(step)           committed, or the error (pickled, with its
-                                                type, message and traceback as text)
-    manager -> writer   None                    exit
+    manager -> writer  (sys.path, WriterSettings)  once, at start (the path first: a root
+                                                   Store of the user's must unpickle)
+    writer -> manager  Outcome(step=-1)            ready (joined its group), or why not
+    manager -> writer  SaveJob [+ arena fd]        a save; the fd when the arena is new
+    writer -> manager  Fetch(step, piece, last)    a state in pieces, any number of times:
+    manager -> writer  Fetched(piece, ...)         ``piece`` staged over the written one
+    writer -> manager  Outcome(step)               committed, or the error (pickled + text)
+    manager -> writer  None                        exit
 
-The writers of all ranks meet through a TCPStore that rank 0's manager hosts
-(``Rendezvous``): their gloo group under ``<prefix>/gen<g>/pg/``, and the key
-``<prefix>/gen<g>/broken`` where a rank says its writer died, so the others stop waiting.
+The writers meet through rank 0's TCPStore (``Rendezvous``): their gloo group under
+``<prefix>/gen<g>/pg/``, and ``<prefix>/gen<g>/broken`` where a rank says its writer died.
 """
 
 from __future__ import annotations
