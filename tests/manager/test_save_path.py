@@ -4,11 +4,13 @@ import json
 import os
 from dataclasses import asdict
 
+import pytest
 import torch
 
 import ckptstore
 from ckptstore.engine.catalog import list_steps, step_name
 from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.options import SaveOptions
 from ckptstore.manager.records import SaveRecord, SaveStatus
@@ -50,6 +52,29 @@ def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> 
         out = {"w": torch.zeros(10)}
         ckptstore.load(out, str(tmp_path / "root" / step_name(step)))
         assert torch.equal(out["w"], torch.arange(10.0) + step)
+
+
+@pytest.mark.parametrize("local_tier", [False, True], ids=["direct", "local_tier_dir"])
+def test_save_step_refusal_fails_in_dcp_planning_and_writes_nothing(tmp_path, local_tier) -> None:
+    """The Refusing schedule raises the carried error from DCP's planning step (with a
+    local tier too: the writer is a StagedWriter then), and nothing is written."""
+    root = LocalStore(str(tmp_path / "root"))
+    options = SaveOptions(local_tier_dir=str(tmp_path / "nvme") if local_tier else None)
+    engine = TransferEngine()
+    try:
+        with pytest.raises(ConfigError, match="cannot rebuild"):
+            save_step(
+                {"w": torch.ones(4)},
+                root,
+                1,
+                options,
+                engine=engine,
+                timings={},
+                refusal=ConfigError("cannot rebuild the state"),
+            )
+    finally:
+        engine.close()
+    assert list_steps(root) == []
 
 
 def test_the_thread_backend_is_picked_once_and_records_each_status(tmp_path) -> None:
