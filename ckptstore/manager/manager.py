@@ -103,12 +103,12 @@ class CheckpointManager:
         #: and the root owner's lease names it (``engine.owner``).
         self.run_id: str = self._agree.broadcast(run_identity(opts.run_id))
         self._owner = RootOwner(self.root, self.run_id)  # rank 0 claims it at each save
-        #: The part of the options a save needs, as every backend and writer gets it.
-        self.save_options = SaveOptions.of(opts, self.run_id)
+        # The part of the options a save needs, as every backend and writer gets it.
+        self._save_options = SaveOptions.of(opts, self.run_id)
         self._backend = make_backend(
             root,
             self.root,
-            self.save_options,
+            self._save_options,
             engine=self.engine,
             rank=self.rank,
             world_size=dist.get_world_size() if distributed else 1,
