@@ -25,7 +25,8 @@ class FailureLog:
     Call order: ``failed(exc)`` / ``committed(step)`` as each save ends (the save
     thread), ``restored(step)`` after a restore; ``report()`` at ``wait`` (and after a
     synchronous save), ``take()`` in the next save's agreement, ``refuse`` when a rank
-    cannot take a save. The same on every rank: saves commit or fail on all alike.
+    cannot take a save, ``untold()`` at close. The same on every rank: saves commit or
+    fail on all alike.
     """
 
     def __init__(self, root_url: str, strict: bool) -> None:
@@ -46,8 +47,9 @@ class FailureLog:
         self.last_failed = exc
 
     def committed(self, step: int) -> None:
-        """A save of ``step`` committed."""
+        """A save of ``step`` committed: the last save did not fail."""
         self.committed_any = True
+        self.last_failed = None
         self.restored(step)
 
     def restored(self, step: int) -> None:
@@ -88,6 +90,13 @@ class FailureLog:
             return None
         failures, self.unreported = self.unreported, []
         return failures[0] if failures else None
+
+    def untold(self) -> BaseException | None:
+        """At close: the last save's failure unless it was raised to the caller already
+        (the failures not reported yet are dropped: ``close`` raises at most that one)."""
+        self.unreported.clear()
+        last = self.last_failed
+        return last if last is not None and last is not self.told else None
 
     def refuse(self, agree: Agreement, step: int, own: BaseException | None, src: int) -> NoReturn:
         """Raise on every rank (a collective: rank ``src`` says why it cannot take the

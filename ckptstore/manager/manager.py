@@ -302,10 +302,9 @@ class CheckpointManager:
         process (``background="process"``) and frees the staging buffers."""
         try:
             self._flow.wait_inflight()
-            failures = self._failures
-            failures.unreported.clear()
-            if failures.last_failed is not None and failures.last_failed is not failures.told:
-                raise failures.last_failed  # not raised to the caller yet
+            untold = self._failures.untold()
+            if untold is not None:
+                raise untold
         finally:
             self._flow.close()
             self._owner.release()  # the root is free for the next job

@@ -266,8 +266,6 @@ class SaveFlow:
             log.error("saving step %d failed: %s", record.step, record.error)
             self.failures.failed(exc)
             local_keeps = None
-        else:
-            self.failures.last_failed = None
         finally:
             self._trim_local_tiers(record, local_keeps)
             self.protected.discard(record.step)
