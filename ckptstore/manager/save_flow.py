@@ -13,6 +13,7 @@ import concurrent.futures
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, fields
 from typing import Any
 
 from torch.distributed.checkpoint.stateful import Stateful
@@ -39,9 +40,29 @@ from ckptstore.manager.records import SaveRecord, SaveStatus
 from ckptstore.manager.report import report, size_text
 from ckptstore.manager.saving.backend import SaveBackend
 
-__all__ = ["SaveFlow"]
+__all__ = ["SaveFlow", "StepView"]
 
 log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What one rank knows of a save before it starts; merged over the ranks by "any"."""
+
+    busy: bool = False  # a save of this rank is still in flight
+    unchecked: bool = False  # the root could not be checked for the step
+    replace: bool = False  # the step is committed but must be saved again
+    missing: bool = False  # the step is not committed
+    restart: bool = False  # the backend (writer process) must be replaced first
+
+    def flags(self) -> list[int]:
+        """The fields as ints, in order, for one max-reduction over the ranks."""
+        return [int(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def of(cls, flags: list[int]) -> StepView:
+        """The view ``flags`` (as ``flags()`` made them) stand for."""
+        return cls(*(bool(v) for v in flags))
 
 
 class SaveFlow:
@@ -106,8 +127,7 @@ class SaveFlow:
         # any) cannot take part at all. A save that was in flight may commit this very
         # step, so after waiting for one the step is looked at again.
         agreed, unreachable = self._agree_on(step, busy, refusal, prepared)
-        any_busy, unchecked, overwrite, missing, restart = agreed
-        if any_busy:
+        if agreed.busy:
             if self.options.on_busy == "skip":
                 record.status = SaveStatus.SKIPPED
                 self.records.append(record)
@@ -115,17 +135,16 @@ class SaveFlow:
                 return False
             self.wait_inflight()
             agreed, unreachable = self._agree_on(step, False, None, prepared)
-            _, unchecked, overwrite, missing, restart = agreed
         record.waited_s = time.perf_counter() - start
-        if unchecked:
+        if agreed.unchecked:
             self._fail_unchecked(record, start, unreachable)
             return False
-        if not overwrite and not missing:
+        if not agreed.replace and not agreed.missing:
             record.status = SaveStatus.SKIPPED
             self.records.append(record)
             log.info("step %d is already committed under %s; not saving it again", step, self.root)
             return False
-        self._backend.ensure_ready(restart)
+        self._backend.ensure_ready(agreed.restart)
         t = time.perf_counter()
         staged, record.bytes = self._backend.stage(prepared)
         record.staging_s = time.perf_counter() - t
@@ -134,12 +153,12 @@ class SaveFlow:
         self.records.append(record)
         self.protected.add(step)
         if self.options.async_save:
-            self.inflight = self._pool.submit(self._write, record, staged, start, overwrite)
+            self.inflight = self._pool.submit(self._write, record, staged, start, agreed.replace)
             # Over the staging budget: training waits until the part not copied is written
             # (the manifest's blocking_s adds the same seconds).
             record.blocking_s += self._backend.wait_staged(staged)
         else:
-            self._write(record, staged, start, overwrite)
+            self._write(record, staged, start, agreed.replace)
             self.failures.report()
         return True
 
@@ -154,11 +173,10 @@ class SaveFlow:
 
     def _agree_on(
         self, step: int, busy: bool, refusal: BaseException | None, prepared: Any
-    ) -> tuple[list[bool], CkptStoreError | None]:
-        """The save's one collective: [any rank busy, the root unchecked somewhere,
-        ``step`` to be replaced, ``step`` missing somewhere, a writer to be restarted],
-        and this rank's error checking the root. A rank that cannot take part (its
-        ``refusal``, a previous save's failure that ``strict`` raises now, a writer that
+    ) -> tuple[StepView, CkptStoreError | None]:
+        """The save's one collective: every rank's ``StepView`` (``busy`` this rank's own)
+        merged by "any rank", and this rank's error checking the root. A rank that cannot
+        take part (its ``refusal``, a previous save's failure that ``strict`` raises now, a writer that
         could not start, or, unless ``busy``, the staging memory for ``prepared`` that it
         cannot allocate) makes every rank raise here: that rank its own error, the others
         the same error naming it."""
@@ -167,12 +185,11 @@ class SaveFlow:
             own = self.owner.claim()
         if own is None and not busy:
             own = self._backend.start_error() or self._reserve(prepared)
-        flags, unreachable = self._step_flags(step, busy)
-        values = [int(busy), *(int(f) for f in flags), self._agree.rank + 1 if own else 0]
-        *agreed, refused = self._agree.max_of(values)
+        view, unreachable = self._step_view(step, busy)
+        *agreed, refused = self._agree.max_of([*view.flags(), self._agree.rank + 1 if own else 0])
         if refused:
             self.failures.refuse(self._agree, step, own, refused - 1)
-        return [bool(v) for v in agreed], unreachable
+        return StepView.of(agreed), unreachable
 
     def _reserve(self, prepared: Any) -> BaseException | None:
         """Allocate the staging memory ``prepared`` needs (no save of this rank reads the
@@ -183,19 +200,17 @@ class SaveFlow:
             return exc
         return None
 
-    def _step_flags(
-        self, step: int, busy: bool = False
-    ) -> tuple[list[bool], CkptStoreError | None]:
-        """[the root could not be checked, ``step`` must be replaced, ``step`` is not
-        committed, the backend must be restarted] as this rank sees it, and the error
-        that kept it from checking. While this rank's save is in flight (``busy``) the
-        backend is not asked (the flags are taken again after waiting for it)."""
+    def _step_view(self, step: int, busy: bool) -> tuple[StepView, CkptStoreError | None]:
+        """``step`` as this rank sees it, and the error that kept it from checking the root.
+        While this rank's save is in flight (``busy``) the backend is not asked (the view
+        is taken again after waiting for it)."""
         restart = not busy and self._backend.needs_restart()
         try:
             exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
-            return [False, exists and self._needs_replacing(step), not exists, restart], None
         except CkptStoreError as exc:
-            return [True, False, False, restart], exc
+            return StepView(busy, unchecked=True, restart=restart), exc
+        replace = exists and self._needs_replacing(step)
+        return StepView(busy, replace=replace, missing=not exists, restart=restart), None
 
     def _fail_unchecked(self, record: SaveRecord, start: float, exc: CkptStoreError | None) -> None:
         """A save that failed on every rank before writing anything: some rank could not
