@@ -176,10 +176,10 @@ class SaveFlow:
     ) -> tuple[StepView, CkptStoreError | None]:
         """The save's one collective: every rank's ``StepView`` (``busy`` this rank's own)
         merged by "any rank", and this rank's error checking the root. A rank that cannot
-        take part (its ``refusal``, a previous save's failure that ``strict`` raises now, a writer that
-        could not start, or, unless ``busy``, the staging memory for ``prepared`` that it
-        cannot allocate) makes every rank raise here: that rank its own error, the others
-        the same error naming it."""
+        take part (its ``refusal``, a previous save's failure that ``strict`` raises now, a
+        writer that could not start, or, unless ``busy``, the staging memory for
+        ``prepared`` that it cannot allocate) makes every rank raise here: that rank its
+        own error, the others the same error naming it."""
         own = self.failures.take(stacklevel=5) or refusal
         if own is None and self._agree.rank == 0:
             own = self.owner.claim()
