@@ -34,6 +34,7 @@ from types import MappingProxyType
 from typing import Any
 
 from ckptstore.config import RetryConfig
+from ckptstore.engine.paths import is_safe_name  # the names every Store accepts
 from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError, MissingDependencyError, missing_dependency
 
@@ -46,6 +47,7 @@ __all__ = [
     "open_store",
     "split_url",
     "store_spec",
+    "is_safe_name",
 ]
 
 ENTRY_POINT_GROUP = "ckptstore.stores"
