@@ -1,13 +1,13 @@
-"""Framework integrations; each needs its extra.
+"""Gone: the framework plugins are their own distributions (``plugins/`` in the repository).
 
-- ``ckptstore.integrations.lightning``: ``CkptStoreIO``, a Lightning ``CheckpointIO``
-  (``pip install 'ckptstore[lightning]'``)
-- ``ckptstore.integrations.hf``: ``CkptStoreCallback`` for ``transformers.Trainer`` and
-  ``CkptStoreAccelerate`` for ``accelerate.Accelerator`` (``pip install 'ckptstore[hf]'``)
-
-Importing this package imports no framework; importing a plugin module without its
-framework raises ``MissingDependencyError`` naming the install command. Setup lines are
-in ``docs/plugins.md``.
+``import ckptstore.integrations.lightning`` (or ``.hf``) raises an ``ImportError`` that
+names the package and the install command that replace it; docs/plugins.md has the rest.
 """
 
-__all__: list[str] = []
+raise ImportError(
+    "ckptstore.integrations is no longer part of ckptstore: the plugins are separate "
+    "packages. Lightning: pip install 'ckptstore[lightning]', then "
+    "'from ckptstore_lightning import CkptStoreIO'. Hugging Face: pip install "
+    "'ckptstore[hf]', then 'from ckptstore_hf import CkptStoreCallback, CkptStoreAccelerate'",
+    name="ckptstore.integrations",
+)

@@ -1,4 +1,4 @@
-"""Fixtures for the plugin tests.
+"""Fixtures the plugins' tests share: each plugins/*/tests/conftest.py imports them.
 
 ``root_url`` is where checkpoints are committed. It is parametrised over stores so the
 same tests run against every one: a volume, and S3 on the session's SeaweedFS. The S3
@@ -11,6 +11,10 @@ import uuid
 
 import pytest
 
+from tests.conftest import BUCKET, seaweedfs
+
+__all__ = ["root_url", "offline", "seaweedfs"]
+
 # Never reach the Hub: every model here is built from a config.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -20,8 +24,6 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 def root_url(request: pytest.FixtureRequest, tmp_path, monkeypatch: pytest.MonkeyPatch) -> str:
     if request.param == "local":
         return str(tmp_path / "committed")
-    from tests.conftest import BUCKET
-
     server = request.getfixturevalue("seaweedfs")
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", server.key)
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", server.secret)
@@ -30,6 +32,6 @@ def root_url(request: pytest.FixtureRequest, tmp_path, monkeypatch: pytest.Monke
 
 
 @pytest.fixture(autouse=True)
-def _offline(monkeypatch: pytest.MonkeyPatch) -> None:
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")

@@ -43,29 +43,22 @@ import os
 import shutil
 import uuid
 import warnings
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, TypedDict
+from collections.abc import Callable, Iterable
+from typing import Any
 
+import crc32c
 import torch
 import torch.distributed as dist
 
-from ckptstore.config import TransferConfig
-from ckptstore.engine.checksum import crc32c
+from ckptstore import CheckpointManager, ManagerOptions, open_store, step_name
+from ckptstore.api import empty_state_dict
 from ckptstore.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError
-from ckptstore.manager import CheckpointManager
-from ckptstore.manager.retention import RetentionPolicy
-from ckptstore.stores.local import LocalStore
 
 from . import _folder_index
-from ._codec import from_uint8, load_step, template, to_uint8
 from ._folder_index import INDEX_FORMAT, bad_index, parse_index
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
 
 __all__ = [
     "FolderCheckpoints",
-    "ManagerOptions",
     "INDEX_KEY",
     "FILE_PREFIX",
     "QUARANTINE",
@@ -81,26 +74,6 @@ FILE_PREFIX = "folder/files/"
 QUARANTINE = ".ckptstore-uncommitted"
 
 
-class ManagerOptions(TypedDict, total=False):
-    """The ``CheckpointManager`` options a folder plugin passes through, as keywords.
-
-    Each means what it means there, with its default: ``storage_options`` (None),
-    ``local_tier_dir`` (None), ``keep`` (None: ``KeepLast(3)``), ``async_save`` (True),
-    ``config`` (None: ``TransferConfig()``), ``codec`` ("none"), ``strict`` (False),
-    ``key_layout`` ("flat"), ``background`` ("thread").
-    """
-
-    storage_options: dict[str, Any] | None
-    local_tier_dir: str | None
-    keep: RetentionPolicy | None
-    async_save: bool
-    config: TransferConfig | None
-    codec: str
-    strict: bool
-    key_layout: str
-    background: str
-
-
 def _read(path: str, size: int) -> torch.Tensor:
     if size == 0:
         return torch.empty(0, dtype=torch.uint8)
@@ -108,7 +81,19 @@ def _read(path: str, size: int) -> torch.Tensor:
 
 
 def _crc(t: torch.Tensor) -> int:
-    return crc32c(t.numpy().data) if t.numel() else 0
+    return int(crc32c.crc32c(t.numpy().data)) if t.numel() else 0
+
+
+def _template(mgr: CheckpointManager, step: int, keys: Iterable[str]) -> dict:
+    """Empty tensors for ``keys`` of committed ``step``, shaped from its metadata."""
+    return empty_state_dict(mgr.root.child(step_name(step)), keys)
+
+
+def _load(mgr: CheckpointManager, step: int, keys: Iterable[str]) -> dict:
+    """The verified items ``keys`` of committed ``step`` (raises if it is torn or corrupt)."""
+    flat = _template(mgr, step, keys)
+    mgr.restore(flat, step=step)
+    return flat
 
 
 def _local_files(folder: str) -> dict[str, str]:
@@ -180,26 +165,21 @@ def quarantine(folder: str, qdir: str) -> str:
 class FolderCheckpoints:
     """Local checkpoint folders as committed steps under ``root``; see the module docstring.
 
-    ``options``: :class:`ManagerOptions`, for the ``CheckpointManager`` made on first use.
+    ``options`` (``ckptstore.ManagerOptions``) with any of its fields replaced by
+    ``keywords``, checked now as ``CheckpointManager`` checks them, for the manager made on
+    first use.
     """
 
-    def __init__(self, root: str, **options: Unpack[ManagerOptions]) -> None:
-        known = ManagerOptions.__optional_keys__
-        unknown = sorted(set(options) - known)
-        if unknown:  # as a signature would: now, not when the manager is first made
-            raise TypeError(
-                f"unexpected keyword argument(s) {', '.join(map(repr, unknown))}; the "
-                f"CheckpointManager options a plugin takes are {', '.join(sorted(known))}"
-            )
+    def __init__(self, root: str, options: ManagerOptions | None = None, **keywords: Any) -> None:
         self.root = root
-        self._options = options
+        self.options = ManagerOptions.from_keywords(options, **keywords)
         self._mgr: CheckpointManager | None = None
 
     @property
     def manager(self) -> CheckpointManager:
         """The ``CheckpointManager`` (made on first use, so a plugin costs nothing until then)."""
         if self._mgr is None:
-            self._mgr = CheckpointManager(self.root, **self._options)
+            self._mgr = CheckpointManager(self.root, self.options)
         return self._mgr
 
     # -- saving --------------------------------------------------------------------------
@@ -235,7 +215,9 @@ class FolderCheckpoints:
             "extra": extra or {},
         }
         if me == 0:
-            flat[INDEX_KEY] = to_uint8(json.dumps(index).encode())
+            flat[INDEX_KEY] = torch.frombuffer(
+                bytearray(json.dumps(index).encode()), dtype=torch.uint8
+            )
         saved = self.manager.save(step, flat)
         if not saved and me == 0:
             warnings.warn(
@@ -262,14 +244,14 @@ class FolderCheckpoints:
 
     def index(self, step: int) -> dict[str, Any]:
         """The committed file index of ``step`` (verified, size-capped, ``parse_index``)."""
-        flat = template(self.manager, step, [INDEX_KEY])
+        flat = _template(self.manager, step, [INDEX_KEY])
         t = flat[INDEX_KEY]
         cap = _folder_index.INDEX_MAX
         if t.dtype != torch.uint8 or t.dim() != 1 or t.numel() > cap:
             what = f"{t.dtype}{list(t.shape)}"
             raise bad_index(step, f"item {INDEX_KEY!r} is {what}, not uint8 bytes (over {cap})")
         self.manager.restore(flat, step=step)
-        return parse_index(from_uint8(flat[INDEX_KEY]), step)
+        return parse_index(flat[INDEX_KEY].numpy().tobytes(), step)
 
     @staticmethod
     def matches(folder: str, index: dict[str, Any]) -> bool:
@@ -304,7 +286,7 @@ class FolderCheckpoints:
         need = write and not self.matches(folder, index)
         if not any(_gather(need)):
             return folder
-        flat = load_step(self.manager, step, [FILE_PREFIX + rel for rel in index["files"]])
+        flat = _load(self.manager, step, [FILE_PREFIX + rel for rel in index["files"]])
         for rel, want in index["files"].items():
             if flat[FILE_PREFIX + rel].numel() != want["size"]:
                 raise bad_index(step, f"{rel!r} is stored with another size than it lists")
@@ -337,7 +319,7 @@ class FolderCheckpoints:
         qdir = qdir or os.path.join(parent, QUARANTINE)
         tmp = os.path.join(parent, f".{os.path.basename(folder)}.ckptstore-tmp-{uuid.uuid4().hex}")
         try:
-            store = LocalStore(tmp)
+            store = open_store(tmp)
             for rel in index["files"]:
                 store.put(rel, flat.pop(FILE_PREFIX + rel).numpy().data)
             os.makedirs(tmp, exist_ok=True)  # an empty checkpoint is still a folder

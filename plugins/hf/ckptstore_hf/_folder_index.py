@@ -10,10 +10,11 @@
 
 Whoever can write the root can write an index, so a restore trusts none of it (SECURITY.md,
 trust rule 1): ``parse_index`` caps its size, checks every field's type, accepts only file
-names ``engine.paths`` accepts (no file inside another) and a folder name that is one plain
-segment ending in the step, else ``CorruptCheckpointError`` (the restore falls back to the
-previous step). ``confined`` keeps a local path taken from an index below a directory the
-user configured, through no symlink. Pure functions but ``confined``'s ``lstat``s.
+names a ``Store`` accepts (``ckptstore.stores.is_safe_name``; no file inside another) and
+a folder name that is one plain segment ending in the step, else ``CorruptCheckpointError``
+(the restore falls back to the previous step). ``confined`` keeps a local path taken from
+an index below a directory the user configured, through no symlink. Pure functions but
+``confined``'s ``lstat``s.
 """
 
 from __future__ import annotations
@@ -22,17 +23,25 @@ import json
 import os
 from typing import Any
 
-from ckptstore.engine.paths import check_name, is_safe_name
 from ckptstore.errors import CorruptCheckpointError, UnsafePathError
+from ckptstore.stores import is_safe_name
 
-from ._codec import trailing_int
-
-__all__ = ["INDEX_FORMAT", "INDEX_MAX", "bad_index", "parse_index", "confined"]
+__all__ = ["INDEX_FORMAT", "INDEX_MAX", "bad_index", "parse_index", "confined", "trailing_int"]
 
 INDEX_FORMAT = "ckptstore.folder"
 #: The largest index read back (about 100 bytes a file: a million files fit).
 INDEX_MAX = 128 * 1024 * 1024
 _SIZE_MAX = 1 << 50  # a file larger than a PiB is not one a framework wrote
+
+
+def trailing_int(name: str) -> int | None:
+    """The number a name ends with (``checkpoint-500`` -> 500, ``step_7`` -> 7), if any."""
+    digits = ""
+    for ch in reversed(os.path.basename(name.rstrip("/"))):
+        if not ch.isdigit():
+            break
+        digits = ch + digits
+    return int(digits) if digits else None
 
 
 def bad_index(step: int, why: str) -> CorruptCheckpointError:
@@ -93,13 +102,14 @@ def parse_index(data: bytes, step: int) -> dict[str, Any]:
 
 def confined(path: str, base: str) -> str:
     """``path`` if it lies below the local directory ``base`` through no symlink; else
-    ``UnsafePathError`` (a ``CorruptCheckpointError``). Uses ``engine.paths``' name rules."""
+    ``UnsafePathError`` (a ``CorruptCheckpointError``). Uses a ``Store``'s name rules."""
     real = os.path.realpath(base)
     rel = os.path.relpath(os.path.abspath(path), os.path.abspath(base)).replace(os.sep, "/")
-    try:
-        check_name(rel, base)
-    except UnsafePathError as exc:
-        raise UnsafePathError(f"{path} is not inside {base}: {exc}") from None
+    if not is_safe_name(rel):
+        raise UnsafePathError(
+            f"{path} is not inside {base}: {rel!r} is not a relative, normalised name that "
+            "stays inside it"
+        )
     cur = real
     for seg in rel.split("/"):
         cur = os.path.join(cur, seg)

@@ -1,22 +1,4 @@
-"""Hugging Face: a ``transformers`` ``TrainerCallback`` and ``accelerate`` save/load hooks.
-
-One line each::
-
-    ckpt = CkptStoreCallback("s3://bucket/run1")
-    trainer = Trainer(..., callbacks=[ckpt])
-    trainer.train(resume_from_checkpoint=ckpt.resume_from)  # newest committed; None: fresh
-    ckpt.close()                                            # the last upload committed
-
-    ckpt = CkptStoreAccelerate("s3://bucket/run1").register(accelerator)
-    if path := ckpt.prepare_resume():               # None on a fresh run
-        accelerator.load_state(path)                # then train, save_state(...) as usual
-
-Both let the framework write its checkpoint folder locally, in its own format, and then
-upload that folder as one ckptstore step (``_folder.FolderCheckpoints``: staged, written
-and committed in the background, checksummed, verified on read). On resume the newest
-committed step that verifies is written back as the framework's local folder, and local
-folders newer than it (torn or never committed) are moved aside to ``.ckptstore-uncommitted``,
-so the framework's own "latest checkpoint" logic picks the committed one.
+"""``CkptStoreCallback`` (transformers ``Trainer``) and ``CkptStoreAccelerate`` (hooks).
 
 Call order, Trainer (the Trainer calls the callback)::
 
@@ -34,15 +16,8 @@ checkpointing, so ``save_state`` calls its ``state_dict`` after writing every ot
                        # number dir's name ends with (checkpoint_3, step_500)
     wait() / close()
 
-Several processes (``torchrun --nproc-per-node N``, ``accelerate launch --num_processes N``):
-every rank runs the same hooks. A save waits until every rank has written its files (the
-model and optimizer from the main process, each rank's RNG state), then every rank uploads
-a share of the folder and the step commits once. On resume every rank loads the committed
-step and the process that saves for its file system (the framework's ``should_save`` /
-main process; with ``save_on_each_node``, one per node) writes the local folder; every
-rank goes on once it is written. A different number of processes can resume a step where
-the framework allows it: the Trainer's DDP optimizer and scheduler files are the same for
-every rank; a rank without its own RNG file gets the framework's own warning.
+The folders go up and come back through ``_folder.FolderCheckpoints``; with several
+processes every rank runs the same hooks (see the package docstring).
 """
 
 from __future__ import annotations
@@ -50,29 +25,26 @@ from __future__ import annotations
 import os
 import re
 import warnings
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ckptstore.errors import ConfigError, UnsafePathError, missing_dependency
+from ckptstore import ManagerOptions
+from ckptstore.errors import ConfigError, UnsafePathError, missing_dependency, require_version
 
-from ._codec import trailing_int
-from ._folder import QUARANTINE, FolderCheckpoints, ManagerOptions, barrier, quarantine
-from ._folder_index import confined
-from ._versions import require
-
-if TYPE_CHECKING:
-    from typing_extensions import Unpack
+from ._folder import QUARANTINE, FolderCheckpoints, barrier, quarantine
+from ._folder_index import confined, trailing_int
+from ._versions import EXTRA, SUPPORTED
 
 try:
     from accelerate.checkpointing import save_custom_state
 except ImportError as exc:  # pragma: no cover - exercised in a test with accelerate hidden
-    raise missing_dependency("accelerate", "hf") from exc
+    raise missing_dependency("accelerate", EXTRA) from exc
 try:
     from transformers import TrainerCallback
     from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 except ImportError as exc:  # pragma: no cover - exercised in a test with transformers hidden
-    raise missing_dependency("transformers", "hf") from exc
-require("accelerate")
-require("transformers")
+    raise missing_dependency("transformers", EXTRA) from exc
+for _name, _spec in SUPPORTED.items():
+    require_version(_name, _spec, EXTRA)
 
 __all__ = ["CkptStoreCallback", "CkptStoreAccelerate"]
 
@@ -96,16 +68,21 @@ class CkptStoreCallback(TrainerCallback):
     (written back even on a machine that never saw it), or None on a fresh run. Pass it as
     ``train(resume_from_checkpoint=ckpt.resume_from)``: the same line starts a fresh run
     and resumes one (``resume_from_checkpoint=True`` makes the Trainer raise "No valid
-    checkpoint found" on a fresh run). ``keep`` prunes committed steps
-    (default ``KeepLast(3)``); ``save_total_limit`` still prunes the local folders. The
-    other ``options`` (:class:`~ckptstore.integrations._folder.ManagerOptions`) pass through
-    to the ``CheckpointManager``.
+    checkpoint found" on a fresh run). ``options`` (``ckptstore.ManagerOptions``) and
+    ``keywords`` (any of its fields) configure the ``CheckpointManager`` as they configure
+    one made directly: ``keep`` prunes committed steps (default ``KeepLast(3)``), while
+    ``save_total_limit`` still prunes the local folders.
     """
 
     def __init__(
-        self, root: str, *, sync_on_init: bool = True, **options: Unpack[ManagerOptions]
+        self,
+        root: str,
+        options: ManagerOptions | None = None,
+        *,
+        sync_on_init: bool = True,
+        **keywords: Any,
     ) -> None:
-        self.folders = FolderCheckpoints(root, **options)
+        self.folders = FolderCheckpoints(root, options, **keywords)
         self.sync_on_init = sync_on_init
         #: The folder ``prepare_resume`` put back (the newest committed step), or None.
         self.resume_from: str | None = None
@@ -158,14 +135,14 @@ class CkptStoreAccelerate:
 
     See the module docstring for the call order. Folder names must end with a step
     number (``automatic_checkpoint_naming`` gives ``checkpoint_<i>``). ``options``
-    (:class:`~ckptstore.integrations._folder.ManagerOptions`) pass through to the
-    ``CheckpointManager``.
+    (``ckptstore.ManagerOptions``) and ``keywords`` (any of its fields) configure the
+    ``CheckpointManager`` as they configure one made directly.
     """
 
     FORMAT = "ckptstore.accelerate"
 
-    def __init__(self, root: str, **options: Unpack[ManagerOptions]) -> None:
-        self.folders = FolderCheckpoints(root, **options)
+    def __init__(self, root: str, options: ManagerOptions | None = None, **keywords: Any) -> None:
+        self.folders = FolderCheckpoints(root, options, **keywords)
         self.accelerator: Any = None
         self._saving: tuple[int, str] | None = None
         self._uploading = False

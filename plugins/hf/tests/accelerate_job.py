@@ -19,7 +19,7 @@ import torch
 from accelerate import Accelerator
 from accelerate.utils import ProjectConfiguration
 
-from ckptstore.integrations.hf import CkptStoreAccelerate
+from ckptstore_hf import CkptStoreAccelerate
 
 
 class Counter:

@@ -27,7 +27,7 @@ from transformers import (  # noqa: E402
     TrainingArguments,
 )
 
-from ckptstore.integrations.hf import CkptStoreCallback  # noqa: E402
+from ckptstore_hf import CkptStoreCallback  # noqa: E402
 
 
 def tiny_model() -> GPT2LMHeadModel:

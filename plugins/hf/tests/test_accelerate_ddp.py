@@ -18,9 +18,11 @@ from tests.plugins.util import assert_equal_tree, committed, run_job, statuses  
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
+HERE = os.path.dirname(os.path.abspath(__file__))  # the job scripts' folder
+
 
 def accelerate(tmp: str, root: str, until: int, *extra: str):
-    argv = ["accelerate_job.py", "--project", f"{tmp}/proj", "--root", root]
+    argv = [os.path.join(HERE, "accelerate_job.py"), "--project", f"{tmp}/proj", "--root", root]
     argv += ["--until", str(until), "--record", f"{tmp}/record.pt", *extra]
     return run_job(argv, accelerate=2, timeout=150)
 

@@ -24,9 +24,19 @@ from tests.plugins.util import assert_equal_tree, committed, run_job, statuses  
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
+HERE = os.path.dirname(os.path.abspath(__file__))  # the job scripts' folder
+
 
 def hf(tmp: str, root: str, steps: int, nproc: int, *extra: str, launcher: str = "torchrun"):
-    argv = ["hf_job.py", "--out", f"{tmp}/out", "--root", root, "--max-steps", str(steps)]
+    argv = [
+        os.path.join(HERE, "hf_job.py"),
+        "--out",
+        f"{tmp}/out",
+        "--root",
+        root,
+        "--max-steps",
+        str(steps),
+    ]
     argv += ["--record", f"{tmp}/record.pt", *extra]
     return run_job(argv, timeout=150, **{launcher: nproc})
 

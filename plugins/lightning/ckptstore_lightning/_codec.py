@@ -1,9 +1,9 @@
-"""What the plugins share: framework state <-> flat DCP state dicts, and template-free loads.
+"""Lightning's checkpoint dict <-> a flat DCP state dict, and loads without a template.
 
-Frameworks hand a plugin one nested object (Lightning's checkpoint dict) or a folder of
-files (Hugging Face). DCP loads *into* a state dict it is given, so a plugin that has no
-live objects to load into needs every item's shape and dtype first; it reads them from
-the checkpoint's DCP metadata. Call order::
+Lightning hands the plugin one nested object (its checkpoint dict). DCP loads *into* a
+state dict it is given, so with no live objects to load into the plugin needs every
+item's shape and dtype first: ``ckptstore.api.empty_state_dict`` reads them from the
+checkpoint's DCP metadata. Call order::
 
     flat = pack(obj)                           # {"t/<path>": tensor, ..., OBJECTS_KEY: uint8}
     mgr.save(step, flat)                       # CheckpointManager: async, committed, verified
@@ -20,29 +20,23 @@ from __future__ import annotations
 
 import copy
 import io
-import os
 import warnings
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-import ckptstore
-from ckptstore.engine.catalog import step_name
+from ckptstore import CheckpointManager, step_name
+from ckptstore.api import empty_state_dict
 from ckptstore.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError
-from ckptstore.manager import CheckpointManager
 
 __all__ = [
     "OBJECTS_KEY",
     "TENSOR_PREFIX",
     "pack",
     "unpack",
-    "to_uint8",
-    "from_uint8",
-    "template",
     "load_step",
     "load_newest",
-    "trailing_int",
 ]
 
 #: The uint8 tensor holding the ``torch.save``-d structure.
@@ -51,7 +45,7 @@ OBJECTS_KEY = "objects"
 TENSOR_PREFIX = "t/"
 
 
-def to_uint8(data: bytes) -> torch.Tensor:
+def _to_uint8(data: bytes) -> torch.Tensor:
     """``data`` as a 1-D uint8 tensor (a copy, so it is safe to stage)."""
     return (
         torch.frombuffer(bytearray(data), dtype=torch.uint8)
@@ -60,7 +54,7 @@ def to_uint8(data: bytes) -> torch.Tensor:
     )
 
 
-def from_uint8(t: torch.Tensor) -> bytes:
+def _from_uint8(t: torch.Tensor) -> bytes:
     return t.contiguous().numpy().tobytes()
 
 
@@ -110,7 +104,7 @@ def pack(obj: Any) -> dict[str, torch.Tensor]:
     skeleton = _map_tensors(obj, take)
     buf = io.BytesIO()
     torch.save(skeleton, buf)
-    flat[OBJECTS_KEY] = to_uint8(buf.getvalue())
+    flat[OBJECTS_KEY] = _to_uint8(buf.getvalue())
     return flat
 
 
@@ -121,7 +115,7 @@ def unpack(flat: dict[str, torch.Tensor], weights_only: bool | None = None) -> A
             f"this checkpoint has no {OBJECTS_KEY!r} item: it was not written by a ckptstore "
             "plugin; load it with ckptstore.load and your own state dict"
         )
-    skeleton = torch.load(io.BytesIO(from_uint8(flat[OBJECTS_KEY])), weights_only=weights_only)
+    skeleton = torch.load(io.BytesIO(_from_uint8(flat[OBJECTS_KEY])), weights_only=weights_only)
 
     def put(k: str, meta: torch.Tensor) -> torch.Tensor:
         t = flat.get(k)
@@ -135,34 +129,14 @@ def unpack(flat: dict[str, torch.Tensor], weights_only: bool | None = None) -> A
     return _map_tensors(skeleton, put)
 
 
-def template(mgr: CheckpointManager, step: int, keys: Iterable[str] | None = None) -> dict:
-    """Empty CPU tensors for the tensor items of ``step`` (all, or only ``keys``)."""
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    meta = ckptstore.reader(mgr.root.child(step_name(step))).read_metadata().state_dict_metadata
-    wanted = set(meta) if keys is None else set(keys)
-    missing = wanted - set(meta)
-    if missing:
-        raise IncompleteCheckpointError(f"step {step} has no item(s) {sorted(missing)}")
-    out: dict[str, torch.Tensor] = {}
-    for k in sorted(wanted):
-        m = meta[k]
-        if not isinstance(m, TensorStorageMetadata):
-            raise ConfigError(f"item {k!r} of step {step} is not a tensor; not a plugin checkpoint")
-        out[k] = torch.empty(m.size, dtype=m.properties.dtype)
-    return out
-
-
-def load_step(mgr: CheckpointManager, step: int, keys: Iterable[str] | None = None) -> dict:
+def load_step(mgr: CheckpointManager, step: int) -> dict:
     """The verified items of committed ``step`` (raises if it is torn or corrupt)."""
-    flat = template(mgr, step, keys)
+    flat = empty_state_dict(mgr.root.child(step_name(step)))
     mgr.restore(flat, step=step)
     return flat
 
 
-def load_newest(
-    mgr: CheckpointManager, keys: Iterable[str] | None = None
-) -> tuple[int, dict] | None:
+def load_newest(mgr: CheckpointManager) -> tuple[int, dict] | None:
     """(step, items) of the newest committed step that verifies, or None if none does.
 
     A step that fails verification is skipped with a warning naming what was wrong, as
@@ -170,7 +144,7 @@ def load_newest(
     """
     for step in reversed(mgr.steps()):
         try:
-            return step, load_step(mgr, step, keys)
+            return step, load_step(mgr, step)
         except (CorruptCheckpointError, IncompleteCheckpointError) as exc:
             warnings.warn(
                 f"checkpoint step {step} could not be restored ({exc}); falling back to the "
@@ -179,13 +153,3 @@ def load_newest(
                 stacklevel=2,
             )
     return None
-
-
-def trailing_int(name: str) -> int | None:
-    """The number a name ends with (``checkpoint-500`` -> 500, ``step_7`` -> 7), if any."""
-    digits = ""
-    for ch in reversed(os.path.basename(name.rstrip("/"))):
-        if not ch.isdigit():
-            break
-        digits = ch + digits
-    return int(digits) if digits else None

@@ -25,7 +25,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ckptstore.engine.store import Store
+from ckptstore import Store
 from ckptstore.errors import CorruptCheckpointError, UnsafePathError
 from ckptstore.stores import split_url
 
@@ -47,7 +47,7 @@ __all__ = [
 POINTER_FORMAT = "ckptstore.lightning-pointer"
 #: A larger file is never a pointer (a stock ``.ckpt``): it is not read.
 POINTER_MAX = 64 * 1024
-#: The largest step a pointer may name (``engine.layout.step_name``'s range).
+#: The largest step a pointer may name (``ckptstore.step_name``'s range).
 _STEP_MAX = 999_999_999
 _FOLLOW = {"step": False, "newest": True}
 _KEYS = {"format", "version", "root", "step", "follow"}

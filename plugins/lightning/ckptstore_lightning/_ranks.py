@@ -22,7 +22,7 @@ setter (once per process; every other ``CheckpointIO`` passes through untouched)
 
 Call order (Lightning drives it)::
 
-    install(CkptStoreIO)            # at import of ckptstore.integrations.lightning
+    install(CkptStoreIO)            # at import of ckptstore_lightning
     Trainer(..., plugins=[io])      # every rank: strategy.checkpoint_io = io -> attach
     trainer.save_checkpoint(path)   # every rank: io.save_checkpoint(ckpt, rank 0's path),
                                     # which calls check_ranks(strategy) first: several

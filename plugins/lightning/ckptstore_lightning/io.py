@@ -1,46 +1,20 @@
-"""PyTorch Lightning: a ``CheckpointIO`` that saves and loads through ckptstore.
+"""``CkptStoreIO``: a Lightning ``CheckpointIO`` whose checkpoints are ckptstore steps.
 
-One line::
-
-    trainer = Trainer(plugins=[CkptStoreIO()],            # or CkptStoreIO("s3://bucket/run1")
-                      callbacks=[ModelCheckpoint(every_n_train_steps=500, save_last=True)])
-    trainer.fit(model, ckpt_path="last")                  # newest *committed* step, if any
-
-Each checkpoint is one ckptstore step, ``<root>/step_<global_step>/``, written by a
-``CheckpointManager``: staged, then serialised, uploaded and committed in the background;
-checksummed, verified on load, falling back past a corrupt step. ``root`` defaults to the
-directory Lightning saves into (``ModelCheckpoint``'s dirpath). The file name Lightning
-asked for (``epoch=0-step=500.ckpt``, ``last.ckpt``) becomes a small JSON *pointer* to the
-step (JSON, not a ``torch.save`` file), so ``ModelCheckpoint``'s top-k, ``best_model_path``
-and ``ckpt_path="last"`` keep working unchanged. A name is written only once its step has
-committed, so "last" exists only when there is something to resume from.
-
-Several processes (``strategy="ddp"`` under Lightning's launcher or ``torchrun``): every
-rank calls ``save_checkpoint`` and ``load_checkpoint`` (``_lightning_ranks`` lifts
-Lightning's rank-0 gate for this IO, on that strategy instance only). Every rank saves the
-model and optimizer tensors, which DDP keeps identical on every rank, so DCP spreads
-their writes over the ranks; rank 0 adds the rest of its checkpoint dict. The step
-commits once, after every rank's files are durable. Rank 0 alone writes and removes the
-names and prunes. A strategy that writes its own checkpoints (FSDP, ModelParallel,
-DeepSpeed) or spawns its ranks is refused with a ``ConfigError`` when the Trainer is built.
-
-Call order (Lightning drives it)::
+Call order (Lightning drives it; what each call means is in the package docstring)::
 
     save_checkpoint(checkpoint, path)   # stage the dict; the step commits in the background
-                                        # and a watcher thread writes ``path`` right after
-                                        # the commit. A "last" name always means the newest
-                                        # committed step; any other name means its own step.
-    remove_checkpoint(path)             # delete the name; its step is deleted once no name
-                                        # refers to it, it is not the newest committed
-                                        # step and ``keep`` does not keep it
+                                        # and a watcher thread writes the name ``path`` (a
+                                        # pointer, ``_names``) right after the commit
+    remove_checkpoint(path)             # delete the name; its step goes once no name refers
+                                        # to it, it is not the newest and ``keep`` lets it go
     load_checkpoint(path)               # a pointer, a root (newest committed) or a step URL;
                                         # a stock Lightning file is loaded as before
     teardown()                          # end of fit: wait, publish names, raise if the last
                                         # save failed
 
-ckptstore keeps one checkpoint per global step. Lightning calls ``save_checkpoint`` twice
-for one step when ``save_last=True`` (the top-k name, then "last"); both names point at the
-first save (the second dict differs only in ``ModelCheckpoint``'s ``last_model_path``).
+With several processes every rank makes each call (``_ranks``); rank 0 alone writes and
+removes names and prunes. One checkpoint per global step: a second save of a step (the
+"last" name of ``save_last=True``) points at the first.
 """
 
 from __future__ import annotations
@@ -55,31 +29,37 @@ from typing import Any
 
 import torch
 
-from ckptstore.config import TransferConfig
-from ckptstore.engine.catalog import parse_step
+from ckptstore import (
+    CheckpointManager,
+    KeepAll,
+    KeepLast,
+    ManagerOptions,
+    RetentionPolicy,
+    parse_step,
+    select_deletions,
+)
 from ckptstore.errors import (
     ConfigError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
     missing_dependency,
+    require_version,
 )
-from ckptstore.manager import CheckpointManager
-from ckptstore.manager.retention import KeepAll, KeepLast, RetentionPolicy, select_deletions
 from ckptstore.stores import open_store, split_url
 
 from ._codec import OBJECTS_KEY, load_newest, load_step, pack, unpack
-from ._versions import require
+from ._versions import EXTRA, SUPPORTED
 
 try:
     from lightning.fabric.plugins.io.checkpoint_io import CheckpointIO
     from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
     from lightning.pytorch.callbacks import ModelCheckpoint
 except ImportError as exc:  # pragma: no cover - exercised in a test with lightning hidden
-    raise missing_dependency("lightning", "lightning") from exc
-require("lightning")
+    raise missing_dependency("lightning", EXTRA) from exc
+require_version("lightning", SUPPORTED["lightning"], EXTRA)
 
-from . import _lightning_ranks  # noqa: E402 - needs lightning, checked above
-from ._lightning_names import (  # noqa: E402
+from . import _ranks  # noqa: E402 - needs lightning, checked above
+from ._names import (  # noqa: E402
     POINTER_FORMAT,
     Pointer,
     confine,
@@ -107,37 +87,33 @@ def _publish_at_exit(ref: weakref.ref[CkptStoreIO]) -> None:
 class CkptStoreIO(CheckpointIO):
     """Lightning ``CheckpointIO`` over ckptstore; see the module docstring for the call order.
 
-    ``keep`` keeps committed steps beyond those a checkpoint name refers to (the newest is
-    always kept); by default ``ModelCheckpoint`` alone decides. ``async_save=False`` commits
-    before ``save_checkpoint`` returns. ``key_layout`` and ``background`` mean what they
-    mean for ``CheckpointManager``.
+    ``options`` (``ckptstore.ManagerOptions``) and ``keywords`` (any of its fields, checked
+    as ``CheckpointManager`` checks them: an unknown or renamed one is refused) configure
+    the ``CheckpointManager`` of each root, but for two fields the IO applies itself:
+    ``storage_options`` reach object-store roots and names only (a local path takes none),
+    and ``keep`` is the IO's own pruning: it keeps committed steps beyond those a
+    checkpoint name refers to (the newest is always kept; default ``KeepLast(1)``, so
+    ``ModelCheckpoint`` alone decides), while the manager keeps every step. ``keep`` is a
+    keyword here; ``options.keep`` must be left at its default.
     """
 
     def __init__(
         self,
         root: str | None = None,
+        options: ManagerOptions | None = None,
         *,
-        storage_options: dict[str, Any] | None = None,
-        local_tier_dir: str | None = None,
         keep: RetentionPolicy | None = None,
-        async_save: bool = True,
-        config: TransferConfig | None = None,
-        codec: str = "none",
-        strict: bool = False,
-        key_layout: str = "flat",
-        background: str = "thread",
+        **keywords: Any,
     ) -> None:
+        self.options = ManagerOptions.from_keywords(options, **keywords)
+        if self.options.keep != ManagerOptions().keep:
+            raise ConfigError(
+                "CkptStoreIO prunes by checkpoint names: pass keep= to CkptStoreIO, "
+                "not in its ManagerOptions"
+            )
         self.root = norm(root) if root else None
-        self.storage_options = storage_options
-        self.local_tier_dir = local_tier_dir
         self.keep = keep or KeepLast(1)
-        self.async_save = async_save
-        self.config = config
-        self.codec = codec
-        self.strict = strict
-        self.key_layout = key_layout
-        self.background = background
-        self._strategy: Any = None  # set by _lightning_ranks.attach when the Trainer is built
+        self._strategy: Any = None  # set by _ranks.attach when the Trainer is built
         self._managers: dict[str, CheckpointManager] = {}
         self._pending: list[tuple[str, Pointer]] = []  # names waiting for their commit
         self._last_save: dict[str, tuple[int, frozenset[str]]] = {}
@@ -150,7 +126,9 @@ class CkptStoreIO(CheckpointIO):
 
     # -- stores and managers ---------------------------------------------------------------
     def _options(self, url: str) -> dict[str, Any] | None:
-        return None if split_url(url)[0] in ("file", "local") else self.storage_options
+        if split_url(url)[0] in ("file", "local") or self.options.storage_options is None:
+            return None
+        return dict(self.options.storage_options)
 
     def manager(self, root: str | None = None) -> CheckpointManager:
         """The ``CheckpointManager`` of ``root`` (default: the configured root)."""
@@ -161,15 +139,9 @@ class CkptStoreIO(CheckpointIO):
             if root not in self._managers:
                 self._managers[root] = CheckpointManager(
                     root,
+                    self.options,
                     storage_options=self._options(root),
-                    local_tier_dir=self.local_tier_dir,
                     keep=KeepAll(),  # pruning needs the names, so this plugin does it
-                    config=self.config,
-                    async_save=self.async_save,
-                    strict=self.strict,
-                    codec=self.codec,
-                    key_layout=self.key_layout,
-                    background=self.background,
                 )
             return self._managers[root]
 
@@ -182,7 +154,7 @@ class CkptStoreIO(CheckpointIO):
         """The pointer at ``path``; None if there is none (absent, a stock ``.ckpt``).
 
         The file is untrusted: its size is checked before it is read, its bytes parsed
-        strictly and its root confined (``_lightning_names``); anything else raises a
+        strictly and its root confined (``_names``); anything else raises a
         ``CorruptCheckpointError`` (an ``UnsafePathError`` for a foreign root).
         """
         parent, name = split(path)
@@ -291,7 +263,7 @@ class CkptStoreIO(CheckpointIO):
             raise TypeError(
                 "CkptStoreIO.save_checkpoint takes no storage_options; pass them to CkptStoreIO()"
             )
-        rank, _world = _lightning_ranks.check_ranks(self._strategy)
+        rank, _world = _ranks.check_ranks(self._strategy)
         path = norm(str(path))
         if "global_step" not in checkpoint:
             raise ConfigError("a Lightning checkpoint dict has a 'global_step'; this one does not")
@@ -311,7 +283,7 @@ class CkptStoreIO(CheckpointIO):
             else:
                 flat = pack(checkpoint)
                 if rank != 0:  # the replicated tensors only: rank 0 saves the rest
-                    shared = _lightning_ranks.REPLICATED
+                    shared = _ranks.REPLICATED
                     flat = {k: v for k, v in flat.items() if k.startswith(shared)}
                 mgr.save(step, flat)  # waits for the previous save, if in flight
                 self._last_save[root] = (step, frozenset(checkpoint))
@@ -357,7 +329,7 @@ class CkptStoreIO(CheckpointIO):
         With several processes, every rank calls this (Lightning does) and loads what rank 0
         resolved ``path`` to.
         """
-        _rank, world = _lightning_ranks.check_ranks(self._strategy)
+        _rank, world = _ranks.check_ranks(self._strategy)
         self.wait()
         target = self._resolve(norm(str(path)))
         if world > 1:
@@ -432,4 +404,4 @@ class CkptStoreIO(CheckpointIO):
                 raise first
 
 
-_lightning_ranks.install(CkptStoreIO)
+_ranks.install(CkptStoreIO)

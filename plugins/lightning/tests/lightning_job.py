@@ -21,7 +21,7 @@ import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch.utils.data import DataLoader, TensorDataset
 
-from ckptstore.integrations.lightning import CkptStoreIO
+from ckptstore_lightning import CkptStoreIO
 
 
 class Tiny(L.LightningModule):

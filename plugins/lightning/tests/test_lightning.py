@@ -10,10 +10,11 @@ import torch
 
 pytest.importorskip("lightning")
 
+from lightning_job import fit  # noqa: E402
+
 from ckptstore.errors import CorruptCheckpointError, IncompleteCheckpointError  # noqa: E402
-from ckptstore.integrations.lightning import POINTER_FORMAT, CkptStoreIO  # noqa: E402
 from ckptstore.manager.retention import KeepEvery  # noqa: E402
-from tests.plugins.lightning_job import fit  # noqa: E402
+from ckptstore_lightning import POINTER_FORMAT, CkptStoreIO  # noqa: E402
 from tests.plugins.util import (  # noqa: E402
     assert_equal_tree,
     committed,
@@ -21,6 +22,8 @@ from tests.plugins.util import (  # noqa: E402
     run_killed,
     statuses,
 )
+
+HERE = os.path.dirname(os.path.abspath(__file__))  # the job scripts' folder
 
 
 def pointer(path: str) -> dict:
@@ -48,7 +51,7 @@ def test_kill_mid_save_then_resume_from_last_is_exact(tmp_path, root_url) -> Non
     # Run 1 is killed -9 inside the third background save (step 6), after its data is
     # written and before its commit marker: step 4 is the newest committed checkpoint.
     proc = run_killed(
-        "lightning_job.py",
+        os.path.join(HERE, "lightning_job.py"),
         ["--dir", ckdir, "--root", root_url, "--max-steps", "8"],
         "before_marker:3",
     )

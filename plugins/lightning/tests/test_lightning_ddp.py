@@ -22,9 +22,11 @@ from tests.plugins.util import assert_equal_tree, committed, run_job, statuses  
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
+HERE = os.path.dirname(os.path.abspath(__file__))  # the job scripts' folder
+
 
 def lightning(tmp: str, root: str, steps: int, *extra: str, torchrun: int | None = None):
-    argv = ["lightning_job.py", "--dir", f"{tmp}/ckpts", "--root", root]
+    argv = [os.path.join(HERE, "lightning_job.py"), "--dir", f"{tmp}/ckpts", "--root", root]
     argv += ["--max-steps", str(steps), "--devices", "2", "--strategy", "ddp"]
     argv += ["--record", f"{tmp}/record.pt", *extra]
     return run_job(argv, torchrun=torchrun, timeout=150)
