@@ -106,6 +106,7 @@ def _wheel(tmp_path, folder: str, copy: list[str], glob: str) -> list[str]:
     of ``copy`` (its paths in the checkout), so the checkout gets no build/ or egg-info;
     the names it holds."""
     src = tmp_path / "src" / (folder or "core")
+    src.mkdir(parents=True)
     for name in copy:
         path = os.path.join(REPO, folder, name)
         if os.path.isdir(path):

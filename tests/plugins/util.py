@@ -167,3 +167,18 @@ class ManagerSpy:
         self.root = root
         self.options = ManagerOptions.from_keywords(options, **keywords)
         ManagerSpy.made.append(self)
+
+
+def assert_refuses_wrong_options(make: Any) -> None:
+    """``make(**keywords)`` refuses a renamed, an unknown and an invalid manager option at
+    once, as ``CheckpointManager`` does."""
+    import pytest
+
+    from ckptstore.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="now called 'local_tier_dir'"):
+        make(staging_dir="/nvme")
+    with pytest.raises(ConfigError, match="unknown CheckpointManager option 'nope'.*codec"):
+        make(nope=1)
+    with pytest.raises(ConfigError, match="on_busy"):
+        make(on_busy="later")
