@@ -1,9 +1,10 @@
 """Fixtures the plugins' tests share: each plugins/*/tests/conftest.py imports them.
 
 ``root_url`` is where checkpoints are committed. It is parametrised over stores so the
-same tests run against every one: a volume, and S3 on the session's SeaweedFS. The S3
-endpoint and credentials reach every client (these tests and the job subprocesses they
-start) through botocore's standard environment variables, as a user's job would get them.
+same tests run against every one: a volume, and S3 on the session's SeaweedFS (the rootdir
+conftest.py's ``seaweedfs``). The S3 endpoint and credentials reach every client (these
+tests and the job subprocesses they start) through botocore's standard environment
+variables, as a user's job would get them.
 """
 
 import os
@@ -11,9 +12,9 @@ import uuid
 
 import pytest
 
-from tests.conftest import BUCKET, seaweedfs
+from tests.conftest import BUCKET
 
-__all__ = ["root_url", "offline", "seaweedfs"]
+__all__ = ["root_url", "offline"]
 
 # Never reach the Hub: every model here is built from a config.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
