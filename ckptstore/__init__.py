@@ -55,11 +55,14 @@ if TYPE_CHECKING:
     from ckptstore.engine.catalog import committed_steps, list_steps
     from ckptstore.engine.commit import CheckpointStatus, checkpoint_status, open_committed
     from ckptstore.engine.copy import copy_checkpoint
+    from ckptstore.engine.layout import parse_step, step_name
     from ckptstore.engine.store import Store
     from ckptstore.engine.transfer import TransferEngine
     from ckptstore.engine.verify import verify_checkpoint
     from ckptstore.manager import CheckpointManager, SaveRecord
+    from ckptstore.manager.options import ManagerOptions
     from ckptstore.manager.prune import apply_prune, plan_prune
+    from ckptstore.manager.retention import select_deletions
     from ckptstore.manager.state import AppState, RNGState
     from ckptstore.stores import open_store
 
@@ -89,6 +92,11 @@ _LAZY = {
     "copy_checkpoint": "ckptstore.engine.copy",
     "plan_prune": "ckptstore.manager.prune",
     "apply_prune": "ckptstore.manager.prune",
+    # what the framework plugins (plugins/) use too
+    "ManagerOptions": "ckptstore.manager.options",
+    "step_name": "ckptstore.engine.layout",
+    "parse_step": "ckptstore.engine.layout",
+    "select_deletions": "ckptstore.manager.retention",
 }
 
 
@@ -140,5 +148,9 @@ __all__ = [
     "copy_checkpoint",
     "plan_prune",
     "apply_prune",
+    "ManagerOptions",
+    "step_name",
+    "parse_step",
+    "select_deletions",
     *_errors.CHECKPOINT_ERRORS,
 ]

@@ -8,6 +8,7 @@ ckptstore error, so callers can ``except IncompleteCheckpointError`` as usual.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from ckptstore.config import TransferConfig
@@ -15,9 +16,16 @@ from ckptstore.dcp.calls import unwrap_checkpoint_exception
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.store import Store
-from ckptstore.errors import StateDictMismatchError
+from ckptstore.errors import ConfigError, IncompleteCheckpointError, StateDictMismatchError
 
-__all__ = ["writer", "reader", "save", "load", "unwrap_checkpoint_exception"]
+__all__ = [
+    "writer",
+    "reader",
+    "save",
+    "load",
+    "unwrap_checkpoint_exception",
+    "empty_state_dict",
+]
 
 
 def writer(
@@ -115,3 +123,31 @@ def load(state_dict: dict[str, Any], url: str | Store | CkptReader, **kwargs: An
         if isinstance(inner, StateDictMismatchError):
             raise inner from inner.__cause__  # its rank's own error, not every rank's traces
         raise inner from exc
+
+
+def empty_state_dict(
+    url: str | Store, keys: Iterable[str] | None = None, **kwargs: Any
+) -> dict[str, Any]:
+    """Empty CPU tensors shaped like the tensor items of the checkpoint at ``url`` (all of
+    them, or only ``keys``), from its metadata: a state dict to ``load`` it into without
+    the objects that saved it. ``kwargs`` go to :func:`reader`.
+
+    ``IncompleteCheckpointError`` if it holds no item of a key; ``ConfigError`` if an item
+    asked for is not a tensor.
+    """
+    import torch
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    meta = reader(url, **kwargs).read_metadata().state_dict_metadata
+    where = url.url if isinstance(url, Store) else url
+    wanted = set(meta) if keys is None else set(keys)
+    missing = wanted - set(meta)
+    if missing:
+        raise IncompleteCheckpointError(f"{where} has no item(s) {sorted(missing)}")
+    out: dict[str, Any] = {}
+    for k in sorted(wanted):
+        m = meta[k]
+        if not isinstance(m, TensorStorageMetadata):
+            raise ConfigError(f"item {k!r} of {where} is not a tensor")
+        out[k] = torch.empty(m.size, dtype=m.properties.dtype)
+    return out

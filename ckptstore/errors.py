@@ -41,6 +41,8 @@ __all__ = [
     "CacheError",
     "CacheTooSmallError",
     "missing_dependency",
+    "check_version",
+    "require_version",
     "CHECKPOINT_ERRORS",
 ]
 
@@ -167,6 +169,35 @@ def missing_dependency(module: str, extra: str) -> MissingDependencyError:
     return MissingDependencyError(
         f"{module!r} is not installed; run: pip install 'ckptstore[{extra}]'"
     )
+
+
+def check_version(name: str, installed: str, spec: str, extra: str) -> None:
+    """``ConfigError`` naming the range and the fix if version ``installed`` of ``name`` is
+    outside ``spec`` (a PEP 440 specifier). For a plugin's framework: it imports
+    ``packaging``, which every framework a plugin serves requires."""
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import InvalidVersion, Version
+
+    try:
+        ok = Version(installed) in SpecifierSet(spec, prereleases=True)
+    except InvalidVersion:
+        ok = False
+    if not ok:
+        raise ConfigError(
+            f"ckptstore's {name} plugin supports {name}{spec}, but {name} {installed} is "
+            f"installed; run: pip install '{name}{spec}' (or pip install 'ckptstore[{extra}]')"
+        )
+
+
+def require_version(name: str, spec: str, extra: str) -> str:
+    """The installed version of distribution ``name``, checked by :func:`check_version`
+    (a plugin calls it right after importing its framework, so a version outside the range
+    fails at import, not later deep inside the framework)."""
+    from importlib import metadata
+
+    installed = metadata.version(name)
+    check_version(name, installed, spec, extra)
+    return installed
 
 
 class StateDictMismatchError(ConfigError):

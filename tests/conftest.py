@@ -1,5 +1,6 @@
-"""Session-wide object-store servers on 127.0.0.1, shared by every test directory (and
-``tiny_disk``, a real 1 MiB tmpfs for full-disk tests).
+"""Session-wide object-store servers on 127.0.0.1, shared by every test directory under
+tests/ (and ``tiny_disk``, a real 1 MiB tmpfs for full-disk tests). SeaweedFS, which the
+plugins' tests use too, is in the repository's rootdir conftest.py.
 
 Each starts on first use (so a run that needs none starts none) and is stopped, with its
 data directory deleted, at the end of the session. SeaweedFS and moto get bucket ``ckpt``;
@@ -24,19 +25,6 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 BUCKET = "ckpt"
-
-
-@pytest.fixture(scope="session")
-def seaweedfs() -> Iterator[Any]:
-    """One SeaweedFS for the session, with bucket ``ckpt``; tests use unique prefixes."""
-    from harness.seaweedfs import SeaweedFS
-
-    server = SeaweedFS().start()
-    try:
-        server.create_bucket(BUCKET)
-        yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -16,7 +16,10 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 def test_import_linter_contracts_are_kept() -> None:
     """``lint-imports`` (import-linter) with the repository's contracts: every one kept."""
     pytest.importorskip("importlinter")
-    env = {**os.environ, "PYTHONPATH": REPO}
+    # This checkout's ckptstore first; the plugins (root packages too) as installed, or as
+    # the caller's PYTHONPATH names them.
+    path = os.pathsep.join(p for p in (REPO, os.environ.get("PYTHONPATH", "")) if p)
+    env = {**os.environ, "PYTHONPATH": path}
     done = subprocess.run(
         [
             sys.executable,

@@ -32,6 +32,7 @@ from importlib import metadata
 from typing import Any
 
 from ckptstore.config import RetryConfig
+from ckptstore.engine.paths import is_safe_name  # the names every Store accepts
 from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError, MissingDependencyError, missing_dependency
 
@@ -43,6 +44,7 @@ __all__ = [
     "open_store",
     "split_url",
     "store_spec",
+    "is_safe_name",
 ]
 
 ENTRY_POINT_GROUP = "ckptstore.stores"

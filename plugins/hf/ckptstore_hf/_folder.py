@@ -1,0 +1,363 @@
+"""A framework's local checkpoint folder <-> one committed ckptstore step.
+
+Hugging Face Trainer and Accelerate write a checkpoint as a local folder of files in
+their own formats. ``FolderCheckpoints`` uploads such a folder, byte for byte, as one
+ckptstore step (each file a uint8 DCP item, plus a JSON index of names, sizes and
+CRC32Cs), through a ``CheckpointManager``: staged, then written and committed in the
+background, verified on every read. It restores a committed step as a local folder for
+the framework's own loader. Call order::
+
+    fc = FolderCheckpoints(root, ...)
+    fc.save(step, folder)                     # after the framework wrote ``folder``
+    fc.wait() / fc.close()                    # flush / flush and release
+    step, path = fc.restore_newest(dest)      # newest committed step that verifies, as a
+                                              # local folder ``dest(step, index)``
+    fc.ensure_local(step, folder)             # a local copy that matches step, byte for byte
+
+A local folder that does not match its committed step (torn, edited, another step) is
+moved aside to a quarantine directory, never deleted, before the committed copy is
+written in its place (files fsynced, then the folder renamed in) -- only where the caller
+allows it (``replace``): a folder whose path came from the stored index is never moved.
+
+The index is read back from storage and is untrusted: its size is capped before it is
+loaded and ``_folder_index.parse_index`` checks it; a bad one is a
+``CorruptCheckpointError``, and a restore falls back past that step.
+
+Several processes (``torch.distributed`` initialised, world size > 1): every rank calls
+``save``, ``ensure_local`` and ``restore_newest``, in the same order, on the training
+script's default process group as well as the manager's own. ``save`` waits until every
+rank has written its files into the folder, then each rank uploads a share of the files
+(each file once, by one of the ranks that see it, balanced by bytes), so a folder the
+ranks see on one shared file system is written by all of them, and a file only one node
+wrote (its ranks' RNG states, on node-local disks) still gets in. A name two ranks see
+with different bytes is refused. On restore every rank loads the step and only the ranks
+given ``write=True`` (one per file system: the framework's "should save" process) write
+the folder; every rank returns after it is written.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import uuid
+import warnings
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import crc32c
+import torch
+import torch.distributed as dist
+
+from ckptstore import CheckpointManager, ManagerOptions, open_store, step_name
+from ckptstore.api import empty_state_dict
+from ckptstore.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError
+
+from . import _folder_index
+from ._folder_index import INDEX_FORMAT, bad_index, parse_index
+
+__all__ = [
+    "FolderCheckpoints",
+    "INDEX_KEY",
+    "FILE_PREFIX",
+    "QUARANTINE",
+    "quarantine",
+    "barrier",
+]
+
+log = logging.getLogger(__name__)
+
+INDEX_KEY = "folder/index"
+FILE_PREFIX = "folder/files/"
+#: Where local folders that do not match a committed step are moved.
+QUARANTINE = ".ckptstore-uncommitted"
+
+
+def _read(path: str, size: int) -> torch.Tensor:
+    if size == 0:
+        return torch.empty(0, dtype=torch.uint8)
+    return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
+
+
+def _crc(t: torch.Tensor) -> int:
+    return int(crc32c.crc32c(t.numpy().data)) if t.numel() else 0
+
+
+def _template(mgr: CheckpointManager, step: int, keys: Iterable[str]) -> dict:
+    """Empty tensors for ``keys`` of committed ``step``, shaped from its metadata."""
+    return empty_state_dict(mgr.root.child(step_name(step)), keys)
+
+
+def _load(mgr: CheckpointManager, step: int, keys: Iterable[str]) -> dict:
+    """The verified items ``keys`` of committed ``step`` (raises if it is torn or corrupt)."""
+    flat = _template(mgr, step, keys)
+    mgr.restore(flat, step=step)
+    return flat
+
+
+def _local_files(folder: str) -> dict[str, str]:
+    """Relative '/'-joined name -> absolute path, for every file under ``folder``."""
+    out = {}
+    for dirpath, _dirs, files in os.walk(folder):
+        for name in files:
+            full = os.path.join(dirpath, name)
+            out[os.path.relpath(full, folder).replace(os.sep, "/")] = full
+    return out
+
+
+def _world() -> int:
+    return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
+
+
+def _gather(obj: Any) -> list[Any]:
+    """``obj`` of every rank, in rank order (also a barrier), on the default group."""
+    if _world() == 1:
+        return [obj]
+    out: list[Any] = [None] * _world()
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def barrier() -> None:
+    """Wait for every rank (a no-op in one process)."""
+    _gather(None)
+
+
+def _shares(seen: list[dict[str, int]]) -> tuple[dict[str, int], dict[str, int]]:
+    """(name -> size, name -> the rank that uploads it) from every rank's {name: size}.
+
+    Each name goes to the rank that sees it with the fewest bytes assigned so far (the
+    lowest such rank on a tie): the same answer on every rank.
+    """
+    sizes: dict[str, int] = {}
+    holders: dict[str, list[int]] = {}
+    for rank, files in enumerate(seen):
+        for rel, size in files.items():
+            if sizes.setdefault(rel, size) != size:
+                first = holders[rel][0]
+                raise ConfigError(
+                    f"rank {first} sees {rel!r} with {sizes[rel]} bytes and rank {rank} with "
+                    f"{size}: the ranks' copies of a checkpoint folder must be the same files "
+                    "(one shared file system) or different ones (node-local disks)"
+                )
+            holders.setdefault(rel, []).append(rank)
+    load = [0] * len(seen)
+    owner: dict[str, int] = {}
+    for rel in sorted(sizes, key=lambda r: (-sizes[r], r)):
+        rank = min(holders[rel], key=lambda r: (load[r], r))
+        owner[rel] = rank
+        load[rank] += sizes[rel]
+    return sizes, owner
+
+
+def quarantine(folder: str, qdir: str) -> str:
+    """Move ``folder`` into ``qdir`` (replacing an older quarantined copy); its new path."""
+    os.makedirs(qdir, exist_ok=True)
+    target = os.path.join(qdir, os.path.basename(folder.rstrip(os.sep)))
+    if os.path.exists(target):
+        shutil.rmtree(target)
+    os.replace(folder, target)
+    log.warning("moved %s aside to %s: it does not match a committed checkpoint", folder, target)
+    return target
+
+
+class FolderCheckpoints:
+    """Local checkpoint folders as committed steps under ``root``; see the module docstring.
+
+    ``options`` (``ckptstore.ManagerOptions``) with any of its fields replaced by
+    ``keywords``, checked now as ``CheckpointManager`` checks them, for the manager made on
+    first use.
+    """
+
+    def __init__(self, root: str, options: ManagerOptions | None = None, **keywords: Any) -> None:
+        self.root = root
+        self.options = ManagerOptions.from_keywords(options, **keywords)
+        self._mgr: CheckpointManager | None = None
+
+    @property
+    def manager(self) -> CheckpointManager:
+        """The ``CheckpointManager`` (made on first use, so a plugin costs nothing until then)."""
+        if self._mgr is None:
+            self._mgr = CheckpointManager(self.root, self.options)
+        return self._mgr
+
+    # -- saving --------------------------------------------------------------------------
+    def save(self, step: int, folder: str, extra: dict[str, Any] | None = None) -> bool:
+        """Start uploading ``folder`` as ``step``; False if that step is already committed.
+
+        With several processes every rank calls it (see the module docstring).
+        """
+        barrier()  # every rank has written its files into the folder
+        local = _local_files(folder) if os.path.isdir(folder) else {}
+        seen = _gather({rel: os.path.getsize(full) for rel, full in local.items()})
+        if not any(seen):
+            raise ConfigError(f"{folder} is not a directory; nothing to upload for step {step}")
+        sizes, owner = _shares(seen)
+        me = dist.get_rank() if _world() > 1 else 0
+        flat: dict[str, torch.Tensor] = {}
+        crcs: dict[str, int] = {}
+        for rel in sorted(local):
+            if owner[rel] == me:
+                t = _read(local[rel], sizes[rel])
+                flat[FILE_PREFIX + rel] = t
+                crcs[rel] = _crc(t)
+        crc_all: dict[str, int] = {}
+        for part in _gather(crcs):
+            crc_all.update(part)
+        files = {rel: {"size": sizes[rel], "crc32c": crc_all[rel]} for rel in sorted(sizes)}
+        index = {
+            "format": INDEX_FORMAT,
+            "version": 1,
+            "name": os.path.basename(os.path.normpath(folder)),
+            "path": os.path.abspath(folder),
+            "files": files,
+            "extra": extra or {},
+        }
+        if me == 0:
+            flat[INDEX_KEY] = torch.frombuffer(
+                bytearray(json.dumps(index).encode()), dtype=torch.uint8
+            )
+        saved = self.manager.save(step, flat)
+        if not saved and me == 0:
+            warnings.warn(
+                f"step {step} is already committed under {self.root}; {folder} was not "
+                "uploaded again",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return saved
+
+    def wait(self) -> None:
+        if self._mgr is not None:
+            self._mgr.wait()
+
+    def close(self) -> None:
+        """Wait for the last upload and release the manager; raise if it failed."""
+        mgr, self._mgr = self._mgr, None
+        if mgr is not None:
+            mgr.close()
+
+    # -- restoring -----------------------------------------------------------------------
+    def steps(self) -> list[int]:
+        return self.manager.steps()
+
+    def index(self, step: int) -> dict[str, Any]:
+        """The committed file index of ``step`` (verified, size-capped, ``parse_index``)."""
+        flat = _template(self.manager, step, [INDEX_KEY])
+        t = flat[INDEX_KEY]
+        cap = _folder_index.INDEX_MAX
+        if t.dtype != torch.uint8 or t.dim() != 1 or t.numel() > cap:
+            what = f"{t.dtype}{list(t.shape)}"
+            raise bad_index(step, f"item {INDEX_KEY!r} is {what}, not uint8 bytes (over {cap})")
+        self.manager.restore(flat, step=step)
+        return parse_index(flat[INDEX_KEY].numpy().tobytes(), step)
+
+    @staticmethod
+    def matches(folder: str, index: dict[str, Any]) -> bool:
+        """Whether ``folder`` holds exactly the committed files (names, sizes, CRC32C)."""
+        if not os.path.isdir(folder):
+            return False
+        local = _local_files(folder)
+        if set(local) != set(index["files"]):
+            return False
+        for rel, want in index["files"].items():
+            size = os.path.getsize(local[rel])
+            if size != want["size"] or _crc(_read(local[rel], size)) != want["crc32c"]:
+                return False
+        return True
+
+    def ensure_local(
+        self,
+        step: int,
+        folder: str,
+        qdir: str | None = None,
+        index: dict[str, Any] | None = None,
+        write: bool = True,
+        replace: bool = True,
+    ) -> str:
+        """Make ``folder`` hold committed ``step`` byte for byte.
+
+        A local folder that differs is moved to ``qdir`` (default: ``QUARANTINE`` beside it)
+        if ``replace``; else ``ConfigError`` (ckptstore moves no folder it was not given).
+        With several processes every rank calls it; only those with ``write`` write.
+        """
+        index = index if index is not None else self.index(step)
+        need = write and not self.matches(folder, index)
+        if not any(_gather(need)):
+            return folder
+        flat = _load(self.manager, step, [FILE_PREFIX + rel for rel in index["files"]])
+        for rel, want in index["files"].items():
+            if flat[FILE_PREFIX + rel].numel() != want["size"]:
+                raise bad_index(step, f"{rel!r} is stored with another size than it lists")
+        error: BaseException | None = None
+        if need:
+            try:
+                if not replace and os.path.lexists(folder):
+                    raise ConfigError(
+                        f"{folder} exists and differs from committed step {step}; ckptstore "
+                        "does not move a folder whose path it read from the stored index. "
+                        "Pass the local directory to restore into (prepare_resume(local_dir)), "
+                        "or move that folder away"
+                    )
+                self._write_folder(step, folder, qdir, index, flat)
+            except BaseException as exc:  # noqa: BLE001 - every rank hears of it below
+                error = exc
+        failed = [r for r, ok in enumerate(_gather(error is None)) if not ok]
+        if error is not None:
+            raise error
+        if failed:
+            raise CorruptCheckpointError(
+                f"rank {failed[0]} could not write step {step} into {folder}; see its log"
+            )
+        return folder
+
+    def _write_folder(
+        self, step: int, folder: str, qdir: str | None, index: dict[str, Any], flat: dict
+    ) -> None:
+        parent = os.path.dirname(os.path.abspath(folder))
+        qdir = qdir or os.path.join(parent, QUARANTINE)
+        tmp = os.path.join(parent, f".{os.path.basename(folder)}.ckptstore-tmp-{uuid.uuid4().hex}")
+        try:
+            store = open_store(tmp)
+            for rel in index["files"]:
+                store.put(rel, flat.pop(FILE_PREFIX + rel).numpy().data)
+            os.makedirs(tmp, exist_ok=True)  # an empty checkpoint is still a folder
+            if os.path.exists(folder):
+                quarantine(folder, qdir)
+            os.replace(tmp, folder)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        fd = os.open(parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        log.info("restored step %d from %s into %s", step, self.root, folder)
+
+    def restore_newest(
+        self,
+        dest: Callable[[int, dict[str, Any]], str],
+        qdir: str | None = None,
+        write: bool = True,
+        replace: bool = True,
+    ) -> tuple[int, str] | None:
+        """(step, local folder) of the newest committed step that verifies, or None.
+
+        A step that fails verification (its index too) is skipped with a warning, as
+        ``CheckpointManager.restore`` does. ``write`` and ``replace`` as for ``ensure_local``.
+        """
+        for step in reversed(self.steps()):
+            try:
+                index = self.index(step)
+                folder = dest(step, index)
+                return step, self.ensure_local(step, folder, qdir, index, write, replace)
+            except (CorruptCheckpointError, IncompleteCheckpointError) as exc:
+                warnings.warn(
+                    f"checkpoint step {step} could not be restored ({exc}); falling back to "
+                    "the previous committed step",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        return None

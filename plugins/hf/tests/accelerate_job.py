@@ -1,0 +1,106 @@
+"""A tiny Accelerate loop with ``CkptStoreAccelerate``, run as a script by the multi-process tests.
+
+Launched with ``accelerate launch --multi_gpu --num_processes N`` (Accelerate's torchrun
+launcher; ``Accelerator(cpu=True)`` makes each process a CPU gloo rank). A Linear layer trains with
+Adam + StepLR on the same full batch on every rank (so DDP's averaged gradient is the
+same on any number of ranks), ``save_state()`` every 2 steps under automatic checkpoint
+naming; with ``--resume`` the newest committed step is restored first. The main process
+writes the step it started from and its state after every step to ``--record``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import os
+from typing import Any
+
+import torch
+from accelerate import Accelerator
+from accelerate.utils import ProjectConfiguration
+
+from ckptstore_hf import CkptStoreAccelerate
+
+
+class Counter:
+    """The loop's own step, registered for checkpointing like any user object."""
+
+    def __init__(self) -> None:
+        self.step = 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"step": self.step}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.step = state["step"]
+
+
+def run(project: str, root: str, until: int, resume: bool, tamper: Any = None) -> dict[str, Any]:
+    """Train until step ``until`` (``save_state`` every 2 steps); what the run saw.
+
+    ``tamper(path)``, if given, runs on the restored folder before ``load_state`` reads it.
+    Every process returns its own record (``world``: the number of processes).
+    """
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters(), lr=0.05)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=1, gamma=0.9)
+    config = ProjectConfiguration(project_dir=project, automatic_checkpoint_naming=True)
+    acc = Accelerator(cpu=True, project_config=config)
+    model, opt, sched = acc.prepare(model, opt, sched)
+    counter = Counter()
+    acc.register_for_checkpointing(counter)
+    ckpt = CkptStoreAccelerate(root).register(acc)
+    out: dict[str, Any] = {"path": None, "by_step": {}, "world": acc.num_processes}
+    if resume:
+        out["path"] = ckpt.prepare_resume()
+        if tamper:
+            tamper(out["path"])
+        acc.load_state(out["path"])
+    out["start"] = (counter.step, acc.project_configuration.iteration)
+
+    def snap() -> dict[str, Any]:
+        inner = acc.unwrap_model(model)
+        return {
+            "model": {k: v.detach().clone() for k, v in inner.state_dict().items()},
+            "optim": copy.deepcopy(opt.state_dict()),
+            "lr": sched.get_last_lr(),
+        }
+
+    out["start_state"] = snap()
+    x = torch.linspace(-1, 1, 32).view(8, 4)
+    y = torch.stack([x.sum(1), x[:, 0]], 1)
+    while counter.step < until:
+        loss = torch.nn.functional.mse_loss(model(x), y)
+        acc.backward(loss)
+        opt.step()
+        sched.step()
+        opt.zero_grad()
+        counter.step += 1
+        out["by_step"][counter.step] = snap()
+        if counter.step % 2 == 0:
+            acc.save_state()
+    ckpt.close()
+    return out
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--project", required=True)
+    p.add_argument("--root", required=True)
+    p.add_argument("--until", type=int, required=True)
+    p.add_argument("--resume", action="store_true")
+    p.add_argument("--record", required=True)
+    p.add_argument("--crash-at", default=None, help="CKPTSTORE_CRASH_AT, on --crash-rank only")
+    p.add_argument("--crash-rank", type=int, default=0)
+    a = p.parse_args()
+    if a.crash_at and int(os.environ.get("RANK", "0")) == a.crash_rank:
+        os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
+    torch.set_num_threads(1)
+    out = run(a.project, a.root, a.until, a.resume)
+    if int(os.environ.get("RANK", "0")) == 0:
+        torch.save(out, a.record)
+
+
+if __name__ == "__main__":
+    main()
