@@ -1,7 +1,7 @@
 """``ManagerOptions``: every option of a ``CheckpointManager``, in one frozen, checked value.
 
 Built once (by the caller, or from the manager's keywords) and passed down: the manager,
-its save backends and the integrations read their options from it, so a new option is
+its save backends and the plugins read their options from it, so a new option is
 added here once and reaches every one of them. ``from_keywords`` refuses an unknown
 keyword with the list of known ones, and an old name with the name that replaced it.
 ``SaveOptions`` is the part a save needs, derived from it once by the manager and handed
