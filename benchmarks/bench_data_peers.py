@@ -54,7 +54,7 @@ from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(HERE)
-sys.path[:0] = [os.path.join(HERE, "peers"), HERE, REPO]
+sys.path[:0] = [os.path.join(HERE, "peers"), HERE]
 
 from convert import make_raw, make_tokens, to_litdata, to_mds  # noqa: E402
 

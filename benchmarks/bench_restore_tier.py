@@ -43,7 +43,6 @@ import time
 from typing import Any
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from _report import cell, load_average, machine_line, markdown_table, mem_gib  # noqa: E402
 

@@ -5,7 +5,8 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.venv/.ckptstore-setup
-want=$(cat tools/requirements-dev.txt tools/constraints.txt pyproject.toml tools/package.json | sha1sum | cut -d' ' -f1)
+want=$(cat tools/requirements-dev.txt tools/constraints.txt pyproject.toml tools/harness/pyproject.toml \
+  tools/package.json | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -21,6 +22,8 @@ pip install -q --upgrade pip
 pip install -q -c tools/constraints.txt "torch==2.13.0"
 pip install -q -c tools/constraints.txt -r tools/requirements-dev.txt
 pip install -q -c tools/constraints.txt --no-deps -e .
+# The test harness (tools/harness): a dev-only distribution the tests, benchmarks and demo import.
+pip install -q -c tools/constraints.txt --no-deps -e tools/harness
 pip check
 # Azurite (Microsoft's Azure Blob emulator) for the Azure tests.
 if command -v npm >/dev/null 2>&1; then

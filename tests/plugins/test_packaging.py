@@ -80,7 +80,7 @@ def test_the_wheel_ships_the_library_and_no_test_code(tmp_path) -> None:
     )
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(os.path.join(REPO, name), src / name)
-    for name in ("harness", "tests"):  # present beside the package, as in the checkout
+    for name in ("tools/harness", "tests"):  # present beside the package, as in the checkout
         shutil.copytree(
             os.path.join(REPO, name), src / name, ignore=shutil.ignore_patterns("__pycache__")
         )
