@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ckptstore.data import DataLoader, ShardedDataset
-from ckptstore.data.cachefiles import Lock
+from ckptstore.data.cachelocks import Lock
 from ckptstore.engine.store import Store
 from ckptstore.errors import DatasetChangedError
 from ckptstore.stores.local import LocalStore

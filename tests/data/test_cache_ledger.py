@@ -10,7 +10,7 @@ import pytest
 
 from ckptstore.data import ShardedDataset
 from ckptstore.data.cache import ShardCache
-from ckptstore.data.cachefiles import Ledger, Lock, process_gate
+from ckptstore.data.cachelocks import Ledger, Lock, process_gate
 
 from .datasets import make_raw
 
