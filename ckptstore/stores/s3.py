@@ -49,14 +49,8 @@ from ckptstore.errors import (
 )
 from ckptstore.stores import s3_folders
 from ckptstore.stores.options import check_s3_options, refuse_userinfo
-from ckptstore.stores.s3_client import (
-    CHECKSUMS,
-    S3Client,
-    as_body,
-    make_s3fs,
-    multipart_etag,
-    pieces_body,
-)
+from ckptstore.stores.s3_body import as_body, multipart_etag, pieces_body
+from ckptstore.stores.s3_client import CHECKSUMS, S3Client, make_s3fs
 from ckptstore.stores.s3_errors import error_code
 
 __all__ = ["S3Store", "make_s3fs"]
