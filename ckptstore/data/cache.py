@@ -41,7 +41,7 @@ from ckptstore.data.cachefiles import (
     probe_cache_dir,
     unlink_quietly,
 )
-from ckptstore.data.cachelocks import NOFOLLOW, Lock
+from ckptstore.data.cachelocks import NOFOLLOW
 from ckptstore.data.cachespace import CacheSpace
 from ckptstore.data.stream import DataOrder
 from ckptstore.engine.store import Store
@@ -65,7 +65,7 @@ def _release_result(fut: Future[Handle | None]) -> None:
             h.release()
 
 
-class ShardCache(CacheSpace):
+class ShardCache:
     """One process's view of a node-local cache directory. See the module docstring.
 
     Readers keep shards pinned between batches; a process waiting for space touches
@@ -99,14 +99,9 @@ class ShardCache(CacheSpace):
         on_pressure: Callable[[], None] | None = None,
     ) -> None:
         self.dir = os.path.abspath(os.path.expanduser(cache_dir))
-        self.limit = limit
-        self.store = store
-        self.engine = engine
-        self.entries = list(entries)
-        self.order = order
-        self.verify = verify
-        self.wait_timeout = wait_timeout
-        self.attempts = attempts
+        self.limit, self.store, self.engine = limit, store, engine
+        self.entries, self.order = list(entries), order
+        self.verify, self.wait_timeout, self.attempts = verify, wait_timeout, attempts
         self.on_pressure = on_pressure
         self.stats = CacheStats()
         n, c = order.num_samples, order.buckets
@@ -114,11 +109,12 @@ class ShardCache(CacheSpace):
         # distances are recomputed when the cursor crosses 1/512 of that (cheap per batch).
         self.horizon = horizon or min(2 * n, max(16 * n // c, 1 << 16))
         self._quantum = max(1, self.horizon // 512)
-        self._shard_of_key = {e.key: i for i, e in enumerate(self.entries)}
         self._verified: dict[str, tuple[int, int, int]] = {}
         self._vlock = threading.Lock()
         check_limit(limit, self.entries)
-        self._shards, self._locks = probe_cache_dir(self.dir)
+        self._shards, locks = probe_cache_dir(self.dir)
+        space = (self.dir, self._shards, locks, limit, wait_timeout, self.stats)
+        self.space = CacheSpace(*space, self._key_distances, self._discard)
         self._pressure = os.path.join(self.dir, "pressure")
 
     # -- pressure: a demand read waiting for space asks every process to unpin --------
@@ -150,8 +146,8 @@ class ShardCache(CacheSpace):
     def _meta_path(self, key: str) -> str:
         return os.path.join(self._shards, key + ".meta")
 
-    def _lock(self, key: str, kind: str) -> Lock:
-        return Lock(os.path.join(self._locks, f"{key}.{kind}"))
+    def _key_distances(self, cursor: int) -> dict[str, int]:
+        return {self.entries[s].key: d for s, d in self.distances(cursor).items()}
 
     def distances(self, cursor: int) -> dict[int, int]:
         """``{shard: samples from cursor until its next use}`` within the horizon."""
@@ -217,14 +213,14 @@ class ShardCache(CacheSpace):
         cache space, or for another process's download of the shard."""
         e = self.entries[i]
         path = self.data_path(i)
-        use = self._lock(e.key, "use")
+        use = self.space.lock(e.key, "use")
         use.acquire(shared=True)  # from here on nobody evicts the file
         try:
             if self._check(e, path) == "ok":
                 self.stats.add(hits=1)
                 return Handle(path, use)
             t0 = time.monotonic()
-            dl = self._lock(e.key, "dl")
+            dl = self.space.lock(e.key, "dl")
             if not wait:
                 if not dl.try_acquire():  # another process fetches it: acquire() waits
                     dl.close()
@@ -305,7 +301,7 @@ class ShardCache(CacheSpace):
         e = self.entries[i]
         if self.is_cached(i):
             return "cached"
-        dl = self._lock(e.key, "dl")
+        dl = self.space.lock(e.key, "dl")
         if not dl.try_acquire():
             dl.close()  # its lock file's fd
             return "busy"
@@ -333,7 +329,7 @@ class ShardCache(CacheSpace):
         """
         deadline = time.monotonic() + self.wait_timeout
         while True:
-            tmp = self._reserve(e, cursor, max_distance if not demand else None)
+            tmp = self.space.reserve(e, cursor, max_distance if not demand else None)
             if tmp is not None:
                 break
             if not demand or not wait:

@@ -4,8 +4,8 @@ Every space decision happens under the node's budget lock (``budget.lock``, its 
 count of bytes in use); the ledger decides alone until limit / 8 bytes were reserved since
 the files were last counted, then a scan recounts. A shard that does not fit evicts the
 unpinned shards needed farthest in the future until it fits with limit / 16 to spare; a
-full disk evicts the same way. :class:`~ckptstore.data.cache.ShardCache` is the one
-subclass: it provides the paths, the locks, the data order's distances and the discard.
+full disk evicts the same way. :class:`~ckptstore.data.cache.ShardCache` owns one and
+gives it the data order's distances.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import errno
 import os
 import stat
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ckptstore.data.cachedownload import create_temp
 from ckptstore.data.cachefiles import CacheEntry, CacheStats, cache_name, unlink_quietly
@@ -26,30 +26,35 @@ __all__ = ["CacheSpace"]
 
 
 class CacheSpace:
-    """The budget half of :class:`~ckptstore.data.cache.ShardCache` (see the module doc).
+    """The byte budget of one cache directory, for one process (see the module docstring).
 
-    Call order: :meth:`_reserve` (under no lock of the caller's but the shard's ``dl``
-    lock) returns a pre-allocated temp file or None (no room now); the caller publishes it.
+    ``distances(cursor)`` gives ``{key: samples until the shard's next use}`` (the data
+    order's horizon; a key left out is needed no sooner than never), ``discard(key)``
+    deletes a cached shard's files. Call order: :meth:`reserve`, holding the shard's ``dl``
+    lock, returns a pre-allocated temp file or None (no room now); the caller fills and
+    publishes it (a rename, without the budget lock).
     """
 
-    dir: str
-    limit: int | None
-    wait_timeout: float
-    stats: CacheStats
-    _shards: str
-    _shard_of_key: dict[str, int]
+    def __init__(
+        self,
+        directory: str,
+        shards: str,
+        locks: str,
+        limit: int | None,
+        wait_timeout: float,
+        stats: CacheStats,
+        distances: Callable[[int], dict[str, int]],
+        discard: Callable[[str], None],
+    ) -> None:
+        self.dir, self.shards, self.locks = directory, shards, locks
+        self.limit, self.wait_timeout, self.stats = limit, wait_timeout, stats
+        self._distances, self._discard = distances, discard
 
-    def _lock(self, key: str, kind: str) -> Lock:
-        raise NotImplementedError
+    def lock(self, key: str, kind: str) -> Lock:
+        """The lock file ``locks/<key>.<kind>`` (``use``: readers, ``dl``: the downloader)."""
+        return Lock(os.path.join(self.locks, f"{key}.{kind}"))
 
-    def _discard(self, key: str) -> None:
-        raise NotImplementedError
-
-    def distances(self, cursor: int) -> dict[int, int]:
-        """``{shard: samples from cursor until its next use}`` (the subclass's data order)."""
-        raise NotImplementedError
-
-    def _reserve(self, e: CacheEntry, cursor: int, max_distance: int | None) -> str | None:
+    def reserve(self, e: CacheEntry, cursor: int, max_distance: int | None) -> str | None:
         """Create the pre-allocated temp file, evicting as needed under the budget lock
         (without a limit, the lock only once the disk is full).
 
@@ -58,7 +63,7 @@ class CacheSpace:
         """
         if self.limit is None:  # no space decision to make, unless the disk is full
             try:
-                return create_temp(self._shards, e, self.dir)
+                return create_temp(self.shards, e, self.dir)
             except CacheError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
@@ -89,7 +94,7 @@ class CacheSpace:
             if used + e.size <= self.limit and added < self.limit // 8:
                 ledger.write(used + e.size, added + e.size)
                 return True
-        used, cached = self._usage()
+        used, cached = self.usage()
         if used + e.size > self.limit:
             want = used + e.size - self.limit + self.limit // 16
             used -= self._evict_farthest(cached, cursor, e.key, max_distance, want)[0]
@@ -103,11 +108,11 @@ class CacheSpace:
         """The temp file; on a full disk, evict as the budget would. None: no room now."""
         while True:
             try:
-                return create_temp(self._shards, e, self.dir)
+                return create_temp(self.shards, e, self.dir)
             except CacheError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
-                used, cached = self._usage()
+                used, cached = self.usage()
                 freed, others = self._evict_farthest(cached, cursor, e.key, max_distance, e.size)
                 if freed:
                     if self.limit is not None:
@@ -144,7 +149,7 @@ class CacheSpace:
         finally:
             gate.release()
 
-    def _usage(self) -> tuple[int, dict[str, int]]:
+    def usage(self) -> tuple[int, dict[str, int]]:
         """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones.
         Only under :meth:`_budget`.
 
@@ -155,7 +160,7 @@ class CacheSpace:
         over the budget's count, never under it)."""
         temps = 0
         cached: dict[str, int] = {}
-        with os.scandir(self._shards) as it:
+        with os.scandir(self.shards) as it:
             for d in it:
                 parsed = cache_name(d.name)
                 if parsed is None or parsed[1] != "data":
@@ -174,7 +179,7 @@ class CacheSpace:
                 if is_data:
                     cached[key] = size
                     continue
-                lock = self._lock(key, "dl")
+                lock = self.lock(key, "dl")
                 try:
                     if not lock.try_acquire():
                         temps += size  # its download is in progress
@@ -190,7 +195,7 @@ class CacheSpace:
         """Count shard ``key`` under its .data name, if it is there (a temp file of it
         was renamed during a scan; gone as well: its download failed, or it was evicted)."""
         try:
-            st = os.lstat(os.path.join(self._shards, key + ".data"))
+            st = os.lstat(os.path.join(self.shards, key + ".data"))
             if stat.S_ISREG(st.st_mode):
                 cached[key] = st.st_size
         except FileNotFoundError:
@@ -210,17 +215,14 @@ class CacheSpace:
         ``(freed, others)``: the bytes freed, and whether other cached shards were there
         (pinned, or needed sooner), so that waiting for space can help.
         """
-        far = self.distances(cursor)
+        far = self._distances(cursor)
         inf = float("inf")
         freed, others = 0, False
-        for k in sorted(cached, key=lambda k: -far.get(self._shard_of_key.get(k, -1), inf)):
+        for k in sorted(cached, key=lambda k: -far.get(k, inf)):
             if k == keep:
                 continue
             others = True
-            if (
-                max_distance is not None
-                and far.get(self._shard_of_key.get(k, -1), inf) <= max_distance
-            ):
+            if max_distance is not None and far.get(k, inf) <= max_distance:
                 break
             if self._evict(k):
                 freed += cached[k]
@@ -229,7 +231,7 @@ class CacheSpace:
         return freed, others
 
     def _evict(self, key: str) -> bool:
-        use = self._lock(key, "use")
+        use = self.lock(key, "use")
         if not use.try_acquire():
             use.close()
             return False  # pinned by a reader
