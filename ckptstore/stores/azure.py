@@ -5,11 +5,9 @@ adlfs's ``abfs://container@account.dfs.core.windows.net/path``). ``storage_optio
 adlfs's: ``connection_string``; or ``account_name`` with ``account_key``, ``sas_token``,
 ``credential``, or ``client_id``/``client_secret``/``tenant_id``; ``account_host``;
 ``anon``. The ``AZURE_STORAGE_*`` environment variables fill in what is not given, and
-with no credential at all (and ``anon`` not true) ``DefaultAzureCredential`` is used.
-The SDK's own retries are off (``retry_total=0``): the transfer engine's ``RetryConfig``
-decides, and ``RetryConfig.request_timeout_s`` bounds each connect and read. Multipart
-writes (stage block + commit block list) and create-only writes are :class:`AzureStore`'s
-docstring.
+with no credential at all (and ``anon`` not true) ``DefaultAzureCredential`` is used. The
+SDK's retries are off (``retry_total=0``): ``RetryConfig`` decides, and its
+``request_timeout_s`` bounds each connect and read. Multipart writes: :class:`AzureStore`.
 """
 
 from __future__ import annotations
