@@ -21,8 +21,8 @@ test-fast: setup
 	$(PYTEST) -q -m "not server and not distributed and not processes and not slow"
 
 lint: setup
-	$(PY) -m ruff check ckptstore plugins harness tests benchmarks tools examples
-	$(PY) -m ruff format --check ckptstore plugins harness tests benchmarks tools examples
+	$(PY) -m ruff check ckptstore plugins tests benchmarks tools examples
+	$(PY) -m ruff format --check ckptstore plugins tests benchmarks tools examples
 	$(PY) -m mypy
 	$(PY) -m mypy --python-version 3.10
 	PYTHONPATH=. .venv/bin/lint-imports

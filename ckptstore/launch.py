@@ -1,33 +1,21 @@
 """Process groups that survive a restart under torchrun's default settings.
 
-Why this exists (torch 2.13, c10d rendezvous, torchrun's default shared store):
-the rank-0 agent hosts one TCPStore for the whole job (``dynamic_rendezvous`` creates it on
-the first rendezvous only) and every attempt of the worker group gets that same store at
-the same ``MASTER_ADDR:MASTER_PORT``, as a plain client with no per-attempt prefix
-(``torch.distributed.rendezvous._create_c10d_store``). A process group's keys are named
-after its group name (``default_pg/0/...``, then ``1/``, ``2/``... from a counter that starts
-at 0 in every process), so a restarted group finds the dead attempt's gloo addresses under
-its own keys. gloo sets its own key and reads its peers' at once: a rank that arrives before
-its peer has rewritten that key connects to a dead process ("Gloo connectFullMesh failed")
-and the attempt dies. ``TORCHELASTIC_RESTART_COUNT`` cannot name the attempt: each agent
-counts only its own restarts, so two nodes disagree (pytorch#135712, #108158).
+Under torchrun's default c10d rendezvous (torch 2.13) every attempt of the worker group
+gets the rank-0 agent's one TCPStore, with no per-attempt prefix, and a process group's
+keys are named by a counter that restarts at 0: a restarted group finds the dead attempt's
+gloo addresses under its own keys, and a rank that reads one before its peer rewrote it
+fails ("Gloo connectFullMesh failed"). ``TORCHELASTIC_RESTART_COUNT`` cannot name the
+attempt (each agent counts its own restarts; pytorch#135712, #108158). So
+:func:`init_process_group` meets in that store under a prefix fresh for the attempt (the
+details: its docstring), and :func:`fresh_new_group` gives a library that did not create
+the default group (the CheckpointManager) a ``dist.new_group`` no earlier attempt used.
 
-:func:`init_process_group` meets in that store under a prefix fresh for the attempt, agreed
-through keys no earlier attempt can have written (each rank's own random nonce), then
-creates the default group there; every later ``new_group`` (the CheckpointManager's too)
-nests under it. Without the agent store (no torchrun, or the opt-out variable set) it is
-plain ``dist.init_process_group``.
-
-Call order (every rank, once, before anything else distributed)::
-
-    ckptstore.launch.init_process_group("gloo")      # instead of dist.init_process_group
-    ...
+    ckptstore.launch.init_process_group("gloo")      # every rank, once, before anything
+    ...                                              # else distributed
     dist.destroy_process_group()
 
-:func:`fresh_new_group` is for a library that did not create the default group (the
-CheckpointManager): a ``dist.new_group`` whose name no earlier attempt used. Both call
-:func:`check_rendezvous` once, which warns when the agent runs stock c10d on several nodes
-(``ckptstore.rendezvous`` is the backend to use).
+Both call :func:`check_rendezvous` once, which warns when the agent runs stock c10d on
+several nodes (``ckptstore.rendezvous`` is the backend to use).
 """
 
 from __future__ import annotations
@@ -156,7 +144,14 @@ def _agree(store: Any, rank: int, world_size: int, timeout: timedelta) -> str:
 
 def init_process_group(backend: str = "gloo", timeout: timedelta | None = None) -> None:
     """``dist.init_process_group(backend)`` from torchrun's environment, in a store
-    namespace of this attempt's own; see the module docstring."""
+    namespace of this attempt's own.
+
+    It meets in torchrun's agent store under a prefix fresh for the attempt (the module
+    docstring says why), agreed through keys no earlier attempt can have written (each
+    rank's own random nonce), then creates the default group there; every later
+    ``new_group`` (the CheckpointManager's too) nests under it. Without the agent store (no
+    torchrun, or the opt-out variable set) it is plain ``dist.init_process_group``.
+    """
     timeout = timeout or timedelta(minutes=10)
     check_rendezvous()
     if not shares_agent_store():

@@ -32,6 +32,7 @@ import argparse
 import dataclasses
 import json
 import os
+import runpy
 import shutil
 import statistics
 import sys
@@ -40,13 +41,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, REPO)
-
-from harness.chaos import ChaosResult, Kill, Segment, run_chaos  # noqa: E402
-from harness.ckptcheck import audit_root  # noqa: E402
-from harness.goodput_report import account, plot_timeline  # noqa: E402
-from harness.runlog import (  # noqa: E402
+from harness.chaos import ChaosResult, Kill, Segment, run_chaos
+from harness.ckptcheck import audit_root
+from harness.goodput_report import account, plot_timeline
+from harness.runlog import (
     Attempt,
     check_exactly_once,
     check_restores,
@@ -55,6 +53,7 @@ from harness.runlog import (  # noqa: E402
     trajectory,
 )
 
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(REPO, "examples", "resilience", "train.py")
 MODEL = ["--d-model", "256", "--layers", "4", "--heads", "4", "--ff", "1024"]
 
@@ -127,10 +126,15 @@ class Demo:
             self.server.stop()
 
 
+def example(name: str) -> dict[str, Any]:
+    """The names ``examples/resilience/<name>.py`` defines (run as a module, not as __main__)."""
+    return runpy.run_path(os.path.join(os.path.dirname(SCRIPT), f"{name}.py"))
+
+
 def model_size() -> str:
     """'3.2 M-parameter transformer (38 MB with AdamW state)': the demo's model."""
-    from examples.resilience.train import build_model, parse_args
-
+    train = example("train")
+    build_model, parse_args = train["build_model"], train["parse_args"]
     n = sum(
         p.numel() for p in build_model(parse_args(["--data=-", "--root=-", *MODEL])).parameters()
     )
@@ -248,7 +252,8 @@ def check_run(
     data = check_exactly_once(trajectory(attempts), plan.samples, plan.steps)
     restores = check_restores(attempts)
     expected = {e["step"]: e["model_crc"] for a in attempts for e in a.events("save") if e["saved"]}
-    audit = audit_root(root, storage_options=storage or None, expected=expected)
+    crc = example("eventlog")["tensor_crc"]  # what the job logged its saves with
+    audit = audit_root(root, storage_options=storage or None, expected=expected, crc=crc)
     n_restore = sum(1 for _, s in restores.restores if s is not None)
     epochs = "; ".join(
         f"epoch {e}: {n} seen, {rep} repeated, {mis} missed" for e, n, rep, mis in data.epochs
@@ -339,8 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         t = step("starting the store ..." if a.store == "s3" else "writing the dataset ...")
         demo = Demo(root, plan, a.store, a.seed)
-        from examples.resilience.tokens import write_dataset
-
+        write_dataset = example("tokens")["write_dataset"]
         write_dataset(demo.data, samples=plan.samples, shards=6)
         done(t)
         print(

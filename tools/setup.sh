@@ -6,6 +6,7 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.venv/.ckptstore-setup
 want=$(cat tools/requirements-dev.txt tools/constraints.txt pyproject.toml plugins/*/pyproject.toml \
+  tools/harness/pyproject.toml \
   tools/package.json | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
@@ -24,6 +25,8 @@ pip install -q -c tools/constraints.txt -r tools/requirements-dev.txt
 pip install -q -c tools/constraints.txt --no-deps -e .
 # The framework plugins, each its own distribution (plugins/*), after the core they pin.
 pip install -q -c tools/constraints.txt --no-deps -e plugins/lightning -e plugins/hf
+# The test harness (tools/harness): a dev-only distribution the tests, benchmarks and demo import.
+pip install -q -c tools/constraints.txt --no-deps -e tools/harness
 pip check
 # Azurite (Microsoft's Azure Blob emulator) for the Azure tests.
 if command -v npm >/dev/null 2>&1; then

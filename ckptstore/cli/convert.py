@@ -24,6 +24,7 @@ import time
 import warnings
 from typing import Any
 
+from ckptstore import Store, verify_checkpoint
 from ckptstore.cli.context import Context
 from ckptstore.cli.copy import require_committed
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
@@ -32,8 +33,6 @@ from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import codec_names
 from ckptstore.engine.commit import uncommit
 from ckptstore.engine.copy import check_empty_destination
-from ckptstore.engine.store import Store
-from ckptstore.engine.verify import verify_checkpoint
 from ckptstore.errors import (
     CheckpointExistsError,
     ConfigError,

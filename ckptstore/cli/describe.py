@@ -235,7 +235,7 @@ def _file_problems(files: list[dict[str, Any]], metadata: Any, store: Store) -> 
                 "damaged (`ckptstore-tool verify` checks every byte)"
             )
     if metadata is not None and not problems:
-        from ckptstore.dcp.metadata import check_metadata
+        from ckptstore.dcp.metadata_bounds import check_metadata
 
         sizes = {f["name"]: f["size"] for f in files if f["size"] is not None}
         try:

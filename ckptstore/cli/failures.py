@@ -1,29 +1,13 @@
 """What ``ckptstore-tool`` prints for a failure, and with which exit code: never a traceback.
 
 ``explain(exc, urls, options_given)`` turns any exception a command raised into
-``(exit code, one-line message)``:
-
-* a ``CorruptCheckpointError`` -> 1 (damage found); any other ``CkptStoreError`` -> 2;
-* an ``OSError`` that no ckptstore layer explained (a host that does not resolve, a refused
-  connection, a permission error) -> 2, naming the command's URLs;
-* an error raised inside a store client while ``-o`` options were given (an unknown option
-  name, a value of the wrong type) -> 2, naming the options;
-* an exception of a store client's own type (botocore, aiohttp, httpx, the Azure and Google
-  SDKs, fsspec backends), or one a third-party module raised under the stores layer -> 2;
-* a missing package (``ImportError`` of a module that is not ckptstore's) -> 2, as a missing
-  optional dependency; running out of memory for what a checkpoint claims -> 2;
-* DCP's ``CheckpointException`` is unwrapped to the first rank's error first, and an error
-  that only wraps a ckptstore error (``raise ... from``) to that error;
-* anything else is a bug -> 3, one line with the exception and "please report"; setting
-  ``CKPTSTORE_TOOL_TRACEBACK=1`` prints the traceback as well.
-
-Where an exception comes from is decided by its type's module and its frames' module names
-(``ckptstore.stores.s3_client``, ``botocore.client``), never by file paths: a checkout
-named ``ckptstore`` with its virtualenv inside puts ``/ckptstore/`` in every path.
-Every message is redacted (``ckptstore.redact``) before it is printed.
-
-Library messages speak of the Python API (``storage_options``, ``overwrite=True``); on the
-command line the same advice names the flags (``-o key=...``, ``--force``): ``cli_wording``.
+``(exit code, one-line message)``: 1 for damage found, 2 for what the user can fix (a
+ckptstore error, a network or permission error, a store client's refusal, a missing
+package), 3 for a bug (``CKPTSTORE_TOOL_TRACEBACK=1`` prints its traceback too); the cases
+are :func:`explain`'s docstring. Every message is redacted (``ckptstore.redact``) before it
+is printed. Library messages speak of the Python API (``storage_options``,
+``overwrite=True``); on the command line the same advice names the flags (``-o key=...``,
+``--force``): ``cli_wording``.
 """
 
 from __future__ import annotations
@@ -196,7 +180,26 @@ def _out_of_memory(exc: BaseException) -> bool:
 def explain(
     exc: BaseException, urls: Sequence[str], options_given: Sequence[str] = ()
 ) -> tuple[int, str]:
-    """``(exit code, one-line message)`` for ``exc`` raised by a command on ``urls``."""
+    """``(exit code, one-line message)`` for ``exc`` raised by a command on ``urls``.
+
+    * a ``CorruptCheckpointError`` -> 1 (damage found); any other ``CkptStoreError`` -> 2;
+    * an ``OSError`` that no ckptstore layer explained (a host that does not resolve, a refused
+      connection, a permission error) -> 2, naming the command's URLs;
+    * an error raised inside a store client while ``-o`` options were given (an unknown option
+      name, a value of the wrong type) -> 2, naming the options;
+    * an exception of a store client's own type (botocore, aiohttp, httpx, the Azure and Google
+      SDKs, fsspec backends), or one a third-party module raised under the stores layer -> 2;
+    * a missing package (``ImportError`` of a module that is not ckptstore's) -> 2, as a missing
+      optional dependency; running out of memory for what a checkpoint claims -> 2;
+    * DCP's ``CheckpointException`` is unwrapped to the first rank's error first, and an error
+      that only wraps a ckptstore error (``raise ... from``) to that error;
+    * anything else is a bug -> 3, one line with the exception and "please report"; setting
+      ``CKPTSTORE_TOOL_TRACEBACK=1`` prints the traceback as well.
+
+    Where an exception comes from is decided by its type's module and its frames' module names
+    (``ckptstore.stores.s3_client``, ``botocore.client``), never by file paths: a checkout
+    named ``ckptstore`` with its virtualenv inside puts ``/ckptstore/`` in every path.
+    """
     code, message = _explain(_own_cause(exc), urls, options_given)
     return code, redact(message)
 

@@ -38,7 +38,7 @@ def add_parser(sub: Any, common: Any) -> None:
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     """Run ``pack``; the exit status."""
-    from ckptstore.data.pack import pack_files
+    from ckptstore.data import pack_files
 
     src, dst = ctx.open(args.src, "src"), ctx.open(args.dst, "dst")
     try:

@@ -1,51 +1,21 @@
 """The node-local shard cache: one directory shared by every process of a node.
 
-Layout under ``cache_dir``::
+Layout under ``cache_dir``: ``budget.lock`` (flock'ed around every space decision; holds the
+ledger), ``pressure`` (touched by a process waiting for space: others unpin),
+``shards/<key>.data`` (a complete, verified shard), ``shards/<key>.meta`` (its size, CRC32C
+and footer digest, written first), ``shards/<key>.data.tmp-*`` (a download in progress,
+pre-allocated), ``locks/<key>.use`` (shared-locked by every reader) and ``locks/<key>.dl``
+(held by the one downloader). Only these names are the cache's (``cachefiles.cache_name``);
+nothing else is counted, evicted or followed, and fixed names are opened ``O_NOFOLLOW``.
 
-    budget.lock                 flock'ed (exclusive) around every space decision; holds
-                                the ledger: bytes in use, bytes reserved since a recount
-    pressure                    touched by a process waiting for space: others unpin
-    shards/<key>.data           a complete, verified shard
-    shards/<key>.meta           its size, CRC32C and footer digest (written before .data)
-    shards/<key>.data.tmp-*     a download in progress (pre-allocated to the full size)
-    locks/<key>.use             shared-locked by every process reading the shard
-    locks/<key>.dl              exclusively locked by the one process downloading it
-
-Only these names are the cache's (``cachefiles.cache_name``): a scan counts, evicts and
-deletes nothing else in ``shards/``, and never follows a link there; lock files, the
-ledger and ``pressure`` are opened with ``O_NOFOLLOW`` (a planted link is a ``CacheError``).
-
-Rules: a download is written to a temp file (``posix_fallocate``'d, so space is claimed up
-front and a full disk fails at once: the farthest-needed unpinned shard is then evicted as
-if the budget were full, and only when none is left does a demand read fail with
-``CacheError``), verified (size, footer digest, CRC32C recorded) and renamed into place.
-Space is counted in the ledger (every reservation adds to it, every eviction takes away) and
-recounted by summing ``.data`` and temp files when it says a new shard does not fit, or
-after limit / 8 bytes of reservations; when a new shard does not fit the byte budget, the
-shards needed farthest in the future (per :class:`~ckptstore.data.stream.DataOrder`) that
-nobody holds a ``.use`` lock on are evicted, until it fits with limit / 16 to spare (so a
-directory of many small files is scanned once per many downloads, not for each). Readers
-keep shards pinned between batches; a process waiting for space touches ``pressure`` and
-every process unpins its idle shards at its next batch (or while it waits itself), so pins
-never starve a waiter. A prefetch may only evict shards needed later than the one it
-fetches. Locks are ``flock`` locks: a crashed process releases them (a forked child closes
-the ones it inherits), and its temp files are removed by the next recount. Each process
-checks a cached file's CRC32C the first time it opens it and re-fetches it on mismatch.
-
-Call order (per process)::
-
-    cache = ShardCache(cache_dir, limit, store, engine, entries, order)
-    h = cache.acquire(i, cursor)          # blocks until shard i is local and verified; pinned
-    hs = cache.acquire_many(ids, cursor, pool)  # several at once; {i: handle}, some left out
-    ... read h.path ...
-    h.release()                           # evictable again
-    cache.prefetch(i, cursor, distance)   # background: fetch if it fits, never waits
+A download goes to a temp file, is verified and renamed into place; the budget (what fits,
+what to evict: :mod:`~ckptstore.data.cachespace`) never evicts a pinned shard. Locks are
+``flock`` locks, so a crashed process releases them; its temp files go at the next recount.
+Each process checks a cached file's CRC32C the first time it opens it.
 """
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
 import logging
 import os
@@ -53,29 +23,26 @@ import stat
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
 
-from ckptstore.data.cachedownload import check_copy, create_temp, explain_mismatch
+from ckptstore.data.cachedownload import check_copy, explain_mismatch
 from ckptstore.data.cachefiles import (
-    NOFOLLOW,
     TMP,
     CacheEntry,
     CacheStats,
     Handle,
-    Ledger,
-    Lock,
     Mismatch,
-    cache_name,
     cache_os_error,
     changed_error,
     check_limit,
     fetch_to_file,
     file_crc32c,
     probe_cache_dir,
-    process_gate,
     unlink_quietly,
 )
+from ckptstore.data.cachelocks import NOFOLLOW
+from ckptstore.data.cachespace import CacheSpace
 from ckptstore.data.stream import DataOrder
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -99,7 +66,22 @@ def _release_result(fut: Future[Handle | None]) -> None:
 
 
 class ShardCache:
-    """One process's view of a node-local cache directory. See the module docstring."""
+    """One process's view of a node-local cache directory. See the module docstring.
+
+    Readers keep shards pinned between batches; a process waiting for space touches
+    ``pressure`` and every process unpins its idle shards at its next batch (or while it
+    waits itself), so pins never starve a waiter. A full disk evicts as a full budget does;
+    only when nothing is left to evict does a demand read fail with ``CacheError``. A
+    prefetch may only evict shards needed later than the one it fetches. Call order (per
+    process)::
+
+        cache = ShardCache(cache_dir, limit, store, engine, entries, order)
+        h = cache.acquire(i, cursor)          # blocks until shard i is local and verified
+        hs = cache.acquire_many(ids, cursor, pool)  # several at once; some may be left out
+        ... read h.path ...
+        h.release()                           # evictable again
+        cache.prefetch(i, cursor, distance)   # background: fetch if it fits, never waits
+    """
 
     def __init__(
         self,
@@ -117,14 +99,9 @@ class ShardCache:
         on_pressure: Callable[[], None] | None = None,
     ) -> None:
         self.dir = os.path.abspath(os.path.expanduser(cache_dir))
-        self.limit = limit
-        self.store = store
-        self.engine = engine
-        self.entries = list(entries)
-        self.order = order
-        self.verify = verify
-        self.wait_timeout = wait_timeout
-        self.attempts = attempts
+        self.limit, self.store, self.engine = limit, store, engine
+        self.entries, self.order = list(entries), order
+        self.verify, self.wait_timeout, self.attempts = verify, wait_timeout, attempts
         self.on_pressure = on_pressure
         self.stats = CacheStats()
         n, c = order.num_samples, order.buckets
@@ -132,11 +109,12 @@ class ShardCache:
         # distances are recomputed when the cursor crosses 1/512 of that (cheap per batch).
         self.horizon = horizon or min(2 * n, max(16 * n // c, 1 << 16))
         self._quantum = max(1, self.horizon // 512)
-        self._shard_of_key = {e.key: i for i, e in enumerate(self.entries)}
         self._verified: dict[str, tuple[int, int, int]] = {}
         self._vlock = threading.Lock()
         check_limit(limit, self.entries)
-        self._shards, self._locks = probe_cache_dir(self.dir)
+        self._shards, locks = probe_cache_dir(self.dir)
+        space = (self.dir, self._shards, locks, limit, wait_timeout, self.stats)
+        self.space = CacheSpace(*space, self._key_distances, self._discard)
         self._pressure = os.path.join(self.dir, "pressure")
 
     # -- pressure: a demand read waiting for space asks every process to unpin --------
@@ -168,8 +146,8 @@ class ShardCache:
     def _meta_path(self, key: str) -> str:
         return os.path.join(self._shards, key + ".meta")
 
-    def _lock(self, key: str, kind: str) -> Lock:
-        return Lock(os.path.join(self._locks, f"{key}.{kind}"))
+    def _key_distances(self, cursor: int) -> dict[str, int]:
+        return {self.entries[s].key: d for s, d in self.distances(cursor).items()}
 
     def distances(self, cursor: int) -> dict[int, int]:
         """``{shard: samples from cursor until its next use}`` within the horizon."""
@@ -235,14 +213,14 @@ class ShardCache:
         cache space, or for another process's download of the shard."""
         e = self.entries[i]
         path = self.data_path(i)
-        use = self._lock(e.key, "use")
+        use = self.space.lock(e.key, "use")
         use.acquire(shared=True)  # from here on nobody evicts the file
         try:
             if self._check(e, path) == "ok":
                 self.stats.add(hits=1)
                 return Handle(path, use)
             t0 = time.monotonic()
-            dl = self._lock(e.key, "dl")
+            dl = self.space.lock(e.key, "dl")
             if not wait:
                 if not dl.try_acquire():  # another process fetches it: acquire() waits
                     dl.close()
@@ -323,7 +301,7 @@ class ShardCache:
         e = self.entries[i]
         if self.is_cached(i):
             return "cached"
-        dl = self._lock(e.key, "dl")
+        dl = self.space.lock(e.key, "dl")
         if not dl.try_acquire():
             dl.close()  # its lock file's fd
             return "busy"
@@ -335,7 +313,7 @@ class ShardCache:
         finally:
             dl.close()
 
-    # -- space ---------------------------------------------------------------------------
+    # -- download ------------------------------------------------------------------------
     def _download(
         self,
         e: CacheEntry,
@@ -351,7 +329,7 @@ class ShardCache:
         """
         deadline = time.monotonic() + self.wait_timeout
         while True:
-            tmp = self._reserve(e, cursor, max_distance if not demand else None)
+            tmp = self.space.reserve(e, cursor, max_distance if not demand else None)
             if tmp is not None:
                 break
             if not demand or not wait:
@@ -411,194 +389,3 @@ class ShardCache:
             with self._vlock:
                 self._verified[e.key] = (st.st_ino, st.st_mtime_ns, st.st_size)
             return
-
-    def _reserve(self, e: CacheEntry, cursor: int, max_distance: int | None) -> str | None:
-        """Create the pre-allocated temp file, evicting as needed under the budget lock
-        (without a limit, the lock only once the disk is full).
-
-        ``max_distance`` None (a demand fetch) may evict any unpinned shard; otherwise only
-        shards next needed later than ``max_distance`` (or not at all). None: no room.
-        """
-        if self.limit is None:  # no space decision to make, unless the disk is full
-            try:
-                return create_temp(self._shards, e, self.dir)
-            except CacheError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-        with self._budget() as ledger:
-            if self.limit is not None and not self._fit(ledger, e, cursor, max_distance):
-                return None
-            tmp = None
-            try:
-                tmp = self._create(e, cursor, max_distance, ledger)
-            finally:
-                if tmp is None and self.limit is not None:
-                    ledger.free(e.size)  # the reservation _fit counted
-            return tmp
-
-    def _fit(self, ledger: Ledger, e: CacheEntry, cursor: int, max_distance: int | None) -> bool:
-        """Count ``e`` in the ledger if it fits the limit, evicting as needed; False: not now.
-
-        The ledger decides alone while it says ``e`` fits and fewer than limit / 8 bytes
-        were reserved since the files were last counted (a recount also catches what a
-        process without this limit added). Otherwise the files are counted, and if ``e``
-        does not fit, the farthest-needed shards are evicted until it does with limit / 16
-        to spare: one scan of the directory, one sort, for many downloads, not each.
-        """
-        assert self.limit is not None
-        known = ledger.read()
-        if known is not None:
-            used, added = known
-            if used + e.size <= self.limit and added < self.limit // 8:
-                ledger.write(used + e.size, added + e.size)
-                return True
-        used, cached = self._usage()
-        if used + e.size > self.limit:
-            want = used + e.size - self.limit + self.limit // 16
-            used -= self._evict_farthest(cached, cursor, e.key, max_distance, want)[0]
-        fits = used + e.size <= self.limit
-        ledger.write(used + e.size if fits else used, e.size if fits else 0)
-        return fits
-
-    def _create(
-        self, e: CacheEntry, cursor: int, max_distance: int | None, ledger: Ledger
-    ) -> str | None:
-        """The temp file; on a full disk, evict as the budget would. None: no room now."""
-        while True:
-            try:
-                return create_temp(self._shards, e, self.dir)
-            except CacheError as exc:
-                if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
-                    raise
-                used, cached = self._usage()
-                freed, others = self._evict_farthest(cached, cursor, e.key, max_distance, e.size)
-                if freed:
-                    if self.limit is not None:
-                        ledger.free(freed)
-                    continue
-                in_progress = used > sum(cached.values())  # live temp files hold space
-                if max_distance is not None or others or in_progress:
-                    # "full": a prefetch tries later; a demand read waits for a pinned
-                    # shard to be let go or for a download in progress (whose space
-                    # it holds) to be published and so become evictable
-                    return None
-                raise  # nothing of ours to evict: the disk is full of other files
-
-    @contextlib.contextmanager
-    def _budget(self) -> Iterator[Ledger]:
-        """Hold the node's budget lock around every space decision: with a limit, each
-        reservation; without one, only what a full disk makes necessary. It is one lock
-        for the node, so it is never taken where no decision is made (a publish, a
-        reservation under no limit): small files come hundreds a second."""
-        path = os.path.join(self.dir, "budget.lock")
-        deadline = time.monotonic() + self.wait_timeout
-        gate = process_gate(path)  # this process's threads queue here, not on the flock
-        if not gate.acquire(timeout=self.wait_timeout):
-            raise CacheError(
-                f"waited {self.wait_timeout:.0f} s for the cache budget lock held by another "
-                "thread of this process"
-            )
-        try:
-            with Lock(path) as budget:
-                budget.acquire(
-                    timeout=max(0.0, deadline - time.monotonic()), what="cache budget lock"
-                )
-                yield Ledger(budget)
-        finally:
-            gate.release()
-
-    def _usage(self) -> tuple[int, dict[str, int]]:
-        """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones.
-        Only under :meth:`_budget`.
-
-        Downloads publish (rename temp -> .data) without the lock, so a shard may move
-        between its two names during the scan: a temp file gone when stat()ed, or whose
-        download is over by the time its lock is tried, is looked up under its .data
-        name, so a shard is never counted as neither (at worst, for a moment, as both:
-        over the budget's count, never under it)."""
-        temps = 0
-        cached: dict[str, int] = {}
-        with os.scandir(self._shards) as it:
-            for d in it:
-                parsed = cache_name(d.name)
-                if parsed is None or parsed[1] != "data":
-                    continue  # not a shard file the cache made: never counted nor deleted
-                key, _, is_temp = parsed
-                is_data = not is_temp
-                try:
-                    st = d.stat(follow_symlinks=False)
-                    size = st.st_size
-                except FileNotFoundError:
-                    if not is_data:  # published since it was listed (else: evicted)
-                        self._count_published(key, cached)
-                    continue
-                if not stat.S_ISREG(st.st_mode):
-                    continue  # a link or anything else under our name: never followed
-                if is_data:
-                    cached[key] = size
-                    continue
-                lock = self._lock(key, "dl")
-                try:
-                    if not lock.try_acquire():
-                        temps += size  # its download is in progress
-                    elif os.path.lexists(d.path):
-                        unlink_quietly(d.path)  # nobody downloads it: a crashed one's leftover
-                    else:  # its download published it and ended since the stat()
-                        self._count_published(key, cached)
-                finally:
-                    lock.close()
-        return temps + sum(cached.values()), cached
-
-    def _count_published(self, key: str, cached: dict[str, int]) -> None:
-        """Count shard ``key`` under its .data name, if it is there (a temp file of it
-        was renamed during a scan; gone as well: its download failed, or it was evicted)."""
-        try:
-            st = os.lstat(os.path.join(self._shards, key + ".data"))
-            if stat.S_ISREG(st.st_mode):
-                cached[key] = st.st_size
-        except FileNotFoundError:
-            pass
-
-    def _evict_farthest(
-        self,
-        cached: dict[str, int],
-        cursor: int,
-        keep: str,
-        max_distance: int | None,
-        want: int,
-    ) -> tuple[int, bool]:
-        """Evict unpinned shards of ``cached``, farthest-needed first (and only beyond
-        ``max_distance``), until ``want`` bytes are freed.
-
-        ``(freed, others)``: the bytes freed, and whether other cached shards were there
-        (pinned, or needed sooner), so that waiting for space can help.
-        """
-        far = self.distances(cursor)
-        inf = float("inf")
-        freed, others = 0, False
-        for k in sorted(cached, key=lambda k: -far.get(self._shard_of_key.get(k, -1), inf)):
-            if k == keep:
-                continue
-            others = True
-            if (
-                max_distance is not None
-                and far.get(self._shard_of_key.get(k, -1), inf) <= max_distance
-            ):
-                break
-            if self._evict(k):
-                freed += cached[k]
-                if freed >= want:
-                    break
-        return freed, others
-
-    def _evict(self, key: str) -> bool:
-        use = self._lock(key, "use")
-        if not use.try_acquire():
-            use.close()
-            return False  # pinned by a reader
-        try:
-            self._discard(key)
-        finally:
-            use.close()
-        self.stats.add(evictions=1)
-        return True

@@ -1,25 +1,25 @@
-"""Building blocks of the shard cache: flock locks, counters, ranged download into a file.
+"""Building blocks of the shard cache: file names, counters, ranged download into a file.
 
 Kept apart from :mod:`ckptstore.data.cache` so the policy (what to keep, what to evict)
-reads on its own. Nothing here knows about the data order.
+reads on its own; the locks and the byte ledger are :mod:`ckptstore.data.cachelocks`.
+Nothing here knows about the data order.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import hashlib
 import os
 import re
 import stat
 import threading
-import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, fields
 
+from ckptstore.data.cachelocks import NOFOLLOW, Lock
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine, split_ranges
@@ -29,8 +29,6 @@ __all__ = [
     "CacheEntry",
     "CacheStats",
     "Handle",
-    "Ledger",
-    "Lock",
     "Mismatch",
     "TMP",
     "cache_os_error",
@@ -41,16 +39,11 @@ __all__ = [
     "file_crc32c",
     "make_key",
     "probe_cache_dir",
-    "process_gate",
     "unlink_quietly",
 ]
 
 #: Every temp file in the cache has this in its name.
 TMP = ".tmp-"
-
-#: Opening flags of every file the cache opens by a fixed name: a symlink planted there
-#: (``budget.lock`` -> a user's file) is refused (ELOOP), never followed and overwritten.
-NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
 
 # What the cache makes in ``shards/`` (``<key>`` as ``ShardedDataset`` builds it: 24 hex,
 # '-', at most 48 of [A-Za-z0-9._-]): ``<key>.data``, ``<key>.meta``, and their temp files
@@ -90,190 +83,6 @@ class Mismatch(Exception):
     def __init__(self, message: str, changed: bool = False) -> None:
         super().__init__(message)
         self.changed = changed
-
-
-# Every lock fd this process holds open. A forked child (a DataLoader worker) closes its
-# inherited copies at once: an flock belongs to the open file, so an inherited fd would keep
-# the parent's lock held for as long as the child lives, even after the parent released it.
-_OPEN_FDS: set[int] = set()
-_FDS_LOCK = threading.Lock()
-
-
-# Threads of one process waiting for the same exclusive flock queue on a threading.Lock
-# first (see ``process_gate``); a forked child starts with fresh ones.
-_GATES: dict[str, threading.Lock] = {}
-
-
-def process_gate(path: str) -> threading.Lock:
-    """The one threading.Lock of this process for the lock file ``path``.
-
-    An flock is waited for by polling (a timeout must be possible), so threads that poll
-    for it leave it free between their sleeps; behind this gate only one thread of the
-    process polls, and the next one takes over the moment it is done.
-    """
-    with _FDS_LOCK:
-        return _GATES.setdefault(path, threading.Lock())
-
-
-def _close_inherited() -> None:
-    global _FDS_LOCK
-    _FDS_LOCK = threading.Lock()
-    _GATES.clear()
-    for fd in list(_OPEN_FDS):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
-    _OPEN_FDS.clear()
-
-
-# Holding _FDS_LOCK across the fork means no thread is between opening a lock fd and
-# registering it (or unregistering and closing it) when the child is made.
-os.register_at_fork(
-    before=lambda: _FDS_LOCK.acquire(),
-    after_in_parent=lambda: _FDS_LOCK.release(),
-    after_in_child=_close_inherited,
-)
-
-
-class Lock:
-    """An ``flock`` on one lock file: per open file, so it also excludes threads.
-
-    A crashed holder's lock is released by the kernel; a forked child never inherits one.
-    Lock files are never deleted (a deleted-and-recreated lock file would let two holders
-    lock different inodes).
-    """
-
-    def __init__(self, path: str) -> None:
-        self.path = path
-        self._fd: int | None = None
-        self._pid = 0
-
-    def _open(self) -> int:
-        if self._fd is None or self._pid != os.getpid():
-            with _FDS_LOCK:
-                try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
-                except OSError as exc:
-                    if exc.errno == errno.ELOOP:
-                        raise CacheError(
-                            exc.errno,
-                            f"lock file {self.path} is a symbolic link; the cache never "
-                            "writes through one. Remove the link (the cache re-creates it)",
-                        ) from exc
-                    raise CacheError(
-                        exc.errno or 0,
-                        f"cannot create lock file {self.path} ({exc.strerror}); the cache_dir "
-                        "must be writable",
-                    ) from exc
-                _OPEN_FDS.add(fd)
-            self._fd, self._pid = fd, os.getpid()
-        return self._fd
-
-    def try_acquire(self, shared: bool = False) -> bool:
-        """Take the lock (shared or exclusive) if it is free now; False if it is not."""
-        mode = (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB
-        try:
-            fcntl.flock(self._open(), mode)
-        except BlockingIOError:
-            return False
-        return True
-
-    def acquire(
-        self,
-        shared: bool = False,
-        timeout: float | None = None,
-        what: str = "",
-        on_wait: float | None = None,
-        waiting: object = None,
-    ) -> None:
-        """Take the lock; with ``timeout``, poll and raise ``CacheError`` when it passes.
-
-        ``waiting`` (a callable) is called once after ``on_wait`` s of waiting: a holder of
-        other locks releases them there, so two processes never wait on each other.
-        """
-        if timeout is None:
-            fcntl.flock(self._open(), fcntl.LOCK_SH if shared else fcntl.LOCK_EX)
-            return
-        start = time.monotonic()
-        delay = 0.001
-        called = False
-        while not self.try_acquire(shared):
-            waited = time.monotonic() - start
-            if waited > timeout:
-                raise CacheError(
-                    f"waited {timeout:.0f} s for the {what or self.path} lock held by another "
-                    "process; if that process hangs, stop it (a dead process releases its locks)"
-                )
-            if callable(waiting) and not called and on_wait is not None and waited > on_wait:
-                waiting()
-                called = True
-            time.sleep(delay)
-            delay = min(0.02, delay * 2)
-
-    def fileno(self) -> int:
-        """The lock file's descriptor (what :class:`Ledger` reads and writes)."""
-        return self._open()
-
-    def close(self) -> None:
-        """Release the lock (closing the file releases the flock)."""
-        fd, self._fd = self._fd, None
-        if fd is not None and self._pid == os.getpid():  # a parent's fd is not ours to close
-            with _FDS_LOCK:
-                _OPEN_FDS.discard(fd)
-                os.close(fd)
-
-    def __enter__(self) -> Lock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
-_LEDGER = re.compile(rb" *([0-9]{1,19}) ([0-9]{1,19}) *\n?")
-
-
-class Ledger:
-    """The node's count of cache bytes, kept as text in the budget lock file itself.
-
-    ``used``: bytes of cached and in-progress shards, an upper bound as long as every
-    reservation adds to it. Bytes freed without the lock (a failed download's temp file, a
-    corrupt copy discarded, a crashed process's leftovers) stay counted until the next
-    recount, which writes the files' own sum. ``added``: bytes reserved since that recount.
-    Read and written only while the lock is held. None when unreadable (a new cache, one an
-    older version kept, anything else in the file): the caller recounts.
-    """
-
-    WIDTH = 48  # "used added", space-padded: a rewrite never leaves a longer one's tail
-
-    def __init__(self, lock: Lock) -> None:
-        self._fd = lock.fileno()
-
-    @classmethod
-    def parse(cls, data: bytes) -> tuple[int, int] | None:
-        """``(used, added)`` from the file's first bytes, or None if they hold no valid count
-        (only ``<digits> <digits>`` and padding count: the file is anyone's to write)."""
-        m = _LEDGER.fullmatch(data[: cls.WIDTH])
-        if m is None:
-            return None
-        return int(m.group(1)), int(m.group(2))
-
-    def read(self) -> tuple[int, int] | None:
-        """``(used, added)``, or None if the file holds no valid count."""
-        try:
-            return self.parse(os.pread(self._fd, self.WIDTH, 0))
-        except OSError:
-            return None
-
-    def write(self, used: int, added: int) -> None:
-        """Record ``used`` bytes in use and ``added`` bytes reserved since the last recount."""
-        os.pwrite(self._fd, f"{used} {added}".ljust(self.WIDTH - 1).encode() + b"\n", 0)
-
-    def free(self, size: int) -> None:
-        """Count ``size`` bytes as freed (an eviction, a reservation given back)."""
-        known = self.read()
-        if known is not None:
-            self.write(max(0, known[0] - size), known[1])
 
 
 @dataclass

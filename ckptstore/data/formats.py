@@ -1,4 +1,5 @@
-"""Shard formats: read a shard's index from its footer, and samples from a local copy.
+"""Shard formats: read a shard's index and schema from its footer (the samples of a local
+copy are read by :mod:`ckptstore.data.shardreader`).
 
 Three formats (a *group* is what is decoded at once):
 
@@ -8,42 +9,27 @@ Three formats (a *group* is what is decoded at once):
   bytes each); bodies are never read.
 - ``raw``: a sample is a whole file (``{"path": ..., "data": bytes}``); one group of one.
 
-Call order::
-
-    rows, digest = read_index(fmt, size, read)     # read(offset, length) -> bytes, remote or local
-    reader = open_reader(fmt, local_path, shard_path, rows, columns, groups)
-    samples = reader.take([3, 0, 7])                # rows of the shard, in the order asked
-    reader.close()
-
-``digest`` (SHA-256 of the footer) identifies a shard's content cheaply: it enters the
-dataset fingerprint and is checked again on the downloaded copy.
+``read_index(fmt, size, read)`` (``read(offset, length) -> bytes``, remote or local) gives
+``(rows, digest)``; ``digest`` (SHA-256 of the footer) identifies a shard's content
+cheaply: it enters the dataset fingerprint and is checked again on the downloaded copy.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
 import hashlib
 import struct
-import threading
-from collections import OrderedDict
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
-from ckptstore.data.columns import DecodedGroup
 from ckptstore.errors import ShardFormatError, missing_dependency
 
 __all__ = [
     "FORMATS",
     "EXTENSIONS",
-    "GroupCache",
-    "ShardReader",
-    "open_reader",
     "check_schemas",
     "inspect",
     "preload",
+    "pyarrow_module",
     "read_index",
 ]
 
@@ -60,7 +46,8 @@ MAX_ROWS_PER_BYTE = 1024
 ReadFn = Callable[[int, int], bytes]
 
 
-def _pyarrow() -> Any:
+def pyarrow_module() -> Any:
+    """``pyarrow``, or ``MissingDependencyError`` naming the extra that installs it."""
     try:
         import pyarrow
     except ImportError as exc:
@@ -106,7 +93,7 @@ def _fields(schema: Any) -> Schema:
 
 
 def _parquet_inspect(size: int, read: ReadFn) -> tuple[tuple[int, ...], str, Schema]:
-    pa = _pyarrow()
+    pa = pyarrow_module()
     import pyarrow.parquet as pq
 
     footer, _ = _tail(size, read, b"PAR1", "Parquet")
@@ -205,7 +192,7 @@ def _arrow_index(size: int, read: ReadFn) -> tuple[tuple[int, ...], str]:
 
 def _arrow_schema(size: int, read: ReadFn) -> Schema:
     """The schema message at the head of an IPC file (``ARROW1``, 2 pad bytes, message)."""
-    pa = _pyarrow()
+    pa = pyarrow_module()
     import pyarrow.ipc as ipc
 
     head = bytes(read(0, min(size, 16)))
@@ -288,7 +275,7 @@ def preload(fmt: str) -> None:
     forked stays locked forever in the children; importing up front avoids that.
     """
     if fmt in ("parquet", "arrow"):
-        _pyarrow()
+        pyarrow_module()
         import pyarrow.ipc  # noqa: F401
         import pyarrow.parquet  # noqa: F401
 
@@ -306,162 +293,4 @@ def read_index(fmt: str, size: int, read: ReadFn) -> tuple[tuple[int, ...], str]
         return _arrow_index(size, read)
     if fmt == "raw":
         return (1,), ""
-    raise ShardFormatError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")
-
-
-# --- local readers ---------------------------------------------------------------------------
-
-
-class GroupCache:
-    """A byte-bounded LRU of decoded groups (:class:`DecodedGroup`), shared by a process's
-    readers."""
-
-    def __init__(self, max_bytes: int) -> None:
-        self.max_bytes = max_bytes
-        self._items: OrderedDict[tuple[str, int], tuple[Any, int]] = OrderedDict()
-        self._bytes = 0
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, int], load: Callable[[], Any]) -> Any:
-        """The group cached under ``key``, else ``load()``'s, cached (evicting the oldest).
-
-        What ``load()`` returns has an ``nbytes``: what the byte budget counts.
-        """
-        with self._lock:
-            hit = self._items.get(key)
-            if hit is not None:
-                self._items.move_to_end(key)
-                return hit[0]
-        table = load()
-        nbytes = int(table.nbytes)
-        with self._lock:
-            if key not in self._items:
-                self._items[key] = (table, nbytes)
-                self._bytes += nbytes
-            while self._bytes > self.max_bytes and len(self._items) > 1:
-                _, (_, n) = self._items.popitem(last=False)
-                self._bytes -= n
-        return table
-
-
-class ShardReader:
-    """Samples of one local shard file. ``take`` decodes each needed group once (cached)."""
-
-    def __init__(
-        self,
-        key: str,
-        rows: Sequence[int],
-        groups: GroupCache,
-        load: Callable[[int], Any],
-        name: str = "",
-    ) -> None:
-        self.key = key
-        self.name = name or key
-        self.offsets = np.cumsum((0, *rows), dtype=np.int64)
-        self._groups = groups
-        self._load = load
-
-    def take(self, indices: Sequence[int]) -> list[Any]:
-        """Rows ``indices`` of the shard as dicts ``{column: value}``, in the order given.
-
-        Array columns arrive as NumPy arrays (:func:`ckptstore.data.columns.to_rows`).
-        """
-        idx = np.asarray(indices, dtype=np.int64)
-        group = np.searchsorted(self.offsets, idx, side="right") - 1
-        out: list[Any] = [None] * len(idx)
-        for g in sorted(set(group.tolist())):  # np.unique imports numpy.ma (0.1 s a worker)
-            where = np.flatnonzero(group == g)
-            decoded = self._groups.get((self.key, g), functools.partial(self._decode, g))
-            for pos, row in zip(where.tolist(), decoded.rows(idx[where] - self.offsets[g])):
-                out[pos] = row
-        return out
-
-    def _decode(self, g: int) -> DecodedGroup:
-        """Group ``g`` decoded, holding exactly the rows the listing counted: a damaged
-        file (truncated pages, a footer that lies) is a ``ShardFormatError`` naming it."""
-        want = int(self.offsets[g + 1] - self.offsets[g])
-        with _unreadable(f"{self.name}: group {g}"):
-            table = self._load(g)
-            got = int(table.num_rows)
-        if got != want:
-            raise ShardFormatError(
-                f"{self.name}: group {g} holds {got} rows where its footer says {want}; the "
-                "file is damaged. Rewrite or remove it, and list the dataset again"
-            )
-        return DecodedGroup(table)
-
-    def close(self) -> None:
-        """Drop references to the file (mapped memory is released when unreferenced)."""
-        self._load = _closed
-
-
-@contextlib.contextmanager
-def _unreadable(what: str) -> Iterator[None]:
-    """Turn what pyarrow raises for a damaged file (``OSError``, ``ArrowInvalid``, an
-    ``IndexError`` of a short column...) into a ``ShardFormatError`` naming ``what``."""
-    pa = _pyarrow()
-    try:
-        yield
-    except ShardFormatError:
-        raise
-    except (OSError, ValueError, IndexError, KeyError, TypeError, pa.ArrowException) as exc:
-        raise ShardFormatError(
-            f"{what} is unreadable ({type(exc).__name__}: {exc}); the file is damaged. "
-            "Rewrite or remove it, and list the dataset again"
-        ) from exc
-
-
-def _closed(_group: int) -> Any:
-    raise ShardFormatError("read from a closed shard reader")
-
-
-class _RawReader(ShardReader):
-    """A raw file is one sample: ``{"path": <path in the dataset>, "data": bytes}``."""
-
-    def __init__(self, local_path: str, shard_path: str) -> None:
-        self.shard_path = shard_path
-        self._file: Any = open(local_path, "rb")  # noqa: SIM115 - held until close()
-
-    def take(self, indices: Sequence[int]) -> list[Any]:
-        self._file.seek(0)
-        data = self._file.read()
-        return [{"path": self.shard_path, "data": data} for _ in indices]
-
-    def close(self) -> None:
-        self._file.close()
-
-
-def open_reader(
-    fmt: str,
-    local_path: str,
-    shard_path: str,
-    rows: Sequence[int],
-    columns: Sequence[str] | None,
-    groups: GroupCache,
-    key: str,
-) -> ShardReader:
-    """A reader over a verified local copy (memory-mapped; nothing is read until ``take``)."""
-    if fmt == "raw":
-        return _RawReader(local_path, shard_path)
-    pa = _pyarrow()
-    cols = list(columns) if columns is not None else None
-    if fmt == "parquet":
-        import pyarrow.parquet as pq
-
-        with _unreadable(shard_path):
-            pf = pq.ParquetFile(local_path, memory_map=True)
-        return ShardReader(
-            key, rows, groups, lambda g: pf.read_row_group(g, columns=cols), shard_path
-        )
-    if fmt == "arrow":
-        import pyarrow.ipc as ipc
-
-        with _unreadable(shard_path):
-            reader = ipc.open_file(pa.memory_map(local_path, "r"))
-
-        def load(g: int) -> Any:
-            batch = reader.get_batch(g)
-            return batch.select(cols) if cols is not None else batch
-
-        return ShardReader(key, rows, groups, load, shard_path)
     raise ShardFormatError(f"unknown format {fmt!r}; use one of {', '.join(FORMATS)}")

@@ -10,25 +10,8 @@ Call order (every rank; the state calls are collective when torch.distributed is
     loader.metrics                             # fetch_seconds p50/p99/total, downloads, hits
     loader.close()
 
-How batches are made (the contract of ``ckptstore.data.order``): an ``iter()`` starting at
-cursor k0 serves ``G[k0 : end of k0's epoch]``; ``G[k0 + j]`` goes to rank ``(j // B) % R``,
-that rank's batch ``j // (R*B)``, made by worker ``batch % W``. Underneath is a torch DataLoader
-over an IterableDataset in which worker w yields exactly its batches w, w+W, ... and torch's
-round-robin with ``in_order=True`` hands them back in batch order (checked on arrival); a
-batch's tensors of up to a few MiB cross from the worker in the pipe, not as shared memory
-(:mod:`ckptstore.data.handoff`: the loop never waits on a busy worker's GIL for them). The
-cursor advances in the main process when a batch is handed to the training loop, so the state is
-one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly there. The
-epoch's last global step may be short: low ranks get full batches, one rank a short one, the
-others an empty list ``[]`` (skip the step, but keep collectives in step).
-
-Seeds: torch draws the workers' base seed from a generator seeded with
-``order.loader_seed(seed, epoch, rank)``, never from the global torch RNG, which iterating
-leaves untouched. Worker w seeds ``torch`` / ``random`` / ``numpy.random`` with base + w
-(``get_worker_info().seed``), so a resume mid-epoch gives each worker the seed it had in the
-uninterrupted epoch, whatever happened to the global RNG in between. What a worker draws
-still depends on the samples it made before; augmentation that must be the same after any
-resume uses the ``seed`` that ``transform(sample, seed)`` receives (``order.sample_seed``).
+How batches are made and seeded (the contract of ``ckptstore.data.order``) is
+:class:`DataLoader`'s docstring.
 """
 
 from __future__ import annotations
@@ -101,7 +84,7 @@ class _EpochPlan(IterableDataset):
 
 
 class DataLoader:
-    """Batches of a :class:`ShardedDataset` for one rank; see the module docstring.
+    """Batches of a :class:`ShardedDataset` for one rank (the call order: module docstring).
 
     ``rank`` / ``world_size`` default to torch.distributed's (else 0 / 1). ``num_workers``,
     ``collate_fn`` (default ``default_collate``), ``pin_memory``, ``prefetch_factor``,
@@ -114,6 +97,26 @@ class DataLoader:
     epoch's end, on ``sink_ranks``.
     ``allow_seed_change`` / ``allow_dataset_change`` let a resume continue at the saved cursor
     under a new seed / listing (samples may then repeat or be missed).
+
+    How batches are made (the contract of ``ckptstore.data.order``): an ``iter()`` starting at
+    cursor k0 serves ``G[k0 : end of k0's epoch]``; ``G[k0 + j]`` goes to rank ``(j // B) % R``,
+    that rank's batch ``j // (R*B)``, made by worker ``batch % W``. Underneath is a torch DataLoader
+    over an IterableDataset in which worker w yields exactly its batches w, w+W, ... and torch's
+    round-robin with ``in_order=True`` hands them back in batch order (checked on arrival); a
+    batch's tensors of up to a few MiB cross from the worker in the pipe, not as shared memory
+    (:mod:`ckptstore.data.handoff`: the loop never waits on a busy worker's GIL for them). The
+    cursor advances in the main process when a batch is handed to the training loop, so the state is
+    one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly there. The
+    epoch's last global step may be short: low ranks get full batches, one rank a short one, the
+    others an empty list ``[]`` (skip the step, but keep collectives in step).
+
+    Seeds: torch draws the workers' base seed from a generator seeded with
+    ``order.loader_seed(seed, epoch, rank)``, never from the global torch RNG, which iterating
+    leaves untouched. Worker w seeds ``torch`` / ``random`` / ``numpy.random`` with base + w
+    (``get_worker_info().seed``), so a resume mid-epoch gives each worker the seed it had in the
+    uninterrupted epoch, whatever happened to the global RNG in between. What a worker draws
+    still depends on the samples it made before; augmentation that must be the same after any
+    resume uses the ``seed`` that ``transform(sample, seed)`` receives (``order.sample_seed``).
     """
 
     def __init__(

@@ -1,39 +1,16 @@
 """The data order: which sample is served when, as pure functions (no I/O, no torch).
 
-Contract:
-
-- A dataset is a list of shard sample counts ``n_0, n_1, ...`` (N = their sum). A sample's id
-  is its index in the unshuffled concatenation of the shards.
-- Epoch ``e``'s order is a pure function of (fingerprint, seed, e, C = ``buckets``), never of
-  world size or worker count. The id range ``[0, N)`` is cut into C contiguous buckets
-  (bucket b is ``[b*N//C, (b+1)*N//C)``); the bucket order is shuffled, then the ids inside
-  each bucket. Each shuffle draws from its own PCG64 stream seeded by a SHA-256 of (fingerprint,
-  seed, epoch, stream name), and sorts the raw 64-bit draws with a stable sort, so the order
-  is the same on every platform and numpy version. ``shuffle=False`` is the identity order.
-  While a bucket is served, reads stay inside N/C consecutive ids (a few consecutive shards):
-  pick C so that one bucket's shards fit in the shard cache.
-- The global stream ``G`` is the concatenation of epochs 0, 1, 2, ...; cursor ``k`` names
-  ``G[k]``: epoch ``k // N``, position ``k % N`` in it.
-- With R ranks, micro-batch B, W workers and start cursor k0, ``G[k0 + j]`` goes to rank
-  ``(j // B) % R``, that rank's batch ``j // (R*B)``, produced by worker ``batch % W``.
-  Batches may span epochs. The loader's whole state is one cursor (:class:`OrderState`).
-- Augmentation randomness for a sample is :func:`sample_seed` (seed, epoch, sample id).
-- The torch DataLoader under a rank's loader draws its worker base seed from a generator
-  seeded with :func:`loader_seed` (seed, epoch, rank), never from the global torch RNG.
-
-Call order for a loader on rank ``r``:
-
-1. ``order = DataOrder(fingerprint, seed, shard_sizes, buckets=C, shuffle=...)`` (the cached
-   stream, :mod:`ckptstore.data.stream`).
-2. On resume: ``k0 = check_resume(saved_state, order.state(0)).cursor``; else ``k0 = 0``.
-3. For batch ``s = 0, 1, ...``: ``idx = rank_batch_indices(k0, r, R, B, s)``, built by worker
-   ``worker_for_batch(s, W)`` from ``order.sample_ids(idx)``.
-4. When batch ``s`` is handed to the training loop (main process, not a worker), the cursor
-   becomes ``cursor_after(k0, R, B, s + 1)``.
-5. On save: ``agreed_cursor(<all ranks' cursors>)`` then ``order.state(cursor).to_dict()``.
-
-The shard cache calls ``DataOrder.shard_first_use`` (prefetch order) and
-``DataOrder.next_use_distance`` (evict the shard needed farthest in the future).
+Contract: a sample's id is its index in the unshuffled concatenation of the shards (N in
+all). Epoch ``e``'s order is a pure function of (fingerprint, seed, e, C = ``buckets``),
+never of world size or worker count: ``[0, N)`` is cut into C contiguous buckets, the
+bucket order is shuffled, then the ids inside each (:func:`epoch_permutation`), so a
+bucket's reads stay within a few consecutive shards. The global stream ``G`` is epochs
+0, 1, 2, ... end to end; cursor ``k`` names ``G[k]``. With R ranks, micro-batch B and W
+workers from cursor k0, ``G[k0 + j]`` goes to rank ``(j // B) % R``, that rank's batch
+``j // (R*B)``, made by worker ``batch % W``; batches may span epochs, and the loader's
+whole state is one cursor (:class:`OrderState`). A sample's augmentation seed is
+:func:`sample_seed`, a DataLoader's worker seed :func:`loader_seed`, never the global torch
+RNG. The call order of a loader is :class:`~ckptstore.data.stream.DataOrder`'s docstring.
 """
 
 from __future__ import annotations
@@ -108,6 +85,12 @@ def epoch_permutation(
     Pure function of (fingerprint, seed, epoch, buckets, shuffle) and the dataset size;
     ``shard_sizes`` must sum to ``num_samples`` (checked). Cost O(N log(N/C));
     ``ckptstore.data.stream.DataOrder`` caches it per epoch.
+
+    Bucket b is ids ``[b*N//C, (b+1)*N//C)``. Each shuffle draws from its own PCG64 stream
+    seeded by a SHA-256 of (fingerprint, seed, epoch, stream name), and sorts the raw 64-bit
+    draws with a stable sort, so the order is the same on every platform and numpy version.
+    ``shuffle=False`` is the identity order. While a bucket is served, reads stay inside
+    N/C consecutive ids: pick C so that one bucket's shards fit in the shard cache.
     """
     check_str("fingerprint", fingerprint)
     seed = check_int("seed", seed, minimum=None)

@@ -3,35 +3,17 @@
 A dataset of many small files (images, audio clips) read with ``format="raw"`` costs a
 cache entry per file: a lock, a pre-allocated temp file, a GET, a CRC, a ``.meta`` and a
 rename each. Packed into shards of a few MiB, the same files are a Parquet dataset with two
-columns, ``path`` (the file's path below the source, a string) and ``data`` (its bytes),
-which :class:`~ckptstore.data.ShardedDataset` reads like any other; a sample is the same
-``{"path": ..., "data": ...}`` dict that a raw file gives. (litdata's ``optimize()`` and
-Mosaic's ``MDSWriter`` do this conversion for their own formats.)
+columns, ``path`` (the file's path below the source) and ``data`` (its bytes), which
+:class:`~ckptstore.data.ShardedDataset` reads like any other; a sample is the same
+``{"path": ..., "data": ...}`` dict that a raw file gives (as litdata's ``optimize()`` and
+Mosaic's ``MDSWriter`` do for their own formats)::
 
-Call order::
-
-    from ckptstore.data.pack import pack_files
     report = pack_files("s3://bucket/images/", "s3://bucket/images-packed/",
                         shard_bytes="64MiB")          # lists, reads, writes part-*.parquet
     ds = ShardedDataset("s3://bucket/images-packed/", format="parquet")
 
-Files are packed in path order, whole (a file larger than ``shard_bytes`` gets a shard of
-its own), ``row_group_bytes`` of them to a row group (the unit the loader decodes at once).
-Reads run ``threads`` at a time, the next shard's while this one is written: about three
-shards' bytes are held in memory. The destination must not hold Parquet files yet
-(nothing there is replaced). Each shard is written whole with the transfer engine (a
-multipart upload, or a temp file renamed): readers never see a partial one.
-
-The output is published at once: a pack first creates :data:`PACK_PENDING` in ``dst``
-(create-only, so two packs into one place cannot both run), naming the shards it will
-write; while it is there, ``ShardedDataset(dst)`` refuses the folder as incomplete.
-Deleting it, after the last shard is durable, publishes the dataset (listings are sorted,
-and it sorts before every shard: a listing that missed it saw every shard). A pack that
-fails removes what it wrote and the marker; one that was killed leaves them, and the next
-pack into ``dst`` removes the shards that marker names (only those) and starts afresh.
-While it runs, a pack keeps a lease in ``dst`` (``engine.lease``: rewritten every 5 s,
-stale after 60 s or at once when its process is known dead): a pack that finds the marker
-of one whose lease is fresh is refused, naming it, instead of deleting its shards.
+How files are packed and how the output is published at once (a create-only pending
+marker, a lease against a concurrent pack) is :func:`pack_files`'s docstring.
 """
 
 from __future__ import annotations
@@ -147,7 +129,25 @@ def pack_files(
     list: every non-hidden file, no ckptstore temp files. ``storage_options`` apply to
     ``src`` and, unless ``dst_storage_options`` is given, to ``dst``. Raises
     ``EmptyDatasetError`` when there is nothing to pack and ``ConfigError`` when ``dst``
-    already holds Parquet files. See the module docstring.
+    already holds Parquet files.
+
+    Files are packed in path order, whole (a file larger than ``shard_bytes`` gets a shard of
+    its own), ``row_group_bytes`` of them to a row group (the unit the loader decodes at once).
+    Reads run ``threads`` at a time, the next shard's while this one is written: about three
+    shards' bytes are held in memory. The destination must not hold Parquet files yet
+    (nothing there is replaced). Each shard is written whole with the transfer engine (a
+    multipart upload, or a temp file renamed): readers never see a partial one.
+
+    The output is published at once: a pack first creates :data:`PACK_PENDING` in ``dst``
+    (create-only, so two packs into one place cannot both run), naming the shards it will
+    write; while it is there, ``ShardedDataset(dst)`` refuses the folder as incomplete.
+    Deleting it, after the last shard is durable, publishes the dataset (listings are sorted,
+    and it sorts before every shard: a listing that missed it saw every shard). A pack that
+    fails removes what it wrote and the marker; one that was killed leaves them, and the next
+    pack into ``dst`` removes the shards that marker names (only those) and starts afresh.
+    While it runs, a pack keeps a lease in ``dst`` (``engine.lease``: rewritten every 5 s,
+    stale after 60 s or at once when its process is known dead): a pack that finds the marker
+    of one whose lease is fresh is refused, naming it, instead of deleting its shards.
     """
     from ckptstore.data.dataset import parse_size, usable_paths
     from ckptstore.stores import open_store

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ckptstore.data.cache import Handle, ShardCache
-from ckptstore.data.formats import GroupCache, ShardReader, open_reader
+from ckptstore.data.shardreader import GroupCache, ShardReader, open_reader
 from ckptstore.data.stream import DataOrder
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.stores import open_store

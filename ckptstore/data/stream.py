@@ -34,7 +34,22 @@ class DataOrder:
     """The global stream G of one dataset under one (fingerprint, seed, buckets, shuffle).
 
     Keeps the ``cache_epochs`` most recently used epoch permutations (LRU; 8 bytes a sample
-    each). Thread-safe. Returned arrays are read-only.
+    each). Thread-safe. Returned arrays are read-only. The order's contract is
+    :mod:`ckptstore.data.order`'s docstring.
+
+    Call order for a loader on rank ``r``:
+
+    1. ``order = DataOrder(fingerprint, seed, shard_sizes, buckets=C, shuffle=...)`` (the cached
+       stream, :mod:`ckptstore.data.stream`).
+    2. On resume: ``k0 = check_resume(saved_state, order.state(0)).cursor``; else ``k0 = 0``.
+    3. For batch ``s = 0, 1, ...``: ``idx = rank_batch_indices(k0, r, R, B, s)``, built by worker
+       ``worker_for_batch(s, W)`` from ``order.sample_ids(idx)``.
+    4. When batch ``s`` is handed to the training loop (main process, not a worker), the cursor
+       becomes ``cursor_after(k0, R, B, s + 1)``.
+    5. On save: ``agreed_cursor(<all ranks' cursors>)`` then ``order.state(cursor).to_dict()``.
+
+    The shard cache calls ``DataOrder.shard_first_use`` (prefetch order) and
+    ``DataOrder.next_use_distance`` (evict the shard needed farthest in the future).
     """
 
     def __init__(

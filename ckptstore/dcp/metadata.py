@@ -21,7 +21,8 @@ paths go through bounded constructors, so a small pickle cannot make huge copies
 repeating one memoised object. The result is then checked field by field
 (:func:`validate`); anything else raises ``CorruptCheckpointError`` naming ``source``.
 
-:func:`check_metadata` then checks every stored item against the files it lives in.
+:func:`~ckptstore.dcp.metadata_bounds.check_metadata` then checks every stored item
+against the files it lives in.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from __future__ import annotations
 import io
 import pathlib
 import pickle
-from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -46,15 +46,9 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from ckptstore.engine.manifest import is_contained_name
-from ckptstore.errors import CkptStoreError, CorruptCheckpointError
+from ckptstore.errors import CorruptCheckpointError
 
-__all__ = [
-    "load_metadata",
-    "validate",
-    "check_metadata",
-    "item_limits",
-    "TORCH_SAVE_SLACK",
-]
+__all__ = ["load_metadata", "validate", "corrupt_error", "is_int", "item_name"]
 
 _MAX_NDIM = 64  # torch's own limit on tensor dimensions
 _MAX_PATH = 4096
@@ -130,12 +124,13 @@ def load_metadata(data: bytes, source: str) -> Metadata:
         obj = _MetadataUnpickler(io.BytesIO(data)).load()
     except Exception as exc:  # noqa: BLE001 - any failure of hostile bytes is the same error
         what = f"{type(exc).__name__}: {str(exc)[:200]}"
-        raise _corrupt(source, f"cannot be read as DCP metadata ({what})") from None
+        raise corrupt_error(source, f"cannot be read as DCP metadata ({what})") from None
     validate(obj, source)
     return obj  # type: ignore[no-any-return]
 
 
-def _corrupt(source: str, what: str) -> CorruptCheckpointError:
+def corrupt_error(source: str, what: str) -> CorruptCheckpointError:
+    """The error for metadata of ``source`` that ``what`` (e.g. "has a malformed ...")."""
     return CorruptCheckpointError(
         f"{source} {what}; the checkpoint's metadata is damaged or was not written by DCP. "
         "Restore the previous checkpoint."
@@ -147,27 +142,28 @@ def _fields(obj: Any, cls: type, allowed: set[str], where: Any, source: str) -> 
     (``where``: a string, or a callable making it: messages are built only when needed)."""
     if type(obj) is not cls:
         what = where() if callable(where) else where
-        raise _corrupt(source, f"has {type(obj).__name__} where {what} must be {cls.__name__}")
+        raise corrupt_error(source, f"has {type(obj).__name__} where {what} must be {cls.__name__}")
     state = getattr(obj, "__dict__", {})
     extra = set(state) - allowed
     if extra:
         what = where() if callable(where) else where
-        raise _corrupt(source, f"has unknown fields {sorted(extra)[:8]} in {what}")
+        raise corrupt_error(source, f"has unknown fields {sorted(extra)[:8]} in {what}")
     return {name: getattr(obj, name, None) for name in allowed}
 
 
-def _is_int(v: Any) -> bool:
+def is_int(v: Any) -> bool:
+    """Whether ``v`` is exactly an ``int`` (not a bool, nor a subclass a pickle made)."""
     return type(v) is int
 
 
-def _name(fqn: Any) -> str:
+def item_name(fqn: Any) -> str:
     """An item's name for a message: quoted, at most 200 characters of it."""
     return f"{fqn!r:.200}"
 
 
 def _check_size(v: Any, where: str, source: str) -> None:
     if type(v) is not torch.Size or any(d < 0 for d in v):
-        raise _corrupt(source, f"has a {type(v).__name__} where {where} must be a size >= 0")
+        raise corrupt_error(source, f"has a {type(v).__name__} where {where} must be a size >= 0")
 
 
 class _Seen:
@@ -191,7 +187,7 @@ class _Seen:
 
 
 def _check_tensor_md(md: TensorStorageMetadata, fqn: str, source: str, seen: _Seen) -> None:
-    where = lambda: f"item {_name(fqn)}"  # noqa: E731 - built only for a message
+    where = lambda: f"item {item_name(fqn)}"  # noqa: E731 - built only for a message
     f = _fields(md, TensorStorageMetadata, {"properties", "size", "chunks"}, where, source)
     p = _fields(
         f["properties"],
@@ -207,22 +203,26 @@ def _check_tensor_md(md: TensorStorageMetadata, fqn: str, source: str, seen: _Se
         or type(p["requires_grad"]) is not bool
         or type(p["pin_memory"]) is not bool
     ):
-        raise _corrupt(source, f"has malformed tensor properties for {where()}")
+        raise corrupt_error(source, f"has malformed tensor properties for {where()}")
     _check_size(f["size"], "an item's size", source)
     size = f["size"]
     chunks = f["chunks"]
     if type(chunks) is not list:
-        raise _corrupt(source, f"has no chunk list for {where()}")
+        raise corrupt_error(source, f"has no chunk list for {where()}")
     if not seen.first(chunks):
-        raise _corrupt(source, f"shares the chunk list of {where()} with another item")
+        raise corrupt_error(source, f"shares the chunk list of {where()} with another item")
     for chunk in chunks:
         c = _fields(chunk, ChunkStorageMetadata, {"offsets", "sizes"}, "a chunk", source)
         _check_size(c["offsets"], "a chunk's offsets", source)
         _check_size(c["sizes"], "a chunk's sizes", source)
         if len(c["offsets"]) != len(size) or len(c["sizes"]) != len(size):
-            raise _corrupt(source, f"has a chunk of {where()} with the wrong number of dimensions")
+            raise corrupt_error(
+                source, f"has a chunk of {where()} with the wrong number of dimensions"
+            )
         if any(o + s > d for o, s, d in zip(c["offsets"], c["sizes"], size, strict=True)):
-            raise _corrupt(source, f"has a chunk of {where()} outside the tensor's size {size}")
+            raise corrupt_error(
+                source, f"has a chunk of {where()} outside the tensor's size {size}"
+            )
 
 
 def _check_plain(value: Any, where: str, source: str) -> None:
@@ -238,13 +238,13 @@ def _check_plain(value: Any, where: str, source: str) -> None:
         if v is None or type(v) in (bool, int, float, str, bytes):
             continue
         if type(v) not in (list, tuple, dict):
-            raise _corrupt(source, f"has a {type(v).__name__} in {where}")
+            raise corrupt_error(source, f"has a {type(v).__name__} in {where}")
         if depth > _MAX_DEPTH:
-            raise _corrupt(source, f"has {where} nested deeper than {_MAX_DEPTH}")
+            raise corrupt_error(source, f"has {where} nested deeper than {_MAX_DEPTH}")
         if not v:
             continue  # an empty one holds nothing (and () is one object for all)
         if id(v) in seen:
-            raise _corrupt(source, f"names one container of {where} more than once")
+            raise corrupt_error(source, f"names one container of {where} more than once")
         seen.add(id(v))
         children = [x for kv in v.items() for x in kv] if type(v) is dict else v
         stack.extend((x, depth + 1) for x in children)
@@ -256,40 +256,42 @@ def _check_storage_meta(sm: Any, source: str) -> None:
     allowed = {"checkpoint_id", "save_id", "load_id", "modules"}
     f = _fields(sm, StorageMeta, allowed, "storage_meta", source)
     if not (f["checkpoint_id"] is None or isinstance(f["checkpoint_id"], str | pathlib.PurePath)):
-        raise _corrupt(source, "has a malformed storage_meta.checkpoint_id")
+        raise corrupt_error(source, "has a malformed storage_meta.checkpoint_id")
     if any(f[k] is not None and type(f[k]) is not str for k in ("save_id", "load_id")):
-        raise _corrupt(source, "has a malformed storage_meta id")
+        raise corrupt_error(source, "has a malformed storage_meta id")
     modules = f["modules"]
     if type(modules) is not list or any(type(m) is not str for m in modules):
-        raise _corrupt(source, "has a malformed storage_meta.modules")
+        raise corrupt_error(source, "has a malformed storage_meta.modules")
 
 
 def _check_storage_info(index: Any, info: Any, source: str, seen: _Seen) -> None:
     idx = _fields(index, MetadataIndex, {"fqn", "offset", "index"}, "a storage key", source)
     fqn = idx["fqn"]
     if type(fqn) is not str:
-        raise _corrupt(source, "has a storage key whose fqn is not a string")
+        raise corrupt_error(source, "has a storage key whose fqn is not a string")
     if idx["offset"] is not None:
         _check_size(idx["offset"], "a storage key's offset", source)
-    if idx["index"] is not None and not _is_int(idx["index"]):
-        raise _corrupt(source, f"has a malformed index hint for {_name(fqn)}")
+    if idx["index"] is not None and not is_int(idx["index"]):
+        raise corrupt_error(source, f"has a malformed index hint for {item_name(fqn)}")
     if not seen.first(info):
         return  # one stored item named by two keys: checked once
     allowed = {"relative_path", "offset", "length", "transform_descriptors"}
-    f = _fields(info, _StorageInfo, allowed, lambda: f"the storage of {_name(fqn)}", source)
+    f = _fields(info, _StorageInfo, allowed, lambda: f"the storage of {item_name(fqn)}", source)
     path = f["relative_path"]
     if seen.first(path) and not is_contained_name(path):
-        raise _corrupt(source, f"stores {_name(fqn)} at {path!r:.200}, not a name inside it")
-    if not (_is_int(f["offset"]) and _is_int(f["length"])) or f["offset"] < 0 or f["length"] < 0:
-        raise _corrupt(
+        raise corrupt_error(
+            source, f"stores {item_name(fqn)} at {path!r:.200}, not a name inside it"
+        )
+    if not (is_int(f["offset"]) and is_int(f["length"])) or f["offset"] < 0 or f["length"] < 0:
+        raise corrupt_error(
             source,
-            f"stores {_name(fqn)} at offset {f['offset']!r:.40} length {f['length']!r:.40} "
+            f"stores {item_name(fqn)} at offset {f['offset']!r:.40} length {f['length']!r:.40} "
             "(must be whole numbers >= 0)",
         )
     td = f["transform_descriptors"]
     if td is not None and seen.first(td):
         if type(td) not in (list, tuple) or len(td) > 16 or any(type(t) is not str for t in td):
-            raise _corrupt(source, f"has malformed transform descriptors for {_name(fqn)}")
+            raise corrupt_error(source, f"has malformed transform descriptors for {item_name(fqn)}")
 
 
 def validate(obj: Any, source: str) -> None:
@@ -302,12 +304,14 @@ def validate(obj: Any, source: str) -> None:
     seen = _Seen()
     sdm = f["state_dict_metadata"]
     if type(sdm) is not dict:
-        raise _corrupt(source, "has no state_dict_metadata dict")
+        raise corrupt_error(source, "has no state_dict_metadata dict")
     for fqn, md in sdm.items():
         if type(fqn) is not str:
-            raise _corrupt(source, f"has an item key {fqn!r:.200} that is not a string")
+            raise corrupt_error(source, f"has an item key {fqn!r:.200} that is not a string")
         if not seen.first(md):
-            raise _corrupt(source, f"shares the metadata of item {_name(fqn)} with another")
+            raise corrupt_error(
+                source, f"shares the metadata of item {item_name(fqn)} with another"
+            )
         if type(md) is BytesStorageMetadata:
             _fields(md, BytesStorageMetadata, set(), "an object item", source)
         else:
@@ -316,123 +320,9 @@ def validate(obj: Any, source: str) -> None:
     storage = f["storage_data"]
     if storage is not None:
         if type(storage) is not dict:
-            raise _corrupt(source, "has storage_data that is not a dict")
+            raise corrupt_error(source, "has storage_data that is not a dict")
         for index, info in storage.items():
             _check_storage_info(index, info, source, seen)
     _check_storage_meta(f["storage_meta"], source)
     if f["version"] is not None and type(f["version"]) is not str:
-        raise _corrupt(source, "has a version that is not a string")
-
-
-def _itemsize(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def _numel(size: Any) -> int:
-    n = 1
-    for d in size:
-        n *= int(d)
-    return n
-
-
-#: What ``torch.save`` adds around a tensor's bytes (zip records, the pickle, alignment):
-#: a stored tensor item decodes to at most its bytes plus this.
-TORCH_SAVE_SLACK = 1 << 20
-
-
-def item_limits(metadata: Metadata) -> dict[tuple[str, tuple[int, ...]], int]:
-    """The most bytes each stored tensor item (keyed ``(fqn, chunk offsets)``) can decode
-    to: its chunk's bytes plus ``TORCH_SAVE_SLACK``. Stock DCP and ckptstore store each
-    chunk as ``torch.save`` of a tensor that is exactly its storage, so a decoder never
-    needs more (a stored item that would is a lie: a decompression bomb)."""
-    out: dict[tuple[str, tuple[int, ...]], int] = {}
-    for fqn, md in (metadata.state_dict_metadata or {}).items():
-        if isinstance(md, TensorStorageMetadata):
-            itemsize = _itemsize(md.properties.dtype)
-            for chunk in md.chunks:
-                nbytes = _numel(chunk.sizes) * itemsize + TORCH_SAVE_SLACK
-                out[(fqn, tuple(chunk.offsets))] = nbytes
-    return out
-
-
-def _ratio(descriptors: Any, plain_ratio: int, ratios: dict[Any, int]) -> int:
-    """How far one stored byte of an item with DCP ``descriptors`` may expand: ``plain_ratio``
-    (the manifest codec's) without transforms; a known codec's ``max_ratio``; else the
-    largest any known codec has (ckptstore cannot decode it, but must not trust it)."""
-    if not descriptors:
-        return plain_ratio
-    key = tuple(descriptors)
-    if key not in ratios:
-        from ckptstore.engine.codecs import transform_codec
-
-        try:
-            codec = transform_codec(list(descriptors), "an item")
-            ratios[key] = codec.max_ratio if codec is not None else plain_ratio
-        except CkptStoreError:  # unknown (or its library missing): the largest known
-            ratios[key] = _largest_ratio()
-    return ratios[key]
-
-
-def _largest_ratio() -> int:
-    from ckptstore.engine.codecs import codec_names, get_codec
-
-    best = 1
-    for name in codec_names():
-        try:
-            best = max(best, get_codec(name).max_ratio)
-        except CkptStoreError:
-            continue
-    return best
-
-
-def check_metadata(
-    metadata: Metadata, files: Mapping[str, int], source: str, max_ratio: int | None = 1
-) -> None:
-    """Raise ``CorruptCheckpointError`` unless every stored item of ``metadata`` lies in a
-    file of ``files`` (name -> size in bytes): a contained name present there, and
-    ``0 <= offset``, ``0 <= length``, ``offset + length <= size``; and unless every tensor
-    fits in the bytes stored for it: its size times its dtype's size at most the sum of
-    its items' lengths, each times the most its codec expands a byte (``max_ratio``: the
-    manifest codec's, for items that name no DCP transform; None: the largest of any known
-    codec, when the codec is not known). A tensor claiming more (a
-    petabyte in a kilobyte file) is refused before anything is allocated for it."""
-    capacity: dict[str, int] = {}
-    ratios: dict[Any, int] = {}
-    plain_ratio = max_ratio if max_ratio is not None else _largest_ratio()
-    checked: set[int] = set()
-    for index, info in (metadata.storage_data or {}).items():
-        fqn = getattr(index, "fqn", index)
-        path: Any = getattr(info, "relative_path", None)
-        offset: Any = getattr(info, "offset", None)
-        length: Any = getattr(info, "length", None)
-        if id(path) not in checked:
-            if not is_contained_name(path):
-                raise _corrupt(
-                    source, f"stores {_name(fqn)} at {path!r:.200}, not a name inside it"
-                )
-            checked.add(id(path))
-        if path not in files:
-            raise _corrupt(
-                source, f"stores {_name(fqn)} in {path!r:.200}, which the checkpoint lacks"
-            )
-        if not (_is_int(offset) and _is_int(length)) or offset < 0 or length < 0:
-            raise _corrupt(source, f"stores {_name(fqn)} at a malformed range")
-        if offset + length > files[path]:
-            raise _corrupt(
-                source,
-                f"stores {_name(fqn)} at bytes [{offset}, {offset + length}) of {path!r:.200}, "
-                f"past its end ({files[path]} bytes)",
-            )
-        ratio = _ratio(getattr(info, "transform_descriptors", None), plain_ratio, ratios)
-        capacity[fqn] = capacity.get(fqn, 0) + max(length, 1) * ratio
-    for fqn, md in (metadata.state_dict_metadata or {}).items():
-        if not isinstance(md, TensorStorageMetadata):
-            continue
-        nbytes = _numel(md.size) * _itemsize(md.properties.dtype)
-        if nbytes > capacity.get(fqn, 0):
-            raise _corrupt(
-                source,
-                f"claims item {_name(fqn)} is a tensor of {tuple(md.size)} "
-                f"{str(md.properties.dtype).replace('torch.', '')} ({nbytes} bytes), more "
-                f"than its stored items can hold ({capacity.get(fqn, 0)} bytes)",
-            )
+        raise corrupt_error(source, "has a version that is not a string")

@@ -26,7 +26,7 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
-from ckptstore.dcp.metadata import item_limits
+from ckptstore.dcp.metadata_bounds import item_limits
 from ckptstore.dcp.reader import CkptReader, item_codec
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec

@@ -1,54 +1,15 @@
 """The commit protocol: publish a checkpoint with a create-only marker, and open one.
 
-Call order on the coordinator, after every rank's data files are durable::
-
-    publish(store, engine, attempt, manifest, metadata_bytes, replace=False)
-        1. ckptstore.manifest.<attempt>.json     (put)   the attempt's own copies: a racing
-        2. .metadata.<attempt>                    (put)   writer can never clobber them
-           check: every file the manifest lists is there with its recorded size (one
-              stat each, in parallel), and the writer's lease (``engine.lease``) is still
-              fresh; else IncompleteCheckpointError and no marker: a marker never
-              vouches for a file that is not there
-        3. COMMITTED                              (create-only; names attempt + manifest CRC)
-           -> CommitConflictError if another attempt committed first (the loser's files
-              are deleted; the winner's are untouched)
-           replace=True (re-saving a step found damaged): a plain put, which swaps the
-              old marker for the new one in one atomic write
-        4. .metadata, ckptstore.manifest.json     (put)   canonical copies, for humans and
-                                                          stock DCP readers (.metadata first:
-                                                          a canonical manifest matching the
-                                                          marker vouches for the .metadata
-                                                          beside it, so one another writer
-                                                          replaced is refused as corrupt)
-        5. files of other attempts (torn leftovers, replaced checkpoints) are deleted:
-           only names ckptstore or DCP make (``layout.is_ckptstore_file``), never a temp
-           file (``.ckptstore-tmp-``) a live writer is still creating (a racing loser's;
-           the stale-upload sweep removes abandoned ones), and nothing at all while
-           another attempt's lease in the step is fresh (a save in flight: its files
-           stay; the next commit or gc of the step removes them once it is stale)
-
-Steps 4 and 5 are best effort: the checkpoint is committed once step 3 returns, so a
-failure there is a warning (logged, and collected by :func:`collect_warnings` into the
-save's record), never a failed save; ``finish_publish`` completes them later.
-
-Replacing a committed step (``replace=True``) never shows a reader a committed step with
-files missing, and a crash at any point leaves the old or the new checkpoint whole: the
-new attempt's files all have names of their own (attempt ids) and are durable before
-step 3; until step 3 the old marker names the old attempt, whose files are untouched;
-after it the marker names the new attempt, whose own manifest and ``.metadata`` are
-found through the marker (the canonical copies still being the old ones until step 4);
-the old attempt's files go only in step 5. Two writers replacing the same step at once
-both succeed; the later marker wins and its step 5 removes the other's files.
-
-A checkpoint exists only if COMMITTED exists and the manifest it names matches its CRC.
-``open_committed`` finds the manifest and ``.metadata`` through the marker: the canonical
-copy when it matches, else the attempt's own copy (a crash between steps 3 and 4), and says
-which (``Committed.canonical``). ``finish_publish`` redoes steps 4 and 5 for such a
-checkpoint (``CheckpointManager.restore`` runs it on the next start), so stock readers and
-``ckptstore-tool verify`` see it whole again. Listing never decides completeness.
-
-Every store call here goes through ``retry.retrying`` (control calls retried per the
-engine's ``RetryConfig``; data calls by the engine itself).
+:func:`publish` (the coordinator, after every rank's data files are durable; its docstring
+has the call order and what a crash at each point leaves) writes the attempt's own manifest
+and ``.metadata``, then creates ``COMMITTED``, then the canonical copies. A checkpoint exists
+only if COMMITTED exists and the manifest it names matches its CRC. ``open_committed`` finds
+the manifest and ``.metadata`` through the marker: the canonical copy when it matches, else
+the attempt's own copy (a crash between steps 3 and 4), and says which
+(``Committed.canonical``); ``finish_publish`` then redoes steps 4 and 5
+(``CheckpointManager.restore`` runs it on the next start). Listing never decides
+completeness. Every store call here goes through ``retry.retrying`` (control calls retried
+per the engine's ``RetryConfig``; data calls by the engine itself).
 """
 
 from __future__ import annotations
@@ -166,12 +127,53 @@ def publish(
     lease: Heartbeat | None = None,
     check_files: bool = True,
 ) -> Marker:
-    """Commit a checkpoint whose data files are durable; see the module docstring.
+    """Commit a checkpoint whose data files are durable (the call order is below).
 
     ``lease``: the writer's step lease; the commit refuses to write its marker once the
     lease no longer protects the files (``Heartbeat.ensure_fresh``). ``check_files=False``
     only for a node's local staged copy, which holds just its own ranks' files (the
-    marker that counts is the destination's; a restore checks the local files itself)."""
+    marker that counts is the destination's; a restore checks the local files itself).
+
+    Call order on the coordinator, after every rank's data files are durable::
+
+        publish(store, engine, attempt, manifest, metadata_bytes, replace=False)
+            1. ckptstore.manifest.<attempt>.json     (put)   the attempt's own copies: a racing
+            2. .metadata.<attempt>                    (put)   writer can never clobber them
+               check: every file the manifest lists is there with its recorded size (one
+                  stat each, in parallel), and the writer's lease (``engine.lease``) is still
+                  fresh; else IncompleteCheckpointError and no marker: a marker never
+                  vouches for a file that is not there
+            3. COMMITTED                              (create-only; names attempt + manifest CRC)
+               -> CommitConflictError if another attempt committed first (the loser's files
+                  are deleted; the winner's are untouched)
+               replace=True (re-saving a step found damaged): a plain put, which swaps the
+                  old marker for the new one in one atomic write
+            4. .metadata, ckptstore.manifest.json     (put)   canonical copies, for humans and
+                                                              stock DCP readers (.metadata first:
+                                                              a canonical manifest matching the
+                                                              marker vouches for the .metadata
+                                                              beside it, so one another writer
+                                                              replaced is refused as corrupt)
+            5. files of other attempts (torn leftovers, replaced checkpoints) are deleted:
+               only names ckptstore or DCP make (``layout.is_ckptstore_file``), never a temp
+               file (``.ckptstore-tmp-``) a live writer is still creating (a racing loser's;
+               the stale-upload sweep removes abandoned ones), and nothing at all while
+               another attempt's lease in the step is fresh (a save in flight: its files
+               stay; the next commit or gc of the step removes them once it is stale)
+
+    Steps 4 and 5 are best effort: the checkpoint is committed once step 3 returns, so a
+    failure there is a warning (logged, and collected by :func:`collect_warnings` into the
+    save's record), never a failed save; ``finish_publish`` completes them later.
+
+    Replacing a committed step (``replace=True``) never shows a reader a committed step with
+    files missing, and a crash at any point leaves the old or the new checkpoint whole: the
+    new attempt's files all have names of their own (attempt ids) and are durable before
+    step 3; until step 3 the old marker names the old attempt, whose files are untouched;
+    after it the marker names the new attempt, whose own manifest and ``.metadata`` are
+    found through the marker (the canonical copies still being the old ones until step 4);
+    the old attempt's files go only in step 5. Two writers replacing the same step at once
+    both succeed; the later marker wins and its step 5 removes the other's files.
+    """
     store = retrying(store, engine.config.retry, engine.stats)
     manifest.files[METADATA_NAME] = FileEntry(len(metadata_bytes), crc32c(metadata_bytes))
     manifest.extra["attempt"] = attempt

@@ -1,30 +1,14 @@
 """Leases: a live writer's heartbeat object, which deletion and other jobs honour.
 
-Two kinds share one small JSON document (``parse_lease``):
-
-* a **step lease**, ``step_<n>/ckptstore.lease.<attempt>.json``: the coordinator of a save
-  writes it before any rank writes a file (DCP's planning step) and keeps it until the
-  save commits or fails. While it is fresh nothing in that step directory is deleted:
-  ``ckptstore-tool gc``, the manager's retention and torn-leftover cleanup
-  (``manager.prune``), ``engine.deletion.delete_step``, stale-upload aborts and the
-  "delete other attempts' files" step of another attempt's commit (``engine.commit``)
-  all leave it alone;
-* the **root owner**, ``<root>/ckptstore.owner.json`` (``engine.owner``): rank 0 of a
-  ``CheckpointManager`` keeps it from its first save until ``close``, so a second job
-  (another run id) on the same root is refused instead of mixed in.
-
-Staleness bound (the contract every reader and holder keeps): the holder rewrites its
-lease every ``HEARTBEAT_S`` (5 s) from a background thread; a reader takes a lease whose
-recorded time is more than ``STALE_AFTER_S`` (60 s) away from its own clock (either way)
-for a dead holder's. So the clocks of writers and of whoever runs gc must agree within
-``STALE_AFTER_S - HEARTBEAT_S`` (NTP keeps them within milliseconds). A holder that could
-not refresh its lease for ``SAFE_S`` (``STALE_AFTER_S - 2 * HEARTBEAT_S``) stops vouching
-for it: ``Heartbeat.ensure_fresh`` raises, and a commit then writes no marker.
-
-A lease whose holder ran on this machine (same boot id and pid namespace) and whose
-process is gone protects nothing at once (``holder_is_dead``: a job killed and started
-again need not wait for the bound). A lease that cannot be parsed (not one of ours, or
-damaged) counts as stale: a live holder never writes one. Pure bytes and store calls.
+Two kinds share one small JSON document (``parse_lease``): a **step lease**,
+``step_<n>/ckptstore.lease.<attempt>.json``, which the coordinator of a save writes before
+any rank writes a file and keeps until the save commits or fails (while it is fresh, gc,
+retention, torn-leftover cleanup, stale-upload aborts and another attempt's commit delete
+nothing in that step); and the **root owner**, ``<root>/ckptstore.owner.json``
+(``engine.owner``), which rank 0 of a ``CheckpointManager`` keeps from its first save until
+``close``, so a second job on the same root is refused instead of mixed in. The staleness
+bound every reader and holder keeps is :class:`Heartbeat`'s docstring. Pure bytes and
+store calls.
 """
 
 from __future__ import annotations
@@ -108,7 +92,7 @@ class LeaseInfo:
         return (time.time() if now is None else now) - self.time
 
     def fresh(self, now: float | None = None) -> bool:
-        """True while the holder is taken to be alive (see the module docstring)."""
+        """True while the holder is taken to be alive (the bound: :class:`Heartbeat`)."""
         return abs(self.age(now)) <= STALE_AFTER_S
 
     def describe(self, now: float | None = None) -> str:
@@ -258,6 +242,19 @@ class Heartbeat:
     beat. With ``guard_run`` (the root owner) each beat first reads the lease, and one
     that names another run (it took a stale lease over) ends this holder's claim:
     ``ensure_fresh`` raises from then on. ``stop`` deletes the lease (if still ours).
+
+    Staleness bound (the contract every reader and holder keeps): the holder rewrites its
+    lease every ``HEARTBEAT_S`` (5 s) from a background thread; a reader takes a lease whose
+    recorded time is more than ``STALE_AFTER_S`` (60 s) away from its own clock (either way)
+    for a dead holder's. So the clocks of writers and of whoever runs gc must agree within
+    ``STALE_AFTER_S - HEARTBEAT_S`` (NTP keeps them within milliseconds). A holder that could
+    not refresh its lease for ``SAFE_S`` (``STALE_AFTER_S - 2 * HEARTBEAT_S``) stops vouching
+    for it: ``Heartbeat.ensure_fresh`` raises, and a commit then writes no marker.
+
+    A lease whose holder ran on this machine (same boot id and pid namespace) and whose
+    process is gone protects nothing at once (``holder_is_dead``: a job killed and started
+    again need not wait for the bound). A lease that cannot be parsed (not one of ours, or
+    damaged) counts as stale: a live holder never writes one.
     """
 
     def __init__(

@@ -6,28 +6,10 @@
     lease.stop()                      # at close: the root is free again
 
 The owner is a lease (``engine.lease``) at ``<root>/ckptstore.owner.json``, refreshed every
-``HEARTBEAT_S`` by the holder (rank 0 of a ``CheckpointManager``). A claim succeeds when
-there is none, when it names this same run (a worker torchrun restarted, a second manager
-of the same process), when its holder is stale (``STALE_AFTER_S`` without a heartbeat: a
-job that died) or when its holder's process is gone (same machine and pid namespace, pid
-not alive: a job that crashed and was started again at once). A fresh lease of another
-run on another machine is watched for up to ``PROBE_S`` (three heartbeats): a live holder
-rewrites it meanwhile, and the claim raises ``RootInUseError`` naming the holder (run,
-host, pid, heartbeat age) and what to do; one that does not is a job that died moments
-ago (preempted, rescheduled elsewhere), and it is taken over with a warning, instead of
-failing the restarted job's first save until ``STALE_AFTER_S`` has passed.
-
-Run identity (``run_identity``), first that applies: an explicit ``run_id``; the
-``CKPTSTORE_RUN_ID`` environment variable; torchelastic's ``TORCHELASTIC_RUN_ID`` (its
-``--rdzv-id``, or the random id of ``--standalone``) unless it is ``none`` (torchrun's
-default without an id); Slurm's ``SLURM_JOB_ID`` (kept across requeues); under torchrun
-without an id, ``torchrun:<host>:<agent pid>`` (the agent outlives the workers it
-restarts); else ``proc:<host>:<pid>`` (this process). Each checkpoint's manifest records
-the run that wrote it (``extra["run"]``).
-
-Two jobs that take over one stale lease at the same moment both write it; each re-reads it
-right away, and at the next heartbeat at the latest the one that lost sees the other's run
-and stops (``ensure_fresh`` raises at its next save). Pure store calls; no torch.
+``HEARTBEAT_S`` by the holder (rank 0 of a ``CheckpointManager``); when a claim succeeds is
+:func:`claim_root`'s docstring, where a run's identity comes from :func:`run_identity`'s.
+Each checkpoint's manifest records the run that wrote it (``extra["run"]``). Pure store
+calls; no torch.
 """
 
 from __future__ import annotations
@@ -60,8 +42,15 @@ PROBE_S = 3 * HEARTBEAT_S
 
 
 def run_identity(run_id: str | None = None) -> str:
-    """This job's run identity (see the module docstring); ``ConfigError`` for a bad
-    explicit one."""
+    """This job's run identity; ``ConfigError`` for a bad explicit one.
+
+    The first that applies: an explicit ``run_id``; the ``CKPTSTORE_RUN_ID`` environment
+    variable; torchelastic's ``TORCHELASTIC_RUN_ID`` (its ``--rdzv-id``, or the random id of
+    ``--standalone``) unless it is ``none`` (torchrun's default without an id); Slurm's
+    ``SLURM_JOB_ID`` (kept across requeues); under torchrun without an id,
+    ``torchrun:<host>:<agent pid>`` (the agent outlives the workers it restarts); else
+    ``proc:<host>:<pid>`` (this process).
+    """
     if run_id is not None:
         try:
             return check_run_id(run_id)
@@ -112,8 +101,24 @@ def _next_beat(root: Store, holder: LeaseInfo) -> LeaseInfo | None:
 
 
 def claim_root(root: Store, run: str) -> Heartbeat:
-    """Own ``root`` for run ``run`` (see the module docstring): its started heartbeat, or
-    ``RootInUseError`` naming the live owner of another run."""
+    """Own ``root`` for run ``run``: its started heartbeat, or ``RootInUseError`` naming
+    the live owner of another run.
+
+    A claim succeeds when there is none, when it names this same run (a worker torchrun
+    restarted, a second manager of the same process), when its holder is stale
+    (``STALE_AFTER_S`` without a heartbeat: a job that died) or when its holder's process is
+    gone (same machine and pid namespace, pid not alive: a job that crashed and was started
+    again at once). A fresh lease of another run on another machine is watched for up to
+    ``PROBE_S`` (three heartbeats): a live holder rewrites it meanwhile, and the claim
+    raises ``RootInUseError`` naming the holder (run, host, pid, heartbeat age) and what to
+    do; one that does not is a job that died moments ago (preempted, rescheduled elsewhere),
+    and it is taken over with a warning, instead of failing the restarted job's first save
+    until ``STALE_AFTER_S`` has passed.
+
+    Two jobs that take over one stale lease at the same moment both write it; each re-reads
+    it right away, and at the next heartbeat at the latest the one that lost sees the
+    other's run and stops (``ensure_fresh`` raises at its next save).
+    """
     lease = Heartbeat(root, OWNER_NAME, run, guard_run=True)
     for _ in range(3):
         holder = read_owner(root)

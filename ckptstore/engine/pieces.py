@@ -3,43 +3,10 @@ small ones through small pooled buffers, in parts of the usual size.
 
 Used by ``FileWriter`` on a store with ``Capabilities.gather_parts`` (S3), whose
 ``put_part_pieces`` sends a part given as several buffers as one request body without
-joining them. The design, and why it is the simplest the store API allows:
-
-- A part is a list of *pieces*, in file order: views of the caller's memory (each large
-  write, cut where a part ends) and views of small pooled buffers that the small writes
-  between them (item headers, small items) are copied into. So a tensor's bytes are never
-  copied by ckptstore, whatever its size, and no part is shorter than it would be with
-  copying: S3's rule (every part but the last >= 5 MiB) holds without special cases.
-- A small buffer belongs to one part only (later small writes of the next part go into a
-  new buffer), so it is given back when that part is sent, with no reference counting.
-- The budget: a part being built holds at most ``part_size`` bytes of the engine's memory
-  budget, counting its pooled buffers at their full size and the caller's bytes it points
-  to (``BufferPool.reserve``), exactly as the copying path's one part buffer does; a part
-  is sent as soon as adding more would exceed that. So a writer never waits for memory
-  its own unsent part holds, ``TeeWriter.fits`` stays true, and parts are at least
-  ``part_size - buffer_size`` bytes long (``FileWriter`` uses this path only where that
-  is at least the store's ``min_part_size``).
-- The caller's memory must stay alive and unchanged until its part is sent: a view that
-  does not keep its memory alive itself (``view.obj``) comes with its owner, which the part
-  holds until it is sent (``refer(view, owner)``); a retried part resends the same pieces.
-- Checksums in one pass: every part's CRC32C (the store's per-part integrity header) is
-  computed here, as the bytes are added: a small write's as it is copied (a continuation
-  of the part's CRC), a large write's piece by piece, each piece hashed once and folded into
-  its part's CRC with ``crc32c_combine``. ``refer`` returns the CRC32C of the whole view
-  (its pieces' CRCs combined), which the item and file checksums use, so a tensor's bytes
-  are read once for all three. A small write is hashed twice (here and by its item): a
-  combine costs more than rehashing a few KiB.
-
-Call order (one thread: the ``FileWriter``'s)::
-
-    parts = PartBuilder(part_size, buffer_size, pool, cancelled, send)
-    parts.copy(view)        # a small write: copied into pooled buffers
-    crc = parts.refer(view, owner)  # a large write: its memory, by reference; its CRC32C
-    # send(pieces, release, crc) is called for each full part (crc: the CRC32C of its
-    # bytes); release() once it is sent
-    parts.flush()           # the last part goes out (at close)
-    pieces, release, crc = parts.take()   # or: the unsent part itself (a one-request file)
-    parts.discard()         # on abort: give back what the unsent part holds
+joining them: a tensor's bytes are never copied by ckptstore, and each part's CRC32C is
+computed as its bytes are added. The design (pieces, buffer ownership, the memory budget,
+the caller's memory, checksums in one pass) and the call order are :class:`PartBuilder`'s
+docstring.
 """
 
 from __future__ import annotations
@@ -59,7 +26,46 @@ Send = Callable[[list[memoryview], Release, int], None]
 
 
 class PartBuilder:
-    """Builds one file's parts from its writes. See the module docstring."""
+    """Builds one file's parts from its writes.
+
+    The design, and why it is the simplest the store API allows:
+
+    - A part is a list of *pieces*, in file order: views of the caller's memory (each large
+      write, cut where a part ends) and views of small pooled buffers that the small writes
+      between them (item headers, small items) are copied into. So a tensor's bytes are never
+      copied by ckptstore, whatever its size, and no part is shorter than it would be with
+      copying: S3's rule (every part but the last >= 5 MiB) holds without special cases.
+    - A small buffer belongs to one part only (later small writes of the next part go into a
+      new buffer), so it is given back when that part is sent, with no reference counting.
+    - The budget: a part being built holds at most ``part_size`` bytes of the engine's memory
+      budget, counting its pooled buffers at their full size and the caller's bytes it points
+      to (``BufferPool.reserve``), exactly as the copying path's one part buffer does; a part
+      is sent as soon as adding more would exceed that. So a writer never waits for memory
+      its own unsent part holds, ``TeeWriter.fits`` stays true, and parts are at least
+      ``part_size - buffer_size`` bytes long (``FileWriter`` uses this path only where that
+      is at least the store's ``min_part_size``).
+    - The caller's memory must stay alive and unchanged until its part is sent: a view that
+      does not keep its memory alive itself (``view.obj``) comes with its owner, which the part
+      holds until it is sent (``refer(view, owner)``); a retried part resends the same pieces.
+    - Checksums in one pass: every part's CRC32C (the store's per-part integrity header) is
+      computed here, as the bytes are added: a small write's as it is copied (a continuation
+      of the part's CRC), a large write's piece by piece, each piece hashed once and folded into
+      its part's CRC with ``crc32c_combine``. ``refer`` returns the CRC32C of the whole view
+      (its pieces' CRCs combined), which the item and file checksums use, so a tensor's bytes
+      are read once for all three. A small write is hashed twice (here and by its item): a
+      combine costs more than rehashing a few KiB.
+
+    Call order (one thread: the ``FileWriter``'s)::
+
+        parts = PartBuilder(part_size, buffer_size, pool, cancelled, send)
+        parts.copy(view)        # a small write: copied into pooled buffers
+        crc = parts.refer(view, owner)  # a large write: its memory, by reference; its CRC32C
+        # send(pieces, release, crc) is called for each full part (crc: the CRC32C of its
+        # bytes); release() once it is sent
+        parts.flush()           # the last part goes out (at close)
+        pieces, release, crc = parts.take()   # or: the unsent part itself (a one-request file)
+        parts.discard()         # on abort: give back what the unsent part holds
+    """
 
     def __init__(
         self,

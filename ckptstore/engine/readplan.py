@@ -9,25 +9,6 @@ engine has. So the reader plans its reads from the whole load plan, in three ste
     piece = piece_size(total_bytes, min(config.part_size, READ_PIECE), streams)
     windows = coalesce(ranges, max_window=piece)
 
-- ``read_streams``: how many ranged GETs a process keeps in flight. On a link whose every
-  connection is capped (a cloud store's per-connection rate, a latency-bound TCP window)
-  the load's rate is the number of connections times that cap, so a load uses as many
-  as the engine's byte budget for transfers in flight allows: the bytes a save keeps in
-  flight (``concurrency`` parts of ``part_size``), cut into pieces of ``READ_PIECE``;
-  never fewer than ``concurrency``, never more than ``MAX_STREAMS`` (the S3 client's
-  connection pool). With the defaults (8 x 32 MiB): 32 GETs of 8 MiB. The memory stays
-  bounded as before: a GET lands in its target tensor (no buffer) or in a window the
-  reader counts against ``memory_budget``.
-- ``piece_size``: the size of one ranged GET, so that the load's bytes cut into about
-  ``streams`` pieces or more (every connection busy until the end), never more than the
-  largest piece and never below ``min_piece`` (a GET much smaller than a link's
-  bandwidth-delay product spends its time waiting for the first byte).
-- ``coalesce``: ranges of one file, in offset order, that are smaller than ``max_window``
-  and adjacent (at most ``max_gap`` bytes apart) merge into one window of at most
-  ``max_window`` bytes: one GET instead of one per range. A range of ``max_window`` bytes
-  or more is a window of its own; the engine splits it into ``piece``-sized GETs in
-  parallel.
-
 Each range keeps its own integrity check: the reader verifies every member of a window
 against its manifest CRC32C, exactly as it verifies a range read alone.
 """
@@ -69,9 +50,19 @@ MAX_STREAMS = 64
 def read_streams(
     part_size: int, concurrency: int, piece: int = READ_PIECE, cap: int = MAX_STREAMS
 ) -> int:
-    """The ranged GETs a load keeps in flight (see the module docstring):
+    """The ranged GETs a load keeps in flight:
     ``concurrency * part_size / min(piece, part_size)``, clamped to
-    ``[concurrency, max(cap, concurrency)]``."""
+    ``[concurrency, max(cap, concurrency)]``.
+
+    On a link whose every connection is capped (a cloud store's per-connection rate, a
+    latency-bound TCP window) the load's rate is the number of connections times that cap,
+    so a load uses as many as the engine's byte budget for transfers in flight allows: the
+    bytes a save keeps in flight (``concurrency`` parts of ``part_size``), cut into pieces
+    of ``READ_PIECE``; never fewer than ``concurrency``, never more than ``MAX_STREAMS``
+    (the S3 client's connection pool). With the defaults (8 x 32 MiB): 32 GETs of 8 MiB. The
+    memory stays bounded as before: a GET lands in its target tensor (no buffer) or in a
+    window the reader counts against ``memory_budget``.
+    """
     if part_size < 1 or concurrency < 1 or piece < 1 or cap < 1:
         raise ValueError("read_streams: part_size, concurrency, piece and cap must be >= 1")
     streams = concurrency * part_size // min(piece, part_size)
@@ -97,7 +88,13 @@ class Window:
 
 def piece_size(total: int, max_piece: int, streams: int, min_piece: int = MIN_PIECE) -> int:
     """The GET size for a load of ``total`` bytes: ``ceil(total / streams)`` clamped
-    to ``[min(min_piece, max_piece), max_piece]``."""
+    to ``[min(min_piece, max_piece), max_piece]``.
+
+    Chosen so that the load's bytes cut into about ``streams`` pieces or more (every
+    connection busy until the end), never more than the largest piece and never below
+    ``min_piece`` (a GET much smaller than a link's bandwidth-delay product spends its time
+    waiting for the first byte).
+    """
     if max_piece < 1 or streams < 1 or min_piece < 1:
         raise ValueError("piece_size: max_piece, streams and min_piece must be >= 1")
     share = -(-max(total, 0) // streams)
@@ -107,7 +104,13 @@ def piece_size(total: int, max_piece: int, streams: int, min_piece: int = MIN_PI
 def coalesce(
     ranges: Sequence[tuple[str, int, int]], max_window: int, max_gap: int = 0
 ) -> list[Window]:
-    """Group ``(path, offset, length)`` ranges into windows (see the module docstring).
+    """Group ``(path, offset, length)`` ranges into windows.
+
+    Ranges of one file, in offset order, that are smaller than ``max_window``
+    and adjacent (at most ``max_gap`` bytes apart) merge into one window of at most
+    ``max_window`` bytes: one GET instead of one per range. A range of ``max_window`` bytes
+    or more is a window of its own; the engine splits it into ``piece``-sized GETs in
+    parallel.
 
     Windows come back sorted by (path, offset); every range is in exactly one window and
     a window spans from its first member's start to its furthest member's end. Ranges

@@ -3,75 +3,9 @@
 A ``Store`` is rooted at one URL; every path it takes is relative to that root and
 '/'-separated. A new store needs five primitives (``put``, ``get``, ``size``, ``find``,
 ``delete``); everything else has a correct default here that a store overrides with its
-native path (conditional create, parallel multipart, bulk delete, listings).
-
-Construction (``ckptstore.stores.open_store`` builds every store the same way)::
-
-    Class(url: str, storage_options: dict | None = None, *, retry: RetryConfig | None = None)
-
-``url`` is the full URL of the root (``s3://bucket/prefix``, ``/mnt/ckpt``); ``store.url``
-afterwards is its canonical form. ``storage_options`` are the client's (fsspec-style:
-credentials, endpoint); ``retry.request_timeout_s`` bounds each request. Bad URLs or
-options raise ``ConfigError``, a missing client library ``MissingDependencyError``. Extra
-keyword arguments of a store's own (S3's ``checksum``) must have defaults.
-
-Who calls what, in which order:
-
-- Data (``ckptstore.engine.transfer``, from its thread pool, many calls at once on one
-  instance and its children): ``put`` for small files; for large ones::
-
-      up = store.begin_multipart(path)
-      part = store.put_part(up, number, offset, data)  # any order, concurrently; 1..N
-      store.complete_multipart(up, parts)              # the object appears whole, durable
-      # or, on any failure:
-      store.abort_multipart(up)                        # nothing visible, nothing left
-
-  and ``get_into`` / ``get`` for reads. Part sizes follow ``capabilities``; on a store
-  with ``capabilities.gather_parts`` a part comes as several buffers
-  (``put_part_pieces``) instead of one.
-- Commit (``ckptstore.engine.commit``, the coordinator): ``put`` of the manifest and
-  ``.metadata``, then ``put_if_absent`` of ``COMMITTED``; ``get`` / ``exists`` to open one.
-- Listing, verification and deletion (``engine.catalog``, ``engine.verify``,
-  ``engine.deletion``, through ``engine.retry.RetryingStore``): ``scan``, ``find``,
-  ``listdir``, ``size``, ``delete``, ``delete_many``, ``remove_empty_dirs``,
-  ``list_multipart``, ``abort_multipart``; ``child`` roots a store at one step directory.
-- ``close`` once, by whoever opened the store, when it is done.
-
-Threads: every method may run on many threads at once, on one instance and on its
-children (which may share a client): a store must be thread-safe.
-
-Idempotency: the engine retries ``TransientStoreError``, and a request whose response
-was lost may have been applied. So repeating a call must be harmless: ``put`` and
-``put_part`` replace what the first try wrote; ``complete_multipart`` of an upload the
-server already completed succeeds when the object is whole; ``abort_multipart`` of an
-aborted or completed upload and ``delete`` of a missing name are not errors;
-``put_if_absent`` that finds exactly its own bytes is a success, not a conflict.
-
-Pickling: stores cross into other processes (``dcp.async_save``'s process executor). A
-store opened from a URL travels as ``store.url`` and is re-made there with
-``open_store(store.url, storage_options, retry=...)``, so ``store.url`` must name the same
-root. A ``Store`` object a caller built travels as itself: it must pickle, sending its
-settings and rebuilding clients, locks and pools on the other side (``__getstate__``).
-
-Ranges: ``get(path, start, end)`` returns bytes ``[start, end)`` clipped to the object:
-an ``end`` past its size reads to its end; ``start`` at or past the end, or
-``end <= start``, gives ``b""``. ``get_into(path, start, buf)`` reads
-``min(len(buf), size - start)`` bytes (0 past the end) and never writes beyond them. A
-missing object raises ``StoreNotFoundError`` even for an empty range.
-
-Raises (ckptstore errors only; anything else escaping is a bug in the store):
-``StoreNotFoundError`` (no such object, bucket or upload), ``StoreAccessError``
-(credentials, permissions, a refused request: not retried), ``TransientStoreError``
-(throttling, 5xx, resets, timeouts: the engine retries only this), ``StorageFullError``
-(no space, quota), ``DurabilityError`` (an fsync failed: never retried),
-``CommitConflictError`` (``put_if_absent`` lost), ``UnsafePathError`` (containment).
-
-Containment: every path-taking method of every subclass is wrapped when the class is
-defined (``engine.store_guard``), so its path, prefix or ``Multipart.path`` is checked by
-``ckptstore.engine.paths`` before the store's own code runs: an absolute name, a ``..``
-segment, NUL or backslash raises ``UnsafePathError`` and nothing is read, written or
-deleted. Stores with links of their own (volumes) also refuse to follow a symlink below
-the root, and never list one as a file or directory (``scan`` reports it as ``"link"``).
+native path (conditional create, parallel multipart, bulk delete, listings). The contract
+(construction, who calls what in which order, threads, idempotency, pickling, ranges,
+errors, path containment) is :class:`Store`'s docstring.
 """
 
 from __future__ import annotations
@@ -156,7 +90,76 @@ def join_path(*parts: str) -> str:
 
 
 class Store(abc.ABC):
-    """A storage backend rooted at ``url``. See the module docstring for the contract."""
+    """A storage backend rooted at ``url``: the contract every store implements.
+
+    Construction (``ckptstore.stores.open_store`` builds every store the same way)::
+
+        Class(url: str, storage_options: dict | None = None, *, retry: RetryConfig | None = None)
+
+    ``url`` is the full URL of the root (``s3://bucket/prefix``, ``/mnt/ckpt``); ``store.url``
+    afterwards is its canonical form. ``storage_options`` are the client's (fsspec-style:
+    credentials, endpoint); ``retry.request_timeout_s`` bounds each request. Bad URLs or
+    options raise ``ConfigError``, a missing client library ``MissingDependencyError``. Extra
+    keyword arguments of a store's own (S3's ``checksum``) must have defaults.
+
+    Who calls what, in which order:
+
+    - Data (``ckptstore.engine.transfer``, from its thread pool, many calls at once on one
+      instance and its children): ``put`` for small files; for large ones::
+
+          up = store.begin_multipart(path)
+          part = store.put_part(up, number, offset, data)  # any order, concurrently; 1..N
+          store.complete_multipart(up, parts)              # the object appears whole, durable
+          # or, on any failure:
+          store.abort_multipart(up)                        # nothing visible, nothing left
+
+      and ``get_into`` / ``get`` for reads. Part sizes follow ``capabilities``; on a store
+      with ``capabilities.gather_parts`` a part comes as several buffers
+      (``put_part_pieces``) instead of one.
+    - Commit (``ckptstore.engine.commit``, the coordinator): ``put`` of the manifest and
+      ``.metadata``, then ``put_if_absent`` of ``COMMITTED``; ``get`` / ``exists`` to open one.
+    - Listing, verification and deletion (``engine.catalog``, ``engine.verify``,
+      ``engine.deletion``, through ``engine.retry.RetryingStore``): ``scan``, ``find``,
+      ``listdir``, ``size``, ``delete``, ``delete_many``, ``remove_empty_dirs``,
+      ``list_multipart``, ``abort_multipart``; ``child`` roots a store at one step directory.
+    - ``close`` once, by whoever opened the store, when it is done.
+
+    Threads: every method may run on many threads at once, on one instance and on its
+    children (which may share a client): a store must be thread-safe.
+
+    Idempotency: the engine retries ``TransientStoreError``, and a request whose response
+    was lost may have been applied. So repeating a call must be harmless: ``put`` and
+    ``put_part`` replace what the first try wrote; ``complete_multipart`` of an upload the
+    server already completed succeeds when the object is whole; ``abort_multipart`` of an
+    aborted or completed upload and ``delete`` of a missing name are not errors;
+    ``put_if_absent`` that finds exactly its own bytes is a success, not a conflict.
+
+    Pickling: stores cross into other processes (``dcp.async_save``'s process executor). A
+    store opened from a URL travels as ``store.url`` and is re-made there with
+    ``open_store(store.url, storage_options, retry=...)``, so ``store.url`` must name the same
+    root. A ``Store`` object a caller built travels as itself: it must pickle, sending its
+    settings and rebuilding clients, locks and pools on the other side (``__getstate__``).
+
+    Ranges: ``get(path, start, end)`` returns bytes ``[start, end)`` clipped to the object:
+    an ``end`` past its size reads to its end; ``start`` at or past the end, or
+    ``end <= start``, gives ``b""``. ``get_into(path, start, buf)`` reads
+    ``min(len(buf), size - start)`` bytes (0 past the end) and never writes beyond them. A
+    missing object raises ``StoreNotFoundError`` even for an empty range.
+
+    Raises (ckptstore errors only; anything else escaping is a bug in the store):
+    ``StoreNotFoundError`` (no such object, bucket or upload), ``StoreAccessError``
+    (credentials, permissions, a refused request: not retried), ``TransientStoreError``
+    (throttling, 5xx, resets, timeouts: the engine retries only this), ``StorageFullError``
+    (no space, quota), ``DurabilityError`` (an fsync failed: never retried),
+    ``CommitConflictError`` (``put_if_absent`` lost), ``UnsafePathError`` (containment).
+
+    Containment: every path-taking method of every subclass is wrapped when the class is
+    defined (``engine.store_guard``), so its path, prefix or ``Multipart.path`` is checked by
+    ``ckptstore.engine.paths`` before the store's own code runs: an absolute name, a ``..``
+    segment, NUL or backslash raises ``UnsafePathError`` and nothing is read, written or
+    deleted. Stores with links of their own (volumes) also refuse to follow a symlink below
+    the root, and never list one as a file or directory (``scan`` reports it as ``"link"``).
+    """
 
     #: How the engine plans this store's writes; a store sets its own (a class attribute,
     #: or built in ``__init__`` when it depends on the instance).
@@ -164,7 +167,7 @@ class Store(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
-        guard_class(cls)  # containment for every store: see the module docstring
+        guard_class(cls)  # containment for every store: see the class docstring
 
     def __init__(
         self,
@@ -227,7 +230,7 @@ class Store(abc.ABC):
     @abc.abstractmethod
     def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         """Bytes ``[start, end)`` of an object (``end=None``: to its end), clipped to it
-        (module docstring); ``StoreNotFoundError`` if it does not exist."""
+        (class docstring); ``StoreNotFoundError`` if it does not exist."""
 
     def get_into(self, path: str, start: int, buf: memoryview) -> int:
         """Read up to ``len(buf)`` bytes at ``start`` into ``buf``; returns how many were read.

@@ -1,7 +1,5 @@
 """The transfer engine: one bounded pool that writes and reads files as parallel parts.
 
-Call order for a streamed write::
-
     engine = TransferEngine(TransferConfig())
     w = engine.writer(store, "shard.bin")      # nothing visible yet
     off = w.write(data)                         # any number of times; returns data's offset
@@ -9,21 +7,11 @@ Call order for a streamed write::
     # on any error before close() returns: w.abort() (the context manager does it)
     engine.close()
 
-``write`` copies its data into reusable part buffers (one copy, into warm memory) and
-sends each part as it fills (on a volume, large writes go out from the caller's memory
-without the copy); ``item()`` gives a file-like sink (for ``torch.save``) that does the
-same and checksums the item on the way (both in ``ckptstore.engine.filewriter``). At
-most ``TransferConfig.memory_budget`` bytes of parts are in flight (``engine.buffers``,
-a ``ckptstore.engine.buffers.BufferPool``); writes block (back-pressure) beyond that.
-Every store call is retried per ``RetryConfig`` (transient errors only), within a
-per-file deadline. A failed part aborts the whole upload: nothing half-made is ever left
-visible.
-
-Reads from an object store run on a pool of their own, ``read_streams`` threads (one
-ranged GET each; see ``ckptstore.engine.readplan.read_streams``): more, smaller GETs in
-flight than a save's parts, to fill a link whose every connection is capped. A volume's
-reads (preads, ``capabilities.zero_copy_parts``) stay on the I/O pool: more of them at
-once only share the same cores' memory copies.
+At most ``TransferConfig.memory_budget`` bytes of parts are in flight; writes block
+(back-pressure) beyond that. Every store call is retried per ``RetryConfig`` (transient
+errors only), within a per-file deadline; a failed part aborts the whole upload, so
+nothing half-made is ever left visible. How writes are copied and reads spread over
+threads is :class:`TransferEngine`'s docstring.
 """
 
 from __future__ import annotations
@@ -68,7 +56,20 @@ _SHARED_LOCK = threading.Lock()
 
 class TransferEngine:
     """Pools of I/O threads (writes, reads) plus the retry and memory policy shared by
-    every transfer."""
+    every transfer.
+
+    ``write`` copies its data into reusable part buffers (one copy, into warm memory) and
+    sends each part as it fills (on a volume, large writes go out from the caller's memory
+    without the copy); ``item()`` gives a file-like sink (for ``torch.save``) that does the
+    same and checksums the item on the way (both in ``ckptstore.engine.filewriter``). The
+    memory budget is ``engine.buffers``, a ``ckptstore.engine.buffers.BufferPool``.
+
+    Reads from an object store run on a pool of their own, ``read_streams`` threads (one
+    ranged GET each; see ``ckptstore.engine.readplan.read_streams``): more, smaller GETs in
+    flight than a save's parts, to fill a link whose every connection is capped. A volume's
+    reads (preads, ``capabilities.zero_copy_parts``) stay on the I/O pool: more of them at
+    once only share the same cores' memory copies.
+    """
 
     def __init__(self, config: TransferConfig | None = None) -> None:
         self.config = config or TransferConfig()
@@ -138,7 +139,7 @@ class TransferEngine:
         """A streamed write of ``path`` in ``store``; nothing is visible until its ``close()``.
 
         ``size_hint`` (the file's expected size, if known) grows the part size so the file
-        fits in the store's ``max_parts``. See the module docstring for the call order.
+        fits in the store's ``max_parts``. The call order: the module docstring.
         """
         return FileWriter(self, store, path, size_hint)
 

@@ -7,29 +7,9 @@ GPU-year), so ``gpus`` GPUs fail ``gpus * afr / 365`` times a day and::
 
 (1 % AFR, 30 days: 256 GPUs -> 19.0 %, 1,024 GPUs -> 56.9 %. The compounding form
 ``1 - (1 - afr) ** (gpus * days / 365)`` gives 19.1 % / 57.1 %; we keep the exponential one
-because it is the same process the goodput models assume.)
-
-Goodput = productive training time / wall-clock time. With failure rate ``lam`` (per hour,
-``MTBF = 1 / lam``), ``tau`` the training time between two checkpoints, ``C`` the time one save
-blocks training and ``R`` the time a restart takes (all in hours):
-
-* ``"first_order"`` (default; Young 1974)::
-
-      goodput = 1 - C / tau - lam * (tau / 2 + R)        (clamped to [0, 1])
-
-  Each save costs ``C`` per ``tau`` of training; each failure loses half an interval of work on
-  average plus the restart. With ``C = R = 0`` this is ``1 - lam * tau / 2``: 8.6 failures a day
-  at a 2 h interval -> 64.2 %, at 30 min -> 91.0 %. The model drops
-  second-order terms, so it is a lower bound on the exponential model, good while
-  ``C << tau << MTBF``. Its exact optimum is Young's ``tau = sqrt(2 * C * MTBF)``.
-
-* ``"exponential"`` (Daly 2006, failures may also hit saves and restarts)::
-
-      goodput = (tau / M) * exp(-R / M) / (exp((tau + C) / M) - 1)     with M = MTBF
-
-  The same two cases give 68.4 % and 91.3 %. Daly's higher-order interval approximates its
-  optimum: ``sqrt(2*C*M) * (1 + s/3 + s**2/9) - C`` with ``s = sqrt(C / (2*M))`` for ``C < 2*M``,
-  else ``M``.
+because it is the same process the goodput models assume.) Goodput = productive training
+time / wall-clock time; its two models (Young's first order, Daly's exponential) and their
+optimal intervals are :func:`goodput_of`'s docstring.
 """
 
 from __future__ import annotations
@@ -102,10 +82,32 @@ def daly_interval(checkpoint_cost: float, mtbf: float) -> float:
 
 def goodput_of(model: str, rate: float, tau: float, cost: float, restart: float) -> float:
     """Goodput of ``model`` for failure rate ``rate`` (1/h) and ``tau``, ``cost``, ``restart`` in
-    hours (the formulas in the module docstring).
+    hours (the formulas below).
 
     Takes the limits for ``tau`` of 0 or inf and ``rate`` of 0, so optimal intervals of 0
     (free saves) or inf (no failures) can be evaluated.
+
+    Goodput = productive training time / wall-clock time. With failure rate ``lam`` (per
+    hour, ``MTBF = 1 / lam``), ``tau`` the training time between two checkpoints, ``C`` the
+    time one save blocks training and ``R`` the time a restart takes (all in hours):
+
+    * ``"first_order"`` (default; Young 1974)::
+
+          goodput = 1 - C / tau - lam * (tau / 2 + R)        (clamped to [0, 1])
+
+      Each save costs ``C`` per ``tau`` of training; each failure loses half an interval of
+      work on average plus the restart. With ``C = R = 0`` this is ``1 - lam * tau / 2``:
+      8.6 failures a day at a 2 h interval -> 64.2 %, at 30 min -> 91.0 %. The model drops
+      second-order terms, so it is a lower bound on the exponential model, good while
+      ``C << tau << MTBF``. Its exact optimum is Young's ``tau = sqrt(2 * C * MTBF)``.
+
+    * ``"exponential"`` (Daly 2006, failures may also hit saves and restarts)::
+
+          goodput = (tau / M) * exp(-R / M) / (exp((tau + C) / M) - 1)     with M = MTBF
+
+      The same two cases give 68.4 % and 91.3 %. Daly's higher-order interval approximates
+      its optimum: ``sqrt(2*C*M) * (1 + s/3 + s**2/9) - C`` with ``s = sqrt(C / (2*M))``
+      for ``C < 2*M``, else ``M``.
     """
     if model == "first_order":
         blocking = (math.inf if cost > 0 else 0.0) if tau == 0 else cost / tau

@@ -3,49 +3,8 @@
 Pure functions and frozen dataclasses (no I/O, no torch); ``ckptstore-tool goodput --plan``
 renders :func:`sweep`. Inputs are the figures measured on one job (:class:`RankFigures`),
 the cluster and object store (:class:`Cluster`) and optional prices (:class:`ScalePrices`).
-
-Assumptions (each a term a reader can check against their own job):
-
-* **Weak scaling.** Every GPU is one rank and every rank saves its own shard of
-  ``bytes_per_rank`` (FSDP / tensor-parallel state sharded over all ranks), so the checkpoint
-  grows with the GPU count and per-rank figures stay as measured.
-* **Blocking does not grow with GPUs.** Each rank stages its own shard into its own buffer, in
-  parallel, so one save blocks training for the measured ``blocking_s`` at any GPU count,
-  *unless* the previous save has not committed yet when the next starts: then the next save
-  waits, and blocking is ``blocking_s + max(0, time_until_committed - interval)``. DCP's
-  planning collectives (a gather of every rank's plan) are not modelled.
-* **Bottleneck model.** A transfer phase (a save's upload, a restore's download) takes as long
-  as its slowest limit, each limit taken alone and assumed to overlap perfectly with the
-  others: per-rank throughput (``bytes_per_rank / rank GB/s``), the node NIC (the node's
-  ranks' bytes / NIC GB/s), the store's aggregate bandwidth (all bytes / store GB/s; None is
-  no cap) and the request rate of the hottest key prefix (its requests / the per-prefix
-  limit). The one that takes longest is the :class:`Limit` that binds.
-* **Requests.** A file of one part is one PUT; a larger one is a multipart upload: initiate,
-  one PUT per ``part_bytes`` part, complete (S3 counts all of them against the per-prefix
-  PUT/COPY/POST/DELETE rate). The coordinator adds ``commit_puts`` (attempt-named manifest and
-  ``.metadata``, their canonical copies, ``COMMITTED``) under the step's own prefix. A restore
-  reads every file in ``part_bytes`` ranged GETs, plus the small objects (marker, manifest,
-  ``.metadata``) under the step's prefix: ``meta_gets_per_restore`` in all (rank 0 reads them
-  once and broadcasts them: 3 by default) and ``meta_gets_per_rank`` per rank (0 by default;
-  3 where every rank opens the checkpoint itself, as a bare ``ckptstore.reader`` per rank
-  does). So with ckptstore's restore the step's prefix no longer carries a per-rank load,
-  and what binds a restore at scale is the shards' own GETs (``"flat"``) or the per-rank
-  bandwidth (``"spread"``, up to tens of thousands of ranks). Rank 0's discovery (one
-  listing of the root, three GETs per retained step, each step its own prefix) and the
-  broadcast of the small objects to every rank are latency, not request rate: not modelled.
-* **Prefixes.** ``"flat"`` puts every shard under the step's prefix; ``"spread"`` under 256
-  sub-prefixes by a hash of the rank (``ckptstore.dcp.writer.shard_prefix``), taken as even:
-  the hottest holds ``ceil(ranks / 256)`` ranks. The real CRC32C spread is a little uneven:
-  its busiest sub-prefix holds 7 ranks of 1,000 (not 4), 47 of 10,000 (not 40) and 406 of
-  100,000 (not 391), so spread's shard-prefix times are up to that much optimistic. The
-  step's own prefix (commit objects, metadata reads) is one prefix in both layouts.
-* **Restore.** From the remote store every rank reads its shard; from the node-local tier
-  (the staged writer's local copy) each node reads its ranks' shards from local disk at
-  ``local_gb_s``, still at most the per-rank read throughput, after every rank has compared
-  its local marker with the remote one: the one rank 0 read (``meta_gets_per_restore``) and
-  broadcast by default, or ``local_check_gets_per_rank`` GETs per rank on the step's prefix
-  where each rank reads the remote marker itself.
-
+The model's assumptions (weak scaling, blocking, the bottleneck model, requests, prefixes,
+restore) are :func:`project`'s docstring; docs/cli.md says them for users.
 S3 documents 3,500 PUT/COPY/POST/DELETE and 5,500 GET/HEAD requests per second per
 partitioned prefix (the :class:`Cluster` defaults); other stores differ, so they are inputs.
 Units: bytes, seconds, GB = 1e9 bytes, GB/s. The input dataclasses live in
@@ -273,7 +232,50 @@ def project(
     keep_last: int = 3,
     prices: ScalePrices | None = None,
 ) -> ScalePoint:
-    """Blocking, time until committed, restore times, request rates and cost at ``gpus``."""
+    """Blocking, time until committed, restore times, request rates and cost at ``gpus``.
+
+    Assumptions (each a term a reader can check against their own job):
+
+    * **Weak scaling.** Every GPU is one rank and every rank saves its own shard of
+      ``bytes_per_rank`` (FSDP / tensor-parallel state sharded over all ranks), so the checkpoint
+      grows with the GPU count and per-rank figures stay as measured.
+    * **Blocking does not grow with GPUs.** Each rank stages its own shard into its own buffer, in
+      parallel, so one save blocks training for the measured ``blocking_s`` at any GPU count,
+      *unless* the previous save has not committed yet when the next starts: then the next save
+      waits, and blocking is ``blocking_s + max(0, time_until_committed - interval)``. DCP's
+      planning collectives (a gather of every rank's plan) are not modelled.
+    * **Bottleneck model.** A transfer phase (a save's upload, a restore's download) takes as long
+      as its slowest limit, each limit taken alone and assumed to overlap perfectly with the
+      others: per-rank throughput (``bytes_per_rank / rank GB/s``), the node NIC (the node's
+      ranks' bytes / NIC GB/s), the store's aggregate bandwidth (all bytes / store GB/s; None is
+      no cap) and the request rate of the hottest key prefix (its requests / the per-prefix
+      limit). The one that takes longest is the :class:`Limit` that binds.
+    * **Requests.** A file of one part is one PUT; a larger one is a multipart upload: initiate,
+      one PUT per ``part_bytes`` part, complete (S3 counts all of them against the per-prefix
+      PUT/COPY/POST/DELETE rate). The coordinator adds ``commit_puts`` (attempt-named manifest and
+      ``.metadata``, their canonical copies, ``COMMITTED``) under the step's own prefix. A restore
+      reads every file in ``part_bytes`` ranged GETs, plus the small objects (marker, manifest,
+      ``.metadata``) under the step's prefix: ``meta_gets_per_restore`` in all (rank 0 reads them
+      once and broadcasts them: 3 by default) and ``meta_gets_per_rank`` per rank (0 by default;
+      3 where every rank opens the checkpoint itself, as a bare ``ckptstore.reader`` per rank
+      does). So with ckptstore's restore the step's prefix no longer carries a per-rank load,
+      and what binds a restore at scale is the shards' own GETs (``"flat"``) or the per-rank
+      bandwidth (``"spread"``, up to tens of thousands of ranks). Rank 0's discovery (one
+      listing of the root, three GETs per retained step, each step its own prefix) and the
+      broadcast of the small objects to every rank are latency, not request rate: not modelled.
+    * **Prefixes.** ``"flat"`` puts every shard under the step's prefix; ``"spread"`` under 256
+      sub-prefixes by a hash of the rank (``ckptstore.dcp.writer.shard_prefix``), taken as even:
+      the hottest holds ``ceil(ranks / 256)`` ranks. The real CRC32C spread is a little uneven:
+      its busiest sub-prefix holds 7 ranks of 1,000 (not 4), 47 of 10,000 (not 40) and 406 of
+      100,000 (not 391), so spread's shard-prefix times are up to that much optimistic. The
+      step's own prefix (commit objects, metadata reads) is one prefix in both layouts.
+    * **Restore.** From the remote store every rank reads its shard; from the node-local tier
+      (the staged writer's local copy) each node reads its ranks' shards from local disk at
+      ``local_gb_s``, still at most the per-rank read throughput, after every rank has compared
+      its local marker with the remote one: the one rank 0 read (``meta_gets_per_restore``) and
+      broadcast by default, or ``local_check_gets_per_rank`` GETs per rank on the step's prefix
+      where each rank reads the remote marker itself.
+    """
     check("scale", "interval_min", interval_min, positive=True)
     check("scale", "keep_last", keep_last, whole=True)
     p = prices or ScalePrices()

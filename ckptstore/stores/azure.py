@@ -5,28 +5,9 @@ adlfs's ``abfs://container@account.dfs.core.windows.net/path``). ``storage_optio
 adlfs's: ``connection_string``; or ``account_name`` with ``account_key``, ``sas_token``,
 ``credential``, or ``client_id``/``client_secret``/``tenant_id``; ``account_host``;
 ``anon``. The ``AZURE_STORAGE_*`` environment variables fill in what is not given, and
-with no credential at all (and ``anon`` not true) ``DefaultAzureCredential`` is used.
-
-The SDK's own retries are off (``retry_total=0``): the transfer engine's ``RetryConfig``
-decides, and ``RetryConfig.request_timeout_s`` bounds each connect and read.
-
-Multipart writes are Azure's native parallel path, stage block + commit block list::
-
-    up = store.begin_multipart("a/shard")     # no request: a fresh upload id
-    store.put_part(up, n, offset, data)       # Put Block, any order, in parallel; block
-                                              # id "<upload id>-<n:06d>": one length for all
-    store.complete_multipart(up, parts)       # Put Block List in part order: the blob
-                                              # appears whole and durable, atomically
-    store.abort_multipart(up)                 # no request (see below)
-
-Uncommitted blocks are invisible to readers and to normal listings; Azure discards them
-when any block list is next committed to that blob name, or after 7 days. There is no
-call that deletes only the uncommitted blocks of a name without touching a committed blob
-of that name, so ``abort_multipart`` sends nothing and ``list_multipart`` returns [].
-
-``put_if_absent`` is Put Blob with ``If-None-Match: *``: every writer but the first gets
-409 BlobAlreadyExists (or 412) and raises ``CommitConflictError`` - unless the blob holds
-exactly our bytes (a retried request whose first try landed): that is a win.
+with no credential at all (and ``anon`` not true) ``DefaultAzureCredential`` is used. The
+SDK's retries are off (``retry_total=0``): ``RetryConfig`` decides, and its
+``request_timeout_s`` bounds each connect and read. Multipart writes: :class:`AzureStore`.
 """
 
 from __future__ import annotations
@@ -182,7 +163,26 @@ class _Client:
 
 
 class AzureStore(Store):
-    """A store rooted at ``az://container/prefix``; see the module docstring."""
+    """A store rooted at ``az://container/prefix`` (URLs and options: the module docstring).
+
+    Multipart writes are Azure's native parallel path, stage block + commit block list::
+
+        up = store.begin_multipart("a/shard")     # no request: a fresh upload id
+        store.put_part(up, n, offset, data)       # Put Block, any order, in parallel; block
+                                                  # id "<upload id>-<n:06d>": one length for all
+        store.complete_multipart(up, parts)       # Put Block List in part order: the blob
+                                                  # appears whole and durable, atomically
+        store.abort_multipart(up)                 # no request (see below)
+
+    Uncommitted blocks are invisible to readers and to normal listings; Azure discards them
+    when any block list is next committed to that blob name, or after 7 days. There is no
+    call that deletes only the uncommitted blocks of a name without touching a committed blob
+    of that name, so ``abort_multipart`` sends nothing and ``list_multipart`` returns [].
+
+    ``put_if_absent`` is Put Blob with ``If-None-Match: *``: every writer but the first gets
+    409 BlobAlreadyExists (or 412) and raises ``CommitConflictError`` - unless the blob holds
+    exactly our bytes (a retried request whose first try landed): that is a win.
+    """
 
     #: At most 50,000 committed blocks per blob; blocks may be of any size.
     capabilities = Capabilities(max_parts=50_000)
@@ -392,7 +392,7 @@ class AzureStore(Store):
         self._run(what, self._blob(upload.path).commit_block_list, blocks)
 
     def abort_multipart(self, upload: Multipart) -> None:
-        """Nothing to send: staged blocks are invisible and expire (module docstring)."""
+        """Nothing to send: staged blocks are invisible and expire (class docstring)."""
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
         """Always []: uncommitted blocks are invisible to listings of committed blobs and

@@ -2,27 +2,8 @@
 
 Requests go through ``gcsfs.core.GCSFileSystem``'s aiohttp session and credentials, but
 not through gcsfs's own retry loop: the transfer engine's ``RetryConfig`` decides what is
-retried, and ``RetryConfig.request_timeout_s`` bounds each request.
-
-Multipart writes are GCS's native parallel path, parts + compose::
-
-    up = store.begin_multipart("a/shard")        # no request: a fresh upload id
-    store.put_part(up, n, offset, data)          # any order, in parallel: each part is its
-                                                 # own object a/shard.ckptstore-parts-<id>/<n>,
-                                                 # its server CRC32C checked against ours
-    store.complete_multipart(up, parts)          # compose (<= 32 sources per call, as a tree),
-                                                 # check the composite's CRC32C, delete parts
-    store.abort_multipart(up)                    # delete every part object (idempotent)
-
-A composite object may have at most 1024 components, so ``capabilities.max_parts`` is
-1024 (the engine grows its part size to fit). ``list_multipart`` finds leftover part
-prefixes of uploads that crashed, so a sweeper can abort them.
-
-``put_if_absent`` is an upload with ``ifGenerationMatch=0``: GCS answers 412 to every
-writer but the first (fake-gcs-server honours it for ``uploadType=multipart`` uploads,
-which is what every write here uses). A 412 whose object holds exactly our bytes is a win
-(a retried request whose first try landed). Whole-object writes send their CRC32C, which GCS
-verifies, and check the CRC32C GCS reports back.
+retried, and ``RetryConfig.request_timeout_s`` bounds each request. Multipart writes
+(parts + compose) and create-only writes are :class:`GCSStore`'s docstring.
 """
 
 from __future__ import annotations
@@ -73,6 +54,26 @@ class GCSStore(Store):
     ``storage_options`` are gcsfs's: ``token``, ``project``, ``endpoint_url``,
     ``requester_pays``, ``session_kwargs`` ...; ``requests_timeout`` overrides
     ``retry.request_timeout_s``.
+
+    Multipart writes are GCS's native parallel path, parts + compose::
+
+        up = store.begin_multipart("a/shard")        # no request: a fresh upload id
+        store.put_part(up, n, offset, data)          # any order, in parallel: each part is its
+                                                     # own object a/shard.ckptstore-parts-<id>/<n>,
+                                                     # its server CRC32C checked against ours
+        store.complete_multipart(up, parts)          # compose (<= 32 sources per call, as a tree),
+                                                     # check the composite's CRC32C, delete parts
+        store.abort_multipart(up)                    # delete every part object (idempotent)
+
+    A composite object may have at most 1024 components, so ``capabilities.max_parts`` is
+    1024 (the engine grows its part size to fit). ``list_multipart`` finds leftover part
+    prefixes of uploads that crashed, so a sweeper can abort them.
+
+    ``put_if_absent`` is an upload with ``ifGenerationMatch=0``: GCS answers 412 to every
+    writer but the first (fake-gcs-server honours it for ``uploadType=multipart`` uploads,
+    which is what every write here uses). A 412 whose object holds exactly our bytes is a win
+    (a retried request whose first try landed). Whole-object writes send their CRC32C, which GCS
+    verifies, and check the CRC32C GCS reports back.
     """
 
     #: A composite object has at most 1024 components; parts may be of any size.

@@ -13,22 +13,7 @@ see ``ckptstore.engine.store``)::
     store.complete_multipart(up, parts)         # CompleteMultipartUpload
     store.abort_multipart(up)                   # AbortMultipartUpload, on any failure
 
-Integrity: every PutObject and UploadPart carries a checksum of its body (CRC32C by
-default, or Content-MD5 with ``checksum="md5"``), so a server that checks it rejects bytes
-damaged in transit (``BadDigest``, retried). SeaweedFS checks both; moto checks neither.
-With a checksum on every body, the SigV4 signature says ``UNSIGNED-PAYLOAD`` rather than
-hashing each body with SHA-256 (see ``make_s3fs``); ``checksum="none"`` keeps the hash.
-
-Retries: botocore's own retries are off (``total_max_attempts=1``) so the engine's
-``RetryConfig`` alone decides; each request is bounded by ``RetryConfig.request_timeout_s``
-(botocore connect/read timeouts plus an overall limit that also catches a stalled upload).
-
-Create-only writes use ``PutObject`` with ``If-None-Match: *``. Whether the server honours
-it is probed once per endpoint and bucket in a process (two create-only writes of a
-scratch object under the store's root: the second must fail with 412). A server that
-ignores it gets a best-effort HEAD-then-PUT instead, with a ``NonAtomicCreateWarning``
-(``S3Store.conditional_create`` says which). ``conditional_create=True/False`` skips the
-probe.
+Integrity checksums, retries and create-only writes are :class:`S3Store`'s docstring.
 """
 
 from __future__ import annotations
@@ -49,14 +34,8 @@ from ckptstore.errors import (
 )
 from ckptstore.stores import s3_folders
 from ckptstore.stores.options import check_s3_options, refuse_userinfo
-from ckptstore.stores.s3_client import (
-    CHECKSUMS,
-    S3Client,
-    as_body,
-    make_s3fs,
-    multipart_etag,
-    pieces_body,
-)
+from ckptstore.stores.s3_body import as_body, multipart_etag, pieces_body
+from ckptstore.stores.s3_client import CHECKSUMS, S3Client, make_s3fs
 from ckptstore.stores.s3_errors import error_code
 
 __all__ = ["S3Store", "make_s3fs"]
@@ -81,10 +60,27 @@ class _Shared:
 
 
 class S3Store(Store):
-    """A store rooted at ``s3://bucket/prefix``. See the module docstring.
+    """A store rooted at ``s3://bucket/prefix`` (the module docstring: client, call order).
 
     ``checksum`` (``"crc32c"``, ``"md5"``, ``"none"``) and ``conditional_create`` are
     keyword arguments of its own, beyond the common constructor.
+
+    Integrity: every PutObject and UploadPart carries a checksum of its body (CRC32C by
+    default, or Content-MD5 with ``checksum="md5"``), so a server that checks it rejects bytes
+    damaged in transit (``BadDigest``, retried). SeaweedFS checks both; moto checks neither.
+    With a checksum on every body, the SigV4 signature says ``UNSIGNED-PAYLOAD`` rather than
+    hashing each body with SHA-256 (see ``make_s3fs``); ``checksum="none"`` keeps the hash.
+
+    Retries: botocore's own retries are off (``total_max_attempts=1``) so the engine's
+    ``RetryConfig`` alone decides; each request is bounded by ``RetryConfig.request_timeout_s``
+    (botocore connect/read timeouts plus an overall limit that also catches a stalled upload).
+
+    Create-only writes use ``PutObject`` with ``If-None-Match: *``. Whether the server honours
+    it is probed once per endpoint and bucket in a process (two create-only writes of a
+    scratch object under the store's root: the second must fail with 412). A server that
+    ignores it gets a best-effort HEAD-then-PUT instead, with a ``NonAtomicCreateWarning``
+    (``S3Store.conditional_create`` says which). ``conditional_create=True/False`` skips the
+    probe.
     """
 
     def __init__(

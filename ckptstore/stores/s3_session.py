@@ -1,39 +1,13 @@
 """One aiobotocore session per process for S3Store's clients, its botocore data loaded once.
 
-A process's first S3 request used to cost 0.5-2.6 s on a shared 2-core machine before a byte
-moved (benchmarks/data/client_start.py, cProfile of the request's event-loop thread, issue
-18): about half of it botocore reading and parsing its JSON data (the S3 service model, its
-endpoint rules, endpoints/partitions) and listing its data directories to find them, about
-an eighth creating the session (registering its built-in event handlers); with those gone,
-loading the CA bundle into the client's TLS context (py-spy: half of what was left, even
-for an ``http://`` endpoint), then the client and the round trip. Every DataLoader worker
-paid all of it again, in every epoch, because torch forks fresh workers at every ``iter()``
-and a worker must build its own client (no event loop or socket may cross a fork: fsspec
-makes a new loop in the child).
-
-What can cross a fork safely is data, and objects made for the child and never used before
-the fork:
-
-- **the loader**: one botocore ``Loader`` per data path for the whole process (and so for
-  the processes forked from it), warmed with what an S3 client loads
-  (the files and calls the client makes) by :func:`process_session` in the process
-  that builds an ``S3Store``, before any DataLoader forks. A child finds it warm: its JSON
-  is plain dicts, inherited copy-on-write; botocore itself shares one loader between the
-  clients of a session the same way.
-- **the session**: :func:`process_session` gives each process one ``AioSession`` per
-  profile, used only there: a child never uses its parent's (it may hold resolved
-  credentials, whose refresh lock binds to the parent's event loop). Before a process that
-  holds one forks, it makes a spare, from which no client is made in that process
-  (``os.register_at_fork``; once, reused by every later fork); a child adopts its copy of the
-  spare instead of building a session. A child makes no spare of its own until it forks.
-- **the TLS context**: :func:`http_session_class` (the clients' ``http_session_cls``) shares
-  one certificate-verifying context per process and CA bundle, with a never-used spare
-  made before a fork for the child to adopt, the same way.
-
-A session serves every client of the process (each ``S3FileSystem`` still makes its own
-client, with its own endpoint, credentials and connection pool), so a second dataset or
-store on the same options reuses the first one's client: fsspec caches the filesystem per
-process and argument set, and the session passed is the same object each time.
+A process's first S3 request cost 0.5-2.6 s on a shared 2-core machine before a byte moved
+(botocore parsing its JSON data, creating the session, loading the CA bundle; issue 18),
+and every DataLoader worker paid it again in every epoch: torch forks fresh workers at each
+``iter()``, and a worker must build its own client (no event loop or socket may cross a
+fork). What can cross a fork is data, and objects made for the child and never used before
+the fork: the warmed botocore loader, a spare session and a spare TLS context (how each is
+shared is :func:`process_session`'s docstring). A session serves every client of the
+process, so a second dataset or store on the same options reuses the first one's client.
 
 Call order: ``process_session(profile)`` from the thread building a store (``make_s3fs``),
 any number of times; nothing to close (sessions hold no connections; clients do).
@@ -89,6 +63,22 @@ def process_session(profile: str | None = None) -> Any:
     Made on first use in each process (a forked child adopts its copy of the spare its
     parent made before forking, if any); the loader is warmed on every call, which costs
     nothing once it is (every load is a cache hit).
+
+    - **the loader**: one botocore ``Loader`` per data path for the whole process (and so for
+      the processes forked from it), warmed with what an S3 client loads
+      (the files and calls the client makes) by :func:`process_session` in the process
+      that builds an ``S3Store``, before any DataLoader forks. A child finds it warm: its JSON
+      is plain dicts, inherited copy-on-write; botocore itself shares one loader between the
+      clients of a session the same way.
+    - **the session**: :func:`process_session` gives each process one ``AioSession`` per
+      profile, used only there: a child never uses its parent's (it may hold resolved
+      credentials, whose refresh lock binds to the parent's event loop). Before a process that
+      holds one forks, it makes a spare, from which no client is made in that process
+      (``os.register_at_fork``; once, reused by every later fork); a child adopts its copy of the
+      spare instead of building a session. A child makes no spare of its own until it forks.
+    - **the TLS context**: :func:`http_session_class` (the clients' ``http_session_cls``) shares
+      one certificate-verifying context per process and CA bundle, with a never-used spare
+      made before a fork for the child to adopt, the same way.
     """
     key = (os.getpid(), profile)
     with _lock:
@@ -111,7 +101,7 @@ def _warm(loader: Any) -> None:
     Written out rather than aiobotocore's ``warm_up_loader_caches("s3")``, which also loads
     the paginators, waiters and examples with other argument forms: each such call scans
     botocore's ~400 service directories again, which cost more than the warm-up saved
-    (data/client_start.py: the rank's open_store 0.9-1.1 s -> 1.3-1.7 s with it, at load 4-6).
+    (bench_data_client: the rank's open_store 0.9-1.1 s -> 1.3-1.7 s with it, at load 4-6).
     """
     if id(loader) in _WARM:
         return

@@ -15,10 +15,10 @@ and the ckptstore ``DataLoader`` (the data position: one cursor, exact on any wo
 another number of processes trains on the same global batches.
 
 Every rank logs, per step, the sample ids it consumed, the loss and timings, and each save
-and restore with a checksum of the model + optimizer state (:mod:`harness.runlog`);
+and restore with a checksum of the model + optimizer state (``eventlog.py`` beside it);
 at the end it writes its final model, optimizer and RNG state to ``--out/final.rank<r>.pt``.
-``harness.chaos`` kills and resizes this job; ``tools/demo.py`` drives the whole
-story. Deterministic: same seeds and world size give bitwise the same run.
+The repository's chaos harness kills and resizes this job; ``tools/demo.py`` drives the
+whole story. Deterministic: same seeds and world size give bitwise the same run.
 """
 
 from __future__ import annotations
@@ -32,16 +32,8 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import math  # noqa: E402
 import os  # noqa: E402
-import sys  # noqa: E402
 from datetime import timedelta  # noqa: E402
 from typing import Any  # noqa: E402
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-
-from harness.chaos import worker_context  # noqa: E402
-from harness.runlog import RunLog, tensor_crc  # noqa: E402
-
-CTX = worker_context()  # arms this attempt's crash point before anything saves
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -51,7 +43,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--root", required=True, help="checkpoint root URL")
     p.add_argument("--storage-options", default="{}", help="JSON storage options for --root")
     p.add_argument("--staging", default="", help="local tier directory (NVMe)")
-    p.add_argument("--events", default="", help="event log directory (default: the harness's)")
+    p.add_argument("--events", default="", help="event log directory (default: the chaos run's)")
     p.add_argument("--out", default="", help="write final.rank<r>.pt here")
     p.add_argument("--steps", type=int, default=48)
     p.add_argument("--global-batch", type=int, default=12)
@@ -142,6 +134,8 @@ class AppState:
 
 def state_crcs(app: AppState) -> tuple[str, str]:
     """Checksums of (model + optimizer state, model state) as the log records them."""
+    from eventlog import tensor_crc  # beside this script
+
     sd = app.state_dict()
     return tensor_crc(sd), tensor_crc(sd["model"])
 
@@ -181,9 +175,13 @@ class RestoreLog(logging.Handler):
 
 
 def main(argv: list[str] | None = None) -> None:
+    from eventlog import RunLog, chaos_context  # beside this script (on sys.path as its folder)
+
+    ctx = chaos_context()  # arms this attempt's crash point before anything saves
     a = parse_args(argv)
     import torch
     import torch.distributed as dist
+    from tokens import collate, crop
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ckptstore import CheckpointManager, KeepAll, KeepLast, RNGState
@@ -191,14 +189,11 @@ def main(argv: list[str] | None = None) -> None:
     from ckptstore.data import DataLoader, ShardedDataset
     from ckptstore.launch import init_process_group
 
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    from tokens import collate, crop
-
     restore_log = RestoreLog()  # which tier each restore read, from the manager's log
     init_process_group("gloo", timeout=timedelta(seconds=60))
     rank, world = dist.get_rank(), dist.get_world_size()
-    log = RunLog(a.events or CTX.log_dir, CTX.segment, CTX.restart, rank)
-    log.write("start", t=T_START, pid=os.getpid(), world=world, crash=CTX.crash)
+    log = RunLog(a.events or ctx.log_dir, ctx.segment, ctx.restart, rank)
+    log.write("start", t=T_START, pid=os.getpid(), world=world, crash=ctx.crash)
     if a.global_batch % world:
         raise SystemExit(f"--global-batch {a.global_batch} is not divisible by {world} ranks")
     torch.use_deterministic_algorithms(True)

@@ -97,7 +97,7 @@ def _checkout_named_ckptstore(tmp_path: Path) -> Path:
         pytest.skip("needs the tests to run from a virtualenv, to place one inside")
     clone = tmp_path / "ckptstore"
     clone.mkdir()
-    for name in ("ckptstore", "harness", "tests"):
+    for name in ("ckptstore", "tools", "tests"):
         (clone / name).symlink_to(Path(REPO) / name)
     (clone / ".venv").symlink_to(sys.prefix)
     return clone

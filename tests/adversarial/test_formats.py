@@ -21,7 +21,8 @@ from hypothesis import strategies as st
 from torch.distributed.checkpoint.filesystem import FileSystemWriter
 
 import ckptstore
-from ckptstore.dcp.metadata import check_metadata, load_metadata
+from ckptstore.dcp.metadata import load_metadata
+from ckptstore.dcp.metadata_bounds import check_metadata
 from ckptstore.errors import CorruptCheckpointError
 
 FUZZ = settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))

@@ -12,7 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ckptstore.data import DataLoader, ShardedDataset
-from ckptstore.data.cachefiles import Lock
+from ckptstore.data.cachelocks import Lock
 from ckptstore.engine.store import Store
 from ckptstore.errors import DatasetChangedError
 from ckptstore.stores.local import LocalStore
@@ -176,7 +176,7 @@ def test_a_space_scan_racing_a_publish_counts_the_shard(tmp_path, monkeypatch):
             return None
 
     monkeypatch.setattr(os, "scandir", lambda p: Listing() if p == shards else real(p))
-    used, cached = cache._usage()
+    used, cached = cache.space.usage()
     monkeypatch.setattr(os, "scandir", real)
     dl.close()
     assert cached == {e.key: e.size}
@@ -200,7 +200,7 @@ def test_a_space_scan_racing_a_finished_download_counts_the_shard(tmp_path, monk
         f.write(b"x" * e.size)
     dl = Lock(os.path.join(cache.dir, "locks", f"{e.key}.dl"))
     assert dl.try_acquire()  # its download is in progress
-    real_scandir, real_lock = os.scandir, cache._lock
+    real_scandir, real_lock = os.scandir, cache.space.lock
     listed = list(real_scandir(shards))  # the temp name only
 
     def lock(key: str, kind: str) -> Lock:
@@ -209,13 +209,13 @@ def test_a_space_scan_racing_a_finished_download_counts_the_shard(tmp_path, monk
             dl.close()  # ... and the download's end, before the scan tries its lock
         return real_lock(key, kind)
 
-    monkeypatch.setattr(cache, "_lock", lock)
+    monkeypatch.setattr(cache.space, "lock", lock)
 
     def scandir(path: str):
         return contextlib.nullcontext(iter(listed)) if path == shards else real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", scandir)
-    used, cached = cache._usage()
+    used, cached = cache.space.usage()
     monkeypatch.undo()
     assert not os.path.exists(tmp)  # the race did happen inside the scan
     assert cached == {e.key: e.size}

@@ -9,8 +9,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ckptstore.data import ShardedDataset
-from ckptstore.data.cache import ShardCache
-from ckptstore.data.cachefiles import Ledger, Lock, process_gate
+from ckptstore.data.cachelocks import Ledger, Lock, process_gate
+from ckptstore.data.cachespace import CacheSpace
 
 from .datasets import make_raw
 
@@ -71,13 +71,13 @@ def test_many_small_shards_are_budgeted_with_few_scans(tmp_path, monkeypatch) ->
     the budget holds throughout; the ledger never counts less than the files take."""
     ds = _many(tmp_path, 400, limit_files=100)
     scans = []
-    usage = ShardCache._usage
+    usage = CacheSpace.usage
 
     def counted(self):
         scans.append(1)
         return usage(self)
 
-    monkeypatch.setattr(ShardCache, "_usage", counted)
+    monkeypatch.setattr(CacheSpace, "usage", counted)
     order = ds.order
     seen = []
     for cursor in range(0, ds.num_samples, 16):
@@ -119,7 +119,7 @@ def test_a_reservation_that_finds_no_room_is_not_counted(tmp_path) -> None:
     cache = ds.make_cache()
     pins = [cache.acquire(i, 0) for i in (0, 1)]  # the whole budget, pinned
     before = _ledger(ds.cache_dir)
-    assert cache._reserve(ds.entries[2], 0, None) is None
+    assert cache.space.reserve(ds.entries[2], 0, None) is None
     assert _ledger(ds.cache_dir)[0] == before[0] == 2 * SIZE
     for h in pins:
         h.release()

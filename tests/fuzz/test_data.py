@@ -18,7 +18,8 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ckptstore.data.cachefiles import Ledger, Lock, cache_name, make_key
+from ckptstore.data.cachefiles import cache_name, make_key
+from ckptstore.data.cachelocks import Ledger, Lock
 from ckptstore.data.formats import MAX_ROWS_PER_BYTE, inspect
 from ckptstore.data.order import DataOrderError, OrderState
 from ckptstore.errors import ShardFormatError

@@ -20,7 +20,8 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ckptstore
-from ckptstore.dcp.metadata import check_metadata, load_metadata
+from ckptstore.dcp.metadata import load_metadata
+from ckptstore.dcp.metadata_bounds import check_metadata
 from ckptstore.engine.codecs import get_codec
 from ckptstore.engine.manifest import MAX_MARKER_SIZE, Manifest, Marker
 from ckptstore.errors import CorruptCheckpointError, UnsafePickleError

@@ -18,6 +18,7 @@ import uuid
 
 import pytest
 
+from examples.resilience.eventlog import tensor_crc
 from harness.ckptcheck import audit_root
 from harness.nodelog import goodput
 from harness.proxy import FaultProxy, Rule
@@ -78,6 +79,7 @@ def test_store_unreachable_from_one_node_saves_fail_on_every_rank_and_training_g
         root,
         storage_options=seaweedfs.storage_options,  # straight to the store
         expected={s: saved_at[s]["model_crc"] for s in committed},
+        crc=tensor_crc,
     )
     assert audit.ok, audit.problems
     assert audit.committed == committed and audit.matched == committed

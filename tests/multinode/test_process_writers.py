@@ -21,6 +21,7 @@ import time
 
 import pytest
 
+from examples.resilience.eventlog import tensor_crc
 from harness.chaos import KillRecord
 from harness.ckptcheck import audit_root
 from harness.nodelog import goodput, job_attempts
@@ -62,7 +63,7 @@ def test_process_writers_across_nodes_and_a_node_directory_shared_by_two_process
         done = [e["step"] for e in evs if e["ev"] == "commit" and e["status"] == "committed"]
         assert done == [s for s in every if s > ready[0]["restored"]], r
     model_crc = {e["step"]: e["model_crc"] for e in nj.events("save")}
-    audit = audit_root(f"{d}/ckpt", expected=model_crc)
+    audit = audit_root(f"{d}/ckpt", expected=model_crc, crc=tensor_crc)
     assert audit.ok, audit.problems
     assert audit.committed == audit.matched == every
     cache = os.path.join(nj.nodes[0].cache, "shards")

@@ -49,7 +49,7 @@ def _body(rank: int, world_size: int, port: int, options: dict[str, Any], url: s
     if rank == 1:
         link.clear()  # back
     out["back"] = mgr.save(3, state)
-    mgr.options.strict = True
+    mgr._failures.strict = True  # from here on as if made with strict=True
     if rank == 1:
         link.add(Rule("*", "reset"))
     try:

@@ -24,6 +24,7 @@ from typing import Any
 import pytest
 import torch
 
+from examples.resilience.eventlog import tensor_crc
 from harness.chaos import ChaosResult, Kill, Segment, run_chaos
 from harness.ckptcheck import audit_root
 from harness.runlog import (
@@ -70,7 +71,7 @@ def assert_checkpoints_sound(d: str, attempts: list[Attempt], extra: tuple[int, 
     The job keeps every checkpoint: one every EVERY steps, plus ``extra`` (final saves)."""
     restores = check_restores(attempts)
     assert restores.ok, restores.problems
-    audit = audit_root(f"{d}/ckpt", expected=saved_model_crcs(attempts))
+    audit = audit_root(f"{d}/ckpt", expected=saved_model_crcs(attempts), crc=tensor_crc)
     assert audit.ok, audit.problems
     assert audit.committed == sorted({*range(EVERY, STEPS + 1, EVERY), *extra})
     assert audit.matched == audit.committed  # each holds exactly the state saved at its step

@@ -1,5 +1,5 @@
 """The chaos run's bookkeeping on hand-made logs: effective trajectory, exactly-once,
-restore checks, the goodput account and the harness's worker-side plan (no processes)."""
+restore checks, the goodput account and the example's worker-side plan (no processes)."""
 
 from __future__ import annotations
 
@@ -7,22 +7,16 @@ import json
 
 import pytest
 
-from harness.chaos import (
-    ENV_PLAN,
-    ChaosResult,
-    Kill,
-    KillRecord,
-    SegmentRecord,
-    worker_context,
-)
+from examples.resilience import eventlog
+from examples.resilience.eventlog import RunLog, chaos_context, tensor_crc
+from harness import chaos
+from harness.chaos import ENV_PLAN, ChaosResult, Kill, KillRecord, SegmentRecord
 from harness.goodput_report import account, plot_timeline
 from harness.runlog import (
-    RunLog,
     check_exactly_once,
     check_restores,
     read_attempts,
     same_batches,
-    tensor_crc,
     trajectory,
 )
 
@@ -146,18 +140,23 @@ def test_goodput_account_partitions_the_wall_clock(tmp_path) -> None:
         assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def test_worker_context_arms_only_its_attempts_crash_point(monkeypatch) -> None:
+def test_the_example_reads_the_environment_the_harness_sets() -> None:
+    for name in ("ENV_PLAN", "ENV_SEGMENT", "ENV_LOG"):
+        assert getattr(eventlog, name) == getattr(chaos, name)
+
+
+def test_chaos_context_arms_only_its_attempts_crash_point(monkeypatch) -> None:
     plan = {"1": {"at": "mid_upload:2", "rank": 1}}
     monkeypatch.setenv(ENV_PLAN, json.dumps(plan))
     monkeypatch.setenv("CKPTSTORE_CRASH_AT", "after_shards")  # inherited: replaced
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "0")
-    # worker_context sets it; set here first, monkeypatch removes it after the test (it
+    # chaos_context sets it; set here first, monkeypatch removes it after the test (it
     # leaked into later tests' child processes, which then never reached their crash point)
     monkeypatch.setenv("CKPTSTORE_CRASH_RANK", "0")
-    ctx = worker_context("/tmp/x")
+    ctx = chaos_context("/tmp/x")
     assert ctx.crash == "" and "CKPTSTORE_CRASH_AT" not in __import__("os").environ
     monkeypatch.setenv("TORCHELASTIC_RESTART_COUNT", "1")
-    ctx = worker_context("/tmp/x")
+    ctx = chaos_context("/tmp/x")
     env = __import__("os").environ
     assert (ctx.restart, ctx.crash) == (1, "mid_upload:2")
     assert (env["CKPTSTORE_CRASH_AT"], env["CKPTSTORE_CRASH_RANK"]) == ("mid_upload:2", "1")

@@ -46,6 +46,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptstore.errors import CkptStoreError
+from harness import checkout_root
 from harness.runlog import Attempt, read_attempts
 
 __all__ = ["Node", "NodeError", "NodeJob", "free_port"]
@@ -183,7 +184,7 @@ class NodeJob:
         self.port = free_port()
         self.rdzv_id = uuid.uuid4().hex[:12]
         self.deadline = time.monotonic() + timeout_s
-        root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        root = checkout_root()
         self.env = dict(os.environ)
         self.env.update(env or {})
         self.env.update(

@@ -17,6 +17,7 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+from harness import checkout_root
 from harness.servers import ServerProcess
 
 __all__ = ["Azurite", "azurite_binary", "ACCOUNT", "ACCOUNT_KEY"]
@@ -29,12 +30,10 @@ ACCOUNT_KEY = (
 
 def azurite_binary() -> str | None:
     """``$AZURITE_BLOB``, else ``<repo>/tools/node_modules/.bin/azurite-blob``, else PATH."""
-    import ckptstore
-
     env = os.environ.get("AZURITE_BLOB")
     if env and os.path.exists(env):
         return env
-    local = Path(ckptstore.__file__).resolve().parents[1] / "tools/node_modules/.bin/azurite-blob"
+    local = Path(checkout_root()) / "tools/node_modules/.bin/azurite-blob"
     if local.exists():
         return str(local)
     return shutil.which("azurite-blob")

@@ -1,16 +1,8 @@
-"""Per-rank event logs of a training job, and what they prove after kills and resizes.
+"""What a training job's per-rank event logs prove after kills and resizes.
 
-Call order (the training script, every rank)::
-
-    log = RunLog(log_dir, segment, restart, rank)     # one JSON-lines file per attempt and rank
-    log.write("start", pid=os.getpid(), world=world)  # first, so a harness can find the pid
-    log.write("ready", restored=step, cursor=k, state_crc=crc)   # after restore
-    log.write("step", step=s, t0=..., t1=..., k0=..., epoch=e, ids=[...], loss=...)
-    log.write("save", step=s, t0=..., t1=..., saved=True, cursor=k, state_crc=crc)
-    log.write("commit", step=s, t=..., status="committed", ...)   # when a save finishes
-    log.write("end", step=s)                          # or "preempted"
-
-and afterwards (a test, the demo)::
+The job writes them (``examples/resilience/eventlog.py``: one JSON-lines file per attempt
+and rank, ``start``, ``ready``, ``step``, ``save``, ``commit``, ``end`` / ``preempted``);
+a test or the demo reads them back::
 
     attempts = read_attempts(log_dir)                 # ordered: segment, then restart count
     traj = trajectory(attempts)                       # the effective run: last run of each step
@@ -19,23 +11,20 @@ and afterwards (a test, the demo)::
 
 An *attempt* is one incarnation of the worker group: segment ``seg`` is one torchrun
 invocation (a resize starts a new one), ``restart`` is ``TORCHELASTIC_RESTART_COUNT``.
-Every line is written with one ``os.write`` on an ``O_APPEND`` descriptor, so a SIGKILL
-loses at most the line being written; readers skip a torn last line. Steps re-done after a
-restart appear in several attempts: the *effective* run of a step is its last one (attempts
-in order), which is the step the final model actually went through.
+A line torn by SIGKILL ends a file. Steps re-done after a restart appear in several
+attempts: the *effective* run of a step is its last one (attempts in order), which is the
+step the final model actually went through.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = [
-    "RunLog",
     "Attempt",
     "StepRun",
     "Trajectory",
@@ -46,62 +35,9 @@ __all__ = [
     "check_exactly_once",
     "check_restores",
     "same_batches",
-    "tensor_crc",
 ]
 
 AttemptId = tuple[int, int]  # (segment, restart)
-
-
-def tensor_crc(obj: Any) -> str:
-    """CRC32C of every tensor and scalar in a nested state dict, keys in sorted order.
-
-    The training script logs it for the state it saves and restores; a checkpoint loaded back
-    in full hashes to the same value when it holds exactly that state.
-    """
-    import torch
-
-    from ckptstore.engine.checksum import crc32c, crc32c_combine
-
-    crc = 0
-
-    def walk(o: Any) -> None:
-        nonlocal crc
-        if isinstance(o, dict):
-            for k in sorted(o, key=str):
-                walk(k)
-                walk(o[k])
-            return
-        if isinstance(o, (list, tuple)):
-            for v in o:
-                walk(v)
-            return
-        if torch.is_tensor(o):
-            data = o.detach().reshape(-1).view(torch.uint8).numpy().tobytes()
-        else:
-            data = repr(o).encode()
-        crc = crc32c_combine(crc, crc32c(data), len(data))
-
-    walk(obj)
-    return f"{crc:08x}"
-
-
-class RunLog:
-    """Append-only JSON-lines log of one rank in one attempt (see the module docstring)."""
-
-    def __init__(self, log_dir: str, segment: int, restart: int, rank: int) -> None:
-        os.makedirs(log_dir, exist_ok=True)
-        self.path = os.path.join(log_dir, f"s{segment:02d}-a{restart:02d}-r{rank:02d}.jsonl")
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-
-    def write(self, ev: str, **fields: Any) -> None:
-        fields.setdefault("t", time.time())
-        line = json.dumps({"ev": ev, **fields}, separators=(",", ":")) + "\n"
-        os.write(self._fd, line.encode())
-
-    def close(self) -> None:
-        if self._fd >= 0:
-            os.close(self._fd)
-            self._fd = -1
 
 
 @dataclass

@@ -24,9 +24,10 @@ torchrun once rank 0 has logged that step; torchrun forwards it, the workers'
 ``CheckpointManager(handle_sigterm=True)`` take a final checkpoint and exit. The next
 segment may use another number of processes.
 
-The training script cooperates through the environment and a :class:`RunLog`: it calls
-:func:`worker_context` first (which arms the crash point planned for its attempt) and logs
-``start`` (with its pid), ``step`` and ``preempted`` events to ``context.log_dir``.
+The training script cooperates through the environment (``ENV_PLAN``: the crash point of
+each attempt, ``ENV_SEGMENT``, ``ENV_LOG``) and its run log there: it arms its attempt's
+crash point first and logs ``start`` (with its pid), ``step`` and ``preempted`` events
+(``examples/resilience/eventlog.py`` is that half: the worker imports nothing from here).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptstore.errors import CkptStoreError
+from harness import checkout_root
 
 __all__ = [
     "Kill",
@@ -51,12 +53,11 @@ __all__ = [
     "SegmentRecord",
     "ChaosResult",
     "ChaosError",
-    "WorkerContext",
-    "worker_context",
     "run_chaos",
     "torchrun_command",
 ]
 
+# The workers' half of these names: examples/resilience/eventlog.py (a test checks they agree).
 ENV_PLAN = "CKPTSTORE_CHAOS_PLAN"
 ENV_SEGMENT = "CKPTSTORE_CHAOS_SEGMENT"
 ENV_LOG = "CKPTSTORE_CHAOS_LOG"
@@ -139,34 +140,6 @@ class ChaosResult:
             [SegmentRecord(**s) for s in doc["segments"]],
             [KillRecord(**k) for k in doc["kills"]],
         )
-
-
-@dataclass(frozen=True)
-class WorkerContext:
-    segment: int
-    restart: int
-    log_dir: str
-    crash: str  # the crash point armed in this process ('' for none)
-
-
-def worker_context(log_dir: str | None = None) -> WorkerContext:
-    """Call first in the training script: segment, restart count, log dir; arms a crash point.
-
-    Under the harness (``CKPTSTORE_CHAOS_PLAN`` set) the crash point planned for this
-    attempt replaces any ``CKPTSTORE_CRASH_AT`` inherited from the environment.
-    """
-    segment = int(os.environ.get(ENV_SEGMENT, "0"))
-    restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-    crash = ""
-    if ENV_PLAN in os.environ:
-        os.environ.pop("CKPTSTORE_CRASH_AT", None)
-        os.environ.pop("CKPTSTORE_CRASH_RANK", None)
-        spec = json.loads(os.environ[ENV_PLAN]).get(str(restart))
-        if spec:
-            crash = spec["at"]
-            os.environ["CKPTSTORE_CRASH_AT"] = crash
-            os.environ["CKPTSTORE_CRASH_RANK"] = str(spec["rank"])
-    return WorkerContext(segment, restart, log_dir or os.environ.get(ENV_LOG, "log"), crash)
 
 
 def torchrun_command(
@@ -304,7 +277,7 @@ def run_chaos(
     log_dir = os.path.join(run_dir, "log")
     os.makedirs(log_dir, exist_ok=True)
     result = ChaosResult(run_dir, log_dir)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    root = checkout_root()
     deadline = time.monotonic() + timeout_s
     for si, seg in enumerate(segments):
         ranks = [

@@ -1,21 +1,21 @@
 """Audit every checkpoint under a root after a chaos run: committed ones verify and hold
 exactly the state that was saved; torn ones are reported.
 
-    audit = audit_root(root, expected={12: "a1b2c3d4", ...}, key=("app", "model"))
+    audit = audit_root(root, expected={12: "a1b2c3d4", ...}, crc=tensor_crc, key=("app", "model"))
     assert audit.ok, audit.problems
 
 For each ``step_*`` entry: a committed one is re-read byte by byte against its manifest
 (``engine.verify.verify_checkpoint``, what ``ckptstore-tool verify`` runs), then loaded in
 full through ckptstore's verifying reader (DCP with an empty-state planner, as
-``ckptstore-tool convert`` does); the sub-dict at ``key`` must hash (``runlog.tensor_crc``)
-to ``expected[step]`` when given. Entries that are not committed are listed as torn (or as
-empty, when the listing shows a prefix that holds no object): the manager never restores
-them (the restore check in ``runlog`` proves that).
+``ckptstore-tool convert`` does); the sub-dict at ``key`` must hash (``crc``: the checksum
+the job logged its saves with) to ``expected[step]`` when given. Entries that are not
+committed are listed as torn (or as empty, when the listing shows a prefix that holds no
+object): the manager never restores them (the restore check in ``runlog`` proves that).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,7 +24,6 @@ from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.engine.verify import verify_checkpoint
 from ckptstore.stores import open_store
-from harness.runlog import tensor_crc
 
 __all__ = ["Audit", "audit_root", "load_full"]
 
@@ -68,9 +67,12 @@ def audit_root(
     *,
     storage_options: dict[str, Any] | None = None,
     expected: Mapping[int, str] | None = None,
+    crc: Callable[[Any], str] | None = None,
     key: Sequence[str] = ("app", "model"),
 ) -> Audit:
     """Verify, load and compare every committed checkpoint under ``root`` (module doc)."""
+    if expected is not None and crc is None:
+        raise ValueError("audit_root(expected=...) needs crc=, the checksum the job logged")
     store = open_store(root, storage_options)
     engine = TransferEngine()
     audit = Audit()
@@ -97,9 +99,9 @@ def audit_root(
             except Exception as exc:  # noqa: BLE001 - reported, the audit goes on
                 audit.problems.append(f"step {entry.step} does not load: {exc!r}")
                 continue
-            if expected is not None:
+            if expected is not None and crc is not None:
                 want = expected.get(entry.step)
-                got = tensor_crc(state)
+                got = crc(state)
                 if want is None:
                     audit.problems.append(f"step {entry.step} is committed but was never saved")
                 elif got != want:
