@@ -55,7 +55,7 @@ if TYPE_CHECKING:
     from ckptstore.engine.catalog import committed_steps, list_steps
     from ckptstore.engine.commit import CheckpointStatus, checkpoint_status, open_committed
     from ckptstore.engine.copy import copy_checkpoint
-    from ckptstore.engine.layout import parse_step, step_name
+    from ckptstore.engine.names import parse_step, step_name
     from ckptstore.engine.store import Store
     from ckptstore.engine.transfer import TransferEngine
     from ckptstore.engine.verify import verify_checkpoint
@@ -94,8 +94,8 @@ _LAZY = {
     "apply_prune": "ckptstore.manager.prune",
     # what the framework plugins (plugins/) use too
     "ManagerOptions": "ckptstore.manager.options",
-    "step_name": "ckptstore.engine.layout",
-    "parse_step": "ckptstore.engine.layout",
+    "step_name": "ckptstore.engine.names",
+    "parse_step": "ckptstore.engine.names",
     "select_deletions": "ckptstore.manager.retention",
 }
 

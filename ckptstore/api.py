@@ -12,8 +12,8 @@ from collections.abc import Iterable
 from typing import Any
 
 from ckptstore.config import TransferConfig
-from ckptstore.dcp.calls import unwrap_checkpoint_exception
 from ckptstore.dcp.reader import CkptReader
+from ckptstore.dcp.save_load import unwrap_checkpoint_exception
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError, IncompleteCheckpointError, StateDictMismatchError
@@ -93,7 +93,7 @@ def save(state_dict: dict[str, Any], url: str | Store | CkptWriter, **kwargs: An
     """``dcp.save`` to ``url``; raises the ckptstore error of the first failed rank."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from ckptstore.dcp.calls import save as dcp_save
+    from ckptstore.dcp.save_load import save as dcp_save
 
     w = url if isinstance(url, CkptWriter) else writer(url, **kwargs)
     try:
@@ -113,7 +113,7 @@ def load(state_dict: dict[str, Any], url: str | Store | CkptReader, **kwargs: An
     """
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from ckptstore.dcp.calls import load as dcp_load
+    from ckptstore.dcp.save_load import load as dcp_load
 
     r = url if isinstance(url, CkptReader) else reader(url, **kwargs)
     try:

@@ -30,7 +30,7 @@ from torch.distributed.checkpoint.storage import StorageReader
 
 from ckptstore._stack import user_stacklevel
 from ckptstore.config import TransferConfig
-from ckptstore.dcp.format import decode_tensor
+from ckptstore.dcp.encoding import decode_tensor
 from ckptstore.dcp.metadata import load_metadata
 from ckptstore.dcp.metadata_bounds import check_metadata, item_limits
 from ckptstore.dcp.storebound import StoreBound

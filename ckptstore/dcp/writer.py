@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
 from ckptstore.config import TransferConfig
-from ckptstore.dcp.format import (
+from ckptstore.dcp.encoding import (
     ItemInfo,
     cpu_item,
     encode_item,
@@ -45,9 +45,9 @@ from ckptstore.engine.codecs import Codec, get_codec
 from ckptstore.engine.commit import publish, warn_after_commit
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
-from ckptstore.engine.layout import KEY_LAYOUTS, parse_step
 from ckptstore.engine.lease import Heartbeat, hold_step_lease
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
+from ckptstore.engine.names import KEY_LAYOUTS, parse_step
 from ckptstore.engine.owner import run_identity
 from ckptstore.engine.store import Store
 from ckptstore.engine.tee import TeeWriter
@@ -63,7 +63,7 @@ __all__ = ["CkptWriter", "step_from_url"]
 
 
 def step_from_url(url: str) -> int | None:
-    """The step of a ``.../step_000000100`` URL (``engine.layout``'s exact form), else None."""
+    """The step of a ``.../step_000000100`` URL (``engine.names``'s exact form), else None."""
     return parse_step(url.rstrip("/").rpartition("/")[2])
 
 

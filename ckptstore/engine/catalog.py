@@ -1,7 +1,7 @@
 """Checkpoints under a root: step naming, discovery and status.
 
 A root holds one directory (prefix) per step, named exactly ``step_<9 digits>``
-(``engine.layout``). Discovery lists the root's children only to find candidate steps;
+(``engine.names``). Discovery lists the root's children only to find candidate steps;
 whether a step is a checkpoint is decided by its marker and manifest (``engine.commit``),
 never by the listing. "Newest" is the highest step number, never a modification time.
 
@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
-from ckptstore.engine.layout import OWNER_NAME, parse_step, step_name
+from ckptstore.engine.names import OWNER_NAME, parse_step, step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import UnsafePathError
 

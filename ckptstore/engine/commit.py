@@ -31,9 +31,9 @@ from ckptstore.engine.bounded import (
 )
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.layout import TMP_MARK, is_ckptstore_file
 from ckptstore.engine.lease import Heartbeat, lease_name, live_leases
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
+from ckptstore.engine.names import TMP_MARK, is_ckptstore_file
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -155,7 +155,7 @@ def publish(
                                                               beside it, so one another writer
                                                               replaced is refused as corrupt)
             5. files of other attempts (torn leftovers, replaced checkpoints) are deleted:
-               only names ckptstore or DCP make (``layout.is_ckptstore_file``), never a temp
+               only names ckptstore or DCP make (``names.is_ckptstore_file``), never a temp
                file (``.ckptstore-tmp-``) a live writer is still creating (a racing loser's;
                the stale-upload sweep removes abandoned ones), and nothing at all while
                another attempt's lease in the step is fresh (a save in flight: its files

@@ -6,7 +6,7 @@ outputs, and for aborting stale multipart uploads. It deletes only what it can p
 ckptstore made:
 
 * a step directory only under its canonical name (``step_%09d`` exactly, from
-  ``engine.layout``); ``step_5``, ``step_0000000005``, a symlink or a regular file of a step's
+  ``engine.names``); ``step_5``, ``step_0000000005``, a symlink or a regular file of a step's
   name are never touched;
 * inside it only files whose names ckptstore or stock DCP write (``is_ckptstore_file``);
   a user's ``notes.txt`` stays, and is reported;
@@ -32,9 +32,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.layout import is_ckptstore_file, parse_step
 from ckptstore.engine.lease import STALE_AFTER_S, LeaseInfo, live_leases
 from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.names import is_ckptstore_file, parse_step
 from ckptstore.engine.paths import is_safe_name
 from ckptstore.engine.store import Multipart, Store
 from ckptstore.errors import CkptStoreError, InUseError, UnsafePathError

@@ -3,7 +3,7 @@
 A store that implements only ``put``, ``get``, ``size``, ``find`` and ``delete`` gets
 multipart writes from these functions (``Store.begin_multipart`` and the rest call them).
 Every object they make is a ckptstore temp object beside the target, named with
-``engine.layout.TMP_MARK``, so ``layout.is_ckptstore_file`` and the deletion rules
+``engine.names.TMP_MARK``, so ``names.is_ckptstore_file`` and the deletion rules
 recognise it, and the commit's leftover cleanup never takes it for a finished file::
 
     up = begin(store, "d/obj")           # puts d/obj.ckptstore-tmp-<id>        (begin marker,
@@ -29,7 +29,7 @@ import uuid
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ckptstore.engine.layout import TMP_MARK
+from ckptstore.engine.names import TMP_MARK
 from ckptstore.errors import CkptStoreError, StoreNotFoundError, UnsafePathError
 
 if TYPE_CHECKING:

@@ -18,7 +18,6 @@ import logging
 import os
 import time
 
-from ckptstore.engine.layout import OWNER_NAME
 from ckptstore.engine.lease import (
     HEARTBEAT_S,
     STALE_AFTER_S,
@@ -29,6 +28,7 @@ from ckptstore.engine.lease import (
     read_lease,
     this_host,
 )
+from ckptstore.engine.names import OWNER_NAME
 from ckptstore.engine.store import Store
 from ckptstore.errors import CommitConflictError, ConfigError, RootInUseError
 

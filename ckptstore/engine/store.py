@@ -324,7 +324,7 @@ class Store(abc.ABC):
     # -- multipart (default: emulated on the primitives, see ``engine.emulated``) --------
     def begin_multipart(self, path: str) -> Multipart:
         """Start a multipart upload of ``path``; nothing is visible under ``path`` until
-        complete. Default: a begin marker beside it, named with ``layout.TMP_MARK``."""
+        complete. Default: a begin marker beside it, named with ``names.TMP_MARK``."""
         return emulated.begin(self, path)
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:

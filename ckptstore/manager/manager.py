@@ -21,7 +21,7 @@ import torch.distributed as dist
 
 from ckptstore.engine.catalog import committed_steps
 from ckptstore.engine.deletion import delete_step
-from ckptstore.engine.layout import step_name
+from ckptstore.engine.names import step_name
 from ckptstore.engine.owner import run_identity
 from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.engine.retry import retrying

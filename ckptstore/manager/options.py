@@ -17,7 +17,7 @@ from typing import Any
 
 from ckptstore.config import TransferConfig
 from ckptstore.engine.codecs import get_codec
-from ckptstore.engine.layout import KEY_LAYOUTS
+from ckptstore.engine.names import KEY_LAYOUTS
 from ckptstore.errors import ConfigError
 from ckptstore.manager.retention import KeepLast, RetentionPolicy
 

@@ -21,7 +21,7 @@ from typing import Any
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ckptstore.dcp import calls as dcp  # dcp.load, quiet without a process group
+from ckptstore.dcp import save_load as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import (
@@ -30,9 +30,9 @@ from ckptstore.engine.commit import (
     finish_publish,
     open_committed,
 )
-from ckptstore.engine.layout import step_name
 from ckptstore.engine.local_tier import local_copy_matches, local_files
 from ckptstore.engine.manifest import Marker
+from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (

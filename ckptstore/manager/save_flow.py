@@ -20,9 +20,9 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from ckptstore import errors
 from ckptstore.engine.commit import CheckpointStatus, open_committed
-from ckptstore.engine.layout import step_name
 from ckptstore.engine.local_tier import local_tier_keeps
 from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import (
     CkptStoreError,

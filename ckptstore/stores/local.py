@@ -28,7 +28,7 @@ from typing import Any
 
 from ckptstore.config import RetryConfig
 from ckptstore.engine.create_only import same_bytes
-from ckptstore.engine.layout import TMP_MARK
+from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store
 from ckptstore.errors import (
     CommitConflictError,

@@ -23,8 +23,8 @@ import pytest
 import torch
 
 from ckptstore.engine.commit import open_committed
-from ckptstore.engine.layout import OWNER_NAME
 from ckptstore.engine.lease import STALE_AFTER_S
+from ckptstore.engine.names import OWNER_NAME
 from ckptstore.engine.owner import read_owner, run_identity
 from ckptstore.errors import ConfigError, RootInUseError
 from ckptstore.manager import CheckpointManager

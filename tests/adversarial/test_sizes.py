@@ -162,7 +162,7 @@ def run(kind, arg):
         dcp_state = {"w": torch.zeros(64), "n": 0}
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.api import CheckpointException
-        from ckptstore.dcp.calls import unwrap_checkpoint_exception
+        from ckptstore.dcp.save_load import unwrap_checkpoint_exception
         try:
             dcp.load(dcp_state, storage_reader=r, no_dist=True)
         except CheckpointException as exc:

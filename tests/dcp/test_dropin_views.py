@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ckptstore
-from ckptstore.dcp.format import PAYLOAD_MIN, decode_tensor, encode_item
+from ckptstore.dcp.encoding import PAYLOAD_MIN, decode_tensor, encode_item
 from ckptstore.dcp.reader import StockCheckpointWarning
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")

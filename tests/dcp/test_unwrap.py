@@ -7,7 +7,7 @@ from typing import Any
 from torch.distributed.checkpoint.api import CheckpointException
 
 from ckptstore.api import unwrap_checkpoint_exception as public
-from ckptstore.dcp.calls import unwrap_checkpoint_exception
+from ckptstore.dcp.save_load import unwrap_checkpoint_exception
 from ckptstore.errors import IncompleteCheckpointError, StagingMemoryError, StorageFullError
 
 

@@ -17,8 +17,8 @@ from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
 from ckptstore.engine.filewriter import SMALL_PART
-from ckptstore.engine.layout import TMP_MARK
 from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import DurabilityError, TransferError, UnsafePathError
 from ckptstore.stores._posix import start_writeback

@@ -22,8 +22,8 @@ import torch
 
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.commit import METADATA_NAME, Committed, open_committed
-from ckptstore.engine.layout import step_name
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Marker
+from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Entry, Store
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.manager import CheckpointManager

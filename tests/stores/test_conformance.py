@@ -119,7 +119,7 @@ class TestMinimalStore(StoreConformance):
 
     def test_parts_are_temp_objects_ckptstore_recognises(self, store: Store) -> None:
         from ckptstore.engine.deletion import upload_is_ours
-        from ckptstore.engine.layout import TMP_MARK, is_ckptstore_file
+        from ckptstore.engine.names import TMP_MARK, is_ckptstore_file
 
         up = store.begin_multipart("step_000000001/__0_0.distcp")
         store.put_part(up, 1, 0, b"abc")

@@ -18,8 +18,8 @@ import torch
 
 import ckptstore
 from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
-from ckptstore.engine.layout import TMP_MARK
 from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.names import TMP_MARK
 from ckptstore.errors import DurabilityError
 from ckptstore.stores._posix import fsync_all
 from ckptstore.stores.local import LocalStore

@@ -17,12 +17,12 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
 
-from ckptstore.dcp import calls as dcp  # dcp.save, quiet without a process group
+from ckptstore.dcp import save_load as dcp  # dcp.save, quiet without a process group
 from ckptstore.dcp.schedule import WriteSchedule
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.commit import collect_warnings
-from ckptstore.engine.layout import step_name
+from ckptstore.engine.names import step_name
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine

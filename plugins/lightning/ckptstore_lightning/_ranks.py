@@ -38,7 +38,7 @@ from lightning.pytorch.strategies import ParallelStrategy, Strategy
 
 from ckptstore.errors import ConfigError
 
-from ._codec import TENSOR_PREFIX
+from ._packing import TENSOR_PREFIX
 
 __all__ = ["REPLICATED", "install", "attach", "is_served_on_every_rank", "check_ranks"]
 

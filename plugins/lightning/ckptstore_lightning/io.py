@@ -47,7 +47,7 @@ from ckptstore.errors import (
 )
 from ckptstore.stores import open_store, split_url
 
-from ._codec import OBJECTS_KEY, load_newest, load_step, pack, unpack
+from ._packing import OBJECTS_KEY, load_newest, load_step, pack, unpack
 from ._versions import EXTRA, SUPPORTED
 
 try:
