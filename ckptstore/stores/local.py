@@ -24,20 +24,9 @@ from ckptstore.config import RetryConfig
 from ckptstore.engine.create_only import same_bytes
 from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store
-from ckptstore.errors import (
-    CommitConflictError,
-    ConfigError,
-    StoreNotFoundError,
-    UnsafePathError,
-)
+from ckptstore.errors import CommitConflictError, ConfigError, StoreNotFoundError, UnsafePathError
 from ckptstore.stores import local_publish
-from ckptstore.stores._posix import (
-    NOFOLLOW,
-    kind,
-    translate,
-    unlink_quietly,
-    walk,
-)
+from ckptstore.stores._posix import NOFOLLOW, kind, translate, unlink_quietly, walk
 
 __all__ = ["LocalStore", "TMP_MARK", "local_path"]
 
