@@ -17,14 +17,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import pickle
 import uuid
 import weakref
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItemType
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
@@ -38,6 +35,7 @@ from ckptstore.dcp.encoding import (
     payload_of,
     write_item,
 )
+from ckptstore.dcp.indexes import build_indexes
 from ckptstore.dcp.schedule import PlainSchedule, WriteSchedule
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
@@ -46,7 +44,7 @@ from ckptstore.engine.commit import publish, warn_after_commit
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
 from ckptstore.engine.lease import Heartbeat, hold_step_lease
-from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, RangeEntry, Span
+from ckptstore.engine.manifest import MARKER_NAME, Manifest, Span
 from ckptstore.engine.names import KEY_LAYOUTS, parse_step
 from ckptstore.engine.owner import run_identity
 from ckptstore.engine.store import Store
@@ -349,7 +347,8 @@ class CkptWriter(StoreBound, StorageWriter):
         ]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """Commit (coordinator only): manifest, ``.metadata``, then the ``COMMITTED`` marker.
+        """Commit (coordinator only): manifest, ``.metadata`` (``dcp.indexes``), then the
+        ``COMMITTED`` marker.
 
         See ``engine.commit.publish``. The marker is create-only unless ``overwrite``: one
         already there raises ``CommitConflictError`` (this attempt's files are removed).
@@ -357,7 +356,14 @@ class CkptWriter(StoreBound, StorageWriter):
         checkpoint is committed).
         """
         try:
-            manifest, metadata_bytes = self._build_manifest(metadata, results)
+            manifest, metadata_bytes = build_indexes(
+                metadata,
+                results,
+                step=self.step,
+                codec=self._codec,
+                extra=self.manifest_extra,
+                storage_meta=self.storage_meta(),
+            )
             publish(
                 self.store,
                 self.engine,
@@ -374,46 +380,6 @@ class CkptWriter(StoreBound, StorageWriter):
         except Exception as exc:  # noqa: BLE001 - the marker is written: the save stands
             warn_after_commit(f"{self.store.url} is committed, but {exc}")
 
-    def _build_manifest(
-        self, metadata: Metadata, results: list[list[WriteResult]]
-    ) -> tuple[Manifest, bytes]:
-        """The manifest and pickled stock ``Metadata`` (with stock ``_StorageInfo`` entries)."""
-        manifest = Manifest(
-            step=self.step,
-            world_size=len(results),
-            codec=self._codec.name,
-            codec_version=self._codec.version,
-            torch_version=torch.__version__,
-            ckptstore_version=_version(),
-            extra=dict(self.manifest_extra),
-        )
-        storage_md = {}
-        transform = self._codec.dcp_transform
-        for rank_results in results:
-            for wr in rank_results:
-                info: ItemInfo = wr.storage_data
-                storage_md[wr.index] = _StorageInfo(
-                    info.relative_path,
-                    info.offset,
-                    info.length,
-                    transform_descriptors=[transform] if transform is not None else None,
-                )
-                manifest.files[info.relative_path] = FileEntry(info.file_size, info.file_crc32c)
-                manifest.ranges.append(
-                    RangeEntry(
-                        info.relative_path,
-                        info.offset,
-                        info.length,
-                        info.crc32c,
-                        key=f"{wr.index.fqn}@{','.join(map(str, wr.index.offset or ()))}",
-                        raw_length=None if self._codec.identity else info.raw_length,
-                        span=info.span,
-                    )
-                )
-        metadata.storage_data = storage_md
-        metadata.storage_meta = self.storage_meta()
-        return manifest, pickle.dumps(metadata)
-
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint's URL and this save's attempt id, as stored in ``.metadata``."""
         return StorageMeta(checkpoint_id=self.url, save_id=self.attempt)
@@ -423,9 +389,3 @@ def _world_size() -> int:
     import torch.distributed as dist
 
     return dist.get_world_size() if dist.is_available() and dist.is_initialized() else 1
-
-
-def _version() -> str:
-    from ckptstore._version import __version__
-
-    return __version__

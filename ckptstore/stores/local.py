@@ -1,13 +1,8 @@
 """The volume store: POSIX, NFS, FUSE mounts.
 
-Every publish is write temp -> fsync(file) -> rename -> fsync(directory). Parts of a
-multipart write are ``pwrite`` at their offsets into one temp file, in parallel; each
-large part's writeback is started as soon as it is written (``start_writeback``), so the
-disk works while later parts are still being copied and the one fsync at the end has
-little left to wait for. The
-create-only marker is made by ``link()``-ing a fully written, fsynced temp file to its
-final name, which fails with EEXIST if another writer got there first. An fsync error
-fails the write (``DurabilityError``) and is never retried.
+Reads, listings and deletes are here; how a write is made durable (temp -> fsync ->
+rename -> fsync(directory), create-only by ``link()``, multipart parts ``pwrite`` into
+one temp file) is ``local_publish``'s.
 
 Symlinks are never followed below the root (the root itself, as given, may be one): every
 call ``lstat``s the directories on its way and opens files with ``O_NOFOLLOW``, so a link
@@ -22,7 +17,6 @@ from __future__ import annotations
 import os
 import re
 import stat
-import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,31 +24,13 @@ from ckptstore.config import RetryConfig
 from ckptstore.engine.create_only import same_bytes
 from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store
-from ckptstore.errors import (
-    CommitConflictError,
-    ConfigError,
-    StoreNotFoundError,
-    UnsafePathError,
-)
-from ckptstore.stores._posix import (
-    NOFOLLOW,
-    fsync,
-    fsync_all,
-    fsync_dir,
-    kind,
-    makedirs,
-    start_writeback,
-    translate,
-    unlink_quietly,
-    walk,
-)
+from ckptstore.errors import CommitConflictError, ConfigError, StoreNotFoundError, UnsafePathError
+from ckptstore.stores import local_publish
+from ckptstore.stores._posix import NOFOLLOW, kind, translate, unlink_quietly, walk
 
 __all__ = ["LocalStore", "TMP_MARK", "local_path"]
 
 _TMP_ID = re.compile(r"^[0-9a-f]{32}$")
-#: Parts this large have their writeback started as soon as they are written
-#: (``start_writeback``): the final fsync then waits for little more than the last part.
-WRITEBACK_MIN = 1024 * 1024
 #: URL schemes that name a local path (``file:///mnt/x``, ``local:///mnt/x``).
 _SCHEMES = ("file://", "local://")
 
@@ -148,103 +124,29 @@ class LocalStore(Store):
         self._check_links(upload.path)
         return tmp
 
-    def _write_temp(self, path: str, data: Buffer) -> str:
-        """Write ``data`` to a fsynced temp file beside ``path``; returns the temp path."""
-        tmp, fd = self._open_temp(path, data)
-        try:
-            fsync(fd, tmp)
-        except BaseException:
-            os.close(fd)
-            unlink_quietly(tmp)
-            raise
-        os.close(fd)
-        return tmp
-
-    def _open_temp(self, path: str, data: Buffer) -> tuple[str, int]:
-        """Write ``data`` to a new temp file beside ``path``, not yet fsynced; returns its
-        path and open descriptor (the caller fsyncs and closes it, or removes it)."""
-        self._check_links(path)
-        final = self._abs(path)
-        makedirs(os.path.dirname(final))
-        tmp = f"{final}{TMP_MARK}{uuid.uuid4().hex}"
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
-        try:
-            view = memoryview(data).cast("B")
-            while len(view):
-                n = os.write(fd, view)
-                view = view[n:]
-        except BaseException:
-            os.close(fd)
-            unlink_quietly(tmp)
-            raise
-        return tmp, fd
-
-    # -- whole objects -----------------------------------------------------------------
+    # -- whole objects (see ``local_publish``) ----------------------------------------
     def put(self, path: str, data: Buffer) -> None:
-        what = f"write of {self.describe(path)}"
-        try:
-            tmp = self._write_temp(path, data)
-            try:
-                os.replace(tmp, self._abs(path))
-            except BaseException:
-                unlink_quietly(tmp)
-                raise
-            fsync_dir(os.path.dirname(self._abs(path)))
-        except OSError as exc:
-            raise translate(exc, what) from exc
+        self._check_links(path)
+        local_publish.publish(self._abs(path), data, f"write of {self.describe(path)}")
 
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> None:
-        """Every temp file written, then all of them fsynced at once (``fsync_all``: each
-        file synced, in parallel), then all renamed in the order given, then each directory
-        fsynced once (not once per file). A crash before it returns may keep any of them,
-        each whole (fsynced before its rename) or not at all; journaling file systems (ext4,
-        xfs) persist renames within one directory in the order made."""
+        """All written, then fsynced at once, then renamed in order (``publish_many``)."""
+        for path, _ in items:
+            self._check_links(path)
         what = f"write of {', '.join(self.describe(p) for p, _ in items[:3])}"
-        temps: list[tuple[str, str]] = []
-        try:
-            try:
-                fds: list[tuple[int, str]] = []
-                try:
-                    for path, data in items:
-                        tmp, fd = self._open_temp(path, data)
-                        temps.append((tmp, self._abs(path)))
-                        fds.append((fd, tmp))
-                    fsync_all(fds)
-                finally:
-                    for fd, _ in fds:
-                        os.close(fd)
-                for tmp, final in temps:
-                    os.replace(tmp, final)
-            except BaseException:
-                for tmp, _ in temps:
-                    unlink_quietly(tmp)  # a no-op for each one already renamed
-                raise
-            for directory in dict.fromkeys(os.path.dirname(f) for _, f in temps):
-                fsync_dir(directory)
-        except OSError as exc:
-            raise translate(exc, what) from exc
+        local_publish.publish_many([(self._abs(p), data) for p, data in items], what)
 
     def put_if_absent(self, path: str, data: Buffer) -> None:
+        self._check_links(path)
         what = f"create-only write of {self.describe(path)}"
-        final = self._abs(path)
-        try:
-            tmp = self._write_temp(path, data)
-            try:
-                os.link(tmp, final)  # atomic, fails with EEXIST if taken
-            except FileExistsError:
-                # A retry of our own write whose first response was lost holds our bytes.
-                if same_bytes(lambda: self.get(path), data):
-                    return
-                raise CommitConflictError(
-                    f"{self.describe(path)} already exists: another writer committed first"
-                ) from None
-            finally:
-                unlink_quietly(tmp)
-            fsync_dir(os.path.dirname(final))
-        except CommitConflictError:
-            raise
-        except OSError as exc:
-            raise translate(exc, what) from exc
+        if local_publish.create(self._abs(path), data, what):
+            return
+        # A retry of our own write whose first response was lost holds our bytes.
+        if same_bytes(lambda: self.get(path), data):
+            return
+        raise CommitConflictError(
+            f"{self.describe(path)} already exists: another writer committed first"
+        )
 
     def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
         what = f"read of {self.describe(path)}"
@@ -362,63 +264,26 @@ class LocalStore(Store):
         except OSError:
             pass
 
-    # -- multipart: parallel pwrite into one temp file ----------------------------------
+    # -- multipart: parallel pwrite into one temp file (see ``local_publish``) -----------
     def begin_multipart(self, path: str) -> Multipart:
         self._check_links(path)
-        final = self._abs(path)
-        try:
-            makedirs(os.path.dirname(final))
-            tmp = f"{final}{TMP_MARK}{uuid.uuid4().hex}"
-            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        except OSError as exc:
-            raise translate(exc, f"write of {self.describe(path)}") from exc
-        return Multipart(path, tmp)
+        what = f"write of {self.describe(path)}"
+        return Multipart(path, local_publish.begin(self._abs(path), what))
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
         what = f"write of {self.describe(upload.path)} (part {number})"
-        tmp = self._check_upload(upload)
-        try:
-            fd = os.open(tmp, os.O_WRONLY | NOFOLLOW)
-        except FileNotFoundError as exc:
-            raise StoreNotFoundError(f"{what}: the upload was aborted") from exc
-        try:
-            view = memoryview(data).cast("B")
-            pos = offset
-            while len(view):
-                n = os.pwrite(fd, view, pos)
-                view = view[n:]
-                pos += n
-            if pos - offset >= WRITEBACK_MIN:
-                start_writeback(fd, offset, pos - offset)
-        except OSError as exc:
-            raise translate(exc, what) from exc
-        finally:
-            os.close(fd)
+        local_publish.write_part(self._check_upload(upload), offset, data, what)
         return Part(number, offset, len(data))
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
-        what = f"write of {self.describe(upload.path)}"
-        final = self._abs(upload.path)
-        self._check_upload(upload)
-        expected = sum(p.size for p in parts)
-        try:
-            try:
-                fd = os.open(upload.upload_id, os.O_WRONLY | NOFOLLOW)
-            except FileNotFoundError:
-                # A retry whose first try renamed the temp file: done if the file is whole.
-                if self.exists(upload.path) and self.size(upload.path) == expected:
-                    return
-                raise
-            try:
-                if os.fstat(fd).st_size != expected:
-                    os.ftruncate(fd, expected)
-                fsync(fd, upload.upload_id)
-            finally:
-                os.close(fd)
-            os.replace(upload.upload_id, final)
-            fsync_dir(os.path.dirname(final))
-        except OSError as exc:
-            raise translate(exc, what) from exc
+        path, expected = upload.path, sum(p.size for p in parts)
+        tmp = self._check_upload(upload)
+
+        def whole() -> bool:
+            return self.exists(path) and self.size(path) == expected
+
+        what = f"write of {self.describe(path)}"
+        local_publish.finish(tmp, self._abs(path), expected, what, whole)
 
     def abort_multipart(self, upload: Multipart) -> None:
         unlink_quietly(self._check_upload(upload))

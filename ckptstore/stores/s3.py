@@ -1,17 +1,12 @@
-"""The S3 store: native multipart uploads through s3fs's (aiobotocore) client.
+"""The S3 store: objects, listings and deletes through s3fs's (aiobotocore) client.
 
 ``S3Store("s3://bucket/prefix", storage_options)`` builds an ``s3fs.S3FileSystem`` from
 fsspec-style ``storage_options`` (key, secret, token, endpoint_url, client_kwargs,
 config_kwargs, profile, ...) and calls its botocore client directly, from the engine's
 threads, on fsspec's I/O event loop. The client comes from this process's aiobotocore
 session (``s3_session``: botocore's data loaded once, fork-safe spares for DataLoader
-workers). Call order for a multipart write (the engine drives it;
-see ``ckptstore.engine.store``)::
-
-    up = store.begin_multipart(path)            # CreateMultipartUpload (ChecksumAlgorithm)
-    store.put_part(up, n, offset, data)         # UploadPart, any order, many threads at once
-    store.complete_multipart(up, parts)         # CompleteMultipartUpload
-    store.abort_multipart(up)                   # AbortMultipartUpload, on any failure
+workers). Native multipart uploads and their call order are ``s3_multipart``'s; bulk
+deletes and folder keys are ``s3_folders``'.
 
 Integrity checksums, retries and create-only writes are :class:`S3Store`'s docstring.
 """
@@ -26,15 +21,10 @@ from typing import Any
 from ckptstore.config import MiB, RetryConfig
 from ckptstore.engine.create_only import create_lock, same_bytes, warn_non_atomic
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
-from ckptstore.errors import (
-    CommitConflictError,
-    ConfigError,
-    StoreNotFoundError,
-    TransientStoreError,
-)
-from ckptstore.stores import s3_folders
+from ckptstore.errors import CommitConflictError, ConfigError, TransientStoreError
+from ckptstore.stores import s3_folders, s3_multipart
 from ckptstore.stores.options import check_s3_options, refuse_userinfo
-from ckptstore.stores.s3_body import as_body, multipart_etag, pieces_body
+from ckptstore.stores.s3_body import as_body, pieces_body
 from ckptstore.stores.s3_client import CHECKSUMS, S3Client, make_s3fs
 from ckptstore.stores.s3_errors import error_code
 
@@ -60,7 +50,7 @@ class _Shared:
 
 
 class S3Store(Store):
-    """A store rooted at ``s3://bucket/prefix`` (the module docstring: client, call order).
+    """A store rooted at ``s3://bucket/prefix`` (the module docstring: its client).
 
     ``checksum`` (``"crc32c"``, ``"md5"``, ``"none"``) and ``conditional_create`` are
     keyword arguments of its own, beyond the common constructor.
@@ -329,14 +319,11 @@ class S3Store(Store):
         folders = s3_folders.folders_of(keys, markers, self._key(prefix))
         s3_folders.delete_by_depth(self.client, folders, self.describe(prefix))
 
-    # -- multipart -----------------------------------------------------------------------
+    # -- multipart (see ``s3_multipart``) ---------------------------------------------------
     def begin_multipart(self, path: str) -> Multipart:
-        kwargs: dict[str, Any] = (
-            {"ChecksumAlgorithm": "CRC32C"} if self.checksum == "crc32c" else {}
-        )
-        what = f"upload of {self.describe(path)}"
-        out = self.client.call("create_multipart_upload", what, Key=self._key(path), **kwargs)
-        return Multipart(path, out["UploadId"], extra={"checksums": {}})
+        name = self.describe(path)
+        upload_id = s3_multipart.begin(self.client, self._key(path), self.checksum, name)
+        return Multipart(path, upload_id, extra={"checksums": {}})
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
         body = as_body(data)
@@ -361,90 +348,26 @@ class S3Store(Store):
         return self._upload_part(upload, number, offset, body, len(body), integrity)
 
     def _upload_part(
-        self,
-        upload: Multipart,
-        number: int,
-        offset: int,
-        body: Any,
-        size: int,
-        integrity: dict[str, Any],
+        self, upload: Multipart, number: int, offset: int, body: Any, size: int, integrity: dict
     ) -> Part:
-        out = self.client.call(
-            "upload_part",
-            f"upload of {self.describe(upload.path)} (part {number})",
-            Key=self._key(upload.path),
-            UploadId=upload.upload_id,
-            PartNumber=number,
-            Body=body,
-            **integrity,
+        key, name = self._key(upload.path), self.describe(upload.path)
+        return s3_multipart.upload_part(
+            self.client, key, upload, number, offset, body, size, integrity, name
         )
-        if "ChecksumCRC32C" in integrity:  # CompleteMultipartUpload must repeat it
-            upload.extra.setdefault("checksums", {})[number] = integrity["ChecksumCRC32C"]
-        return Part(number, offset, size, out["ETag"])
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
-        """CompleteMultipartUpload; idempotent when a retry follows a lost response.
-
-        If the server no longer knows the upload but the object exists with the size (and,
-        where the ETags allow, the multipart ETag) these parts make, it is already done.
-        """
-        checksums = upload.extra.get("checksums") or {}
-        listed = []
-        for p in sorted(parts, key=lambda p: p.number):
-            entry = {"PartNumber": p.number, "ETag": p.etag}
-            if p.number in checksums:
-                entry["ChecksumCRC32C"] = checksums[p.number]
-            listed.append(entry)
-        try:
-            self.client.raw(
-                "complete_multipart_upload",
-                Key=self._key(upload.path),
-                UploadId=upload.upload_id,
-                MultipartUpload={"Parts": listed},
-            )
-        except Exception as exc:  # noqa: BLE001 - translated below
-            if error_code(exc)[0] == "NoSuchUpload" and self._already_complete(upload, parts):
-                return
-            raise self.client.translate(exc, f"upload of {self.describe(upload.path)}") from exc
-
-    def _already_complete(self, upload: Multipart, parts: Sequence[Part]) -> bool:
-        what = f"stat of {self.describe(upload.path)}"
-        try:
-            head = self.client.call("head_object", what, Key=self._key(upload.path))
-        except StoreNotFoundError:
-            return False
-        if int(head["ContentLength"]) != sum(p.size for p in parts):
-            return False
-        expected = multipart_etag(parts)
-        actual = str(head.get("ETag", "")).strip('"')
-        return expected is None or "-" not in actual or actual == expected
+        """CompleteMultipartUpload; a retry after a lost response finds it done."""
+        key, name = self._key(upload.path), self.describe(upload.path)
+        s3_multipart.complete(self.client, key, upload, parts, name)
 
     def abort_multipart(self, upload: Multipart) -> None:
-        key = self._key(upload.path)
-        try:
-            self.client.raw("abort_multipart_upload", Key=key, UploadId=upload.upload_id)
-        except Exception as exc:  # noqa: BLE001 - translated below
-            code, status = error_code(exc)
-            if code == "NoSuchUpload" or status == 404:
-                return  # already aborted or completed: nothing left to discard
-            what = f"abort of upload of {self.describe(upload.path)}"
-            raise self.client.translate(exc, what) from exc
+        key, name = self._key(upload.path), self.describe(upload.path)
+        s3_multipart.abort(self.client, key, upload.upload_id, name)
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
-        base = self._key(prefix)
-        out: list[Multipart] = []
-        for u in self.client.list_uploads(base):
-            key = u["Key"]
-            if base and key != base and not key.startswith(f"{base}/"):
-                continue
-            initiated = u.get("Initiated")
-            extra = {"initiated": initiated.timestamp()} if initiated is not None else {}
-            out.append(Multipart(self._rel(key), u["UploadId"], extra=extra))
-        return out
+        return s3_multipart.unfinished(self.client, self._key(prefix), self._rel)
 
     def list_parts(self, upload: Multipart) -> list[Part]:
         """The parts the server holds for an unfinished upload (offsets unknown: 0)."""
-        return [
-            Part(int(p["PartNumber"]), 0, int(p["Size"]), p["ETag"])
-            for p in self.client.list_parts(self._key(upload.path), upload.upload_id)
-        ]
+        key = self._key(upload.path)
+        return s3_multipart.held_parts(self.client, key, upload.upload_id)

@@ -5,34 +5,12 @@ their own formats. ``FolderCheckpoints`` uploads such a folder, byte for byte, a
 ckptstore step (each file a uint8 DCP item, plus a JSON index of names, sizes and
 CRC32Cs), through a ``CheckpointManager``: staged, then written and committed in the
 background, verified on every read. It restores a committed step as a local folder for
-the framework's own loader. Call order::
-
-    fc = FolderCheckpoints(root, ...)
-    fc.save(step, folder)                     # after the framework wrote ``folder``
-    fc.wait() / fc.close()                    # flush / flush and release
-    step, path = fc.restore_newest(dest)      # newest committed step that verifies, as a
-                                              # local folder ``dest(step, index)``
-    fc.ensure_local(step, folder)             # a local copy that matches step, byte for byte
-
-A local folder that does not match its committed step (torn, edited, another step) is
-moved aside to a quarantine directory, never deleted, before the committed copy is
-written in its place (files fsynced, then the folder renamed in) -- only where the caller
-allows it (``replace``): a folder whose path came from the stored index is never moved.
+the framework's own loader; call order and the several-process contract are its class
+docstring's.
 
 The index is read back from storage and is untrusted: its size is capped before it is
 loaded and ``_folder_index.parse_index`` checks it; a bad one is a
 ``CorruptCheckpointError``, and a restore falls back past that step.
-
-Several processes (``torch.distributed`` initialised, world size > 1): every rank calls
-``save``, ``ensure_local`` and ``restore_newest``, in the same order, on the training
-script's default process group as well as the manager's own. ``save`` waits until every
-rank has written its files into the folder, then each rank uploads a share of the files
-(each file once, by one of the ranks that see it, balanced by bytes), so a folder the
-ranks see on one shared file system is written by all of them, and a file only one node
-wrote (its ranks' RNG states, on node-local disks) still gets in. A name two ranks see
-with different bytes is refused. On restore every rank loads the step and only the ranks
-given ``write=True`` (one per file system: the framework's "should save" process) write
-the folder; every rank returns after it is written.
 """
 
 from __future__ import annotations
@@ -163,11 +141,35 @@ def quarantine(folder: str, qdir: str) -> str:
 
 
 class FolderCheckpoints:
-    """Local checkpoint folders as committed steps under ``root``; see the module docstring.
+    """Local checkpoint folders as committed steps under ``root``. Call order::
+
+        fc = FolderCheckpoints(root, ...)
+        fc.save(step, folder)                     # after the framework wrote ``folder``
+        fc.wait() / fc.close()                    # flush / flush and release
+        step, path = fc.restore_newest(dest)      # newest committed step that verifies, as a
+                                                  # local folder ``dest(step, index)``
+        fc.ensure_local(step, folder)             # a local copy that matches step, byte for byte
 
     ``options`` (``ckptstore.ManagerOptions``) with any of its fields replaced by
     ``keywords``, checked now as ``CheckpointManager`` checks them, for the manager made on
     first use.
+
+    A local folder that does not match its committed step (torn, edited, another step) is
+    moved aside to a quarantine directory, never deleted, before the committed copy is
+    written in its place (files fsynced, then the folder renamed in) -- only where the
+    caller allows it (``replace``): a folder whose path came from the stored index is never
+    moved.
+
+    Several processes (``torch.distributed`` initialised, world size > 1): every rank calls
+    ``save``, ``ensure_local`` and ``restore_newest``, in the same order, on the training
+    script's default process group as well as the manager's own. ``save`` waits until every
+    rank has written its files into the folder, then each rank uploads a share of the files
+    (each file once, by one of the ranks that see it, balanced by bytes), so a folder the
+    ranks see on one shared file system is written by all of them, and a file only one node
+    wrote (its ranks' RNG states, on node-local disks) still gets in. A name two ranks see
+    with different bytes is refused. On restore every rank loads the step and only the ranks
+    given ``write=True`` (one per file system: the framework's "should save" process) write
+    the folder; every rank returns after it is written.
     """
 
     def __init__(self, root: str, options: ManagerOptions | None = None, **keywords: Any) -> None:
@@ -186,7 +188,7 @@ class FolderCheckpoints:
     def save(self, step: int, folder: str, extra: dict[str, Any] | None = None) -> bool:
         """Start uploading ``folder`` as ``step``; False if that step is already committed.
 
-        With several processes every rank calls it (see the module docstring).
+        With several processes every rank calls it (see the class docstring).
         """
         barrier()  # every rank has written its files into the folder
         local = _local_files(folder) if os.path.isdir(folder) else {}

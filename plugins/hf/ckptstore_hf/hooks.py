@@ -1,23 +1,12 @@
 """``CkptStoreCallback`` (transformers ``Trainer``) and ``CkptStoreAccelerate`` (hooks).
 
-Call order, Trainer (the Trainer calls the callback)::
-
-    on_init_end    -> prepare_resume(args.output_dir)   # before train() looks for checkpoints
-    on_save        -> upload output_dir/checkpoint-<global_step> as step global_step
-    on_train_end   -> wait for the last upload;  close() when done with the callback
-
-Call order, Accelerate (``register`` installs both hooks and registers the object for
-checkpointing, so ``save_state`` calls its ``state_dict`` after writing every other file)::
-
-    prepare_resume()   # newest committed step -> its local folder (None on a fresh run)
-    load_state(path)   # load pre-hook: the folder must match its committed step; a torn
-                       # or stale copy is replaced by the committed one first
-    save_state(dir)    # save pre-hook notes dir; state_dict() uploads it as step N, the
-                       # number dir's name ends with (checkpoint_3, step_500)
-    wait() / close()
-
-The folders go up and come back through ``_folder.FolderCheckpoints``; with several
-processes every rank runs the same hooks (see the package docstring).
+Each class docstring gives its use and call order; the folders go up and come back through
+``_folder.FolderCheckpoints``. Several processes (``torchrun --nproc-per-node N``,
+``accelerate launch --num_processes N``): every rank runs the same hooks. A save waits
+until every rank has written its files, then every rank uploads a share of the folder and
+the step commits once. On resume every rank loads the committed step and the process that
+saves for its file system (the framework's ``should_save`` / main process; with
+``save_on_each_node``, one per node) writes the local folder.
 """
 
 from __future__ import annotations
@@ -62,6 +51,19 @@ def _move_newer_aside(parent: str, pattern: re.Pattern[str], newest: int | None,
 
 class CkptStoreCallback(TrainerCallback):
     """Uploads every Trainer checkpoint to ``root`` and resumes from the newest committed.
+
+    Use::
+
+        ckpt = CkptStoreCallback("s3://bucket/run1")
+        trainer = Trainer(..., callbacks=[ckpt])
+        trainer.train(resume_from_checkpoint=ckpt.resume_from)  # newest committed; None: fresh
+        ckpt.close()                                            # the last upload committed
+
+    Call order (the Trainer calls the callback)::
+
+        on_init_end    -> prepare_resume(args.output_dir)   # before train() looks for them
+        on_save        -> upload output_dir/checkpoint-<global_step> as step global_step
+        on_train_end   -> wait for the last upload;  close() when done with the callback
 
     With ``sync_on_init`` (default) the callback prepares ``args.output_dir`` when the
     Trainer is built and sets ``resume_from``: the newest committed checkpoint's folder
@@ -133,10 +135,25 @@ class CkptStoreCallback(TrainerCallback):
 class CkptStoreAccelerate:
     """Accelerate save/load-state hooks uploading every ``save_state`` folder to ``root``.
 
-    See the module docstring for the call order. Folder names must end with a step
-    number (``automatic_checkpoint_naming`` gives ``checkpoint_<i>``). ``options``
-    (``ckptstore.ManagerOptions``) and ``keywords`` (any of its fields) configure the
-    ``CheckpointManager`` as they configure one made directly.
+    Use::
+
+        ckpt = CkptStoreAccelerate("s3://bucket/run1").register(accelerator)
+        if path := ckpt.prepare_resume():               # None on a fresh run
+            accelerator.load_state(path)                # then train, save_state(...) as usual
+
+    Call order (``register`` installs both hooks and registers the object for
+    checkpointing, so ``save_state`` calls its ``state_dict`` after writing every other file)::
+
+        prepare_resume()   # newest committed step -> its local folder (None on a fresh run)
+        load_state(path)   # load pre-hook: the folder must match its committed step; a torn
+                           # or stale copy is replaced by the committed one first
+        save_state(dir)    # save pre-hook notes dir; state_dict() uploads it as step N, the
+                           # number dir's name ends with (checkpoint_3, step_500)
+        wait() / close()
+
+    Folder names must end with a step number (``automatic_checkpoint_naming`` gives
+    ``checkpoint_<i>``). ``options`` (``ckptstore.ManagerOptions``) and ``keywords`` (any of
+    its fields) configure the ``CheckpointManager`` as they configure one made directly.
     """
 
     FORMAT = "ckptstore.accelerate"

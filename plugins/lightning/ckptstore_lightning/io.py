@@ -1,21 +1,4 @@
-"""``CkptStoreIO``: a Lightning ``CheckpointIO`` whose checkpoints are ckptstore steps.
-
-Call order (Lightning drives it; what each call means is in the package docstring)::
-
-    save_checkpoint(checkpoint, path)   # stage the dict; the step commits in the background
-                                        # and a watcher thread writes the name ``path`` (a
-                                        # pointer, ``_names``) right after the commit
-    remove_checkpoint(path)             # delete the name; its step goes once no name refers
-                                        # to it, it is not the newest and ``keep`` lets it go
-    load_checkpoint(path)               # a pointer, a root (newest committed) or a step URL;
-                                        # a stock Lightning file is loaded as before
-    teardown()                          # end of fit: wait, publish names, raise if the last
-                                        # save failed
-
-With several processes every rank makes each call (``_ranks``); rank 0 alone writes and
-removes names and prunes. One checkpoint per global step: a second save of a step (the
-"last" name of ``save_last=True``) points at the first.
-"""
+"""``CkptStoreIO``: a Lightning ``CheckpointIO`` whose checkpoints are ckptstore steps."""
 
 from __future__ import annotations
 
@@ -85,16 +68,28 @@ def _publish_at_exit(ref: weakref.ref[CkptStoreIO]) -> None:
 
 
 class CkptStoreIO(CheckpointIO):
-    """Lightning ``CheckpointIO`` over ckptstore; see the module docstring for the call order.
+    """Lightning ``CheckpointIO`` over ckptstore: each checkpoint is a step, its name a pointer.
+
+    Call order (Lightning drives it; the package docstring says what each call means)::
+
+        save_checkpoint(ckpt, path)  # stage; the step commits in the background, then a
+                                     # watcher thread writes the pointer ``path`` (``_names``)
+        remove_checkpoint(path)      # delete the name; its step goes once no name refers to
+                                     # it, it is not the newest and ``keep`` lets it go
+        load_checkpoint(path)        # a pointer, a root (newest committed), a step URL, or
+                                     # a stock Lightning file (loaded as before)
+        teardown()                   # end of fit: wait, write names, raise if the last failed
+
+    With several processes every rank makes each call (``_ranks``); rank 0 alone writes and
+    removes names and prunes. One checkpoint per global step: a second save of a step (the
+    "last" name of ``save_last=True``) points at the first.
 
     ``options`` (``ckptstore.ManagerOptions``) and ``keywords`` (any of its fields, checked
-    as ``CheckpointManager`` checks them: an unknown or renamed one is refused) configure
-    the ``CheckpointManager`` of each root, but for two fields the IO applies itself:
+    as ``CheckpointManager`` checks them) configure each root's ``CheckpointManager``, but
     ``storage_options`` reach object-store roots and names only (a local path takes none),
-    and ``keep`` is the IO's own pruning: it keeps committed steps beyond those a
-    checkpoint name refers to (the newest is always kept; default ``KeepLast(1)``, so
-    ``ModelCheckpoint`` alone decides), while the manager keeps every step. ``keep`` is a
-    keyword here; ``options.keep`` must be left at its default.
+    and ``keep`` (a keyword here; ``options.keep`` stays at its default) is the IO's own
+    pruning: it keeps committed steps beyond those a name refers to (the newest always;
+    default ``KeepLast(1)``, so ``ModelCheckpoint`` alone decides); the manager keeps all.
     """
 
     def __init__(
@@ -154,8 +149,7 @@ class CkptStoreIO(CheckpointIO):
         """The pointer at ``path``; None if there is none (absent, a stock ``.ckpt``).
 
         The file is untrusted: its size is checked before it is read, its bytes parsed
-        strictly and its root confined (``_names``); anything else raises a
-        ``CorruptCheckpointError`` (an ``UnsafePathError`` for a foreign root).
+        strictly, its root confined (``_names``); else ``CorruptCheckpointError``.
         """
         parent, name = split(path)
         ptr = read_pointer(open_store(parent, self._options(parent)), name, parent)
@@ -255,10 +249,8 @@ class CkptStoreIO(CheckpointIO):
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: Any, storage_options: Any | None = None
     ) -> None:
-        """Start saving ``checkpoint`` as step ``global_step``; ``path`` names it.
-
-        With several processes, every rank calls this with the same ``path``.
-        """
+        """Start saving ``checkpoint`` as step ``global_step``; ``path`` names it (the same
+        ``path`` on every rank)."""
         if storage_options is not None:
             raise TypeError(
                 "CkptStoreIO.save_checkpoint takes no storage_options; pass them to CkptStoreIO()"
@@ -356,7 +348,7 @@ class CkptStoreIO(CheckpointIO):
         return checkpoint
 
     def remove_checkpoint(self, path: Any) -> None:
-        """Delete the name ``path``; its step goes once nothing keeps it (module docstring)."""
+        """Delete the name ``path``; its step goes once nothing keeps it (class docstring)."""
         path = norm(str(path))
         parent, name = split(path)
         with self._lock:
