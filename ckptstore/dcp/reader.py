@@ -37,7 +37,7 @@ from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.bounded import MAX_METADATA_SIZE, get_capped
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec, stored_codec, transform_codec
-from ckptstore.engine.commit import (
+from ckptstore.engine.committed import (
     METADATA_NAME,
     Committed,
     committed_from_bytes,
@@ -92,7 +92,7 @@ class CkptReader(StoreBound, StorageReader):
                                         Given ``committed=`` (one rank read those three
                                         objects for all: ``manager.restore``), it reads
                                         none and re-checks the handed-over bytes
-                                        (``engine.commit.committed_from_bytes``),
+                                        (``engine.committed.committed_from_bytes``),
                                         refusing them (CorruptCheckpointError) if they
                                         do not verify
         reset(checkpoint_id)            every rank (re-opens if the URL changes)
