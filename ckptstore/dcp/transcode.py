@@ -26,8 +26,9 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from ckptstore.dcp.delivery import item_codec
 from ckptstore.dcp.metadata_bounds import item_limits
-from ckptstore.dcp.reader import CkptReader, item_codec
+from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codecs import Codec, get_codec
 from ckptstore.engine.commit import publish
