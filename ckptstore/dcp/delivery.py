@@ -22,7 +22,8 @@ from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, Read
 from ckptstore.dcp.encoding import decode_tensor
 from ckptstore.dcp.safe_objects import check_safe_object, unpickles_unsafely
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.codecs import Codec, transform_codec
+from ckptstore.engine.codec_registry import transform_codec
+from ckptstore.engine.codecs import Codec
 from ckptstore.engine.manifest import RangeEntry, Span
 from ckptstore.engine.readplan import Window
 from ckptstore.engine.store import Store
@@ -181,6 +182,6 @@ class RangeDelivery:
 def item_codec(manifest_codec: Codec, descriptors: Any, fqn: str, url: str) -> Codec:
     """The codec of one stored item: the one its ``.metadata`` entry's DCP stream
     transforms name (``stream.zstd/1``, ``ckptstore.<name>/<n>``; see
-    ``engine.codecs.transform_codec``), else the manifest's."""
+    ``engine.codec_registry.transform_codec``), else the manifest's."""
     codec = transform_codec(descriptors, f"{url}: item {fqn}")
     return codec if codec is not None else manifest_codec

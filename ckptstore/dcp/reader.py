@@ -1,14 +1,14 @@
 """``CkptReader``: the DCP ``StorageReader`` over any store; refuses uncommitted checkpoints.
 
 ``open()`` finds the checkpoint through its marker (``engine.committed``) and checks its
-``.metadata``; the manifest's codec is looked up in ``engine.codecs``: one this ckptstore
-does not know is ``CorruptCheckpointError`` (never a guess), a known one whose library is
-missing ``MissingDependencyError``. A stock DCP checkpoint (``.metadata``, no manifest, no
-marker) loads with a warning and without verification. ``read_data`` plans and schedules
-the reads (``engine.readplan``); ``dcp.delivery`` checks every range against its manifest
-CRC32C before decoding it (items written with DCP's ``ZStandard`` extension are
-decompressed) and ``dcp.safe_objects`` refuses unsafe pickles (``UnsafePickleError``)
-unless ``allow_pickle=True``. Readers pickle (see ``dcp.storebound``).
+``.metadata``; the manifest's codec is looked up in ``engine.codec_registry``: one this
+ckptstore does not know is ``CorruptCheckpointError`` (never a guess), a known one whose
+library is missing ``MissingDependencyError``. A stock DCP checkpoint (``.metadata``, no
+manifest, no marker) loads with a warning and without verification. ``read_data`` plans
+and schedules the reads (``engine.readplan``); ``dcp.delivery`` checks every range
+against its manifest CRC32C before decoding it (items written with DCP's ``ZStandard``
+extension are decompressed) and ``dcp.safe_objects`` refuses unsafe pickles
+(``UnsafePickleError``) unless ``allow_pickle=True``. Readers pickle (``dcp.storebound``).
 """
 
 from __future__ import annotations
@@ -31,7 +31,8 @@ from ckptstore.dcp.metadata import load_metadata
 from ckptstore.dcp.metadata_bounds import check_metadata, item_limits
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.bounded import MAX_METADATA_SIZE, get_capped
-from ckptstore.engine.codecs import Codec, get_codec, stored_codec
+from ckptstore.engine.codec_registry import get_codec, stored_codec
+from ckptstore.engine.codecs import Codec
 from ckptstore.engine.committed import (
     METADATA_NAME,
     Committed,
