@@ -1,22 +1,19 @@
 """The codec registry: codecs by versioned descriptor, for writers, manifests and readers.
 
 A writer asks for a codec by name or descriptor (``get_codec``); a reader looks the
-manifest's descriptor up (``stored_codec``) and refuses one it does not know
-(``CorruptCheckpointError``) or whose library is missing (``MissingDependencyError``)
-rather than guess. A bare name (``zstd``, ``none``: what manifests held before descriptors
-were versioned) is version 1. Adding one (``engine.codecs.Codec``)::
+manifest's descriptor up (``stored_codec``; a bare name such as ``zstd`` is version 1) and
+refuses one it does not know (``CorruptCheckpointError``) or whose library is missing
+(``MissingDependencyError``) rather than guess. Adding one (``engine.codecs.Codec``)::
 
     class Lz4(Codec):
         name, version, max_ratio = "lz4", 1, 255
         def encode_unchecked(self, data): ...  # Codec.encode / .decode check sizes
         def decode_unchecked(self, data, raw_length): ...
 
-    register_codec(Lz4())          # in a module every writing and reading process imports
-    ckptstore.save(state, url, codec="lz4")
+    register_codec(Lz4())  # in a module every writing and reading process imports
 
-An installed package can instead name its codec in the ``ckptstore.codecs`` entry-point
-group (``lz4 = "mypkg.codecs:Lz4"``): every process (the CLI, a background writer
-process, a fresh reader) then finds it at its first registry lookup. No torch here.
+or name it in the ``ckptstore.codecs`` entry-point group (``lz4 = "mypkg.codecs:Lz4"``):
+every process then finds it at its first lookup. No torch here.
 """
 
 from __future__ import annotations
