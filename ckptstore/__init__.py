@@ -53,7 +53,7 @@ from ckptstore.manager.retention import KeepAll, KeepEvery, KeepLast, RetentionP
 if TYPE_CHECKING:
     from ckptstore.api import load, reader, save, unwrap_checkpoint_exception, writer
     from ckptstore.engine.catalog import committed_steps, list_steps
-    from ckptstore.engine.commit import CheckpointStatus, checkpoint_status, open_committed
+    from ckptstore.engine.committed import CheckpointStatus, checkpoint_status, open_committed
     from ckptstore.engine.copy import copy_checkpoint
     from ckptstore.engine.names import parse_step, step_name
     from ckptstore.engine.store import Store
@@ -83,9 +83,9 @@ _LAZY = {
     "Store": "ckptstore.engine.store",
     "open_store": "ckptstore.stores",
     "TransferEngine": "ckptstore.engine.transfer",
-    "open_committed": "ckptstore.engine.commit",
-    "checkpoint_status": "ckptstore.engine.commit",
-    "CheckpointStatus": "ckptstore.engine.commit",
+    "open_committed": "ckptstore.engine.committed",
+    "checkpoint_status": "ckptstore.engine.committed",
+    "CheckpointStatus": "ckptstore.engine.committed",
     "committed_steps": "ckptstore.engine.catalog",
     "list_steps": "ckptstore.engine.catalog",
     "verify_checkpoint": "ckptstore.engine.verify",

@@ -1,7 +1,7 @@
 """``ckptstore-tool convert SRC DST --to dcp|torch|safetensors [--compress CODEC]``.
 
 * DCP -> DCP streams item by item (``ckptstore.dcp.transcode``): the rank layout is kept,
-  a codec (``ckptstore.engine.codecs``: zstd, or one registered there) is added, changed
+  a codec (``ckptstore.engine.codec_registry``: zstd, or one registered there) is added, changed
   or removed, and a stock DCP checkpoint is adopted (gets a manifest and a
   marker). Memory stays bounded.
 * Everything else loads the whole state dict in memory (the single-file formats need it):
@@ -30,7 +30,7 @@ from ckptstore.cli.copy import require_committed
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
 from ckptstore.cli.sources import Located, classify, flatten, load_state, local_path, locate
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.codecs import codec_names
+from ckptstore.engine.codec_registry import codec_names
 from ckptstore.engine.commit import uncommit
 from ckptstore.engine.copy import check_empty_destination
 from ckptstore.errors import (

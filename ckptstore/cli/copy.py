@@ -24,7 +24,7 @@ from ckptstore.cli.sources import (
     missing_error,
     not_a_checkpoint_error,
 )
-from ckptstore.engine.commit import METADATA_NAME
+from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.engine.copy import check_empty_destination
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.errors import ConfigError, IncompleteCheckpointError

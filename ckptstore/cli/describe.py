@@ -18,7 +18,7 @@ from ckptstore.cli.sources import Located, classify, dcp_entries, entries_of, fl
 from ckptstore.cli.sources import locate as locate_url
 from ckptstore.engine.bounded import MAX_MANIFEST_SIZE, MAX_METADATA_SIZE, get_capped
 from ckptstore.engine.checksum import crc32c, format_crc
-from ckptstore.engine.commit import METADATA_NAME
+from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.engine.manifest import MANIFEST_NAME, Manifest
 from ckptstore.errors import CkptStoreError, StoreNotFoundError
 

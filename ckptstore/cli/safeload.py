@@ -64,7 +64,7 @@ def _torch_load(data: bytes, allow_pickle: bool) -> Any:
 
     if allow_pickle:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    from ckptstore.dcp.reader import load_safe_object
+    from ckptstore.dcp.safe_objects import load_safe_object
 
     return load_safe_object(data)
 

@@ -15,7 +15,7 @@ from typing import Any
 
 from ckptstore import CheckpointStatus, Store
 from ckptstore.cli.context import Context
-from ckptstore.engine.commit import METADATA_NAME
+from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.errors import (
     CkptStoreError,

@@ -17,7 +17,7 @@ from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note, safe, table
 from ckptstore.cli.sources import locate
 from ckptstore.engine.bounded import MAX_METADATA_SIZE, get_capped
-from ckptstore.engine.commit import METADATA_NAME
+from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 
 __all__ = ["add_parser", "run", "verify_stock"]

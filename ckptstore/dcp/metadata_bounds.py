@@ -61,7 +61,7 @@ def _ratio(descriptors: Any, plain_ratio: int, ratios: dict[Any, int]) -> int:
         return plain_ratio
     key = tuple(descriptors)
     if key not in ratios:
-        from ckptstore.engine.codecs import transform_codec
+        from ckptstore.engine.codec_registry import transform_codec
 
         try:
             codec = transform_codec(list(descriptors), "an item")
@@ -72,7 +72,7 @@ def _ratio(descriptors: Any, plain_ratio: int, ratios: dict[Any, int]) -> int:
 
 
 def _largest_ratio() -> int:
-    from ckptstore.engine.codecs import codec_names, get_codec
+    from ckptstore.engine.codec_registry import codec_names, get_codec
 
     best = 1
     for name in codec_names():

@@ -1,80 +1,52 @@
 """``CkptReader``: the DCP ``StorageReader`` over any store; refuses uncommitted checkpoints.
 
-Every range it reads is checked against its manifest CRC32C before it is decoded. The
-manifest's codec is looked up in ``engine.codecs`` at ``open()``: one this ckptstore does
-not know is ``CorruptCheckpointError`` (never a guess), a known one whose library is
-missing ``MissingDependencyError``. A stock DCP checkpoint (``.metadata``, no manifest, no
-marker) loads with a warning and without verification; items written with DCP's
-``ZStandard`` extension are decompressed. Object (BYTE_IO) items reach DCP's unpickling
-only after a ``weights_only=True`` load of the same bytes succeeded, else
-``UnsafePickleError`` names the item (unless ``allow_pickle=True``, for a checkpoint you
-trust). Readers pickle (see ``dcp.storebound``).
+``open()`` finds the checkpoint through its marker (``engine.committed``) and checks its
+``.metadata``; the manifest's codec is looked up in ``engine.codec_registry``: one this
+ckptstore does not know is ``CorruptCheckpointError`` (never a guess), a known one whose
+library is missing ``MissingDependencyError``. A stock DCP checkpoint (``.metadata``, no
+manifest, no marker) loads with a warning and without verification. ``read_data`` plans
+and schedules the reads (``engine.readplan``); ``dcp.delivery`` checks every range
+against its manifest CRC32C before decoding it (items written with DCP's ``ZStandard``
+extension are decompressed) and ``dcp.safe_objects`` refuses unsafe pickles
+(``UnsafePickleError``) unless ``allow_pickle=True``. Readers pickle (``dcp.storebound``).
 """
 
 from __future__ import annotations
 
-import io
-import logging
 import os
 import warnings
 from collections import deque
 from concurrent.futures import Future
-from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.default_planner import DefaultLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta, TensorStorageMetadata
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlan, LoadPlanner, ReadItem
 from torch.distributed.checkpoint.storage import StorageReader
 
 from ckptstore._stack import user_stacklevel
 from ckptstore.config import TransferConfig
-from ckptstore.dcp.encoding import decode_tensor
+from ckptstore.dcp.delivery import Direct, RangeDelivery, item_codec
 from ckptstore.dcp.metadata import load_metadata
 from ckptstore.dcp.metadata_bounds import check_metadata, item_limits
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.bounded import MAX_METADATA_SIZE, get_capped
-from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.codecs import Codec, get_codec, stored_codec, transform_codec
-from ckptstore.engine.commit import (
+from ckptstore.engine.codec_registry import get_codec, stored_codec
+from ckptstore.engine.codecs import Codec
+from ckptstore.engine.committed import (
     METADATA_NAME,
     Committed,
     committed_from_bytes,
     open_committed,
 )
-from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry, Span
+from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
 from ckptstore.engine.readplan import READ_PIECE, Window, coalesce, piece_size
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import (
-    CorruptCheckpointError,
-    IncompleteCheckpointError,
-    StoreNotFoundError,
-    UnsafePickleError,
-)
+from ckptstore.errors import IncompleteCheckpointError, StoreNotFoundError
 
-__all__ = [
-    "CkptReader",
-    "StockCheckpointWarning",
-    "check_safe_object",
-    "item_codec",
-    "load_safe_object",
-]
-
-log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _Direct:
-    """A tensor read straight into its target: the request, the target, where its raw
-    bytes are in the stored item, and the target's bytes."""
-
-    req: ReadItem
-    target: torch.Tensor
-    span: Span
-    buf: memoryview
+__all__ = ["CkptReader", "StockCheckpointWarning"]
 
 
 class StockCheckpointWarning(UserWarning):
@@ -92,7 +64,7 @@ class CkptReader(StoreBound, StorageReader):
                                         Given ``committed=`` (one rank read those three
                                         objects for all: ``manager.restore``), it reads
                                         none and re-checks the handed-over bytes
-                                        (``engine.commit.committed_from_bytes``),
+                                        (``engine.committed.committed_from_bytes``),
                                         refusing them (CorruptCheckpointError) if they
                                         do not verify
         reset(checkpoint_id)            every rank (re-opens if the URL changes)
@@ -265,6 +237,8 @@ class CkptReader(StoreBound, StorageReader):
                 limit = limits[key]  # a range two requests share: the tighter bound
             limits[key] = limit
         ranges = self.committed.manifest.range_index() if self.committed else {}
+        verify = self.committed is not None and self.verify
+        got = RangeDelivery(self.store, self.url, verify, self.allow_pickle, self.metadata)
 
         # On an object store the reads are planned from the whole plan (``engine.readplan``):
         # small adjacent ranges of a file merge into one GET (a window); the rest are read
@@ -284,7 +258,7 @@ class CkptReader(StoreBound, StorageReader):
             largest = min(self.config.part_size, READ_PIECE)
             piece = piece_size(total, largest, self.engine.read_streams)
             pending = deque(coalesce(keys, max_window=piece))
-        inflight: deque[tuple[Window, Future, _Direct | None]] = deque()
+        inflight: deque[tuple[Window, Future, Direct | None]] = deque()
         inflight_bytes = 0
         try:
             while pending or inflight:
@@ -295,7 +269,7 @@ class CkptReader(StoreBound, StorageReader):
                     direct = None
                     if len(win.members) == 1:
                         key = keys[win.members[0]]
-                        direct = self._direct(by_range[key], ranges.get(key), codecs[key], planner)
+                        direct = got.direct(by_range[key], ranges.get(key), codecs[key], planner)
                     if direct is None:
                         fut = self.engine.read_async(
                             self.store, win.path, win.offset, win.length, part_size=piece
@@ -311,14 +285,14 @@ class CkptReader(StoreBound, StorageReader):
                 inflight_bytes -= win.length
                 if direct is not None:
                     key = keys[win.members[0]]
-                    self._check_direct(key, fut, direct)
+                    got.check_direct(key, fut, direct)
                     planner.commit_tensor(direct.req, direct.target)
                     continue
-                data = self._window_bytes(win, fut)
+                data = got.window_bytes(win, fut)
                 for i in win.members:
                     key = keys[i]
                     part = data[key[1] - win.offset : key[1] - win.offset + key[2]]
-                    self._consume(
+                    got.consume(
                         key, part, by_range[key], ranges.get(key), codecs[key], planner, limits[key]
                     )
         except BaseException:
@@ -333,164 +307,3 @@ class CkptReader(StoreBound, StorageReader):
         done: torch.futures.Future[None] = torch.futures.Future()
         done.set_result(None)
         return done
-
-    def _direct(
-        self, reqs: list[ReadItem], entry: RangeEntry | None, codec: Codec, planner: LoadPlanner
-    ) -> _Direct | None:
-        """How to read one item straight into its target, or None if it cannot be."""
-        if not codec.identity or entry is None or entry.span is None or len(reqs) != 1:
-            return None
-        req = reqs[0]
-        assert self.metadata is not None  # set_up_storage_reader ran
-        md = self.metadata.state_dict_metadata.get(req.storage_index.fqn)
-        if req.type != LoadItemType.TENSOR or not isinstance(md, TensorStorageMetadata):
-            return None
-        if any(req.storage_offsets):
-            return None  # a part of the stored chunk (resharding): decode and narrow
-        # A request from offset 0 whose byte count equals the stored span's (the whole
-        # stored chunk) is the whole chunk: its lengths cannot be smaller in any dimension.
-        target = planner.resolve_tensor(req).detach()
-        if (
-            target.device.type != "cpu"
-            or target.is_conj()
-            or target.is_neg()
-            or target.dtype != md.properties.dtype
-            or not target.is_contiguous()
-            or tuple(target.size()) != tuple(req.lengths)
-            or target.numel() * target.element_size() != entry.span.length
-        ):
-            return None
-        buf: memoryview = target.reshape(-1).view(torch.uint8).numpy().data
-        return _Direct(req, target, entry.span, buf)
-
-    def _check_direct(self, key: tuple[str, int, int], fut: Future, direct: _Direct) -> None:
-        path, offset, _ = key
-        self._result(path, fut)
-        self._verify(path, offset + direct.span.offset, direct.buf, direct.span.crc32c)
-
-    def _verify(self, path: str, start: int, data: Any, crc: int) -> None:
-        """Raise if verification is on and ``data``, read at ``start`` of ``path``, does
-        not have the manifest's CRC32C ``crc``."""
-        if self.committed is not None and self.verify and crc32c(data) != crc:
-            raise CorruptCheckpointError(
-                f"{self.store.describe(path)} bytes [{start}, {start + len(data)}): checksum "
-                "mismatch (the bytes changed after commit); restore the previous checkpoint."
-            )
-
-    def _result(self, path: str, fut: Future) -> Any:
-        try:
-            return fut.result()
-        except StoreNotFoundError as exc:
-            raise CorruptCheckpointError(
-                f"{self.store.describe(path)} is missing but the checkpoint needs it; the "
-                "checkpoint is damaged: restore the previous one."
-            ) from exc
-
-    def _where(self, key: tuple[str, int, int]) -> str:
-        path, offset, length = key
-        return f"{self.store.describe(path)} bytes [{offset}, {offset + length})"
-
-    def _window_bytes(self, win: Window, fut: Future) -> Any:
-        """The bytes of one planned read, all of them (else the file is truncated)."""
-        data = self._result(win.path, fut)
-        if len(data) != win.length:
-            where = self._where((win.path, win.offset, win.length))
-            raise CorruptCheckpointError(
-                f"{where}: got {len(data)} bytes, the file is truncated; restore the previous "
-                "checkpoint."
-            )
-        return data
-
-    def _consume(
-        self,
-        key: tuple[str, int, int],
-        data: Any,
-        reqs: list[ReadItem],
-        entry: RangeEntry | None,
-        codec: Codec,
-        planner: LoadPlanner,
-        limit: int | None = None,
-    ) -> None:
-        """Check one stored range's bytes, decode them (to at most ``limit`` bytes: a tensor
-        item's, see ``item_limits``) and hand them to every request.
-
-        A tensor that can take its raw bytes straight (see ``_direct``) gets the span
-        copied into its target after the span's own CRC32C is checked.
-        """
-        path, offset, _ = key
-        direct = self._direct(reqs, entry, codec, planner)
-        if direct is not None:
-            span = data[direct.span.offset : direct.span.offset + direct.span.length]
-            self._verify(path, offset + direct.span.offset, span, direct.span.crc32c)
-            direct.buf[:] = span
-            planner.commit_tensor(direct.req, direct.target)
-            return
-        if self.committed is not None and self.verify and entry is None:
-            raise CorruptCheckpointError(f"{self._where(key)} is not listed in the manifest")
-        if entry is not None:
-            self._verify(path, offset, data, entry.crc32c)
-        raw_length = entry.raw_length if entry else None
-        data = codec.decode(data, raw_length, self._where(key), limit=limit)
-        for req in reqs:
-            self._deliver(req, data, planner)
-
-    def _deliver(self, req: ReadItem, data: Any, planner: LoadPlanner) -> None:
-        if req.type == LoadItemType.BYTE_IO:
-            if not self.allow_pickle and _unpickles_unsafely(planner):
-                check_safe_object(data, req.storage_index.fqn, self.url)
-            planner.load_bytes(req, io.BytesIO(data))
-            return
-        tensor = decode_tensor(data)
-        for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
-            if start != 0 or length != tensor.size(dim):
-                tensor = tensor.narrow(dim, start, length)
-        target = planner.resolve_tensor(req).detach()
-        if target.size() != tensor.size():
-            raise CorruptCheckpointError(
-                f"item {req.storage_index.fqn}: stored shape {tuple(tensor.size())} does not "
-                f"match the requested {tuple(target.size())}"
-            )
-        target.copy_(tensor)
-        planner.commit_tensor(req, target)
-
-
-def item_codec(manifest_codec: Codec, descriptors: Any, fqn: str, url: str) -> Codec:
-    """The codec of one stored item: the one its ``.metadata`` entry's DCP stream
-    transforms name (``stream.zstd/1``, ``ckptstore.<name>/<n>``; see
-    ``engine.codecs.transform_codec``), else the manifest's."""
-    codec = transform_codec(descriptors, f"{url}: item {fqn}")
-    return codec if codec is not None else manifest_codec
-
-
-def _unpickles_unsafely(planner: LoadPlanner) -> bool:
-    """True if ``planner`` hands object bytes to ``torch.load(weights_only=False)``: DCP's
-    default planner does (a planner of one's own is its author's to make safe)."""
-    return isinstance(planner, DefaultLoadPlanner) and (
-        type(planner).load_bytes is DefaultLoadPlanner.load_bytes
-    )
-
-
-def load_safe_object(data: bytes | memoryview) -> Any:
-    """Unpickle one DCP object item with ``torch.load(weights_only=True)``: plain
-    containers, numbers, strings, tensors, and ``io.BytesIO`` (a value type DCP saves as
-    its own kind of item; rebuilding one from bytes runs nothing). Raises what torch raises.
-    """
-    with torch.serialization.safe_globals([io.BytesIO]):
-        return torch.load(io.BytesIO(data), map_location="cpu", weights_only=True)
-
-
-def check_safe_object(data: Any, fqn: str, url: str) -> None:
-    """Raise ``UnsafePickleError`` unless ``data`` loads with :func:`load_safe_object`:
-    nothing else is imported or run."""
-    try:
-        load_safe_object(data)
-    except Exception as exc:  # noqa: BLE001 - any refusal means: do not unpickle it
-        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise UnsafePickleError(
-            f"{url}: object item {fqn!r} is a pickle that weights_only loading refuses "
-            f"({reason[:200]}); it was not unpickled. If you trust this checkpoint and "
-            "its writer, allow the classes it names with "
-            "torch.serialization.add_safe_globals([...]) (ckptstore honours torch's "
-            "allowlist), or unpickle anything with ckptstore.reader(url, allow_pickle=True) "
-            "(or CheckpointManager(..., allow_pickle=True))."
-        ) from None

@@ -26,11 +26,14 @@ import torch
 from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
+from ckptstore.dcp.delivery import item_codec
 from ckptstore.dcp.metadata_bounds import item_limits
-from ckptstore.dcp.reader import CkptReader, item_codec
+from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.codecs import Codec, get_codec
-from ckptstore.engine.commit import attempt_manifest_name, attempt_metadata_name, publish
+from ckptstore.engine.codec_registry import get_codec
+from ckptstore.engine.codecs import Codec
+from ckptstore.engine.commit import publish
+from ckptstore.engine.committed import attempt_manifest_name, attempt_metadata_name
 from ckptstore.engine.deletion import remove_made
 from ckptstore.engine.lease import hold_step_lease
 from ckptstore.engine.manifest import MARKER_NAME, FileEntry, Manifest, Marker, RangeEntry

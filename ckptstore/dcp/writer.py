@@ -39,7 +39,8 @@ from ckptstore.dcp.indexes import build_indexes
 from ckptstore.dcp.schedule import PlainSchedule, WriteSchedule
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.codecs import Codec, get_codec
+from ckptstore.engine.codec_registry import get_codec
+from ckptstore.engine.codecs import Codec
 from ckptstore.engine.commit import publish, warn_after_commit
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
@@ -117,7 +118,7 @@ class CkptWriter(StoreBound, StorageWriter):
     ``_shards_written(files)``; ``_committed(manifest, metadata_bytes)`` at the end of
     ``finish``. ``key_layout="spread"`` puts each rank's files under one of 256
     two-hex-digit sub-prefixes (``shard_prefix``) for stores that limit the request rate
-    per key prefix; ``codec`` names a codec of ``engine.codecs`` (with ``"zstd"`` stock
+    per key prefix; ``codec`` names a codec of ``engine.codec_registry`` (with ``"zstd"`` stock
     readers load it too, through DCP's ``stream.zstd/1`` transform).
     """
 
@@ -178,7 +179,7 @@ class CkptWriter(StoreBound, StorageWriter):
     @property
     def codec(self) -> str:
         """The codec items are written with, as given (a name or descriptor of
-        ``ckptstore.engine.codecs``); setting it checks it (``ConfigError``)."""
+        ``ckptstore.engine.codec_registry``); setting it checks it (``ConfigError``)."""
         return self._codec_spec
 
     @codec.setter

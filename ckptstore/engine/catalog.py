@@ -2,7 +2,7 @@
 
 A root holds one directory (prefix) per step, named exactly ``step_<9 digits>``
 (``engine.names``). Discovery lists the root's children only to find candidate steps;
-whether a step is a checkpoint is decided by its marker and manifest (``engine.commit``),
+whether a step is a checkpoint is decided by its marker and manifest (``engine.committed``),
 never by the listing. "Newest" is the highest step number, never a modification time.
 
 The root owner's lease (``ckptstore.owner.json``) is ckptstore's and not listed.
@@ -18,7 +18,7 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
+from ckptstore.engine.committed import CheckpointStatus, checkpoint_status
 from ckptstore.engine.names import OWNER_NAME, parse_step, step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import UnsafePathError

@@ -1,14 +1,12 @@
-"""The commit protocol: publish a checkpoint with a create-only marker, and open one.
+"""The commit protocol: publish a checkpoint with a create-only marker, or take it back.
 
 :func:`publish` (the coordinator, after every rank's data files are durable; its docstring
 has the call order and what a crash at each point leaves) writes the attempt's own manifest
 and ``.metadata``, then creates ``COMMITTED``, then the canonical copies. A checkpoint exists
-only if COMMITTED exists and the manifest it names matches its CRC. ``open_committed`` finds
-the manifest and ``.metadata`` through the marker: the canonical copy when it matches, else
-the attempt's own copy (a crash between steps 3 and 4), and says which
-(``Committed.canonical``); ``finish_publish`` then redoes steps 4 and 5
-(``CheckpointManager.restore`` runs it on the next start). Listing never decides
-completeness. Every store call here goes through ``retry.retrying`` (control calls retried
+only if COMMITTED exists and the manifest it names matches its CRC (opening one is
+``engine.committed``). ``finish_publish`` redoes steps 4 and 5 of a publish cut short after
+its marker (``CheckpointManager.restore`` runs it on the next start); ``uncommit`` deletes
+the marker. Every store call here goes through ``retry.retrying`` (control calls retried
 per the engine's ``RetryConfig``; data calls by the engine itself).
 """
 
@@ -17,19 +15,16 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Iterator
-from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
-from enum import Enum
 
-from ckptstore.config import RetryConfig
-from ckptstore.engine.bounded import (
-    EARLY_READ_LIMIT,
-    MAX_MARKER_SIZE,
-    MAX_METADATA_SIZE,
-    get_capped,
-)
 from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.committed import (
+    METADATA_NAME,
+    Committed,
+    attempt_manifest_name,
+    attempt_metadata_name,
+    open_committed,
+)
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.lease import Heartbeat, lease_name, live_leases
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
@@ -40,30 +35,19 @@ from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import (
     CkptStoreError,
     CommitConflictError,
-    CorruptCheckpointError,
     IncompleteCheckpointError,
     StoreNotFoundError,
 )
 
 __all__ = [
-    "METADATA_NAME",
-    "CheckpointStatus",
-    "Committed",
-    "attempt_manifest_name",
-    "attempt_metadata_name",
     "publish",
     "finish_publish",
     "collect_warnings",
     "warn_after_commit",
-    "open_committed",
-    "committed_from_bytes",
-    "checkpoint_status",
     "uncommit",
 ]
 
 log = logging.getLogger(__name__)
-
-METADATA_NAME = ".metadata"
 
 _collecting = threading.local()
 
@@ -93,27 +77,6 @@ def warn_after_commit(message: str) -> None:
     module's): logged, and collected by :func:`collect_warnings` like steps 4 and 5's.
     The checkpoint is committed; the failure never makes its save a failed one."""
     _warn(message)
-
-
-def attempt_manifest_name(attempt: str) -> str:
-    """The name of save attempt ``attempt``'s own manifest copy."""
-    return f"ckptstore.manifest.{attempt}.json"
-
-
-def attempt_metadata_name(attempt: str) -> str:
-    """The name of save attempt ``attempt``'s own ``.metadata`` copy."""
-    return f"{METADATA_NAME}.{attempt}"
-
-
-@dataclass(frozen=True)
-class Committed:
-    """A committed checkpoint as opened: marker, manifest and the DCP metadata bytes."""
-
-    marker: Marker
-    manifest: Manifest
-    metadata_bytes: bytes
-    manifest_bytes: bytes = b""
-    canonical: bool = True  # the canonical manifest and .metadata are the committed ones
 
 
 def publish(
@@ -339,163 +302,6 @@ def finish_publish(
     )
     log.info("%s: finished a commit cut short after its marker (canonical copies)", store.url)
     return True
-
-
-def _read_marker(store: Store) -> Marker:
-    try:
-        data = get_capped(store, MARKER_NAME, MAX_MARKER_SIZE)
-    except StoreNotFoundError:
-        raise IncompleteCheckpointError(
-            f"{store.url} has no {MARKER_NAME} marker: the save did not finish (or this is not "
-            "a checkpoint). Restore an earlier checkpoint; CheckpointManager.restore() picks "
-            "the newest committed one."
-        ) from None
-    return Marker.from_bytes(data, store.describe(MARKER_NAME))
-
-
-def _get_first(
-    store: Store,
-    names: list[str],
-    ok: object,
-    early: dict[str, Future[bytes]] | None = None,
-    size: int = 0,
-) -> tuple[str, bytes] | None:
-    """The first of ``names`` whose bytes are ``ok`` (which they can be only if ``size``
-    bytes long: no more than ``size + 1`` are read). A read started ``early`` (beside the
-    marker's, capped) stands for the object unless it failed, in which case it is read again
-    (not there then, too big to read early, or a transient error: the new read raises what
-    is still wrong). Bytes that changed after an early read are the marker's business: a
-    marker written since names its attempt's own copies, which come next in ``names``."""
-    for name in names:
-        started = early.pop(name, None) if early else None
-        if started is not None:
-            try:
-                data = started.result()
-            except (CkptStoreError, OSError):
-                pass
-            else:
-                if ok(data):  # type: ignore[operator]
-                    return name, data
-                continue
-        try:
-            data = store.get(name, 0, size + 1)
-        except StoreNotFoundError:
-            continue
-        if ok(data):  # type: ignore[operator]
-            return name, data
-    return None
-
-
-def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
-    """Open a committed checkpoint, or raise Incomplete/CorruptCheckpointError saying why.
-
-    Every read is retried per ``retry`` (default ``RetryConfig()``) unless ``store`` is
-    already a retrying view."""
-    store = retrying(store, retry)
-    # Three small reads, each a round trip on an object store: the canonical manifest and
-    # .metadata are read alongside the marker, and used only if they match it (a pool per
-    # call: a module-level one would hang in a forked child).
-    with ThreadPoolExecutor(2, thread_name_prefix="ckptstore-open") as pool:
-        early = {
-            name: pool.submit(get_capped, store, name, EARLY_READ_LIMIT)
-            for name in (MANIFEST_NAME, METADATA_NAME)
-        }
-        return _open(store, _read_marker(store), early)
-
-
-def _open(store: Store, marker: Marker, early: dict[str, Future[bytes]]) -> Committed:
-    names = [MANIFEST_NAME] + ([attempt_manifest_name(marker.attempt)] if marker.attempt else [])
-    found = _get_first(store, names, marker.matches, early, marker.manifest_size)
-    if found is None:
-        raise CorruptCheckpointError(
-            f"{store.url}: the manifest does not match the checksum in {MARKER_NAME} (or is "
-            "missing); the checkpoint is damaged. Restore the previous checkpoint."
-        )
-    manifest_name, manifest_bytes = found
-    manifest = Manifest.from_bytes(manifest_bytes, store.describe(MANIFEST_NAME))
-    entry = manifest.files.get(METADATA_NAME)
-    if entry is None or entry.size > MAX_METADATA_SIZE:
-        raise CorruptCheckpointError(
-            f"{store.url}: the manifest does not list {METADATA_NAME} (or at more than "
-            f"{MAX_METADATA_SIZE} bytes); the checkpoint is damaged"
-        )
-    names = [METADATA_NAME] + ([attempt_metadata_name(marker.attempt)] if marker.attempt else [])
-
-    def metadata_ok(data: bytes) -> bool:
-        return len(data) == entry.size and crc32c(data) == entry.crc32c
-
-    got = _get_first(store, names, metadata_ok, early, entry.size)
-    if got is None:
-        raise CorruptCheckpointError(
-            f"{store.describe(METADATA_NAME)} is missing or does not match the manifest; the "
-            "checkpoint is damaged. Restore the previous checkpoint."
-        )
-    metadata_name, metadata_bytes = got
-    if manifest_name == MANIFEST_NAME and metadata_name != METADATA_NAME:
-        if store.exists(METADATA_NAME):  # written after ours (ours goes before the manifest)
-            raise CorruptCheckpointError(
-                f"{store.describe(METADATA_NAME)} is not the one ckptstore committed: another "
-                "writer (a stock dcp.save into this directory?) replaced it after the commit, "
-                "so stock readers now load a different checkpoint than the manifest vouches "
-                "for. The directory no longer holds one consistent checkpoint: restore the "
-                "previous one, and give every save a directory of its own."
-            )
-    canonical = manifest_name == MANIFEST_NAME and metadata_name == METADATA_NAME
-    return Committed(marker, manifest, metadata_bytes, manifest_bytes, canonical)
-
-
-def committed_from_bytes(
-    marker: Marker, manifest_bytes: bytes, metadata_bytes: bytes, where: str
-) -> Committed:
-    """A committed checkpoint rebuilt from what another process read of it (its marker,
-    manifest and ``.metadata`` bytes), checked as ``open_committed`` checks them, without
-    any store read: the marker must commit exactly these manifest bytes and the manifest
-    must record exactly these ``.metadata`` bytes. Raises ``CorruptCheckpointError``
-    naming ``where`` (the checkpoint's URL) otherwise. ``canonical`` is left True: the
-    rebuilt copy is for reading, never for finishing a publish."""
-    if not isinstance(marker, Marker) or not marker.matches(bytes(manifest_bytes)):
-        raise CorruptCheckpointError(
-            f"{where}: the manifest handed over does not match the checksum in its "
-            f"{MARKER_NAME}; it was not verified, so it is not used. Restore the checkpoint "
-            "again (or the previous one)."
-        )
-    manifest = Manifest.from_bytes(bytes(manifest_bytes), f"{where}/{MANIFEST_NAME}")
-    entry = manifest.files.get(METADATA_NAME)
-    if entry is None:
-        raise CorruptCheckpointError(f"{where}: the manifest does not list {METADATA_NAME}")
-    if len(metadata_bytes) != entry.size or crc32c(metadata_bytes) != entry.crc32c:
-        raise CorruptCheckpointError(
-            f"{where}/{METADATA_NAME} handed over does not match the manifest; it was not "
-            "verified, so it is not used. Restore the checkpoint again (or the previous one)."
-        )
-    return Committed(marker, manifest, bytes(metadata_bytes), bytes(manifest_bytes))
-
-
-class CheckpointStatus(str, Enum):
-    """What a step directory holds. A ``str``: comparisons with the plain names and JSON
-    keep working. ``checkpoint_status`` returns the first three; the others are what the
-    catalog and the CLI conclude from more than the marker."""
-
-    COMMITTED = "committed"  # COMMITTED matches a manifest copy
-    INCOMPLETE = "incomplete"  # no marker: a save that did not finish (or one in flight)
-    CORRUPT = "corrupt"  # a marker that matches no manifest copy
-    DAMAGED = "damaged"  # committed, but its files or .metadata do not match the manifest
-    STOCK = "stock"  # a stock DCP checkpoint: .metadata, no ckptstore manifest or marker
-    UNKNOWN = "unknown"  # not looked at (a listing without statuses)
-
-    def __str__(self) -> str:
-        return self.value
-
-
-def checkpoint_status(store: Store, retry: RetryConfig | None = None) -> CheckpointStatus:
-    """``COMMITTED``, ``INCOMPLETE`` (no marker) or ``CORRUPT`` (marker/manifest mismatch)."""
-    try:
-        open_committed(store, retry)
-    except IncompleteCheckpointError:
-        return CheckpointStatus.INCOMPLETE
-    except CorruptCheckpointError:
-        return CheckpointStatus.CORRUPT
-    return CheckpointStatus.COMMITTED
 
 
 def uncommit(store: Store) -> None:

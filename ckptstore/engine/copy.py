@@ -31,13 +31,12 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from ckptstore.engine.commit import (
+from ckptstore.engine.commit import publish, uncommit
+from ckptstore.engine.committed import (
     METADATA_NAME,
     attempt_manifest_name,
     attempt_metadata_name,
     open_committed,
-    publish,
-    uncommit,
 )
 from ckptstore.engine.deletion import remove_made
 from ckptstore.engine.lease import hold_step_lease

@@ -18,7 +18,7 @@ from collections.abc import Collection, Iterable
 
 from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
 from ckptstore.engine.catalog import list_steps
-from ckptstore.engine.commit import Committed
+from ckptstore.engine.committed import Committed
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME, Manifest, Marker
 from ckptstore.engine.store import Store

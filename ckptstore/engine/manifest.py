@@ -2,7 +2,7 @@
 
 On storage it is ``ckptstore.manifest.json``; its CRC32C is what the ``COMMITTED`` marker
 holds. Unknown keys are ignored (forward compatible); a newer major ``version`` is refused.
-``codec`` is the codec's versioned descriptor (``zstd/1``, see ``engine.codecs``), except
+``codec`` is the codec's versioned descriptor (``zstd/1``, see ``engine.codec_registry``), except
 that uncompressed checkpoints record a bare ``none``: older ckptstore readers took any
 other string for zstd. A bare name reads as version 1; whether the codec is known is
 checked by whoever decodes (a manifest naming an unknown codec still parses).
@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ckptstore.engine.checksum import crc32c, format_crc, parse_crc
-from ckptstore.engine.codecs import find_codec, parse_descriptor
+from ckptstore.engine.codec_registry import find_codec, parse_descriptor
 from ckptstore.engine.paths import is_safe_name
 from ckptstore.errors import CorruptCheckpointError
 

@@ -27,7 +27,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from ckptstore.engine.checksum import crc32c, crc32c_combine, format_crc
-from ckptstore.engine.commit import Committed, open_committed
+from ckptstore.engine.committed import Committed, open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, RangeEntry
 from ckptstore.engine.paths import check_name
 from ckptstore.engine.store import Store

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ckptstore.config import TransferConfig
-from ckptstore.engine.codecs import get_codec
+from ckptstore.engine.codec_registry import get_codec
 from ckptstore.engine.names import KEY_LAYOUTS
 from ckptstore.errors import ConfigError
 from ckptstore.manager.retention import KeepLast, RetentionPolicy

@@ -19,7 +19,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ckptstore.engine.catalog import scan_root
-from ckptstore.engine.commit import CheckpointStatus, checkpoint_status, open_committed
+from ckptstore.engine.committed import CheckpointStatus, checkpoint_status, open_committed
 from ckptstore.engine.deletion import (
     UploadDecision,
     abort_uploads,

@@ -24,12 +24,8 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ckptstore.dcp import save_load as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.catalog import list_steps
-from ckptstore.engine.commit import (
-    Committed,
-    committed_from_bytes,
-    finish_publish,
-    open_committed,
-)
+from ckptstore.engine.commit import finish_publish
+from ckptstore.engine.committed import Committed, committed_from_bytes, open_committed
 from ckptstore.engine.local_tier import local_copy_matches, local_files
 from ckptstore.engine.manifest import Marker
 from ckptstore.engine.names import step_name

@@ -19,7 +19,7 @@ from typing import Any
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ckptstore import errors
-from ckptstore.engine.commit import CheckpointStatus, open_committed
+from ckptstore.engine.committed import CheckpointStatus, open_committed
 from ckptstore.engine.local_tier import local_tier_keeps
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.names import step_name

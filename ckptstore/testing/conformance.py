@@ -36,7 +36,8 @@ import pytest
 
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.commit import open_committed, publish
+from ckptstore.engine.commit import publish
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.create_only import NonAtomicCreateWarning
 from ckptstore.engine.deletion import abort_uploads, plan_uploads
 from ckptstore.engine.manifest import FileEntry, Manifest

@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 
 from ckptstore.engine.catalog import SkippedEntryWarning, scan_root
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
 from ckptstore.engine.store import Multipart, Store
 from ckptstore.errors import CorruptCheckpointError, UnsafePathError

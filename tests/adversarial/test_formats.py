@@ -227,7 +227,7 @@ def test_fuzz_metadata_fields(saved: dict[str, Path], data: st.DataObject) -> No
 # -- manifest and marker ---------------------------------------------------------------
 import json  # noqa: E402
 
-from ckptstore.engine.commit import open_committed  # noqa: E402
+from ckptstore.engine.committed import open_committed  # noqa: E402
 from ckptstore.engine.manifest import (  # noqa: E402
     MANIFEST_NAME,
     MARKER_NAME,

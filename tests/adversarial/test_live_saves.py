@@ -23,7 +23,7 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.engine.commit import checkpoint_status
+from ckptstore.engine.committed import checkpoint_status
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.lease import STALE_AFTER_S, is_lease_name, lease_name
 from ckptstore.engine.manifest import MARKER_NAME

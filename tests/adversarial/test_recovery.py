@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ckptstore.engine.catalog import list_steps, step_name
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import KeepLast
 from ckptstore.stores.local import LocalStore

@@ -22,7 +22,7 @@ import time
 import pytest
 import torch
 
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.lease import STALE_AFTER_S
 from ckptstore.engine.names import OWNER_NAME
 from ckptstore.engine.owner import read_owner, run_identity

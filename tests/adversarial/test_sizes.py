@@ -423,10 +423,10 @@ def test_a_malformed_rng_state_on_one_rank_makes_every_rank_fall_back(tmp_path: 
 def test_a_control_file_bigger_than_the_early_read_is_read_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from ckptstore.engine import commit
+    from ckptstore.engine import committed
 
     step_dir = two_steps(tmp_path / "root")
-    monkeypatch.setattr(commit, "EARLY_READ_LIMIT", 16)  # every manifest is "too big"
+    monkeypatch.setattr(committed, "EARLY_READ_LIMIT", 16)  # every manifest is "too big"
     reader = ckptstore.reader(f"file://{step_dir}")  # opened, verified: no early copy used
     assert reader.manifest is not None and reader.manifest.step == 2
 

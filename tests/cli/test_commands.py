@@ -13,7 +13,8 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckptstore.engine.commit import open_committed, publish
+from ckptstore.engine.commit import publish
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.transfer import TransferEngine
 from tests.cli.conftest import Backend, sample_state, save_ckpt, step, tear

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ckptstore.config import TransferConfig
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.copy import copy_checkpoint
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.transfer import TransferEngine

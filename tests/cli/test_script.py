@@ -18,7 +18,7 @@ import time
 import pytest
 import torch
 
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MARKER_NAME
 from tests.cli.conftest import REPO, Backend, run_script, sample_state, save_ckpt, script_env
 

@@ -16,7 +16,8 @@ import torch.distributed.checkpoint as dcp
 import ckptstore
 from ckptstore.cli.main import main as cli_main
 from ckptstore.dcp.transcode import transcode
-from ckptstore.engine.codecs import Codec, get_codec, register_codec
+from ckptstore.engine.codec_registry import get_codec, register_codec
+from ckptstore.engine.codecs import Codec
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Marker
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import ConfigError, CorruptCheckpointError, MissingDependencyError

@@ -9,7 +9,7 @@ import torch
 
 import ckptstore
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import Manifest, RangeEntry, Span
 from ckptstore.errors import CorruptCheckpointError, StoreAccessError
 from ckptstore.stores.local import LocalStore

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.stores.local import LocalStore
 from harness.dist import run_distributed
 

@@ -9,7 +9,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckptstore
-from ckptstore.engine.commit import checkpoint_status
+from ckptstore.engine.committed import checkpoint_status
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.stores.local import LocalStore
 

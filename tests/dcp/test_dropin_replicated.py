@@ -13,7 +13,7 @@ import torch
 
 import ckptstore
 from ckptstore.dcp.staged import StagedWriter
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.stores import open_store
 from harness.dist import run_distributed
 

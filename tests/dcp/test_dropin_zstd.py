@@ -12,7 +12,7 @@ from torch.distributed.checkpoint._extension import ZStandard
 
 import ckptstore
 from ckptstore.dcp.reader import StockCheckpointWarning
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.stores.local import LocalStore
 

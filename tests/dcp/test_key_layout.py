@@ -8,7 +8,7 @@ import torch.distributed.checkpoint as dcp
 
 import ckptstore
 from ckptstore.dcp.writer import shard_prefix
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.errors import ConfigError
 from ckptstore.stores.local import LocalStore
 

@@ -8,7 +8,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckptstore
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.errors import (
     CheckpointExistsError,

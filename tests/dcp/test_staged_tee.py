@@ -6,7 +6,7 @@ import torch.distributed.checkpoint as dcp
 
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.dcp.staged import StagedWriter
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.local_tier import local_copy_matches
 from ckptstore.errors import StoreAccessError
 from ckptstore.stores.local import LocalStore

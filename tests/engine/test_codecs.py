@@ -1,4 +1,4 @@
-"""The codec registry (``ckptstore.engine.codecs``) and the manifest's codec descriptor."""
+"""The codec registry (``ckptstore.engine.codec_registry``) and the manifest's codec descriptor."""
 
 from __future__ import annotations
 
@@ -10,10 +10,7 @@ import sys
 import pytest
 import zstandard
 
-from ckptstore.engine.codecs import (
-    Codec,
-    NoneCodec,
-    ZstdCodec,
+from ckptstore.engine.codec_registry import (
     codec_names,
     find_codec,
     get_codec,
@@ -22,6 +19,7 @@ from ckptstore.engine.codecs import (
     stored_codec,
     transform_codec,
 )
+from ckptstore.engine.codecs import Codec, NoneCodec, ZstdCodec
 from ckptstore.engine.manifest import Manifest
 from ckptstore.errors import ConfigError, CorruptCheckpointError
 
@@ -175,7 +173,7 @@ def test_dcp_transforms_map_onto_the_registry() -> None:
 def test_the_registry_imports_no_torch_and_zstandard_only_when_used() -> None:
     code = (
         "import sys\n"
-        "import ckptstore.engine.codecs as c, ckptstore.engine.manifest\n"
+        "import ckptstore.engine.codec_registry as c, ckptstore.engine.manifest\n"
         "assert 'torch' not in sys.modules and 'zstandard' not in sys.modules\n"
         "c.get_codec('zstd')\n"
         "assert 'zstandard' in sys.modules and 'torch' not in sys.modules\n"
@@ -223,7 +221,7 @@ def test_installed_packages_add_codecs_through_the_entry_point_group(tmp_path) -
         "[ckptstore.codecs]\nrot = rot_plugin:Rot\nbroken = no_such_module:Codec\n"
     )
     code = (
-        "from ckptstore.engine.codecs import codec_names, get_codec, stored_codec\n"
+        "from ckptstore.engine.codec_registry import codec_names, get_codec, stored_codec\n"
         "assert 'plugin-rot' in codec_names(), codec_names()\n"
         "c = get_codec('plugin-rot')\n"
         "assert c.decode(c.encode(memoryview(b'abc')), 3) == b'abc'\n"

@@ -15,7 +15,7 @@ import ckptstore
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
+from ckptstore.engine.committed import CheckpointStatus, checkpoint_status
 from ckptstore.engine.filewriter import SMALL_PART
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.names import TMP_MARK

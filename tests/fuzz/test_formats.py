@@ -22,7 +22,7 @@ from hypothesis import strategies as st
 import ckptstore
 from ckptstore.dcp.metadata import load_metadata
 from ckptstore.dcp.metadata_bounds import check_metadata
-from ckptstore.engine.codecs import get_codec
+from ckptstore.engine.codec_registry import get_codec
 from ckptstore.engine.manifest import MAX_MARKER_SIZE, Manifest, Marker
 from ckptstore.errors import CorruptCheckpointError, UnsafePickleError
 from ckptstore.manager.state import RNGState, _load_rng

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from ckptstore.dcp.reader import CkptReader
-from ckptstore.engine.commit import METADATA_NAME, Committed, open_committed
+from ckptstore.engine.committed import METADATA_NAME, Committed, open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Marker
 from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Entry, Store

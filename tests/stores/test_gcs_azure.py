@@ -18,7 +18,7 @@ import pytest
 
 import ckptstore
 from ckptstore.config import RetryConfig, TransferConfig
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine

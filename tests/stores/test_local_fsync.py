@@ -17,7 +17,7 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.engine.commit import CheckpointStatus, checkpoint_status
+from ckptstore.engine.committed import CheckpointStatus, checkpoint_status
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.names import TMP_MARK
 from ckptstore.errors import DurabilityError

@@ -12,7 +12,7 @@ import torch
 
 import ckptstore
 from ckptstore.dcp.writer import shard_prefix
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.store import Buffer
 from ckptstore.errors import (

@@ -10,7 +10,7 @@ import torch
 
 import ckptstore
 from ckptstore.config import MiB, TransferConfig
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.stores.s3 import S3Store
 from ckptstore.testing.faults import FaultyStore

@@ -14,7 +14,7 @@ import torch
 
 import ckptstore
 from ckptstore.config import MiB, TransferConfig
-from ckptstore.engine.commit import open_committed
+from ckptstore.engine.committed import open_committed
 from ckptstore.engine.readplan import READ_PIECE, piece_size, read_streams
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.stores.s3 import S3Store
