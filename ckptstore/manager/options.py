@@ -109,7 +109,7 @@ class ManagerOptions:
     ) -> ManagerOptions:
         """``base`` (default: the defaults) with ``keywords`` replacing its fields.
 
-        An unknown keyword is a ``TypeError`` listing the known ones; an old name
+        An unknown keyword is a ``ConfigError`` listing the known ones; an old name
         (``RENAMED``) one naming its new name."""
         known = {f.name for f in dataclasses.fields(cls)}
         for name in keywords:
