@@ -189,6 +189,22 @@ def test_torchrun_block_matches_the_scripts_and_needs_no_environment() -> None:
     _help(os.path.join(REPO, tokens[1]))
 
 
+@pytest.mark.processes
+def test_the_demo_script_starts_as_make_demo_runs_it() -> None:
+    """``make demo`` runs ``python tools/demo.py``: its folder comes first on ``sys.path``,
+    where nothing may shadow the installed harness (a ``tools/harness`` folder once did)."""
+    proc = subprocess.run(
+        [sys.executable, "tools/demo.py", "--help"],
+        cwd=REPO,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "usage: demo.py" in proc.stdout
+
+
 def test_multinode_torchrun_block_names_a_registered_backend() -> None:
     """The several-nodes line parses as torchrun's own arguments, and the backend it names
     is one torchrun's registry makes (the entry point ckptstore installs)."""

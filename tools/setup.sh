@@ -5,9 +5,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 stamp=.venv/.ckptstore-setup
-want=$(cat tools/requirements-dev.txt tools/constraints.txt pyproject.toml plugins/*/pyproject.toml \
-  tools/harness/pyproject.toml \
-  tools/package.json | sha1sum | cut -d' ' -f1)
+# The inputs' contents and their paths (an editable install points at its folder: a moved
+# plugin or harness must be installed again).
+inputs="tools/requirements-dev.txt tools/constraints.txt pyproject.toml plugins/*/pyproject.toml
+  tools/ckptstore-harness/pyproject.toml tools/package.json"
+want=$( (echo $inputs; cat $inputs) | sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
@@ -25,8 +27,8 @@ pip install -q -c tools/constraints.txt -r tools/requirements-dev.txt
 pip install -q -c tools/constraints.txt --no-deps -e .
 # The framework plugins, each its own distribution (plugins/*), after the core they pin.
 pip install -q -c tools/constraints.txt --no-deps -e plugins/lightning -e plugins/hf
-# The test harness (tools/harness): a dev-only distribution the tests, benchmarks and demo import.
-pip install -q -c tools/constraints.txt --no-deps -e tools/harness
+# The test harness (tools/ckptstore-harness): a dev-only distribution the tests, benchmarks and demo import.
+pip install -q -c tools/constraints.txt --no-deps -e tools/ckptstore-harness
 pip check
 # Azurite (Microsoft's Azure Blob emulator) for the Azure tests.
 if command -v npm >/dev/null 2>&1; then

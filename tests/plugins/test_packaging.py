@@ -125,8 +125,15 @@ def _wheel(tmp_path, folder: str, copy: list[str], glob: str) -> list[str]:
 
 @pytest.mark.processes
 def test_the_core_wheel_ships_the_library_and_no_plugin_or_test_code(tmp_path) -> None:
-    # plugins/, tools/harness/ and tests/ present beside the package, as in the checkout
-    copy = ["ckptstore", "pyproject.toml", "README.md", "tools/harness", "tests", "plugins"]
+    # plugins/, the harness and tests/ present beside the package, as in the checkout
+    copy = [
+        "ckptstore",
+        "pyproject.toml",
+        "README.md",
+        "tools/ckptstore-harness",
+        "tests",
+        "plugins",
+    ]
     names = _wheel(tmp_path, "", copy, "ckptstore-*.whl")
     assert "ckptstore/py.typed" in names
     assert "ckptstore/testing/faults.py" in names

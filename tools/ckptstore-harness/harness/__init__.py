@@ -1,4 +1,4 @@
-"""The project's test harness (``tools/harness``, the dev-only ``ckptstore-harness``
+"""The project's test harness (``tools/ckptstore-harness``, the dev-only ``ckptstore-harness``
 distribution that ``tools/setup.sh`` installs editable; never in the ckptstore wheel):
 object-store server launchers (``seaweedfs``, ``azurite``, ``fakegcs``, ``motoserver``,
 ``servers``, ``objstore``), a fault-injecting TCP proxy (``proxy``), multi-process runs
