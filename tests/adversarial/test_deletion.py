@@ -166,7 +166,7 @@ def test_damaged_steps_neither_count_nor_go(tmp_path) -> None:
 
 
 # -- local_tier_dir overlapping the root -----------------------------------------------------
-def test_staging_dir_overlapping_the_root_is_a_config_error(tmp_path) -> None:
+def test_a_local_tier_overlapping_the_root_is_a_config_error(tmp_path) -> None:
     from ckptstore.dcp.staged import StagedWriter
 
     root = str(tmp_path / "root")

@@ -103,7 +103,7 @@ def test_the_readme_pattern_with_a_file_root_exits_non_zero(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("kind", ["symlink", "file"])
-def test_a_foreign_step_entry_in_staging_dir_changes_nothing(tmp_path, kind) -> None:
+def test_a_foreign_step_entry_in_the_local_tier_changes_nothing(tmp_path, kind) -> None:
     staging, elsewhere = tmp_path / "nvme", tmp_path / "elsewhere"
     staging.mkdir()
     (elsewhere / step_name(1)).mkdir(parents=True)
