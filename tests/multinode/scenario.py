@@ -79,10 +79,12 @@ def final(d: str, rank: int) -> dict[str, Any]:
     return torch.load(f"{d}/out/final.rank{rank}.pt", weights_only=False)
 
 
-def assert_same_final(d: str, ref: str) -> None:
+def assert_same_final(d: str, ref: str, steps: int = STEPS) -> None:
+    """Ranks 0 and 1 of the run in ``d`` ended at ``steps`` with the model, optimizer and
+    RNG state of the run in ``ref``, bitwise."""
     for rank in (0, 1):
         got, want = final(d, rank), final(ref, rank)
-        assert got["step"] == want["step"] == STEPS
+        assert got["step"] == want["step"] == steps
         for part in ("model", "optim"):
             flat_got = torch.utils._pytree.tree_flatten(got[part])[0]
             flat_want = torch.utils._pytree.tree_flatten(want[part])[0]

@@ -17,7 +17,6 @@ import time
 from typing import Any
 
 import pytest
-import torch
 
 from harness.chaos import KillRecord
 from harness.nodelog import goodput, job_attempts
@@ -29,6 +28,7 @@ from tests.multinode.scenario import (
     GLOBAL_BATCH,
     SAMPLES,
     SCRIPT,
+    assert_same_final,
     join_deadline,
     restores,
     tier,
@@ -211,16 +211,4 @@ def test_grow_one_to_two_to_three_nodes_then_one_leaves(tmp_path, data) -> None:
                      max_restarts=0) as fixed:  # fmt: skip
             fixed.start()
             fixed.wait()
-    for rank in (0, 1):
-        got = torch.load(f"{d}/out/final.rank{rank}.pt", weights_only=False)
-        want = torch.load(f"{ref}/out/final.rank{rank}.pt", weights_only=False)
-        assert got["step"] == want["step"] == steps
-        for part in ("model", "optim", "rng"):
-            flat_got = torch.utils._pytree.tree_flatten(got[part])[0]
-            flat_want = torch.utils._pytree.tree_flatten(want[part])[0]
-            assert len(flat_got) == len(flat_want)
-            for x, y in zip(flat_got, flat_want):
-                if isinstance(x, torch.Tensor):
-                    assert torch.equal(x, y), part
-                else:
-                    assert x == y, part
+    assert_same_final(d, ref, steps)

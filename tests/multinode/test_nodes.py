@@ -15,6 +15,7 @@ import pytest
 
 from harness.chaos import KillRecord
 from harness.nodelog import goodput
+from harness.nodes import NodeJob
 from tests.multinode.scenario import (
     BACKENDS,
     EVERY,
@@ -57,21 +58,7 @@ def test_node_replaced_restores_from_the_remote_while_the_other_reads_locally(
 ) -> None:
     d = str(tmp_path)
     with job(d, data, max_restarts=2, rdzv_backend=backend) as nj:
-        t0 = time.monotonic()
-        nj.start()
-        nj.wait_until("both workers in their group", lambda: nj.joined(0) and nj.joined(1))
-        startup = time.monotonic() - t0
-        nj.wait_commit(EVERY * 2)
-        t_kill = time.time()
-        nj.replace_node(1)  # agent and worker SIGKILLed, node dir wiped, a new agent started
-        t1 = time.monotonic()
-        # Where stock c10d hangs: NodeError (every agent killed) at the join deadline;
-        # the rest of the run has the job's deadline.
-        nj.wait_until("the replacement's worker in the group", lambda: nj.joined(1),
-                      within=join_deadline(startup))  # fmt: skip
-        join = time.monotonic() - t1
-        print(f"start-up {startup:.2f} s; the replacement joined in {join:.2f} s "
-              f"({join / startup:.2f}x the start-up)")  # fmt: skip
+        t_kill = _replace_after_a_commit(nj, 1)
         nj.wait()
     assert_same_final(d, reference)
     (survivor,) = restores(nj, 0)
@@ -93,25 +80,34 @@ def test_node_0_replaced_when_the_launcher_hosts_the_rendezvous_store(
     node 0 is replaced like any other, and the job ends as the uninterrupted run does."""
     d = str(tmp_path)
     with job(d, data, max_restarts=2, external_store=True) as nj:
-        t0 = time.monotonic()
-        nj.start()
-        nj.wait_until("both workers in their group", lambda: nj.joined(0) and nj.joined(1))
-        startup = time.monotonic() - t0
-        nj.wait_commit(EVERY * 2)
-        t_kill = time.time()
-        nj.replace_node(0)  # the agent the store would have lived in, by default
-        t1 = time.monotonic()
-        nj.wait_until("the replacement's worker in the group", lambda: nj.joined(0),
-                      within=join_deadline(startup))  # fmt: skip
-        join = time.monotonic() - t1
+        t_kill = _replace_after_a_commit(nj, 0)  # the agent hosting the store, by default
         nj.wait()
     assert_same_final(d, reference)
     (survivor,) = restores(nj, 1)
     (replaced,) = restores(nj, 0)
     assert survivor["restored"] == replaced["restored"] >= EVERY * 2
     assert tier(replaced) == "remote", replaced["restore_log"]
-    print(f"start-up {startup:.2f} s; node 0's replacement joined in {join:.2f} s "
-          f"({join / startup:.2f}x the start-up)")  # fmt: skip
     for node, ready in ((0, replaced), (1, survivor)):
         print(f"node {node}: {ready['restore_log']}, ready {ready['t'] - t_kill:.2f} s after "
               "the kill")  # fmt: skip
+
+
+def _replace_after_a_commit(nj: NodeJob, node: int) -> float:
+    """Start both nodes, and once step 8 is committed replace ``node`` whole (agent and
+    worker SIGKILLed, its directory wiped, a new agent started); returns the kill's time
+    once the replacement's worker is in the group. Where stock c10d hangs, NodeError
+    (every agent killed) at the join deadline; the rest of the run has the job's."""
+    t0 = time.monotonic()
+    nj.start()
+    nj.wait_until("both workers in their group", lambda: nj.joined(0) and nj.joined(1))
+    startup = time.monotonic() - t0
+    nj.wait_commit(EVERY * 2)
+    t_kill = time.time()
+    nj.replace_node(node)
+    t1 = time.monotonic()
+    nj.wait_until("the replacement's worker in the group", lambda: nj.joined(node),
+                  within=join_deadline(startup))  # fmt: skip
+    join = time.monotonic() - t1
+    print(f"start-up {startup:.2f} s; node {node}'s replacement joined in {join:.2f} s "
+          f"({join / startup:.2f}x the start-up)")  # fmt: skip
+    return t_kill

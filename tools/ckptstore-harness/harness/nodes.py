@@ -183,6 +183,7 @@ class NodeJob:
         self.python = python
         self.port = free_port()
         self.rdzv_id = uuid.uuid4().hex[:12]
+        self.store_mark = f"{self.rdzv_id}.store"  # MARK of the external store's process
         self.deadline = time.monotonic() + timeout_s
         root = checkout_root()
         self.env = dict(os.environ)
@@ -241,7 +242,7 @@ class NodeJob:
         if self.external_store:
             self.store_proc = subprocess.Popen(
                 [self.python, "-c", _STORE_SERVER, str(self.port)],
-                env={**self.env, MARK: f"{self.rdzv_id}.store"},
+                env={**self.env, MARK: self.store_mark},
                 start_new_session=True,
             )
             self._until("the rendezvous store", self._store_up)
@@ -388,10 +389,10 @@ class NodeJob:
         still there after that."""
         for node in self.nodes:
             self.kill_node(node.index)
-        _kill_marked(f"{self.rdzv_id}.store")
+        _kill_marked(self.store_mark)
         if self.store_proc is not None:
             self.store_proc.wait()
-        marks = [node.mark for node in self.nodes] + [f"{self.rdzv_id}.store"]
+        marks = [node.mark for node in self.nodes] + [self.store_mark]
         left = [pid for mark in marks for pid in _marked(mark)]
         if left:
             raise NodeError(f"processes of the job outlived kill_all: {sorted(left)}")
