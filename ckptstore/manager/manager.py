@@ -31,8 +31,10 @@ from ckptstore.errors import ConfigError
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.failures import FailureLog, interrupted
+from ckptstore.manager.nodes import Nodes
 from ckptstore.manager.options import ManagerOptions, SaveOptions
 from ckptstore.manager.ownership import RootOwner, describe_run, run_of
+from ckptstore.manager.peer_tier import PeerTier
 from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
 from ckptstore.manager.report import report, size_text
 from ckptstore.manager.restore import StepLoader
@@ -115,6 +117,10 @@ class CheckpointManager:
             process_group=self._pg,
             agree=self._agree,
         )
+        # Which ranks share a node's local tier (gathered once, on the checkpoint group);
+        # the trim and the peer tier both act through each node's leader.
+        nodes = Nodes(opts.local_tier_dir, self._pg)
+        self._peers = PeerTier(nodes, opts.replicas, opts.replica_rate)
         self._loader = StepLoader(
             self.root,
             engine=self.engine,
@@ -122,6 +128,7 @@ class CheckpointManager:
             allow_pickle=opts.allow_pickle,
             process_group=self._pg,
             agree=self._agree,
+            peers=self._peers,
         )
         self._failures = FailureLog(self.root.url, opts.strict)
         self._flow = SaveFlow(
@@ -129,7 +136,7 @@ class CheckpointManager:
             opts,
             self._backend,
             agree=self._agree,
-            group=self._pg,
+            peers=self._peers,
             failures=self._failures,
             owner=self._owner,
             run_id=self.run_id,

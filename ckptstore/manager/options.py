@@ -18,6 +18,7 @@ from typing import Any
 from ckptstore.config import TransferConfig
 from ckptstore.engine.codec_registry import get_codec
 from ckptstore.engine.names import KEY_LAYOUTS
+from ckptstore.engine.replicas import check_replicas
 from ckptstore.errors import ConfigError
 from ckptstore.manager.retention import KeepLast, RetentionPolicy
 
@@ -64,6 +65,11 @@ class ManagerOptions:
     allow_pickle: restore unpickles any object item (only for roots you trust).
     max_staging_bytes: host memory a save stages into, at most (None: the whole state).
     run_id: this job's identity (default: from the launcher; see ``engine.owner``).
+    replicas: peer nodes that get a copy of each node's local-tier shards after a save
+        (the peer tier, ``manager.peer_tier``): a replaced node restores from them, not
+        from the bucket. Only with a local tier and two nodes or more; 0: none.
+    replica_rate: bytes/s each node sends to its peers at most (None: as fast as the
+        checkpoint group carries them), so that replication leaves training's network.
     """
 
     storage_options: Mapping[str, Any] | None = None
@@ -81,6 +87,8 @@ class ManagerOptions:
     allow_pickle: bool = False
     max_staging_bytes: int | None = None
     run_id: str | None = None
+    replicas: int = 1
+    replica_rate: int | None = None
 
     def __post_init__(self) -> None:
         if self.keep is None:  # None means the default, as it does for the keyword
@@ -96,6 +104,16 @@ class ManagerOptions:
                 f"not {self.key_layout!r}"
             )
         check_budget(self.max_staging_bytes)
+        check_replicas(self.replicas)
+        if self.replica_rate is not None and (
+            isinstance(self.replica_rate, bool)
+            or not isinstance(self.replica_rate, int)
+            or self.replica_rate <= 0
+        ):
+            raise ConfigError(
+                f"replica_rate must be a positive number of bytes/s (or None for no limit), "
+                f"not {self.replica_rate!r}"
+            )
         if isinstance(self.grace_period_s, bool) or not (
             isinstance(self.grace_period_s, (int, float)) and self.grace_period_s > 0
         ):

@@ -13,6 +13,7 @@ local files a restore trusts is ``engine.local_tier``'s rule.
 from __future__ import annotations
 
 import logging
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -25,7 +26,12 @@ from ckptstore.dcp import save_load as dcp  # dcp.load, quiet without a process 
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import finish_publish
-from ckptstore.engine.committed import Committed, committed_from_bytes, open_committed
+from ckptstore.engine.committed import (
+    METADATA_NAME,
+    Committed,
+    committed_from_bytes,
+    open_committed,
+)
 from ckptstore.engine.local_tier import local_copy_matches, local_files
 from ckptstore.engine.manifest import Marker
 from ckptstore.engine.names import step_name
@@ -38,6 +44,7 @@ from ckptstore.errors import (
 )
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.node_tier import NodeTier
+from ckptstore.manager.peer_tier import PeerTier
 from ckptstore.manager.state import RNGState
 from ckptstore.stores.local import LocalStore
 
@@ -107,8 +114,10 @@ class StepLoader:
         allow_pickle: bool,
         process_group: Any,
         agree: Agreement,
+        peers: PeerTier | None = None,
     ) -> None:
         self.root = root
+        self.peers = peers
         self.engine = engine
         self.local_tier_dir = local_tier_dir
         self.allow_pickle = allow_pickle
@@ -263,12 +272,21 @@ class StepLoader:
                 RuntimeWarning,
                 stacklevel=3,
             )
+        if local is None and self.peers is not None:
+            self._fetch_from_peers(step, committed)
         tier = self._node_tier(step, remote, committed) if local is None else None
         if tier is not None:
-            if tier.local_files:
+            data = set(committed.manifest.files) - {METADATA_NAME}  # .metadata: rank 0's bytes
+            if tier.local_files >= data:
                 log.info(
-                    "restoring step %d from the local copy in %s (%d of its files; the rest "
-                    "from %s)", step, self.local_tier_dir, len(tier.local_files), self.root.url,
+                    "restoring step %d from the local copy in %s (all %d of its data files)",
+                    step, self.local_tier_dir, len(data),
+                )  # fmt: skip
+            elif tier.local_files:
+                log.info(
+                    "restoring step %d from the local copy in %s (%d of its %d data files; the "
+                    "rest from %s)", step, self.local_tier_dir, len(tier.local_files & data),
+                    len(data), self.root.url,
                 )  # fmt: skip
             else:  # another node has files of it; this one reads all remotely
                 log.info(
@@ -297,6 +315,28 @@ class StepLoader:
         log.info("restoring step %d from the remote copy in %s", step, self.root.url)
         self.source = f"the remote copy in {self.root.url}"
         return self._load_from(remote, step, state, committed)
+
+    def _fetch_from_peers(self, step: int, committed: Committed) -> None:
+        """Collective: every node gets the files of ``step`` it lacks (or holds damaged)
+        from the peer nodes that hold them (``manager.peer_tier``); a file no node holds
+        is then read from the remote step by the node tier below."""
+        assert self.peers is not None
+        if not self.peers.active:
+            return
+        t = time.perf_counter()
+        got = self.peers.fetch(step, committed.manifest)
+        if got.received:
+            log.info(
+                "step %d: %d bytes copied from peer nodes into %s in %.2f s",
+                step, got.received, self.local_tier_dir, time.perf_counter() - t,
+            )  # fmt: skip
+        if self.is_root and (got.refused or any(got.missing)):
+            lost = sorted(set().union(*got.missing))
+            log.info(
+                "step %d: %d copies from peer nodes not kept (see the warnings); %d files "
+                "held by no node are read from %s: %s",
+                step, got.refused, len(lost), self.root.url, ", ".join(lost[:8]),
+            )  # fmt: skip
 
     def _node_tier(self, step: int, remote: Store, committed: Committed) -> NodeTier | None:
         """This node's share of ``step`` when no rank-agreed whole local copy exists (on

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from ckptstore import errors
 from ckptstore.engine.committed import CheckpointStatus, open_committed
 from ckptstore.engine.local_tier import local_tier_keeps
-from ckptstore.engine.manifest import MARKER_NAME
+from ckptstore.engine.manifest import MARKER_NAME, Manifest
 from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import (
@@ -35,10 +35,12 @@ from ckptstore.manager.failures import FailureLog
 from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.manager.ownership import RootOwner, describe_run, run_of
+from ckptstore.manager.peer_tier import PeerTier
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import SaveRecord, SaveStatus
 from ckptstore.manager.report import report, size_text
 from ckptstore.manager.saving.backend import SaveBackend
+from ckptstore.stores.local import LocalStore
 
 __all__ = ["SaveFlow", "StepView"]
 
@@ -87,7 +89,7 @@ class SaveFlow:
         backend: SaveBackend,
         *,
         agree: Agreement,
-        group: Any,
+        peers: PeerTier,
         failures: FailureLog,
         owner: RootOwner,
         run_id: str,
@@ -99,9 +101,11 @@ class SaveFlow:
         self.records: list[SaveRecord] = []
         self.protected: set[int] = set()
         self.damaged: set[int] = set()
-        #: Every node's local tier trimmed by one decision after each save (on ``group``,
-        #: from the save thread: nothing else uses that group meanwhile).
-        self._local_tiers = LocalTierTrimmer(options.local_tier_dir, group)
+        #: Every node's local tier trimmed by one decision after each save, then the step
+        #: replicated to peer nodes (on the checkpoint group, from the save thread:
+        #: nothing else uses that group meanwhile).
+        self._local_tiers = LocalTierTrimmer(peers.nodes)
+        self._peers = peers
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self.inflight: Future[None] | None = None
 
@@ -281,8 +285,9 @@ class SaveFlow:
             log.error("saving step %d failed: %s", record.step, record.error)
             self.failures.failed(exc)
             local_keeps = None
-        finally:
+        finally:  # collectives on every rank, whatever happened
             self._trim_local_tiers(record, local_keeps)
+            self._replicate(record)
             self.protected.discard(record.step)
             record.background_s = time.perf_counter() - t
             record.total_s = time.perf_counter() - start
@@ -331,3 +336,50 @@ class SaveFlow:
             note = f"trimming the local tier after step {record.step} failed: {exc}"
             log.warning("%s", note)
             record.warnings.append(note)
+
+    def _replicate(self, record: SaveRecord) -> None:
+        """After every save, on every rank (a collective on the checkpoint group, when
+        the peer tier is active): rank 0 hands the committed step's manifest (None: the
+        save failed) and every node's files go to its peers. A failure here (a peer
+        died) is a warning in the save's record: the step is committed all the same,
+        just not replicated."""
+        if not self._peers.active:
+            return
+        manifest = self._committed_manifest(record) if self.rank == 0 else None
+        t = time.perf_counter()
+        try:
+            done = self._peers.replicate(record.step, manifest)
+        except Exception as exc:  # noqa: BLE001 - the save itself is done either way
+            note = (
+                f"replicating step {record.step} to peer nodes failed ({exc}); it is "
+                f"committed in {self.root.url}, not replicated"
+            )
+            log.warning("%s", note)
+            record.warnings.append(note)
+            return
+        if self.rank == 0 and done.copied:
+            log.info(
+                "step %d replicated to peer nodes: %d files, %s, in %.2f s%s",
+                record.step, done.copied, size_text(done.bytes), time.perf_counter() - t,
+                "" if done.complete else f" ({done.refused} copies refused)",
+            )  # fmt: skip
+        if not done.complete:
+            note = f"step {record.step} is not fully replicated ({done.refused} copies refused)"
+            log.warning("%s", note)
+            record.warnings.append(note)
+
+    def _committed_manifest(self, record: SaveRecord) -> Manifest | None:
+        """Rank 0: the manifest of the step ``record`` saved if it committed (read from
+        this node's local copy when it has one, else from the root), or None."""
+        if record.status != SaveStatus.COMMITTED:
+            return None
+        step = record.step
+        places = [self.root.child(step_name(step))]
+        if self.options.local_tier_dir:
+            places.insert(0, LocalStore(self.options.local_tier_dir).child(step_name(step)))
+        for store in places:
+            try:
+                return open_committed(store).manifest
+            except CkptStoreError:
+                continue
+        return None

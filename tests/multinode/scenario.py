@@ -4,6 +4,7 @@ lengths, and the checks on what the training script logged and wrote."""
 from __future__ import annotations
 
 import os
+import re
 from typing import Any
 
 import pytest
@@ -13,7 +14,8 @@ from harness.nodes import NodeError, NodeJob
 
 __all__ = [
     "BACKENDS", "EVERY", "GLOBAL_BATCH", "HEARTBEAT_FLOOR_S", "JOIN_PER_STARTUP", "SAMPLES",
-    "SCRIPT", "STEPS", "assert_same_final", "final", "join_deadline", "job", "restores", "tier",
+    "SCRIPT", "STEPS", "assert_restored_from_peers", "assert_same_final", "final",
+    "join_deadline", "job", "restore_bytes", "restores", "tier",
 ]  # fmt: skip
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -111,3 +113,25 @@ def restores(nj: NodeJob, node: int, incarnation: int | None = None) -> list[dic
 def tier(ready: dict[str, Any]) -> str:
     (msg,) = [m for m in ready["restore_log"] if m.startswith("restoring step")]
     return "local" if "local copy" in msg else "remote"
+
+
+def restore_bytes(ready: dict[str, Any]) -> dict[str, int]:
+    """The bytes a rank's restore read locally, from the remote, and received from peer
+    nodes (the manager's restore log)."""
+    out = {"local": 0, "remote": 0, "peers": 0}
+    for m in ready["restore_log"]:
+        if found := re.match(r"step \d+: (\d+) bytes read locally, (\d+) from the remote", m):
+            out["local"], out["remote"] = int(found[1]), int(found[2])
+        elif found := re.match(r"step \d+: (\d+) bytes copied from peer nodes", m):
+            out["peers"] = int(found[1])
+    return out
+
+
+def assert_restored_from_peers(replaced: dict[str, Any], replicated: int) -> None:
+    """A replaced node's restore: it received files from its peer, and if it restored
+    ``replicated`` (a step whose commit, logged after its replication, every node saw
+    before the kill), it read nothing from the remote."""
+    got = restore_bytes(replaced)
+    assert tier(replaced) == "local" and got["peers"] > 0, replaced["restore_log"]
+    if replaced["restored"] == replicated:
+        assert got["remote"] == 0, replaced["restore_log"]

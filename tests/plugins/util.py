@@ -148,6 +148,8 @@ def every_manager_option(tmp_path: Any) -> dict[str, Any]:
         "allow_pickle": True,
         "max_staging_bytes": 1 << 20,
         "run_id": "run-7",
+        "replicas": 2,
+        "replica_rate": 1 << 20,
     }
     fields = {f.name for f in dataclasses.fields(ManagerOptions)}
     assert set(values) == fields, f"give every_manager_option a value for {fields ^ set(values)}"

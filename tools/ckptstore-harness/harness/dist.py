@@ -25,7 +25,7 @@ import queue
 import socket
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import timedelta
 from typing import Any
 
@@ -97,11 +97,14 @@ def run_distributed(
     timeout: float = 180.0,
     env: dict[str, str] | None = None,
     daemon: bool = True,
+    exits: Collection[int] = (),
 ) -> list[Any]:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` gloo processes; their results.
 
     ``daemon=False`` lets ranks start child processes of their own (DataLoader workers);
-    the ranks are still killed here on failure or timeout.
+    the ranks are still killed here on failure or timeout. Ranks in ``exits`` are meant
+    to die (a fault the test injects): one that ends without a result has its exit code
+    as its result instead of failing the run.
     """
     ctx = _context()
     results = ctx.Queue()
@@ -131,7 +134,12 @@ def run_distributed(
             try:
                 rank, ok, value = results.get(timeout=min(left, 1.0))
             except queue.Empty:
-                dead = [p for p in procs if p.exitcode not in (None, 0)]
+                for r in exits:
+                    if r not in out and r not in errors and procs[r].exitcode is not None:
+                        out[r] = procs[r].exitcode
+                dead = [
+                    p for r, p in enumerate(procs) if r not in out and p.exitcode not in (None, 0)
+                ]
                 if dead and results.empty():
                     time.sleep(0.5)
                     if results.empty():

@@ -1,0 +1,70 @@
+"""The peer tier's placement and copy plan (``engine.replicas``): pure functions."""
+
+from __future__ import annotations
+
+import pytest
+
+from ckptstore.engine.replicas import (
+    Copy,
+    check_replicas,
+    plan_copies,
+    replica_wants,
+    ring_targets,
+)
+from ckptstore.errors import ConfigError
+
+
+def test_ring_targets_never_the_node_itself_and_at_most_the_other_nodes() -> None:
+    assert ring_targets(0, 4, 1) == [1]
+    assert ring_targets(3, 4, 2) == [0, 1]
+    assert ring_targets(1, 2, 3) == [0]  # only one other node
+    assert ring_targets(0, 1, 1) == []
+    for n in range(1, 6):
+        for k in range(0, 6):
+            for i in range(n):
+                targets = ring_targets(i, n, k)
+                assert i not in targets and len(set(targets)) == len(targets) == min(k, n - 1)
+
+
+def test_wants_are_own_files_and_the_predecessors() -> None:
+    own = [{"a"}, {"b"}, {"c"}]
+    assert replica_wants(own, 1) == [{"a", "c"}, {"a", "b"}, {"b", "c"}]
+    assert replica_wants(own, 2) == [{"a", "b", "c"}] * 3
+    assert replica_wants(own, 0) == own
+
+
+def test_a_replaced_node_draws_from_every_holder_evenly() -> None:
+    sizes = {f"f{i}": 10 for i in range(6)}
+    every = set(sizes)
+    copies, missing = plan_copies(sizes, [every, set(), every], [every] * 3)
+    assert not any(missing)
+    assert {c.dst for c in copies} == {1} and {c.name for c in copies} == every
+    sent = [sum(c.size for c in copies if c.src == s) for s in (0, 2)]
+    assert sent == [30, 30]
+
+
+def test_files_no_node_holds_are_missing_for_exactly_the_nodes_that_want_them() -> None:
+    sizes = {"a": 1, "b": 2, "c": 3}
+    holds = [{"a", "c"}, set(), set()]  # nodes 1 and 2 lost; "b" was only on them
+    copies, missing = plan_copies(sizes, holds, [set(sizes)] * 3)
+    assert missing == [{"b"}, {"b"}, {"b"}]
+    assert sorted(copies, key=lambda c: (c.dst, c.name)) == [
+        Copy("a", 1, 0, 1),
+        Copy("c", 3, 0, 1),
+        Copy("a", 1, 0, 2),
+        Copy("c", 3, 0, 2),
+    ]
+
+
+def test_the_plan_is_the_same_whatever_the_order_sets_iterate_in() -> None:
+    sizes = {f"f{i}": i + 1 for i in range(20)}
+    holds = [set(list(sizes)[:10]), set(list(sizes)[10:]), set()]
+    first = plan_copies(sizes, holds, [set(sizes)] * 3)
+    again = plan_copies(dict(reversed(sizes.items())), [set(h) for h in holds], [set(sizes)] * 3)
+    assert first == again
+
+
+@pytest.mark.parametrize("bad", [-1, 1.5, True, "1", None])
+def test_replicas_must_be_a_whole_number(bad: object) -> None:
+    with pytest.raises(ConfigError, match="replicas must be a whole number"):
+        check_replicas(bad)

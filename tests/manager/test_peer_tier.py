@@ -1,0 +1,202 @@
+"""The peer tier on real gloo ranks: three ranks, each its own node (a local tier
+directory of its own), saving through ``CheckpointManager`` with ``replicas``.
+
+After a save each node holds its own shards and its ring predecessors'; a restore takes
+what a node lacks from the peers (0 data bytes from the root when the peers hold every
+file), the bucket serves exactly the files no node holds, and a damaged or truncated copy
+is never used: the next holder sends it, and the node is re-seeded.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import time
+from typing import Any
+
+import pytest
+import torch
+
+from ckptstore.engine.names import TMP_MARK, step_name
+from ckptstore.engine.store import Store
+from ckptstore.manager import CheckpointManager
+from ckptstore.stores.local import LocalStore
+from ckptstore.testing.faults import FaultyStore
+from harness.dist import run_distributed
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+]
+
+NODES = 3
+STEP = 5
+
+
+class DataReads(FaultyStore):
+    """Passes every call through; remembers the data files read (shared with children)."""
+
+    def __init__(self, inner: Store, read: set[str] | None = None) -> None:
+        super().__init__(inner)
+        self.read: set[str] = set() if read is None else read
+
+    def child(self, prefix: str) -> DataReads:
+        return DataReads(self.inner.child(prefix), self.read)
+
+    def _note(self, path: str) -> None:
+        if path.endswith(".distcp"):
+            self.read.add(os.path.basename(path))
+
+    def get(self, path: str, start: int = 0, end: int | None = None) -> bytes:
+        self._note(path)
+        return super().get(path, start, end)
+
+    def get_into(self, path: str, start: int, buf: memoryview) -> int:
+        self._note(path)
+        return super().get_into(path, start, buf)
+
+
+def state(rank: int, v: float) -> dict[str, Any]:
+    """A replicated tensor (DCP spreads its write over the ranks) and one of the rank's own."""
+    return {"w": torch.arange(50_000.0) * v, f"own{rank}": torch.full((20_000,), rank + v)}
+
+
+def _body(rank: int, world: int, tmp: str, replicas: int, restore: bool) -> Any:
+    tier = os.path.join(tmp, f"node{rank}")
+    root = DataReads(LocalStore(os.path.join(tmp, "root")))
+    with CheckpointManager(root, local_tier_dir=tier, replicas=replicas) as mgr:
+        if not restore:
+            mgr.save(STEP, state(rank, 5.0))
+            return None
+        out = state(rank, 0.0)
+        step = mgr.restore(out)
+    want = state(rank, 5.0)
+    assert step == STEP and all(torch.equal(out[k], want[k]) for k in want)
+    return sorted(root.read)
+
+
+def saved(tmp: str, replicas: int) -> dict[int, set[str]]:
+    """Step 5 saved on three nodes; what each node's local tier holds of it."""
+    run_distributed(_body, NODES, tmp, replicas, False)
+    return held(tmp)
+
+
+def held(tmp: str) -> dict[int, set[str]]:
+    out = {}
+    for node in range(NODES):
+        d = os.path.join(tmp, f"node{node}", step_name(STEP))
+        out[node] = (
+            {n for n in os.listdir(d) if n.endswith(".distcp")} if os.path.isdir(d) else set()
+        )
+    return out
+
+
+def own(files: set[str], node: int) -> set[str]:
+    """The files rank ``node`` wrote (DCP names them ``__<rank>_<n>...``)."""
+    return {f for f in files if f.startswith(f"__{node}_")}
+
+
+def restored(tmp: str, replicas: int) -> set[str]:
+    """Restore on every node; the data files read from the root (all ranks)."""
+    return set().union(*run_distributed(_body, NODES, tmp, replicas, True))
+
+
+def open_bytes(path: str) -> bytes:
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def wipe(tmp: str, node: int) -> None:
+    shutil.rmtree(os.path.join(tmp, f"node{node}"))
+
+
+def test_each_node_holds_its_own_shards_and_its_predecessors(tmp_path) -> None:
+    tmp = str(tmp_path)
+    holds = saved(tmp, replicas=1)
+    every = set().union(*holds.values())
+    assert all(own(every, n) for n in range(NODES)), every  # every rank wrote a file
+    for node in range(NODES):
+        before = (node - 1) % NODES
+        assert holds[node] == own(every, node) | own(every, before)
+
+
+def test_without_replicas_each_node_holds_its_own_shards_only(tmp_path) -> None:
+    holds = saved(str(tmp_path), replicas=0)
+    every = set().union(*holds.values())
+    assert all(holds[n] == own(every, n) for n in range(NODES))
+
+
+def test_a_replaced_node_restores_from_its_peers_with_nothing_from_the_root(tmp_path) -> None:
+    tmp = str(tmp_path)
+    every = set().union(*saved(tmp, replicas=1).values())
+    wipe(tmp, 1)  # node 1 replaced: its tier is empty
+    assert restored(tmp, replicas=1) == set()
+    assert held(tmp) == {n: every for n in range(NODES)}  # node 1 re-seeded, all complete
+
+
+def test_two_adjacent_nodes_lost_the_root_serves_exactly_their_lost_shards(tmp_path) -> None:
+    tmp = str(tmp_path)
+    every = set().union(*saved(tmp, replicas=1).values())
+    wipe(tmp, 1)
+    wipe(tmp, 2)  # node 1's shards were on nodes 1 and 2 only
+    assert restored(tmp, replicas=1) == own(every, 1)
+    assert held(tmp) == {n: every - own(every, 1) for n in range(NODES)}
+
+
+def test_a_damaged_or_truncated_copy_is_never_used_the_next_holder_sends_it(tmp_path) -> None:
+    tmp = str(tmp_path)
+    holds = saved(tmp, replicas=2)
+    every = set().union(*holds.values())
+    assert all(h == every for h in holds.values())
+    wipe(tmp, 2)
+    (two,) = own(every, 2)
+    damaged = os.path.join(tmp, "node0", step_name(STEP), two)  # node 0's copy of node 2's
+    with open(damaged, "r+b") as f:
+        f.seek(-8, 2)
+        f.write(b"\xff" * 8)
+    (one,) = own(every, 1)
+    truncated = os.path.join(tmp, "node1", step_name(STEP), one)  # node 1's own file
+    with open(truncated, "r+b") as f:
+        f.truncate(os.path.getsize(truncated) - 1)
+    assert restored(tmp, replicas=2) == set()
+    remote = os.path.join(tmp, "root", step_name(STEP))
+    for path, name in ((damaged, two), (truncated, one)):  # replaced by a good copy
+        assert open_bytes(path) == open_bytes(os.path.join(remote, name))
+
+
+def _dies_while_replicating(rank: int, world: int, tmp: str) -> Any:
+    """Node 2 is SIGKILLed while the step's replicas travel (slowed by ``replica_rate``);
+    the others' save thread meets the dead peer."""
+    tier = os.path.join(tmp, f"node{rank}")
+    mgr = CheckpointManager(os.path.join(tmp, "root"), local_tier_dir=tier, replica_rate=100_000)
+    big = {"w": torch.arange(200_000.0), f"own{rank}": torch.full((100_000,), float(rank))}
+    mgr.save(STEP, big)
+    if rank == 2:
+        while mgr.records[-1].status != "committed":
+            time.sleep(0.01)
+        time.sleep(0.5)  # the save thread is replicating: about 1 MB at 100 kB/s
+        os.kill(os.getpid(), signal.SIGKILL)
+    mgr.wait()  # training goes on: the failure is the record's warning, not an exception
+    (record,) = mgr.records
+    return record.status, record.warnings
+
+
+def test_a_peer_dying_during_replication_leaves_the_save_committed_and_no_partial_copy(
+    tmp_path,
+) -> None:
+    tmp = str(tmp_path)
+    results = run_distributed(_dies_while_replicating, NODES, tmp, exits={2}, timeout=120)
+    assert results[2] == -signal.SIGKILL
+    for status, notes in results[:2]:
+        assert status == "committed"
+        assert any("not replicated" in n for n in notes), notes
+    remote = os.path.join(tmp, "root", step_name(STEP))
+    assert os.path.exists(os.path.join(remote, "COMMITTED"))
+    for node in (0, 1):  # whatever a node kept is whole; no temp file is left
+        d = os.path.join(tmp, f"node{node}", step_name(STEP))
+        for name in os.listdir(d):
+            assert TMP_MARK not in name, name
+            if name.endswith(".distcp"):
+                with open(os.path.join(d, name), "rb") as a:
+                    assert a.read() == open_bytes(os.path.join(remote, name)), name
