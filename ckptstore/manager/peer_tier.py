@@ -35,7 +35,7 @@ from ckptstore.engine.local_tier import local_files
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
 from ckptstore.engine.names import step_name
 from ckptstore.engine.replicas import Copy, plan_copies, replica_wants
-from ckptstore.errors import CkptStoreError
+from ckptstore.errors import CkptStoreError, UnsafePathError
 from ckptstore.manager.nodes import Nodes
 from ckptstore.stores.local import LocalStore
 
@@ -117,8 +117,13 @@ class PeerTier:
 
     # -- the steps of an exchange ---------------------------------------------------------
     def _step_dir(self, step: int) -> LocalStore:
+        """This node's directory of ``step``; ``UnsafePathError`` if it is a symlink (the
+        peer tier never reads or writes through one)."""
         assert self.nodes.local_tier_dir is not None
-        return LocalStore(self.nodes.local_tier_dir).child(step_name(step))
+        local = LocalStore(self.nodes.local_tier_dir).child(step_name(step))
+        if os.path.islink(local.url.rstrip("/")):
+            raise UnsafePathError(f"{local.url} is a symlink; the peer tier does not follow it")
+        return local
 
     def _gather_holds(self, step: int, manifest: Manifest, *, verify: bool) -> list[set[str]]:
         """What each node holds of ``step`` (its leader's answer; sizes checked, and the
@@ -133,8 +138,8 @@ class PeerTier:
 
     def _held(self, step: int, manifest: Manifest, verify: bool) -> list[str]:
         """The data files of ``step`` this node holds as the manifest records them."""
-        local = self._step_dir(step)
         try:
+            local = self._step_dir(step)
             names = [n for n in local_files(local, manifest) if n not in _SMALL]
         except (OSError, CkptStoreError):
             return []
@@ -188,13 +193,12 @@ class PeerTier:
     def _send(self, step: int, copy: Copy, dst: int) -> None:
         """Send ``copy``'s file to group rank ``dst``: exactly ``copy.size`` bytes, zeros
         past what can be read (the receiver's checksum then refuses it)."""
-        local = self._step_dir(step)
         buf = bytearray(min(CHUNK, copy.size) or 1)
         start = time.monotonic()
         for offset in range(0, copy.size, CHUNK):
             view = memoryview(buf)[: min(CHUNK, copy.size - offset)]
             try:
-                got = local.get_into(copy.name, offset, view)
+                got = self._step_dir(step).get_into(copy.name, offset, view)
             except (OSError, CkptStoreError) as exc:
                 log.warning("could not read %s to send it to a peer: %s", copy.name, exc)
                 got = 0
@@ -207,9 +211,11 @@ class PeerTier:
         directory; keep it (renamed into place) only if its size and CRC32C are the
         manifest's. Every chunk is received whatever happens, so the exchange stays in
         step with the sender."""
-        local = self._step_dir(step)
+        assert self.nodes.local_tier_dir is not None
+        local = LocalStore(self.nodes.local_tier_dir).child(step_name(step))
         upload = None
         try:
+            local = self._step_dir(step)
             os.makedirs(local.url, exist_ok=True)
             upload = local.begin_multipart(copy.name)
         except (OSError, CkptStoreError) as exc:

@@ -200,3 +200,16 @@ def test_a_peer_dying_during_replication_leaves_the_save_committed_and_no_partia
             if name.endswith(".distcp"):
                 with open(os.path.join(d, name), "rb") as a:
                     assert a.read() == open_bytes(os.path.join(remote, name)), name
+
+
+def test_a_symlinked_step_directory_is_never_written_through(tmp_path) -> None:
+    tmp = str(tmp_path)
+    every = set().union(*saved(tmp, replicas=1).values())
+    elsewhere = os.path.join(tmp, "elsewhere")
+    os.makedirs(elsewhere)
+    step_dir = os.path.join(tmp, "node1", step_name(STEP))
+    shutil.rmtree(step_dir)
+    os.symlink(elsewhere, step_dir)  # node 1 "lost" its files; its step dir points away
+    read = restored(tmp, replicas=1)  # every rank restores the saved values
+    assert os.listdir(elsewhere) == []  # nothing was received into it
+    assert own(every, 1) <= read  # node 1's shard came from the bucket instead

@@ -127,11 +127,12 @@ def restore_bytes(ready: dict[str, Any]) -> dict[str, int]:
     return out
 
 
-def assert_restored_from_peers(replaced: dict[str, Any], replicated: int) -> None:
-    """A replaced node's restore: it received files from its peer, and if it restored
-    ``replicated`` (a step whose commit, logged after its replication, every node saw
-    before the kill), it read nothing from the remote."""
-    got = restore_bytes(replaced)
-    assert tier(replaced) == "local" and got["peers"] > 0, replaced["restore_log"]
-    if replaced["restored"] == replicated:
-        assert got["remote"] == 0, replaced["restore_log"]
+def assert_restored_from_peers(ready: dict[str, Any], *, nothing_remote: bool) -> None:
+    """A node without the step's files (replaced, or joining): its restore received files
+    from a peer node and read them locally; with ``nothing_remote`` (the peers held the
+    whole step: its commit, logged after its replication, was seen before the node was
+    lost, or one node wrote it all) it read nothing from the remote."""
+    got = restore_bytes(ready)
+    assert tier(ready) == "local" and got["peers"] > 0, ready["restore_log"]
+    if nothing_remote:
+        assert got["remote"] == 0, ready["restore_log"]
