@@ -38,6 +38,20 @@ def test_mission_goodput(interval_min: float, expected: float) -> None:
     assert expected_goodput(inputs) == pytest.approx(1 - 8.6 / 24 * interval_min / 60 / 2)
 
 
+def test_two_tiers_reduce_to_one_and_add_the_peer_tiers_gain() -> None:
+    rate = 8.6 / 24
+    bucket = GoodputInputs(interval_min=120, failures_per_day=8.6, blocking_s=5, restart_min=10)
+    same = replace(bucket, peer_interval_min=120, peer_share=0.5)  # one tier in two names
+    assert plan(same).goodput_with_peers == pytest.approx(plan(bucket).goodput)
+    assert plan(bucket).goodput_with_peers is None
+    free = GoodputInputs(interval_min=120, failures_per_day=8.6, peer_interval_min=30)
+    assert plan(free).goodput_with_peers == pytest.approx(1 - rate * (0.9 * 0.25 + 0.1 * 1))
+    fast = replace(bucket, peer_interval_min=30, peer_restart_min=1)
+    assert plan(fast).goodput_with_peers > plan(bucket).goodput
+    with pytest.raises(InputError, match="peer_share"):
+        GoodputInputs(interval_min=30, failures_per_day=1, peer_share=1.5)
+
+
 @pytest.mark.parametrize(("gpus", "expected"), [(256, 0.19), (1024, 0.57)])
 def test_mission_failure_probability(gpus: int, expected: float) -> None:
     p = failure_probability(failures_per_day(gpus, 0.01), 30)

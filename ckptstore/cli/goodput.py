@@ -86,6 +86,25 @@ def add_parser(sub: Any, common: Any) -> None:
     run_g.add_argument(
         "--staging-copies", type=float, default=2.0, help="checkpoint copies on NVMe (2)"
     )
+    peers = p.add_argument_group(
+        "a peer tier (optional): node-local saves with peer replicas, beside the bucket's"
+    )
+    peers.add_argument(
+        "--peer-interval-min", type=float, metavar="M", help="training minutes between its saves"
+    )
+    peers.add_argument(
+        "--peer-share",
+        type=parse_fraction,
+        default=0.9,
+        metavar="P",
+        help="failures it survives (worker crashes, node losses its replicas cover; 90%%)",
+    )
+    peers.add_argument(
+        "--peer-restart-min",
+        type=float,
+        metavar="M",
+        help="minutes to restart from it (as --restart-min)",
+    )
     run_g.add_argument(
         "--from",
         dest="from_root",
@@ -159,6 +178,7 @@ FLAGS = {
         *("interval_min", "days", "failures_per_day", "gpus", "afr", "blocking_s"),
         *("restart_min", "checkpoint_gb", "keep_last", "gpus_per_node", "data_cache_gb"),
         *("staging_copies", "gpu_hour", "storage_gb_month", "transfer_gb", "nvme_gb"),
+        *("peer_interval_min", "peer_share", "peer_restart_min"),
     )
 }
 
@@ -210,6 +230,9 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
         gpus_per_node=args.gpus_per_node,
         data_cache_gb=args.data_cache_gb,
         staging_copies=args.staging_copies,
+        peer_interval_min=args.peer_interval_min,
+        peer_share=args.peer_share,
+        peer_restart_min=args.peer_restart_min,
     )
     prices = Prices(
         gpu_hour=args.gpu_hour,

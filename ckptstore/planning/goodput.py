@@ -23,6 +23,7 @@ from ckptstore.planning.models import (
     failure_probability,
     failures_per_day,
     goodput_of,
+    two_tier_goodput,
     young_interval,
 )
 
@@ -60,6 +61,12 @@ class GoodputInputs:
     unknown: the storage, transfer and staging-disk items are then None), ``keep_last`` (retention),
     ``gpus_per_node``, ``data_cache_gb`` (local dataset cache per node) and ``staging_copies``
     (checkpoint copies staged on local NVMe per node, each the node's even share).
+
+    A second, faster tier (the node-local tier with peer replicas): ``peer_interval_min``
+    (training minutes between its saves; None: no such tier), ``peer_share`` (the fraction
+    of failures it survives: worker crashes, and node losses that leave every shard on a
+    surviving peer), ``peer_restart_min`` (a restart from it; default ``restart_min``).
+    ``interval_min`` and ``restart_min`` are then the bucket's.
     """
 
     interval_min: float
@@ -74,6 +81,9 @@ class GoodputInputs:
     gpus_per_node: int = 8
     data_cache_gb: float = 0.0
     staging_copies: float = 2.0
+    peer_interval_min: float | None = None
+    peer_share: float = 0.9
+    peer_restart_min: float | None = None
 
     def __post_init__(self) -> None:
         own = "GoodputInputs"
@@ -112,6 +122,15 @@ class GoodputInputs:
         check(own, "gpus_per_node", self.gpus_per_node, whole=True)
         check(own, "data_cache_gb", self.data_cache_gb)
         check(own, "staging_copies", self.staging_copies)
+        check(own, "peer_interval_min", self.peer_interval_min, positive=True)
+        check(own, "peer_restart_min", self.peer_restart_min)
+        check(own, "peer_share", self.peer_share, hint=" (a fraction of failures: 90 % is 0.9)")
+        if self.peer_share > 1:
+            raise InputError(
+                own,
+                f"{{peer_share}} is a fraction of failures: 90 % is 0.9; got {self.peer_share!r}",
+                "peer_share",
+            )
 
     @property
     def rate_per_day(self) -> float:
@@ -243,6 +262,8 @@ class GoodputReport:
     daly_interval_min: float
     goodput_exponential_at_daly: float
     account: CostAccount
+    #: First-order goodput with the peer tier as well (None: no ``peer_interval_min``).
+    goodput_with_peers: float | None = None
 
 
 def plan(inputs: GoodputInputs, prices: Prices | None = None) -> GoodputReport:
@@ -302,6 +323,25 @@ def plan(inputs: GoodputInputs, prices: Prices | None = None) -> GoodputReport:
         daly_interval_min=daly_h * 60.0,
         goodput_exponential_at_daly=goodput_of("exponential", rate_h, daly_h, cost_h, restart_h),
         account=account,
+        goodput_with_peers=_with_peers(inputs, rate_h),
+    )
+
+
+def _with_peers(inputs: GoodputInputs, rate_h: float) -> float | None:
+    """The two-tier goodput of ``inputs`` (None without a peer tier)."""
+    if inputs.peer_interval_min is None:
+        return None
+    peer_restart = (
+        inputs.restart_min if inputs.peer_restart_min is None else inputs.peer_restart_min
+    )
+    return two_tier_goodput(
+        rate_h,
+        inputs.peer_share,
+        inputs.peer_interval_min / 60.0,
+        inputs.interval_min / 60.0,
+        inputs.blocking_s / 3600.0,
+        peer_restart / 60.0,
+        inputs.restart_min / 60.0,
     )
 
 
@@ -323,6 +363,13 @@ def report_rows(report: GoodputReport, currency: str = "$") -> list[tuple[str, f
         ("Goodput (first-order model)", 100.0 * report.goodput, "%"),
         ("Goodput (exponential model)", 100.0 * report.goodput_exponential, "%"),
     ]
+    if report.goodput_with_peers is not None:
+        rows += [
+            ("Peer tier interval", report.inputs.peer_interval_min, "min"),
+            ("Failures the peer tier survives", 100.0 * report.inputs.peer_share, "%"),
+            ("Goodput with the peer tier (first-order)", 100.0 * report.goodput_with_peers, "%"),
+            ("Gain of the peer tier", 100.0 * (report.goodput_with_peers - report.goodput), "pp"),
+        ]
     if costly:
         rows += [
             ("Young optimal interval", report.young_interval_min, "min"),

@@ -25,6 +25,7 @@ __all__ = [
     "failure_probability",
     "failures_per_day",
     "goodput_of",
+    "two_tier_goodput",
     "young_interval",
 ]
 
@@ -126,3 +127,35 @@ def goodput_of(model: str, rate: float, tau: float, cost: float, restart: float)
         except OverflowError:
             return 0.0
     raise ConfigError(f"goodput model must be one of {MODELS}; got {model!r}")
+
+
+def two_tier_goodput(
+    rate: float,
+    share: float,
+    local_tau: float,
+    remote_tau: float,
+    cost: float,
+    local_restart: float,
+    remote_restart: float,
+) -> float:
+    """First-order goodput of two checkpoint tiers (multi-level, as in SCR: Moody et al.).
+
+    A fast tier (node-local with peer replicas) every ``local_tau`` hours and the
+    bucket every ``remote_tau``; a failure is survived by the fast tier with probability
+    ``share`` (a worker crash, or fewer nodes lost than there are replicas) and needs the
+    bucket otherwise. Each save blocks ``cost`` hours (the staging copy, whichever tier it
+    goes to), a restart takes ``local_restart`` or ``remote_restart`` hours::
+
+        goodput = 1 - C / tau_L
+                    - lam * (share * (tau_L / 2 + R_L) + (1 - share) * (tau_R / 2 + R_R))
+
+    clamped to [0, 1]. With ``tau_L = tau_R`` and ``R_L = R_R`` it is :func:`goodput_of`'s
+    first-order model. The MISSION example (8.6 failures a day, free
+    saves and restarts): the bucket every 2 h alone gives 64.2 %; with a peer tier every
+    30 min surviving 90 % of failures, 88.4 % (every failure survived: 91.0 %)."""
+    if local_tau <= 0:
+        return 0.0 if cost > 0 else 1.0
+    rework = share * (local_tau / 2.0 + local_restart) + (1.0 - share) * (
+        remote_tau / 2.0 + remote_restart
+    )
+    return min(1.0, max(0.0, 1.0 - cost / local_tau - rate * rework))

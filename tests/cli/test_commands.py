@@ -326,6 +326,21 @@ def test_goodput_reproduces_the_mission_figures(tool) -> None:
     assert doc["report"]["failure_probability"] == pytest.approx(0.19, abs=0.005)
 
 
+def test_goodput_prints_the_gain_of_a_peer_tier(tool) -> None:
+    """The MISSION example with a peer tier every 30 min beside the bucket's 2 h."""
+    args = ("goodput", "--failures-per-day", "8.6", "--interval-min", "120")
+    r = tool(*args, "--peer-interval-min", "30", "--peer-share", "90%")
+    assert r.rc == 0 and round(_value(r.out, "Goodput (first-order model)")) == 64
+    assert _value(r.out, "Goodput with the peer tier") == pytest.approx(88.4, abs=0.05)
+    assert _value(r.out, "Gain of the peer tier") == pytest.approx(24.2, abs=0.05)
+    every = tool(*args, "--peer-interval-min", "30", "--peer-share", "1")
+    assert round(_value(every.out, "Goodput with the peer tier")) == 91  # = 30 min alone
+    assert "peer tier" not in tool(*args).out
+    bad = tool(*args, "--peer-interval-min", "30", "--peer-share", "1.5")
+    assert bad.rc == 2 and "--peer-share" in bad.err
+    assert tool(*args, "--peer-interval-min", "0").rc == 2
+
+
 def test_goodput_prices_and_bad_input(tool) -> None:
     r = tool(
         "goodput",
