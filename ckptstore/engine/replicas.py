@@ -17,7 +17,14 @@ from dataclasses import dataclass
 
 from ckptstore.errors import ConfigError
 
-__all__ = ["Copy", "check_replicas", "plan_copies", "ring_targets", "replica_wants"]
+__all__ = [
+    "Copy",
+    "check_replicas",
+    "plan_copies",
+    "replica_wants",
+    "ring_targets",
+    "tier_peaks",
+]
 
 
 @dataclass(frozen=True)
@@ -79,3 +86,14 @@ def plan_copies(
             load[src] += sizes[name]
             copies.append(Copy(name, sizes[name], src, dst))
     return copies, missing
+
+
+def tier_peaks(
+    sizes: Mapping[str, int], own: Sequence[Set[str]], wants: Sequence[Set[str]]
+) -> list[int]:
+    """The most bytes each node's local tier holds with one step kept: the step with its
+    replicas (``wants``), plus the next save's own shards (``own``), written before the
+    previous step is trimmed. That is state per node x (1 + replicas) + state per node."""
+    return [
+        sum(sizes[n] for n in want) + sum(sizes[n] for n in mine) for want, mine in zip(wants, own)
+    ]

@@ -70,6 +70,10 @@ class ManagerOptions:
         from the bucket. Only with a local tier and two nodes or more; 0: none.
     replica_rate: bytes/s each node sends to its peers at most (None: as fast as the
         checkpoint group carries them), so that replication leaves training's network.
+    tier_limit: bytes a node's local tier may hold (None: no limit). It needs state per
+        node x (2 + replicas): one step with its replicas, and the next save's own shards
+        written before that step is trimmed. A node that cannot take a step's replicas
+        within it takes none, and the next ``save`` raises ``ConfigError`` saying so.
     """
 
     storage_options: Mapping[str, Any] | None = None
@@ -89,6 +93,7 @@ class ManagerOptions:
     run_id: str | None = None
     replicas: int = 1
     replica_rate: int | None = None
+    tier_limit: int | None = None
 
     def __post_init__(self) -> None:
         if self.keep is None:  # None means the default, as it does for the keyword
@@ -105,15 +110,15 @@ class ManagerOptions:
             )
         check_budget(self.max_staging_bytes)
         check_replicas(self.replicas)
-        if self.replica_rate is not None and (
-            isinstance(self.replica_rate, bool)
-            or not isinstance(self.replica_rate, int)
-            or self.replica_rate <= 0
-        ):
-            raise ConfigError(
-                f"replica_rate must be a positive number of bytes/s (or None for no limit), "
-                f"not {self.replica_rate!r}"
-            )
+        for name, unit in (("replica_rate", "bytes/s"), ("tier_limit", "bytes")):
+            value = getattr(self, name)
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value <= 0
+            ):
+                raise ConfigError(
+                    f"{name} must be a positive number of {unit} (or None for no limit), "
+                    f"not {value!r}"
+                )
         if isinstance(self.grace_period_s, bool) or not (
             isinstance(self.grace_period_s, (int, float)) and self.grace_period_s > 0
         ):

@@ -20,6 +20,7 @@ memory a copy holds, per end), at most ``rate`` bytes/s if one is set.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -30,13 +31,15 @@ import torch
 import torch.distributed as dist
 
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.committed import METADATA_NAME
+from ckptstore.engine.committed import METADATA_NAME, open_committed
 from ckptstore.engine.local_tier import local_files
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
 from ckptstore.engine.names import step_name
-from ckptstore.engine.replicas import Copy, plan_copies, replica_wants
-from ckptstore.errors import CkptStoreError, UnsafePathError
+from ckptstore.engine.replicas import Copy, plan_copies, replica_wants, tier_peaks
+from ckptstore.engine.store import Store
+from ckptstore.errors import CkptStoreError, ConfigError, UnsafePathError
 from ckptstore.manager.nodes import Nodes
+from ckptstore.manager.report import size_text
 from ckptstore.stores.local import LocalStore
 
 __all__ = ["CHUNK", "PeerTier", "PeerReport"]
@@ -60,11 +63,14 @@ class PeerReport:
     refused: int = 0
     missing: tuple[frozenset[str], ...] = ()
     received: int = 0
+    #: ``replicate``: the nodes whose tier would outgrow ``tier_limit``, with the bytes
+    #: they would need (``engine.replicas.tier_peaks``); they took no replicas.
+    over_limit: tuple[tuple[int, int], ...] = ()
 
     @property
     def complete(self) -> bool:
         """True when every copy landed and no wanted file was missing everywhere."""
-        return self.refused == 0 and not any(self.missing)
+        return self.refused == 0 and not any(self.missing) and not self.over_limit
 
 
 class PeerTier:
@@ -72,9 +78,10 @@ class PeerTier:
 
     Call order (every rank, each a collective over ``nodes.group``)::
 
-        peers = PeerTier(nodes, replicas, rate)  # the manager's constructor
-        peers.replicate(step, manifest)  # save thread, after the step's commit (rank 0
-                                         # passes its manifest, the others None)
+        peers = PeerTier(nodes, replicas, rate, limit)  # the manager's constructor
+        peers.after_save(step, manifest, url)  # save thread, after every save: ``replicate``
+                                         # (rank 0 passes the committed step's manifest,
+                                         # the others None), reported as notes + an error
         peers.fetch(step, manifest)      # restore, before reading the step: each node gets
                                          # the files it lacks from the peers that hold them
 
@@ -82,8 +89,10 @@ class PeerTier:
     exchange nothing (beyond the node map's first gathering) and return an empty one.
     """
 
-    def __init__(self, nodes: Nodes, replicas: int, rate: int | None = None) -> None:
-        self.nodes, self.replicas, self.rate = nodes, replicas, rate
+    def __init__(
+        self, nodes: Nodes, replicas: int, rate: int | None = None, limit: int | None = None
+    ) -> None:
+        self.nodes, self.replicas, self.rate, self.limit = nodes, replicas, rate, limit
         self.group = nodes.group
 
     @property
@@ -102,9 +111,18 @@ class PeerTier:
         box = [manifest]
         dist.broadcast_object_list(box, group_src=0, group=self.group)
         manifest = box[0]
-        assert manifest is not None
+        if manifest is None:  # the save failed: nothing to replicate
+            return PeerReport()
         holds = self._gather_holds(step, manifest, verify=False)
-        return self._exchange(step, manifest, holds, replica_wants(holds, self.replicas))
+        wants = replica_wants(holds, self.replicas)
+        over: list[tuple[int, int]] = []
+        if self.limit is not None:
+            peaks = tier_peaks(_sizes(manifest), holds, wants)
+            over = [(node, peak) for node, peak in enumerate(peaks) if peak > self.limit]
+            for node, _ in over:  # such a node takes no replicas (the error says why)
+                wants[node] = set(holds[node])
+        report = self._exchange(step, manifest, holds, wants)
+        return dataclasses.replace(report, over_limit=tuple(over))
 
     def fetch(self, step: int, manifest: Manifest) -> PeerReport:
         """Give every node every data file of ``step`` that some node holds (checked
@@ -114,6 +132,50 @@ class PeerTier:
         holds = self._gather_holds(step, manifest, verify=True)
         wanted = set(_data_files(manifest))
         return self._exchange(step, manifest, holds, [wanted] * len(holds))
+
+    def after_save(
+        self, step: int, manifest: Manifest | None, root_url: str
+    ) -> tuple[list[str], ConfigError | None]:
+        """``replicate``, reported: the notes for the save's record (a failure, such as a
+        peer that died, is one: the step stays committed at ``root_url``), and the error
+        every later save raises when a node's tier is over ``limit``."""
+        t = time.perf_counter()
+        try:
+            done = self.replicate(step, manifest)
+        except Exception as exc:  # noqa: BLE001 - the save itself is done either way
+            note = (
+                f"replicating step {step} to peer nodes failed ({exc}); it is committed in "
+                f"{root_url}, not replicated"
+            )
+            log.warning("%s", note)
+            return [note], None
+        if done.copied and dist.get_rank(self.group) == 0:
+            log.info(
+                "step %d replicated to peer nodes: %d files, %s, in %.2f s",
+                step, done.copied, size_text(done.bytes), time.perf_counter() - t,
+            )  # fmt: skip
+        if done.over_limit:
+            error = self._over_limit(done.over_limit, root_url)
+            log.error("%s", error)
+            return [str(error)], error
+        if not done.complete:
+            note = f"step {step} is not fully replicated ({done.refused} copies refused)"
+            log.warning("%s", note)
+            return [note], None
+        return [], None
+
+    def _over_limit(self, over: tuple[tuple[int, int], ...], root_url: str) -> ConfigError:
+        """The error for the nodes whose local tier cannot hold a step within ``limit``."""
+        keys = self.nodes.get().nodes
+        worst = max(peak for _, peak in over)
+        where = ", ".join(f"{keys[n][1]} on {keys[n][0]} needs {size_text(p)}" for n, p in over)
+        return ConfigError(
+            f"the local tier cannot hold one step within tier_limit={self.limit} bytes: "
+            f"{where} (the node's state x (1 + replicas) for the step kept, plus its own "
+            f"shards of the next save). Raise tier_limit to at least {worst} bytes or lower "
+            f"replicas (now {self.replicas}); the step is committed in {root_url}, not "
+            "replicated to those nodes"
+        )
 
     # -- the steps of an exchange ---------------------------------------------------------
     def _step_dir(self, step: int) -> LocalStore:
@@ -166,8 +228,7 @@ class PeerTier:
     ) -> PeerReport:
         """Run the copies that give each node what it ``wants``; every rank takes part in
         the agreement on what landed."""
-        sizes = {name: manifest.files[name].size for name in _data_files(manifest)}
-        copies, missing = plan_copies(sizes, holds, wants)
+        copies, missing = plan_copies(_sizes(manifest), holds, wants)
         node_map = self.nodes.get()
         leaders = node_map.leaders
         me = node_map.node if node_map.is_leader else None
@@ -262,6 +323,25 @@ class PeerTier:
             ahead = sent / self.rate - (time.monotonic() - start)
             if ahead > 0:
                 time.sleep(ahead)
+
+
+def committed_manifest(root: Store, local_tier_dir: str | None, step: int) -> Manifest | None:
+    """The manifest of the committed ``step``: from this node's local copy when it has one
+    (the coordinator's does), else from ``root``; None if neither opens."""
+    places = [root.child(step_name(step))]
+    if local_tier_dir:
+        places.insert(0, LocalStore(local_tier_dir).child(step_name(step)))
+    for store in places:
+        try:
+            return open_committed(store).manifest
+        except CkptStoreError:
+            continue
+    return None
+
+
+def _sizes(manifest: Manifest) -> dict[str, int]:
+    """Each data file's size, as the manifest records it."""
+    return {name: manifest.files[name].size for name in _data_files(manifest)}
 
 
 def _data_files(manifest: Manifest) -> list[str]:

@@ -21,7 +21,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 from ckptstore import errors
 from ckptstore.engine.committed import CheckpointStatus, open_committed
 from ckptstore.engine.local_tier import local_tier_keeps
-from ckptstore.engine.manifest import MARKER_NAME, Manifest
+from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import (
@@ -35,12 +35,11 @@ from ckptstore.manager.failures import FailureLog
 from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.manager.ownership import RootOwner, describe_run, run_of
-from ckptstore.manager.peer_tier import PeerTier
+from ckptstore.manager.peer_tier import PeerTier, committed_manifest
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import SaveRecord, SaveStatus
 from ckptstore.manager.report import report, size_text
 from ckptstore.manager.saving.backend import SaveBackend
-from ckptstore.stores.local import LocalStore
 
 __all__ = ["SaveFlow", "StepView"]
 
@@ -106,6 +105,9 @@ class SaveFlow:
         #: nothing else uses that group meanwhile).
         self._local_tiers = LocalTierTrimmer(peers.nodes)
         self._peers = peers
+        #: Set (on every rank alike) when a node's local tier cannot hold a step within
+        #: ``tier_limit``: every later save raises it.
+        self._tier_error: errors.ConfigError | None = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self.inflight: Future[None] | None = None
 
@@ -184,7 +186,7 @@ class SaveFlow:
         writer that could not start, or, unless ``busy``, the staging memory for
         ``prepared`` that it cannot allocate) makes every rank raise here: that rank its
         own error, the others the same error naming it."""
-        own = self.failures.take(stacklevel=5) or refusal
+        own = self.failures.take(stacklevel=5) or refusal or self._tier_error
         if own is None and self._agree.rank == 0:
             own = self.owner.claim()
         if own is None and not busy:
@@ -340,46 +342,14 @@ class SaveFlow:
     def _replicate(self, record: SaveRecord) -> None:
         """After every save, on every rank (a collective on the checkpoint group, when
         the peer tier is active): rank 0 hands the committed step's manifest (None: the
-        save failed) and every node's files go to its peers. A failure here (a peer
-        died) is a warning in the save's record: the step is committed all the same,
-        just not replicated."""
+        save failed) and every node's files go to its peers (``PeerTier.after_save``).
+        What went wrong is a warning in the save's record: the step is committed all the
+        same; a tier over its limit also fails every later save."""
         if not self._peers.active:
             return
-        manifest = self._committed_manifest(record) if self.rank == 0 else None
-        t = time.perf_counter()
-        try:
-            done = self._peers.replicate(record.step, manifest)
-        except Exception as exc:  # noqa: BLE001 - the save itself is done either way
-            note = (
-                f"replicating step {record.step} to peer nodes failed ({exc}); it is "
-                f"committed in {self.root.url}, not replicated"
-            )
-            log.warning("%s", note)
-            record.warnings.append(note)
-            return
-        if self.rank == 0 and done.copied:
-            log.info(
-                "step %d replicated to peer nodes: %d files, %s, in %.2f s%s",
-                record.step, done.copied, size_text(done.bytes), time.perf_counter() - t,
-                "" if done.complete else f" ({done.refused} copies refused)",
-            )  # fmt: skip
-        if not done.complete:
-            note = f"step {record.step} is not fully replicated ({done.refused} copies refused)"
-            log.warning("%s", note)
-            record.warnings.append(note)
-
-    def _committed_manifest(self, record: SaveRecord) -> Manifest | None:
-        """Rank 0: the manifest of the step ``record`` saved if it committed (read from
-        this node's local copy when it has one, else from the root), or None."""
-        if record.status != SaveStatus.COMMITTED:
-            return None
-        step = record.step
-        places = [self.root.child(step_name(step))]
-        if self.options.local_tier_dir:
-            places.insert(0, LocalStore(self.options.local_tier_dir).child(step_name(step)))
-        for store in places:
-            try:
-                return open_committed(store).manifest
-            except CkptStoreError:
-                continue
-        return None
+        manifest = None
+        if self.rank == 0 and record.status == SaveStatus.COMMITTED:
+            manifest = committed_manifest(self.root, self.options.local_tier_dir, record.step)
+        notes, error = self._peers.after_save(record.step, manifest, self.root.url)
+        record.warnings.extend(notes)
+        self._tier_error = self._tier_error or error

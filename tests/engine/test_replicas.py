@@ -10,6 +10,7 @@ from ckptstore.engine.replicas import (
     plan_copies,
     replica_wants,
     ring_targets,
+    tier_peaks,
 )
 from ckptstore.errors import ConfigError
 
@@ -68,3 +69,11 @@ def test_the_plan_is_the_same_whatever_the_order_sets_iterate_in() -> None:
 def test_replicas_must_be_a_whole_number(bad: object) -> None:
     with pytest.raises(ConfigError, match="replicas must be a whole number"):
         check_replicas(bad)
+
+
+def test_a_tiers_peak_is_its_step_with_replicas_plus_the_next_saves_own_shards() -> None:
+    sizes = {"a": 100, "b": 10, "c": 1}
+    own = [{"a"}, {"b"}, {"c"}]
+    wants = replica_wants(own, 1)  # node 0 also holds c, node 1 a, node 2 b
+    assert tier_peaks(sizes, own, wants) == [201, 120, 12]
+    assert tier_peaks(sizes, own, own) == [200, 20, 2]  # no replicas: 2 x own

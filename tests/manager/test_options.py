@@ -25,6 +25,9 @@ from ckptstore.manager.retention import KeepAll, KeepLast
         ({"key_layout": "deep"}, "key_layout must be one of 'flat', 'spread'"),
         ({"max_staging_bytes": 0}, "max_staging_bytes must be a positive number"),
         ({"max_staging_bytes": True}, "max_staging_bytes must be a positive number"),
+        ({"replicas": -1}, "replicas must be a whole number >= 0"),
+        ({"replica_rate": 0}, "replica_rate must be a positive number of bytes/s"),
+        ({"tier_limit": 1.5}, "tier_limit must be a positive number of bytes"),
         ({"grace_period_s": -1}, "grace_period_s must be a positive number"),
     ],
 )

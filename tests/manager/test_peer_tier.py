@@ -20,6 +20,7 @@ import torch
 
 from ckptstore.engine.names import TMP_MARK, step_name
 from ckptstore.engine.store import Store
+from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import FaultyStore
@@ -213,3 +214,37 @@ def test_a_symlinked_step_directory_is_never_written_through(tmp_path) -> None:
     read = restored(tmp, replicas=1)  # every rank restores the saved values
     assert os.listdir(elsewhere) == []  # nothing was received into it
     assert own(every, 1) <= read  # node 1's shard came from the bucket instead
+
+
+def _over_the_limit(rank: int, world: int, tmp: str, limit: int) -> Any:
+    tier = os.path.join(tmp, f"node{rank}")
+    with CheckpointManager(os.path.join(tmp, "root"), local_tier_dir=tier, tier_limit=limit) as mgr:
+        mgr.save(STEP, state(rank, 5.0))
+        mgr.wait()
+        (record,) = mgr.records
+        with pytest.raises(ConfigError) as refused:
+            mgr.save(STEP + 1, state(rank, 6.0))
+        return record.status, record.warnings, str(refused.value), mgr.steps()
+
+
+def test_a_tier_that_cannot_hold_a_step_with_its_replicas_fails_the_next_save(tmp_path) -> None:
+    """Node 0 (which writes the replicated tensor: the largest shard) has room for its own
+    shards twice but not for a peer's as well: the first save is committed, node 0 takes no
+    replicas (the others do), and every later save raises, naming node 0 and its need."""
+    tmp = str(tmp_path)
+    every = set().union(*saved(tmp, replicas=0).values())
+    size = {n: os.path.getsize(os.path.join(tmp, "root", step_name(STEP), n)) for n in every}
+    mine = [sum(size[n] for n in own(every, node)) for node in range(NODES)]
+    assert mine[0] == max(mine)
+    limit = 2 * mine[0] + min(mine) // 2  # node 0's peak: 2 x its own + node 2's shards
+    shutil.rmtree(tmp_path)
+    results = run_distributed(_over_the_limit, NODES, tmp, limit)
+    for status, notes, error, steps in results:
+        assert status == "committed" and steps == [STEP]
+        assert any("tier_limit" in n for n in notes), notes
+        assert f"tier_limit={limit}" in error and "Raise tier_limit to at least" in error
+        assert "node0 on" in error and "node1 on" not in error and "node2 on" not in error
+    holds = held(tmp)
+    every = set().union(*holds.values())  # the second run's files (a new attempt id)
+    assert holds[0] == own(every, 0)  # no replicas: they would not fit
+    assert holds[1] == own(every, 1) | own(every, 0) and holds[2] == own(every, 2) | own(every, 1)

@@ -150,6 +150,7 @@ def every_manager_option(tmp_path: Any) -> dict[str, Any]:
         "run_id": "run-7",
         "replicas": 2,
         "replica_rate": 1 << 20,
+        "tier_limit": 1 << 30,
     }
     fields = {f.name for f in dataclasses.fields(ManagerOptions)}
     assert set(values) == fields, f"give every_manager_option a value for {fields ^ set(values)}"
