@@ -22,6 +22,9 @@ disk, then uploaded and committed), ``RNGState`` and the ckptstore ``DataLoader`
               against ``ckptstore.planning.goodput``'s model, with a PNG timeline (written to
               ``demo-output/`` where the demo started, or the ``--dir`` / ``--keep`` one; its
               path is printed).
+4. nodes      two simulated nodes (a torchrun agent each); one is replaced whole, and its
+              restore is served by the other node's replicas (the peer tier), not the
+              store (``demo_nodes``).
 
 Exit status 0 only if every check passed.
 """
@@ -40,6 +43,8 @@ import tempfile
 import time
 from dataclasses import dataclass
 from typing import Any
+
+from demo_nodes import node_scene  # beside this script
 
 from harness.chaos import ChaosResult, Kill, Segment, run_chaos
 from harness.ckptcheck import audit_root
@@ -394,6 +399,11 @@ def main(argv: list[str] | None = None) -> int:
         lines += more
         lines += ["", "goodput of the run with kills (rank 0's clock):", acct.format()]
         lines.append(f"timeline: {png}")
+        print("\n".join(lines), flush=True)
+        t = step("\nnode scene: two simulated nodes, one replaced ...")
+        passed, lines = node_scene(SCRIPT, demo.data, root, plan.global_batch)
+        done(t)
+        ok &= passed
         print("\n".join(lines), flush=True)
         if plan.resize:
             passed, lines = resize_leg(demo, plan, root, png_dir)

@@ -4,12 +4,12 @@ lengths, and the checks on what the training script logged and wrote."""
 from __future__ import annotations
 
 import os
-import re
 from typing import Any
 
 import pytest
 import torch
 
+from harness.nodelog import restore_bytes, restores, tier
 from harness.nodes import NodeError, NodeJob
 
 __all__ = [
@@ -97,34 +97,6 @@ def assert_same_final(d: str, ref: str, steps: int = STEPS) -> None:
                 else:
                     assert a == b, part
         assert torch.equal(got["rng"], want["rng"])
-
-
-def restores(nj: NodeJob, node: int, incarnation: int | None = None) -> list[dict[str, Any]]:
-    """The ``ready`` events of node ``node``'s workers after a restore, in attempt order."""
-    return [
-        e
-        for a in nj.attempts(node, incarnation)
-        for r in a.ranks.values()
-        for e in r
-        if e["ev"] == "ready" and e["restored"]
-    ]
-
-
-def tier(ready: dict[str, Any]) -> str:
-    (msg,) = [m for m in ready["restore_log"] if m.startswith("restoring step")]
-    return "local" if "local copy" in msg else "remote"
-
-
-def restore_bytes(ready: dict[str, Any]) -> dict[str, int]:
-    """The bytes a rank's restore read locally, from the remote, and received from peer
-    nodes (the manager's restore log)."""
-    out = {"local": 0, "remote": 0, "peers": 0}
-    for m in ready["restore_log"]:
-        if found := re.match(r"step \d+: (\d+) bytes read locally, (\d+) from the remote", m):
-            out["local"], out["remote"] = int(found[1]), int(found[2])
-        elif found := re.match(r"step \d+: (\d+) bytes copied from peer nodes", m):
-            out["peers"] = int(found[1])
-    return out
 
 
 def assert_restored_from_peers(ready: dict[str, Any], *, nothing_remote: bool) -> None:

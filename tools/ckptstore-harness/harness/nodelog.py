@@ -3,6 +3,8 @@
     attempts = job_attempts([job])                      # or [first_job, second_job]
     check_exactly_once(trajectory(attempts), samples, steps)   # harness.runlog's checks
     acct = goodput([job], kills=[KillRecord(...)], interval_steps=4)
+    (ready,) = restores(job, 1)                          # node 1's restore: its "ready" event
+    tier(ready), restore_bytes(ready)                    # which tier, bytes local/remote/peers
 
 Each node of a :class:`~harness.nodes.NodeJob` logs its own ranks' events in a directory
 of its own (``run_dir/log/[<job>-]node<i>.<n>``); one attempt of the worker group spans every
@@ -22,6 +24,7 @@ the first agent's launch to the last agent's exit.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -30,7 +33,7 @@ from harness.goodput_report import GoodputAccount, account
 from harness.nodes import NodeJob
 from harness.runlog import Attempt, read_attempts
 
-__all__ = ["goodput", "job_attempts", "job_result"]
+__all__ = ["goodput", "job_attempts", "job_result", "restore_bytes", "restores", "tier"]
 
 
 def job_attempts(jobs: Sequence[NodeJob]) -> list[Attempt]:
@@ -96,3 +99,31 @@ def goodput(
 ) -> GoodputAccount:
     """The demo's goodput account of ``jobs`` (see the module docstring)."""
     return account(job_result(jobs, kills), job_attempts(jobs), interval_steps)
+
+
+def restores(nj: NodeJob, node: int, incarnation: int | None = None) -> list[dict[str, Any]]:
+    """The ``ready`` events of node ``node``'s workers after a restore, in attempt order."""
+    return [
+        e
+        for a in nj.attempts(node, incarnation)
+        for r in a.ranks.values()
+        for e in r
+        if e["ev"] == "ready" and e["restored"]
+    ]
+
+
+def tier(ready: dict[str, Any]) -> str:
+    (msg,) = [m for m in ready["restore_log"] if m.startswith("restoring step")]
+    return "local" if "local copy" in msg else "remote"
+
+
+def restore_bytes(ready: dict[str, Any]) -> dict[str, int]:
+    """The bytes a rank's restore read locally, from the remote, and received from peer
+    nodes (the manager's restore log)."""
+    out = {"local": 0, "remote": 0, "peers": 0}
+    for m in ready["restore_log"]:
+        if found := re.match(r"step \d+: (\d+) bytes read locally, (\d+) from the remote", m):
+            out["local"], out["remote"] = int(found[1]), int(found[2])
+        elif found := re.match(r"step \d+: (\d+) bytes copied from peer nodes", m):
+            out["peers"] = int(found[1])
+    return out
