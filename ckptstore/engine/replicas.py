@@ -20,6 +20,7 @@ from ckptstore.errors import ConfigError
 __all__ = [
     "Copy",
     "check_replicas",
+    "copy_rounds",
     "plan_copies",
     "replica_wants",
     "ring_targets",
@@ -86,6 +87,27 @@ def plan_copies(
             load[src] += sizes[name]
             copies.append(Copy(name, sizes[name], src, dst))
     return copies, missing
+
+
+def copy_rounds(copies: Sequence[Copy]) -> list[list[Copy]]:
+    """``copies`` in rounds where each node sends at most one file and receives at most
+    one, so that a round's copies run at once (a ring's replication: one round per file a
+    node sends; a replaced node's restore: one round per file it receives). Each copy goes
+    to the first round with room for both of its ends, in order: deterministic."""
+    rounds: list[list[Copy]] = []
+    busy: list[tuple[set[int], set[int]]] = []  # per round: senders, receivers
+    for copy in copies:
+        free = (
+            i for i, (out, into) in enumerate(busy) if copy.src not in out and copy.dst not in into
+        )
+        i = next(free, len(rounds))
+        if i == len(rounds):
+            rounds.append([])
+            busy.append((set(), set()))
+        rounds[i].append(copy)
+        busy[i][0].add(copy.src)
+        busy[i][1].add(copy.dst)
+    return rounds
 
 
 def tier_peaks(

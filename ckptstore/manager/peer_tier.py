@@ -7,15 +7,13 @@ group, in the save thread. At a restore, each node's leader lists the step's fil
 holds (checked against the committed manifest: size and CRC32C), every rank learns what
 every node holds, and each file a node lacks is sent by a node that holds it; what no node
 holds is read from the bucket as before (``manager.node_tier``). A received file is kept
-only when its size and CRC32C are those the step's manifest records: it is written to a
-temp file of the step directory and renamed into place, so a copy cut short by a dead
-peer, or a corrupt source, never looks like a replica (the temp file is the local store's
-own, which ``ckptstore-tool gc`` sweeps).
+only when its size and CRC32C are the manifest's (``manager.peer_copy``).
 
-Copies run one at a time in one order that every rank computes alike, with blocking
-sends and receives: the earliest unfinished copy always has both of its ends waiting for
-it, so the exchange cannot deadlock. A copy is sent in chunks of ``CHUNK`` bytes (the
-memory a copy holds, per end), at most ``rate`` bytes/s if one is set.
+Copies run in rounds that every rank computes alike (``engine.replicas.copy_rounds``), in
+each of which a node sends at most one file and receives at most one, both at once,
+chunk by chunk: chunk ``i``'s sends and receives are posted together and waited for
+before chunk ``i + 1``, so every node finishes chunk ``i`` of a round and the exchange
+cannot deadlock. Each end holds one ``CHUNK``; a node sends at most ``rate`` bytes/s.
 """
 
 from __future__ import annotations
@@ -35,10 +33,17 @@ from ckptstore.engine.committed import METADATA_NAME, open_committed
 from ckptstore.engine.local_tier import local_files
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
 from ckptstore.engine.names import step_name
-from ckptstore.engine.replicas import Copy, plan_copies, replica_wants, tier_peaks
+from ckptstore.engine.replicas import (
+    Copy,
+    copy_rounds,
+    plan_copies,
+    replica_wants,
+    tier_peaks,
+)
 from ckptstore.engine.store import Store
 from ckptstore.errors import CkptStoreError, ConfigError, UnsafePathError
 from ckptstore.manager.nodes import Nodes
+from ckptstore.manager.peer_copy import CHUNK, Incoming, Outgoing, chunks
 from ckptstore.manager.report import size_text
 from ckptstore.stores.local import LocalStore
 
@@ -46,8 +51,6 @@ __all__ = ["CHUNK", "PeerTier", "PeerReport"]
 
 log = logging.getLogger(__name__)
 
-#: Bytes per message of a copy.
-CHUNK = 16 << 20
 #: The step's own small objects: never copied (rank 0 reads them from the bucket).
 _SMALL = frozenset({MARKER_NAME, MANIFEST_NAME, METADATA_NAME})
 
@@ -226,20 +229,20 @@ class PeerTier:
     def _exchange(
         self, step: int, manifest: Manifest, holds: list[set[str]], wants: list[set[str]]
     ) -> PeerReport:
-        """Run the copies that give each node what it ``wants``; every rank takes part in
-        the agreement on what landed."""
+        """Run the copies that give each node what it ``wants``, round by round; every
+        rank takes part in the agreement on what landed."""
         copies, missing = plan_copies(_sizes(manifest), holds, wants)
         node_map = self.nodes.get()
-        leaders = node_map.leaders
         me = node_map.node if node_map.is_leader else None
         refused = received = 0
-        for copy in copies:
-            if me == copy.src:
-                self._send(step, copy, leaders[copy.dst])
-            elif me == copy.dst:
-                if self._receive(step, copy, leaders[copy.src], manifest):
-                    received += copy.size
-                else:
+        for round_ in copy_rounds(copies):
+            send = next((c for c in round_ if c.src == me), None)
+            take = next((c for c in round_ if c.dst == me), None)
+            if send is not None or take is not None:
+                if self._round(step, manifest, send, take, node_map.leaders):
+                    assert take is not None
+                    received += take.size
+                elif take is not None:
                     refused += 1
         total = torch.tensor([refused], dtype=torch.int64)
         dist.all_reduce(total, group=self.group)
@@ -251,71 +254,42 @@ class PeerTier:
             received=received,
         )
 
-    def _send(self, step: int, copy: Copy, dst: int) -> None:
-        """Send ``copy``'s file to group rank ``dst``: exactly ``copy.size`` bytes, zeros
-        past what can be read (the receiver's checksum then refuses it)."""
-        buf = bytearray(min(CHUNK, copy.size) or 1)
+    def _round(
+        self,
+        step: int,
+        manifest: Manifest,
+        send: Copy | None,
+        take: Copy | None,
+        leaders: list[int],
+    ) -> bool:
+        """This leader's part of one round: send ``send``'s file and receive ``take``'s at
+        once, chunk by chunk (each chunk's send and receive posted together, then waited
+        for); True if ``take``'s file was received and kept."""
+        out = Outgoing(self._step_dir, step, send) if send is not None else None
+        into = Incoming(self._step_dir, step, take, manifest) if take is not None else None
+        count = max(chunks(send), chunks(take))
         start = time.monotonic()
-        for offset in range(0, copy.size, CHUNK):
-            view = memoryview(buf)[: min(CHUNK, copy.size - offset)]
-            try:
-                got = self._step_dir(step).get_into(copy.name, offset, view)
-            except (OSError, CkptStoreError) as exc:
-                log.warning("could not read %s to send it to a peer: %s", copy.name, exc)
-                got = 0
-            view[got:] = bytes(len(view) - got)
-            dist.send(torch.frombuffer(view, dtype=torch.uint8), group_dst=dst, group=self.group)
-            self._pace(start, offset + len(view))
-
-    def _receive(self, step: int, copy: Copy, src: int, manifest: Manifest) -> bool:
-        """Receive ``copy``'s file from group rank ``src`` into a temp file of the step
-        directory; keep it (renamed into place) only if its size and CRC32C are the
-        manifest's. Every chunk is received whatever happens, so the exchange stays in
-        step with the sender."""
-        assert self.nodes.local_tier_dir is not None
-        local = LocalStore(self.nodes.local_tier_dir).child(step_name(step))
-        upload = None
         try:
-            local = self._step_dir(step)
-            os.makedirs(local.url, exist_ok=True)
-            upload = local.begin_multipart(copy.name)
-        except (OSError, CkptStoreError) as exc:
-            log.warning("cannot write a peer's copy of %s: %s", local.describe(copy.name), exc)
-        crc, parts = 0, []
-        buf = torch.empty(min(CHUNK, copy.size) or 1, dtype=torch.uint8)
-        try:
-            for number, offset in enumerate(range(0, copy.size, CHUNK), start=1):
-                chunk = buf[: min(CHUNK, copy.size - offset)]
-                dist.recv(chunk, group_src=src, group=self.group)
-                data = memoryview(chunk.numpy())  # type: ignore[arg-type]
-                crc = crc32c(data, crc)
-                if upload is not None:
-                    try:
-                        parts.append(local.put_part(upload, number, offset, data))
-                    except (OSError, CkptStoreError) as exc:
-                        log.warning("cannot write %s: %s", local.describe(copy.name), exc)
-                        local.abort_multipart(upload)
-                        upload = None
-        except BaseException:  # the sender died (the group fails): no temp file is left
-            if upload is not None:
-                local.abort_multipart(upload)
+            for i in range(count):
+                work: list[Any] = []
+                if out is not None and i < chunks(send):
+                    dst = leaders[out.copy.dst]
+                    work.append(dist.isend(out.chunk(i), group_dst=dst, group=self.group))
+                if into is not None and i < chunks(take):
+                    src = leaders[into.copy.src]
+                    work.append(dist.irecv(into.buffer(i), group_src=src, group=self.group))
+                for w in work:
+                    if w is not None:
+                        w.wait()
+                if into is not None and i < chunks(take):
+                    into.landed(i)
+                if out is not None:
+                    self._pace(start, min((i + 1) * CHUNK, out.copy.size))
+        except BaseException:  # a peer died (the group fails): no temp file is left
+            if into is not None:
+                into.abort()
             raise
-        if upload is None:
-            return False
-        if crc != manifest.files[copy.name].crc32c:
-            log.warning(
-                "the copy of %s a peer sent does not match step %d's manifest; not kept",
-                local.describe(copy.name), step,
-            )  # fmt: skip
-            local.abort_multipart(upload)
-            return False
-        try:
-            local.complete_multipart(upload, parts)
-        except (OSError, CkptStoreError) as exc:
-            log.warning("cannot keep a peer's copy of %s: %s", local.describe(copy.name), exc)
-            local.abort_multipart(upload)
-            return False
-        return True
+        return into.finish() if into is not None else False
 
     def _pace(self, start: float, sent: int) -> None:
         """Sleep so that ``sent`` bytes since ``start`` stay within ``rate``."""

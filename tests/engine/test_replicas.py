@@ -7,6 +7,7 @@ import pytest
 from ckptstore.engine.replicas import (
     Copy,
     check_replicas,
+    copy_rounds,
     plan_copies,
     replica_wants,
     ring_targets,
@@ -77,3 +78,16 @@ def test_a_tiers_peak_is_its_step_with_replicas_plus_the_next_saves_own_shards()
     wants = replica_wants(own, 1)  # node 0 also holds c, node 1 a, node 2 b
     assert tier_peaks(sizes, own, wants) == [201, 120, 12]
     assert tier_peaks(sizes, own, own) == [200, 20, 2]  # no replicas: 2 x own
+
+
+def test_rounds_let_each_node_send_and_receive_one_file_at_a_time() -> None:
+    sizes = {f"n{i}f{j}": 1 for i in range(4) for j in range(2)}
+    own = [{f"n{i}f0", f"n{i}f1"} for i in range(4)]
+    copies, _ = plan_copies(sizes, own, replica_wants(own, 1))
+    rounds = copy_rounds(copies)
+    assert len(rounds) == 2  # a ring: every node sends its two files, one per round
+    assert sorted((c for r in rounds for c in r), key=str) == sorted(copies, key=str)
+    for r in rounds:
+        assert len({c.src for c in r}) == len({c.dst for c in r}) == len(r)
+    one = [Copy(f"f{i}", 1, i % 3, 3) for i in range(6)]  # node 3 receives all six
+    assert [len(r) for r in copy_rounds(one)] == [1] * 6

@@ -21,7 +21,7 @@ import torch
 from ckptstore.engine.names import TMP_MARK, step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError
-from ckptstore.manager import CheckpointManager
+from ckptstore.manager import CheckpointManager, peer_copy, peer_tier
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import FaultyStore
 from harness.dist import run_distributed
@@ -63,7 +63,9 @@ def state(rank: int, v: float) -> dict[str, Any]:
     return {"w": torch.arange(50_000.0) * v, f"own{rank}": torch.full((20_000,), rank + v)}
 
 
-def _body(rank: int, world: int, tmp: str, replicas: int, restore: bool) -> Any:
+def _body(rank: int, world: int, tmp: str, replicas: int, restore: bool, chunk: int = 0) -> Any:
+    if chunk:  # files of many messages each (the default chunk is larger than these files)
+        peer_copy.CHUNK = peer_tier.CHUNK = chunk
     tier = os.path.join(tmp, f"node{rank}")
     root = DataReads(LocalStore(os.path.join(tmp, "root")))
     with CheckpointManager(root, local_tier_dir=tier, replicas=replicas) as mgr:
@@ -77,9 +79,9 @@ def _body(rank: int, world: int, tmp: str, replicas: int, restore: bool) -> Any:
     return sorted(root.read)
 
 
-def saved(tmp: str, replicas: int) -> dict[int, set[str]]:
+def saved(tmp: str, replicas: int, chunk: int = 0) -> dict[int, set[str]]:
     """Step 5 saved on three nodes; what each node's local tier holds of it."""
-    run_distributed(_body, NODES, tmp, replicas, False)
+    run_distributed(_body, NODES, tmp, replicas, False, chunk)
     return held(tmp)
 
 
@@ -98,9 +100,9 @@ def own(files: set[str], node: int) -> set[str]:
     return {f for f in files if f.startswith(f"__{node}_")}
 
 
-def restored(tmp: str, replicas: int) -> set[str]:
+def restored(tmp: str, replicas: int, chunk: int = 0) -> set[str]:
     """Restore on every node; the data files read from the root (all ranks)."""
-    return set().union(*run_distributed(_body, NODES, tmp, replicas, True))
+    return set().union(*run_distributed(_body, NODES, tmp, replicas, True, chunk))
 
 
 def open_bytes(path: str) -> bytes:
@@ -128,11 +130,14 @@ def test_without_replicas_each_node_holds_its_own_shards_only(tmp_path) -> None:
     assert all(holds[n] == own(every, n) for n in range(NODES))
 
 
-def test_a_replaced_node_restores_from_its_peers_with_nothing_from_the_root(tmp_path) -> None:
+@pytest.mark.parametrize("chunk", [0, 4093], ids=["one-message", "many-messages"])
+def test_a_replaced_node_restores_from_its_peers_with_nothing_from_the_root(
+    tmp_path, chunk: int
+) -> None:
     tmp = str(tmp_path)
-    every = set().union(*saved(tmp, replicas=1).values())
+    every = set().union(*saved(tmp, replicas=1, chunk=chunk).values())
     wipe(tmp, 1)  # node 1 replaced: its tier is empty
-    assert restored(tmp, replicas=1) == set()
+    assert restored(tmp, replicas=1, chunk=chunk) == set()
     assert held(tmp) == {n: every for n in range(NODES)}  # node 1 re-seeded, all complete
 
 
