@@ -5,12 +5,16 @@ Status comes from each step's marker and manifest (``committed`` / ``incomplete`
 bytes, so damage after commit shows as ``corrupt``. Exit 1 if any checkpoint is corrupt.
 Each committed row names the run that wrote it (``run``); a step without a marker whose
 save holds a fresh lease is marked in flight (``in_flight``), and the root's live owner,
-if any, is shown (``owner``; ``engine.owner``).
+if any, is shown (``owner``; ``engine.owner``). ``--local-tier DIR`` (a node's local tier
+directory, repeatable) adds which tiers hold each committed step: the bucket, and how many
+of its data files each local tier holds with the recorded size (its own shards and its
+peers' replicas).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 from typing import Any
 
@@ -19,10 +23,13 @@ from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, safe, table
 from ckptstore.cli.sources import classify, is_dcp_listing, list_or_missing
 from ckptstore.engine.catalog import Skipped, scan_root
+from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.engine.deletion import step_in_flight
+from ckptstore.engine.local_tier import local_files
 from ckptstore.engine.owner import read_owner
 from ckptstore.engine.store import Multipart
-from ckptstore.errors import CkptStoreError, StoreNotFoundError
+from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
+from ckptstore.stores.local import LocalStore
 
 __all__ = ["add_parser", "run", "list_root", "upload_age_s"]
 
@@ -41,6 +48,13 @@ def add_parser(sub: Any, common: Any) -> None:
         "--verify",
         action="store_true",
         help="re-read every committed checkpoint against its manifest (slow: reads it all)",
+    )
+    p.add_argument(
+        "--local-tier",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a node's local tier directory (repeatable): show which tiers hold each step",
     )
     p.add_argument(
         "--stale-after-hours",
@@ -91,6 +105,33 @@ def other_checkpoints(root: Store, foreign: list[Skipped]) -> tuple[list[dict[st
     return out, max(0, len(folders) - OTHERS_EXAMINED)
 
 
+def tier_counts(tiers: list[str], step_name: str, manifest: Any) -> list[dict[str, Any]]:
+    """For each local tier directory in ``tiers``: how many of the committed step's data
+    files (``manifest``'s, bar ``.metadata``) it holds with the recorded size. A step
+    directory that is a symlink is not followed (it holds nothing)."""
+    data = {n: e for n, e in manifest.files.items() if n != METADATA_NAME}
+    out = []
+    for d in tiers:
+        path = os.path.join(d, step_name)
+        held = 0
+        if os.path.isdir(path) and not os.path.islink(path):
+            try:
+                held = len(set(local_files(LocalStore(path), manifest)) & set(data))
+            except (OSError, CkptStoreError):
+                held = 0
+        out.append({"dir": d, "files": held, "of": len(data)})
+    return out
+
+
+def tiers_text(row: dict[str, Any]) -> str:
+    """``bucket, local 1: all, local 2: 2/3`` for a row with ``tiers``."""
+    parts = ["bucket"]
+    for i, t in enumerate(row["tiers"], start=1):
+        held = "all" if t["files"] == t["of"] else f"{t['files']}/{t['of']}"
+        parts.append(f"local {i}: {held}")
+    return ", ".join(parts)
+
+
 def list_root(
     ctx: Context,
     root: Store,
@@ -98,8 +139,10 @@ def list_root(
     progress: Any = None,
     skipped: list[Skipped] | None = None,
     foreign: list[Skipped] | None = None,
+    tiers: list[str] | None = None,
 ) -> list[dict[str, Any]]:
-    """One dict per ``step_%09d`` directory under ``root`` (ascending step).
+    """One dict per ``step_%09d`` directory under ``root`` (ascending step); with
+    ``tiers`` (local tier directories), each committed one says what each holds of it.
 
     Step-named entries that are not directories (a symlink, a file) are never followed or
     read: they go into ``skipped`` when it is given; every other entry into ``foreign``.
@@ -136,6 +179,8 @@ def list_root(
                 codec=m.codec,
                 run=m.extra.get("run") if isinstance(m.extra.get("run"), str) else None,
             )
+            if tiers:
+                row["tiers"] = tier_counts(tiers, e.name, m)
             if verify:
                 report = verify_checkpoint(
                     store, ctx.engine, committed=committed, on_bytes=progress
@@ -163,11 +208,20 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     """Run ``ls``; the exit status."""
     root = ctx.open(args.root)
     names = list_or_missing(root, args.root)
+    for d in args.local_tier:
+        if not os.path.isdir(d):
+            raise ConfigError(f"--local-tier {d}: not a directory (a node's local tier)")
     skipped: list[Skipped] = []
     foreign: list[Skipped] = []
     with Progress(None, "verify", ctx.progress_enabled and args.verify) as bar:
         rows = list_root(
-            ctx, root, verify=args.verify, progress=bar.update, skipped=skipped, foreign=foreign
+            ctx,
+            root,
+            verify=args.verify,
+            progress=bar.update,
+            skipped=skipped,
+            foreign=foreign,
+            tiers=args.local_tier,
         )
     others, unexamined = other_checkpoints(root, foreign)
     now = time.time()
@@ -203,9 +257,10 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         )
         return 1 if corrupt else 0
     if rows:
+        head = ["STEP", "STATUS", "SIZE", "WORLD", "CREATED", "FORMAT"]
         print(
             table(
-                ["STEP", "STATUS", "SIZE", "WORLD", "CREATED", "FORMAT"],
+                head + (["TIERS"] if args.local_tier else []),
                 [
                     [
                         r["step"],
@@ -215,11 +270,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                         format_time(r["created"]),
                         f"v{r['format_version']} {r['codec']}" if r["format_version"] else "-",
                     ]
+                    + ([tiers_text(r) if "tiers" in r else "-"] if args.local_tier else [])
                     for r in rows
                 ],
                 right={0, 2, 3},
             )
         )
+        for i, d in enumerate(args.local_tier, start=1):
+            print(f"local {i}: {safe(d)}")
         for r in rows:
             if r["problem"]:
                 print(f"step {r['step']}: {safe(r['problem'])}")

@@ -95,6 +95,27 @@ def test_ls_shows_checkpoints_under_other_names_in_their_own_section(backend, ro
     assert [c["step"] for c in doc["checkpoints"]] == [5]
 
 
+def test_ls_shows_which_tiers_hold_each_step(tool, tmp_path) -> None:
+    from ckptstore import CheckpointManager, KeepAll
+
+    root, tier, empty = (str(tmp_path / n) for n in ("root", "node0", "node1"))
+    os.makedirs(empty)
+    with CheckpointManager(root, local_tier_dir=tier, keep=KeepAll()) as mgr:
+        for n in (1, 2):
+            mgr.save(n, {"w": torch.full((10,), float(n))})  # the local tier keeps step 2
+    r = tool("ls", root, "--local-tier", tier, "--local-tier", empty)
+    assert r.rc == 0, r.err
+    rows = {line.split()[0]: line for line in r.out.splitlines()[1:3]}
+    assert rows["2"].endswith("bucket, local 1: all, local 2: 0/1"), r.out
+    assert rows["1"].endswith("bucket, local 1: 0/1, local 2: 0/1"), r.out
+    assert f"local 1: {tier}" in r.out
+    doc = tool("ls", root, "--local-tier", tier, "--json").json()
+    assert doc["checkpoints"][1]["tiers"] == [{"dir": tier, "files": 1, "of": 1}]
+    assert "tiers" not in tool("ls", root, "--json").json()["checkpoints"][0]
+    missing = tool("ls", root, "--local-tier", str(tmp_path / "nope"))
+    assert missing.rc == 2 and "--local-tier" in missing.err
+
+
 def test_ls_missing_root_is_a_usage_error(backend, cli) -> None:
     r = cli("ls", backend.missing)
     assert r.rc == 2 and "Traceback" not in r.err
