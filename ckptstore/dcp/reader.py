@@ -16,6 +16,7 @@ from __future__ import annotations
 import os
 import warnings
 from collections import deque
+from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
@@ -71,7 +72,8 @@ class CkptReader(StoreBound, StorageReader):
         read_metadata()                 every rank: the already-verified DCP Metadata
         set_up_storage_reader(md, ...)  every rank
         prepare_local_plan / prepare_global_plan: unchanged plans
-        read_data(plan, planner)        every rank: parallel ranged reads planned from the
+        read_data(plan, planner)        every rank: ``before_read(files)`` if given, then
+                                        parallel ranged reads planned from the
                                         whole plan (``engine.readplan``: small adjacent
                                         items share a GET on object stores)
     """
@@ -86,8 +88,13 @@ class CkptReader(StoreBound, StorageReader):
         allow_pickle: bool = False,
         engine: TransferEngine | None = None,
         committed: Committed | None = None,
+        before_read: Callable[[set[str]], None] | None = None,
     ) -> None:
         super().__init__()
+        #: Called at the start of ``read_data`` with the files this rank's plan reads
+        #: (every rank calls it once per load, so it may be a collective: the manager's
+        #: peer tier fetches what the node lacks there).
+        self.before_read = before_read
         self._bind(url, storage_options, config, engine)
         #: A committed checkpoint opened by another rank for this URL (see open()).
         self._handed: Committed | None = committed
@@ -216,6 +223,8 @@ class CkptReader(StoreBound, StorageReader):
         range and ``UnsafePickleError`` for an object item weights_only loading refuses
         (unless ``allow_pickle``); reads in flight finish before the error propagates.
         """
+        if self.before_read is not None:
+            self.before_read({self.storage_data[r.storage_index].relative_path for r in plan.items})
         # One read per distinct stored range, however many requests share it.
         by_range: dict[tuple[str, int, int], list[ReadItem]] = {}
         codecs: dict[tuple[str, int, int], Codec] = {}

@@ -13,13 +13,17 @@ the remote step); nothing is written.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 
+from ckptstore.engine.committed import METADATA_NAME, Committed
 from ckptstore.engine.store import Buffer, Store
 from ckptstore.errors import ConfigError
 from ckptstore.stores.local import LocalStore
 
-__all__ = ["NodeTier"]
+__all__ = ["NodeTier", "where_from"]
+
+log = logging.getLogger("ckptstore.manager.restore")
 
 
 class NodeTier(Store):
@@ -31,6 +35,11 @@ class NodeTier(Store):
         self.local_files = frozenset(local_files) if local is not None else frozenset()
         self.bytes_local = 0
         self.bytes_remote = 0
+
+    def hold(self, local_files: Iterable[str]) -> None:
+        """Serve ``local_files`` locally from now on (files a peer just sent)."""
+        if self.local is not None:
+            self.local_files = frozenset(local_files)
 
     def _pick(self, path: str) -> Store:
         if self.local is not None and path in self.local_files:
@@ -61,3 +70,26 @@ class NodeTier(Store):
     def delete(self, path: str) -> None:
         """Refused: a restore only reads."""
         raise ConfigError(f"{self.describe(path)}: a restore's node tier is read-only")
+
+
+def where_from(
+    step: int, tier: NodeTier, committed: Committed, local_dir: str | None, remote: str
+) -> None:
+    """Log (INFO, the restore's logger) where ``tier`` reads ``step`` from: all of its data
+    files locally, some, or none."""
+    data = set(committed.manifest.files) - {METADATA_NAME}  # .metadata: rank 0's bytes
+    if tier.local_files >= data:
+        log.info(
+            "restoring step %d from the local copy in %s (all %d of its data files)",
+            step, local_dir, len(data),
+        )  # fmt: skip
+    elif tier.local_files:
+        log.info(
+            "restoring step %d from the local copy in %s (%d of its %d data files; the rest "
+            "from %s)", step, local_dir, len(tier.local_files & data), len(data), remote,
+        )  # fmt: skip
+    else:  # another node has files of it; this one reads all remotely
+        log.info(
+            "restoring step %d from the remote copy in %s (none of its files in %s)",
+            step, remote, local_dir,
+        )  # fmt: skip

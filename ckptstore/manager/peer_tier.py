@@ -3,10 +3,12 @@ restore that takes what its node lacks from the peers instead of the bucket.
 
 After a committed save, every node's leader sends the step's files it wrote to the next
 ``replicas`` nodes on the ring (``engine.replicas``), over the manager's checkpoint gloo
-group, in the save thread. At a restore, each node's leader lists the step's files it
-holds (checked against the committed manifest: size and CRC32C), every rank learns what
-every node holds, and each file a node lacks is sent by a node that holds it; what no node
-holds is read from the bucket as before (``manager.node_tier``). A received file is kept
+group, in the save thread. At a restore, as the reads start (the reader's ``before_read``),
+each node's leader lists the step's files it holds (checked against the committed
+manifest: size and CRC32C), every rank says which files its part of the load reads, and
+each file a node's ranks read and the node lacks is sent by a node that holds it (so a
+sharded state moves only the shards each node loads); what no node holds is read from the
+bucket as before (``manager.node_tier``). A received file is kept
 only when its size and CRC32C are the manifest's (``manager.peer_copy``).
 
 Copies run in rounds that every rank computes alike (``engine.replicas.copy_rounds``), in
@@ -22,6 +24,7 @@ import dataclasses
 import logging
 import os
 import time
+from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +88,8 @@ class PeerTier:
         peers.after_save(step, manifest, url)  # save thread, after every save: ``replicate``
                                          # (rank 0 passes the committed step's manifest,
                                          # the others None), reported as notes + an error
-        peers.fetch(step, manifest)      # restore, before reading the step: each node gets
-                                         # the files it lacks from the peers that hold them
+        peers.fetch(step, manifest, need)  # restore, as its reads start: each node gets
+                                         # the files its ranks need and lacks, from peers
 
     Both return a ``PeerReport``; with one node, no local tier or ``replicas == 0`` they
     exchange nothing (beyond the node map's first gathering) and return an empty one.
@@ -127,14 +130,24 @@ class PeerTier:
         report = self._exchange(step, manifest, holds, wants)
         return dataclasses.replace(report, over_limit=tuple(over))
 
-    def fetch(self, step: int, manifest: Manifest) -> PeerReport:
-        """Give every node every data file of ``step`` that some node holds (checked
-        against ``manifest``: a damaged or truncated copy does not count)."""
+    def fetch(self, step: int, manifest: Manifest, need: Collection[str]) -> PeerReport:
+        """Give every node the data files of ``step`` its ranks ``need`` (each rank its
+        own: the files its part of the load reads) and lacks, from nodes that hold them
+        (checked against ``manifest``: a damaged or truncated copy does not count)."""
         if not self.active:
             return PeerReport()
-        holds = self._gather_holds(step, manifest, verify=True)
-        wanted = set(_data_files(manifest))
-        return self._exchange(step, manifest, holds, [wanted] * len(holds))
+        node_map = self.nodes.get()
+        held = self._held(step, manifest, verify=True) if node_map.is_leader else None
+        data = set(_data_files(manifest))
+        every: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(every, (held, sorted(set(need) & data)), group=self.group)
+        nodes = node_map.nodes
+        holds = [set(every[leader][0] or ()) for leader in node_map.leaders]
+        wants: list[set[str]] = [set() for _ in nodes]
+        for key, (_, needs) in zip(node_map.keys, every):
+            if key is not None:  # a rank without a local tier reads from the bucket
+                wants[nodes.index(key)].update(needs)
+        return self._exchange(step, manifest, holds, wants)
 
     def after_save(
         self, step: int, manifest: Manifest | None, root_url: str

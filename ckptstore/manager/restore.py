@@ -12,10 +12,11 @@ local files a restore trusts is ``engine.local_tier``'s rule.
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,7 +28,6 @@ from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import finish_publish
 from ckptstore.engine.committed import (
-    METADATA_NAME,
     Committed,
     committed_from_bytes,
     open_committed,
@@ -43,7 +43,7 @@ from ckptstore.errors import (
     IncompleteCheckpointError,
 )
 from ckptstore.manager.agreement import Agreement
-from ckptstore.manager.node_tier import NodeTier
+from ckptstore.manager.node_tier import NodeTier, where_from
 from ckptstore.manager.peer_tier import PeerTier
 from ckptstore.manager.state import RNGState
 from ckptstore.stores.local import LocalStore
@@ -272,28 +272,14 @@ class StepLoader:
                 RuntimeWarning,
                 stacklevel=3,
             )
-        if local is None and self.peers is not None:
-            self._fetch_from_peers(step, committed)
         tier = self._node_tier(step, remote, committed) if local is None else None
         if tier is not None:
-            data = set(committed.manifest.files) - {METADATA_NAME}  # .metadata: rank 0's bytes
-            if tier.local_files >= data:
-                log.info(
-                    "restoring step %d from the local copy in %s (all %d of its data files)",
-                    step, self.local_tier_dir, len(data),
-                )  # fmt: skip
-            elif tier.local_files:
-                log.info(
-                    "restoring step %d from the local copy in %s (%d of its %d data files; the "
-                    "rest from %s)", step, self.local_tier_dir, len(tier.local_files & data),
-                    len(data), self.root.url,
-                )  # fmt: skip
-            else:  # another node has files of it; this one reads all remotely
-                log.info(
-                    "restoring step %d from the remote copy in %s (none of its files in %s)",
-                    step, self.root.url, self.local_tier_dir,
-                )  # fmt: skip
-            error = self._load_from(tier, step, state, committed)
+            hook = None
+            if self.peers is not None and self.peers.active:  # the same on every rank
+                hook = functools.partial(self._from_peers, step, committed, tier)
+            else:
+                where_from(step, tier, committed, self.local_tier_dir, self.root.url)
+            error = self._load_from(tier, step, state, committed, before_read=hook)
             log.info(
                 "step %d: %d bytes read locally, %d from the remote",
                 step, tier.bytes_local, tier.bytes_remote,
@@ -316,15 +302,19 @@ class StepLoader:
         self.source = f"the remote copy in {self.root.url}"
         return self._load_from(remote, step, state, committed)
 
-    def _fetch_from_peers(self, step: int, committed: Committed) -> None:
-        """Collective: every node gets the files of ``step`` it lacks (or holds damaged)
-        from the peer nodes that hold them (``manager.peer_tier``); a file no node holds
-        is then read from the remote step by the node tier below."""
+    def _from_peers(self, step: int, committed: Committed, tier: NodeTier, paths: set[str]) -> None:
+        """The reader's ``before_read`` (every rank, inside the load: a collective): each
+        node gets from its peers the files of ``step`` its ranks' reads need (``paths``:
+        this rank's) and lacks or holds damaged (``manager.peer_tier``); ``tier`` then
+        reads them locally. A file no node holds is read from the remote step."""
         assert self.peers is not None
-        if not self.peers.active:
-            return
         t = time.perf_counter()
-        got = self.peers.fetch(step, committed.manifest)
+        got = self.peers.fetch(step, committed.manifest, paths)
+        if tier.local is not None:
+            try:
+                tier.hold(local_files(tier.local, committed.manifest))
+            except (OSError, CkptStoreError):
+                pass  # what it held before stays (the reads check every byte)
         if got.received:
             log.info(
                 "step %d: %d bytes copied from peer nodes into %s in %.2f s",
@@ -337,6 +327,7 @@ class StepLoader:
                 "held by no node are read from %s: %s",
                 step, got.refused, len(lost), self.root.url, ", ".join(lost[:8]),
             )  # fmt: skip
+        where_from(step, tier, committed, self.local_tier_dir, self.root.url)
 
     def _node_tier(self, step: int, remote: Store, committed: Committed) -> NodeTier | None:
         """This node's share of ``step`` when no rank-agreed whole local copy exists (on
@@ -351,7 +342,8 @@ class StepLoader:
                 files = local_files(local, committed.manifest)
             except (OSError, CkptStoreError):
                 files = []
-        if not self.agree.any(bool(files)):
+        peers = self.peers is not None and self.peers.active  # they may send files
+        if not self.agree.any(bool(files)) and not peers:
             return None
         return NodeTier(local, remote, files)  # a rank with no files reads all remotely
 
@@ -370,7 +362,12 @@ class StepLoader:
         return local if self.agree.all(local is not None) else None
 
     def _load_from(
-        self, store: Store, step: int, state: dict[str, Any], committed: Committed | None
+        self,
+        store: Store,
+        step: int,
+        state: dict[str, Any],
+        committed: Committed | None,
+        before_read: Callable[[set[str]], None] | None = None,
     ) -> CkptStoreError | None:
         error: CkptStoreError | None = None
         reader = None
@@ -381,6 +378,7 @@ class StepLoader:
                 config=self.engine.config,
                 allow_pickle=self.allow_pickle,
                 committed=committed,
+                before_read=before_read,
             )
         except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
             error = exc

@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 import torch
 
+import ckptstore
 from ckptstore.engine.names import TMP_MARK, step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError
@@ -130,15 +131,25 @@ def test_without_replicas_each_node_holds_its_own_shards_only(tmp_path) -> None:
     assert all(holds[n] == own(every, n) for n in range(NODES))
 
 
+def shared(tmp: str) -> set[str]:
+    """The files holding the replicated tensor ``w`` (every rank reads them)."""
+    metadata = ckptstore.reader(os.path.join(tmp, "root", step_name(STEP))).read_metadata()
+    return {i.relative_path for k, i in metadata.storage_data.items() if k.fqn == "w"}
+
+
 @pytest.mark.parametrize("chunk", [0, 4093], ids=["one-message", "many-messages"])
 def test_a_replaced_node_restores_from_its_peers_with_nothing_from_the_root(
     tmp_path, chunk: int
 ) -> None:
     tmp = str(tmp_path)
-    every = set().union(*saved(tmp, replicas=1, chunk=chunk).values())
+    before = saved(tmp, replicas=1, chunk=chunk)
+    every = set().union(*before.values())
     wipe(tmp, 1)  # node 1 replaced: its tier is empty
     assert restored(tmp, replicas=1, chunk=chunk) == set()
-    assert held(tmp) == {n: every for n in range(NODES)}  # node 1 re-seeded, all complete
+    # each node got what its rank reads and lacked (node 1: its own shard and the shared
+    # tensor's; node 2: the shared tensor's), nothing more
+    before[1] = set()
+    assert held(tmp) == {n: before[n] | own(every, n) | shared(tmp) for n in range(NODES)}
 
 
 def test_two_adjacent_nodes_lost_the_root_serves_exactly_their_lost_shards(tmp_path) -> None:
@@ -147,7 +158,8 @@ def test_two_adjacent_nodes_lost_the_root_serves_exactly_their_lost_shards(tmp_p
     wipe(tmp, 1)
     wipe(tmp, 2)  # node 1's shards were on nodes 1 and 2 only
     assert restored(tmp, replicas=1) == own(every, 1)
-    assert held(tmp) == {n: every - own(every, 1) for n in range(NODES)}
+    holds = held(tmp)
+    assert holds[1] == shared(tmp) and holds[2] == own(every, 2) | shared(tmp)
 
 
 def test_a_damaged_or_truncated_copy_is_never_used_the_next_holder_sends_it(tmp_path) -> None:
@@ -167,7 +179,8 @@ def test_a_damaged_or_truncated_copy_is_never_used_the_next_holder_sends_it(tmp_
         f.truncate(os.path.getsize(truncated) - 1)
     assert restored(tmp, replicas=2) == set()
     remote = os.path.join(tmp, "root", step_name(STEP))
-    for path, name in ((damaged, two), (truncated, one)):  # replaced by a good copy
+    received = os.path.join(tmp, "node2", step_name(STEP), two)  # from node 1, not node 0
+    for path, name in ((received, two), (truncated, one)):  # good copies
         assert open_bytes(path) == open_bytes(os.path.join(remote, name))
 
 
