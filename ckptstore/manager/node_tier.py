@@ -1,27 +1,31 @@
-"""A node's share of a committed step: its own staged shards read locally, the rest remote.
+"""A node's share of a committed step: the files its local tier holds read locally, the
+rest remote.
 
-On several nodes each node's local tier directory holds only the shards its ranks wrote, and
-the commit marker only on the coordinator's node, so no node has a whole local copy.
-:class:`NodeTier` is a read-only store over one step that serves each data file from the
-local copy when it is there with the size the remote manifest records, and everything else
-(other ranks' shards) from the remote step. The marker, manifest and ``.metadata`` are not
-read through it at all: the reader is handed what rank 0 read of the remote step
-(``ckptstore.manager.restore``). The reader checks every byte against that manifest's
-checksums, so a stale or damaged local file fails the load (and the restore falls back to
-the remote step); nothing is written.
+On several nodes no node has a whole local copy (each holds its ranks' shards and its
+peers' replicas; the marker only the coordinator's). :class:`NodeTier` is a read-only store
+over one step that serves each data file from the local copy when it is there with the
+size the remote manifest records, and everything else from the remote step; with the peer
+tier, ``from_peers`` (the reader's ``before_read``) first has the node's missing files sent
+by peers. The marker, manifest and ``.metadata`` are not read through it: the reader is
+handed what rank 0 read of the remote step (``manager.restore``). The reader checks every
+byte against that manifest's checksums, so a stale or damaged local file fails the load
+(and the restore falls back to the remote step).
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Iterable
 
 from ckptstore.engine.committed import METADATA_NAME, Committed
+from ckptstore.engine.local_tier import local_files
 from ckptstore.engine.store import Buffer, Store
-from ckptstore.errors import ConfigError
+from ckptstore.errors import CkptStoreError, ConfigError
+from ckptstore.manager.peer_tier import PeerTier
 from ckptstore.stores.local import LocalStore
 
-__all__ = ["NodeTier", "where_from"]
+__all__ = ["NodeTier", "from_peers", "where_from"]
 
 log = logging.getLogger("ckptstore.manager.restore")
 
@@ -35,6 +39,8 @@ class NodeTier(Store):
         self.local_files = frozenset(local_files) if local is not None else frozenset()
         self.bytes_local = 0
         self.bytes_remote = 0
+        #: Bytes the peer tier moved between nodes for this load (``from_peers``).
+        self.bytes_peers = 0
 
     def hold(self, local_files: Iterable[str]) -> None:
         """Serve ``local_files`` locally from now on (files a peer just sent)."""
@@ -93,3 +99,40 @@ def where_from(
             "restoring step %d from the remote copy in %s (none of its files in %s)",
             step, remote, local_dir,
         )  # fmt: skip
+
+
+def from_peers(
+    peers: PeerTier,
+    step: int,
+    committed: Committed,
+    tier: NodeTier,
+    remote: str,
+    is_root: bool,
+    paths: set[str],
+) -> None:
+    """The reader's ``before_read`` for ``tier`` (every rank, inside the load: a
+    collective): each node gets from its peers the files of ``step`` its ranks' reads need
+    (``paths``: this rank's) and lacks or holds damaged (``manager.peer_tier``), and
+    ``tier`` then reads them locally. A file no node holds is read from ``remote``."""
+    t = time.perf_counter()
+    got = peers.fetch(step, committed.manifest, paths)
+    tier.bytes_peers = got.bytes
+    local_dir = peers.nodes.local_tier_dir
+    if tier.local is not None:
+        try:
+            tier.hold(local_files(tier.local, committed.manifest))
+        except (OSError, CkptStoreError):
+            pass  # what it held before stays (the reads check every byte)
+    if got.received:
+        log.info(
+            "step %d: %d bytes copied from peer nodes into %s in %.2f s",
+            step, got.received, local_dir, time.perf_counter() - t,
+        )  # fmt: skip
+    if is_root and (got.refused or any(got.missing)):
+        lost = sorted(set().union(*got.missing))
+        log.info(
+            "step %d: %d copies from peer nodes not kept (see the warnings); %d files held "
+            "by no node are read from %s: %s",
+            step, got.refused, len(lost), remote, ", ".join(lost[:8]),
+        )  # fmt: skip
+    where_from(step, tier, committed, local_dir, remote)

@@ -28,7 +28,6 @@ from collections.abc import Collection
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 import torch.distributed as dist
 
 from ckptstore.engine.checksum import crc32c
@@ -119,7 +118,7 @@ class PeerTier:
         manifest = box[0]
         if manifest is None:  # the save failed: nothing to replicate
             return PeerReport()
-        holds = self._gather_holds(step, manifest, verify=False)
+        holds = self._gather_holds(step, manifest)
         wants = replica_wants(holds, self.replicas)
         over: list[tuple[int, int]] = []
         if self.limit is not None:
@@ -132,22 +131,23 @@ class PeerTier:
 
     def fetch(self, step: int, manifest: Manifest, need: Collection[str]) -> PeerReport:
         """Give every node the data files of ``step`` its ranks ``need`` (each rank its
-        own: the files its part of the load reads) and lacks, from nodes that hold them
-        (checked against ``manifest``: a damaged or truncated copy does not count)."""
+        own: the files its part of the load reads) and lacks, from nodes that hold them.
+        A node checks the CRC32C of the files it holds and reads itself (a damaged one is
+        fetched again); the others count by size, and a damaged one a node sends is
+        refused by the receiver and sent again by another holder."""
         if not self.active:
             return PeerReport()
         node_map = self.nodes.get()
-        held = self._held(step, manifest, verify=True) if node_map.is_leader else None
-        data = set(_data_files(manifest))
-        every: list[Any] = [None] * dist.get_world_size(self.group)
-        dist.all_gather_object(every, (held, sorted(set(need) & data)), group=self.group)
         nodes = node_map.nodes
-        holds = [set(every[leader][0] or ()) for leader in node_map.leaders]
+        data = set(_data_files(manifest))
+        needs: list[Any] = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(needs, sorted(set(need) & data), group=self.group)
         wants: list[set[str]] = [set() for _ in nodes]
-        for key, (_, needs) in zip(node_map.keys, every):
+        for key, names in zip(node_map.keys, needs):
             if key is not None:  # a rank without a local tier reads from the bucket
-                wants[nodes.index(key)].update(needs)
-        return self._exchange(step, manifest, holds, wants)
+                wants[nodes.index(key)].update(names)
+        mine = wants[node_map.node] if node_map.node is not None else set()
+        return self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
 
     def after_save(
         self, step: int, manifest: Manifest | None, root_url: str
@@ -203,31 +203,30 @@ class PeerTier:
             raise UnsafePathError(f"{local.url} is a symlink; the peer tier does not follow it")
         return local
 
-    def _gather_holds(self, step: int, manifest: Manifest, *, verify: bool) -> list[set[str]]:
-        """What each node holds of ``step`` (its leader's answer; sizes checked, and the
-        CRC32C too with ``verify``), on every rank."""
+    def _gather_holds(
+        self, step: int, manifest: Manifest, verify: Collection[str] = ()
+    ) -> list[set[str]]:
+        """What each node holds of ``step`` (its leader's answer: sizes checked, and the
+        CRC32C of the files in its ``verify``), on every rank."""
         node_map = self.nodes.get()
-        own: list[str] | None = None
-        if node_map.is_leader:
-            own = self._held(step, manifest, verify)
+        own = self._held(step, manifest, verify) if node_map.is_leader else None
         every: list[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(every, own, group=self.group)
         return [set(every[leader] or ()) for leader in node_map.leaders]
 
-    def _held(self, step: int, manifest: Manifest, verify: bool) -> list[str]:
-        """The data files of ``step`` this node holds as the manifest records them."""
+    def _held(self, step: int, manifest: Manifest, verify: Collection[str] = ()) -> list[str]:
+        """The data files of ``step`` this node holds with the size the manifest records;
+        those in ``verify`` only if their CRC32C is the manifest's too."""
         try:
             local = self._step_dir(step)
             names = [n for n in local_files(local, manifest) if n not in _SMALL]
         except (OSError, CkptStoreError):
             return []
-        if not verify:
-            return names
         good = []
         for name in names:
             entry = manifest.files[name]
             try:
-                ok = _file_crc(local, name, entry.size) == entry.crc32c
+                ok = name not in verify or _file_crc(local, name, entry.size) == entry.crc32c
             except (OSError, CkptStoreError):
                 ok = False
             if ok:
@@ -242,12 +241,44 @@ class PeerTier:
     def _exchange(
         self, step: int, manifest: Manifest, holds: list[set[str]], wants: list[set[str]]
     ) -> PeerReport:
-        """Run the copies that give each node what it ``wants``, round by round; every
-        rank takes part in the agreement on what landed."""
-        copies, missing = plan_copies(_sizes(manifest), holds, wants)
+        """Run the copies that give each node what it ``wants``, round by round; a copy
+        the receiver refused (a damaged source) is planned again without that source,
+        until no holder is left. Every rank takes part in the agreement on what landed."""
+        sizes = _sizes(manifest)
+        holds, wants = [set(h) for h in holds], [set(w) for w in wants]
+        copied = moved = received = 0
+        missing: list[set[str]] = [set() for _ in holds]
+        refused: list[tuple[str, int, int]] = []
+        for _ in range(len(holds)):  # each pass drops the sources that sent a bad copy
+            copies, lost = plan_copies(sizes, holds, wants)
+            for node, names in enumerate(lost):
+                missing[node] |= names
+            landed, refused_here = self._run(step, manifest, copies)
+            received += landed
+            gathered: list[Any] = [None] * dist.get_world_size(self.group)
+            dist.all_gather_object(gathered, refused_here, group=self.group)
+            refused = [r for rs in gathered for r in rs]
+            copied += len(copies) - len(refused)
+            moved += sum(c.size for c in copies)
+            if not refused:
+                break
+            for name, src, _ in refused:
+                holds[src].discard(name)
+            wants = [{n for n, _, d in refused if d == node} for node in range(len(holds))]
+        return PeerReport(
+            copied=copied,
+            bytes=moved,
+            refused=len(refused),
+            missing=tuple(frozenset(m) for m in missing),
+            received=received,
+        )
+
+    def _run(self, step: int, manifest: Manifest, copies: list[Copy]) -> tuple[int, list[Any]]:
+        """This leader's part of ``copies``, round by round: the bytes it received and
+        kept, and the copies it refused, as (name, source node, this node)."""
         node_map = self.nodes.get()
         me = node_map.node if node_map.is_leader else None
-        refused = received = 0
+        received, refused = 0, []
         for round_ in copy_rounds(copies):
             send = next((c for c in round_ if c.src == me), None)
             take = next((c for c in round_ if c.dst == me), None)
@@ -256,16 +287,8 @@ class PeerTier:
                     assert take is not None
                     received += take.size
                 elif take is not None:
-                    refused += 1
-        total = torch.tensor([refused], dtype=torch.int64)
-        dist.all_reduce(total, group=self.group)
-        return PeerReport(
-            copied=len(copies) - int(total.item()),
-            bytes=sum(c.size for c in copies),
-            refused=int(total.item()),
-            missing=tuple(frozenset(m) for m in missing),
-            received=received,
-        )
+                    refused.append((take.name, take.src, take.dst))
+        return received, refused
 
     def _round(
         self,

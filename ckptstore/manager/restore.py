@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -43,7 +42,7 @@ from ckptstore.errors import (
     IncompleteCheckpointError,
 )
 from ckptstore.manager.agreement import Agreement
-from ckptstore.manager.node_tier import NodeTier, where_from
+from ckptstore.manager.node_tier import NodeTier, from_peers, where_from
 from ckptstore.manager.peer_tier import PeerTier
 from ckptstore.manager.state import RNGState
 from ckptstore.stores.local import LocalStore
@@ -276,7 +275,9 @@ class StepLoader:
         if tier is not None:
             hook = None
             if self.peers is not None and self.peers.active:  # the same on every rank
-                hook = functools.partial(self._from_peers, step, committed, tier)
+                hook = functools.partial(
+                    from_peers, self.peers, step, committed, tier, self.root.url, self.is_root
+                )
             else:
                 where_from(step, tier, committed, self.local_tier_dir, self.root.url)
             error = self._load_from(tier, step, state, committed, before_read=hook)
@@ -288,7 +289,9 @@ class StepLoader:
                 self.source = (
                     f"the local copy in {self.local_tier_dir} and the remote copy in "
                     f"{self.root.url} (rank 0: {tier.bytes_local} bytes local, "
-                    f"{tier.bytes_remote} remote)"
+                    f"{tier.bytes_remote} remote"
+                    + (f"; {tier.bytes_peers} bytes sent between nodes" if tier.bytes_peers else "")
+                    + ")"
                 )
             if error is None:
                 return None
@@ -301,33 +304,6 @@ class StepLoader:
         log.info("restoring step %d from the remote copy in %s", step, self.root.url)
         self.source = f"the remote copy in {self.root.url}"
         return self._load_from(remote, step, state, committed)
-
-    def _from_peers(self, step: int, committed: Committed, tier: NodeTier, paths: set[str]) -> None:
-        """The reader's ``before_read`` (every rank, inside the load: a collective): each
-        node gets from its peers the files of ``step`` its ranks' reads need (``paths``:
-        this rank's) and lacks or holds damaged (``manager.peer_tier``); ``tier`` then
-        reads them locally. A file no node holds is read from the remote step."""
-        assert self.peers is not None
-        t = time.perf_counter()
-        got = self.peers.fetch(step, committed.manifest, paths)
-        if tier.local is not None:
-            try:
-                tier.hold(local_files(tier.local, committed.manifest))
-            except (OSError, CkptStoreError):
-                pass  # what it held before stays (the reads check every byte)
-        if got.received:
-            log.info(
-                "step %d: %d bytes copied from peer nodes into %s in %.2f s",
-                step, got.received, self.local_tier_dir, time.perf_counter() - t,
-            )  # fmt: skip
-        if self.is_root and (got.refused or any(got.missing)):
-            lost = sorted(set().union(*got.missing))
-            log.info(
-                "step %d: %d copies from peer nodes not kept (see the warnings); %d files "
-                "held by no node are read from %s: %s",
-                step, got.refused, len(lost), self.root.url, ", ".join(lost[:8]),
-            )  # fmt: skip
-        where_from(step, tier, committed, self.local_tier_dir, self.root.url)
 
     def _node_tier(self, step: int, remote: Store, committed: Committed) -> NodeTier | None:
         """This node's share of ``step`` when no rank-agreed whole local copy exists (on

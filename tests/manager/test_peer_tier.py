@@ -179,7 +179,7 @@ def test_a_damaged_or_truncated_copy_is_never_used_the_next_holder_sends_it(tmp_
         f.truncate(os.path.getsize(truncated) - 1)
     assert restored(tmp, replicas=2) == set()
     remote = os.path.join(tmp, "root", step_name(STEP))
-    received = os.path.join(tmp, "node2", step_name(STEP), two)  # from node 1, not node 0
+    received = os.path.join(tmp, "node2", step_name(STEP), two)  # good, whoever sent it
     for path, name in ((received, two), (truncated, one)):  # good copies
         assert open_bytes(path) == open_bytes(os.path.join(remote, name))
 
