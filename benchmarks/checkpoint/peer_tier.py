@@ -28,18 +28,17 @@ import argparse
 import multiprocessing
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
 import time
 from typing import Any
 
-from benchmarks.checkpoint.restore_tier import _sigterm
 from benchmarks.common import (
     MiB,
     cell,
     command_line,
+    exit_on_sigterm,
     load_average,
     machine_line,
     markdown_table,
@@ -380,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     loop_mib = a.loop_mib or (16 if q else 64)
     steps = a.steps or (20 if q else 60)
     loop_repeats = a.loop_repeats or (1 if q else 3)
-    signal.signal(signal.SIGTERM, _sigterm)
+    exit_on_sigterm()
     res = run(
         size, repeats, a.link_mbps, a.link_latency_ms, loop_mib, steps, a.save_every, loop_repeats
     )
