@@ -22,6 +22,7 @@ import os
 import platform
 import re
 import resource
+import signal
 import statistics
 import subprocess
 import sys
@@ -40,6 +41,7 @@ __all__ = [
     "cell",
     "command_line",
     "current_rss_mib",
+    "exit_on_sigterm",
     "fsync_path",
     "load_average",
     "machine_facts",
@@ -265,6 +267,15 @@ def command_line() -> str:
         name = spec.name.removesuffix(".__main__")
         return " ".join(["python", "-m", name, *sys.argv[1:]])
     return " ".join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+
+
+def exit_on_sigterm() -> None:
+    """Make SIGTERM raise ``SystemExit`` so that ``finally:`` blocks stop servers and links."""
+
+    def _raise(signum: int, frame: Any) -> None:
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _raise)
 
 
 def write_results(name: str, result: dict[str, Any]) -> str:

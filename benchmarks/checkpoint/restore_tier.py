@@ -35,7 +35,6 @@ import argparse
 import multiprocessing
 import os
 import shutil
-import signal
 import statistics
 import sys
 import tempfile
@@ -47,6 +46,7 @@ from benchmarks.common import (
     add_state_args,
     cell,
     command_line,
+    exit_on_sigterm,
     load_average,
     machine_line,
     markdown_table,
@@ -233,10 +233,6 @@ def table(res: dict[str, Any]) -> str:
     return markdown_table(header, "lrrrrr", body)
 
 
-def _sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # so that finally: blocks stop the server and the link
-
-
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_state_args(p, size_mib=512, repeats=5)
@@ -246,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     size = a.size_mib or (128 if a.quick else 512)
     repeats = a.repeats or (3 if a.quick else 5)
-    signal.signal(signal.SIGTERM, _sigterm)
+    exit_on_sigterm()
     res = run(size, a.world, repeats, a.tensors_per_rank, a.link_mbps, a.link_latency_ms)
     print(f"state {size} MiB on {a.world} ranks; {repeats} repeats; link: {res['link']}\n")
     print(table(res))

@@ -61,7 +61,6 @@ import argparse
 import glob
 import multiprocessing
 import os
-import signal
 import sys
 import time
 import urllib.request
@@ -73,6 +72,7 @@ from benchmarks.common import (
     MiB,
     add_state_args,
     command_line,
+    exit_on_sigterm,
     load_average,
     machine_facts,
     machine_line,
@@ -261,10 +261,6 @@ def _remove_weed_sockets(ports: dict[str, int]) -> None:
                 pass
 
 
-def _sigterm(signum: int, frame: Any) -> None:
-    raise SystemExit(128 + signum)  # so that finally: blocks stop the server and the link
-
-
 def _available(names: list[str], cfg_tuned: bool) -> tuple[str, ...]:
     out = []
     for n in names:
@@ -324,7 +320,7 @@ def main(argv: list[str] | None = None) -> int:
         f"concurrency {default.concurrency}, memory budget {default.memory_budget // MiB} MiB",
         flush=True,
     )
-    signal.signal(signal.SIGTERM, _sigterm)
+    exit_on_sigterm()
     res = run(cfg)
     print(f"\nshaped link: {res['link']['description']}")
     print("\n" + format_table(res["rows"], "save"))
