@@ -90,8 +90,9 @@ class PeerTier:
         peers.fetch(step, manifest, need)  # restore, as its reads start: each node gets
                                          # the files its ranks need and lacks, from peers
 
-    Both return a ``PeerReport``; with one node, no local tier or ``replicas == 0`` they
-    exchange nothing (beyond the node map's first gathering) and return an empty one.
+    ``replicate`` (what ``after_save`` runs) and ``fetch`` return a ``PeerReport``; with
+    one node, no local tier or ``replicas == 0`` they exchange nothing (beyond the node
+    map's first gathering) and return an empty one.
     """
 
     def __init__(
