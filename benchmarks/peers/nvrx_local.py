@@ -202,8 +202,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 print(f"repeat {i} {contender}: {rounds[contender][-1]}", flush=True)
     finally:
         shutil.rmtree(base, ignore_errors=True)
-    import nvidia_resiliency_ext
-    import torch
+    from importlib.metadata import version
 
     return {
         "command": command_line(),
@@ -212,8 +211,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             "mem_gib": mem_gib(),
             "loadavg_before": load_before,
             "loadavg_after": load_average(),
-            "torch": torch.__version__,
-            "nvidia_resiliency_ext": getattr(nvidia_resiliency_ext, "__version__", "0.4.1"),
+            "torch": version("torch"),
+            "nvidia_resiliency_ext": version("nvidia-resiliency-ext"),
         },
         "size_mib": args.size_mib,
         "world": args.world,
