@@ -338,15 +338,16 @@ class PeerTier:
 
 def committed_manifest(root: Store, local_tier_dir: str | None, step: int) -> Manifest | None:
     """The manifest of the committed ``step``: from this node's local copy when it has one
-    (the coordinator's does), else from ``root``; None if neither opens."""
-    places = [root.child(step_name(step))]
-    if local_tier_dir:
-        places.insert(0, LocalStore(local_tier_dir).child(step_name(step)))
-    for store in places:
+    (the coordinator's does), else from ``root``; None if neither opens. Never raises:
+    rank 0 hands what it gets to every rank's collective."""
+    for where in ("local", "root"):
         try:
-            return open_committed(store).manifest
-        except CkptStoreError:
-            continue
+            if where == "root":
+                return open_committed(root.child(step_name(step))).manifest
+            if local_tier_dir:
+                return open_committed(LocalStore(local_tier_dir).child(step_name(step))).manifest
+        except Exception as exc:  # noqa: BLE001 - None is the answer: nothing is replicated
+            log.debug("step %d's manifest not read from the %s copy: %s", step, where, exc)
     return None
 
 
