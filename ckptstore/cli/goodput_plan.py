@@ -48,6 +48,8 @@ _NOT_IN_PLAN = {
     "checkpoint_gb": "--checkpoint-gb",
     "transfer_gb": "--transfer-gb",
     "nvme_gb": "--nvme-gb",
+    "peer_interval_min": "--peer-interval-min",
+    "peer_restart_min": "--peer-restart-min",
 }
 
 #: RankFigures / Cluster / ScalePrices field -> the flag that sets it (for error messages).

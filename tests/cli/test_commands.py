@@ -360,6 +360,8 @@ def test_goodput_prints_the_gain_of_a_peer_tier(tool) -> None:
     bad = tool(*args, "--peer-interval-min", "30", "--peer-share", "1.5")
     assert bad.rc == 2 and "--peer-share" in bad.err
     assert tool(*args, "--peer-interval-min", "0").rc == 2
+    plan = tool("goodput", "--plan", "--peer-interval-min", "30")
+    assert plan.rc == 2 and "--plan does not use --peer-interval-min" in plan.err
 
 
 def test_goodput_prices_and_bad_input(tool) -> None:
