@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 __all__ = [
+    "rank_env",
     "FIGURES_DIR",
     "MiB",
     "REPO_ROOT",
@@ -267,6 +268,25 @@ def command_line() -> str:
         name = spec.name.removesuffix(".__main__")
         return " ".join(["python", "-m", name, *sys.argv[1:]])
     return " ".join(["python", os.path.relpath(sys.argv[0]), *sys.argv[1:]])
+
+
+def rank_env(rank: int, world: int, port: int, **extra: str) -> dict[str, str]:
+    """This process's environment plus what torchrun gives rank ``rank`` of ``world`` on one
+    machine (loopback rendezvous on ``port``), this checkout first on ``PYTHONPATH``, one
+    OpenMP thread, and ``extra``."""
+    return dict(
+        os.environ,
+        RANK=str(rank),
+        WORLD_SIZE=str(world),
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE=str(world),
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        GLOO_SOCKET_IFNAME="lo",
+        PYTHONPATH=REPO_ROOT,
+        OMP_NUM_THREADS="1",
+        **extra,
+    )
 
 
 def exit_on_sigterm() -> None:

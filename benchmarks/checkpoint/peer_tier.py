@@ -34,6 +34,7 @@ import tempfile
 import time
 from typing import Any
 
+from benchmarks.checkpoint.restore_tier import timed_restore
 from benchmarks.common import (
     MiB,
     cell,
@@ -122,20 +123,9 @@ def _restores(
                 local_tier_dir=None if mode == "remote" else tiers[rank],
                 replicas=1 if mode == "peers" else 0,
             )
-            dist.barrier()
-            before = counters[1]
-            t0 = time.perf_counter()
-            step = mgr.restore(dest)
-            dist.barrier()
-            secs = time.perf_counter() - t0
-            moved = counters[1] - before
-            mgr.close()
-            if step != 1 or not all(torch.equal(dest["model"][k], v) for k, v in state.items()):
-                raise RuntimeError(f"{mode}: restore returned step {step} or different bytes")
-            out = torch.tensor([secs])
-            dist.all_reduce(out, op=dist.ReduceOp.MAX)
-            samples[mode].append(float(out))
-            link[mode].append(int(moved))
+            secs, moved = timed_restore(mgr, dest, state, counters, mode)
+            samples[mode].append(secs)
+            link[mode].append(moved)
             if rank == 1:
                 _reset(tiers[1], backup)  # untimed: the node's tier as after the save
             dist.barrier()

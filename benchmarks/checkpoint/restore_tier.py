@@ -55,10 +55,34 @@ from benchmarks.common import (
     write_results,
 )
 
-__all__ = ["main", "run"]
+__all__ = ["main", "run", "timed_restore"]
 
 BUCKET = "restore-tier"
 MODES = ("local tier", "local, cold", "remote", "plain read")
+
+
+def timed_restore(
+    mgr: Any, dest: dict[str, Any], state: dict[str, Any], counters: Any, mode: str
+) -> tuple[float, int]:
+    """Every rank: barrier -> ``mgr.restore(dest)`` -> barrier, then close ``mgr``; the
+    slowest rank's seconds and the bytes that crossed the link meanwhile (``counters[1]``).
+    Raises unless step 1 came back equal to ``state`` (under ``dest["model"]``)."""
+    import torch
+    import torch.distributed as dist
+
+    dist.barrier()
+    before = counters[1]
+    t0 = time.perf_counter()
+    step = mgr.restore(dest)
+    dist.barrier()
+    secs = time.perf_counter() - t0
+    moved = counters[1] - before
+    mgr.close()
+    if step != 1 or not all(torch.equal(dest["model"][k], v) for k, v in state.items()):
+        raise RuntimeError(f"{mode}: restore returned step {step} or different bytes")
+    out = torch.tensor([secs])
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return float(out), int(moved)
 
 
 def _evict(root: str) -> None:
@@ -130,20 +154,9 @@ def _rank_main(
             )
             if mode == "local, cold" and rank == 0:
                 _evict(tier_dir)
-            dist.barrier()
-            before = counters[1]
-            t0 = time.perf_counter()
-            step = mgr.restore(dest)
-            dist.barrier()
-            secs = time.perf_counter() - t0
-            moved = counters[1] - before
-            mgr.close()
-            if step != 1 or not all(torch.equal(dest["model"][k], v) for k, v in state.items()):
-                raise RuntimeError(f"{mode}: restore returned step {step} or different bytes")
-            out = torch.tensor([secs])
-            dist.all_reduce(out, op=dist.ReduceOp.MAX)
-            samples[mode].append(float(out))
-            link_bytes[mode].append(int(moved))
+            secs, moved = timed_restore(mgr, dest, state, counters, mode)
+            samples[mode].append(secs)
+            link_bytes[mode].append(moved)
     return {"samples": samples, "link_bytes_down": link_bytes}
 
 

@@ -17,7 +17,7 @@ import sys
 import time
 from typing import Any
 
-from benchmarks.common import REPO_ROOT
+from benchmarks.common import REPO_ROOT, rank_env
 from harness.dist import free_port
 
 __all__ = ["clean_peers_shm", "run_ranks"]
@@ -33,16 +33,10 @@ def run_ranks(spec: dict[str, Any], world: int, work: str, link: str, timeout: f
     shm_before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     procs, outs = [], []
     for r in range(world):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(r),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            GLOO_SOCKET_IFNAME="lo",
-            PYTHONPATH=REPO_ROOT,
+        env = rank_env(
+            r,
+            world,
+            port,
             AWS_ACCESS_KEY_ID=spec["s3"]["key"],
             AWS_SECRET_ACCESS_KEY=spec["s3"]["secret"],
             AWS_ENDPOINT_URL=link,
@@ -50,7 +44,6 @@ def run_ranks(spec: dict[str, Any], world: int, work: str, link: str, timeout: f
             AWS_ALLOW_HTTP="true",  # litdata's object_store client: the link is plain http
             AWS_REQUEST_CHECKSUM_CALCULATION="when_required",
             AWS_RESPONSE_CHECKSUM_VALIDATION="when_required",
-            OMP_NUM_THREADS="1",
         )
         out = os.path.join(work, f"{tag}.rank{r}.json")
         outs.append(out)

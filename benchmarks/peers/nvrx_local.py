@@ -46,6 +46,7 @@ from benchmarks.common import (
     load_average,
     markdown_table,
     mem_gib,
+    rank_env,
     rotated,
     write_results,
 )
@@ -56,6 +57,8 @@ CONTENDERS = ("nvrx", "ckptstore")
 
 
 def _port() -> int:
+    """A free loopback port (``harness.dist.free_port``'s job: the harness is not
+    installed in the venv this benchmark runs in)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -69,18 +72,7 @@ def run_ranks(spec: dict[str, Any], world: int, timeout: float) -> list[dict[str
         json.dump(spec, f)
     port, procs, outs = _port(), [], []
     for r in range(world):
-        env = dict(
-            os.environ,
-            RANK=str(r),
-            WORLD_SIZE=str(world),
-            LOCAL_RANK=str(r),
-            LOCAL_WORLD_SIZE=str(world),
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            GLOO_SOCKET_IFNAME="lo",
-            PYTHONPATH=REPO_ROOT,
-            OMP_NUM_THREADS="1",
-        )
+        env = rank_env(r, world, port)
         outs.append(os.path.join(spec["logs"], f"{tag}.rank{r}.out.json"))
         log = open(os.path.join(spec["logs"], f"{tag}.rank{r}.log"), "w")  # noqa: SIM115
         cmd = [sys.executable, "-m", "benchmarks.peers.nvrx_rank", spec_path, outs[-1]]
