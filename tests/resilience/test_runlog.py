@@ -175,3 +175,18 @@ def test_tensor_crc_depends_on_every_byte_and_key() -> None:
     assert tensor_crc(a) == tensor_crc({"b": torch.zeros(2), "w": torch.arange(4.0)})
     b = {"w": torch.arange(4.0), "b": torch.tensor([0.0, -0.0])}
     assert tensor_crc(a) != tensor_crc(b)
+
+
+def test_a_node_whose_worker_comes_back_under_another_rank_has_two_groups() -> None:
+    """A node that joins a running job may sort first and take rank 0: the first node's
+    agent then restarts its worker as rank 1 under the same restart count. Its two lives
+    are two groups (worlds 1 and 2), not one group of ranks 0 and 1."""
+    from harness.nodelog import _worker_groups
+    from harness.runlog import Attempt
+
+    alone = [{"ev": "start", "t": 1.0, "world": 1}, {"ev": "step", "t": 2.0}]
+    joined = [{"ev": "start", "t": 9.0, "world": 2}, {"ev": "step", "t": 10.0}]
+    groups = _worker_groups([Attempt(0, 0, {0: alone, 1: joined})])
+    assert groups == [{0: alone}, {1: joined}]
+    two = [{"ev": "start", "t": 9.1, "world": 2}]  # two local workers of one round
+    assert _worker_groups([Attempt(0, 0, {0: joined, 1: two})]) == [{0: joined, 1: two}]

@@ -65,20 +65,26 @@ def _started(group: dict[int, list[dict[str, Any]]]) -> float:
 
 
 def _worker_groups(attempts: list[Attempt]) -> list[dict[int, list[dict[str, Any]]]]:
-    """One node's worker groups in order: its attempts, each split where a rank logged a
-    new ``start`` (an agent that restarts healthy workers for a new round does not count
-    that restart, so two groups can share one restart count)."""
-    groups: list[dict[int, list[dict[str, Any]]]] = []
+    """One node's worker groups in order: each rank's run of events from one ``start`` to
+    the next is one worker's life; lives are grouped in start order, a new group beginning
+    where the world size changes or a rank repeats (an agent that restarts healthy workers
+    for a new round does not count that restart, so two groups can share one restart count,
+    and a worker can come back under another rank: a node that joins may sort first)."""
+    lives: list[tuple[int, list[dict[str, Any]]]] = []
     for a in attempts:
-        split: dict[int, list[list[dict[str, Any]]]] = {}
         for rank, evs in a.ranks.items():
-            parts = split.setdefault(rank, [])
             for e in evs:
-                if e["ev"] == "start" or not parts:
-                    parts.append([])
-                parts[-1].append(e)
-        for i in range(max((len(p) for p in split.values()), default=0)):
-            groups.append({r: p[i] for r, p in split.items() if i < len(p)})
+                if e["ev"] == "start" or not lives or lives[-1][0] != rank:
+                    lives.append((rank, []))
+                lives[-1][1].append(e)
+    groups: list[dict[int, list[dict[str, Any]]]] = []
+    world_of: list[object] = []
+    for rank, evs in sorted(lives, key=lambda life: float(life[1][0]["t"])):
+        world = next((e["world"] for e in evs if e["ev"] == "start"), None)
+        if not groups or rank in groups[-1] or world != world_of[-1]:
+            groups.append({})
+            world_of.append(world)
+        groups[-1][rank] = evs
     return groups
 
 
