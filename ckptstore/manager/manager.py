@@ -120,7 +120,9 @@ class CheckpointManager:
         # Which ranks share a node's local tier (gathered once, on the checkpoint group);
         # the trim and the peer tier both act through each node's leader.
         nodes = Nodes(opts.local_tier_dir, self._pg)
-        self._peers = PeerTier(nodes, opts.replicas, opts.replica_rate, opts.tier_limit)
+        self._peers = PeerTier(
+            nodes, self.engine, opts.replicas, opts.replica_rate, opts.tier_limit
+        )
         self._loader = StepLoader(
             self.root,
             engine=self.engine,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import socket
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Any
 
 import torch.distributed as dist
@@ -20,32 +21,41 @@ __all__ = ["NodeMap", "Nodes"]
 
 @dataclass(frozen=True)
 class NodeMap:
-    """Every rank's node key (``None``: no local tier) and this rank's place among them."""
+    """Every rank's node key (``None``: no local tier) and this rank's place among them;
+    what is derived from the keys is computed once (the map never changes)."""
 
     keys: tuple[tuple[str, str] | None, ...]  # per rank of the group
     rank: int
 
-    @property
+    @cached_property
     def nodes(self) -> list[tuple[str, str]]:
         """The node keys, in the order of their lowest rank."""
         return list(dict.fromkeys(k for k in self.keys if k is not None))
 
-    @property
+    @cached_property
+    def node_of(self) -> tuple[int | None, ...]:
+        """Each rank's node index (None: that rank has no local tier)."""
+        index = {key: i for i, key in enumerate(self.nodes)}
+        return tuple(None if k is None else index[k] for k in self.keys)
+
+    @cached_property
     def leaders(self) -> list[int]:
         """Each node's lowest rank (group ranks), in node order."""
-        return [self.keys.index(k) for k in self.nodes]
+        first: dict[int, int] = {}
+        for rank, node in enumerate(self.node_of):
+            if node is not None:
+                first.setdefault(node, rank)
+        return [first[node] for node in range(len(self.nodes))]
 
     @property
     def node(self) -> int | None:
         """This rank's node index (None: this rank has no local tier)."""
-        own = self.keys[self.rank]
-        return None if own is None else self.nodes.index(own)
+        return self.node_of[self.rank]
 
     @property
     def is_leader(self) -> bool:
         """True on the lowest rank of this rank's node."""
-        own = self.keys[self.rank]
-        return own is not None and self.keys.index(own) == self.rank
+        return self.node is not None and self.leaders[self.node] == self.rank
 
 
 class Nodes:

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
@@ -30,7 +29,6 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.committed import METADATA_NAME, open_committed
 from ckptstore.engine.local_tier import local_files
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
@@ -43,7 +41,9 @@ from ckptstore.engine.replicas import (
     tier_peaks,
 )
 from ckptstore.engine.store import Store
-from ckptstore.errors import CkptStoreError, ConfigError, UnsafePathError
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.engine.verify import verify_files
+from ckptstore.errors import CkptStoreError, ConfigError
 from ckptstore.manager.nodes import Nodes
 from ckptstore.manager.peer_copy import CHUNK, Incoming, Outgoing, chunks
 from ckptstore.manager.report import size_text
@@ -83,7 +83,7 @@ class PeerTier:
 
     Call order (every rank, each a collective over ``nodes.group``)::
 
-        peers = PeerTier(nodes, replicas, rate, limit)  # the manager's constructor
+        peers = PeerTier(nodes, engine, replicas, rate, limit)  # the manager's constructor
         peers.after_save(step, manifest, url)  # save thread, after every save: ``replicate``
                                          # (rank 0 passes the committed step's manifest,
                                          # the others None), reported as notes + an error
@@ -96,9 +96,15 @@ class PeerTier:
     """
 
     def __init__(
-        self, nodes: Nodes, replicas: int, rate: int | None = None, limit: int | None = None
+        self,
+        nodes: Nodes,
+        engine: TransferEngine,
+        replicas: int,
+        rate: int | None = None,
+        limit: int | None = None,
     ) -> None:
-        self.nodes, self.replicas, self.rate, self.limit = nodes, replicas, rate, limit
+        self.nodes, self.engine = nodes, engine
+        self.replicas, self.rate, self.limit = replicas, rate, limit
         self.group = nodes.group
 
     @property
@@ -139,14 +145,13 @@ class PeerTier:
         if not self.active:
             return PeerReport()
         node_map = self.nodes.get()
-        nodes = node_map.nodes
         data = set(_data_files(manifest))
         needs: list[Any] = [None] * dist.get_world_size(self.group)
         dist.all_gather_object(needs, sorted(set(need) & data), group=self.group)
-        wants: list[set[str]] = [set() for _ in nodes]
-        for key, names in zip(node_map.keys, needs):
-            if key is not None:  # a rank without a local tier reads from the bucket
-                wants[nodes.index(key)].update(names)
+        wants: list[set[str]] = [set() for _ in node_map.nodes]
+        for node, names in zip(node_map.node_of, needs):
+            if node is not None:  # a rank without a local tier reads from the bucket
+                wants[node].update(names)
         mine = wants[node_map.node] if node_map.node is not None else set()
         return self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
 
@@ -196,13 +201,10 @@ class PeerTier:
 
     # -- the steps of an exchange ---------------------------------------------------------
     def _step_dir(self, step: int) -> LocalStore:
-        """This node's directory of ``step``; ``UnsafePathError`` if it is a symlink (the
-        peer tier never reads or writes through one)."""
+        """This node's directory of ``step``: a child store, whose every read and write
+        refuses (``UnsafePathError``) a symlink at the step directory or below it."""
         assert self.nodes.local_tier_dir is not None
-        local = LocalStore(self.nodes.local_tier_dir).child(step_name(step))
-        if os.path.islink(local.url.rstrip("/")):
-            raise UnsafePathError(f"{local.url} is a symlink; the peer tier does not follow it")
-        return local
+        return LocalStore(self.nodes.local_tier_dir).child(step_name(step))
 
     def _gather_holds(
         self, step: int, manifest: Manifest, verify: Collection[str] = ()
@@ -223,14 +225,15 @@ class PeerTier:
             names = [n for n in local_files(local, manifest) if n not in _SMALL]
         except (OSError, CkptStoreError):
             return []
+        wanted = {n: manifest.files[n] for n in names if n in verify}
+        try:  # in parallel, through the engine (``engine.verify``: size and CRC32C)
+            checks, _ = verify_files(local, self.engine, wanted)
+            bad = {c.name for c in checks if not c.ok}
+        except (OSError, CkptStoreError):
+            bad = set(wanted)  # unreadable: fetched again like a damaged file
         good = []
         for name in names:
-            entry = manifest.files[name]
-            try:
-                ok = name not in verify or _file_crc(local, name, entry.size) == entry.crc32c
-            except (OSError, CkptStoreError):
-                ok = False
-            if ok:
+            if name not in bad:
                 good.append(name)
             else:
                 log.warning(
@@ -359,14 +362,3 @@ def _sizes(manifest: Manifest) -> dict[str, int]:
 def _data_files(manifest: Manifest) -> list[str]:
     """The step's files a peer may copy: all the manifest lists but its small objects."""
     return sorted(n for n in manifest.files if n not in _SMALL)
-
-
-def _file_crc(local: LocalStore, name: str, size: int) -> int:
-    """The CRC32C of ``name``'s first ``size`` bytes, read in chunks."""
-    crc, buf = 0, bytearray(min(CHUNK, size) or 1)
-    for offset in range(0, size, CHUNK):
-        view = memoryview(buf)[: min(CHUNK, size - offset)]
-        if local.get_into(name, offset, view) != len(view):
-            raise OSError(f"{local.describe(name)} is shorter than {size} bytes")
-        crc = crc32c(view, crc)
-    return crc

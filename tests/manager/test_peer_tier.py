@@ -177,10 +177,15 @@ def test_a_damaged_or_truncated_copy_is_never_used_the_next_holder_sends_it(tmp_
     truncated = os.path.join(tmp, "node1", step_name(STEP), one)  # node 1's own file
     with open(truncated, "r+b") as f:
         f.truncate(os.path.getsize(truncated) - 1)
+    (zero,) = own(every, 0)
+    mine = os.path.join(tmp, "node0", step_name(STEP), zero)  # a file node 0 reads itself
+    with open(mine, "r+b") as f:
+        f.seek(-8, 2)
+        f.write(b"\xee" * 8)
     assert restored(tmp, replicas=2) == set()
     remote = os.path.join(tmp, "root", step_name(STEP))
     received = os.path.join(tmp, "node2", step_name(STEP), two)  # good, whoever sent it
-    for path, name in ((received, two), (truncated, one)):  # good copies
+    for path, name in ((received, two), (truncated, one), (mine, zero)):  # good copies
         assert open_bytes(path) == open_bytes(os.path.join(remote, name))
 
 
