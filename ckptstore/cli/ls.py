@@ -8,7 +8,8 @@ save holds a fresh lease is marked in flight (``in_flight``), and the root's liv
 if any, is shown (``owner``; ``engine.owner``). ``--local-tier DIR`` (a node's local tier
 directory, repeatable) adds which tiers hold each committed step: the bucket, and how many
 of its data files each local tier holds with the recorded size (its own shards and its
-peers' replicas).
+peers' replicas), and lists the steps saved to the local tier alone (``local_every``),
+which the bucket does not hold (``"durable": false``).
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from ckptstore import Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, safe, table
 from ckptstore.cli.sources import classify, is_dcp_listing, list_or_missing
-from ckptstore.engine.catalog import Skipped, scan_root
+from ckptstore.engine.catalog import Skipped, list_steps, scan_root
 from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.engine.deletion import step_in_flight
-from ckptstore.engine.local_tier import local_files
+from ckptstore.engine.local_tier import LOCAL_ONLY, local_files
 from ckptstore.engine.owner import read_owner
 from ckptstore.engine.store import Multipart
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
@@ -123,9 +124,69 @@ def tier_counts(tiers: list[str], step_name: str, manifest: Any) -> list[dict[st
     return out
 
 
+def local_only_rows(tiers: list[str], listed: set[int]) -> list[dict[str, Any]]:
+    """A row for each step saved to the local tier alone that a directory of ``tiers``
+    can open (a node holding its marker: the coordinator's, and its peers), other than
+    the steps ``listed`` already; what each tier holds of it, as ``tier_counts`` says."""
+    rows: dict[int, dict[str, Any]] = {}
+    for d in tiers:
+        tier = LocalStore(d)
+        try:
+            entries = list_steps(tier, with_status=False, once=True)
+        except (OSError, CkptStoreError):
+            continue
+        for e in entries:
+            if e.step in listed or e.step in rows:
+                continue
+            try:
+                m = open_committed(tier.child(e.name)).manifest
+            except (OSError, CkptStoreError):
+                continue  # no marker on this node, or damaged: another tier may say
+            if m.extra.get("tier") != LOCAL_ONLY:
+                continue
+            rows[e.step] = {
+                **_row(e.step, e.name, "committed"),
+                **_manifest_fields(m),
+                "durable": False,
+                "tiers": tier_counts(tiers, e.name, m),
+            }
+    return list(rows.values())
+
+
+def _row(step: int, name: str, status: str) -> dict[str, Any]:
+    """A row of ``list_root`` with nothing known but the step and its status."""
+    return {
+        "step": step,
+        "name": name,
+        "status": status,
+        "size": None,
+        "world_size": None,
+        "created": None,
+        "format_version": None,
+        "codec": None,
+        "run": None,
+        "in_flight": None,
+        "problem": "",
+        "durable": status == "committed",
+    }
+
+
+def _manifest_fields(m: Any) -> dict[str, Any]:
+    """The row's fields a committed step's manifest ``m`` gives."""
+    return {
+        "size": m.total_bytes,
+        "world_size": m.world_size,
+        "created": m.created,
+        "format_version": m.version,
+        "codec": m.codec,
+        "run": m.extra.get("run") if isinstance(m.extra.get("run"), str) else None,
+    }
+
+
 def tiers_text(row: dict[str, Any]) -> str:
-    """``bucket, local 1: all, local 2: 2/3`` for a row with ``tiers``."""
-    parts = ["bucket"]
+    """``bucket, local 1: all, local 2: 2/3`` for a row with ``tiers`` (``not in the
+    bucket, ...`` for a step saved to the local tier alone)."""
+    parts = ["bucket" if row["durable"] else "not in the bucket"]
     for i, t in enumerate(row["tiers"], start=1):
         held = "all" if t["files"] == t["of"] else f"{t['files']}/{t['of']}"
         parts.append(f"local {i}: {held}")
@@ -142,7 +203,8 @@ def list_root(
     tiers: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """One dict per ``step_%09d`` directory under ``root`` (ascending step); with
-    ``tiers`` (local tier directories), each committed one says what each holds of it.
+    ``tiers`` (local tier directories), each committed one says what each holds of it,
+    and the steps saved to those tiers alone are listed too (``durable`` False).
 
     Step-named entries that are not directories (a symlink, a file) are never followed or
     read: they go into ``skipped`` when it is given; every other entry into ``foreign``.
@@ -155,30 +217,11 @@ def list_root(
         foreign.extend(listing.foreign)
     for e in listing.steps:
         store = root.child(e.name)
-        row: dict[str, Any] = {
-            "step": e.step,
-            "name": e.name,
-            "status": e.status,
-            "size": None,
-            "world_size": None,
-            "created": None,
-            "format_version": None,
-            "codec": None,
-            "run": None,
-            "in_flight": None,
-            "problem": "",
-        }
+        row = _row(e.step, e.name, e.status)
         if e.status == "committed":
             committed = open_committed(store)
             m = committed.manifest
-            row.update(
-                size=m.total_bytes,
-                world_size=m.world_size,
-                created=m.created,
-                format_version=m.version,
-                codec=m.codec,
-                run=m.extra.get("run") if isinstance(m.extra.get("run"), str) else None,
-            )
+            row.update(_manifest_fields(m))
             if tiers:
                 row["tiers"] = tier_counts(tiers, e.name, m)
             if verify:
@@ -201,6 +244,10 @@ def list_root(
                 except CkptStoreError as exc:
                     row["problem"] = str(exc)
         out.append(row)
+    if tiers:
+        out = sorted(
+            out + local_only_rows(tiers, {r["step"] for r in out}), key=lambda r: r["step"]
+        )
     return out
 
 

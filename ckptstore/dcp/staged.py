@@ -44,18 +44,21 @@ class StagedWriter(CkptWriter):
     ``memory_budget`` too small for a part of each, the local file is written first and
     then uploaded (``engine.copy``, checking its CRC32C). ``finish``: the coordinator
     commits at the destination, then publishes the same manifest and marker locally and
-    keeps the newest ``keep_local`` local copies (``engine.local_tier.keep_newest``).
+    keeps the newest ``keep_local`` local copies (``engine.local_tier.keep_newest``;
+    None: none are trimmed here, the caller decides, as ``CheckpointManager`` does for
+    every node).
     """
 
     def __init__(
-        self, url: str | Store, *, local_tier_dir: str, keep_local: int = 1, **kwargs: Any
+        self, url: str | Store, *, local_tier_dir: str, keep_local: int | None = 1, **kwargs: Any
     ) -> None:
         super().__init__(url, **kwargs)
         url = self.store.url  # a step's staging must not overlap its run root either
         check_local_tier_dir(
             url.rpartition("/")[0] if step_from_url(url) is not None else url, local_tier_dir
         )
-        local_tier_keeps((), keep_local)  # checks it (ConfigError)
+        if keep_local is not None:
+            local_tier_keeps((), keep_local)  # checks it (ConfigError)
         self.tier_root = LocalStore(local_tier_dir)
         self.keep_local = keep_local
         self._tees: list[tuple[str, TeeWriter]] = []  # this write_data's, in file order
@@ -141,4 +144,5 @@ class StagedWriter(CkptWriter):
     def _trim_local(self) -> None:
         """Keep the newest ``keep_local`` step directories of the local tier (on this
         node: the coordinator's; the manager trims every node's)."""
-        keep_newest(self.tier_root, self.keep_local)
+        if self.keep_local is not None:
+            keep_newest(self.tier_root, self.keep_local)

@@ -135,8 +135,12 @@ class CkptWriter(StoreBound, StorageWriter):
         key_layout: str = "flat",
         engine: TransferEngine | None = None,
         schedule: WriteSchedule | None = None,
+        check_files: bool = True,
     ) -> None:
         super().__init__()
+        #: False: the destination holds only the coordinator's node's files (a save to
+        #: node-local tiers), so the commit does not check that every file is there.
+        self.check_files = check_files
         shard_prefix(0, key_layout)  # validates it
         self.key_layout = key_layout
         self._bind(url, storage_options, config, engine)
@@ -373,6 +377,7 @@ class CkptWriter(StoreBound, StorageWriter):
                 metadata_bytes,
                 replace=self.overwrite,
                 lease=self._lease,
+                check_files=self.check_files,
             )
         finally:
             self.release_lease()

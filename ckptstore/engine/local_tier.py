@@ -7,14 +7,17 @@ each node keeps the newest ``keep_local`` of the steps the root keeps
 (``local_tier_deletions``, ``trim_local_tier``; ``keep_newest`` for a staged writer used
 alone). Trusting: a local copy is used whole only when its marker is the committed remote
 one and every file the manifest lists is there with its size (``local_copy_matches``),
-else file by file (``local_files``). Only canonical step directories and ckptstore's own
-files are ever deleted; symlinks are never followed (``engine.deletion``).
+else file by file (``local_files``). With two cadences (``save_tier``) some steps are
+saved to the local tier alone: their manifest says so (``LOCAL_ONLY``). Only canonical
+step directories and ckptstore's own files are ever deleted; symlinks are never followed
+(``engine.deletion``).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Collection, Iterable
+import stat
+from collections.abc import Collection, Iterable, Mapping
 
 from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
 from ckptstore.engine.catalog import list_steps
@@ -25,13 +28,32 @@ from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError, StoreNotFoundError
 
 __all__ = [
+    "LOCAL_ONLY",
+    "evict_for",
+    "evictions",
     "keep_newest",
     "local_copy_matches",
     "local_files",
     "local_tier_deletions",
     "local_tier_keeps",
+    "save_tier",
     "trim_local_tier",
 ]
+
+#: ``manifest.extra["tier"]`` of a step saved to the local tier alone (never to the root).
+LOCAL_ONLY = "local"
+
+
+def save_tier(step: int, local_every: int | None, remote_every: int) -> str | None:
+    """Where the save of ``step`` goes: ``"remote"`` (the root, through the local tier
+    when there is one) every ``remote_every`` steps, else ``"local"`` (the local tier
+    alone) every ``local_every`` steps, else None (no save). ``remote_every=1`` and no
+    ``local_every``: every save goes to the root."""
+    if step % remote_every == 0:
+        return "remote"
+    if local_every is not None and step % local_every == 0:
+        return "local"
+    return None
 
 
 def local_tier_keeps(kept_steps: Iterable[int], keep_local: int) -> set[int]:
@@ -70,6 +92,46 @@ def keep_newest(tier: Store, keep_local: int) -> list[str]:
     """Trim ``tier`` to its newest ``keep_local`` step directories; their names."""
     steps = [e.step for e in list_steps(tier, with_status=False, once=True)]
     return trim_local_tier(tier, local_tier_keeps(steps, keep_local)) if steps else []
+
+
+def evictions(others: Mapping[int, int], need: int, limit: int) -> list[int]:
+    """The steps to evict, oldest first, so that ``need`` bytes (the newest step's, with
+    its replicas and the next save's shards) fit in ``limit`` beside the steps kept:
+    ``others`` maps each other step of the tier to its bytes. Never more than all of them."""
+    held = sum(others.values())
+    out = []
+    for step in sorted(others):
+        if held + need <= limit:
+            break
+        out.append(step)
+        held -= others[step]
+    return out
+
+
+def evict_for(tier: Store, step: int, need: int, limit: int) -> list[str]:
+    """Delete the oldest step directories of ``tier`` (a local tier directory's store)
+    other than ``step`` (never the
+    newest complete one) until ``need`` bytes fit within ``limit``; their names. Sizes
+    count regular files only, never through a symlink (``engine.deletion`` deletes only
+    ckptstore's own files)."""
+    steps = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
+    others = {s: _dir_bytes(os.path.join(tier.url, n)) for s, n in steps.items() if s != step}
+    removed = []
+    for old in evictions(others, need, limit):
+        delete_step(tier, steps[old])
+        removed.append(steps[old])
+    return removed
+
+
+def _dir_bytes(path: str) -> int:
+    """The bytes of the regular files under ``path``, symlinks neither followed nor counted."""
+    total = 0
+    for dirpath, _, files in os.walk(path, followlinks=False):
+        for name in files:
+            st = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISREG(st.st_mode):
+                total += st.st_size
+    return total
 
 
 def local_files(local: Store, manifest: Manifest) -> list[str]:

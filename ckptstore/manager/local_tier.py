@@ -19,13 +19,9 @@ from ckptstore.engine.local_tier import trim_local_tier
 from ckptstore.manager.nodes import Nodes
 from ckptstore.stores.local import LocalStore
 
-__all__ = ["KEEP_LOCAL", "LocalTierTrimmer"]
+__all__ = ["LocalTierTrimmer"]
 
 log = logging.getLogger(__name__)
-
-#: Committed local copies each node keeps: what ``StagedWriter`` (the manager's staged
-#: saves) keeps on the coordinator's node.
-KEEP_LOCAL = 1
 
 
 class LocalTierTrimmer:

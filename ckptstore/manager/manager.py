@@ -59,9 +59,12 @@ class CheckpointManager:
                                       # after init_process_group
         step = mgr.restore(state)     # newest committed + verified step (falling back past
                                       # a corrupt one), or None on a fresh run; rank 0 reads
-                                      # the root and broadcasts what it found
+                                      # the root and broadcasts what it found (a newer
+                                      # local-only step first, from the nodes)
         mgr.save(step, state)         # returns once the state is staged; serialisation,
-                                      # upload and commit run in the background
+                                      # upload and commit run in the background (with
+                                      # local_every / remote_every: to the root, to the
+                                      # local tier alone, or not at all, by step)
         mgr.preemption_requested()    # all ranks agree whether SIGTERM arrived anywhere
         mgr.finalize(step, state)     # on preemption: flush the save in flight within the
                                       # grace period, then one last checkpoint
@@ -172,8 +175,12 @@ class CheckpointManager:
         Ctrl-C (``KeyboardInterrupt``) while ``save`` runs: one line says the step was not
         committed, and the interrupt goes on as Python's own (exit status 130 / SIGINT),
         never as the error of whatever torch was serialising when it arrived."""
+        return self._save(step, state)
+
+    def _save(self, step: int, state: dict[str, Any], durable: bool = False) -> bool:
+        """``save``; ``durable``: to the root whatever the cadences say."""
         try:
-            return self._flow.save(step, state)
+            return self._flow.save(step, state, durable)
         except BaseException as exc:
             if not interrupted(exc):
                 raise
@@ -293,14 +300,15 @@ class CheckpointManager:
 
     def finalize(self, step: int | None = None, state: dict[str, Any] | None = None) -> bool:
         """Flush the in-flight save within the grace period, then (if given) save ``step``
-        synchronously. True if everything asked for is committed."""
+        synchronously, to the root whatever ``local_every`` says. True if everything asked
+        for is committed."""
         deadline = time.monotonic() + self.options.grace_period_s
         if not self._flow.wait_inflight(timeout=self.options.grace_period_s):
             log.error("the in-flight save did not finish within the grace period")
             return False
         if step is None or state is None:
             return self._failures.last_failed is None
-        saved = self.save(step, state)
+        saved = self._save(step, state, durable=True)  # a preempted job's nodes may go too
         if not self._flow.wait_inflight(timeout=max(0.0, deadline - time.monotonic())):
             return False
         return saved and self.records[-1].status == SaveStatus.COMMITTED

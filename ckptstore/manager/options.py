@@ -74,6 +74,14 @@ class ManagerOptions:
         node x (2 + replicas): one step with its replicas, and the next save's own shards
         written before that step is trimmed. A node that cannot take a step's replicas
         within it takes none, and the next ``save`` raises ``ConfigError`` saying so.
+    remote_every: a ``save(step, ...)`` goes to the root only when ``step`` is a multiple
+        of it (default 1: every save).
+    local_every: a save of a step that is a multiple of it (and not of ``remote_every``)
+        goes to the local tier alone, with its replicas (``engine.local_tier.save_tier``);
+        a save of any other step is skipped. None: no local-only saves. Needs a local
+        tier. A restore takes the newest step complete across the tiers.
+    keep_local: steps every node's local tier keeps (the newest that a restore could
+        pick: local-only steps and those the root keeps); ``keep`` is the root's.
     """
 
     storage_options: Mapping[str, Any] | None = None
@@ -94,6 +102,9 @@ class ManagerOptions:
     replicas: int = 1
     replica_rate: int | None = None
     tier_limit: int | None = None
+    remote_every: int = 1
+    local_every: int | None = None
+    keep_local: int = 1
 
     def __post_init__(self) -> None:
         if self.keep is None:  # None means the default, as it does for the keyword
@@ -119,11 +130,33 @@ class ManagerOptions:
                     f"{name} must be a positive number of {unit} (or None for no limit), "
                     f"not {value!r}"
                 )
+        for name in ("remote_every", "local_every", "keep_local"):
+            value = getattr(self, name)
+            if (value is not None or name != "local_every") and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
+                raise ConfigError(f"{name} must be a whole number of steps >= 1, not {value!r}")
+        if self.local_every is not None and not self.local_tier_dir:
+            raise ConfigError(
+                f"local_every={self.local_every} saves steps to the local tier alone, and "
+                "there is none: pass local_tier_dir (a directory on node-local disk) too"
+            )
         if isinstance(self.grace_period_s, bool) or not (
             isinstance(self.grace_period_s, (int, float)) and self.grace_period_s > 0
         ):
             raise ConfigError(
                 f"grace_period_s must be a positive number of seconds, not {self.grace_period_s!r}"
+            )
+
+    def refuse_cadences(self, who: str) -> None:
+        """Raise ``ConfigError`` when ``local_every`` or ``remote_every`` is set: ``who``
+        (a trainer plugin) saves every checkpoint its trainer asks for, to the root, so
+        that a checkpoint the trainer names always exists where it says."""
+        if self.local_every is not None or self.remote_every != 1:
+            raise ConfigError(
+                f"{who} saves every checkpoint its trainer asks for to the root; "
+                "local_every / remote_every (two cadences) are CheckpointManager's: set the "
+                "trainer's own checkpoint interval instead"
             )
 
     @classmethod

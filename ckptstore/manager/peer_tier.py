@@ -9,7 +9,9 @@ manifest: size and CRC32C), every rank says which files its part of the load rea
 each file a node's ranks read and the node lacks is sent by a node that holds it (so a
 sharded state moves only the shards each node loads); what no node holds is read from the
 bucket as before (``manager.node_tier``). A received file is kept
-only when its size and CRC32C are the manifest's (``manager.peer_copy``).
+only when its size and CRC32C are the manifest's (``manager.peer_copy``). A step saved to
+the local tier alone has no bucket copy: its marker, manifest and ``.metadata`` go to
+every node too (``seed``), so that any node can serve it at a restore.
 
 Copies run in rounds that every rank computes alike (``engine.replicas.copy_rounds``), in
 each of which a node sends at most one file and receives at most one, both at once,
@@ -29,8 +31,13 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckptstore.engine.committed import METADATA_NAME, open_committed
-from ckptstore.engine.local_tier import local_files
+from ckptstore.engine.committed import (
+    METADATA_NAME,
+    Committed,
+    committed_from_bytes,
+    open_committed,
+)
+from ckptstore.engine.local_tier import evict_for, local_files
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
 from ckptstore.engine.names import step_name
 from ckptstore.engine.replicas import (
@@ -84,8 +91,10 @@ class PeerTier:
     Call order (every rank, each a collective over ``nodes.group``)::
 
         peers = PeerTier(nodes, engine, replicas, rate, limit)  # the manager's constructor
-        peers.after_save(step, manifest, url)  # save thread, after every save: ``replicate``
+        peers.after_save(step, manifest, url, small)
+                                         # save thread, after every save: ``replicate``
                                          # (rank 0 passes the committed step's manifest,
+                                         # and for a local-only step its small objects;
                                          # the others None), reported as notes + an error
         peers.fetch(step, manifest, need)  # restore, as its reads start: each node gets
                                          # the files its ranks need and lacks, from peers
@@ -114,22 +123,28 @@ class PeerTier:
         return self.replicas > 0 and self.group is not None and len(self.nodes.get().nodes) > 1
 
     # -- the two exchanges ----------------------------------------------------------------
-    def replicate(self, step: int, manifest: Manifest | None) -> PeerReport:
+    def replicate(
+        self, step: int, manifest: Manifest | None, small: Committed | None = None
+    ) -> PeerReport:
         """Copy every node's files of the committed ``step`` to its ring targets; rank 0
-        gives the step's ``manifest``. Files a target already holds (size checked) are
-        not sent again."""
+        gives the step's ``manifest`` and, for a step the bucket does not hold, the step
+        as opened (``small``: written on every node first, ``seed``). Files a target
+        already holds (size checked) are not sent again."""
         if not self.active:
             return PeerReport()
-        box = [manifest]
+        box: list[Any] = [manifest, small]
         dist.broadcast_object_list(box, group_src=0, group=self.group)
-        manifest = box[0]
+        manifest, small = box
         if manifest is None:  # the save failed: nothing to replicate
             return PeerReport()
+        if small is not None and self.nodes.get().is_leader:
+            self.seed(step, small)
         holds = self._gather_holds(step, manifest)
         wants = replica_wants(holds, self.replicas)
         over: list[tuple[int, int]] = []
         if self.limit is not None:
             peaks = tier_peaks(_sizes(manifest), holds, wants)
+            self._evict(step, peaks)
             over = [(node, peak) for node, peak in enumerate(peaks) if peak > self.limit]
             for node, _ in over:  # such a node takes no replicas (the error says why)
                 wants[node] = set(holds[node])
@@ -156,14 +171,15 @@ class PeerTier:
         return self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
 
     def after_save(
-        self, step: int, manifest: Manifest | None, root_url: str
+        self, step: int, manifest: Manifest | None, root_url: str, small: Committed | None = None
     ) -> tuple[list[str], ConfigError | None]:
         """``replicate``, reported: the notes for the save's record (a failure, such as a
-        peer that died, is one: the step stays committed at ``root_url``), and the error
-        every later save raises when a node's tier is over ``limit``."""
+        peer that died, is one: the step stays committed at ``root_url``, the root or the
+        local tier), and the error every later save raises when a node's tier is over
+        ``limit``."""
         t = time.perf_counter()
         try:
-            done = self.replicate(step, manifest)
+            done = self.replicate(step, manifest, small)
         except Exception as exc:  # noqa: BLE001 - the save itself is done either way
             note = (
                 f"replicating step {step} to peer nodes failed ({exc}); it is committed in "
@@ -198,6 +214,35 @@ class PeerTier:
             f"replicas (now {self.replicas}); the step is committed in {root_url}, not "
             "replicated to those nodes"
         )
+
+    def _evict(self, step: int, peaks: list[int]) -> None:
+        """This node's leader: the oldest steps its tier keeps besides ``step`` deleted
+        until the node's peak (``peaks``) fits within ``limit`` beside them."""
+        node_map = self.nodes.get()
+        if not node_map.is_leader or node_map.node is None or self.limit is None:
+            return
+        assert self.nodes.local_tier_dir is not None
+        tier = LocalStore(self.nodes.local_tier_dir)
+        for name in evict_for(tier, step, peaks[node_map.node], self.limit):
+            log.info(
+                "evicted %s from %s: the local tier keeps step %d within tier_limit=%d",
+                name, self.nodes.local_tier_dir, step, self.limit,
+            )  # fmt: skip
+
+    def seed(self, step: int, small: Committed) -> None:
+        """Write ``step``'s manifest, ``.metadata`` and then its marker (``small``, as rank
+        0 opened them) into this node's directory of it, unless a marker is there: the
+        bytes are checked against one another first (``committed_from_bytes``)."""
+        local = self._step_dir(step)
+        if local.exists(MARKER_NAME):
+            return
+        committed_from_bytes(
+            small.marker, small.manifest_bytes, small.metadata_bytes, local.describe("")
+        )
+        local.put_many(
+            [(MANIFEST_NAME, small.manifest_bytes), (METADATA_NAME, small.metadata_bytes)]
+        )
+        local.put(MARKER_NAME, small.marker.to_bytes())
 
     # -- the steps of an exchange ---------------------------------------------------------
     def _step_dir(self, step: int) -> LocalStore:
@@ -339,16 +384,16 @@ class PeerTier:
                 time.sleep(ahead)
 
 
-def committed_manifest(root: Store, local_tier_dir: str | None, step: int) -> Manifest | None:
-    """The manifest of the committed ``step``: from this node's local copy when it has one
-    (the coordinator's does), else from ``root``; None if neither opens. Never raises:
-    rank 0 hands what it gets to every rank's collective."""
+def committed_step(root: Store, local_tier_dir: str | None, step: int) -> Committed | None:
+    """The committed ``step`` as opened: from this node's local copy when it has one (the
+    coordinator's does; a local-only step has no other), else from ``root``; None if
+    neither opens. Never raises: rank 0 hands what it gets to every rank's collective."""
     for where in ("local", "root"):
         try:
             if where == "root":
-                return open_committed(root.child(step_name(step))).manifest
+                return open_committed(root.child(step_name(step)))
             if local_tier_dir:
-                return open_committed(LocalStore(local_tier_dir).child(step_name(step))).manifest
+                return open_committed(LocalStore(local_tier_dir).child(step_name(step)))
         except Exception as exc:  # noqa: BLE001 - None is the answer: nothing is replicated
             log.debug("step %d's manifest not read from the %s copy: %s", step, where, exc)
     return None

@@ -48,6 +48,9 @@ class SaveRecord:
     total_s: float = 0.0  # save() call until committed
     bytes: int = 0
     error: str = ""
+    #: Where the save went: "remote" (the root) or "local" (the local tier alone; see
+    #: ``ManagerOptions.local_every``).
+    tier: str = "remote"
     #: Problems after the commit (canonical copies, cleanup, retention): the save is
     #: committed all the same; ``ckptstore-tool gc`` or the next restore tidies up.
     warnings: list[str] = field(default_factory=list)

@@ -7,13 +7,17 @@ broadcast per step and hand them to their ``CkptReader`` (its ``committed=`` sea
 re-checks them without a store read. So a restore's request count on a step's prefix
 grows neither with the world size (bar each rank's shard reads) nor with the number of
 steps the root keeps. A step rank 0 cannot open is never a candidate, on any rank. Which
-local files a restore trusts is ``engine.local_tier``'s rule.
+local files a restore trusts is ``engine.local_tier``'s rule. A step saved to the local
+tier alone (``LOCAL_ONLY``) is found on the nodes instead: each rank opens the newest in
+its local tier, and the rank holding the newest of all broadcasts it; it is tried first
+when it is newer than the root's newest, and its files come from the nodes only.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -31,7 +35,7 @@ from ckptstore.engine.committed import (
     committed_from_bytes,
     open_committed,
 )
-from ckptstore.engine.local_tier import local_copy_matches, local_files
+from ckptstore.engine.local_tier import LOCAL_ONLY, local_copy_matches, local_files
 from ckptstore.engine.manifest import Marker
 from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Store
@@ -56,7 +60,8 @@ log = logging.getLogger(__name__)
 class Opened:
     """What rank 0 read of one step, as broadcast: the marker, manifest and ``.metadata``
     bytes of a committed step, or (``error`` set) why it could not be opened
-    (``incomplete``: no marker; anything else: damaged)."""
+    (``incomplete``: no marker; anything else: damaged). ``local``: a local-only step,
+    read by the rank whose local tier holds it."""
 
     step: int
     marker: Marker | None = None
@@ -64,11 +69,18 @@ class Opened:
     metadata_bytes: bytes = b""
     error: str = ""
     incomplete: bool = False
+    local: bool = False
 
     @classmethod
-    def of(cls, step: int, committed: Committed) -> Opened:
+    def of(cls, step: int, committed: Committed, local: bool = False) -> Opened:
         """The broadcast form of a checkpoint ``open_committed`` opened."""
-        return cls(step, committed.marker, committed.manifest_bytes, committed.metadata_bytes)
+        return cls(
+            step,
+            committed.marker,
+            committed.manifest_bytes,
+            committed.metadata_bytes,
+            local=local,
+        )
 
     @classmethod
     def failed(cls, step: int, exc: CkptStoreError) -> Opened:
@@ -89,11 +101,12 @@ class StepLoader:
 
     Call order (every rank, the same steps in the same order; the manager drives it)::
 
-        for s in loader.discover(step):  # a collective generator: rank 0 lists the root
-                                         # once, then opens steps newest first (marker,
-                                         # manifest, .metadata) only until one verifies,
-                                         # finishing a commit cut short after its marker,
-                                         # and broadcasts what it read
+        for s in loader.discover(step):  # a collective generator: the newest local-only
+                                         # step of any node first if it is the newest;
+                                         # rank 0 lists the root once, then opens steps
+                                         # newest first (marker, manifest, .metadata) only
+                                         # until one verifies, finishing a commit cut
+                                         # short after its marker, and broadcasts it
             error = loader.try_load(s, state)
                                          # collective: the local copy if every rank has
                                          # one matching the committed step, else (or if it
@@ -130,6 +143,8 @@ class StepLoader:
         self.size: int | None = None
         #: The committed step ``try_load`` last tried (its manifest names who wrote it).
         self.loaded: Committed | None = None
+        #: The step ``_shared_open`` last opened is a local-only one.
+        self._local_only = False
 
     @property
     def is_root(self) -> bool:
@@ -145,8 +160,11 @@ class StepLoader:
         the next older steps until one opens and verifies, finishing its commit if a crash
         cut it short after its marker, and sends it with what it read; that step is
         yielded, and the next advance (only when it failed to load) moves past it. A
-        store error on rank 0 (the root unreadable) is raised on every rank."""
+        store error on rank 0 (the root unreadable) is raised on every rank. The newest
+        local-only step of any node (``_local_candidate``) comes first when it is newer
+        than the root's newest (or is the asked-for ``step``, which the root lacks)."""
         listed: list[int] | None = None  # rank 0: steps listed and not yet opened
+        local = self._local_candidate(step)
         while True:
             opened: Opened | None = None
             failure: CkptStoreError | None = None
@@ -166,10 +184,52 @@ class StepLoader:
             if failure is not None:
                 self.forget()
                 raise failure
+            if local is not None and (
+                opened is None or local.step > opened.step or opened.incomplete
+            ):
+                self._first, local = local, None
+                yield self._first.step
+                if opened is not None and opened.incomplete:
+                    return  # the asked-for step is not in the root either
             if opened is None:
                 return
             self._first = opened
             yield opened.step
+
+    def _local_candidate(self, step: int | None) -> Opened | None:
+        """The newest local-only step any rank's local tier holds whole enough to open
+        (``step`` alone if given), as the rank holding it opened it, on every rank (a
+        collective; None: no rank holds one)."""
+        own = self._own_local(step)
+        newest = self.agree.max_of([own.step if own else -1])[0]
+        if newest < 0:
+            return None
+        holder = self.agree.max_of([self.agree.rank if own and own.step == newest else -1])[0]
+        mine = own if own is not None and self.agree.rank == holder else None
+        return self.agree.broadcast(mine, src=holder)
+
+    def _own_local(self, step: int | None) -> Opened | None:
+        """The newest local-only step of this rank's local tier (``step`` alone if given)
+        that opens; None if there is none, or a newer step there was saved to the root
+        (which the root's listing covers)."""
+        if not self.local_tier_dir or not os.path.isdir(self.local_tier_dir):
+            return None
+        tier = LocalStore(self.local_tier_dir)
+        try:
+            entries = list_steps(tier, with_status=False, once=True)
+        except (OSError, CkptStoreError):
+            return None
+        for entry in reversed(entries):
+            if step is not None and entry.step != step:
+                continue
+            try:
+                committed = open_committed(tier.child(entry.name))
+            except (OSError, CkptStoreError):
+                continue  # no marker here (another node's), or damaged
+            if committed.manifest.extra.get("tier") != LOCAL_ONLY:
+                return None
+            return Opened.of(entry.step, committed, local=True)
+        return None
 
     def forget(self) -> None:
         """Drop what discovery kept; call once a restore is over."""
@@ -235,10 +295,12 @@ class StepLoader:
         if opened is None or opened.step != step:
             opened = self.agree.broadcast(self._take_safely(step) if self.is_root else None)
         assert opened is not None and opened.step == step
+        self._local_only = opened.local
         if opened.incomplete:
             return None
+        where = self._local_dir(step).url if opened.local else self.root.describe(step_name(step))
         try:
-            return opened.committed(self.root.describe(step_name(step)))
+            return opened.committed(where)
         except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
             return exc
 
@@ -258,6 +320,8 @@ class StepLoader:
         self.source = f"the remote copy in {self.root.url}"
         if committed is None:
             return self._load_from(remote, step, state, None)
+        if self._local_only:  # no remote copy: what no node holds is missing
+            return self._load_local_only(step, state, committed)
         local = self._local_tier(step, committed)
         if local is not None:
             log.info("restoring step %d from the local copy in %s", step, self.local_tier_dir)
@@ -304,6 +368,38 @@ class StepLoader:
         log.info("restoring step %d from the remote copy in %s", step, self.root.url)
         self.source = f"the remote copy in {self.root.url}"
         return self._load_from(remote, step, state, committed)
+
+    def _local_dir(self, step: int) -> Store:
+        """This rank's local tier directory of ``step`` (the root's, without a local tier)."""
+        if not self.local_tier_dir:
+            return self.root.child(step_name(step))
+        return LocalStore(self.local_tier_dir).child(step_name(step))
+
+    def _load_local_only(
+        self, step: int, state: dict[str, Any], committed: Committed
+    ) -> CkptStoreError | None:
+        """Load the local-only ``step``: this node's files and its peers', nothing from
+        the root (a file no node holds fails the load: the restore falls back)."""
+        self.source = f"the local tier {self.local_tier_dir} (a local-only step)"
+        local = self._local_tier(step, committed)
+        if local is not None:
+            log.info("restoring local-only step %d from %s", step, self.local_tier_dir)
+            return self._load_from(local, step, state, committed)
+        own = self._local_dir(step)
+        tier = self._node_tier(step, own, committed)
+        if tier is None:
+            return IncompleteCheckpointError(
+                f"local-only step {step}: no node holds its files in {self.local_tier_dir}"
+            )
+        hook = None
+        if self.peers is not None and self.peers.active:
+            hook = functools.partial(
+                from_peers, self.peers, step, committed, tier, own.url, self.is_root
+            )
+        error = self._load_from(tier, step, state, committed, before_read=hook)
+        if tier.bytes_peers:
+            self.source += f"; {tier.bytes_peers} bytes sent between nodes"
+        return error
 
     def _node_tier(self, step: int, remote: Store, committed: Committed) -> NodeTier | None:
         """This node's share of ``step`` when no rank-agreed whole local copy exists (on

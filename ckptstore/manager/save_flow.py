@@ -3,8 +3,10 @@
 The training thread prepares the state, joins the save's one agreement (is any rank
 busy, can every rank reach the root and take the save, must the step be replaced) and
 has the backend stage it; the write then runs on the save thread (or inline), followed by
-retention on rank 0 and every node's local-tier trim. What can refuse a save is found
-before that agreement and carried by it, so every rank raises at once.
+retention on rank 0, every node's local-tier trim and the peer tier's replication. With
+two cadences a step goes to the root, to the local tier alone, or nowhere
+(``engine.local_tier.save_tier``). What can refuse a save is found before that agreement
+and carried by it, so every rank raises at once.
 """
 
 from __future__ import annotations
@@ -19,8 +21,9 @@ from typing import Any
 from torch.distributed.checkpoint.stateful import Stateful
 
 from ckptstore import errors
+from ckptstore.engine.catalog import committed_steps
 from ckptstore.engine.committed import CheckpointStatus, open_committed
-from ckptstore.engine.local_tier import local_tier_keeps
+from ckptstore.engine.local_tier import local_tier_keeps, save_tier
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Store
@@ -32,10 +35,10 @@ from ckptstore.errors import (
 )
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.failures import FailureLog
-from ckptstore.manager.local_tier import KEEP_LOCAL, LocalTierTrimmer
+from ckptstore.manager.local_tier import LocalTierTrimmer
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.manager.ownership import RootOwner, describe_run, run_of
-from ckptstore.manager.peer_tier import PeerTier, committed_manifest
+from ckptstore.manager.peer_tier import PeerTier, committed_step
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import SaveRecord, SaveStatus
 from ckptstore.manager.report import report, size_text
@@ -108,6 +111,11 @@ class SaveFlow:
         #: Set (on every rank alike) when a node's local tier cannot hold a step within
         #: ``tier_limit``: every later save raises it.
         self._tier_error: errors.ConfigError | None = None
+        #: Rank 0: the committed steps the root keeps, and the local-only steps newer than
+        #: the newest of them: what a restore could pick, the local tier's candidates.
+        self._root_kept: set[int] = set()
+        self._local_only: set[int] = set()
+        self._cadences = (options.local_every, options.remote_every)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self.inflight: Future[None] | None = None
 
@@ -115,10 +123,17 @@ class SaveFlow:
         """Stop the save thread (after the save in flight)."""
         self._pool.shutdown(wait=True)
 
-    def save(self, step: int, state: dict[str, Any]) -> bool:
-        """Start saving ``state`` as ``step``; False if skipped (see ``CheckpointManager``)."""
+    def save(self, step: int, state: dict[str, Any], durable: bool = False) -> bool:
+        """Start saving ``state`` as ``step`` (``durable``: to the root, whatever the
+        cadences say); False if skipped (see ``CheckpointManager``)."""
         start = time.perf_counter()
-        record = SaveRecord(step)
+        tier = "remote" if durable else save_tier(step, *self._cadences)
+        record = SaveRecord(step, tier=tier or "remote")
+        if tier is None:  # the same on every rank: no collective
+            record.status = SaveStatus.SKIPPED
+            self.records.append(record)
+            log.debug("step %d is neither a remote nor a local save: not saved", step)
+            return False
         busy = self.inflight is not None and not self.inflight.done()
         # Whatever can refuse the state (a Stateful's state_dict() raising; in process mode
         # a tensor larger than the staging budget, a value that cannot be pickled) is
@@ -259,7 +274,10 @@ class SaveFlow:
     def _write(self, record: SaveRecord, staged: Any, start: float, overwrite: bool) -> None:
         t = time.perf_counter()
         try:
-            notes = self._backend.write(record.step, staged, record.manifest_timings(), overwrite)
+            local = record.tier == "local"
+            notes = self._backend.write(
+                record.step, staged, record.manifest_timings(), overwrite, local
+            )
             record.warnings.extend(notes)
             record.status = SaveStatus.COMMITTED
             self.failures.committed(record.step)
@@ -269,19 +287,12 @@ class SaveFlow:
                     "step %d committed to %s: %s from rank 0, %.2f s after save() "
                     "(training blocked %.3f s)",
                     record.step,
-                    self.root.url,
+                    f"the local tier {self.options.local_tier_dir}" if local else self.root.url,
                     size_text(record.bytes),
                     time.perf_counter() - start,
                     record.blocking_s,
                 )
-            local_keeps = {record.step}
-            if self.rank == 0:
-                try:
-                    local_keeps |= self._apply_retention()
-                except CkptStoreError as exc:  # the step is committed: a warning, not a failure
-                    note = f"retention after step {record.step} failed: {exc}"
-                    log.warning("%s", note)
-                    record.warnings.append(note)
+            local_keeps = self._local_candidates(record) if self.rank == 0 else set()
         except BaseException as exc:  # noqa: BLE001 - reported at the next save/wait/close
             record.status, record.error = SaveStatus.FAILED, f"{type(exc).__name__}: {exc}"
             log.error("saving step %d failed: %s", record.step, record.error)
@@ -326,12 +337,34 @@ class SaveFlow:
             if d.action == "keep" and d.status == CheckpointStatus.COMMITTED
         }
 
+    def _local_candidates(self, record: SaveRecord) -> set[int]:
+        """Rank 0, after ``record``'s step committed: the steps a restore could pick now
+        (those the root keeps after retention, when the step went there, and the
+        local-only steps newer than them), the local tier's candidates."""
+        if record.tier == "local":
+            self._local_only.add(record.step)
+            if not self._root_kept:  # the first save of this manager: what the root holds
+                try:
+                    self._root_kept = set(committed_steps(self.root))
+                except CkptStoreError as exc:
+                    log.warning("could not list the committed steps of %s: %s", self.root, exc)
+        else:
+            self._root_kept = {record.step}
+            try:
+                self._root_kept |= self._apply_retention()
+            except CkptStoreError as exc:  # the step is committed: a warning, not a failure
+                note = f"retention after step {record.step} failed: {exc}"
+                log.warning("%s", note)
+                record.warnings.append(note)
+            self._local_only = {s for s in self._local_only if s > record.step}
+        return self._root_kept | self._local_only | {record.step}
+
     def _trim_local_tiers(self, record: SaveRecord, kept: set[int] | None) -> None:
         """After every save, on every rank (a collective on the checkpoint group): every
-        node's local tier keeps the newest ``KEEP_LOCAL`` of the steps rank 0's retention
-        kept (``kept``; None: the save failed, nothing is trimmed). A failure here is a
-        warning in the save's record."""
-        keeps = local_tier_keeps(kept, KEEP_LOCAL) if kept else None
+        node's local tier keeps the newest ``keep_local`` of the steps rank 0 says a
+        restore could pick (``kept``; None: the save failed, nothing is trimmed). A
+        failure here is a warning in the save's record."""
+        keeps = local_tier_keeps(kept, self.options.keep_local) if kept else None
         try:
             self._local_tiers.after_save(keeps)
         except Exception as exc:  # noqa: BLE001 - the save itself is done either way
@@ -342,14 +375,22 @@ class SaveFlow:
     def _replicate(self, record: SaveRecord) -> None:
         """After every save, on every rank (a collective on the checkpoint group, when
         the peer tier is active): rank 0 hands the committed step's manifest (None: the
-        save failed) and every node's files go to its peers (``PeerTier.after_save``).
-        What went wrong is a warning in the save's record: the step is committed all the
-        same; a tier over its limit also fails every later save."""
+        save failed; a local-only step's small objects too) and every node's files go to
+        its peers (``PeerTier.after_save``). What went wrong is a warning in the save's
+        record: the step is committed all the same; a tier over its limit also fails
+        every later save."""
         if not self._peers.active:
             return
-        manifest = None
+        committed = None
         if self.rank == 0 and record.status == SaveStatus.COMMITTED:
-            manifest = committed_manifest(self.root, self.options.local_tier_dir, record.step)
-        notes, error = self._peers.after_save(record.step, manifest, self.root.url)
+            committed = committed_step(self.root, self.options.local_tier_dir, record.step)
+        local = record.tier == "local"
+        where = f"the local tier {self.options.local_tier_dir}" if local else self.root.url
+        notes, error = self._peers.after_save(
+            record.step,
+            committed.manifest if committed else None,
+            where,
+            committed if local else None,
+        )
         record.warnings.extend(notes)
         self._tier_error = self._tier_error or error

@@ -116,6 +116,26 @@ def test_ls_shows_which_tiers_hold_each_step(tool, tmp_path) -> None:
     assert missing.rc == 2 and "--local-tier" in missing.err
 
 
+def test_ls_lists_the_steps_saved_to_the_local_tier_alone(tool, tmp_path) -> None:
+    from ckptstore import CheckpointManager
+
+    root, tier = str(tmp_path / "root"), str(tmp_path / "node0")
+    with CheckpointManager(
+        root, local_tier_dir=tier, local_every=1, remote_every=2, keep_local=2
+    ) as mgr:
+        for n in (2, 3):  # 2 to the bucket, 3 to the local tier alone
+            mgr.save(n, {"w": torch.full((10,), float(n))})
+            mgr.wait()
+    r = tool("ls", root, "--local-tier", tier)
+    assert r.rc == 0, r.err
+    rows = {line.split()[0]: line for line in r.out.splitlines()[1:3]}
+    assert rows["2"].endswith("bucket, local 1: all"), r.out
+    assert rows["3"].endswith("not in the bucket, local 1: all"), r.out
+    doc = tool("ls", root, "--local-tier", tier, "--json").json()
+    assert [(c["step"], c["durable"]) for c in doc["checkpoints"]] == [(2, True), (3, False)]
+    assert [c["step"] for c in tool("ls", root, "--json").json()["checkpoints"]] == [2]
+
+
 def test_ls_missing_root_is_a_usage_error(backend, cli) -> None:
     r = cli("ls", backend.missing)
     assert r.rc == 2 and "Traceback" not in r.err

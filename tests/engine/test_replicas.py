@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from ckptstore.engine.local_tier import evictions
 from ckptstore.engine.replicas import (
     Copy,
     check_replicas,
@@ -91,3 +92,12 @@ def test_rounds_let_each_node_send_and_receive_one_file_at_a_time() -> None:
         assert len({c.src for c in r}) == len({c.dst for c in r}) == len(r)
     one = [Copy(f"f{i}", 1, i % 3, 3) for i in range(6)]  # node 3 receives all six
     assert [len(r) for r in copy_rounds(one)] == [1] * 6
+
+
+def test_evictions_take_the_oldest_steps_until_the_newest_fits() -> None:
+    others = {1: 30, 2: 30, 3: 30}
+    assert evictions(others, need=50, limit=100) == [1, 2]
+    assert evictions(others, need=40, limit=100) == [1]
+    assert evictions(others, need=10, limit=100) == []
+    assert evictions(others, need=200, limit=100) == [1, 2, 3]  # never more than them
+    assert evictions({}, need=200, limit=100) == []

@@ -226,6 +226,37 @@ def test_a_peer_dying_during_replication_leaves_the_save_committed_and_no_partia
                     assert a.read() == open_bytes(os.path.join(remote, name)), name
 
 
+def _three_steps(rank: int, world: int, tmp: str, limit: int) -> Any:
+    tier = os.path.join(tmp, f"node{rank}")
+    with CheckpointManager(
+        os.path.join(tmp, "root"), local_tier_dir=tier, keep_local=3, tier_limit=limit
+    ) as mgr:
+        for s in (1, 2, 3):
+            mgr.save(s, state(rank, float(s)))
+            mgr.wait()
+        return [(str(r.status), r.warnings) for r in mgr.records]
+
+
+def test_a_full_tier_evicts_its_oldest_steps_never_the_newest(tmp_path) -> None:
+    """keep_local=3 within a tier_limit that holds node 0's newest step (with its replica
+    and the next save's shards) but nothing beside it: node 0 evicts its older steps, node
+    2 (the smallest shards) keeps all three; no save fails or warns."""
+    tmp = str(tmp_path)
+    every = set().union(*saved(tmp, replicas=0).values())
+    size = {n: os.path.getsize(os.path.join(tmp, "root", step_name(STEP), n)) for n in every}
+    mine = [sum(size[n] for n in own(every, node)) for node in range(NODES)]
+    peaks = [2 * mine[n] + mine[n - 1] for n in range(NODES)]  # own twice + a replica
+    limit = max(peaks) + max(peaks) // 4
+    step_bytes = [mine[n] + mine[n - 1] for n in range(NODES)]
+    assert limit - peaks[0] < step_bytes[0] and limit - peaks[2] >= 2 * step_bytes[2]
+    shutil.rmtree(tmp_path)
+    for records in run_distributed(_three_steps, NODES, tmp, limit):
+        assert records == [("committed", [])] * 3
+    steps = {n: sorted(os.listdir(os.path.join(tmp, f"node{n}"))) for n in range(NODES)}
+    assert steps[0] == [step_name(3)]
+    assert steps[2] == [step_name(s) for s in (1, 2, 3)]
+
+
 def test_a_symlinked_step_directory_is_never_written_through(tmp_path) -> None:
     tmp = str(tmp_path)
     every = set().union(*saved(tmp, replicas=1).values())

@@ -125,9 +125,14 @@ def run_job(
     return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
 
 
+#: The options a trainer plugin refuses (``ManagerOptions.refuse_cadences``).
+CADENCES = ("local_every", "remote_every")
+
+
 def every_manager_option(tmp_path: Any) -> dict[str, Any]:
     """A valid value, other than the default, for every field of ``ManagerOptions``; fails
-    naming a field added since, so its test is extended (the plugins need no edit)."""
+    naming a field added since, so its test is extended (the plugins need no edit). A
+    plugin takes every one but ``CADENCES``."""
     import dataclasses
 
     from ckptstore import KeepLast, ManagerOptions, TransferConfig
@@ -151,6 +156,9 @@ def every_manager_option(tmp_path: Any) -> dict[str, Any]:
         "replicas": 2,
         "replica_rate": 1 << 20,
         "tier_limit": 1 << 30,
+        "remote_every": 2,
+        "local_every": 3,
+        "keep_local": 2,
     }
     fields = {f.name for f in dataclasses.fields(ManagerOptions)}
     assert set(values) == fields, f"give every_manager_option a value for {fields ^ set(values)}"

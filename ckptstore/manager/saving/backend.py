@@ -45,11 +45,12 @@ class SaveBackend(Protocol):
                                                 # take a save (never waits for a writer start)
         staged, nbytes = backend.stage(prepared)
                                                 # save(), training thread: the state copied out
-        warnings = backend.write(step, staged, timings, overwrite)
+        warnings = backend.write(step, staged, timings, overwrite, local)
                                                 # the manager's save thread (or inline with
                                                 # async_save=False), at most one at a time:
                                                 # serialise, upload and commit through
-                                                # ``save_step``; raises the save's error, else
+                                                # ``save_step`` (``local``: to the local tier
+                                                # alone); raises the save's error, else
                                                 # returns the post-commit warnings
         waited = backend.wait_staged(staged)    # save(), training thread, after starting
                                                 # ``write``: training may change ``state``
@@ -80,9 +81,10 @@ class SaveBackend(Protocol):
         its tensor bytes)."""
 
     def write(
-        self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
+        self, step: int, staged: Any, timings: dict[str, float], overwrite: bool, local: bool
     ) -> list[str]:
-        """Save ``staged`` as ``step``; the post-commit warnings, or raise its error."""
+        """Save ``staged`` as ``step`` (``local``: to the local tier alone); the
+        post-commit warnings, or raise its error."""
 
     def wait_staged(self, staged: Any) -> float:
         """Return once training may change the state ``staged`` came from: the seconds

@@ -122,7 +122,7 @@ class ProcessBackend:
         return _SharedSave(staged), staged.nbytes
 
     def write(
-        self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
+        self, step: int, staged: Any, timings: dict[str, float], overwrite: bool, local: bool
     ) -> list[str]:
         """Have the writer process run ``save_step`` on the staged arena, staging each
         piece it asks for; wait for it (and, on the first save, for its start)."""
@@ -143,7 +143,13 @@ class ProcessBackend:
         try:
             self.writer.ensure_ready()
             outcome = self.writer.save(
-                step, save.state, self.stager.arena, timings, overwrite, on_fetch=on_fetch
+                step,
+                save.state,
+                self.stager.arena,
+                timings,
+                overwrite,
+                on_fetch=on_fetch,
+                local=local,
             )
         finally:
             self.stager.release()

@@ -22,12 +22,14 @@ from ckptstore.dcp.schedule import WriteSchedule
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.commit import collect_warnings
+from ckptstore.engine.local_tier import LOCAL_ONLY
 from ckptstore.engine.names import step_name
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.manager.options import SaveOptions
 from ckptstore.manager.saving.schedule import LiveFirst, Pieces, Piecewise, Refusing
+from ckptstore.stores.local import LocalStore
 
 __all__ = ["save_step"]
 
@@ -42,6 +44,7 @@ def save_step(
     timings: dict[str, float],
     process_group: Any = None,
     overwrite: bool = False,
+    local: bool = False,
     is_live: Callable[[torch.Tensor], bool] | None = None,
     release: Callable[[], float] | None = None,
     pieces: Pieces | None = None,
@@ -51,16 +54,22 @@ def save_step(
     on every rank of ``process_group``; the post-commit warnings.
 
     ``options`` say how (codec, key layout, local tier, run id); ``overwrite`` replaces a
-    committed ``step`` (one found damaged) atomically. The schedule: with ``is_live``
-    (part of ``state`` is training's own memory, not a copy) ``LiveFirst``, calling
-    ``release`` once those tensors are durable; with ``pieces`` (a state staged in shared
-    memory one piece at a time) ``Piecewise``; with ``refusal`` (this rank could not get
-    its state ready) ``Refusing``, which fails the save on every rank at once in DCP's
-    planning step. ``timings`` go into the manifest (``extra["timings"]``), the run id
-    into ``extra["run"]`` and the step lease.
+    committed ``step`` (one found damaged) atomically; ``local`` saves ``step`` to the
+    local tier alone: each rank writes its files into its own node's
+    ``local_tier_dir/<step>/``, the coordinator commits there (its manifest says
+    ``LOCAL_ONLY``; a step saved again replaces it) and the root is not touched. The
+    schedule: with ``is_live`` (part of ``state`` is training's own memory, not a copy)
+    ``LiveFirst``, calling ``release`` once those tensors are durable; with ``pieces`` (a
+    state staged in shared memory one piece at a time) ``Piecewise``; with ``refusal``
+    (this rank could not get its state ready) ``Refusing``, which fails the save on every
+    rank at once in DCP's planning step. ``timings`` go into the manifest
+    (``extra["timings"]``), the run id into ``extra["run"]`` and the step lease.
     Raises the first rank's ckptstore error; nothing is committed then.
     """
-    url = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
+    url: Store = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
+    if local:
+        assert options.local_tier_dir, "a local-only save needs a local tier"
+        url, overwrite = LocalStore(options.local_tier_dir).child(step_name(step)), True
     manifest_timings = dict(timings)
     schedule: WriteSchedule | None = None
     if refusal is not None:
@@ -80,10 +89,15 @@ def save_step(
         schedule=schedule,
     )
     writer = (
-        StagedWriter(url, local_tier_dir=options.local_tier_dir, **common)
+        CkptWriter(url, check_files=False, **common)  # the coordinator's node's files
+        if local
+        # the manager trims every node's local tier itself (``save_flow``)
+        else StagedWriter(url, local_tier_dir=options.local_tier_dir, keep_local=None, **common)
         if options.local_tier_dir
         else CkptWriter(url, **common)
     )
+    if local:
+        writer.manifest_extra["tier"] = LOCAL_ONLY
     writer.manifest_extra["timings"] = manifest_timings
     if options.run_id:
         writer.manifest_extra["run"] = options.run_id

@@ -89,7 +89,7 @@ class ThreadBackend:
         return staged.wait_released() if isinstance(staged, StagedSave) else 0.0
 
     def write(
-        self, step: int, staged: Any, timings: dict[str, float], overwrite: bool
+        self, step: int, staged: Any, timings: dict[str, float], overwrite: bool, local: bool
     ) -> list[str]:
         """Run ``save_step`` on this thread, over the manager's checkpoint group."""
         live = isinstance(staged, StagedSave) and staged.has_live
@@ -104,6 +104,7 @@ class ThreadBackend:
                 timings=timings,
                 process_group=self.process_group,
                 overwrite=overwrite,
+                local=local,
                 is_live=staged.is_live if live else None,
                 release=staged.release if live else None,
                 refusal=staged.error if refused else None,

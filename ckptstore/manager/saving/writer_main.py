@@ -145,6 +145,7 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
                 engine=engine,
                 timings=job.timings,
                 overwrite=job.overwrite,
+                local=job.local,
                 pieces=pieces,
                 refusal=refusal,
             )

@@ -199,10 +199,12 @@ class BackgroundWriter:
         timings: dict,
         overwrite: bool = False,
         on_fetch: Callable[[Fetch], Fetched] | None = None,
+        local: bool = False,
     ) -> Outcome:
-        """Have the writer save ``staged`` as ``step``; its outcome, or raise its error.
-        ``on_fetch`` answers the writer's requests for the next piece of ``staged``."""
-        job = SaveJob(step, staged, timings, overwrite)
+        """Have the writer save ``staged`` as ``step`` (``local``: to the local tier alone);
+        its outcome, or raise its error. ``on_fetch`` answers the writer's requests for
+        the next piece of ``staged``."""
+        job = SaveJob(step, staged, timings, overwrite, local)
         try:
             self.writer.request(job, arena)
         except WriterDied as died:

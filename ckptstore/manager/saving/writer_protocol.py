@@ -78,13 +78,14 @@ class SaveJob:
     """One save for a writer: the step, its state staged in the arena, manifest timings.
 
     ``timings`` go into the manifest's ``extra["timings"]``; ``overwrite`` replaces a
-    committed step found damaged.
+    committed step found damaged; ``local`` saves it to the local tier alone.
     """
 
     step: int
     staged: StagedState
     timings: dict[str, float]
     overwrite: bool = False  # replace a committed step found damaged
+    local: bool = False  # the local tier alone (``save_step``'s ``local``)
 
 
 @dataclass(frozen=True)

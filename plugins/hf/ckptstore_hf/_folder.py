@@ -175,6 +175,7 @@ class FolderCheckpoints:
     def __init__(self, root: str, options: ManagerOptions | None = None, **keywords: Any) -> None:
         self.root = root
         self.options = ManagerOptions.from_keywords(options, **keywords)
+        self.options.refuse_cadences("ckptstore_hf")
         self._mgr: CheckpointManager | None = None
 
     @property

@@ -13,8 +13,14 @@ pytest.importorskip("transformers")
 pytest.importorskip("accelerate")
 
 from ckptstore import ManagerOptions  # noqa: E402
+from ckptstore.errors import ConfigError  # noqa: E402
 from ckptstore_hf import CkptStoreAccelerate, CkptStoreCallback, _folder  # noqa: E402
-from tests.plugins.util import ManagerSpy, assert_refuses_wrong_options, every_manager_option  # noqa: E402
+from tests.plugins.util import (  # noqa: E402
+    CADENCES,
+    ManagerSpy,
+    assert_refuses_wrong_options,
+    every_manager_option,
+)
 
 PLUGINS = [CkptStoreCallback, CkptStoreAccelerate]
 
@@ -25,6 +31,10 @@ def test_every_manager_option_reaches_the_manager(tmp_path, monkeypatch, plugin,
     monkeypatch.setattr(_folder, "CheckpointManager", ManagerSpy)
     values = every_manager_option(tmp_path)
     root = str(tmp_path / "root")
+    for name in CADENCES:  # refused: the trainer decides when to save
+        with pytest.raises(ConfigError, match=name):
+            plugin(root, **{name: values[name]})
+        values[name] = getattr(ManagerOptions(), name)
     ckpt = plugin(root, **values) if how == "keywords" else plugin(root, ManagerOptions(**values))
     mgr = ckpt.folders.manager
     assert isinstance(mgr, ManagerSpy) and mgr.root == root

@@ -106,6 +106,7 @@ class CkptStoreIO(CheckpointIO):
                 "CkptStoreIO prunes by checkpoint names: pass keep= to CkptStoreIO, "
                 "not in its ManagerOptions"
             )
+        self.options.refuse_cadences("CkptStoreIO")
         self.root = norm(root) if root else None
         self.keep = keep or KeepLast(1)
         self._strategy: Any = None  # set by _ranks.attach when the Trainer is built

@@ -13,7 +13,12 @@ pytest.importorskip("lightning")
 from ckptstore import KeepAll, KeepLast, ManagerOptions  # noqa: E402
 from ckptstore.errors import ConfigError  # noqa: E402
 from ckptstore_lightning import CkptStoreIO, io  # noqa: E402
-from tests.plugins.util import ManagerSpy, assert_refuses_wrong_options, every_manager_option  # noqa: E402
+from tests.plugins.util import (  # noqa: E402
+    CADENCES,
+    ManagerSpy,
+    assert_refuses_wrong_options,
+    every_manager_option,
+)
 
 ROOT = "s3://bucket/run"  # an object store: storage_options reach it (a path takes none)
 
@@ -23,6 +28,10 @@ def test_every_manager_option_reaches_the_manager(tmp_path, monkeypatch, how) ->
     monkeypatch.setattr(io, "CheckpointManager", ManagerSpy)
     values = every_manager_option(tmp_path)
     keep = values.pop("keep")  # the IO's own pruning; its manager keeps every step
+    for name in CADENCES:  # refused: Lightning decides when to save
+        with pytest.raises(ConfigError, match=name):
+            CkptStoreIO(ROOT, **{name: values[name]})
+        values[name] = getattr(ManagerOptions(), name)
     if how == "keywords":
         ckpt = CkptStoreIO(ROOT, keep=keep, **values)
     else:
