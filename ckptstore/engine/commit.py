@@ -28,7 +28,7 @@ from ckptstore.engine.committed import (
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.lease import Heartbeat, lease_name, live_leases
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
-from ckptstore.engine.names import TMP_MARK, is_ckptstore_file
+from ckptstore.engine.names import RUN_STAMP, TMP_MARK, is_ckptstore_file
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -267,7 +267,8 @@ def _publish_canonical(
     _put_all(store, engine, [(METADATA_NAME, metadata_bytes), (MANIFEST_NAME, manifest_bytes)])
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)] if attempt else []
     own_lease = [lease_name(attempt)] if attempt and live else []
-    keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, *own, *own_lease, *manifest.files}
+    keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, RUN_STAMP, *own, *own_lease}
+    keep |= set(manifest.files)  # RUN_STAMP: a local tier's (``engine.local_tier``)
     names = store.find()
     others = live_leases(store, names, exclude=own_lease)
     if others:

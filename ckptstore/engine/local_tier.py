@@ -10,11 +10,14 @@ one and every file the manifest lists is there with its size (``local_copy_match
 else file by file (``local_files``). With two cadences (``save_tier``) some steps are
 saved to the local tier alone: their manifest says so (``LOCAL_ONLY``). Only canonical
 step directories and ckptstore's own files are ever deleted; symlinks are never followed
-(``engine.deletion``).
+(``engine.deletion``). A manager stamps each step directory with its run (``stamp_run``)
+and trims or evicts only its own run's: another job's or run's steps in the same directory
+are left alone.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 from collections.abc import Collection, Iterable, Mapping
@@ -24,8 +27,9 @@ from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.committed import Committed
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME, Manifest, Marker
+from ckptstore.engine.names import RUN_STAMP
 from ckptstore.engine.store import Store
-from ckptstore.errors import ConfigError, StoreNotFoundError
+from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 
 __all__ = [
     "LOCAL_ONLY",
@@ -36,7 +40,9 @@ __all__ = [
     "local_files",
     "local_tier_deletions",
     "local_tier_keeps",
+    "run_of_step",
     "save_tier",
+    "stamp_run",
     "trim_local_tier",
 ]
 
@@ -75,12 +81,39 @@ def local_tier_deletions(local_steps: Iterable[int], keeps: Collection[int]) -> 
     return sorted(s for s in set(local_steps) if s not in keeps and s < newest)
 
 
-def trim_local_tier(tier: Store, keeps: Collection[int]) -> list[str]:
+def stamp_run(tier: Store, name: str, run: str) -> None:
+    """Record in step directory ``name`` of ``tier`` (a local tier) that it holds a step
+    of ``run`` (made if absent)."""
+    tier.child(name).put(RUN_STAMP, json.dumps({"run": run}).encode())
+
+
+def run_of_step(tier: Store, name: str) -> str | None:
+    """The run ``stamp_run`` recorded in step directory ``name`` of ``tier``; None when
+    there is no readable stamp (another tool's directory, or one ckptstore did not stamp)."""
+    try:
+        doc = json.loads(get_capped(tier.child(name), RUN_STAMP, MAX_MARKER_SIZE))
+    except (CkptStoreError, OSError, ValueError):
+        return None
+    run = doc.get("run") if isinstance(doc, dict) else None
+    return run if isinstance(run, str) else None
+
+
+def _steps(tier: Store, run: str | None) -> dict[int, str]:
+    """The canonical step directories of ``tier`` (step -> name); with ``run``, only
+    those stamped with it."""
+    steps = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
+    if run is None:
+        return steps
+    return {s: n for s, n in steps.items() if run_of_step(tier, n) == run}
+
+
+def trim_local_tier(tier: Store, keeps: Collection[int], run: str | None = None) -> list[str]:
     """Delete the step directories of ``tier`` (a local tier directory's store) that
     ``keeps`` lets go; their names. Only canonical step directories count: an entry that
     is not one (a symlink, a file named like a step) is warned about once per process and
-    left alone, never followed or deleted."""
-    steps = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
+    left alone, never followed or deleted. With ``run``, only that run's steps count
+    (``stamp_run``): another run's are never deleted."""
+    steps = _steps(tier, run)
     removed = []
     for step in local_tier_deletions(steps, keeps):
         delete_step(tier, steps[step])
@@ -108,13 +141,20 @@ def evictions(others: Mapping[int, int], need: int, limit: int) -> list[int]:
     return out
 
 
-def evict_for(tier: Store, step: int, need: int, limit: int) -> list[str]:
+def evict_for(tier: Store, step: int, need: int, limit: int, run: str | None = None) -> list[str]:
     """Delete the oldest step directories of ``tier`` (a local tier directory's store)
-    other than ``step`` (never the
-    newest complete one) until ``need`` bytes fit within ``limit``; their names. Sizes
+    other than ``step`` (never the newest complete one), of ``run`` only when given,
+    until ``need`` bytes fit within ``limit`` beside all of them; their names. Sizes
     count regular files only, never through a symlink (``engine.deletion`` deletes only
     ckptstore's own files)."""
-    steps = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
+    everything = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
+    steps = _steps(tier, run)
+    foreign = sum(
+        _dir_bytes(os.path.join(tier.url, n))
+        for s, n in everything.items()
+        if s not in steps and s != step
+    )
+    limit -= foreign  # another run's steps take room that cannot be freed
     others = {s: _dir_bytes(os.path.join(tier.url, n)) for s, n in steps.items() if s != step}
     removed = []
     for old in evictions(others, need, limit):

@@ -15,6 +15,8 @@ Names of a step directory::
     [<hh>/]__<rank>_<i>[.<attempt>].distcp        shard files (stock DCP's without attempt;
                                                   ``<hh>/`` with ``key_layout="spread"``)
     ckptstore.lease.<attempt>.json                a save in flight's lease (engine.lease)
+    ckptstore.run.json                            in a node-local tier: the run whose step
+                                                  the directory holds (engine.local_tier)
     <any of the above>.ckptstore-tmp-<hex>        a temp object of an unfinished write: a
                                                   volume's temp file, or an emulated
                                                   multipart upload's begin marker (32 hex)
@@ -38,6 +40,7 @@ __all__ = [
     "STEP_PREFIX",
     "TMP_MARK",
     "OWNER_NAME",
+    "RUN_STAMP",
     "step_name",
     "parse_step",
     "is_ckptstore_file",
@@ -51,6 +54,9 @@ TMP_MARK = ".ckptstore-tmp-"
 #: The root owner's lease, directly under a root (``engine.owner``).
 OWNER_NAME = "ckptstore.owner.json"
 
+#: In a node-local tier's step directory: the run whose step it holds (``engine.local_tier``).
+RUN_STAMP = "ckptstore.run.json"
+
 _STEP = re.compile(r"^step_(\d{9})$")
 _ATTEMPT = r"[0-9a-f]{1,64}"
 _OURS = re.compile(
@@ -58,6 +64,7 @@ _OURS = re.compile(
     r"COMMITTED"
     rf"|ckptstore\.manifest(?:\.{_ATTEMPT})?\.json"
     rf"|ckptstore\.lease\.{_ATTEMPT}\.json"
+    r"|ckptstore\.run\.json"
     rf"|\.metadata(?:\.{_ATTEMPT}|\.tmp)?"
     rf"|(?:[0-9a-f]{{2}}/)?__\d+_\d+(?:\.{_ATTEMPT})?\.distcp"
     r")"

@@ -30,13 +30,15 @@ class LocalTierTrimmer:
     Call order (every rank, in the manager's save thread, after each save's write)::
 
         trimmer = LocalTierTrimmer(nodes)    # the manager's constructor (``nodes.Nodes``)
-        removed = trimmer.after_save(keeps)  # collective, success or not; rank 0's keeps
+        removed = trimmer.after_save(keeps, run)
+                                             # collective, success or not; rank 0's keeps
                                              # (``engine.local_tier.local_tier_keeps``;
                                              # None: its save failed) count; the first
                                              # call may gather the node map
 
     On each node its leader (the lowest rank of those sharing the directory) deletes the
-    step directories the decision lets go (``engine.local_tier.trim_local_tier``).
+    step directories of ``run`` the decision lets go (``engine.local_tier.trim_local_tier``;
+    another run's are left alone).
     """
 
     def __init__(self, nodes: Nodes) -> None:
@@ -44,7 +46,7 @@ class LocalTierTrimmer:
         self.local_tier_dir = nodes.local_tier_dir
         self.group = nodes.group
 
-    def after_save(self, keeps: Collection[int] | None) -> list[str]:
+    def after_save(self, keeps: Collection[int] | None, run: str) -> list[str]:
         """Broadcast rank 0's ``keeps`` (None: its save failed, nothing is trimmed) and
         trim this node's local tier directory by it if this rank is its node's leader; the names
         removed here. A collective over ``group``: every rank calls it after every save
@@ -60,7 +62,7 @@ class LocalTierTrimmer:
             return []
         if not os.path.isdir(self.local_tier_dir):
             return []
-        removed = trim_local_tier(LocalStore(self.local_tier_dir), keeps)
+        removed = trim_local_tier(LocalStore(self.local_tier_dir), keeps, run)
         for name in removed:
             log.info(
                 "removed the local copy %s from %s (the local tier keeps steps %s)",

@@ -124,7 +124,7 @@ class CheckpointManager:
         # the trim and the peer tier both act through each node's leader.
         nodes = Nodes(opts.local_tier_dir, self._pg)
         self._peers = PeerTier(
-            nodes, self.engine, opts.replicas, opts.replica_rate, opts.tier_limit
+            nodes, self.engine, opts.replicas, opts.replica_rate, opts.tier_limit, self.run_id
         )
         self._loader = StepLoader(
             self.root,

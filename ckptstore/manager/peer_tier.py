@@ -37,7 +37,7 @@ from ckptstore.engine.committed import (
     committed_from_bytes,
     open_committed,
 )
-from ckptstore.engine.local_tier import evict_for, local_files
+from ckptstore.engine.local_tier import evict_for, local_files, stamp_run
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
 from ckptstore.engine.names import step_name
 from ckptstore.engine.replicas import (
@@ -90,7 +90,8 @@ class PeerTier:
 
     Call order (every rank, each a collective over ``nodes.group``)::
 
-        peers = PeerTier(nodes, engine, replicas, rate, limit)  # the manager's constructor
+        peers = PeerTier(nodes, engine, replicas, rate, limit, run)
+                                         # the manager's constructor
         peers.after_save(step, manifest, url, small)
                                          # save thread, after every save: ``replicate``
                                          # (rank 0 passes the committed step's manifest,
@@ -111,8 +112,9 @@ class PeerTier:
         replicas: int,
         rate: int | None = None,
         limit: int | None = None,
+        run: str | None = None,
     ) -> None:
-        self.nodes, self.engine = nodes, engine
+        self.nodes, self.engine, self.run = nodes, engine, run
         self.replicas, self.rate, self.limit = replicas, rate, limit
         self.group = nodes.group
 
@@ -168,7 +170,11 @@ class PeerTier:
             if node is not None:  # a rank without a local tier reads from the bucket
                 wants[node].update(names)
         mine = wants[node_map.node] if node_map.node is not None else set()
-        return self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
+        got = self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
+        run = manifest.extra.get("run")
+        if got.received and isinstance(run, str):  # the step directory is that run's
+            stamp_run(LocalStore(self.nodes.local_tier_dir or ""), step_name(step), run)
+        return got
 
     def after_save(
         self, step: int, manifest: Manifest | None, root_url: str, small: Committed | None = None
@@ -223,7 +229,7 @@ class PeerTier:
             return
         assert self.nodes.local_tier_dir is not None
         tier = LocalStore(self.nodes.local_tier_dir)
-        for name in evict_for(tier, step, peaks[node_map.node], self.limit):
+        for name in evict_for(tier, step, peaks[node_map.node], self.limit, self.run):
             log.info(
                 "evicted %s from %s: the local tier keeps step %d within tier_limit=%d",
                 name, self.nodes.local_tier_dir, step, self.limit,

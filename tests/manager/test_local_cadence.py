@@ -219,3 +219,23 @@ def test_finalize_saves_to_the_root_whatever_the_cadences_say(tmp_path) -> None:
         assert mgr.finalize(4, state(4.0))
         assert [r.tier for r in mgr.records] == ["local", "remote"]
     assert os.listdir(os.path.join(tmp, "root")) == [step_name(4)]
+
+
+def test_another_runs_steps_in_the_local_tier_are_never_deleted(tmp_path) -> None:
+    tmp = str(tmp_path)
+    tier = os.path.join(tmp, "tier")
+    for run, steps in (("run-a", range(1, 3)), ("run-b", range(3, 5))):
+        with CheckpointManager(
+            os.path.join(tmp, run), local_tier_dir=tier, run_id=run, local_every=1
+        ) as mgr:
+            for s in steps:
+                mgr.save(s, state(float(s)))
+                mgr.wait()
+    # run-b trimmed its own step 3, never run-a's step 2 (nor a directory nobody stamped)
+    assert sorted(os.listdir(tier)) == [step_name(2), step_name(4)]
+    os.makedirs(os.path.join(tier, step_name(0)))
+    with CheckpointManager(
+        os.path.join(tmp, "run-b"), local_tier_dir=tier, run_id="run-b", local_every=1
+    ) as mgr:
+        mgr.save(5, state(5.0))
+    assert sorted(os.listdir(tier)) == [step_name(s) for s in (0, 2, 5)]
