@@ -173,7 +173,10 @@ class PeerTier:
         got = self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
         run = manifest.extra.get("run")
         if got.received and isinstance(run, str):  # the step directory is that run's
-            stamp_run(LocalStore(self.nodes.local_tier_dir or ""), step_name(step), run)
+            try:
+                stamp_run(LocalStore(self.nodes.local_tier_dir or ""), step_name(step), run)
+            except (OSError, CkptStoreError) as exc:  # the restore goes on: never trimmed
+                log.warning("could not stamp step %d's local directory: %s", step, exc)
         return got
 
     def after_save(

@@ -366,7 +366,7 @@ class SaveFlow:
         failure here is a warning in the save's record."""
         keeps = local_tier_keeps(kept, self.options.keep_local) if kept else None
         try:
-            self._local_tiers.after_save(keeps, self.run_id)
+            self._local_tiers.after_save(record.step, keeps, self.run_id)
         except Exception as exc:  # noqa: BLE001 - the save itself is done either way
             note = f"trimming the local tier after step {record.step} failed: {exc}"
             log.warning("%s", note)

@@ -22,7 +22,7 @@ from ckptstore.dcp.schedule import WriteSchedule
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.commit import collect_warnings
-from ckptstore.engine.local_tier import LOCAL_ONLY, stamp_run
+from ckptstore.engine.local_tier import LOCAL_ONLY
 from ckptstore.engine.names import step_name
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
@@ -101,8 +101,6 @@ def save_step(
     writer.manifest_extra["timings"] = manifest_timings
     if options.run_id:
         writer.manifest_extra["run"] = options.run_id
-        if options.local_tier_dir:  # the run's own step: its trim may delete it
-            stamp_run(LocalStore(options.local_tier_dir), step_name(step), options.run_id)
     with collect_warnings() as notes:
         try:
             dcp.save(state, storage_writer=writer, process_group=process_group)
