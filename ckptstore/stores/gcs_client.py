@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from ckptstore.config import RetryConfig
@@ -113,5 +113,3 @@ def combined_crc(parts: Sequence[Part]) -> int | None:
     for p in parts[1:]:
         value = crc32c_combine(value, int(p.etag, 16), p.size)
     return value
-
-

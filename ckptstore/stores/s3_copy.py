@@ -57,9 +57,9 @@ def _copy_parts(client: S3Client, src: str, dst: str, head: dict[str, Any], what
     starts = [sum(sizes[:i]) for i in range(len(sizes))]
     ranges = [(start, start + size - 1) for start, size in zip(starts, sizes)]
     source = {"Bucket": client.bucket, "Key": src}
-    upload_id = client.call(
-        "create_multipart_upload", what, Key=dst, ChecksumAlgorithm="CRC32C"
-    )["UploadId"]
+    upload_id = client.call("create_multipart_upload", what, Key=dst, ChecksumAlgorithm="CRC32C")[
+        "UploadId"
+    ]
 
     def part(job: tuple[int, tuple[int, int]]) -> dict[str, Any]:
         number, (first, last) = job
@@ -80,7 +80,8 @@ def _copy_parts(client: S3Client, src: str, dst: str, head: dict[str, Any], what
         parts = parallel(part, list(enumerate(ranges, 1)))
         crcs = [p["ChecksumCRC32C"] for p in parts]
         expected = head.get("ChecksumCRC32C")  # comparable if the parts are the source's
-        if expected and expected.endswith(f"-{len(crcs)}") and all(crcs) and _composite(crcs) != expected:
+        comparable = expected and expected.endswith(f"-{len(crcs)}") and all(crcs)
+        if comparable and _composite(crcs) != expected:
             raise CorruptCheckpointError(
                 f"{what}: the copied parts' CRC32C {_composite(crcs)} is not the source's "
                 f"{expected}; nothing was made"
