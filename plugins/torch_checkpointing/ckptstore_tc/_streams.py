@@ -3,8 +3,10 @@
 ``WriteStream``: one file written through ckptstore's transfer engine (parallel parts,
 CRC32C per part, retries); nothing is visible until ``close()``, and leaving its ``with``
 block on an exception aborts the upload instead (no half-written file). Given the object
-that owns the memory written (``Storage.get_write_stream``'s ``data``), large writes go out
-from that memory without a copy.
+that owns the memory written (``Storage.get_write_stream``'s ``data``, which
+torch_checkpointing leaves unchanged until the stream closes), large writes go out from
+that memory without a copy; otherwise every write is copied (into the engine's part
+buffers), as a caller may reuse its buffer once ``write`` returns.
 
 ``MemoryReader``: a whole file read ahead by parallel ranged GETs into one buffer, read
 without copying it again. ``RangedReader``: a file read on demand, each ``readinto`` a set
@@ -37,9 +39,9 @@ class WriteStream(io.RawIOBase):
     def write(self, data: Any) -> int:  # type: ignore[override]
         """Append ``data`` (any buffer: bytes, numpy arrays, array.array ...)."""
         view = memoryview(data).cast("B")
-        if self._sink is not None:
+        if self._sink is not None:  # the owner's memory stays as it is until close
             return self._sink.write(view)
-        self._writer.write(view)
+        self._writer.write(view, copy=True)  # the caller may reuse ``data`` on return
         return len(view)
 
     def close(self) -> None:

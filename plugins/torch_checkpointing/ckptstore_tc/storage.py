@@ -25,7 +25,12 @@ from pathlib import Path
 from typing import Any
 
 from ckptstore import RetryConfig, TransferConfig, TransferEngine, open_store
-from ckptstore.errors import StoreNotFoundError, UnsafePathError, missing_dependency
+from ckptstore.errors import (
+    CorruptCheckpointError,
+    StoreNotFoundError,
+    UnsafePathError,
+    missing_dependency,
+)
 from ckptstore.errors import require_version as _require_version
 from ckptstore.stores import split_url
 
@@ -151,8 +156,8 @@ class CkptStoreStorage(Storage):
         size = self.engine.retry(lambda: self.store.size(key), f"stat of {self.remap_path(path)}")
         known = read_args.known_size_bytes
         if known is not None and known != size:
-            raise StoreNotFoundError(
-                errno.ENOENT, f"{self.remap_path(path)} is {size} bytes, not the {known} expected"
+            raise CorruptCheckpointError(
+                f"{self.remap_path(path)} is {size} bytes, not the {known} expected"
             )
         if not read_args.pre_read_full_file:
             return RangedReader(self.engine, self.store, key, size)

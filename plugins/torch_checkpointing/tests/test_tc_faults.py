@@ -1,7 +1,7 @@
 """The faults ckptstore's stores survive, met through CkptStoreStorage: wrong credentials
 (refused at once, no secret in the message), a missing object, a truncated object, and a
 rename whose copies fail midway (nothing half-renamed: the source whole, no copy left), or
-fail once (retried)."""
+fail once (retried); and a renamed directory's metadata.pkl lands last."""
 
 from __future__ import annotations
 
@@ -100,3 +100,21 @@ def test_a_copy_failing_once_is_retried(env) -> None:
     storage.rename(M / "tmp_step", M / "step", is_directory=True)
     assert {n: store.get(f"step/{n}") for n in files} == files
     assert store.find("tmp_step") == [] and faulty.calls["copy"] == len(files) + 1
+
+
+def test_the_metadata_lands_after_every_other_file(env) -> None:
+    storage, store = env
+    if storage._volume is not None:
+        pytest.skip("a volume renames with one os.rename: nothing is copied")
+    files = _populate(storage)
+    storage.write(M / "tmp_step/metadata.pkl", b"global metadata")
+    landed: list[str] = []
+
+    class Recording(FaultyStore):
+        def copy(self, src: str, dst: str) -> None:
+            super().copy(src, dst)
+            landed.append(dst)
+
+    storage.store = Recording(store)
+    storage.rename(M / "tmp_step", M / "step", is_directory=True)
+    assert landed[-1] == "step/metadata.pkl" and len(landed) == len(files) + 1

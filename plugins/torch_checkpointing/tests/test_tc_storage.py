@@ -14,7 +14,7 @@ import pytest
 import torch
 from torch_checkpointing.storage.base_storage import ReadArgs
 
-from ckptstore.errors import UnsafePathError
+from ckptstore.errors import CorruptCheckpointError, UnsafePathError
 from ckptstore_tc import CkptStoreStorageConfig
 
 M = Path("/ckpt")
@@ -48,6 +48,17 @@ def test_writes_of_every_buffer_kind_read_back(env) -> None:
     assert storage.remap_path(M / "d/whole") == store.describe("d/whole")
 
 
+def test_a_stream_writes_what_it_was_given_when_it_was_given(env) -> None:
+    storage, store = env
+    buf = bytearray(os.urandom(4 * 2**20))  # large enough to be sent by reference
+    first = bytes(buf)
+    with storage.stream_write(M / "f") as f:
+        f.write(buf)
+        buf[:] = bytes(len(buf))  # a caller may reuse its buffer once write returns
+        f.write(buf)
+    assert store.get("f") == first + bytes(len(buf))
+
+
 def test_ranged_reads_land_in_the_callers_buffer(env) -> None:
     storage, store = env
     data = os.urandom(9 * 2**20 + 5)
@@ -59,7 +70,7 @@ def test_ranged_reads_land_in_the_callers_buffer(env) -> None:
         assert f.read() == data[1000 + len(buf) :]
         assert f.readinto(bytearray(10)) == 0  # at the end
     assert storage.read(M / "f", ReadArgs(known_size_bytes=len(data))) == data
-    with pytest.raises(FileNotFoundError, match="not the 7 expected"):
+    with pytest.raises(CorruptCheckpointError, match="not the 7 expected"):
         storage.read(M / "f", ReadArgs(known_size_bytes=7))
 
 
