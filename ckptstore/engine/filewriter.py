@@ -166,17 +166,18 @@ class FileWriter:
         if self._failed.is_set():
             self._raise_failed()
 
-    def write(self, data: Buffer, crc: int | None = None) -> int:
+    def write(self, data: Buffer, crc: int | None = None, *, copy: bool = False) -> int:
         """Append ``data``; returns its offset. ``crc``: its CRC32C, if known.
 
         ``data`` is copied, except a large write to a ``zero_copy_parts`` or
         ``gather_parts`` store, which is sent from ``data`` itself: leave it unchanged
-        until ``close()`` (see ``_append``).
+        until ``close()`` (see ``_append``). ``copy=True`` copies it always, for a caller
+        that may change ``data`` as soon as this returns (as a file's ``write`` allows).
         """
         self._check_open()
         view = memoryview(data).cast("B")
         offset = self._crc.length
-        hashed = self._append(view)
+        hashed = self._append(view, copy=copy)
         crc = hashed if crc is None else crc
         if crc is None:
             self._crc.update(view)
@@ -220,7 +221,7 @@ class FileWriter:
         CRC32C is ``crc``."""
         self._crc.extend(crc, length)
 
-    def _append(self, view: memoryview, owned: bool = False) -> int | None:
+    def _append(self, view: memoryview, owned: bool = False, copy: bool = False) -> int | None:
         """Copy ``view`` into part buffers (of ``buffer_size``), sending each as it fills.
         Returns ``view``'s CRC32C where the parts computed it (``PartBuilder.refer``).
 
@@ -229,10 +230,10 @@ class FileWriter:
         ``zero_copy_parts`` one (what is buffered goes out as a short part, then the view
         itself as parts of up to ``part_size``). Only a view that keeps its memory alive
         (``view.obj``) or, with ``owned``, one into memory whose owner the writer holds
-        (``item(owner=)``) is taken so; its bytes must not change until ``close()``
-        returns (a state being saved is not modified meanwhile).
+        (``item(owner=)``) is taken so, unless ``copy``; its bytes must not change until
+        ``close()`` returns (a state being saved is not modified meanwhile).
         """
-        by_reference = len(view) >= ZERO_COPY_MIN and (owned or view.obj is not None)
+        by_reference = not copy and len(view) >= ZERO_COPY_MIN and (owned or view.obj is not None)
         keep = self._owner if owned else None  # held by each part that points into it
         if self._parts is not None:
             if by_reference:

@@ -118,6 +118,7 @@ class Store(abc.ABC):
       (``put_part_pieces``) instead of one.
     - Commit (``ckptstore.engine.commit``, the coordinator): ``put`` of the manifest and
       ``.metadata``, then ``put_if_absent`` of ``COMMITTED``; ``get`` / ``exists`` to open one.
+    - Server-side ``copy`` (a rename on an object store: ``ckptstore_tc``), from any thread.
     - Listing, verification and deletion (``engine.catalog``, ``engine.verify``,
       ``engine.deletion``, through ``engine.retry.RetryingStore``): ``scan``, ``find``,
       ``listdir``, ``size``, ``delete``, ``delete_many``, ``remove_empty_dirs``,
@@ -294,6 +295,23 @@ class Store(abc.ABC):
             name, sep, _ = path[len(head) :].partition("/")
             out.add(Entry(name, "dir" if sep else "file"))
         return sorted(out, key=lambda e: (e.name, e.kind))
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copy object ``src`` to ``dst`` on the server: its bytes never pass through this
+        process. Replaces any ``dst``; a reader sees the old ``dst`` or the whole copy.
+
+        Checked before it returns: the size that landed, and the checksum the server reports
+        for the copied bytes where it reports one (each store's ``copy`` says which); a
+        mismatch raises ``CorruptCheckpointError`` and leaves no copy at ``dst``. A missing
+        ``src`` raises ``StoreNotFoundError``. Repeating it is harmless. Default:
+        ``ConfigError`` (this store has no server-side copy; a caller that must not move the
+        bytes through the client, a rename on an object store, stops there).
+        """
+        raise ConfigError(
+            f"{type(self).__name__} ({self.url}) has no server-side copy, so {src!r} cannot "
+            f"be copied to {dst!r} without downloading it; use s3://, gs://, az:// "
+            "or an fsspec URL whose file system copies on the server"
+        )
 
     # -- deletion ----------------------------------------------------------------------
     @abc.abstractmethod

@@ -56,6 +56,12 @@ def _guarded(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
         def wrapper(self: Any, paths: Iterable[str], *args: Any, **kwargs: Any) -> Any:
             return fn(self, [check_name(p, self.url) for p in paths], *args, **kwargs)
 
+    elif kind == "pair":  # copy(src, dst): both are names
+
+        @functools.wraps(fn)
+        def wrapper(self: Any, src: str, dst: str, *args: Any, **kwargs: Any) -> Any:
+            return fn(self, check_name(src, self.url), check_name(dst, self.url), *args, **kwargs)
+
     elif kind == "items":
 
         @functools.wraps(fn)
@@ -83,6 +89,7 @@ def guard_class(cls: type) -> None:
         (UPLOAD_METHODS, "upload"),
         (("delete_many",), "names"),
         (("put_many",), "items"),
+        (("copy",), "pair"),
     )
     for names, kind in groups:
         for name in names:

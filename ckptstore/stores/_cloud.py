@@ -1,4 +1,5 @@
-"""Helpers shared by the object-store backends (GCS, Azure): endpoint reachability.
+"""Helpers shared by the object-store backends (GCS, Azure, S3): endpoint reachability,
+and a few requests at once (``parallel``).
 
 A refused connection or an unknown host on a store's *first* request almost always means
 a wrong endpoint or URL, so it fails fast with ``StoreAccessError`` naming the endpoint.
@@ -9,10 +10,13 @@ transient (a restarting proxy, a flapping link) and the engine retries them.
 from __future__ import annotations
 
 import socket
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 from ckptstore.errors import StoreAccessError, TransientStoreError
 
-__all__ = ["Reachability", "refused"]
+__all__ = ["Reachability", "refused", "parallel"]
 
 
 def _causes(exc: BaseException, depth: int = 0) -> list[BaseException]:
@@ -61,3 +65,12 @@ class Reachability:
                 "reachable from this machine."
             )
         return TransientStoreError(f"{what}: connection to {self.endpoint} failed ({exc})")
+
+
+def parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
+    """``[fn(x) for x in items]``, up to 16 at a time (deletes, compose tree levels, the
+    ranges of a server-side copy)."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(min(16, len(items)), thread_name_prefix="ckptstore-req") as pool:
+        return list(pool.map(fn, items))

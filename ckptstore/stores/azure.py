@@ -13,6 +13,7 @@ SDK's retries are off (``retry_total=0``): ``RetryConfig`` decides, and its
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -23,6 +24,7 @@ from ckptstore.errors import (
     CkptStoreError,
     CommitConflictError,
     ConfigError,
+    CorruptCheckpointError,
     StoreAccessError,
     StoreNotFoundError,
     TransientStoreError,
@@ -355,6 +357,27 @@ class AzureStore(Store):
             Entry(n[len(base) :].rstrip("/"), "dir" if n.endswith("/") else "file") for n in names
         }
         return sorted((e for e in out if e.name), key=lambda e: (e.name, e.kind))
+
+    def copy(self, src: str, dst: str) -> None:
+        """Copy Blob from the source's URL (in one account the store's own credentials
+        authorise it), waited for; the length that landed must be the source's."""
+        what = f"copy of {self.describe(src)} to {dst}"
+        source, target = self._blob(src), self._blob(dst)
+        size = self._run(what, source.get_blob_properties).size
+        self._run(what, target.start_copy_from_url, source.url)
+        deadline = time.monotonic() + self.retry.deadline_s
+        props = self._run(what, target.get_blob_properties)
+        while props.copy.status == "pending" and time.monotonic() < deadline:
+            time.sleep(0.05)
+            props = self._run(what, target.get_blob_properties)
+        if props.copy.status != "success" or props.size != size:
+            if props.copy.status == "pending":
+                self._run(what, target.abort_copy, props.copy.id)
+            self.delete(dst)
+            raise CorruptCheckpointError(
+                f"{what}: the copy ended {props.copy.status} with {props.size} of {size} "
+                "bytes; it was deleted"
+            )
 
     def delete(self, path: str) -> None:
         what = f"delete of {self.describe(path)}"

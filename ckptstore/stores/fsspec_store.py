@@ -34,6 +34,8 @@ from ckptstore.engine.store import Buffer, Entry, Multipart, Part, Store, join_p
 from ckptstore.errors import (
     CkptStoreError,
     CommitConflictError,
+    ConfigError,
+    CorruptCheckpointError,
     MissingDependencyError,
     StorageFullError,
     StoreAccessError,
@@ -220,6 +222,20 @@ class FsspecStore(Store):
             kind = {"file": "file", "directory": "dir"}.get(info.get("type"), "other")
             out.add(Entry(name, "link" if info.get("islink") else kind))
         return sorted(out, key=lambda e: (e.name, e.kind))
+
+    def copy(self, src: str, dst: str) -> None:
+        """The file system's own ``copy`` (server-side where its backend has one: s3fs,
+        gcsfs, adlfs ...); the size that landed must be the source's."""
+        what = f"copy of {self.describe(src)} to {dst}"
+        size = self.size(src)
+        with _errors(what):
+            try:
+                self.fs.copy(self._full(src), self._full(dst))
+            except NotImplementedError as exc:
+                raise ConfigError(f"{what}: {type(self.fs).__name__} cannot copy") from exc
+        if self.size(dst) != size:
+            self.delete(dst)
+            raise CorruptCheckpointError(f"{what}: the copy is not {size} bytes; it was deleted")
 
     def delete(self, path: str) -> None:
         with _errors(f"delete of {self.describe(path)}"):

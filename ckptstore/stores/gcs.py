@@ -21,6 +21,7 @@ from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part,
 from ckptstore.errors import (
     CommitConflictError,
     ConfigError,
+    CorruptCheckpointError,
     StoreAccessError,
     StoreNotFoundError,
     TransientStoreError,
@@ -261,6 +262,20 @@ class GCSStore(Store):
         out = {Entry(n[len(base) :], "file") for n in names if not n.endswith("/")}
         out |= {Entry(p[len(base) :].rstrip("/"), "dir") for p in prefixes}
         return sorted((e for e in out if e.name), key=lambda e: (e.name, e.kind))
+
+    def copy(self, src: str, dst: str) -> None:
+        """A compose of the one source (a server-side copy); the CRC32C GCS reports for what
+        landed must be the source's, and its size too."""
+        what = f"copy of {self.describe(src)} to {dst}"
+        source = self._metadata(src)
+        meta = self._compose([src], dst, what)
+        if crc_of(meta) != crc_of(source) or int(meta["size"]) != int(source["size"]):
+            self.delete(dst)
+            raise CorruptCheckpointError(
+                f"{what}: the copy ({meta.get('size')} bytes, crc32c {meta.get('crc32c')}) is "
+                f"not the source ({source['size']} bytes, crc32c {source.get('crc32c')}); it "
+                "was deleted"
+            )
 
     def delete(self, path: str) -> None:
         what = f"delete of {self.describe(path)}"

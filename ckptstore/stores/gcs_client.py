@@ -9,15 +9,14 @@ from __future__ import annotations
 import asyncio
 import base64
 import struct
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from typing import Any
 
 from ckptstore.config import RetryConfig
 from ckptstore.engine.checksum import crc32c_combine
 from ckptstore.engine.store import Part
 from ckptstore.errors import TransientStoreError, missing_dependency
-from ckptstore.stores._cloud import Reachability
+from ckptstore.stores._cloud import Reachability, parallel
 
 try:
     import aiohttp
@@ -114,11 +113,3 @@ def combined_crc(parts: Sequence[Part]) -> int | None:
     for p in parts[1:]:
         value = crc32c_combine(value, int(p.etag, 16), p.size)
     return value
-
-
-def parallel(fn: Callable[[Any], Any], items: Sequence[Any]) -> list[Any]:
-    """``[fn(x) for x in items]``, up to 16 at a time (deletes, compose tree levels)."""
-    if len(items) <= 1:
-        return [fn(x) for x in items]
-    with ThreadPoolExecutor(min(16, len(items)), thread_name_prefix="ckptstore-gcs") as pool:
-        return list(pool.map(fn, items))

@@ -22,7 +22,7 @@ from ckptstore.config import MiB, RetryConfig
 from ckptstore.engine.create_only import create_lock, same_bytes, warn_non_atomic
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import CommitConflictError, ConfigError, TransientStoreError
-from ckptstore.stores import s3_folders, s3_multipart
+from ckptstore.stores import s3_copy, s3_folders, s3_multipart
 from ckptstore.stores.options import check_s3_options, refuse_userinfo
 from ckptstore.stores.s3_body import as_body, pieces_body
 from ckptstore.stores.s3_client import CHECKSUMS, S3Client, make_s3fs
@@ -291,6 +291,11 @@ class S3Store(Store):
         out = {Entry(k[len(list_prefix) :], "file") for k in keys if not k.endswith("/")}
         out |= {Entry(d[len(list_prefix) :].rstrip("/"), "dir") for d in dirs}
         return sorted((e for e in out if e.name), key=lambda e: (e.name, e.kind))
+
+    def copy(self, src: str, dst: str) -> None:
+        """CopyObject, or UploadPartCopy part for part (checks: ``s3_copy``)."""
+        what = f"copy of {self.describe(src)} to {dst}"
+        s3_copy.copy_object(self.client, self._key(src), self._key(dst), what)
 
     def delete(self, path: str) -> None:
         self.client.call("delete_object", f"delete of {self.describe(path)}", Key=self._key(path))

@@ -101,6 +101,10 @@ class FaultyStore(Store):
         self._before("listdir")
         return self.inner.scan(prefix)
 
+    def copy(self, src: str, dst: str) -> None:
+        self._before("copy")
+        self.inner.copy(src, dst)
+
     def delete(self, path: str) -> None:
         self._before("delete")
         self.inner.delete(path)

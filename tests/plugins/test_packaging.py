@@ -19,6 +19,11 @@ from tests.plugins.util import REPO
 PLUGINS = {
     "lightning": ("ckptstore-lightning", "ckptstore_lightning", "lightning"),
     "hf": ("ckptstore-hf", "ckptstore_hf", "hf"),
+    "torch_checkpointing": (
+        "ckptstore-torch-checkpointing",
+        "ckptstore_tc",
+        "torch-checkpointing",
+    ),
 }
 
 
@@ -47,6 +52,7 @@ def project(folder: str = "") -> dict:
         ("ckptstore_lightning", "lightning", "lightning"),
         ("ckptstore_hf", "transformers", "hf"),
         ("ckptstore_hf", "accelerate", "hf"),
+        ("ckptstore_tc", "torch_checkpointing", "torch-checkpointing"),
     ],
 )
 def test_missing_framework_names_the_install_command(monkeypatch, module, hidden, extra):
@@ -60,7 +66,7 @@ def test_missing_framework_names_the_install_command(monkeypatch, module, hidden
 
 
 def test_ckptstore_imports_no_framework(monkeypatch) -> None:
-    for name in ("lightning", "transformers", "accelerate"):
+    for name in ("lightning", "transformers", "accelerate", "torch_checkpointing"):
         hide(monkeypatch, name)
     forget(monkeypatch, "ckptstore")
     importlib.import_module("ckptstore")
