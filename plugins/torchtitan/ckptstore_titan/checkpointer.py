@@ -79,7 +79,8 @@ class CkptStoreCheckpointManager(CheckpointManager):
 
         storage_options: dict[str, Any] = field(default_factory=dict)
         """fsspec options for an object-store ``folder`` / ``initial_load_path``
-        (endpoint, credentials); empty: the environment's (``AWS_ENDPOINT_URL``, ...)."""
+        (endpoint, credentials; local paths take none); empty: the environment's
+        (``AWS_ENDPOINT_URL``, ...)."""
 
         enable_plan_caching: bool = True
         """Reuse DCP's save plan while the state's layout is unchanged
@@ -111,12 +112,17 @@ class CkptStoreCheckpointManager(CheckpointManager):
         self._allow_pickle = config.allow_pickle
         self._overwrite = False  # set by a load of a step older than the newest (a rollback)
         self._planner = DefaultSavePlanner(enable_plan_caching=config.enable_plan_caching)
-        self._root = ckptstore.open_store(self.folder, self._options)
+        self._root = ckptstore.open_store(self.folder, self._options_for(self.folder))
         self._pruner = ThreadPoolExecutor(1, "ckptstore-prune") if self.keep_latest_k else None
         if self.async_mode == AsyncMode.ASYNC_WITH_PINNED_MEM and not _has_accelerator():
             # torchtitan's stager pins memory and copies non-blocking, which DCP refuses
             # without an accelerator; a CPU run stages into shared memory instead.
             self.stager = DefaultStager(StagingOptions(False, True, True, False))
+
+    def _options_for(self, url: str) -> dict[str, Any] | None:
+        """``storage_options`` for an object-store URL; none for a path (a local
+        ``folder`` may come with a bucket's ``initial_load_path``)."""
+        return self._options if filesystem.is_remote(url) else None
 
     def _close(self) -> None:
         super()._close()
@@ -144,7 +150,7 @@ class CkptStoreCheckpointManager(CheckpointManager):
             )
         writer = ckptstore.writer(
             checkpoint_id,
-            storage_options=self._options,
+            storage_options=self._options_for(checkpoint_id),
             codec=self._codec,
             overwrite=self._overwrite,
         )
@@ -197,14 +203,16 @@ class CkptStoreCheckpointManager(CheckpointManager):
             super().dcp_load(state_dict, checkpoint_id, from_hf, from_quantized)
             return
         reader = ckptstore.reader(
-            checkpoint_id, storage_options=self._options, allow_pickle=self._allow_pickle
+            checkpoint_id,
+            storage_options=self._options_for(checkpoint_id),
+            allow_pickle=self._allow_pickle,
         )
         ckptstore.load(state_dict, reader)
         if MODEL in self.states:  # the model's entries are flattened into state_dict
             self.states[MODEL].load_state_dict(state_dict)
 
     def _find_load_step(self, folder: str = "") -> int:
-        root = ckptstore.open_store(folder, self._options) if folder else self._root
+        root = ckptstore.open_store(folder, self._options_for(folder)) if folder else self._root
         return next(ckptstore.committed_steps(root, newest_first=True), -1)
 
     @torch.no_grad()

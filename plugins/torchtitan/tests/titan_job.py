@@ -133,9 +133,10 @@ def train(
     expected_at: str | None = None,
     load_step: int = -1,
 ) -> dict[str, Any]:
-    """Load (``load_step``), train to step ``until`` saving after each step; what the
-    rank holds at the end, and whether and where it resumed. With ``expected_at``, each
-    rank writes its snapshot there before the last step's save (a save may kill it)."""
+    """Load (``load_step``), train to step ``until``, calling ``save`` after each step
+    (step ``until`` is the last step: torchtitan saves it synchronously); what the rank
+    holds at the end, and whether and where it resumed. With ``expected_at``, each rank
+    writes its snapshot there before the last step's save (a save may kill it)."""
     manager, parts = build(rank, world, **config)
     try:
         resumed = manager.load(step=load_step)
@@ -146,7 +147,7 @@ def train(
             step = parts["train_state"].step
             if expected_at and step == until:
                 torch.save(snapshot(parts), os.path.join(expected_at, f"r{rank}.pt"))
-            manager.save(step, last_step=False)
+            manager.save(step, last_step=step == until)
         manager.maybe_wait_for_saving()
     finally:
         manager.close()

@@ -1,0 +1,104 @@
+"""torchtitan's checkpointer through ckptstore on 2 CPU gloo ranks: a small FSDP2 model,
+torchtitan's optimizer and LR scheduler containers, a dataloader and a train state (the
+job: titan_job.py). Save, resume bitwise, ``keep_latest_k``, a rank SIGKILLed inside a
+save, and ``initial_load_path`` from a bucket."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from typing import Any
+
+import pytest
+import torch
+from titan_job import train, train_until_killed
+
+import ckptstore
+from harness.dist import run_distributed
+from tests.conftest import BUCKET
+
+pytestmark = [
+    pytest.mark.distributed,
+    pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning"),
+]
+
+
+def _run(*args: Any, **kwargs: Any) -> list[Any]:
+    return run_distributed(*args, timeout=240, daemon=False, **kwargs)
+
+
+def _same(a: list[dict], b: list[dict]) -> None:
+    """Every rank holds the same weights, optimizer moments, LR, data position and step."""
+    for ra, rb in zip(a, b, strict=True):
+        assert ra["state"].keys() == rb["state"].keys()
+        assert [k for k in ra["state"] if ra["state"][k] != rb["state"][k]] == []
+
+
+def _committed(url: str, options: dict | None = None) -> list[int]:
+    return list(ckptstore.committed_steps(ckptstore.open_store(url, options)))
+
+
+@pytest.mark.parametrize(
+    "async_mode",
+    ["disabled", "async", pytest.param("async_with_pinned_mem", marks=pytest.mark.slow)],
+)
+def test_resume_is_bitwise_and_keeps_the_latest_k(tmp_path, async_mode: str) -> None:
+    folder = str(tmp_path / "ckpt")
+    config = dict(
+        folder=folder,
+        interval=1,
+        async_mode=async_mode,
+        keep_latest_k=2,
+        last_save_model_only=False,
+    )
+    through = _run(train, 2, 6, config)  # saves 1..5, then 6 (the last step, synchronously)
+    assert [r["resumed"] for r in through] == [False, False]
+    # keep_latest_k through ckptstore's prune, after each save but the last (as torchtitan
+    # purges): k committed steps, and an async save still in flight when it ran
+    kept = [[4, 5, 6]] if async_mode == "disabled" else [[4, 5, 6], [3, 4, 5, 6]]
+    assert _committed(folder) in kept
+    assert len(os.listdir(folder)) == len(_committed(folder))
+    resumed = _run(train, 2, 6, config, None, 4)  # --checkpoint.load_step 4, train 5 and 6
+    assert [(r["resumed"], r["start"]) for r in resumed] == [(True, 4), (True, 4)]
+    _same(through, resumed)
+    assert _committed(folder)[-2:] == [5, 6]  # saved again over the steps rolled back
+
+
+def test_a_rank_killed_in_a_save_resumes_from_the_last_commit(tmp_path) -> None:
+    folder = str(tmp_path / "ckpt")
+    config = dict(folder=folder, interval=2, async_mode="async", last_save_model_only=False)
+    # rank 0 (the coordinator) is SIGKILLed in the third save (step 6), after every rank's
+    # shards are durable and its manifest and .metadata are written, before COMMITTED
+    env = {"CKPTSTORE_CRASH_AT": "before_marker:3", "CKPTSTORE_CRASH_RANK": "0"}
+    ends = _run(train_until_killed, 2, 6, config, str(tmp_path), env=env, exits=[0])
+    assert ends[0] == -9 and ends[1].startswith("save failed")
+    assert any(n.endswith(".distcp") for n in os.listdir(os.path.join(folder, "step_000000006")))
+    assert _committed(folder) == [2, 4]
+    resumed = _run(train, 2, 6, config)
+    assert [(r["resumed"], r["start"]) for r in resumed] == [(True, 4), (True, 4)]
+    expected = [torch.load(tmp_path / f"r{r}.pt") for r in range(2)]
+    _same([{"state": e} for e in expected], resumed)
+    assert _committed(folder) == [2, 4, 6]
+
+
+@pytest.mark.server
+def test_initial_load_path_from_a_bucket(tmp_path, seaweedfs: Any) -> None:
+    options = seaweedfs.storage_options
+    bucket_run = f"s3://{BUCKET}/titan-{uuid.uuid4().hex[:8]}"
+    first = dict(folder=bucket_run, interval=2, storage_options=options)
+    through = _run(train, 2, 4, {**first, "last_save_model_only": False})
+    assert _committed(bucket_run, options) == [2, 4]
+    # a new run, local folder, starting from the bucket's step 2 (everything, not only
+    # the model): the same steps 3 and 4
+    second = dict(
+        folder=str(tmp_path / "ckpt"),
+        interval=2,
+        storage_options=options,
+        initial_load_path=f"{bucket_run}/step_000000002",
+        initial_load_model_only=False,
+        last_save_model_only=False,
+    )
+    resumed = _run(train, 2, 4, second)
+    assert [(r["resumed"], r["start"]) for r in resumed] == [(True, 2), (True, 2)]
+    _same(through, resumed)
+    assert _committed(str(tmp_path / "ckpt")) == [4]
