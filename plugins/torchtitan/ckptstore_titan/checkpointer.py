@@ -65,6 +65,11 @@ class CkptStoreCheckpointManager(CheckpointManager):
         checkpoint=CkptStoreCheckpointManager.Config(
             enable=True, folder="s3://bucket/run1", interval=500, async_mode="async"
         )
+        # or, keeping every setting of a registered config:
+        config = llama3_8b()
+        config.checkpoint = CkptStoreCheckpointManager.Config.from_titan(
+            config.checkpoint, enable=True, folder="s3://bucket/run1"
+        )
 
     ``folder`` is any ckptstore URL (a path relative to ``dump_folder``, an absolute
     path, ``s3://``, ``gs://``, ``az://``, any fsspec URL); ``initial_load_path`` names a
@@ -92,6 +97,15 @@ class CkptStoreCheckpointManager(CheckpointManager):
         allow_pickle: bool = False
         """Load non-tensor items with full unpickling; by default only what
         ``torch.load(weights_only=True)`` loads (a refusal names the item)."""
+
+        @classmethod
+        def from_titan(
+            cls, checkpoint: CheckpointManager.Config, **changes: Any
+        ) -> CkptStoreCheckpointManager.Config:
+            """``checkpoint`` (a config registry's ``CheckpointManager.Config``) with its
+            every setting, for this class, with ``changes`` (``folder=...``, ...)."""
+            kept = {f.name: getattr(checkpoint, f.name) for f in dataclasses.fields(checkpoint)}
+            return cls(**{**kept, **changes})
 
         def __post_init__(self) -> None:
             CheckpointManager.Config.__post_init__(self)  # slots: no zero-argument super()

@@ -102,3 +102,39 @@ def test_initial_load_path_from_a_bucket(tmp_path, seaweedfs: Any) -> None:
     assert [(r["resumed"], r["start"]) for r in resumed] == [(True, 2), (True, 2)]
     _same(through, resumed)
     assert _committed(str(tmp_path / "ckpt")) == [4]
+
+
+def _load_step(rank: int, world: int, folder: str, step: int) -> str:
+    from titan_job import build
+
+    manager, _ = build(rank, world, folder=folder)
+    try:
+        manager.load(step=step)
+    except FileNotFoundError as exc:  # IncompleteCheckpointError is one
+        return f"{type(exc).__name__}: {exc}"
+    finally:
+        manager.close()
+    return "loaded"
+
+
+def test_a_load_step_that_never_committed_is_refused_naming_the_committed(tmp_path) -> None:
+    folder = str(tmp_path / "ckpt")
+    _run(train, 1, 2, dict(folder=folder, interval=1, last_save_model_only=False))
+    (message,) = _run(_load_step, 1, folder, 3)
+    assert message.startswith("IncompleteCheckpointError")
+    assert "load_step=3" in message and "[1, 2]" in message
+
+
+def test_the_config_keeps_torchtitans_settings_and_refuses_bad_storage_options() -> None:
+    from torchtitan.components.checkpointer import CheckpointManager
+
+    from ckptstore_titan import CkptStoreCheckpointManager
+
+    base = CheckpointManager.Config(interval=7, async_mode="async", keep_latest_k=3)
+    ours = CkptStoreCheckpointManager.Config.from_titan(base, enable=True, folder="s3://b/r")
+    assert (ours.interval, ours.async_mode, ours.keep_latest_k) == (7, "async", 3)
+    assert (ours.enable, ours.folder, ours.enable_plan_caching) == (True, "s3://b/r", True)
+    with pytest.raises(ckptstore.ConfigError, match="storage_options must be a dict"):
+        CkptStoreCheckpointManager.Config(storage_options="endpoint=x")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="at least 2 checkpoint"):  # torchtitan's own checks
+        CkptStoreCheckpointManager.Config(keep_latest_k=1)
