@@ -116,8 +116,10 @@ class CkptStoreCheckpointManager(CheckpointManager):
 
     def __init__(self, config: Config, **components: Any) -> None:
         # torchtitan's purge thread deletes with fsspec's rmtree; this class prunes through
-        # ckptstore instead, so the parent is built without one.
-        super().__init__(dataclasses.replace(config, keep_latest_k=0), **components)
+        # ckptstore instead, so the parent is built without one. (mypy sees torchtitan,
+        # which has no type information, as Any: not the fields Config inherits.)
+        parent = dataclasses.replace(config, keep_latest_k=0)  # type: ignore[call-arg]
+        super().__init__(parent, **components)
         if not self.enable:
             return
         self.keep_latest_k = config.keep_latest_k
@@ -241,7 +243,10 @@ class CkptStoreCheckpointManager(CheckpointManager):
             if step < committed[0]:
                 log.warning(
                     "resuming from step %d of %s: its committed steps up to %d are replaced "
-                    "as training reaches them", step, self.folder, committed[0]
+                    "as training reaches them",
+                    step,
+                    self.folder,
+                    committed[0],
                 )
                 self._overwrite = True
             committed = [step]

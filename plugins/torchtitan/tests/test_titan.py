@@ -40,7 +40,12 @@ def _committed(url: str, options: dict | None = None) -> list[int]:
 
 @pytest.mark.parametrize(
     "async_mode",
-    ["disabled", "async", pytest.param("async_with_pinned_mem", marks=pytest.mark.slow)],
+    [
+        "disabled",
+        # the kill test saves async too
+        pytest.param("async", marks=pytest.mark.slow),
+        pytest.param("async_with_pinned_mem", marks=pytest.mark.slow),
+    ],
 )
 def test_resume_is_bitwise_and_keeps_the_latest_k(tmp_path, async_mode: str) -> None:
     folder = str(tmp_path / "ckpt")

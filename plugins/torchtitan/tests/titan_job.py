@@ -98,9 +98,7 @@ def build(rank: int, world: int, **config: Any) -> tuple[Any, dict[str, Any]]:
 def snapshot(parts: dict[str, Any]) -> dict[str, Any]:
     """Everything a resume must restore: full tensors as their bytes (compared bitwise,
     and sent back to the test without shared memory), numbers as they are."""
-    out: dict[str, Any] = {
-        f"param/{k}": _bytes(v) for k, v in parts["model"].state_dict().items()
-    }
+    out: dict[str, Any] = {f"param/{k}": _bytes(v) for k, v in parts["model"].state_dict().items()}
     for k, v in parts["optimizers"].state_dict().items():
         if isinstance(v, torch.Tensor):
             out[f"optim/{k}"] = _bytes(v)
