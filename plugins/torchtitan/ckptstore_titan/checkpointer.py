@@ -227,6 +227,19 @@ class CkptStoreCheckpointManager(CheckpointManager):
         if MODEL in self.states:  # the model's entries are flattened into state_dict
             self.states[MODEL].load_state_dict(state_dict)
 
+    def _roll_back(self, step: int, newest: int) -> None:
+        """Resuming from ``step`` below the ``newest`` committed: the steps after it are
+        saved again as training reaches them (as torchtitan's own writer overwrites)."""
+        if step < newest:
+            log.warning(
+                "resuming from step %d of %s: its committed steps up to %d are replaced as "
+                "training reaches them",
+                step,
+                self.folder,
+                newest,
+            )
+            self._overwrite = True
+
     def _find_load_step(self, folder: str = "") -> int:
         root = ckptstore.open_store(folder, self._options_for(folder)) if folder else self._root
         return next(ckptstore.committed_steps(root, newest_first=True), -1)
@@ -240,16 +253,8 @@ class CkptStoreCheckpointManager(CheckpointManager):
                     f"checkpoint.load_step={step}: {self.folder} holds no committed step "
                     f"{step} (committed: {sorted(committed)[-5:] or 'none'})"
                 )
-            if step < committed[0]:
-                log.warning(
-                    "resuming from step %d of %s: its committed steps up to %d are replaced "
-                    "as training reaches them",
-                    step,
-                    self.folder,
-                    committed[0],
-                )
-                self._overwrite = True
-            committed = [step]
+            newest, committed = committed[0], [step]
+            self._roll_back(step, newest)
         for i, found in enumerate(committed):
             checkpoint_id = self._create_checkpoint_id(found)
             log.info("Loading the checkpoint from %s.", checkpoint_id)
@@ -259,6 +264,7 @@ class CkptStoreCheckpointManager(CheckpointManager):
                 if i + 1 == len(committed):
                     raise
                 log.warning("%s; loading the step before it instead", exc)
+                self._roll_back(committed[i + 1], committed[0])
                 continue
             GarbageCollection.collect("GC collection for checkpoint loading.")
             return True

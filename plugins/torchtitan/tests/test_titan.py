@@ -69,7 +69,17 @@ def test_resume_is_bitwise_and_keeps_the_latest_k(tmp_path, async_mode: str) -> 
     assert _committed(folder)[-2:] == [5, 6]  # saved again over the steps rolled back
 
 
-def test_a_rank_killed_in_a_save_resumes_from_the_last_commit(tmp_path) -> None:
+def _flip_a_byte(step_dir: str) -> None:
+    """Damage a committed step's data without touching its marker or manifest."""
+    shard = sorted(n for n in os.listdir(step_dir) if n.endswith(".distcp"))[-1]
+    with open(os.path.join(step_dir, shard), "r+b") as f:
+        f.seek(os.path.getsize(f.name) // 2)
+        byte = f.read(1)
+        f.seek(-1, os.SEEK_CUR)
+        f.write(bytes([byte[0] ^ 0xFF]))
+
+
+def test_a_rank_killed_in_a_save_resumes_from_the_last_good_commit(tmp_path) -> None:
     folder = str(tmp_path / "ckpt")
     config = dict(folder=folder, interval=2, async_mode="async", last_save_model_only=False)
     # rank 0 (the coordinator) is SIGKILLed in the third save (step 6), after every rank's
@@ -79,11 +89,15 @@ def test_a_rank_killed_in_a_save_resumes_from_the_last_commit(tmp_path) -> None:
     assert ends[0] == -9 and ends[1].startswith("save failed")
     assert any(n.endswith(".distcp") for n in os.listdir(os.path.join(folder, "step_000000006")))
     assert _committed(folder) == [2, 4]
+    # and step 4's bytes rot on storage: the restart skips the torn step 6, finds step 4's
+    # damage when it reads it, and resumes from step 2
+    _flip_a_byte(os.path.join(folder, "step_000000004"))
     resumed = _run(train, 2, 6, config)
-    assert [(r["resumed"], r["start"]) for r in resumed] == [(True, 4), (True, 4)]
+    assert [(r["resumed"], r["start"]) for r in resumed] == [(True, 2), (True, 2)]
     expected = [torch.load(tmp_path / f"r{r}.pt") for r in range(2)]
     _same([{"state": e} for e in expected], resumed)
-    assert _committed(folder) == [2, 4, 6]
+    assert _committed(folder) == [2, 4, 6]  # 4 saved again over the damaged one
+    assert ckptstore.verify_checkpoint(ckptstore.open_store(folder).child("step_000000004")).ok
 
 
 @pytest.mark.server
