@@ -157,3 +157,16 @@ def test_the_config_keeps_torchtitans_settings_and_refuses_bad_storage_options()
         CkptStoreCheckpointManager.Config(storage_options="endpoint=x")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="at least 2 checkpoint"):  # torchtitan's own checks
         CkptStoreCheckpointManager.Config(keep_latest_k=1)
+
+
+def test_torchtitans_command_line_keeps_the_plugins_config_and_overrides_its_fields() -> None:
+    from torchtitan.config import ConfigManager
+
+    from ckptstore_titan import CkptStoreCheckpointManager
+
+    args = ["--module", "titan_cli_config", "--config", "job_ckptstore"]
+    args += ["--checkpoint.interval", "3", "--checkpoint.async_mode", "async"]
+    checkpoint = ConfigManager().parse_args(args).checkpoint
+    assert type(checkpoint) is CkptStoreCheckpointManager.Config
+    assert (checkpoint.interval, checkpoint.async_mode) == (3, "async")
+    assert (checkpoint.folder, checkpoint.storage_options) == ("s3://bucket/run1", {"anon": False})
