@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -126,7 +127,7 @@ class CkptStoreCheckpointManager(CheckpointManager):
         self._options = dict(config.storage_options)
         self._codec = config.codec
         self._allow_pickle = config.allow_pickle
-        self._overwrite = False  # set by a load of a step older than the newest (a rollback)
+        self._replace_through = -1  # a rollback's discarded steps: saved over, up to this
         self._planner = DefaultSavePlanner(enable_plan_caching=config.enable_plan_caching)
         self._root = ckptstore.open_store(self.folder, self._options_for(self.folder))
         self._pruner = ThreadPoolExecutor(1, "ckptstore-prune") if self.keep_latest_k else None
@@ -168,7 +169,7 @@ class CkptStoreCheckpointManager(CheckpointManager):
             checkpoint_id,
             storage_options=self._options_for(checkpoint_id),
             codec=self._codec,
-            overwrite=self._overwrite,
+            overwrite=(_step_of(checkpoint_id) or 0) <= self._replace_through,
         )
         kwargs: dict[str, Any] = {"storage_writer": writer, "planner": self._planner}
         ret: Any = None
@@ -238,7 +239,7 @@ class CkptStoreCheckpointManager(CheckpointManager):
                 self.folder,
                 newest,
             )
-            self._overwrite = True
+            self._replace_through = newest
 
     def _find_load_step(self, folder: str = "") -> int:
         root = ckptstore.open_store(folder, self._options_for(folder)) if folder else self._root
@@ -278,6 +279,10 @@ class CkptStoreCheckpointManager(CheckpointManager):
         self.dcp_load(states, self.initial_load_path, False, False)
         GarbageCollection.collect("GC collection for checkpoint loading.")
         return True
+
+
+def _step_of(checkpoint_id: str) -> int | None:
+    return ckptstore.parse_step(posixpath.basename(checkpoint_id.rstrip("/")))
 
 
 def _has_accelerator() -> bool:
