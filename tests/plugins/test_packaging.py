@@ -24,6 +24,7 @@ PLUGINS = {
         "ckptstore_tc",
         "torch-checkpointing",
     ),
+    "torchtitan": ("ckptstore-torchtitan", "ckptstore_titan", "torchtitan"),
 }
 
 
@@ -53,6 +54,7 @@ def project(folder: str = "") -> dict:
         ("ckptstore_hf", "transformers", "hf"),
         ("ckptstore_hf", "accelerate", "hf"),
         ("ckptstore_tc", "torch_checkpointing", "torch-checkpointing"),
+        ("ckptstore_titan", "torchtitan", "torchtitan"),
     ],
 )
 def test_missing_framework_names_the_install_command(monkeypatch, module, hidden, extra):
@@ -66,7 +68,7 @@ def test_missing_framework_names_the_install_command(monkeypatch, module, hidden
 
 
 def test_ckptstore_imports_no_framework(monkeypatch) -> None:
-    for name in ("lightning", "transformers", "accelerate", "torch_checkpointing"):
+    for name in ("lightning", "transformers", "accelerate", "torch_checkpointing", "torchtitan"):
         hide(monkeypatch, name)
     forget(monkeypatch, "ckptstore")
     importlib.import_module("ckptstore")
@@ -105,6 +107,8 @@ def test_the_extras_keep_their_frameworks() -> None:
     assert any(re.match(r"lightning\b", d) for d in extras["lightning"])
     names = {re.split(r"[<>=!~ \[]", d)[0] for d in extras["hf"]}
     assert names == {"ckptstore-hf", "transformers", "accelerate"}
+    names = {re.split(r"[<>=!~ \[]", d)[0] for d in extras["torchtitan"]}
+    assert names == {"ckptstore-torchtitan", "torchtitan"}
 
 
 def _wheel(tmp_path, folder: str, copy: list[str], glob: str) -> list[str]:
@@ -148,7 +152,7 @@ def test_the_core_wheel_ships_the_library_and_no_plugin_or_test_code(tmp_path) -
     assert [
         n for n in names if n.startswith(("ckptstore/integrations/", "ckptstore/plugins/"))
     ] == []
-    assert [n for n in names if "lightning" in n or "/hf" in n] == []
+    assert [n for n in names if "lightning" in n or "/hf" in n or "titan" in n] == []
     assert [n for n in names if "/harness/" in n or "/tests/" in n] == []
 
 
