@@ -145,9 +145,8 @@ def test_a_load_step_that_never_committed_is_refused_naming_the_committed(tmp_pa
 
 
 def test_the_config_keeps_torchtitans_settings_and_refuses_bad_storage_options() -> None:
-    from torchtitan.components.checkpointer import CheckpointManager
-
     from ckptstore_titan import CkptStoreCheckpointManager
+    from torchtitan.components.checkpointer import CheckpointManager
 
     base = CheckpointManager.Config(interval=7, async_mode="async", keep_latest_k=3)
     ours = CkptStoreCheckpointManager.Config.from_titan(base, enable=True, folder="s3://b/r")
@@ -160,9 +159,8 @@ def test_the_config_keeps_torchtitans_settings_and_refuses_bad_storage_options()
 
 
 def test_torchtitans_command_line_keeps_the_plugins_config_and_overrides_its_fields() -> None:
-    from torchtitan.config import ConfigManager
-
     from ckptstore_titan import CkptStoreCheckpointManager
+    from torchtitan.config import ConfigManager
 
     args = ["--module", "titan_cli_config", "--config", "job_ckptstore"]
     args += ["--checkpoint.interval", "3", "--checkpoint.async_mode", "async"]

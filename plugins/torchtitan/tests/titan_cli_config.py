@@ -4,9 +4,8 @@ the plugin's config: the full ``Trainer.Config`` needs torchtitan's data depende
 
 from dataclasses import dataclass, field
 
-from torchtitan.components.checkpointer import BaseCheckpointManager, CheckpointManager
-
 from ckptstore_titan import CkptStoreCheckpointManager
+from torchtitan.components.checkpointer import BaseCheckpointManager, CheckpointManager
 
 
 @dataclass(kw_only=True, slots=True)

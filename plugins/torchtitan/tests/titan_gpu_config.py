@@ -4,9 +4,8 @@ comes from the environment (CKPTSTORE_TITAN_FOLDER), so the test picks it."""
 
 import os
 
-from torchtitan.models.llama3.config_registry import llama3_debugmodel
-
 from ckptstore_titan import CkptStoreCheckpointManager
+from torchtitan.models.llama3.config_registry import llama3_debugmodel
 
 
 def llama3_debugmodel_ckptstore():

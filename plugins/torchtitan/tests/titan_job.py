@@ -65,10 +65,9 @@ def _model(world: int) -> nn.Module:
 
 def build(rank: int, world: int, **config: Any) -> tuple[Any, dict[str, Any]]:
     """The manager the plugin makes from ``config`` and the components it checkpoints."""
+    from ckptstore_titan import CkptStoreCheckpointManager
     from torchtitan.components.optimizer import LRSchedulersContainer
     from torchtitan.components.optimizer.optimizer import default_adamw
-
-    from ckptstore_titan import CkptStoreCheckpointManager
 
     model = _model(world)
     opt_config = default_adamw(lr=1e-2)
