@@ -93,6 +93,14 @@ class RangeDelivery:
         self._result(path, fut)
         self._verify(path, offset + direct.span.offset, direct.buf, direct.span.crc32c)
 
+    def check(self, key: tuple[str, int, int], data: Any, entry: RangeEntry | None) -> None:
+        """Raise ``CorruptCheckpointError`` unless ``data``, the bytes of range ``key``,
+        are listed by the manifest with this CRC32C (when verifying)."""
+        if self.verify and entry is None:
+            raise CorruptCheckpointError(f"{self._where(key)} is not listed in the manifest")
+        if entry is not None:
+            self._verify(key[0], key[1], data, entry.crc32c)
+
     def _verify(self, path: str, start: int, data: Any, crc: int) -> None:
         """Raise if verification is on and ``data``, read at ``start`` of ``path``, does
         not have the manifest's CRC32C ``crc``."""
@@ -150,10 +158,7 @@ class RangeDelivery:
             direct.buf[:] = span
             planner.commit_tensor(direct.req, direct.target)
             return
-        if self.verify and entry is None:
-            raise CorruptCheckpointError(f"{self._where(key)} is not listed in the manifest")
-        if entry is not None:
-            self._verify(path, offset, data, entry.crc32c)
+        self.check(key, data, entry)
         raw_length = entry.raw_length if entry else None
         data = codec.decode(data, raw_length, self._where(key), limit=limit)
         for req in reqs:

@@ -30,6 +30,7 @@ from ckptstore.config import TransferConfig
 from ckptstore.dcp.delivery import Direct, RangeDelivery, item_codec
 from ckptstore.dcp.metadata import load_metadata
 from ckptstore.dcp.metadata_bounds import check_metadata, item_limits
+from ckptstore.dcp.shared_read import read_shared
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.bounded import MAX_METADATA_SIZE, get_capped
 from ckptstore.engine.codec_registry import get_codec, stored_codec
@@ -40,12 +41,13 @@ from ckptstore.engine.committed import (
     committed_from_bytes,
     open_committed,
 )
-from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
+from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry
+from ckptstore.engine.read_owners import Key
 from ckptstore.engine.readplan import READ_PIECE, Window, coalesce, piece_size
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import IncompleteCheckpointError, StoreNotFoundError
+from ckptstore.errors import CorruptCheckpointError, IncompleteCheckpointError, StoreNotFoundError
 
 __all__ = ["CkptReader", "StockCheckpointWarning"]
 
@@ -72,10 +74,13 @@ class CkptReader(StoreBound, StorageReader):
         read_metadata()                 every rank: the already-verified DCP Metadata
         set_up_storage_reader(md, ...)  every rank
         prepare_local_plan / prepare_global_plan: unchanged plans
-        read_data(plan, planner)        every rank: ``before_read(files)`` if given, then
-                                        parallel ranged reads planned from the
-                                        whole plan (``engine.readplan``: small adjacent
-                                        items share a GET on object stores)
+        read_data(plan, planner)        every rank: ``before_read(files)`` if given; with
+                                        ``share_group``, the ranges several ranks need
+                                        read once and sent (``dcp.shared_read``: a
+                                        collective); then parallel ranged reads planned
+                                        from the rest of the plan (``engine.readplan``:
+                                        small adjacent items share a GET on object
+                                        stores)
     """
 
     def __init__(
@@ -89,8 +94,13 @@ class CkptReader(StoreBound, StorageReader):
         engine: TransferEngine | None = None,
         committed: Committed | None = None,
         before_read: Callable[[set[str]], None] | None = None,
+        share_group: Any = None,
     ) -> None:
         super().__init__()
+        #: The process group of the load (None: none): a range several of its ranks need
+        #: is read by one and sent to the others (``dcp.shared_read``), when verifying.
+        #: Never pickled (a reader sent to another process reads alone).
+        self.share_group = share_group
         #: Called at the start of ``read_data`` with the files this rank's plan reads
         #: (every rank calls it once per load, so it may be a collective: the manager's
         #: peer tier fetches what the node lacks there).
@@ -248,6 +258,20 @@ class CkptReader(StoreBound, StorageReader):
         ranges = self.committed.manifest.range_index() if self.committed else {}
         verify = self.committed is not None and self.verify
         got = RangeDelivery(self.store, self.url, verify, self.allow_pickle, self.metadata)
+        shared: set[tuple[str, int, int]] = set()
+        if self.share_group is not None and verify:  # never unverified bytes to another rank
+            order = list(
+                dict.fromkeys(_key(self.storage_data[r.storage_index]) for r in plan.items)
+            )
+            shared = read_shared(
+                self.share_group,
+                order,
+                self.config.memory_budget,
+                lambda keys: self._read_checked(keys, ranges, got),
+                lambda key, data: got.consume(
+                    key, data, by_range[key], ranges.get(key), codecs[key], planner, limits[key]
+                ),
+            )
 
         # On an object store the reads are planned from the whole plan (``engine.readplan``):
         # small adjacent ranges of a file merge into one GET (a window); the rest are read
@@ -257,7 +281,7 @@ class CkptReader(StoreBound, StorageReader):
         # manifest locates (``RangeEntry.span``) and whose target is the matching contiguous
         # CPU tensor is read straight into the target (a window of its own) or copied there
         # from its window: no decode. Everything else is checked, decoded and copied.
-        keys = sorted(by_range)
+        keys = sorted(k for k in by_range if k not in shared)
         if self.store.capabilities.zero_copy_parts:
             # A volume: a request is a pread and costs nothing extra; plan nothing.
             piece = self.config.part_size
@@ -316,3 +340,31 @@ class CkptReader(StoreBound, StorageReader):
         done: torch.futures.Future[None] = torch.futures.Future()
         done.set_result(None)
         return done
+
+    def _read_checked(
+        self, keys: list[Key], ranges: dict[Key, RangeEntry], got: RangeDelivery
+    ) -> dict[Key, bytes]:
+        """The bytes of ``keys``, read in parallel and each checked against the manifest's
+        CRC32C (a range that does not check is read once more before it fails)."""
+        futs = {k: self.engine.read_async(self.store, k[0], k[1], k[2]) for k in keys}
+        out = {}
+        for key, fut in futs.items():
+            window = Window(key[0], key[1], key[2], ())
+            try:
+                data = got.window_bytes(window, fut)
+                got.check(key, data, ranges.get(key))
+            except CorruptCheckpointError:  # read again: a bad read, or bad bytes stored
+                data = got.window_bytes(window, self.engine.read_async(self.store, *key))
+                got.check(key, data, ranges.get(key))
+            out[key] = data
+        return out
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["share_group"] = None
+        return state
+
+
+def _key(info: Any) -> Key:
+    """The stored range of an item's storage info."""
+    return (info.relative_path, info.offset, info.length)

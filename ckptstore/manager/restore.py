@@ -367,7 +367,10 @@ class StepLoader:
             )
         log.info("restoring step %d from the remote copy in %s", step, self.root.url)
         self.source = f"the remote copy in {self.root.url}"
-        return self._load_from(remote, step, state, committed)
+        # Read once, share (``dcp.shared_read``): an object store serves each range several
+        # ranks need once; a volume's reads are local preads, cheaper than the group.
+        share = not remote.capabilities.zero_copy_parts
+        return self._load_from(remote, step, state, committed, share=share)
 
     def _local_dir(self, step: int) -> Store:
         """This rank's local tier directory of ``step`` (the root's, without a local tier)."""
@@ -440,6 +443,7 @@ class StepLoader:
         state: dict[str, Any],
         committed: Committed | None,
         before_read: Callable[[set[str]], None] | None = None,
+        share: bool = False,
     ) -> CkptStoreError | None:
         error: CkptStoreError | None = None
         reader = None
@@ -451,6 +455,7 @@ class StepLoader:
                 allow_pickle=self.allow_pickle,
                 committed=committed,
                 before_read=before_read,
+                share_group=self.process_group if share else None,
             )
         except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
             error = exc

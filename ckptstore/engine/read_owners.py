@@ -1,0 +1,81 @@
+"""Which rank reads each stored range that several ranks need, and in what batches.
+
+Pure functions (no I/O, no process group): ``ckptstore.dcp.shared_read`` gathers every
+rank's ranges and runs the reads and sends these return, the same on every rank.
+
+A range one rank needs alone is read by that rank. A range several ranks need (the
+replicated state of DDP, HSDP's replicated dimensions) gets one owner among them, chosen
+greedily by bytes (largest range first, to the needing rank with the fewest bytes to read
+so far, counting its ranges of its own) so that the store serves each byte once and every
+rank reads about as much. The shared ranges are cut into batches of at most ``budget``
+bytes, in the order the ranks listed them (the load's own order), so that a rank holds at
+most one batch in memory and the first items arrive first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+__all__ = ["Key", "SharePlan", "plan_shares"]
+
+#: A stored range: (file, offset, length), as DCP's ``.metadata`` names an item.
+Key = tuple[str, int, int]
+
+
+@dataclass(frozen=True)
+class SharePlan:
+    """The ranges several ranks need: each with its owner (a rank) and the ranks that need
+    it, in batches of at most the budget's bytes (a range larger than it is a batch alone)."""
+
+    owners: dict[Key, int]
+    needers: dict[Key, tuple[int, ...]]
+    batches: tuple[tuple[Key, ...], ...]
+
+    def owned_by(self, rank: int) -> list[Key]:
+        """The shared ranges ``rank`` reads."""
+        return [k for k, r in self.owners.items() if r == rank]
+
+    def read_bytes(self, needs: Sequence[Sequence[Key]]) -> list[int]:
+        """The bytes each rank reads from the store under this plan (``needs``: what each
+        rank needs)."""
+        out = [sum(k[2] for k in set(keys) if k not in self.owners) for keys in needs]
+        for key, rank in self.owners.items():
+            out[rank] += key[2]
+        return out
+
+
+def plan_shares(needs: Sequence[Sequence[Key]], budget: int) -> SharePlan:
+    """The owners and batches of the ranges that two ranks or more of ``needs`` (each
+    rank's ranges, in its load order) ask for; ``budget``: the bytes of one batch."""
+    needers: dict[Key, list[int]] = {}
+    order: list[Key] = []
+    for rank, keys in enumerate(needs):
+        for key in keys:
+            if key not in needers:
+                needers[key] = []
+                order.append(key)
+            if not needers[key] or needers[key][-1] != rank:
+                needers[key].append(rank)
+    shared = [k for k in order if len(needers[k]) > 1]
+    load = [0] * len(needs)
+    for key in order:
+        if len(needers[key]) == 1:
+            load[needers[key][0]] += key[2]
+    owners: dict[Key, int] = {}
+    for key in sorted(shared, key=lambda k: (-k[2], k)):
+        rank = min(needers[key], key=lambda r: (load[r], r))
+        owners[key] = rank
+        load[rank] += key[2]
+    batches: list[tuple[Key, ...]] = []
+    batch: list[Key] = []
+    held = 0
+    for key in shared:
+        if batch and held + key[2] > budget:
+            batches.append(tuple(batch))
+            batch, held = [], 0
+        batch.append(key)
+        held += key[2]
+    if batch:
+        batches.append(tuple(batch))
+    return SharePlan(owners, {k: tuple(needers[k]) for k in shared}, tuple(batches))
