@@ -71,6 +71,7 @@ def reader(
     config: TransferConfig | None = None,
     verify: bool = True,
     allow_pickle: bool = False,
+    share_group: Any = None,
 ) -> CkptReader:
     """A DCP ``StorageReader`` for a committed checkpoint at ``url``.
 
@@ -79,6 +80,10 @@ def reader(
     checked against the manifest unless ``verify=False``. Object items load only if they
     load with ``weights_only=True`` (else ``UnsafePickleError`` names the item);
     ``allow_pickle=True`` lets DCP unpickle anything, for checkpoints you trust.
+    ``share_group``: the process group ``dcp.load`` runs on (e.g. ``dist.group.WORLD``):
+    a range several of its ranks need is read from the store by one and sent to the
+    others, checked on both ends (``ckptstore.dcp.shared_read``); every rank of it must
+    load with this reader.
     """
     return CkptReader(
         url,
@@ -86,6 +91,7 @@ def reader(
         config=config,
         verify=verify,
         allow_pickle=allow_pickle,
+        share_group=share_group,
     )
 
 

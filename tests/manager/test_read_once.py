@@ -165,3 +165,31 @@ def test_an_owner_killed_mid_restore_fails_it_on_the_others(seaweedfs: Any) -> N
     results = run_distributed(_restore, 3, url, options, "owner-dies", exits={1}, timeout=150)
     assert results[1] == -signal.SIGKILL
     assert results[0][0] == "raised" and results[2][0] == "raised", results
+
+
+def _stock_load(rank: int, world: int, url: str, options: dict) -> Any:
+    """``dcp.load`` through ``ckptstore.reader(share_group=...)`` (no manager)."""
+    import torch.distributed as dist
+    import torch.distributed.checkpoint as dcp
+
+    import ckptstore
+
+    store = DataBytes(open_store(url, options).child(step_name(STEP)))
+    out = ddp_state(rank, 0.0)
+    dcp.load(out, storage_reader=ckptstore.reader(store, share_group=dist.group.WORLD))
+    want = ddp_state(rank, 2.0)
+    return all(torch.equal(out[k], want[k]) for k in want), store.count[0]
+
+
+@pytest.mark.server
+@pytest.mark.distributed
+def test_ckptstore_reader_shares_under_a_plain_dcp_load(seaweedfs: Any) -> None:
+    from tests.conftest import BUCKET
+    from tests.stores.conftest import unique
+
+    url, options = f"s3://{BUCKET}/{unique('read-once-dcp')}", seaweedfs.storage_options
+    run_distributed(_restore, 2, url, options, "save")
+    results = run_distributed(_stock_load, 2, url, options)
+    assert [ok for ok, _ in results] == [True, True]
+    stored = data_bytes(url, options)
+    assert 0.99 * stored <= sum(n for _, n in results) <= stored
