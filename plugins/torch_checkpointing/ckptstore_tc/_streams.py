@@ -88,8 +88,12 @@ class MemoryReader(io.RawIOBase):
     def tell(self) -> int:
         return self._pos
 
+    def _end(self) -> int:
+        """The stream's length (``SEEK_END``)."""
+        return len(self._buf)
+
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: len(self._buf)}[whence]
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._end()}[whence]
         if base + offset < 0:
             raise ValueError(f"negative seek position {base + offset}")
         self._pos = base + offset
@@ -115,12 +119,8 @@ class RangedReader(MemoryReader):
         super().__init__(memoryview(b""))
         self._engine, self._store, self._key, self._size = engine, store, key, size
 
-    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
-        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
-        if base + offset < 0:
-            raise ValueError(f"negative seek position {base + offset}")
-        self._pos = base + offset
-        return self._pos
+    def _end(self) -> int:
+        return self._size
 
     def readinto(self, buffer: Any) -> int:
         target = memoryview(buffer).cast("B")
