@@ -285,12 +285,16 @@ class CkptReader(StoreBound, StorageReader):
         if self.store.capabilities.zero_copy_parts:
             # A volume: a request is a pread and costs nothing extra; plan nothing.
             piece = self.config.part_size
-            pending = deque(Window(p, o, n, (i,)) for i, (p, o, n) in enumerate(keys))
+            windows = [Window(p, o, n, (i,)) for i, (p, o, n) in enumerate(keys)]
         else:
             total = sum(k[2] for k in keys)
             largest = min(self.config.part_size, READ_PIECE)
             piece = piece_size(total, largest, self.engine.read_streams)
-            pending = deque(coalesce(keys, max_window=piece))
+            windows = coalesce(keys, max_window=piece)
+        # In the plan's order (the state's, module by module): the items needed first land
+        # first, and each is handed to DCP as it lands.
+        first = {key: i for i, key in enumerate(by_range)}  # by_range: in the plan's order
+        pending = deque(sorted(windows, key=lambda w: min(first[keys[m]] for m in w.members)))
         inflight: deque[tuple[Window, Future, Direct | None]] = deque()
         inflight_bytes = 0
         try:
