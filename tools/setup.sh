@@ -1,34 +1,44 @@
 #!/usr/bin/env bash
 # Creates .venv with everything `make test` / `make demo` need, on a fresh machine.
 # Idempotent: re-running only installs what changed (a stamp records the inputs' hash).
+# VENV and TORCH pick another folder and torch release (`make test-torch TORCH=2.14.1`
+# builds .venv-torch-2.14.1 so): every pin of torch in the inputs becomes TORCH there.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-stamp=.venv/.ckptstore-setup
+VENV=${VENV:-.venv}
+pinned=$(sed -n 's/^torch==//p' tools/constraints.txt)
+TORCH=${TORCH:-$pinned}
+stamp=$VENV/.ckptstore-setup
 # The inputs' contents and their paths (an editable install points at its folder: a moved
 # plugin or harness must be installed again).
 inputs="tools/requirements-dev.txt tools/constraints.txt pyproject.toml plugins/*/pyproject.toml
   tools/ckptstore-harness/pyproject.toml tools/package.json"
-want=$( (echo $inputs; cat $inputs) | sha1sum | cut -d' ' -f1)
+want=$( (echo $inputs; cat $inputs; [ "$TORCH" = "$pinned" ] || echo "torch==$TORCH") |
+  sha1sum | cut -d' ' -f1)
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
   exit 0
 fi
-[ -x .venv/bin/python ] || "$PY" -m venv .venv
+[ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
+# The requirements and constraints with torch pinned to TORCH (as they are by default).
+for f in constraints requirements-dev; do
+  sed "s/^torch==.*/torch==$TORCH/" "tools/$f.txt" > "$VENV/$f.txt"
+done
 # pip warns once per package about each configured local index folder that does not hold
 # it ("Location 'file:///...' is ignored: it is neither a file nor a directory"): about a
 # hundred lines that say nothing about this project's setup. Everything else pip says stays.
 pip() {
-  .venv/bin/pip "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
+  "$VENV/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
 pip install -q --upgrade pip
 # torch first, pinned to the CPU build on this machine's disk (an unpinned torch pulls CUDA).
-pip install -q -c tools/constraints.txt "torch==2.13.0"
-pip install -q -c tools/constraints.txt -r tools/requirements-dev.txt
-pip install -q -c tools/constraints.txt --no-deps -e .
+pip install -q -c "$VENV/constraints.txt" "torch==$TORCH"
+pip install -q -c "$VENV/constraints.txt" -r "$VENV/requirements-dev.txt"
+pip install -q -c "$VENV/constraints.txt" --no-deps -e .
 # The framework plugins, each its own distribution (plugins/*), after the core they pin.
-pip install -q -c tools/constraints.txt --no-deps -e plugins/lightning -e plugins/hf
+pip install -q -c "$VENV/constraints.txt" --no-deps -e plugins/lightning -e plugins/hf
 # The test harness (tools/ckptstore-harness): a dev-only distribution the tests, benchmarks and demo import.
-pip install -q -c tools/constraints.txt --no-deps -e tools/ckptstore-harness
+pip install -q -c "$VENV/constraints.txt" --no-deps -e tools/ckptstore-harness
 pip check
 # Azurite (Microsoft's Azure Blob emulator) for the Azure tests.
 if command -v npm >/dev/null 2>&1; then
