@@ -39,6 +39,7 @@ class Private(NamedTuple):
 
 _AT_IMPORT = "TorchVersionError when the module is imported"
 _WHEN_USED = "TorchVersionError when first used"
+_TORCH_LOAD = "a stored tensor decodes through torch.load (a copy), not as a view of its bytes"
 _DCP = "torch.distributed.checkpoint"
 _C10D = "torch.distributed.distributed_c10d"
 
@@ -79,8 +80,8 @@ PRIVATE = [
     Private(
         "torch.storage",
         "_get_dtype_from_pickle_storage_type",
-        "dcp/encoding.py",
-        "a saved object item is read through torch.load instead of as a view of its bytes",
+        "dcp/encoding.py (decode_tensor)",
+        _TORCH_LOAD,
     ),
     Private(
         "torch.cuda",
@@ -88,7 +89,7 @@ PRIVATE = [
         "manager/saving/host_arena.py, shared_arena.py (pinned staging only)",
         _WHEN_USED,
     ),
-    Private("torch.cuda", "_pin_memory_utils.unpin_memory", "the same", "pinned only if pinning"),
+    Private("torch.cuda", "_pin_memory_utils.unpin_memory", "the same", "runs only after a pin"),
     Private(f"{_C10D}", "_get_default_store", "manager/saving/writer_process.py", _WHEN_USED),
     Private(
         f"{_C10D}",
@@ -107,8 +108,8 @@ PRIVATE = [
     Private(
         "torch._utils",
         "_rebuild_tensor_v2",
-        "dcp/encoding.py (tensor pickles)",
-        "a saved tensor item is read through torch.load instead of as a view of its bytes",
+        "dcp/encoding.py (decode_tensor's unpickler)",
+        _TORCH_LOAD,
     ),
     Private(
         "torch.serialization",
