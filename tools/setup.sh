@@ -31,7 +31,8 @@ pip() {
   "$VENV/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
 pip install -q --upgrade pip
-# torch first, pinned to the CPU build on this machine's disk (an unpinned torch pulls CUDA).
+# torch first, pinned to the build on this machine's disk (2.13.0's is CPU-only; an unpinned
+# torch pulls CUDA, as 2.14.1 does here: its venv takes ~7 GB, 4 of them CUDA and triton).
 pip install -q -c "$VENV/constraints.txt" "torch==$TORCH"
 pip install -q -c "$VENV/constraints.txt" -r "$VENV/requirements-dev.txt"
 pip install -q -c "$VENV/constraints.txt" --no-deps -e .
