@@ -2,7 +2,7 @@
 PY := .venv/bin/python
 PYTEST := $(PY) -m pytest
 
-.PHONY: setup demo test test-fast lint bench bench-quick bench-objstore bench-objstore-quick clean
+.PHONY: setup demo test test-fast test-torch lint bench bench-quick bench-objstore bench-objstore-quick clean
 
 setup:
 	bash tools/setup.sh
@@ -19,6 +19,17 @@ test: setup
 # processes, kill -9 runs, script and CLI subprocesses), nothing slow. `make test` runs all.
 test-fast: setup
 	$(PYTEST) -q -m "not server and not distributed and not processes and not slow"
+
+# The torch-facing suites (DCP, its conformance, manager, CLI, the store contract, the
+# private torch names) on another torch release, in a venv of its own:
+# `make test-torch TORCH=2.14.1` builds .venv-torch-2.14.1 (tools/setup.sh with VENV and
+# TORCH) and runs them there.
+TORCH_SUITES := tests/dcp tests/dcp_conformance tests/manager tests/cli \
+	tests/stores/test_conformance.py tests/test_torch_range.py
+test-torch:
+	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=<version>, e.g. 2.14.1" >&2; exit 2; }
+	VENV=.venv-torch-$(TORCH) TORCH=$(TORCH) bash tools/setup.sh
+	.venv-torch-$(TORCH)/bin/python -m pytest -q --durations=10 $(TORCH_SUITES)
 
 lint: setup
 	$(PY) -m ruff check ckptstore plugins tests benchmarks tools examples
@@ -44,4 +55,4 @@ bench-objstore-quick: setup
 	PYTHONPATH=. $(PY) -m benchmarks.objstore.save_load --quick
 
 clean:
-	rm -rf .venv tools/node_modules .pytest_cache .mypy_cache .ruff_cache
+	rm -rf .venv .venv-torch-* tools/node_modules .pytest_cache .mypy_cache .ruff_cache

@@ -8,6 +8,9 @@ for a refused credential, ...). Messages say what happened and what to do.
 from __future__ import annotations
 
 import pickle
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 from ckptstore.redact import redact
 
@@ -43,6 +46,9 @@ __all__ = [
     "missing_dependency",
     "check_version",
     "require_version",
+    "TORCH_RANGE",
+    "TorchVersionError",
+    "torch_name",
     "CHECKPOINT_ERRORS",
 ]
 
@@ -198,6 +204,33 @@ def require_version(name: str, spec: str, extra: str) -> str:
     installed = metadata.version(name)
     check_version(name, installed, spec, extra)
     return installed
+
+
+#: The torch releases ckptstore is tested with: pyproject's ``torch`` requirement
+#: (tests/test_torch_range.py keeps the two equal and the range tested).
+TORCH_RANGE = ">=2.13,<2.15"
+
+
+class TorchVersionError(CkptStoreError, ImportError):
+    """The installed torch lacks a name ckptstore uses (most are DCP's private helpers,
+    listed with their guards in docs/ARCHITECTURE.md): a torch release moved or removed it.
+    The message names the name, the installed torch and the tested range."""
+
+
+@contextmanager
+def torch_name(what: str) -> Iterator[None]:
+    """Around an import from torch (or a lookup of a torch attribute): an ``ImportError``
+    or ``AttributeError`` inside becomes :class:`TorchVersionError` naming ``what``."""
+    try:
+        yield
+    except (ImportError, AttributeError) as exc:
+        torch = sys.modules.get("torch")  # errors imports no torch (engine/ uses it)
+        version = getattr(torch, "__version__", "(unknown)")
+        raise TorchVersionError(
+            f"ckptstore needs {what}, which torch {version} does not have ({exc}); "
+            f"ckptstore is tested with torch{TORCH_RANGE}: run pip install 'torch{TORCH_RANGE}' "
+            "(and report the torch release that moved it to ckptstore)"
+        ) from exc
 
 
 class StateDictMismatchError(ConfigError):

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckptstore.errors import ConfigError
+from ckptstore.errors import ConfigError, torch_name
 
 __all__ = [
     "check_rendezvous",
@@ -178,8 +178,9 @@ def fresh_new_group(backend: str = "gloo", timeout: timedelta | None = None) -> 
         return dist.new_group(backend=backend, timeout=timeout)
     box = [secrets.randbits(62) | (1 << 62)]  # far above any counter a program reaches
     dist.broadcast_object_list(box, src=0)
-    world = dist.distributed_c10d._world
-    saved = world.group_count
+    with torch_name("torch.distributed.distributed_c10d._world.group_count"):
+        world = dist.distributed_c10d._world
+        saved = world.group_count
     world.group_count = box[0]
     try:
         return dist.new_group(backend=backend, timeout=timeout)

@@ -19,7 +19,7 @@ import torch
 from torch.distributed.elastic.rendezvous import RendezvousHandler, RendezvousParameters
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
-from ckptstore.errors import CkptStoreError
+from ckptstore.errors import TorchVersionError
 
 __all__ = ["BACKEND", "RendezvousVersionError", "create_handler", "handler_creator"]
 
@@ -29,7 +29,7 @@ BACKEND = "ckptstore-c10d"
 _CACHED = ("_bootstrap_store_info", "_shared_tcp_store_server")
 
 
-class RendezvousVersionError(CkptStoreError, RuntimeError):
+class RendezvousVersionError(TorchVersionError, RuntimeError):
     """This torch's rendezvous handler no longer has what ``ckptstore-c10d`` resets."""
 
 

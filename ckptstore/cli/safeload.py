@@ -27,11 +27,13 @@ import pickle
 import re
 from typing import Any
 
-from torch.distributed.checkpoint._nested_dict import set_element  # type: ignore[attr-defined]
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.planner import ReadItem
 
-from ckptstore.errors import ConfigError, CorruptCheckpointError
+from ckptstore.errors import ConfigError, CorruptCheckpointError, torch_name
+
+with torch_name("DCP's _nested_dict.set_element and _EmptyStateDictLoadPlanner"):
+    from torch.distributed.checkpoint._nested_dict import set_element  # type: ignore[attr-defined]
+    from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 
 __all__ = ["ALLOW_PICKLE_FLAG", "load_object", "load_torch_file", "SafeLoadPlanner"]
 

@@ -23,6 +23,7 @@ from ckptstore.errors import (
     CorruptCheckpointError,
     StoreNotFoundError,
     missing_dependency,
+    torch_name,
 )
 from ckptstore.stores import split_url
 
@@ -232,10 +233,12 @@ def load_state(
 
     if loc.format == "dcp":
         from torch.distributed.checkpoint.api import CheckpointException
-        from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         from ckptstore.cli.failures import first_failure
         from ckptstore.cli.safeload import SafeLoadPlanner
+
+        with torch_name("DCP's _load_state_dict (torch.distributed.checkpoint)"):
+            from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
         reader = dcp_reader(ctx, loc.store, note_stock)
         planner = SafeLoadPlanner(
@@ -279,7 +282,8 @@ def _load_safetensors(data: bytes, url: str) -> dict[str, Any]:
 
 def flatten(state: dict[str, Any]) -> dict[str, Any]:
     """DCP's flattened view: ``{"model.w": tensor, "step": 7}``."""
-    from torch.distributed.checkpoint._nested_dict import flatten_state_dict
+    with torch_name("DCP's _nested_dict.flatten_state_dict (torch.distributed.checkpoint)"):
+        from torch.distributed.checkpoint._nested_dict import flatten_state_dict
 
     flat, _ = flatten_state_dict(state)
     return dict(flat)

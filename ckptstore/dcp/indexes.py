@@ -13,11 +13,11 @@ import pickle
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ckptstore.dcp.encoding import ItemInfo
+from ckptstore.dcp.metadata import StorageInfo
 from ckptstore.engine.codecs import Codec
 from ckptstore.engine.manifest import FileEntry, Manifest, RangeEntry
 
@@ -52,7 +52,7 @@ def build_indexes(
     for rank_results in results:
         for wr in rank_results:
             info: ItemInfo = wr.storage_data
-            storage_md[wr.index] = _StorageInfo(
+            storage_md[wr.index] = StorageInfo(
                 info.relative_path,
                 info.offset,
                 info.length,

@@ -34,7 +34,6 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint import metadata as dcp_md
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import (
     BytesStorageMetadata,
     ChunkStorageMetadata,
@@ -46,14 +45,21 @@ from torch.distributed.checkpoint.metadata import (
 )
 
 from ckptstore.engine.manifest import is_contained_name
-from ckptstore.errors import CorruptCheckpointError
+from ckptstore.errors import CorruptCheckpointError, torch_name
 
-__all__ = ["load_metadata", "validate", "corrupt_error", "is_int", "item_name"]
+#: DCP's record of where an item is stored (torch's private ``_StorageInfo``): imported
+#: here once, for the unpickler and for the writers that make stock ``Metadata``.
+with torch_name("DCP's _StorageInfo (torch.distributed.checkpoint.filesystem)"):
+    from torch.distributed.checkpoint.filesystem import _StorageInfo as StorageInfo
+
+__all__ = ["StorageInfo", "load_metadata", "validate", "corrupt_error", "is_int", "item_name"]
 
 _MAX_NDIM = 64  # torch's own limit on tensor dimensions
 _MAX_PATH = 4096
 _MAX_DEPTH = 32  # nesting of planner_data
 
+with torch_name("DCP's _MEM_FORMAT_ENCODING (torch.distributed.checkpoint.metadata)"):
+    _MEM_FORMAT_ENCODING = dcp_md._MEM_FORMAT_ENCODING
 _DCP_CLASSES = {
     "Metadata": Metadata,
     "TensorStorageMetadata": TensorStorageMetadata,
@@ -62,7 +68,7 @@ _DCP_CLASSES = {
     "TensorProperties": TensorProperties,
     "MetadataIndex": MetadataIndex,
     "StorageMeta": StorageMeta,
-    "_MEM_FORMAT_ENCODING": dcp_md._MEM_FORMAT_ENCODING,
+    "_MEM_FORMAT_ENCODING": _MEM_FORMAT_ENCODING,
 }
 _LAYOUTS = {str(v): v for v in vars(torch).values() if isinstance(v, torch.layout)}
 _PATHS = ("PosixPath", "PurePosixPath", "WindowsPath", "PureWindowsPath")
@@ -102,7 +108,7 @@ class _MetadataUnpickler(pickle.Unpickler):
         if module == "torch.distributed.checkpoint.metadata" and name in _DCP_CLASSES:
             return _DCP_CLASSES[name]
         if module == "torch.distributed.checkpoint.filesystem" and name == "_StorageInfo":
-            return _StorageInfo
+            return StorageInfo
         if module == "torch":
             if name == "Size":
                 return _size
@@ -276,7 +282,7 @@ def _check_storage_info(index: Any, info: Any, source: str, seen: _Seen) -> None
     if not seen.first(info):
         return  # one stored item named by two keys: checked once
     allowed = {"relative_path", "offset", "length", "transform_descriptors"}
-    f = _fields(info, _StorageInfo, allowed, lambda: f"the storage of {item_name(fqn)}", source)
+    f = _fields(info, StorageInfo, allowed, lambda: f"the storage of {item_name(fqn)}", source)
     path = f["relative_path"]
     if seen.first(path) and not is_contained_name(path):
         raise corrupt_error(

@@ -23,10 +23,10 @@ from concurrent.futures import Future
 from typing import Any
 
 import torch
-from torch.distributed.checkpoint.filesystem import _StorageInfo
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ckptstore.dcp.delivery import item_codec
+from ckptstore.dcp.metadata import StorageInfo
 from ckptstore.dcp.metadata_bounds import item_limits
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.checksum import crc32c
@@ -103,7 +103,7 @@ def transcode(
         ckptstore_version=_version(),
         extra={**(extra or {}), "converted_from": src.url},
     )
-    storage_md: dict[Any, _StorageInfo] = {}
+    storage_md: dict[Any, StorageInfo] = {}
     made = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)]
     # gc and retention on dst's root leave a conversion in flight alone (engine.lease)
     lease = hold_step_lease(dst, attempt, run_identity())
@@ -138,7 +138,7 @@ def transcode(
                     crc = crc32c(stored)
                     new_off = w.write(stored, crc)
                     for idx in idxs:
-                        storage_md[idx] = _StorageInfo(
+                        storage_md[idx] = StorageInfo(
                             new, new_off, len(stored), transform_descriptors=descriptors
                         )
                     fqn = idxs[0]

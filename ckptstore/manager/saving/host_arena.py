@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from ckptstore.errors import torch_name
 from ckptstore.manager.options import check_budget
 from ckptstore.manager.saving.hostcopy import HostCopier
 from ckptstore.manager.saving.slots import ALIGN, Hole, Slot, allocated, fill, user_values
@@ -98,9 +99,9 @@ class HostArena:
         self.hi = self.lo + size
         del whole
         if pin:
-            from torch.cuda import _pin_memory_utils
-
             try:
+                with torch_name("torch.cuda._pin_memory_utils"):
+                    from torch.cuda import _pin_memory_utils
                 _pin_memory_utils.pin_memory(self.lo, size)
             except BaseException:
                 self.close()

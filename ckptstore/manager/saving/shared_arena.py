@@ -20,7 +20,7 @@ from typing import Any
 
 import torch
 
-from ckptstore.errors import ConfigError
+from ckptstore.errors import ConfigError, torch_name
 from ckptstore.manager.saving.slots import Slot, fill
 
 __all__ = ["Arena", "ArenaView", "StagedState"]
@@ -71,7 +71,8 @@ class Arena:
             self._map = mmap.mmap(self.fd, size)
             self.bytes: torch.Tensor | None = torch.frombuffer(self._map, dtype=torch.uint8)
             if pin:
-                from torch.cuda import _pin_memory_utils
+                with torch_name("torch.cuda._pin_memory_utils"):
+                    from torch.cuda import _pin_memory_utils
 
                 _pin_memory_utils.pin_memory(self.bytes.data_ptr(), size)
                 self._pinned = True

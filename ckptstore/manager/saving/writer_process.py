@@ -26,7 +26,7 @@ from typing import Any
 
 import torch.distributed as dist
 
-from ckptstore.errors import CkptStoreError, ConfigError, WriterProcessDiedError
+from ckptstore.errors import CkptStoreError, ConfigError, WriterProcessDiedError, torch_name
 from ckptstore.manager.saving.shared_arena import Arena, StagedState
 from ckptstore.manager.saving.writer_child import (
     POLL_S,
@@ -55,7 +55,8 @@ log = logging.getLogger(__name__)
 def _advertised_host() -> str:
     """An address of rank 0 that every rank reaches: the default store's host if it is a
     TCPStore, else MASTER_ADDR, else this host's name."""
-    from torch.distributed.distributed_c10d import _get_default_store
+    with torch_name("torch.distributed.distributed_c10d._get_default_store"):
+        from torch.distributed.distributed_c10d import _get_default_store
 
     try:
         store: Any = _get_default_store()
