@@ -281,3 +281,13 @@ def test_the_rendezvous_handler_still_has_what_ckptstore_c10d_resets() -> None:
         assert handler.get_backend() == BACKEND
     finally:
         handler.shutdown()
+
+
+def test_docs_architecture_lists_every_private_name() -> None:
+    """docs/ARCHITECTURE.md's table ("torch's private names") names every entry here."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "ARCHITECTURE.md"), encoding="utf-8") as f:
+        doc = f.read()
+    table = doc[doc.index("## torch's private names") :]
+    missing = [f"{e.module}.{e.name}" for e in PRIVATE if e.name.split(".")[-1] not in table]
+    assert not missing, f"docs/ARCHITECTURE.md's list lacks {missing}"
