@@ -3,6 +3,8 @@
     python -m benchmarks.checkpoint.read_once            # 256 MiB, 1/2/4 gloo ranks, 2 repeats
     python -m benchmarks.checkpoint.read_once --quick    # 32 MiB, 2 repeats
     python -m benchmarks.checkpoint.read_once --worlds 1,2 --contenders shared,ckptstore
+    python -m benchmarks.checkpoint.read_once --worlds 2,4 --memory-budget-mib 64   # batches
+    python -m benchmarks.checkpoint.read_once --plot-only benchmarks/results/<run>.json
 
 SeaweedFS behind the shaped link of ``restore_tier`` (here also counting GET requests). A
 DDP-like state (``--tensors`` replicated float32 tensors, the same on every rank) is saved
@@ -19,7 +21,12 @@ contenders alternated, each of N ranks loads the whole state with ``dcp.load`` t
 
 Each time is barrier -> build the reader, load -> barrier, the max over ranks; "first item" is
 when the load hands the planner its first tensor (max over ranks). Bytes and GETs are what
-crossed the link meanwhile (every rank, all files). Every load is checked bitwise (untimed).
+crossed the link meanwhile (every rank, all files); "peak RSS" is how far the load raised a
+rank's resident memory above what it held before (its targets included; max over ranks);
+"CPU s" the CPU time of the ranks' processes during the load, summed over ranks (the link's
+and SeaweedFS's apart): on a machine whose cores the ranks share, the figure load does not move.
+``--memory-budget-mib`` sets ckptstore's ``TransferConfig.memory_budget`` (a shared batch's
+bytes). Every load is checked bitwise (untimed).
 Output: Markdown table, JSON (benchmarks/results/bench_read_once-*.json) and
 benchmarks/figures/read_once.png (time and bytes against N).
 """
@@ -27,6 +34,7 @@ benchmarks/figures/read_once.png (time and bytes against N).
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing
 import os
 import statistics
@@ -39,11 +47,14 @@ from benchmarks.common import (
     MiB,
     cell,
     command_line,
+    current_rss_mib,
     exit_on_sigterm,
     load_average,
     machine_line,
     markdown_table,
     mem_gib,
+    peak_rss_mib,
+    reset_peak,
     rotated,
     write_results,
 )
@@ -94,14 +105,20 @@ def _planner() -> Any:
     return FirstItem()
 
 
-def _reader(contender: str, url: str, options: dict) -> Any:
+def _reader(contender: str, url: str, options: dict, budget_mib: int) -> Any:
     import torch.distributed as dist
 
     if contender in ("shared", "ckptstore"):
+        from ckptstore.config import TransferConfig
         from ckptstore.dcp.reader import CkptReader
 
+        config = TransferConfig()
+        if budget_mib:
+            config = TransferConfig(
+                part_size=min(config.part_size, budget_mib * MiB), memory_budget=budget_mib * MiB
+            )
         group = dist.group.WORLD if contender == "shared" else None
-        return CkptReader(url, storage_options=options, share_group=group)
+        return CkptReader(url, storage_options=options, config=config, share_group=group)
     if contender == "FsspecReader":
         from torch.distributed.checkpoint._fsspec_filesystem import FsspecReader
 
@@ -132,6 +149,7 @@ def _restore(
     options: dict,
     size_mib: int,
     tensors: int,
+    budget_mib: int,
     counters: Any,
 ) -> dict[str, Any]:
     """Every rank: barrier -> reader, ``dcp.load`` -> barrier; rank 0 reads the link."""
@@ -147,19 +165,31 @@ def _restore(
 
         import_s3torch()
     planner = _planner()
+    reset_peak()
+    held = current_rss_mib()
     dist.barrier()
     down, gets = counters[1], counters[2]
-    t0 = time.perf_counter()
-    dcp.load(dest, storage_reader=_reader(contender, url, options), planner=planner)
+    t0, cpu = time.perf_counter(), time.process_time()
+    dcp.load(dest, storage_reader=_reader(contender, url, options, budget_mib), planner=planner)
     dist.barrier()
-    secs = time.perf_counter() - t0
+    secs, cpu = time.perf_counter() - t0, time.process_time() - cpu
+    rss = peak_rss_mib() - held
     down, gets = counters[1] - down, counters[2] - gets
     first = (planner.first or time.perf_counter()) - t0
     if not all(torch.equal(dest[k], v) for k, v in want.items()):
         raise RuntimeError(f"{contender} on {world} ranks: the load differs from the save")
-    out = torch.tensor([secs, first])
+    out = torch.tensor([secs, first, rss])
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
-    return {"s": float(out[0]), "first_s": float(out[1]), "bytes_down": down, "gets": gets}
+    cpus = torch.tensor([cpu])
+    dist.all_reduce(cpus)
+    return {
+        "cpu_s": float(cpus),
+        "s": float(out[0]),
+        "first_s": float(out[1]),
+        "rss_mib": float(out[2]),
+        "bytes_down": down,
+        "gets": gets,
+    }
 
 
 def run(
@@ -170,6 +200,7 @@ def run(
     repeats: int,
     mbps: float,
     ms: float,
+    budget_mib: int = 0,
 ) -> dict[str, Any]:
     from benchmarks.shaped_link import ShapedLink
     from harness.dist import run_distributed
@@ -199,7 +230,7 @@ def run(
             for i, n in enumerate(worlds):
                 for c in rotated(contenders, rep + i):
                     got = run_distributed(
-                        _restore, n, c, url, options, size_mib, tensors, counters,
+                        _restore, n, c, url, options, size_mib, tensors, budget_mib, counters,
                         timeout=3600, env=env,
                     )  # fmt: skip
                     samples[c][n].append(got[0])
@@ -229,6 +260,8 @@ def run(
                     "mib_down": down / MiB,
                     "x_checkpoint": down / (size_mib * MiB),
                     "gets": statistics.median(x["gets"] for x in xs),
+                    "rss_mib": max(x["rss_mib"] for x in xs),
+                    "cpu_s": statistics.median(x["cpu_s"] for x in xs),
                 }
             )
     return {
@@ -236,6 +269,7 @@ def run(
         "tensors": tensors,
         "worlds": worlds,
         "repeats": repeats,
+        "memory_budget_mib": budget_mib or None,
         "link": description,
         "rows": rows,
         "samples": {c: {str(n): v for n, v in s.items()} for c, s in samples.items()},
@@ -261,6 +295,8 @@ def table(res: dict[str, Any]) -> str:
         "MiB from store",
         "× checkpoint",
         "GETs",
+        "peak RSS +MiB",
+        "CPU s",
     ]
     body = [
         [
@@ -273,10 +309,12 @@ def table(res: dict[str, Any]) -> str:
             cell(r["mib_down"], ".1f"),
             cell(r["x_checkpoint"], ".2f", "x"),
             f"{r['gets']:g}",
+            cell(r["rss_mib"], ".0f"),
+            cell(r["cpu_s"], ".1f"),
         ]
         for r in res["rows"]
     ]
-    return markdown_table(header, "lrrrrrrrr", body)
+    return markdown_table(header, "l" + "r" * 10, body)
 
 
 def plot(res: dict[str, Any], figures: str) -> str | None:
@@ -296,7 +334,8 @@ def plot(res: dict[str, Any], figures: str) -> str | None:
         style = {"color": f"C{n}", "marker": "osD^v"[n % 5], "linestyle": STYLES[n % 4]}
         axes[0].plot(ns, [r["median_s"] for r in rows], label=c, **style)
         axes[1].plot(ns, [r["x_checkpoint"] for r in rows], label=c, **style)
-    axes[0].set_ylabel("restore s (median, max over ranks)")
+    axes[0].set_ylabel("restore s (median, max over ranks; log)")
+    axes[0].set_yscale("log")
     axes[1].set_ylabel("bytes from the store / checkpoint bytes")
     for ax in axes:
         ax.set_xlabel("ranks")
@@ -321,18 +360,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=2, help="restores per (reader, ranks)")
     p.add_argument("--link-mbps", type=float, default=200.0, help="shaped link, per connection")
     p.add_argument("--link-latency-ms", type=float, default=20.0, help="shaped link, one way")
+    p.add_argument(
+        "--memory-budget-mib", type=int, default=0, help="ckptstore's (default: TransferConfig's)"
+    )
     p.add_argument("--quick", action="store_true", help="32 MiB")
+    p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of a run's results")
     a = p.parse_args(argv)
+    if a.plot_only:
+        with open(a.plot_only) as f:
+            print(f"plot: {plot(json.load(f), FIGURES_DIR)}")
+        return 0
     size = a.size_mib or (32 if a.quick else 256)
     worlds = [int(x) for x in a.worlds.split(",")]
     contenders = tuple(a.contenders.split(","))
     if unknown := set(contenders) - set(CONTENDERS):
         p.error(f"unknown contenders {sorted(unknown)}; known: {', '.join(CONTENDERS)}")
     exit_on_sigterm()
-    res = run(size, a.tensors, worlds, contenders, a.repeats, a.link_mbps, a.link_latency_ms)
+    res = run(
+        size,
+        a.tensors,
+        worlds,
+        contenders,
+        a.repeats,
+        a.link_mbps,
+        a.link_latency_ms,
+        a.memory_budget_mib,
+    )
+    budget = f"{a.memory_budget_mib} MiB" if a.memory_budget_mib else "default"
     print(
         f"{size} MiB replicated ({a.tensors} tensors), saved on {SAVE_WORLD} ranks; "
-        f"{a.repeats} repeats; link: {res['link']}\n"
+        f"{a.repeats} repeats; ckptstore memory budget {budget}; link: {res['link']}\n"
     )
     print(table(res))
     print(f"\nwall {res['wall_s']:.0f} s; {machine_line(res['machine'])}")
