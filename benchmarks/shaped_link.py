@@ -5,7 +5,7 @@
     link = ShapedLink(upstream_port, mbps=200, latency_ms=20).start()
     client = make_client(endpoint=link.endpoint)       # instead of the server's own port
     ...
-    link.stats()       # connections, bytes each way (``counters=``: for other processes)
+    link.stats()       # connections, bytes each way, GETs (``counters=``: for other processes)
     link.stop()
 
 tc/netem needs privileges this machine does not give, so the shaping is done in user space.
@@ -21,6 +21,9 @@ reader thread and a sender thread joined by a bounded queue:
   parallel connections get N times the rate, as with a cloud store's per-connection cap.
 - **back-pressure**: the queue holds at most about one bandwidth-delay product (and at
   least 256 KiB), so a fast sender is slowed by TCP, not buffered without bound.
+- **GET requests**: ``count_gets=True`` counts ``GET /`` in the bytes sent upstream (the
+  store has no request counter). Exact while no request carries a body (a restore sends
+  request heads only); during a save a PUT body could hold those bytes by chance.
 
 Everything runs in daemon threads of the calling process: the link stops by itself when
 that process exits, when ``stop()`` is called, or (from the command line) after
@@ -60,6 +63,7 @@ class _Pipe:
         self.cond = threading.Condition()
         self.eof = False
         self.broken = False
+        self.tail = b""  # the last bytes sent upstream (a request line cut between chunks)
 
     def start(self, name: str) -> None:
         threading.Thread(target=self._read, daemon=True, name=f"{name}-rd").start()
@@ -77,6 +81,8 @@ class _Pipe:
                 data = self.src.recv(self.link.chunk)
                 if not data:
                     break
+                if self.link.count_gets and self.direction == "up":
+                    self.link._count_gets(self, data)
                 with self.cond:
                     self.queue.append((time.monotonic() + self.link.latency_s, data))
                     self.queued += len(data)
@@ -136,12 +142,15 @@ class ShapedLink:
         upstream_host: str = "127.0.0.1",
         counters: Any = None,
         chunk: int = CHUNK,
+        count_gets: bool = False,
     ) -> None:
         self.upstream = (upstream_host, upstream_port)
         self.chunk = chunk
-        #: Optional shared array of two ints (e.g. ``multiprocessing.RawArray("q", 2)``) kept
-        #: at (bytes up, bytes down) so that other processes can read the traffic.
+        #: Optional shared array of ints (e.g. ``multiprocessing.RawArray("q", 3)``) kept at
+        #: (bytes up, bytes down[, GET requests]) so that other processes can read them.
         self.counters = counters
+        self.count_gets = count_gets
+        self._gets = 0
         self.mbps = mbps
         self.bytes_per_s = mbps * 1e6 / 8 if mbps > 0 else 0.0
         self.latency_s = max(0.0, latency_ms / 1000)
@@ -196,13 +205,23 @@ class ShapedLink:
 
     def stats(self) -> dict[str, int]:
         with self._lock:
-            return {"connections": self._connections, **self._bytes}
+            return {"connections": self._connections, "gets": self._gets, **self._bytes}
 
     def _count(self, direction: str, n: int) -> None:
         with self._lock:
             self._bytes[direction] += n
             if self.counters is not None:
                 self.counters[0 if direction == "up" else 1] += n
+
+    def _count_gets(self, pipe: _Pipe, data: bytes) -> None:
+        seen = pipe.tail + data
+        n = seen.count(b"GET /")
+        pipe.tail = seen[-4:]  # shorter than the pattern: never counted twice
+        if n:
+            with self._lock:
+                self._gets += n
+                if self.counters is not None and len(self.counters) > 2:
+                    self.counters[2] += n
 
     def _pipe_done(self, a: socket.socket, b: socket.socket) -> None:
         """Close a connection's two sockets once both of its directions have finished."""
