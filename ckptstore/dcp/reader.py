@@ -349,8 +349,14 @@ class CkptReader(StoreBound, StorageReader):
         self, keys: list[Key], ranges: dict[Key, RangeEntry], got: RangeDelivery
     ) -> dict[Key, bytes]:
         """The bytes of ``keys``, read in parallel and each checked against the manifest's
-        CRC32C (a range that does not check is read once more before it fails)."""
-        futs = {k: self.engine.read_async(self.store, k[0], k[1], k[2]) for k in keys}
+        CRC32C (a range that does not check is read once more before it fails). Each range
+        is read as GETs of the piece size the plain reads use, so that an owner of a few
+        large ranges keeps every connection busy too."""
+        largest = min(self.config.part_size, READ_PIECE)
+        piece = piece_size(sum(k[2] for k in keys), largest, self.engine.read_streams)
+        futs = {
+            k: self.engine.read_async(self.store, k[0], k[1], k[2], part_size=piece) for k in keys
+        }
         out = {}
         for key, fut in futs.items():
             window = Window(key[0], key[1], key[2], ())
@@ -358,7 +364,8 @@ class CkptReader(StoreBound, StorageReader):
                 data = got.window_bytes(window, fut)
                 got.check(key, data, ranges.get(key))
             except CorruptCheckpointError:  # read again: a bad read, or bad bytes stored
-                data = got.window_bytes(window, self.engine.read_async(self.store, *key))
+                again = self.engine.read_async(self.store, *key, part_size=piece)
+                data = got.window_bytes(window, again)
                 got.check(key, data, ranges.get(key))
             out[key] = data
         return out
