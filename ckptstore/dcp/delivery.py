@@ -11,6 +11,7 @@ target (:meth:`RangeDelivery.direct`). Object items go through ``dcp.safe_object
 from __future__ import annotations
 
 import io
+import pickle
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
@@ -170,7 +171,16 @@ class RangeDelivery:
                 check_safe_object(data, req.storage_index.fqn, self.url)
             planner.load_bytes(req, io.BytesIO(data))
             return
-        tensor = decode_tensor(data)
+        try:
+            tensor = decode_tensor(data)
+        except (pickle.UnpicklingError, RuntimeError, EOFError, ValueError) as exc:
+            # Only bytes nothing verified get here with garbage (a stock checkpoint's):
+            # a verified range is the one that was written.
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise CorruptCheckpointError(
+                f"item {req.storage_index.fqn} of {self.url} is not a tensor record "
+                f"({type(exc).__name__}: {reason[:200]}); the checkpoint is damaged"
+            ) from exc
         for dim, (start, length) in enumerate(zip(req.storage_offsets, req.lengths, strict=True)):
             if start != 0 or length != tensor.size(dim):
                 tensor = tensor.narrow(dim, start, length)
