@@ -1,8 +1,10 @@
-"""A shaped link: a TCP proxy that adds latency and caps each connection's bandwidth.
+"""A shaped link: a TCP proxy that adds latency and caps each connection's bandwidth (and,
+optionally, the sum over all connections).
 
     python -m benchmarks.shaped_link --upstream-port 8333 --link-mbps 200 --link-latency-ms 20
+    python -m benchmarks.shaped_link --upstream-port 8333 --link-total-mbps 1000
 
-    link = ShapedLink(upstream_port, mbps=200, latency_ms=20).start()
+    link = ShapedLink(upstream_port, mbps=200, latency_ms=20, total_mbps=1000).start()
     client = make_client(endpoint=link.endpoint)       # instead of the server's own port
     ...
     link.stats()       # connections, bytes each way, GETs (``counters=``: for other processes)
@@ -19,6 +21,9 @@ reader thread and a sender thread joined by a bounded queue:
 - **bandwidth**: the sender paces bytes through a token bucket of ``mbps`` megabits per
   second (10^6 bit/s) and a burst of one chunk, per connection and per direction: N
   parallel connections get N times the rate, as with a cloud store's per-connection cap.
+  With ``total_mbps`` every chunk also reserves its time in one bucket per direction that
+  all connections share, so N connections together get at most that rate (a node's NIC
+  share or a store's per-client limit), each about 1/N of it when all are busy.
 - **back-pressure**: the queue holds at most about one bandwidth-delay product (and at
   least 256 KiB), so a fast sender is slowed by TCP, not buffered without bound.
 - **GET requests**: ``count_gets=True`` counts ``GET /`` in the bytes sent upstream (the
@@ -49,6 +54,27 @@ __all__ = ["ShapedLink", "main"]
 #: every client strategy look alike. 256 KiB steps cost a quarter of the Python per byte;
 #: at 200 Mbit/s one step is ~10 ms of a connection's rate (the burst the pacing allows).
 CHUNK = 256 * 1024
+
+
+class _Pacer:
+    """A token bucket ``burst`` bytes deep filling at ``bytes_per_s`` (0: no limit), kept as
+    virtual time (GCRA): ``reserve`` books ``n`` bytes and says when they may go; idle time
+    fills the bucket no further than ``burst``. Locked, so that every connection's pipe
+    can share one."""
+
+    def __init__(self, bytes_per_s: float, burst: int) -> None:
+        self.rate, self.burst = bytes_per_s, burst
+        self.free = time.monotonic()  # when the bucket is full again (its virtual clock)
+        self.lock = threading.Lock()
+
+    def reserve(self, n: int, earliest: float) -> float:
+        """The time (``time.monotonic``, not before ``earliest``) ``n`` bytes may start."""
+        if not self.rate:
+            return earliest
+        with self.lock:
+            start = max(earliest, self.free - max(0, self.burst - n) / self.rate)
+            self.free = max(start, self.free) + n / self.rate
+            return start
 
 
 class _Pipe:
@@ -94,8 +120,8 @@ class _Pipe:
             self.cond.notify_all()
 
     def _send(self) -> None:
-        rate = self.link.bytes_per_s
-        next_free = time.monotonic()  # when the token bucket next has room
+        pacer = _Pacer(self.link.bytes_per_s, self.link.chunk)
+        total = self.link.total_pacers[self.direction]
         try:
             while True:
                 with self.cond:
@@ -104,15 +130,11 @@ class _Pipe:
                     if not self.queue:
                         break
                     due, data = self.queue[0]
-                now = time.monotonic()
-                start = max(due, next_free if rate else now)
-                if start > now:
-                    time.sleep(start - now)
+                start = total.reserve(len(data), pacer.reserve(len(data), due))
+                delay = start - time.monotonic()
+                if delay > 0:
+                    time.sleep(delay)
                 self.dst.sendall(data)
-                if rate:
-                    # A bucket one chunk deep: idle time does not buy a burst.
-                    burst = self.link.chunk / rate
-                    next_free = max(start, time.monotonic() - burst) + len(data) / rate
                 with self.cond:
                     self.queue.popleft()
                     self.queued -= len(data)
@@ -139,6 +161,7 @@ class ShapedLink:
         *,
         mbps: float = 200.0,
         latency_ms: float = 20.0,
+        total_mbps: float | None = None,
         upstream_host: str = "127.0.0.1",
         counters: Any = None,
         chunk: int = CHUNK,
@@ -154,6 +177,10 @@ class ShapedLink:
         self.mbps = mbps
         self.bytes_per_s = mbps * 1e6 / 8 if mbps > 0 else 0.0
         self.latency_s = max(0.0, latency_ms / 1000)
+        self.total_mbps = total_mbps or 0.0
+        total_rate = self.total_mbps * 1e6 / 8 if self.total_mbps > 0 else 0.0
+        #: Per direction, the bucket every connection's chunks reserve their time in.
+        self.total_pacers = {d: _Pacer(total_rate, chunk) for d in ("up", "down")}
         bdp = int(self.bytes_per_s * self.latency_s) if self.bytes_per_s else 4 << 20
         self.queue_limit = max(256 * 1024, bdp)
         self._lock = threading.Lock()
@@ -174,9 +201,14 @@ class ShapedLink:
 
     def describe(self) -> str:
         rate = f"{self.mbps:g} Mbit/s" if self.bytes_per_s else "unlimited"
+        total = (
+            f", at most {self.total_mbps:g} Mbit/s per direction over all connections"
+            if self.total_mbps > 0
+            else ""
+        )
         return (
-            f"{rate} per connection and direction, +{self.latency_s * 1000:g} ms one-way "
-            f"({2 * self.latency_s * 1000:g} ms added round trip)"
+            f"{rate} per connection and direction{total}, +{self.latency_s * 1000:g} ms "
+            f"one-way ({2 * self.latency_s * 1000:g} ms added round trip)"
         )
 
     def start(self) -> ShapedLink:
@@ -266,12 +298,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upstream-host", default="127.0.0.1")
     p.add_argument("--link-mbps", type=float, default=200.0, help="per connection (0: no cap)")
     p.add_argument("--link-latency-ms", type=float, default=20.0, help="one-way, added")
+    p.add_argument(
+        "--link-total-mbps", type=float, default=0.0, help="over all connections (0: no cap)"
+    )
     p.add_argument("--max-seconds", type=float, default=3600.0, help="stop after this long")
     a = p.parse_args(argv)
     link = ShapedLink(
         a.upstream_port,
         mbps=a.link_mbps,
         latency_ms=a.link_latency_ms,
+        total_mbps=a.link_total_mbps,
         upstream_host=a.upstream_host,
     ).start()
     print(f"{link.endpoint} -> {a.upstream_host}:{a.upstream_port}: {link.describe()}")

@@ -4,9 +4,14 @@ and what replication (``replicas=1``) costs a training loop's step time.
     python -m benchmarks.checkpoint.peer_tier            # 256 MiB, 2 gloo ranks, 3 repeats
     python -m benchmarks.checkpoint.peer_tier --quick    # 64 MiB, 2 repeats, a short loop
     python -m benchmarks.checkpoint.peer_tier --size-mib 512 --link-mbps 100 --repeats 5
+    python -m benchmarks.checkpoint.peer_tier --link-total-mbps 0   # per-connection cap only
 
 Two gloo ranks are two simulated nodes (each its own local tier directory); the root is
-``s3://`` on SeaweedFS behind the shaped link of ``restore_tier``. One checkpoint of a
+``s3://`` on SeaweedFS behind the shaped link of ``restore_tier`` (200 Mbit/s per connection,
++20 ms), its sum over all connections capped at ``--link-total-mbps`` (default 1000 Mbit/s
+per direction, a node's share of a shared bucket): a real node's bucket throughput is bounded
+in total (NIC share, the store's per-prefix and per-client limits), while per-connection caps
+alone let the reader's many connections add up without bound. One checkpoint of a
 DDP-like state (half replicated tensors, half per-rank ones) is saved with ``replicas=1``
 and each node's tier is checked to hold the whole step. Then, alternating the order per
 repeat, fresh restores (barrier -> restore -> barrier, max over ranks, checked bitwise):
@@ -17,6 +22,11 @@ repeat, fresh restores (barrier -> restore -> barrier, max over ranks, checked b
 
 Node 1's tier is put back (copied, untimed) between restores. The bytes over the link are
 counted for each (the peers restore must move only the marker, manifest and ``.metadata``).
+Two cadences: the same state saved alternately to the local tiers alone (``local_every=1``,
+``remote_every`` never; replicated) and to the bucket, each a fresh manager, async: the
+save's blocking time and its time to committed + replicated, and the bytes sent over the
+link; then node 1 replaced restores the newest step, a local-only one, from node 0
+(``local-only``: nothing but control files over the link).
 Step time: a matmul + all_reduce loop on the two ranks with ``mgr.save`` every
 ``--save-every`` steps (async, local-disk root, same local tiers), ``replicas=1`` vs ``0``,
 fresh processes per configuration, alternated. JSON: benchmarks/results/bench_peer_tier-*.json.
@@ -52,6 +62,9 @@ __all__ = ["main", "run"]
 
 BUCKET = "peer-tier"
 MODES = ("peers", "bucket", "remote")
+LOCAL_ONLY = "local-only"
+SAVES = (LOCAL_ONLY, "bucket")
+RUN_ID = "bench-peer-tier"  # one run for every manager: the root's owner and the stamps
 CONFIGS = ("replicas=1", "replicas=0")
 TENSORS = 4
 
@@ -100,7 +113,12 @@ def _restores(
     torch.set_num_threads(1)
     state = _state(rank, size_mib, world)
     with CheckpointManager(
-        url, storage_options=options, local_tier_dir=tiers[rank], replicas=1, async_save=False
+        url,
+        storage_options=options,
+        local_tier_dir=tiers[rank],
+        replicas=1,
+        async_save=False,
+        run_id=RUN_ID,
     ) as saver:
         saver.save(1, {"model": state})
     dist.barrier()
@@ -129,7 +147,77 @@ def _restores(
             if rank == 1:
                 _reset(tiers[1], backup)  # untimed: the node's tier as after the save
             dist.barrier()
-    return {"samples": samples, "link_bytes_down": link, "files": len(held[0])}
+    saves, step = _cadences(rank, url, options, tiers[rank], state, repeats, counters)
+    if rank == 1:
+        shutil.rmtree(backup)
+        shutil.copytree(tiers[1], backup)
+    samples[LOCAL_ONLY], link[LOCAL_ONLY] = [], []
+    for _rep in range(repeats):
+        if rank == 1:
+            _reset(tiers[1], None)  # node 1 replaced; the newest step is local-only
+        dest = {"model": {k: torch.zeros_like(v) for k, v in state.items()}}
+        mgr = CheckpointManager(
+            url, storage_options=options, local_tier_dir=tiers[rank], replicas=1, run_id=RUN_ID
+        )
+        secs, moved = timed_restore(mgr, dest, state, counters, LOCAL_ONLY, step)
+        samples[LOCAL_ONLY].append(secs)
+        link[LOCAL_ONLY].append(moved)
+        if rank == 1:
+            _reset(tiers[1], backup)
+        dist.barrier()
+    return {"samples": samples, "link_bytes_down": link, "files": len(held[0]), "saves": saves}
+
+
+def _cadences(
+    rank: int, url: str, options: dict, tier: str, state: dict, repeats: int, counters: Any
+) -> tuple[dict[str, list[dict[str, float]]], int]:
+    """``repeats`` local-only and bucket saves of ``state`` (steps 2, 3, ..., alternated),
+    each by a fresh manager; the newest is local-only. Their figures and that step."""
+    saves: dict[str, list[dict[str, float]]] = {k: [] for k in SAVES}
+    order = [k for rep in range(repeats) for k in rotated(SAVES, rep)]
+    if order[-1] != LOCAL_ONLY:
+        order.append(LOCAL_ONLY)  # untimed: the restore after it needs a local-only newest
+    for step, kind in enumerate(order, start=2):
+        figures = _timed_save(url, options, tier, state, step, kind, counters)
+        if step - 2 < 2 * repeats:
+            saves[kind].append(figures)
+    return saves, len(order) + 1
+
+
+def _timed_save(
+    url: str, options: dict, tier: str, state: dict, step: int, kind: str, counters: Any
+) -> dict[str, float]:
+    """One async save of ``state`` as ``step`` (``kind``: to the local tiers alone or to the
+    bucket), ``save()`` + ``wait()``: the slowest rank's blocking and committed + replicated
+    seconds (its record), the wall time, and the MiB sent over the link meanwhile."""
+    import torch
+    import torch.distributed as dist
+
+    from ckptstore.manager import CheckpointManager
+
+    cadence = {"local_every": 1, "remote_every": 1 << 40} if kind == LOCAL_ONLY else {}
+    with CheckpointManager(
+        url, storage_options=options, local_tier_dir=tier, run_id=RUN_ID, **cadence
+    ) as mgr:
+        dist.barrier()
+        before = counters[0]
+        t0 = time.perf_counter()
+        mgr.save(step, {"model": state})
+        mgr.wait()
+        dist.barrier()
+        wall = time.perf_counter() - t0
+        sent = counters[0] - before
+        record = mgr.records[-1]
+    if record.tier != ("local" if kind == LOCAL_ONLY else "remote"):
+        raise RuntimeError(f"{kind}: step {step} went to the {record.tier} tier")
+    out = torch.tensor([record.blocking_s, record.total_s, wall])
+    dist.all_reduce(out, op=dist.ReduceOp.MAX)
+    return {
+        "blocking_s": float(out[0]),
+        "done_s": float(out[1]),
+        "wall_s": float(out[2]),
+        "link_mib_up": sent / MiB,
+    }
 
 
 def _loop(
@@ -196,6 +284,7 @@ def run(
     repeats: int,
     mbps: float,
     ms: float,
+    total_mbps: float,
     loop_mib: int,
     steps: int,
     every: int,
@@ -215,7 +304,9 @@ def run(
     try:
         server.create_bucket(BUCKET)
         counters = multiprocessing.get_context("spawn").RawArray("q", 2)
-        link = ShapedLink(server.port, mbps=mbps, latency_ms=ms, counters=counters)
+        link = ShapedLink(
+            server.port, mbps=mbps, latency_ms=ms, total_mbps=total_mbps, counters=counters
+        )
         link.start()
         options = dict(server.storage_options, endpoint_url=link.endpoint)
         per_rank = run_distributed(
@@ -269,7 +360,15 @@ def run(
             "x_peers": statistics.median(samples[m]) / peers,
             "link_mib_down": statistics.median(per_rank[0]["link_bytes_down"][m]) / MiB,
         }
-        for m in MODES
+        for m in (*MODES, LOCAL_ONLY)
+    ]
+    saves = per_rank[0]["saves"]
+    save_rows = [
+        {
+            "save": k,
+            **{f: statistics.median(x[f] for x in saves[k]) for f in saves[k][0]},
+        }
+        for k in SAVES
     ]
     steps_s = {c: [steps / x["loop_s"] for x in loops[c]] for c in CONFIGS}
     loop_rows = [
@@ -288,10 +387,15 @@ def run(
         "world": world,
         "repeats": repeats,
         "link": description,
+        "link_mbps": mbps,
+        "link_total_mbps": total_mbps,
+        "link_latency_ms": ms,
         "files_per_step": per_rank[0]["files"],
         "rows": rows,
         "samples": samples,
         "bucket_over_peers": statistics.median(samples["bucket"]) / peers,
+        "save_rows": save_rows,
+        "saves": saves,
         "loop": {
             "matmul_n": n,
             "steps": steps,
@@ -348,7 +452,20 @@ def tables(res: dict[str, Any]) -> str:
             for r in res["loop"]["rows"]
         ],
     )
-    return f"{restores}\n\n{loop}"
+    saves = markdown_table(
+        ["async save of the state to", "blocking s", "committed + replicated s", "MiB sent"],
+        "lrrr",
+        [
+            [
+                r["save"],
+                cell(r["blocking_s"], ".3f"),
+                cell(r["done_s"], ".3f"),
+                cell(r["link_mib_up"], ".2f"),
+            ]
+            for r in res["save_rows"]
+        ],
+    )
+    return f"{restores}\n\n{saves}\n\n{loop}"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -357,6 +474,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, default=None, help="restores per mode (default 3)")
     p.add_argument("--link-mbps", type=float, default=200.0, help="shaped link, per connection")
     p.add_argument("--link-latency-ms", type=float, default=20.0, help="shaped link, one way")
+    p.add_argument(
+        "--link-total-mbps",
+        type=float,
+        default=1000.0,
+        help="shaped link, over all connections per direction: a node's share (0: no cap)",
+    )
     p.add_argument("--loop-mib", type=int, default=None, help="state the loop saves (default 64)")
     p.add_argument("--steps", type=int, default=None, help="loop steps (default 60)")
     p.add_argument("--save-every", type=int, default=5)
@@ -371,7 +494,15 @@ def main(argv: list[str] | None = None) -> int:
     loop_repeats = a.loop_repeats or (1 if q else 3)
     exit_on_sigterm()
     res = run(
-        size, repeats, a.link_mbps, a.link_latency_ms, loop_mib, steps, a.save_every, loop_repeats
+        size,
+        repeats,
+        a.link_mbps,
+        a.link_latency_ms,
+        a.link_total_mbps,
+        loop_mib,
+        steps,
+        a.save_every,
+        loop_repeats,
     )
     print(
         f"state {size} MiB on 2 nodes (1 rank each), {res['files_per_step']} data files; "

@@ -62,24 +62,24 @@ MODES = ("local tier", "local, cold", "remote", "plain read")
 
 
 def timed_restore(
-    mgr: Any, dest: dict[str, Any], state: dict[str, Any], counters: Any, mode: str
+    mgr: Any, dest: dict[str, Any], state: dict[str, Any], counters: Any, mode: str, step: int = 1
 ) -> tuple[float, int]:
     """Every rank: barrier -> ``mgr.restore(dest)`` -> barrier, then close ``mgr``; the
     slowest rank's seconds and the bytes that crossed the link meanwhile (``counters[1]``).
-    Raises unless step 1 came back equal to ``state`` (under ``dest["model"]``)."""
+    Raises unless ``step`` came back equal to ``state`` (under ``dest["model"]``)."""
     import torch
     import torch.distributed as dist
 
     dist.barrier()
     before = counters[1]
     t0 = time.perf_counter()
-    step = mgr.restore(dest)
+    got = mgr.restore(dest)
     dist.barrier()
     secs = time.perf_counter() - t0
     moved = counters[1] - before
     mgr.close()
-    if step != 1 or not all(torch.equal(dest["model"][k], v) for k, v in state.items()):
-        raise RuntimeError(f"{mode}: restore returned step {step} or different bytes")
+    if got != step or not all(torch.equal(dest["model"][k], v) for k, v in state.items()):
+        raise RuntimeError(f"{mode}: restore returned step {got}, not {step}, or other bytes")
     out = torch.tensor([secs])
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
     return float(out), int(moved)
