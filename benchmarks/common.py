@@ -47,6 +47,7 @@ __all__ = [
     "load_average",
     "machine_facts",
     "machine_line",
+    "machine_load",
     "make_state",
     "markdown_table",
     "mem_gib",
@@ -252,6 +253,17 @@ def machine_facts(df_path: str = "", modules: Sequence[str] = ()) -> dict[str, A
         except (ImportError, AttributeError):
             facts[mod] = None
     return facts
+
+
+def machine_load(before: list[float]) -> dict[str, Any]:
+    """Cores, memory and the load average ``before`` the run (``load_average()``) and now:
+    what ``machine_line`` prints."""
+    return {
+        "nproc": os.cpu_count(),
+        "mem_gib": mem_gib(),
+        "loadavg_before": before,
+        "loadavg_after": load_average(),
+    }
 
 
 def machine_line(m: dict[str, Any]) -> str:

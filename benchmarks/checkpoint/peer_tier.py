@@ -52,8 +52,8 @@ from benchmarks.common import (
     exit_on_sigterm,
     load_average,
     machine_line,
+    machine_load,
     markdown_table,
-    mem_gib,
     rotated,
     write_results,
 )
@@ -406,12 +406,7 @@ def run(
             "rows": loop_rows,
             "runs": loops,
         },
-        "machine": {
-            "nproc": os.cpu_count(),
-            "mem_gib": mem_gib(),
-            "loadavg_before": before,
-            "loadavg_after": load_average(),
-        },
+        "machine": machine_load(before),
         "wall_s": wall,
         "command": command_line(),
     }

@@ -51,8 +51,8 @@ from benchmarks.common import (
     exit_on_sigterm,
     load_average,
     machine_line,
+    machine_load,
     markdown_table,
-    mem_gib,
     peak_rss_mib,
     reset_peak,
     rotated,
@@ -273,12 +273,7 @@ def run(
         "link": description,
         "rows": rows,
         "samples": {c: {str(n): v for n, v in s.items()} for c, s in samples.items()},
-        "machine": {
-            "nproc": os.cpu_count(),
-            "mem_gib": mem_gib(),
-            "loadavg_before": before,
-            "loadavg_after": load_average(),
-        },
+        "machine": machine_load(before),
         "wall_s": wall,
         "command": command_line(),
     }

@@ -49,8 +49,8 @@ from benchmarks.common import (
     exit_on_sigterm,
     load_average,
     machine_line,
+    machine_load,
     markdown_table,
-    mem_gib,
     rotated,
     write_results,
 )
@@ -219,12 +219,7 @@ def run(size_mib: int, world: int, repeats: int, tensors: int, mbps: float, ms: 
         "link": description,
         "rows": rows,
         "samples": samples,
-        "machine": {
-            "nproc": os.cpu_count(),
-            "mem_gib": mem_gib(),
-            "loadavg_before": before,
-            "loadavg_after": load_average(),
-        },
+        "machine": machine_load(before),
         "wall_s": wall,
         "command": command_line(),
     }
