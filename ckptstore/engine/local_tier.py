@@ -98,10 +98,11 @@ def run_of_step(tier: Store, name: str) -> str | None:
     return run if isinstance(run, str) else None
 
 
-def _steps(tier: Store, run: str | None) -> dict[int, str]:
-    """The canonical step directories of ``tier`` (step -> name); with ``run``, only
-    those stamped with it."""
-    steps = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
+def _steps(tier: Store, run: str | None, steps: dict[int, str] | None = None) -> dict[int, str]:
+    """The canonical step directories of ``tier`` (step -> name; ``steps``: as already
+    listed); with ``run``, only those stamped with it."""
+    if steps is None:
+        steps = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
     if run is None:
         return steps
     return {s: n for s, n in steps.items() if run_of_step(tier, n) == run}
@@ -148,7 +149,7 @@ def evict_for(tier: Store, step: int, need: int, limit: int, run: str | None = N
     count regular files only, never through a symlink (``engine.deletion`` deletes only
     ckptstore's own files)."""
     everything = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
-    steps = _steps(tier, run)
+    steps = _steps(tier, run, everything)
     foreign = sum(
         _dir_bytes(os.path.join(tier.url, n))
         for s, n in everything.items()
