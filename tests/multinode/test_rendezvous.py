@@ -15,7 +15,7 @@ import time
 from typing import Any
 
 import pytest
-from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import RendezvousParameters, RendezvousTimeoutError
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from ckptstore.rendezvous import BACKEND
@@ -25,7 +25,9 @@ pytestmark = pytest.mark.distributed
 
 STOCK_FIXED = pytest.mark.xfail(
     strict=True,
-    raises=AssertionError,
+    # the stock joiner waits for keys nobody writes; on a loaded machine the host's round
+    # may time out first (seen in CI at load ~8): either is the same upstream bug
+    raises=(AssertionError, RendezvousTimeoutError),
     reason="torch's stock c10d handler builds the workers' store address in its first round "
     "only (docs/upstream/torch-rendezvous-join.md); strict: it passes once torch is fixed",
 )
