@@ -3,9 +3,11 @@
 Every publish is write temp -> fsync(file) -> rename -> fsync(directory). A create-only
 write ``link()``-s a fully written, fsynced temp file to its final name instead, which
 fails with EEXIST if another writer got there first. Parts of a multipart write are
-``pwrite`` at their offsets into one temp file, in parallel; each large part's writeback
-is started as soon as it is written (``start_writeback``), so the disk works while later
-parts are still being copied and the one fsync at the end has little left to wait for.
+``pwrite`` at their offsets into one temp file, in parallel: a large part's page-aligned
+middle with ``O_DIRECT`` (``_direct``: no page-cache pages to fill, nothing left dirty),
+the rest buffered, whose writeback is started as soon as a large one is written
+(``start_writeback``), so the disk works while later parts are still being copied and
+the one fsync at the end has little left to wait for.
 
 Paths here are absolute and already checked for links by the store; ``what`` names the
 write in errors. An fsync error fails the write (``DurabilityError``), never retried.
@@ -20,6 +22,7 @@ from collections.abc import Callable, Sequence
 from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.store import Buffer
 from ckptstore.errors import StoreNotFoundError
+from ckptstore.stores._direct import write_aligned
 from ckptstore.stores._posix import (
     NOFOLLOW,
     fsync,
@@ -153,17 +156,25 @@ def write_part(tmp: str, offset: int, data: Buffer, what: str) -> None:
         raise StoreNotFoundError(f"{what}: the upload was aborted") from exc
     try:
         view = memoryview(data).cast("B")
-        pos = offset
-        while len(view):
-            n = os.pwrite(fd, view, pos)
-            view = view[n:]
-            pos += n
-        if pos - offset >= WRITEBACK_MIN:
-            start_writeback(fd, offset, pos - offset)
+        lo, hi = write_aligned(tmp, fd, offset, view)  # the direct middle, if any
+        _pwrite_all(fd, view[: lo - offset], offset)
+        _pwrite_all(fd, view[hi - offset :], hi)
     except OSError as exc:
         raise translate(exc, what) from exc
     finally:
         os.close(fd)
+
+
+def _pwrite_all(fd: int, view: memoryview, pos: int) -> None:
+    """``pwrite`` all of ``view`` at ``pos`` (buffered), starting the writeback of a large
+    one (``start_writeback``)."""
+    start = pos
+    while len(view):
+        n = os.pwrite(fd, view, pos)
+        view = view[n:]
+        pos += n
+    if pos - start >= WRITEBACK_MIN:
+        start_writeback(fd, start, pos - start)
 
 
 def finish(tmp: str, final: str, size: int, what: str, done: Callable[[], bool]) -> None:

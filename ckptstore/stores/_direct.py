@@ -1,0 +1,93 @@
+"""Direct I/O for the volume store's large part writes (``local_publish.write_part``).
+
+A part's page-aligned middle is copied, a chunk at a time, into a reused page-aligned
+buffer of the writing thread and written with ``O_DIRECT``: the bytes go from that warm
+buffer to the device, not through newly allocated page-cache pages, so a large save
+leaves no dirty pages behind for its fsync to flush (nor in the cache, evicting others).
+On a 2-core VM a 512 MiB buffered write + fsync took 0.27-2.9 s in fresh processes
+(the kernel allocating and filling page-cache pages was most of it, and most of the
+spread), the same bytes direct 0.22-0.28 s. The unaligned head and tail of a part
+(under a page each) are left to the caller's buffered writes.
+
+Where ``O_DIRECT`` is refused (tmpfs and some FUSE file systems: ``EINVAL``) nothing is
+written here and the file system (``st_dev``) is remembered, so it is not tried again.
+Durability is unchanged: the caller's fsync of the whole file is still what makes it
+durable (a direct write may sit in the device's cache; its extents are metadata).
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+import threading
+
+from ckptstore.stores._posix import NOFOLLOW
+
+__all__ = ["ALIGN", "CHUNK", "DIRECT_MIN", "write_aligned"]
+
+#: Alignment of the file offsets, lengths and memory of a direct write: the page size,
+#: a multiple of every device's logical block size ckptstore expects (512 or 4096).
+ALIGN = 4096
+#: Bytes copied and written per direct ``pwrite`` (each thread's buffer, kept for reuse).
+CHUNK = 4 * 1024 * 1024
+#: Parts smaller than this are written buffered only (a direct write waits for the device).
+DIRECT_MIN = 1024 * 1024
+
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_refused: set[int] = set()  # st_dev of file systems that refused O_DIRECT
+_local = threading.local()
+
+
+def _buffer() -> memoryview:
+    """This thread's page-aligned ``CHUNK``-byte buffer (anonymous ``mmap``: page-aligned,
+    which ``bytearray`` is not)."""
+    buf = getattr(_local, "buf", None)
+    if buf is None:
+        buf = _local.buf = memoryview(mmap.mmap(-1, CHUNK))
+    return buf
+
+
+def write_aligned(path: str, fd: int, offset: int, view: memoryview) -> tuple[int, int]:
+    """Write the page-aligned middle of ``view`` (the bytes of ``path`` from ``offset`` on)
+    with ``O_DIRECT``; returns the file range ``(lo, hi)`` written (``lo == hi``: none).
+
+    The caller writes the rest (``[offset, lo)`` and ``[hi, offset + len(view))``)
+    buffered, through ``fd`` (``path`` open for writing). Nothing is written where the
+    platform lacks ``O_DIRECT``, the part is under ``DIRECT_MIN``, or the file system
+    refuses it; a refusal after some chunks were written leaves ``hi`` where they end.
+    Other errors (a full volume) raise ``OSError``.
+    """
+    lo = -(-offset // ALIGN) * ALIGN
+    hi = (offset + len(view)) // ALIGN * ALIGN
+    if not _O_DIRECT or len(view) < DIRECT_MIN or hi <= lo:
+        return offset, offset
+    dev = os.fstat(fd).st_dev
+    if dev in _refused:
+        return offset, offset
+    try:
+        dfd = os.open(path, os.O_WRONLY | _O_DIRECT | NOFOLLOW)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        _refused.add(dev)
+        return offset, offset
+    buf = _buffer()
+    pos = lo
+    try:
+        while pos < hi:
+            n = min(CHUNK, hi - pos)
+            buf[:n] = view[pos - offset : pos - offset + n]
+            try:
+                written = os.pwrite(dfd, buf[:n], pos)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                _refused.add(dev)
+                break
+            pos += written
+            if written < n:  # short (the caller writes the rest buffered)
+                break
+    finally:
+        os.close(dfd)
+    return (lo, pos) if pos > lo else (offset, offset)

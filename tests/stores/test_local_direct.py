@@ -1,0 +1,165 @@
+"""The volume store's direct writes (``stores._direct``): a large part's page-aligned middle
+goes out with O_DIRECT, the rest buffered; the file's bytes and a checkpoint's manifest are
+the same as with buffered writes only; a file system that refuses O_DIRECT (at open or at
+the first write) gets buffered writes, and a full volume is a clear error."""
+
+from __future__ import annotations
+
+import errno
+import glob
+import json
+import os
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+
+import ckptstore
+from ckptstore.errors import StorageFullError
+from ckptstore.stores import _direct, local_publish
+from ckptstore.stores.local import LocalStore
+
+MiB = 1024 * 1024
+
+
+@pytest.fixture(autouse=True)
+def _fresh_refusals(monkeypatch) -> None:
+    monkeypatch.setattr(_direct, "_refused", set())
+
+
+def _direct_ranges(monkeypatch) -> list[tuple[int, int]]:
+    """Record the (lo, hi) of every ``write_aligned`` call the volume store makes."""
+    seen: list[tuple[int, int]] = []
+    real = local_publish.write_aligned
+
+    def spy(*a):
+        seen.append(real(*a))
+        return seen[-1]
+
+    monkeypatch.setattr(local_publish, "write_aligned", spy)
+    return seen
+
+
+def _direct_fds(monkeypatch, refuse_open: bool = False) -> tuple[list[str], set[int]]:
+    """Track the opens with O_DIRECT: (every one tried, the descriptors open now); with
+    ``refuse_open``, such an open fails with EINVAL instead."""
+    real_open, real_close = os.open, os.close
+    tried: list[str] = []
+    open_now: set[int] = set()
+
+    def tracking_open(path, flags, *a, **k):
+        if flags & os.O_DIRECT:
+            tried.append(path)
+            if refuse_open:
+                raise OSError(errno.EINVAL, "Invalid argument")
+        fd = real_open(path, flags, *a, **k)
+        if flags & os.O_DIRECT:
+            open_now.add(fd)
+        return fd
+
+    def tracking_close(fd):
+        open_now.discard(fd)
+        real_close(fd)
+
+    monkeypatch.setattr(os, "open", tracking_open)
+    monkeypatch.setattr(os, "close", tracking_close)
+    return tried, open_now
+
+
+def _fail_direct_writes(monkeypatch, open_now: set[int], code: int) -> None:
+    """Every ``pwrite`` to a descriptor opened with O_DIRECT fails with ``code``."""
+    real_pwrite = os.pwrite
+
+    def failing(fd, data, pos):
+        if fd in open_now:
+            raise OSError(code, os.strerror(code))
+        return real_pwrite(fd, data, pos)
+
+    monkeypatch.setattr(os, "pwrite", failing)
+
+
+def _supports_direct(path) -> bool:
+    try:
+        os.close(os.open(path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))
+    except OSError:
+        return False
+    return True
+
+
+def _state() -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(7)
+    return {  # sizes that are no multiple of a page, so parts end mid-page
+        "a": torch.randn(3_000_001, generator=g),
+        "b": torch.randn(777, 1031, generator=g),
+        "c": torch.arange(10),
+    }
+
+
+def _saved(path) -> tuple[bytes, list[dict]]:
+    shard = glob.glob(str(path / "__0_0.*.distcp"))
+    manifest = json.loads((path / "ckptstore.manifest.json").read_text())
+    ranges = [{k: v for k, v in r.items() if k != "file"} for r in manifest["ranges"]]
+    return open(shard[0], "rb").read(), ranges
+
+
+def test_a_direct_save_writes_the_bytes_and_crcs_of_a_buffered_one(tmp_path, monkeypatch) -> None:
+    if not _supports_direct(tmp_path):
+        pytest.skip("this file system refuses O_DIRECT")
+    state = _state()
+    ranges = _direct_ranges(monkeypatch)
+    ckptstore.save(state, str(tmp_path / "direct"))
+    assert any(hi > lo for lo, hi in ranges)  # the large parts went out direct
+    monkeypatch.setattr(_direct, "DIRECT_MIN", 1 << 62)
+    ckptstore.save(state, str(tmp_path / "buffered"))
+    assert _saved(tmp_path / "direct") == _saved(tmp_path / "buffered")
+    out = {k: torch.empty_like(v) for k, v in state.items()}
+    dcp.load(out, storage_reader=dcp.FileSystemReader(str(tmp_path / "direct")))
+    assert all(torch.equal(out[k], v) for k, v in state.items())
+
+
+def test_parts_at_odd_offsets_from_odd_memory_in_any_order(tmp_path) -> None:
+    """Parts whose offsets, lengths and memory are not page-aligned, written last first
+    (direct writes into holes, then the buffered heads and tails around them)."""
+    sizes = [5, 3 * MiB + 7, MiB - 1, 9 * MiB + 4097, 13, 2 * MiB]
+    raw = bytearray(os.urandom(sum(sizes) + 1))
+    data = memoryview(raw)[1:]  # memory one byte past wherever the allocator put it
+    store = LocalStore(str(tmp_path))
+    up = store.begin_multipart("f.bin")
+    offsets = [sum(sizes[:i]) for i in range(len(sizes))]
+    parts = [
+        store.put_part(up, i + 1, off, data[off : off + n])
+        for i, (off, n) in reversed(list(enumerate(zip(offsets, sizes))))
+    ]
+    store.complete_multipart(up, sorted(parts, key=lambda p: p.number))
+    assert store.get("f.bin") == bytes(data)
+
+
+@pytest.mark.parametrize("where", ["open", "write"])
+def test_a_file_system_refusing_o_direct_gets_buffered_writes(tmp_path, monkeypatch, where) -> None:
+    """EINVAL for O_DIRECT (tmpfs of older kernels, some FUSE mounts) at the open or the
+    first write: the part is written buffered, and the file system is not tried again."""
+    tried, open_now = _direct_fds(monkeypatch, refuse_open=where == "open")
+    _fail_direct_writes(monkeypatch, open_now, errno.EINVAL)
+    ranges = _direct_ranges(monkeypatch)
+    state = _state()
+    ckptstore.save(state, str(tmp_path / "ckpt"))
+    assert ranges and all(lo == hi for lo, hi in ranges)
+    assert _direct._refused == {os.stat(tmp_path).st_dev}
+    out = {k: torch.empty_like(v) for k, v in state.items()}
+    ckptstore.load(out, str(tmp_path / "ckpt"))
+    assert all(torch.equal(out[k], v) for k, v in state.items())
+    assert tried  # parts in flight together may each have tried once
+    before = len(tried)
+    ckptstore.save(state, str(tmp_path / "again"))
+    assert len(tried) == before  # never tried again on that file system
+
+
+def test_a_full_volume_under_a_direct_write_is_a_clear_error(tmp_path, monkeypatch) -> None:
+    _, open_now = _direct_fds(monkeypatch)
+    _fail_direct_writes(monkeypatch, open_now, errno.ENOSPC)
+    store = LocalStore(str(tmp_path))
+    up = store.begin_multipart("f.bin")
+    with pytest.raises(StorageFullError, match="no space left"):
+        store.put_part(up, 1, 0, os.urandom(2 * MiB))
+    store.abort_multipart(up)
+    assert os.listdir(tmp_path) == []
