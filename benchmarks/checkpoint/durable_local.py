@@ -11,9 +11,11 @@ directory fsync, then the commit). Pair i runs the contenders in ``rotated(names
 order; each run's directory is deleted and ``os.sync()`` called before the next. The child
 counts ``os.fsync`` / ``os.fdatasync`` calls and reads ``/proc/self/io`` around the save:
 ``wchar`` (bytes handed to write calls) and ``write_bytes`` (bytes sent towards the disk),
-each over the state's bytes, and its CPU time (user + system, all threads: less sensitive
-to a busy machine than the wall time). ``CONTENDERS`` lists them; one whose module is
-missing is skipped with a note. Results: a table and ``results/durable_local-<time>.json``.
+each over the state's bytes, as are the page-cache bytes dirtied meanwhile (machine-wide
+``nr_dirtied``: other processes' writes count too), and its CPU time (user + system, all
+threads: less sensitive to a busy machine than the wall time). ``CONTENDERS`` lists them;
+one whose module is missing is skipped with a note. Results: a table and
+``results/durable_local-<time>.json``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import mmap
 import os
 import resource
 import shutil
@@ -72,8 +75,13 @@ def _factory(name: str) -> Any:
 
 
 def _io() -> dict[str, int]:
+    """This process's ``/proc/self/io`` counters, plus ``dirtied``: bytes of page-cache
+    pages dirtied on the whole machine (``/proc/vmstat`` ``nr_dirtied``)."""
     with open("/proc/self/io") as f:
-        return {k: int(v) for k, v in (line.split(":") for line in f)}
+        out = {k: int(v) for k, v in (line.split(":") for line in f)}
+    with open("/proc/vmstat") as f:
+        pages = next(int(line.split()[1]) for line in f if line.startswith("nr_dirtied "))
+    return {**out, "dirtied": pages * mmap.PAGESIZE}
 
 
 def _child(name: str, path: str, cfg: StateShape) -> dict[str, Any]:
@@ -111,6 +119,7 @@ def _child(name: str, path: str, cfg: StateShape) -> dict[str, Any]:
         **counts,
         "wchar": after["wchar"] - before["wchar"],
         "write_bytes": after["write_bytes"] - before["write_bytes"],
+        "dirtied": after["dirtied"] - before["dirtied"],
     }
 
 
@@ -145,6 +154,7 @@ def _summary(runs: list[dict[str, Any]]) -> dict[str, Any]:
         "fdatasync": statistics.median(r["fdatasync"] for r in runs),
         "wchar_per_byte": statistics.median(r["wchar"] / nbytes for r in runs),
         "write_bytes_per_byte": statistics.median(r["write_bytes"] / nbytes for r in runs),
+        "dirtied_per_byte": statistics.median(r["dirtied"] / nbytes for r in runs),
         "state_bytes": nbytes,
     }
 
@@ -206,14 +216,15 @@ def main(argv: list[str] | None = None) -> int:
                 f"{s['fsync']:g} + {s['fdatasync']:g}",
                 cell(s["wchar_per_byte"]),
                 cell(s["write_bytes_per_byte"]),
+                cell(s["dirtied_per_byte"]),
             ]
         )
     header = ["contender", "median s", "spread s", "paired vs stock", "CPU s"]
     header += ["fsync + fdatasync"]
-    header += ["wchar / byte", "write_bytes / byte"]
+    header += ["wchar / byte", "write_bytes / byte", "page cache dirtied / byte"]
     machine = {**machine_facts(a.dir or tempfile.gettempdir()), **machine_load(before)}
     print(f"\ndurable save of {a.size_mib} MiB, {a.pairs} pairs, a fresh process per run")
-    print(markdown_table(header, "lrrrrrrr", rows))
+    print(markdown_table(header, "lrrrrrrrr", rows))
     for n, why in notes.items():
         print(f"{n}: skipped ({why})")
     print(machine_line(machine))
