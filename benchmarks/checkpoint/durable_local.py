@@ -57,6 +57,7 @@ __all__ = ["CONTENDERS", "main"]
 CONTENDERS: dict[str, tuple[str, str]] = {
     "stock": ("benchmarks.checkpoint.durable_local", "stock_writer"),
     "ckptstore": ("ckptstore", "writer"),
+    "ckptstore-buffered": ("benchmarks.checkpoint.durable_local", "buffered_writer"),
     "air": ("benchmarks.peers.air", "air_writer"),  # the seed's UCVolumeWriter, if present
 }
 BASELINE = "stock"
@@ -67,6 +68,16 @@ def stock_writer(path: str) -> Any:
     from torch.distributed.checkpoint import FileSystemWriter
 
     return FileSystemWriter(path, sync_files=True)
+
+
+def buffered_writer(path: str) -> Any:
+    """``ckptstore.writer`` with the volume's direct writes off (``stores._direct``): every
+    byte through the page cache, as before them (this child process only)."""
+    import ckptstore
+    from ckptstore.stores import _direct
+
+    _direct.DIRECT_MIN = sys.maxsize
+    return ckptstore.writer(path)
 
 
 def _factory(name: str) -> Any:
