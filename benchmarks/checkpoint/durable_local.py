@@ -71,12 +71,12 @@ def stock_writer(path: str) -> Any:
 
 
 def buffered_writer(path: str) -> Any:
-    """``ckptstore.writer`` with the volume's direct writes off (``stores._direct``): every
-    byte through the page cache, as before them (this child process only)."""
+    """``ckptstore.writer`` with the volume's direct writes off (``stores._direct.ENV``):
+    every byte through the page cache, as before them (this child process only)."""
     import ckptstore
     from ckptstore.stores import _direct
 
-    _direct.DIRECT_MIN = sys.maxsize
+    os.environ[_direct.ENV] = "0"
     return ckptstore.writer(path)
 
 
