@@ -6,11 +6,11 @@ device, with no page-cache pages to allocate and fill and none left dirty for th
 (on a 2-core VM a 512 MiB buffered write + fsync took 0.27-2.9 s in fresh processes, the
 same bytes direct 0.22-0.28 s). The unaligned head and tail of a part (under a page each)
 are left to the caller's buffered writes, and the caller's fsync of the whole file is
-still what makes it durable. ``CKPTSTORE_DIRECT_WRITES=0`` turns this off (every byte
-buffered and kept in the page cache, so a load on the same node right after the save
-reads memory, not the disk). A file system that refuses ``O_DIRECT`` (``EINVAL``: tmpfs
-of older kernels, some FUSE mounts) gets nothing written here and is remembered
-(``st_dev``), so it is not tried again.
+still what makes it durable. Only local-disk file systems (``LOCAL_DISK_FS``) get direct
+writes; ``CKPTSTORE_DIRECT_WRITES=0`` turns them off (every byte buffered and kept in the
+page cache, so a load on the same node right after the save reads memory, not the disk).
+A file system that refuses ``O_DIRECT`` (``EINVAL``) gets nothing written here and is
+remembered (``st_dev``), so it is not tried again.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import threading
 
 from ckptstore.stores._posix import NOFOLLOW
 
-__all__ = ["ALIGN", "CHUNK", "DIRECT_MIN", "ENV", "write_aligned"]
+__all__ = ["ALIGN", "CHUNK", "DIRECT_MIN", "ENV", "LOCAL_DISK_FS", "fs_type", "write_aligned"]
 
 #: Alignment of the file offsets, lengths and memory of a direct write: the page size,
 #: a multiple of every device's logical block size ckptstore expects (512 or 4096).
@@ -34,9 +34,34 @@ DIRECT_MIN = 1024 * 1024
 #: The environment variable that turns direct writes off when it is "0".
 ENV = "CKPTSTORE_DIRECT_WRITES"
 
+#: File systems on a local block device where direct writes were measured or are known to
+#: behave (a network or FUSE file system keeps buffered writes: its write-behind is how
+#: it hides round trips, which a synchronous direct write would expose).
+LOCAL_DISK_FS = frozenset({"ext4", "xfs", "btrfs"})
+
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _refused: set[int] = set()  # st_dev of file systems that refused O_DIRECT
+_kinds: dict[int, str] = {}  # st_dev -> file system type, from /proc/self/mountinfo
 _local = threading.local()
+
+
+def fs_type(dev: int) -> str:
+    """The type of the file system mounted as device ``dev`` ("" where unknown)."""
+    kind = _kinds.get(dev)
+    if kind is None:
+        want = f"{os.major(dev)}:{os.minor(dev)}"
+        kind = ""
+        try:
+            with open("/proc/self/mountinfo") as f:
+                for line in f:
+                    fields = line.split()
+                    if len(fields) > 2 and fields[2] == want and " - " in line:
+                        kind = line.split(" - ", 1)[1].split()[0]
+                        break
+        except OSError:
+            pass
+        _kinds[dev] = kind
+    return kind
 
 
 def _buffer() -> memoryview:
@@ -63,7 +88,7 @@ def write_aligned(path: str, fd: int, offset: int, view: memoryview) -> tuple[in
     if not _O_DIRECT or len(view) < DIRECT_MIN or hi <= lo or os.environ.get(ENV) == "0":
         return offset, offset
     dev = os.fstat(fd).st_dev
-    if dev in _refused:
+    if dev in _refused or fs_type(dev) not in LOCAL_DISK_FS:
         return offset, offset
     try:
         dfd = os.open(path, os.O_WRONLY | _O_DIRECT | NOFOLLOW)

@@ -10,6 +10,7 @@ import errno
 import glob
 import json
 import os
+import tempfile
 
 import pytest
 import torch
@@ -79,12 +80,17 @@ def _fail_direct_writes(monkeypatch, open_now: set[int], code: int) -> None:
     monkeypatch.setattr(os, "pwrite", failing)
 
 
-def _supports_direct(path) -> bool:
+@pytest.fixture
+def direct_dir(tmp_path):
+    """``tmp_path``, where direct writes are made (skips on a file system that gets none)."""
+    if _direct.fs_type(os.stat(tmp_path).st_dev) not in _direct.LOCAL_DISK_FS:
+        pytest.skip("the temp directory is not on a local-disk file system")
     try:
-        os.close(os.open(path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))
+        os.close(os.open(tmp_path / "probe", os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o644))
     except OSError:
-        return False
-    return True
+        pytest.skip("this file system refuses O_DIRECT")
+    os.unlink(tmp_path / "probe")
+    return tmp_path
 
 
 def _state() -> dict[str, torch.Tensor]:
@@ -103,9 +109,8 @@ def _saved(path) -> tuple[bytes, list[dict]]:
     return open(shard[0], "rb").read(), ranges
 
 
-def test_a_direct_save_writes_the_bytes_and_crcs_of_a_buffered_one(tmp_path, monkeypatch) -> None:
-    if not _supports_direct(tmp_path):
-        pytest.skip("this file system refuses O_DIRECT")
+def test_a_direct_save_writes_the_bytes_and_crcs_of_a_buffered_one(direct_dir, monkeypatch) -> None:
+    tmp_path = direct_dir
     state = _state()
     ranges = _direct_ranges(monkeypatch)
     ckptstore.save(state, str(tmp_path / "direct"))
@@ -138,9 +143,13 @@ def test_parts_at_odd_offsets_from_odd_memory_in_any_order(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("where", ["open", "write"])
-def test_a_file_system_refusing_o_direct_gets_buffered_writes(tmp_path, monkeypatch, where) -> None:
-    """EINVAL for O_DIRECT (tmpfs of older kernels, some FUSE mounts) at the open or the
-    first write: the part is written buffered, and the file system is not tried again."""
+def test_a_file_system_refusing_o_direct_gets_buffered_writes(
+    direct_dir, monkeypatch, where
+) -> None:
+    """EINVAL for O_DIRECT (a device with larger blocks, a file system without it) at the
+    open or the first write: the part is written buffered and the file system is not
+    tried again."""
+    tmp_path = direct_dir
     tried, open_now = _direct_fds(monkeypatch, refuse_open=where == "open")
     _fail_direct_writes(monkeypatch, open_now, errno.EINVAL)
     ranges = _direct_ranges(monkeypatch)
@@ -157,7 +166,8 @@ def test_a_file_system_refusing_o_direct_gets_buffered_writes(tmp_path, monkeypa
     assert len(tried) == before  # never tried again on that file system
 
 
-def test_a_full_volume_under_a_direct_write_is_a_clear_error(tmp_path, monkeypatch) -> None:
+def test_a_full_volume_under_a_direct_write_is_a_clear_error(direct_dir, monkeypatch) -> None:
+    tmp_path = direct_dir
     _, open_now = _direct_fds(monkeypatch)
     _fail_direct_writes(monkeypatch, open_now, errno.ENOSPC)
     store = LocalStore(str(tmp_path))
@@ -166,3 +176,19 @@ def test_a_full_volume_under_a_direct_write_is_a_clear_error(tmp_path, monkeypat
         store.put_part(up, 1, 0, os.urandom(2 * MiB))
     store.abort_multipart(up)
     assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not os.path.isdir("/dev/shm"), reason="no /dev/shm")
+def test_a_file_system_off_the_local_disk_gets_buffered_writes(monkeypatch) -> None:
+    """tmpfs (as network and FUSE file systems): not one of LOCAL_DISK_FS, so no direct
+    write is even tried there, though this kernel's tmpfs would take one."""
+    tried, _ = _direct_fds(monkeypatch)
+    ranges = _direct_ranges(monkeypatch)
+    data = os.urandom(3 * MiB + 5)
+    with tempfile.TemporaryDirectory(dir="/dev/shm") as root:
+        store = LocalStore(root)
+        up = store.begin_multipart("f.bin")
+        part = store.put_part(up, 1, 0, data)
+        store.complete_multipart(up, [part])
+        assert store.get("f.bin") == data
+    assert ranges == [(0, 0)] and tried == []
