@@ -53,8 +53,10 @@ class StagedSave:
     live_bytes: int  # the bytes of the live tensors
     _lo: int = 0  # the arena's address range: [lo, hi)
     _hi: int = 0
-    #: The (arena view, tensor) pairs ``ArenaStager.copy_later`` still copies.
+    #: The (arena view, tensor) pairs ``ArenaStager.copy_later`` still copies, and the
+    #: CUDA event it starts after (``HostCopier.mark``, at ``stage``).
     later: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    later_after: Any = None
     _released: threading.Event = field(default_factory=threading.Event)
     _staged_at: float = field(default_factory=time.perf_counter)
     _waited: float = 0.0
@@ -255,14 +257,15 @@ class ArenaStager:
         total = sum(_nbytes(t) for t in tensors)
         live = sum(_nbytes(t) for t, v in zip(tensors, self._views, strict=True) if v is None)
         lo, hi = (self.arena.lo, self.arena.hi) if self.arena is not None else (0, 0)
-        return StagedSave(staged_state, total, live, lo, hi, later)
+        after = self._copier.mark() if later else None
+        return StagedSave(staged_state, total, live, lo, hi, later, after)
 
     @torch.no_grad()
     def copy_later(self, staged: StagedSave) -> None:
         """Copy what ``stage`` deferred for ``staged`` (nothing when it deferred nothing);
         the caller then ``release``s it, whatever this raised."""
         if staged.later:
-            self._copier.copy(staged.later, self.pin)
+            self._copier.copy(staged.later, self.pin, staged.later_after)
 
     def _layout(self, key: tuple) -> None:
         slots: list[Slot | None] = []

@@ -87,8 +87,10 @@ class SharedStager:
         self._slots: tuple[Slot, ...] = ()
         self._pieces: list[list[int]] = [[]]  # per piece: its slots' indices
         self._sources: list[torch.Tensor] = []  # the tensors of a state with pieces left
-        #: The (arena view, tensor) pairs ``copy_later`` still copies.
+        #: The (arena view, tensor) pairs ``copy_later`` still copies, and the CUDA event
+        #: it starts after (``HostCopier.mark``, at ``stage``).
         self.later: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._later_after: Any = None
         #: The staged tensors of the current layout, views into the arena (with a budget,
         #: the views of different pieces share its bytes).
         self.views: list[torch.Tensor] = []
@@ -150,6 +152,7 @@ class SharedStager:
             self.later = [(self.views[i], t) for i, t in enumerate(tensors) if defer(t)]
             now = [t if not defer(t) else None for t in tensors]
             self._copy(0, now)
+            self._later_after = self._copier.mark() if self.later else None
         else:
             self._copy(0, tensors)
         self._sources = tensors if len(self._pieces) > 1 else []
@@ -176,11 +179,11 @@ class SharedStager:
         """Copy what the last ``stage`` deferred (nothing when it deferred nothing); the
         caller then ``release``s, whatever this raised."""
         if self.later:
-            self._copier.copy(self.later, self.pin)
+            self._copier.copy(self.later, self.pin, self._later_after)
 
     def release(self) -> None:
         """The save needs no more piece: drop the references to the staged state's tensors."""
-        self._sources, self.later = [], []
+        self._sources, self.later, self._later_after = [], [], None
 
     def _copy(self, piece: int, tensors: Sequence[torch.Tensor | None]) -> None:
         assert self.arena is not None
