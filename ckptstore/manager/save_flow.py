@@ -17,7 +17,6 @@ import concurrent.futures
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
 from typing import Any
 
 from torch.distributed.checkpoint.stateful import Stateful
@@ -35,7 +34,7 @@ from ckptstore.errors import (
     IncompleteCheckpointError,
     TransientStoreError,
 )
-from ckptstore.manager.agreement import Agreement
+from ckptstore.manager.agreement import Agreement, StepView
 from ckptstore.manager.failures import FailureLog
 from ckptstore.manager.local_tier import LocalTierTrimmer
 from ckptstore.manager.options import ManagerOptions
@@ -47,29 +46,9 @@ from ckptstore.manager.report import report, size_text
 from ckptstore.manager.saving.backend import SaveBackend
 from ckptstore.manager.step_guard import StepGuard
 
-__all__ = ["SaveFlow", "StepView"]
+__all__ = ["SaveFlow"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepView:
-    """What one rank knows of a save before it starts; merged over the ranks by "any"."""
-
-    busy: bool = False  # a save of this rank is still in flight
-    unchecked: bool = False  # the root could not be checked for the step
-    replace: bool = False  # the step is committed but must be saved again
-    missing: bool = False  # the step is not committed
-    restart: bool = False  # the backend (writer process) must be replaced first
-
-    def flags(self) -> list[int]:
-        """The fields as ints, in order, for one max-reduction over the ranks."""
-        return [int(getattr(self, f.name)) for f in fields(self)]
-
-    @classmethod
-    def of(cls, flags: list[int]) -> StepView:
-        """The view ``flags`` (as ``flags()`` made them) stand for."""
-        return cls(*(bool(v) for v in flags))
 
 
 class SaveFlow:
