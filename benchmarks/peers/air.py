@@ -129,5 +129,7 @@ def air_loader(directory: str, batch_size: int, num_workers: int, **kwargs: Any)
     (``load_state_dict`` on another raises ``ValueError``); workers need the fork start."""
     from databricks.air.data import DataLoader
 
+    if num_workers == 0:  # its default prefetch_factor=4 makes torch refuse 0 workers
+        kwargs.setdefault("prefetch_factor", None)
     ds = FileBytes(air_dataset(directory))
     return DataLoader(ds, batch_size=batch_size, num_workers=num_workers, **kwargs)
