@@ -96,7 +96,7 @@ def launch(
 
 
 def _ckpt_round(a: argparse.Namespace, work: str, r: int) -> dict[str, Any]:
-    got = {}
+    got: dict[str, Any] = {"loadavg_before": load_average()}
     for who in rotated(CKPT, r):
         d = tempfile.mkdtemp(prefix=f"r{r}-{who}-", dir=work)
         spec = {"part": "ckpt", "contender": who, "dir": d, "size_mib": a.size_mib}
@@ -135,7 +135,7 @@ def _data_spec(a: argparse.Namespace, who: str, files: str, cache: str) -> dict[
 
 
 def _data_round(a: argparse.Namespace, work: str, files: str, r: int) -> dict[str, Any]:
-    got = {}
+    got: dict[str, Any] = {"loadavg_before": load_average()}
     for who in rotated(DATA, r):
         cache = tempfile.mkdtemp(prefix=f"cache-{who}-", dir=work)
         res = launch(_data_spec(a, who, files, cache), 1, work, a.timeout, cache)[0]
