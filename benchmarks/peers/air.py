@@ -40,8 +40,13 @@ _PATCH = threading.Lock()  # one constructor at a time sees the rebound name
 
 
 def _fs_layer_base() -> type:
-    from databricks.air.data.fs_layer import CachingUCFuseFSLayer
-
+    try:
+        from databricks.air.data.fs_layer import CachingUCFuseFSLayer
+    except ImportError as exc:
+        raise ImportError(
+            "benchmarks.peers.air needs databricks-sdk-air: benchmarks/peers/setup.sh, or "
+            "pip install --no-deps databricks-sdk-air==0.1.1 into the project's .venv"
+        ) from exc
     return CachingUCFuseFSLayer
 
 
