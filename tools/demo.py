@@ -190,9 +190,16 @@ def relative_l2(a: str, b: str) -> float:
 
 
 def blocking_table(attempts: list[Attempt], where: str) -> list[str]:
-    """ckptstore save() blocking (max over ranks) vs rank-0 torch.save + fsync, per save."""
+    """ckptstore blocking (max over ranks: save() and what the next optimizer step
+    waited for the copy staged behind it) vs rank-0 torch.save + fsync, per save."""
     a = attempts[0]
-    per_rank = [{e["step"]: e["t1"] - e["t0"] for e in a.events("save", r)} for r in a.ranks]
+    step_waits = [
+        {e["step"]: e.get("step_waited_s", 0.0) for e in a.events("commit", r)} for r in a.ranks
+    ]
+    per_rank = [
+        {e["step"]: e["t1"] - e["t0"] + w.get(e["step"], 0.0) for e in a.events("save", r)}
+        for r, w in zip(a.ranks, step_waits)
+    ]
     ours = [max(r[s] for r in per_rank) for s in per_rank[0]]
     theirs = [e["seconds"] for e in a.events("torch_save")]
     commits = a.events("commit")
@@ -205,8 +212,9 @@ def blocking_table(attempts: list[Attempt], where: str) -> list[str]:
         f"| what training waits for, per save ({len(ours)} saves) | median ms | min-max ms "
         "| state MB |",
         "| --- | ---: | ---: | ---: |",
-        f"| ckptstore `CheckpointManager.save` to {where} (async: the staging copy; upload + "
-        f"commit in the background) | {1000 * med:.0f} | {1000 * min(ours):.0f}-"
+        f"| ckptstore `CheckpointManager.save` to {where} (async: the staging copy, the "
+        "optimizer's part behind the next step; upload + commit in the background) | "
+        f"{1000 * med:.0f} | {1000 * min(ours):.0f}-"
         f"{1000 * max(ours):.0f} | {mb:.1f} |",
         f"| rank-0 `torch.save` + fsync of the same state to local disk (barrier to barrier) | "
         f"{1000 * tmed:.0f} | {1000 * min(theirs):.0f}-{1000 * max(theirs):.0f} | {ts_mb:.1f} |",

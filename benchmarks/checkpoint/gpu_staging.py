@@ -15,6 +15,9 @@ and min–max of the others. Every time ends with ``torch.cuda.synchronize()``.
   CheckpointManager      ckptstore, pinned cached staging; blocking = save() returning;
                          committed = the record's total_s (written, fsynced, committed)
   CheckpointManager + local_tier_dir   the same via a local staging tier
+  CheckpointManager behind the step    the tensors as an optimizer's parameters: save()
+                         returns before they are copied (a side CUDA stream), and the
+                         optimizer's next step waits for the copy (``defer_staging``)
 """
 
 from __future__ import annotations
@@ -132,6 +135,23 @@ def main(argv: list[str] | None = None) -> int:
                     mgr.records[-1].total_s,
                 )
             mgr.close()
+        # Staging behind the step: the tensors are an optimizer's parameters, so save()
+        # returns before they are copied (on a side stream) and the optimizer's step waits.
+        params = {k: torch.nn.Parameter(v, requires_grad=False) for k, v in state.items()}
+        opt = torch.optim.SGD(params.values(), lr=0.0)
+        mgr = CheckpointManager(os.path.join(base, "mgr-behind"))
+        for i in range(a.saves):
+            t0 = time.perf_counter()
+            mgr.save(i, {"params": params, "optim": opt})
+            _sync()
+            returned = time.perf_counter() - t0
+            opt.step()  # its pre-hook waits for the deferred copy
+            _sync()
+            stepped = time.perf_counter() - t0
+            mgr.wait()
+            rec("CheckpointManager behind the step: save()", returned)
+            rec("... + the next step's wait", stepped, mgr.records[-1].total_s)
+        mgr.close()
     finally:
         shutil.rmtree(base, ignore_errors=True)
         dist.destroy_process_group()

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Creates benchmarks/peers/.venv: torch (CPU build), ckptstore (editable, this checkout) and
-# the data loaders it is measured against, for benchmarks/data/vs_peers.py. Kept apart
+# the data loaders it is measured against, for benchmarks/data/vs_peers.py, and the seed's
+# own system (databricks-sdk-air) for benchmarks/peers/air_bench.py. Kept apart
 # from the project's .venv on purpose: mosaicml-streaming and litdata pin other versions of
 # numpy and friends than the project's tests run with. Idempotent (a stamp of the inputs).
 set -euo pipefail
@@ -27,7 +28,7 @@ pip=("$venv/bin/pip" install -q -c "$repo/tools/constraints.txt")
 import importlib
 from benchmarks.peers.contenders import import_streaming
 import_streaming()
-for name in ("torch", "ckptstore.data", "litdata", "pyarrow", "s3fs"):
+for name in ("torch", "ckptstore.data", "litdata", "pyarrow", "s3fs", "databricks.air.data"):
     importlib.import_module(name)
 print("peers venv ok")
 PY

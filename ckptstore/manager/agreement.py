@@ -1,17 +1,19 @@
 """Small agreements between a manager's ranks, on a gloo group of their own.
 
 Each method is a collective over that group: every rank calls the same methods in the
-same order. Without a group (one process) each returns its own argument.
+same order. Without a group (one process) each returns its own argument. ``StepView`` is
+what a save's agreement merges: one rank's view of the step it is about to save.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 import torch.distributed as dist
 
-__all__ = ["Agreement"]
+__all__ = ["Agreement", "StepView"]
 
 
 class Agreement:
@@ -50,3 +52,23 @@ class Agreement:
         box = [value]
         dist.broadcast_object_list(box, group_src=src, group=self.group)
         return box[0]
+
+
+@dataclass(frozen=True)
+class StepView:
+    """What one rank knows of a save before it starts; merged over the ranks by "any"."""
+
+    busy: bool = False  # a save of this rank is still in flight
+    unchecked: bool = False  # the root could not be checked for the step
+    replace: bool = False  # the step is committed but must be saved again
+    missing: bool = False  # the step is not committed
+    restart: bool = False  # the backend (writer process) must be replaced first
+
+    def flags(self) -> list[int]:
+        """The fields as ints, in order, for one max-reduction over the ranks."""
+        return [int(getattr(self, f.name)) for f in fields(self)]
+
+    @classmethod
+    def of(cls, flags: list[int]) -> StepView:
+        """The view ``flags`` (as ``flags()`` made them) stand for."""
+        return cls(*(bool(v) for v in flags))

@@ -61,10 +61,14 @@ class CheckpointManager:
                                       # a corrupt one), or None on a fresh run; rank 0 reads
                                       # the root and broadcasts what it found (a newer
                                       # local-only step first, from the nodes)
-        mgr.save(step, state)         # returns once the state is staged; serialisation,
+        mgr.save(step, state)         # returns once the state is staged (the optimizers'
+                                      # tensors: while the next step runs, its
+                                      # optimizer.step waiting for them); serialisation,
                                       # upload and commit run in the background (with
                                       # local_every / remote_every: to the root, to the
                                       # local tier alone, or not at all, by step)
+        mgr.wait_staged()             # before changing the optimizers' tensors other
+                                      # than by their step (defer_staging)
         mgr.preemption_requested()    # all ranks agree whether SIGTERM arrived anywhere
         mgr.finalize(step, state)     # on preemption: flush the save in flight within the
                                       # grace period, then one last checkpoint
@@ -188,6 +192,13 @@ class CheckpointManager:
             if isinstance(exc, KeyboardInterrupt):
                 raise
             raise KeyboardInterrupt from None
+
+    def wait_staged(self) -> float:
+        """Return once the last save's staging copy is done: training may change the
+        saved tensors then. The optimizers in the saved state call it themselves before
+        each ``step`` (``defer_staging``); call it before changing their parameters or
+        state any other way. The seconds waited."""
+        return self._flow.wait_staged()
 
     def wait(self) -> None:
         """Block until the in-flight save (if any) is committed or failed; report failures."""

@@ -64,6 +64,14 @@ class ManagerOptions:
     background: "thread" (default) or "process" (a writer process per rank).
     allow_pickle: restore unpickles any object item (only for roots you trust).
     max_staging_bytes: host memory a save stages into, at most (None: the whole state).
+    defer_staging: staging behind the next step (with ``async_save``): ``save`` copies what
+        the next forward and backward may change and returns; the parameters and state of
+        the optimizers it finds in the state (an ``Optimizer`` value, or an attribute of one:
+        ``AppState``'s, a wrapper's) are copied on the save thread while the next step
+        runs, and each of those optimizers' ``step`` waits for that copy first (a step
+        pre-hook). A loop that changes those tensors another way calls
+        ``CheckpointManager.wait_staged()`` first. A state over ``max_staging_bytes``, or
+        without an optimizer, is copied whole before ``save`` returns, as with False.
     run_id: this job's identity (default: from the launcher; see ``engine.owner``).
     replicas: peer nodes that get a copy of each node's local-tier shards after a save
         (the peer tier, ``manager.peer_tier``): a replaced node restores from them, not
@@ -98,6 +106,7 @@ class ManagerOptions:
     background: str = "thread"
     allow_pickle: bool = False
     max_staging_bytes: int | None = None
+    defer_staging: bool = True
     run_id: str | None = None
     replicas: int = 1
     replica_rate: int | None = None

@@ -47,6 +47,11 @@ class SaveRecord:
     background_s: float = 0.0  # serialise + write/upload + commit
     total_s: float = 0.0  # save() call until committed
     bytes: int = 0
+    #: Bytes copied after save() returned, while the next step ran (``defer_staging``),
+    #: and what the optimizer's step (or ``wait_staged``) then waited for that copy
+    #: (part of ``blocking_s``; not in the manifest, which is written before).
+    deferred_bytes: int = 0
+    step_waited_s: float = 0.0
     error: str = ""
     #: Where the save went: "remote" (the root) or "local" (the local tier alone; see
     #: ``ManagerOptions.local_every``).

@@ -6,7 +6,9 @@ has the backend stage it; the write then runs on the save thread (or inline), fo
 retention on rank 0, every node's local-tier trim and the peer tier's replication. With
 two cadences a step goes to the root, to the local tier alone, or nowhere
 (``engine.local_tier.save_tier``). What can refuse a save is found before that agreement
-and carried by it, so every rank raises at once.
+and carried by it, so every rank raises at once. With ``defer_staging`` the tensors of
+the state's optimizers are copied on the save thread, first, and the optimizers' next
+step waits for that copy (``step_guard.StepGuard``).
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ import concurrent.futures
 import logging
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, fields
 from typing import Any
 
 from torch.distributed.checkpoint.stateful import Stateful
@@ -33,7 +34,7 @@ from ckptstore.errors import (
     IncompleteCheckpointError,
     TransientStoreError,
 )
-from ckptstore.manager.agreement import Agreement
+from ckptstore.manager.agreement import Agreement, StepView
 from ckptstore.manager.failures import FailureLog
 from ckptstore.manager.local_tier import LocalTierTrimmer
 from ckptstore.manager.options import ManagerOptions
@@ -43,30 +44,11 @@ from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import SaveRecord, SaveStatus
 from ckptstore.manager.report import report, size_text
 from ckptstore.manager.saving.backend import SaveBackend
+from ckptstore.manager.step_guard import StepGuard
 
-__all__ = ["SaveFlow", "StepView"]
+__all__ = ["SaveFlow"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class StepView:
-    """What one rank knows of a save before it starts; merged over the ranks by "any"."""
-
-    busy: bool = False  # a save of this rank is still in flight
-    unchecked: bool = False  # the root could not be checked for the step
-    replace: bool = False  # the step is committed but must be saved again
-    missing: bool = False  # the step is not committed
-    restart: bool = False  # the backend (writer process) must be replaced first
-
-    def flags(self) -> list[int]:
-        """The fields as ints, in order, for one max-reduction over the ranks."""
-        return [int(getattr(self, f.name)) for f in fields(self)]
-
-    @classmethod
-    def of(cls, flags: list[int]) -> StepView:
-        """The view ``flags`` (as ``flags()`` made them) stand for."""
-        return cls(*(bool(v) for v in flags))
 
 
 class SaveFlow:
@@ -76,8 +58,11 @@ class SaveFlow:
 
         flow.save(step, state)         # training thread: prepare, agree, stage; the
                                        # write goes to the save thread (or runs inline)
+        flow.wait_staged()             # training thread (an optimizer's step pre-hook
+                                       # calls it too): the deferred copy is done
         flow.wait_inflight(timeout)    # the save in flight, committed or failed
-        flow.close()                   # after the last save: the save thread stops
+        flow.close()                   # after the last save: the save thread stops,
+                                       # the optimizers' hooks are removed
 
     ``records`` lists every save's ``SaveRecord``; ``protected`` the steps in use (a save
     in flight, a restore), ``damaged`` the committed steps a restore found corrupt:
@@ -118,10 +103,17 @@ class SaveFlow:
         self._cadences = (options.local_every, options.remote_every)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self.inflight: Future[None] | None = None
+        self._guard = StepGuard()
 
     def close(self) -> None:
-        """Stop the save thread (after the save in flight)."""
+        """Stop the save thread (after the save in flight); remove the step hooks."""
         self._pool.shutdown(wait=True)
+        self._guard.close()
+
+    def wait_staged(self) -> float:
+        """Return once the copy the last save deferred is done (at once without one):
+        the seconds waited, added to that save's ``blocking_s``."""
+        return self._guard.wait()
 
     def save(self, step: int, state: dict[str, Any], durable: bool = False) -> bool:
         """Start saving ``state`` as ``step`` (``durable``: to the root, whatever the
@@ -166,8 +158,11 @@ class SaveFlow:
             log.info("step %d is already committed under %s; not saving it again", step, self.root)
             return False
         self._backend.ensure_ready(agreed.restart)
+        deferring = self.options.defer_staging and self.options.async_save
+        defer = self._guard.deferrable(state) if deferring else None
         t = time.perf_counter()
-        staged, record.bytes = self._backend.stage(prepared)
+        staged, record.bytes = self._backend.stage(prepared, defer)
+        record.deferred_bytes = self._backend.deferred_bytes(staged)
         record.staging_s = time.perf_counter() - t
         record.blocking_s = time.perf_counter() - start
         record.status = SaveStatus.WRITING
@@ -175,13 +170,25 @@ class SaveFlow:
         self.protected.add(step)
         if self.options.async_save:
             self.inflight = self._pool.submit(self._write, record, staged, start, agreed.replace)
-            # Over the staging budget: training waits until the part not copied is written
-            # (the manifest's blocking_s adds the same seconds).
-            record.blocking_s += self._backend.wait_staged(staged)
+            if record.deferred_bytes:  # the optimizers' next step waits for the copy
+                self._guard.hold(lambda: self._wait_deferred(record, staged))
+            else:
+                # Over the staging budget: training waits until the part not copied is
+                # written (the manifest's blocking_s adds the same seconds).
+                record.blocking_s += self._backend.wait_staged(staged)
         else:
             self._write(record, staged, start, agreed.replace)
             self.failures.report()
         return True
+
+    def _wait_deferred(self, record: SaveRecord, staged: Any) -> float:
+        """Wait for ``staged``'s deferred copy; the seconds, added to ``record``."""
+        t = time.perf_counter()
+        self._backend.wait_staged(staged)
+        waited = time.perf_counter() - t
+        record.step_waited_s += waited
+        record.blocking_s += waited
+        return waited
 
     def _prepare(self, state: dict[str, Any]) -> tuple[Any, BaseException | None]:
         """``state`` flattened and checked by the backend (copying nothing), or the error

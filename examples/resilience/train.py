@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> None:
                 step=r.step,
                 status=r.status,
                 blocking_s=r.blocking_s,
+                step_waited_s=r.step_waited_s,
                 waited_s=r.waited_s,
                 staging_s=r.staging_s,
                 background_s=r.background_s,

@@ -8,6 +8,7 @@ shared memory and has this rank's writer process call the same ``save_step``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ckptstore.engine.store import Store
@@ -43,8 +44,12 @@ class SaveBackend(Protocol):
         backend.ensure_ready(restart)           # save(), training thread, every rank together,
                                                 # ``restart`` as agreed (any rank's): ready to
                                                 # take a save (never waits for a writer start)
-        staged, nbytes = backend.stage(prepared)
-                                                # save(), training thread: the state copied out
+        staged, nbytes = backend.stage(prepared, defer)
+                                                # save(), training thread: the state copied
+                                                # out, but for the tensors ``defer`` names
+                                                # (None: none), which ``write`` copies first
+        backend.deferred_bytes(staged)          # save(): the bytes left to ``write`` (0:
+                                                # none; then no tensor is live either)
         warnings = backend.write(step, staged, timings, overwrite, local)
                                                 # the manager's save thread (or inline with
                                                 # async_save=False), at most one at a time:
@@ -52,9 +57,10 @@ class SaveBackend(Protocol):
                                                 # ``save_step`` (``local``: to the local tier
                                                 # alone); raises the save's error, else
                                                 # returns the post-commit warnings
-        waited = backend.wait_staged(staged)    # save(), training thread, after starting
-                                                # ``write``: training may change ``state``
-                                                # once it returns
+        waited = backend.wait_staged(staged)    # training thread, after starting
+                                                # ``write`` (save(), or with deferred bytes
+                                                # the optimizer's next step): training may
+                                                # change ``state`` once it returns
         backend.close()                         # once, after the last ``write`` returned
     """
 
@@ -76,9 +82,13 @@ class SaveBackend(Protocol):
         """Make the backend able to take a save; ``restart``: some rank's
         ``needs_restart`` said so (every rank calls it with the same value)."""
 
-    def stage(self, prepared: Any) -> tuple[Any, int]:
-        """Copy the state ``prepare`` checked out of training's hands: (the staged state,
-        its tensor bytes)."""
+    def stage(self, prepared: Any, defer: Callable[[Any], bool] | None) -> tuple[Any, int]:
+        """Copy the state ``prepare`` checked out of training's hands, but for the tensors
+        ``defer`` is true for (left to ``write``, when the backend can): (the staged
+        state, its tensor bytes)."""
+
+    def deferred_bytes(self, staged: Any) -> int:
+        """The bytes of ``staged`` that ``write`` copies before it writes (0: none)."""
 
     def write(
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool, local: bool

@@ -9,7 +9,9 @@ costs about the write time of what did not fit, never more memory. Each staged t
 has a storage of its own over its bytes (``HostArena``): a writer saves it as it is,
 where a view into one big storage would be cloned first. The arena is reused while the
 tensors' dtypes and shapes stay the same; CPU tensors are copied on the rank's share of
-the cores (``hostcopy``).
+the cores (``hostcopy``). Given a ``defer`` predicate, ``stage`` copies the other tensors
+only and ``copy_later`` the rest, on the save thread (staging behind the next step); a
+state with live tensors is copied whole at once instead.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import copy
 import mmap
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -50,14 +53,26 @@ class StagedSave:
     live_bytes: int  # the bytes of the live tensors
     _lo: int = 0  # the arena's address range: [lo, hi)
     _hi: int = 0
+    #: The (arena view, tensor) pairs ``ArenaStager.copy_later`` still copies, and the
+    #: CUDA event it starts after (``HostCopier.mark``, at ``stage``).
+    later: list[tuple[torch.Tensor, torch.Tensor]] = field(default_factory=list)
+    later_after: Any = None
     _released: threading.Event = field(default_factory=threading.Event)
     _staged_at: float = field(default_factory=time.perf_counter)
     _waited: float = 0.0
+
+    def __post_init__(self) -> None:
+        #: The bytes whose copy was deferred (0: none).
+        self.deferred_bytes = sum(_nbytes(src) for _, src in self.later)
 
     @property
     def has_live(self) -> bool:
         """True when part of the state was not copied (training must wait for its write)."""
         return self.live_bytes > 0
+
+    @property
+    def _pending(self) -> bool:
+        return self.has_live or self.deferred_bytes > 0
 
     def is_live(self, tensor: torch.Tensor) -> bool:
         """True when ``tensor``'s bytes are not in the arena (training's own memory)."""
@@ -71,14 +86,16 @@ class StagedSave:
         until the first call (what training waits beyond the copy; 0.0 with nothing
         live), the same on every call."""
         if not self._released.is_set():
-            if self.has_live:
+            if self._pending:
                 self._waited = time.perf_counter() - self._staged_at
+            self.later = []
             self._released.set()
         return self._waited
 
     def wait_released(self) -> float:
-        """Return once ``release`` was called (at once when nothing is live): its value."""
-        if not self.has_live:
+        """Return once ``release`` was called (at once when nothing is live or deferred):
+        its value."""
+        if not self._pending:
             return 0.0
         self._released.wait()
         return self._waited
@@ -142,10 +159,13 @@ class ArenaStager:
                                           # of its non-tensor values (ConfigError)
         stager.reserve(prepared)          # optional, once no save reads the arena: lays it
                                           # out and allocates it (StagingMemoryError)
-        staged = stager.stage(prepared)   # every tensor that fits copied, the rest of the
-                                          # state deep-copied: a StagedSave, or None for
-                                          # non-plain tensors without a budget (DCP's
-                                          # DefaultStager stages those instead)
+        staged = stager.stage(prepared, defer)
+                                          # every tensor that fits copied (but those
+                                          # ``defer`` names, when nothing is live), the
+                                          # rest of the state deep-copied: a StagedSave,
+                                          # or None for non-plain tensors without a budget
+                                          # (DCP's DefaultStager stages those instead)
+        stager.copy_later(staged)         # the save thread: the deferred copies
         staged.state, staged.is_live(t)   # what the save writes; True for a tensor whose
                                           # bytes are not in the arena
         staged.release()                  # the save wrote every live tensor (or gave up)
@@ -203,9 +223,15 @@ class ArenaStager:
             self._layout(key)
 
     @torch.no_grad()
-    def stage(self, state: dict[str, Any] | Prepared) -> StagedSave | None:
+    def stage(
+        self,
+        state: dict[str, Any] | Prepared,
+        defer: Callable[[torch.Tensor], bool] | None = None,
+    ) -> StagedSave | None:
         """Copy ``state`` (or what ``prepare`` made of it) out of training's hands as far
-        as the budget allows.
+        as the budget allows; the tensors ``defer`` is true for are left to
+        ``copy_later`` (unless some tensor stays live: then everything that fits is
+        copied now).
 
         Returns None (nothing copied) when ``state`` holds a tensor that is not plain and
         dense and there is no budget: the caller stages it another way. Returns once every
@@ -217,6 +243,10 @@ class ArenaStager:
             return None
         self.reserve(prepared)
         pairs = [(d, s) for d, s in zip(self._views, tensors, strict=True) if d is not None]
+        later: list[tuple[torch.Tensor, torch.Tensor]] = []
+        if defer is not None and len(pairs) == len(tensors):
+            later = [p for p in pairs if defer(p[1])]
+            pairs = [p for p in pairs if not defer(p[1])]
         self._copier.copy(pairs, self.pin)
         self.peak_in_use = max(self.peak_in_use, self.in_use)
         items = [
@@ -227,7 +257,15 @@ class ArenaStager:
         total = sum(_nbytes(t) for t in tensors)
         live = sum(_nbytes(t) for t, v in zip(tensors, self._views, strict=True) if v is None)
         lo, hi = (self.arena.lo, self.arena.hi) if self.arena is not None else (0, 0)
-        return StagedSave(staged_state, total, live, lo, hi)
+        after = self._copier.mark() if later else None
+        return StagedSave(staged_state, total, live, lo, hi, later, after)
+
+    @torch.no_grad()
+    def copy_later(self, staged: StagedSave) -> None:
+        """Copy what ``stage`` deferred for ``staged`` (nothing when it deferred nothing);
+        the caller then ``release``s it, whatever this raised."""
+        if staged.later:
+            self._copier.copy(staged.later, self.pin, staged.later_after)
 
     def _layout(self, key: tuple) -> None:
         slots: list[Slot | None] = []

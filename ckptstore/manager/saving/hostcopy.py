@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
 
 import torch
 
@@ -84,12 +85,18 @@ class HostCopier:
         copier = HostCopier()       # threads: the rank's cores (its CPU affinity divided
                                     # by LOCAL_WORLD_SIZE), at most 8; 1 when torch's own
                                     # intra-op threads are already as many
-        copier.copy(pairs, pin)     # [(dst, src), ...]: returns once every byte is
+        after = copier.mark()       # optional, the thread whose stream wrote the
+                                    # sources (training's): where a later copy starts
+        copier.copy(pairs, pin, after)
+                                    # [(dst, src), ...]: returns once every byte is
                                     # copied; a copy's error is raised here
         copier.close()              # stops the threads (the next copy starts them again)
 
     CUDA sources into pinned memory (``pin``) are copied non-blocking on the copy engine,
-    issued first, while the threads copy the CPU ones; one synchronize at the end.
+    issued first, while the threads copy the CPU ones; one synchronize at the end. With
+    ``after`` (a copy behind training's next step, from another thread) they go on a side
+    stream of their own that waits for ``after``'s event only, not for the kernels
+    training queued since, and the copy waits for that stream alone.
     """
 
     def __init__(self, threads: int | None = None) -> None:
@@ -99,24 +106,59 @@ class HostCopier:
                 threads = 1  # copy_ already runs torch's intra-op threads
         self.threads = max(1, threads)
         self._pool: ThreadPoolExecutor | None = None
+        self._streams: dict[torch.device, Any] = {}
 
-    def copy(self, pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], pin: bool = False) -> None:
+    @staticmethod
+    def mark() -> Any:
+        """An event recorded on the calling thread's current CUDA stream (None without
+        CUDA): ``copy(..., after=)`` reads the sources once it has passed."""
+        if not torch.cuda.is_available():
+            return None
+        event = torch.cuda.Event()
+        event.record()
+        return event
+
+    def copy(
+        self,
+        pairs: Sequence[tuple[torch.Tensor, torch.Tensor]],
+        pin: bool = False,
+        after: Any = None,
+    ) -> None:
         """``dst.copy_(src)`` for every pair (each ``dst`` a host tensor of the same dtype
-        and shape as its ``src``; with ``pin``, pinned); returns when all are done."""
-        cuda = False
+        and shape as its ``src``; with ``pin``, pinned); returns when all are done.
+        ``after``: an event from ``mark`` (see the class docstring)."""
+        cuda = [(d, s) for d, s in pairs if s.device.type == "cuda" and pin]
+        side = after is not None and len({s.device for _, s in cuda}) == 1
+        if side:
+            stream = self._side_stream(cuda[0][1].device)
+            stream.wait_event(after)
+            with torch.cuda.stream(stream):
+                for dst, src in cuda:
+                    dst.copy_(src, non_blocking=True)
+        else:
+            for dst, src in cuda:
+                dst.copy_(src, non_blocking=True)
         flat: list[tuple[torch.Tensor, torch.Tensor]] = []
         for dst, src in pairs:
+            if src.device.type == "cuda" and pin:
+                continue  # issued above
             if src.device.type != "cpu":
-                non_blocking = pin and src.device.type == "cuda"
-                dst.copy_(src, non_blocking=non_blocking)
-                cuda = cuda or non_blocking
+                dst.copy_(src)
             elif self.threads > 1 and src.is_contiguous() and dst.is_contiguous():
                 flat.append((dst, src))
             else:  # one thread, or a strided source that cannot be cut into flat slices
                 dst.copy_(src)
         self._copy_flat(flat)
-        if cuda:
+        if side:
+            self._side_stream(cuda[0][1].device).synchronize()
+        elif cuda:
             torch.cuda.synchronize()
+
+    def _side_stream(self, device: torch.device) -> Any:
+        """This copier's side stream on ``device`` (made once)."""
+        if device not in self._streams:
+            self._streams[device] = torch.cuda.Stream(device=device)
+        return self._streams[device]
 
     def _copy_flat(self, flat: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
         sizes = [src.numel() * src.element_size() for _, src in flat]

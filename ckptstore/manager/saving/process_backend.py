@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -28,13 +29,14 @@ class _SharedSave:
     """One save staged by ``ProcessBackend``: the ``StagedState`` the writer gets, and
     when training may go on (at once, unless pieces remain to be staged)."""
 
-    def __init__(self, state: StagedState) -> None:
+    def __init__(self, state: StagedState, deferred_bytes: int) -> None:
         self.state = state
         self.pieces = state.pieces
+        self.deferred_bytes = deferred_bytes  # copied by ``write`` first
         self._released = threading.Event()
         self._staged_at = time.perf_counter()
         self._waited = 0.0
-        if self.pieces == 1:
+        if self.pieces == 1 and not deferred_bytes:
             self._released.set()
 
     @property
@@ -44,7 +46,7 @@ class _SharedSave:
 
     def release(self) -> float:
         """Training may change its state now: the seconds it waited beyond the copy
-        (0.0 for one piece); the same on every call."""
+        (0.0 for one piece copied whole); the same on every call."""
         if not self._released.is_set():
             self._waited = time.perf_counter() - self._staged_at
             self._released.set()
@@ -116,10 +118,17 @@ class ProcessBackend:
         if restart:
             self.writer.restart()
 
-    def stage(self, prepared: Any) -> tuple[Any, int]:
-        """Copy the state (its first piece, with a budget) into the shared-memory arena."""
-        staged = self.stager.stage(prepared)
-        return _SharedSave(staged), staged.nbytes
+    def stage(self, prepared: Any, defer: Callable[[torch.Tensor], bool] | None) -> tuple[Any, int]:
+        """Copy the state (its first piece, with a budget) into the shared-memory arena;
+        with one piece, the tensors ``defer`` names are left to ``write``."""
+        staged = self.stager.stage(prepared, defer)
+        later = sum(t.numel() * t.element_size() for _, t in self.stager.later)
+        return _SharedSave(staged, later), staged.nbytes
+
+    def deferred_bytes(self, staged: Any) -> int:
+        """The bytes ``write`` copies before the writer gets the save."""
+        save: _SharedSave = staged
+        return save.deferred_bytes
 
     def write(
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool, local: bool
@@ -141,6 +150,9 @@ class ProcessBackend:
             return Fetched(request.piece, waited_s=waited)
 
         try:
+            if save.deferred_bytes:
+                self.stager.copy_later()
+                save.release()  # training's tensors are copied: its step may go on
             self.writer.ensure_ready()
             outcome = self.writer.save(
                 step,
@@ -157,7 +169,8 @@ class ProcessBackend:
         return list(outcome.warnings)
 
     def wait_staged(self, staged: Any) -> float:
-        """Wait until the last piece the writer needs is staged (at once for one piece)."""
+        """Wait until the last piece the writer needs is staged (at once for one piece
+        copied whole)."""
         save: _SharedSave = staged
         return save.wait_released()
 

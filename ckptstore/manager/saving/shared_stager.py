@@ -10,13 +10,16 @@ in the state's order, are packed into *pieces* of at most B bytes, each laid out
 offset 0 of one segment of at most B bytes: ``stage`` copies piece 0, ``stage_piece(k)``
 piece k over the one before (once the writer has written it). Training, which must not
 change its tensors until the last piece is copied, waits about the write time of all
-pieces but the last; a tensor larger than B is a ``ConfigError``.
+pieces but the last; a tensor larger than B is a ``ConfigError``. Given a ``defer``
+predicate, a state of one piece has the tensors it names copied by ``copy_later`` (on
+the save thread, staging behind the next step) instead of by ``stage``.
 """
 
 from __future__ import annotations
 
 import copy
 import pickle
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,8 +56,12 @@ class SharedStager:
                                           # state (ConfigError); nothing copied or allocated
         stager.reserve(prepared)          # optional: lays out and allocates the arena
                                           # (StagingMemoryError); nothing copied
-        staged = stager.stage(prepared)   # copies piece 0 (all, without a budget), pickles
-                                          # the rest: a StagedState (small, picklable)
+        staged = stager.stage(prepared, defer)
+                                          # copies piece 0 (all, without a budget; with
+                                          # one piece, all but what ``defer`` names),
+                                          # pickles the rest: a StagedState (small,
+                                          # picklable)
+        stager.copy_later()               # the save thread: the deferred copies
         stager.arena.fd                   # handed once to the reader (``ArenaView``)
         stager.stage_piece(k)             # with a budget: piece k over the written one
         stager.release()                  # no more pieces: training's tensors let go
@@ -80,6 +87,10 @@ class SharedStager:
         self._slots: tuple[Slot, ...] = ()
         self._pieces: list[list[int]] = [[]]  # per piece: its slots' indices
         self._sources: list[torch.Tensor] = []  # the tensors of a state with pieces left
+        #: The (arena view, tensor) pairs ``copy_later`` still copies, and the CUDA event
+        #: it starts after (``HostCopier.mark``, at ``stage``).
+        self.later: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self._later_after: Any = None
         #: The staged tensors of the current layout, views into the arena (with a budget,
         #: the views of different pieces share its bytes).
         self.views: list[torch.Tensor] = []
@@ -118,9 +129,10 @@ class SharedStager:
             self._layout(prepared.key, prepared.plan or self._plan(prepared.key))
 
     @torch.no_grad()
-    def stage(self, state: Any) -> StagedState:
-        """Copy every tensor of ``state`` (with a budget: piece 0's) into the arena and
-        pickle the rest; ``state`` may be what ``prepare`` returned for it.
+    def stage(self, state: Any, defer: Callable[[torch.Tensor], bool] | None = None) -> StagedState:
+        """Copy every tensor of ``state`` (with a budget: piece 0's; with one piece, all
+        but those ``defer`` names, left to ``copy_later``) into the arena and pickle the
+        rest; ``state`` may be what ``prepare`` returned for it.
 
         Lays the slots out again (allocating a larger arena if they no longer fit) when the
         tensors' dtypes and shapes differ from the last call's. Returns once every copy is
@@ -135,7 +147,14 @@ class SharedStager:
         tensors = prepared.tensors
         self.reserve(prepared)
         assert self.arena is not None
-        self._copy(0, tensors)
+        self.later = []
+        if defer is not None and len(self._pieces) == 1:
+            self.later = [(self.views[i], t) for i, t in enumerate(tensors) if defer(t)]
+            now = [t if not defer(t) else None for t in tensors]
+            self._copy(0, now)
+            self._later_after = self._copier.mark() if self.later else None
+        else:
+            self._copy(0, tensors)
         self._sources = tensors if len(self._pieces) > 1 else []
         return StagedState(
             prepared.skeleton,
@@ -155,14 +174,22 @@ class SharedStager:
             raise ValueError(f"the staged state has {len(self._pieces)} pieces, not {piece + 1}")
         self._copy(piece, self._sources)
 
+    @torch.no_grad()
+    def copy_later(self) -> None:
+        """Copy what the last ``stage`` deferred (nothing when it deferred nothing); the
+        caller then ``release``s, whatever this raised."""
+        if self.later:
+            self._copier.copy(self.later, self.pin, self._later_after)
+
     def release(self) -> None:
         """The save needs no more piece: drop the references to the staged state's tensors."""
-        self._sources = []
+        self._sources, self.later, self._later_after = [], [], None
 
-    def _copy(self, piece: int, tensors: list[torch.Tensor]) -> None:
+    def _copy(self, piece: int, tensors: Sequence[torch.Tensor | None]) -> None:
         assert self.arena is not None
         indices = self._pieces[piece]
-        self._copier.copy([(self.views[i], tensors[i]) for i in indices], self.pin)
+        pairs = [(self.views[i], tensors[i]) for i in indices]
+        self._copier.copy([(dst, src) for dst, src in pairs if src is not None], self.pin)
         end = max((self._slots[i].offset + self._slots[i].nbytes for i in indices), default=0)
         self.in_use = end
         self.peak_in_use = max(self.peak_in_use, end)

@@ -10,6 +10,7 @@ copy that cannot be allocated fails the save inside DCP, on every rank.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -67,11 +68,14 @@ class ThreadBackend:
     def ensure_ready(self, restart: bool) -> None:
         """Nothing to wait for: the manager's gloo group exists."""
 
-    def stage(self, prepared: tuple[dict[str, Any], Any]) -> tuple[Any, int]:
-        """Copy the state into the arena (a ``StagedSave``), or, for sharded tensors
-        without a budget, with DCP's ``DefaultStager`` (synchronous: a dict of copies)."""
+    def stage(
+        self, prepared: tuple[dict[str, Any], Any], defer: Callable[[torch.Tensor], bool] | None
+    ) -> tuple[Any, int]:
+        """Copy the state into the arena (a ``StagedSave``; the tensors ``defer`` names
+        left to ``write``), or, for sharded tensors without a budget, with DCP's
+        ``DefaultStager`` (synchronous: a dict of copies, nothing deferred)."""
         state, walked = prepared
-        arena = self.arena.stage(walked)
+        arena = self.arena.stage(walked, defer)
         if arena is not None:
             return arena, arena.nbytes
         # DefaultStager allocates its copies at every save, after the save's agreement, so
@@ -84,17 +88,26 @@ class ThreadBackend:
         assert isinstance(staged, dict)  # synchronous: a dict, never a Future
         return staged, tensor_bytes(staged)
 
+    def deferred_bytes(self, staged: Any) -> int:
+        """The bytes ``write`` copies before it writes (``stage``'s ``defer``)."""
+        return staged.deferred_bytes if isinstance(staged, StagedSave) else 0
+
     def wait_staged(self, staged: Any) -> float:
-        """Wait until the save wrote the live tensors (at once when everything was copied)."""
+        """Wait until the deferred copies are done and the save wrote the live tensors (at
+        once when everything was copied)."""
         return staged.wait_released() if isinstance(staged, StagedSave) else 0.0
 
     def write(
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool, local: bool
     ) -> list[str]:
-        """Run ``save_step`` on this thread, over the manager's checkpoint group."""
+        """Copy what ``stage`` deferred, then run ``save_step`` on this thread, over the
+        manager's checkpoint group."""
         live = isinstance(staged, StagedSave) and staged.has_live
         refused = isinstance(staged, _Refused)
         try:
+            if isinstance(staged, StagedSave) and not live:
+                self.arena.copy_later(staged)
+                staged.release()  # training's tensors are copied: its step may go on
             return save_step(
                 {} if refused else staged.state if isinstance(staged, StagedSave) else staged,
                 self.root,
