@@ -43,6 +43,8 @@ class TransferConfig:
     automatically so a file never needs more parts than the store allows).
     ``concurrency`` is the number of parts in flight per process. ``memory_budget`` caps
     the bytes buffered for parts not yet written (a writer blocks when it is reached).
+    A read-once restore (``CkptReader(share_group=)``) holds at most ``memory_budget``
+    bytes of shared ranges per rank: two batches of half of it, one read, one sent.
 
     A load on an object store plans its reads from the whole load plan
     (``ckptstore.engine.readplan``): the bytes a save keeps in flight (``concurrency`` x
