@@ -1,5 +1,5 @@
 """``dcp.shared_read``'s pipeline on 2 real gloo ranks: the owners read batch i+1 while
-batch i is exchanged and delivered, at most two batches (``budget`` bytes) are held, every
+batch i is exchanged and delivered, at most two batches (2 x ``budget`` bytes) are held, every
 range arrives once, whole and in the load's order, and a failed read raises on every rank
 without leaving a read running.
 
@@ -25,7 +25,7 @@ pytestmark = [
 ]
 
 SIZE = 1000
-BUDGET = 2 * SIZE  # batches of half the budget: one range each
+BUDGET = SIZE  # one range a batch
 KEYS = [("f", i * SIZE, SIZE) for i in range(6)]
 
 
@@ -87,7 +87,7 @@ def test_the_next_batch_is_read_while_one_is_delivered_and_two_at_most_are_held(
         assert sorted(owned) == sorted(_owners(rank))  # each range read by its owner only
         assert delivered == [(k, True) for k in KEYS]  # once, whole, in the load's order
         assert overlapped and all(overlapped), overlapped
-        assert max(held) <= 2  # the batch delivered and the one read: budget bytes
+        assert max(held) <= 2  # the batch delivered and the one read: 2 x budget bytes
 
 
 def test_a_failed_read_raises_on_every_rank_and_leaves_no_read_running() -> None:
