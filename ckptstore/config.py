@@ -43,6 +43,9 @@ class TransferConfig:
     automatically so a file never needs more parts than the store allows).
     ``concurrency`` is the number of parts in flight per process. ``memory_budget`` caps
     the bytes buffered for parts not yet written (a writer blocks when it is reached).
+    A read-once restore (``CkptReader(share_group=)``) moves shared ranges in batches of
+    ``memory_budget`` bytes, two at a time (one read, one sent): at most 2 x
+    ``memory_budget`` per rank.
 
     A load on an object store plans its reads from the whole load plan
     (``ckptstore.engine.readplan``): the bytes a save keeps in flight (``concurrency`` x

@@ -267,7 +267,7 @@ class CkptReader(StoreBound, StorageReader):
                 self.share_group,
                 order,
                 self.config.memory_budget,
-                lambda keys: self._read_checked(keys, ranges, got),
+                lambda keys, buf: self._read_checked_into(keys, buf, ranges, got),
                 lambda key, data: got.consume(
                     key, data, by_range[key], ranges.get(key), codecs[key], planner, limits[key]
                 ),
@@ -345,30 +345,39 @@ class CkptReader(StoreBound, StorageReader):
         done.set_result(None)
         return done
 
-    def _read_checked(
-        self, keys: list[Key], ranges: dict[Key, RangeEntry], got: RangeDelivery
-    ) -> dict[Key, bytes]:
-        """The bytes of ``keys``, read in parallel and each checked against the manifest's
-        CRC32C (a range that does not check is read once more before it fails). Each range
-        is read as GETs of the piece size the plain reads use, so that an owner of a few
-        large ranges keeps every connection busy too."""
+    def _read_checked_into(
+        self, keys: list[Key], buf: memoryview, ranges: dict[Key, RangeEntry], got: RangeDelivery
+    ) -> None:
+        """Fill ``buf`` with the bytes of ``keys``, one after another, read in parallel
+        straight into it (no copy) and each checked against the manifest's CRC32C (a range
+        that does not check is read once more before it fails). Each range is read as GETs
+        of the piece size the plain reads use, so that an owner of a few large ranges keeps
+        every connection busy too."""
         largest = min(self.config.part_size, READ_PIECE)
         piece = piece_size(sum(k[2] for k in keys), largest, self.engine.read_streams)
+        views: dict[Key, memoryview] = {}
+        at = 0
+        for key in keys:
+            views[key] = buf[at : at + key[2]]
+            at += key[2]
         futs = {
-            k: self.engine.read_async(self.store, k[0], k[1], k[2], part_size=piece) for k in keys
+            k: self.engine.read_into_async(self.store, k[0], k[1], views[k], part_size=piece)
+            for k in keys
         }
-        out = {}
-        for key, fut in futs.items():
-            window = Window(key[0], key[1], key[2], ())
-            try:
-                data = got.window_bytes(window, fut)
-                got.check(key, data, ranges.get(key))
-            except CorruptCheckpointError:  # read again: a bad read, or bad bytes stored
-                again = self.engine.read_async(self.store, *key, part_size=piece)
-                data = got.window_bytes(window, again)
-                got.check(key, data, ranges.get(key))
-            out[key] = data
-        return out
+        try:
+            for key, fut in futs.items():
+                window = Window(key[0], key[1], key[2], ())
+                try:
+                    got.check(key, got.window_bytes(window, fut), ranges.get(key))
+                except CorruptCheckpointError:  # read again: a bad read, or bad bytes stored
+                    again = self.engine.read_into_async(
+                        self.store, key[0], key[1], views[key], part_size=piece
+                    )
+                    got.check(key, got.window_bytes(window, again), ranges.get(key))
+        except BaseException:
+            for fut in futs.values():  # none may still be writing into ``buf``
+                fut.exception()
+            raise
 
     def __getstate__(self) -> dict[str, Any]:
         state = super().__getstate__()
