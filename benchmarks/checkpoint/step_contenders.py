@@ -266,9 +266,11 @@ def skip_reason(name: str) -> str | None:
 
         if "defer_staging" not in {f.name for f in dataclasses.fields(ManagerOptions)}:
             return "ManagerOptions has no defer_staging in this checkout"
-    needs = {"air": "benchmarks.peers.air", "torch_checkpointing": "torch_checkpointing"}
-    module = needs.get(name)
-    if module is not None:
+    needs = {
+        "air": ("benchmarks.peers.air", "databricks.air"),
+        "torch_checkpointing": ("torch_checkpointing",),
+    }
+    for module in needs.get(name, ()):
         try:
             found = importlib.util.find_spec(module) is not None
         except ModuleNotFoundError:  # a parent package is missing

@@ -1,17 +1,20 @@
 """Step-rate overhead: what checkpointing costs a training loop's steps/s, per contender.
 
     python -m benchmarks.checkpoint.step_rate [--world 1,2,4] [--every 1,10] [--state-mib 256]
-        [--models demo,sized] [--steps 30] [--pairs 5] [--contenders "NAME;..."] [--quick]
+        [--models demo,sized] [--steps 10] [--blocks 3] [--pairs 5] [--contenders "NAME;..."]
+        [--max-minutes M] [--quick]
+    python -m benchmarks.checkpoint.step_rate --report RESULTS.json...   # merged table, plot
 
 The loop: the demo's causal transformer (``examples/resilience/train.py``, 3.2 M parameters,
 37 MiB with AdamW) and a wider one sized to ``--state-mib`` per rank ("sized"), plain DDP
 over gloo, AdamW, one torch thread per rank, 6 sequences of 32 tokens per rank and step.
 Each contender (``step_contenders``) runs in a fresh group of rank processes (never two
-in one process), after a warm-up with one save: a segment of ``--steps`` steps with no
-checkpoint (the baseline, in the same run) and one per interval, with a save after every
-``every``-th step (each followed by ``every`` steps in the segment); steps/s is the steps
+in one process), after a warm-up with one save: ``--blocks`` rounds of a block of
+``--steps`` steps with no checkpoint (the baseline, in the same run, interleaved so that
+the machine's drift falls on both) and one per interval, with a save after every
+``every``-th step (the block's first step, then every ``every``); steps/s is the steps
 over the slowest rank's time. overhead = 1 - rate / the run's own baseline rate. Repeat r
-runs the contenders, and each run its segments, in an order rotated by r. Peak RSS is per
+runs the contenders, and round b its blocks, in an order rotated by r (+ b). Peak RSS is per
 rank (the max over ranks) over the checkpointed segments. Writes a Markdown table, JSON
 (``benchmarks/results/step_rate-<time>.json``) and ``benchmarks/figures/step_rate.png``.
 """
@@ -19,6 +22,7 @@ rank (the max over ranks) over the checkpointed segments. Writes a Markdown tabl
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import runpy
@@ -70,15 +74,15 @@ def build_model(shape: dict[str, int]) -> Any:
     return train["build_model"](train["parse_args"](["--data=-", "--root=-", *flags]))
 
 
-def run_rank(
-    rank: int, world: int, name: str, shape: dict, order: tuple, steps: int, root: str
-) -> dict:
-    """One contender on this rank: warm-up, then a segment per interval in ``order``
-    (0: no checkpoint); steps/s (slowest rank) and peak RSS per segment."""
+def run_rank(rank: int, world: int, name: str, shape: dict, plan: tuple, root: str) -> dict:
+    """One contender on this rank: warm-up, then ``blocks`` rounds of a block of ``steps``
+    steps per interval (0: no checkpoint), the order rotated from ``first`` round by
+    round; steps/s per interval (the slowest rank's time), RSS before saving and peak."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
 
+    intervals, blocks, steps, first = plan
     torch.set_num_threads(1)
     torch.manual_seed(0)
     model = DistributedDataParallel(build_model(shape))
@@ -110,33 +114,34 @@ def run_rank(
         contender.save(done)
         train_step()
         contender.wait()
-        for every in order:
-            dist.barrier()
-            t0 = time.perf_counter()
-            for i in range(steps):
-                train_step()
-                if every and i % every == 0:
-                    contender.save(done)
-            dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-            contender.wait()  # durable before the next segment (untimed)
-            dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-            out["rate"][every] = steps / float(dt.item())
+        seconds = dict.fromkeys(intervals, 0.0)
+        for b in range(blocks):
+            for every in rotated(intervals, first + b):
+                dist.barrier()
+                t0 = time.perf_counter()
+                for i in range(steps):
+                    train_step()
+                    if every and i % every == 0:
+                        contender.save(done)
+                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                contender.wait()  # durable before the next block (untimed)
+                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                seconds[every] += float(dt.item())
+        out["rate"] = {e: blocks * steps / t for e, t in seconds.items()}
     finally:
         contender.close()
     out["peak_rss_mib"] = peak_rss_mib()
     return out
 
 
-def run_one(world: int, name: str, shape: dict, order: tuple, steps: int, base: str) -> dict:
+def run_one(world: int, name: str, shape: dict, plan: tuple, base: str) -> dict:
     """``name`` in fresh rank processes; rank 0's rates and the max peak RSS over ranks."""
     from harness.dist import run_distributed
 
     root = tempfile.mkdtemp(prefix="run-", dir=base)
     t0 = time.perf_counter()
     try:
-        res = run_distributed(
-            run_rank, world, name, shape, order, steps, root, timeout=1800, daemon=False
-        )
+        res = run_distributed(run_rank, world, name, shape, plan, root, timeout=1800, daemon=False)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return {"rate": res[0]["rate"], "params": res[0]["params"], "wall_s": time.perf_counter() - t0,
@@ -166,7 +171,9 @@ def summarise(runs: list[dict], every: tuple[int, ...]) -> list[dict]:
     cells = {(r["world"], r["model"], r["contender"], r["every"]): r for r in rows}
     for r in rows:
         ref = cells.get((r["world"], r["model"], STAGER, r["every"]))
-        r["x_stager"] = r["overhead"] / ref["overhead"] if ref and ref["overhead"] > 0 else None
+        # An overhead below 0 is noise (the baseline's block ran slower): it counts as 0.
+        ok = ref is not None and ref["overhead"] > 0
+        r["x_stager"] = max(0.0, r["overhead"]) / ref["overhead"] if ok else None
         r["rss_x_stager"] = r["peak_rss_mib"] / ref["peak_rss_mib"] if ref else None
     return rows
 
@@ -195,12 +202,12 @@ def targets(rows: list[dict]) -> list[str]:
         ratio = [r["x_stager"] for r in mine if r["x_stager"] is not None]
         ten = [r["overhead"] for r in mine if r["every"] == 10]
         rss = [r["rss_x_stager"] for r in mine if r["rss_x_stager"] is not None]
+        spread = f"{min(ratio):.2f}–{max(ratio):.2f}" if ratio else "— (no DefaultStager row)"
         lines.append(
-            f"{name}: overhead ÷ DefaultStager's {cell(min(ratio, default=None))}–"
-            f"{cell(max(ratio, default=None))} (target <= 0.35 at every cell); overhead at "
-            f"every 10 steps up to {cell(100 * max(ten) if ten else None, '.1f')} % (target "
-            f"<= 2 %); peak RSS ÷ DefaultStager's up to {cell(max(rss, default=None))} "
-            "(target <= 1.00)"
+            f"{name}: overhead ÷ DefaultStager's {spread} (target <= 0.35 at every cell); "
+            f"overhead at every 10 steps up to {cell(100 * max(ten) if ten else None, '.1f')} "
+            f"% (target <= 2 %); peak RSS ÷ DefaultStager's up to "
+            f"{cell(max(rss, default=None))} (target <= 1.00)"
         )
     return lines
 
@@ -227,6 +234,9 @@ def plot(rows: list[dict], path: str) -> str | None:
             if pts:
                 ax.plot(*zip(*pts), marker="o", color=f"C{n % 10}", label=name)
         ax.set_xscale("log")
+        ax.set_xticks(
+            sorted({r["every"] for r in mine}), [str(e) for e in sorted({r["every"] for r in mine})]
+        )
         ax.set_xlabel("checkpoint every N steps")
         ax.set_ylabel("steps/s (median)")
         ax.set_title(f"{world} rank(s), {model} model")
@@ -244,14 +254,25 @@ def main() -> None:
     p.add_argument("--every", default="1,10", help="checkpoint intervals in steps")
     p.add_argument("--state-mib", type=int, default=256, help="the sized model's state/rank")
     p.add_argument("--models", default="demo,sized", help="demo and/or sized")
-    p.add_argument("--steps", type=int, default=30, help="steps per segment (a multiple of N)")
+    p.add_argument("--steps", type=int, default=10, help="steps a block (a multiple of N)")
+    p.add_argument("--blocks", type=int, default=3, help="blocks per interval and run")
     p.add_argument("--pairs", type=int, default=5, help="repeats of every contender")
     p.add_argument("--contenders", default=";".join(n for n in CONTENDERS if n != "none"))
     p.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
-    p.add_argument("--quick", action="store_true", help="2 ranks, 32 MiB, 10 steps, 2 pairs")
+    p.add_argument("--max-minutes", type=float, default=0, help="start no repeat after it")
+    p.add_argument("--quick", action="store_true", help="2 ranks, 32 MiB, 2 blocks, 2 pairs")
+    p.add_argument("--report", nargs="+", help="only the table and plot of these results")
     a = p.parse_args()
+    if a.report:  # several runs' rows (e.g. a cell each) as one table and one plot
+        rows = []
+        for path in a.report:
+            with open(path) as f:
+                rows += json.load(f)["rows"]
+        print(table(rows) + "\n\n" + "\n".join(targets(rows)))
+        print(f"plot: {plot(rows, os.path.join(FIGURES_DIR, 'step_rate.png'))}")
+        return
     if a.quick:
-        a.world, a.state_mib, a.steps, a.pairs = "2", 32, 10, 2
+        a.world, a.state_mib, a.blocks, a.pairs = "2", 32, 2, 2
     worlds = [int(w) for w in a.world.split(",")]
     every = tuple(int(e) for e in a.every.split(","))
     models = [m.strip() for m in a.models.split(",")]
@@ -268,6 +289,7 @@ def main() -> None:
         else:
             names.append(n)
     before = load_average()
+    deadline = time.monotonic() + 60 * a.max_minutes if a.max_minutes else float("inf")
     base = tempfile.mkdtemp(prefix="ckptstore-bench-steprate-", dir=a.dir)
     runs = []
     try:
@@ -275,9 +297,12 @@ def main() -> None:
             for model in models:
                 shape = shape_of(model, a.state_mib)
                 for r in range(a.pairs):
-                    order = rotated((0, *every), r)
+                    if time.monotonic() > deadline:
+                        print(f"--max-minutes reached: {r} repeats of {model} on {world}")
+                        break
+                    plan = ((0, *every), a.blocks, a.steps, r)
                     for name in rotated(names, r):
-                        run = run_one(world, name, shape, order, a.steps, base)
+                        run = run_one(world, name, shape, plan, base)
                         run.update(world=world, model=model, contender=name, repeat=r)
                         runs.append(run)
                         print(f"{world} ranks, {model}, {name}, repeat {r}: "
