@@ -264,10 +264,13 @@ def main() -> None:
     p.add_argument("--report", nargs="+", help="only the table and plot of these results")
     a = p.parse_args()
     if a.report:  # several runs' rows (e.g. a cell each) as one table and one plot
-        rows = []
+        runs = []
         for path in a.report:
             with open(path) as f:
-                rows += json.load(f)["rows"]
+                runs += json.load(f)["runs"]
+        for run in runs:  # JSON made the intervals strings
+            run["rate"] = {int(e): v for e, v in run["rate"].items()}
+        rows = summarise(runs, tuple(sorted({e for r in runs for e in r["rate"] if e})))
         print(table(rows) + "\n\n" + "\n".join(targets(rows)))
         print(f"plot: {plot(rows, os.path.join(FIGURES_DIR, 'step_rate.png'))}")
         return
