@@ -47,7 +47,10 @@ PIPE_BYTES = 1 << 20
 def _rebuild(raw: bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if not raw:
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    # A bytearray (what the worker sends) unpickles writable: the tensor takes it as it is
+    flat = torch.frombuffer(
+        raw if isinstance(raw, bytearray) else bytearray(raw), dtype=torch.uint8
+    )
     return flat.view(dtype).view(shape)
 
 
@@ -64,7 +67,7 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
         and t.nbytes <= INLINE_BYTES
     ):
         flat = t.detach().contiguous().view(-1)
-        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        raw = bytearray(flat.view(torch.uint8).numpy()) if flat.numel() else b""
         return _rebuild, (raw, t.dtype, tuple(t.shape))
     from torch.multiprocessing.reductions import reduce_tensor
 
