@@ -109,7 +109,7 @@ class DataLoader:
     that rank's batch ``j // (R*B)``, made by worker ``batch % W``. Underneath is a torch DataLoader
     over an IterableDataset in which worker w yields exactly its batches w, w+W, ... and torch's
     round-robin with ``in_order=True`` hands them back in batch order (checked on arrival); a
-    batch's tensors of up to a few MiB cross from the worker in the pipe, not as shared memory
+    batch's tensors of up to 1 MiB cross from the worker in the pipe, not as shared memory
     (:mod:`ckptstore.data.handoff`: the loop never waits on a busy worker's GIL for them). The
     cursor advances in the main process when a batch is handed to the training loop, so the state is
     one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly there. The
