@@ -257,7 +257,7 @@ class VerifiedFiles:
     def adopt(self, items: Sequence[tuple[str, Ident]]) -> None:
         """Record what another process of this rank verified."""
         for path, ident in items:
-            self._ok[path] = tuple(ident)  # type: ignore[assignment]
+            self._ok[path] = ident
 
 
 class Handle:
