@@ -11,7 +11,8 @@ nothing else is counted, evicted or followed, and fixed names are opened ``O_NOF
 A download goes to a temp file, is verified and renamed into place; the budget (what fits,
 what to evict: :mod:`~ckptstore.data.cachespace`) never evicts a pinned shard. Locks are
 ``flock`` locks, so a crashed process releases them; its temp files go at the next recount.
-Each process checks a cached file's CRC32C the first time it opens it.
+A rank checks a cached file's CRC32C the first time one of its processes (the rank, its
+prefetcher, its DataLoader workers) opens it: :class:`~ckptstore.data.cachefiles.VerifiedFiles`.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import json
 import logging
 import os
 import stat
-import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -33,6 +33,7 @@ from ckptstore.data.cachefiles import (
     CacheStats,
     Handle,
     Mismatch,
+    VerifiedFiles,
     cache_os_error,
     changed_error,
     check_limit,
@@ -97,6 +98,7 @@ class ShardCache:
         wait_timeout: float = 600.0,
         attempts: int = 3,
         on_pressure: Callable[[], None] | None = None,
+        verified: VerifiedFiles | None = None,
     ) -> None:
         self.dir = os.path.abspath(os.path.expanduser(cache_dir))
         self.limit, self.store, self.engine = limit, store, engine
@@ -109,8 +111,7 @@ class ShardCache:
         # distances are recomputed when the cursor crosses 1/512 of that (cheap per batch).
         self.horizon = horizon or min(2 * n, max(16 * n // c, 1 << 16))
         self._quantum = max(1, self.horizon // 512)
-        self._verified: dict[str, tuple[int, int, int]] = {}
-        self._vlock = threading.Lock()
+        self.verified = verified or VerifiedFiles()  # shared with this rank's other views
         check_limit(limit, self.entries)
         self._shards, locks = probe_cache_dir(self.dir)
         space = (self.dir, self._shards, locks, limit, wait_timeout, self.stats)
@@ -264,9 +265,8 @@ class ShardCache:
         if not stat.S_ISREG(st.st_mode):  # a link or anything else planted under our name
             return "corrupt"
         ident = (st.st_ino, st.st_mtime_ns, st.st_size)
-        with self._vlock:
-            if self._verified.get(e.key) == ident:
-                return "ok"
+        if self.verified.get(path) == ident:
+            return "ok"
         ok = st.st_size == e.size
         if ok and self.verify:
             try:
@@ -278,18 +278,17 @@ class ShardCache:
                 ok = False
         if not ok:
             return "corrupt"
-        with self._vlock:
-            self._verified[e.key] = ident
+        self.verified.add(path, ident)
         return "ok"
 
     def _discard(self, key: str) -> None:
-        for p in (os.path.join(self._shards, key + ".data"), self._meta_path(key)):
+        data = os.path.join(self._shards, key + ".data")
+        for p in (data, self._meta_path(key)):
             try:
                 os.unlink(p)
             except FileNotFoundError:
                 pass
-        with self._vlock:
-            self._verified.pop(key, None)
+        self.verified.discard(data)
 
     # -- prefetch ------------------------------------------------------------------------
     def prefetch(self, i: int, cursor: int, distance: int) -> str:
@@ -386,6 +385,5 @@ class ShardCache:
             final = os.path.join(self._shards, e.key + ".data")
             os.replace(tmp, final)  # a space scan racing it counts it once (``_usage``)
             st = os.lstat(final)
-            with self._vlock:
-                self._verified[e.key] = (st.st_ino, st.st_mtime_ns, st.st_size)
+            self.verified.add(final, (st.st_ino, st.st_mtime_ns, st.st_size))
             return

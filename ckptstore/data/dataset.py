@@ -42,7 +42,7 @@ import numpy.random  # noqa: F401 - fork safety: see the module docstring
 
 from ckptstore.config import MiB, TransferConfig
 from ckptstore.data.cache import CacheEntry, ShardCache, check_limit, probe_cache_dir
-from ckptstore.data.cachefiles import make_key
+from ckptstore.data.cachefiles import VerifiedFiles, make_key
 from ckptstore.data.formats import EXTENSIONS, FORMATS, check_schemas, inspect, preload
 from ckptstore.data.order import DataOrderError, sample_seed
 from ckptstore.data.pack import PACK_PENDING
@@ -252,6 +252,7 @@ class ShardedDataset:
         self.max_open_shards = max(1, max_open_shards)
         self.cache_wait_timeout = cache_wait_timeout
         self._runtime: ProcessRuntime | None = None
+        self.verified = VerifiedFiles()  # this rank's checked cache files (workers: a copy)
         self.runtime()  # store client and engine made on the main thread, on every rank
         self.format, self.shards = self._list(format, include)
         preload(self.format)
@@ -337,8 +338,11 @@ class ShardedDataset:
         """This process's data order (the global stream G)."""
         return self.runtime().order()
 
-    def make_cache(self, order: DataOrder | None = None) -> ShardCache:
-        """A new view of the node-local cache (the loader's prefetcher keeps its own)."""
+    def make_cache(
+        self, order: DataOrder | None = None, verified: VerifiedFiles | None = None
+    ) -> ShardCache:
+        """A new view of the node-local cache (the loader's prefetcher keeps its own);
+        ``verified``: what it trusts as checked (default: nothing, as a new process)."""
         rt = self.runtime()
         return ShardCache(
             self.cache_dir,
@@ -350,6 +354,7 @@ class ShardedDataset:
             verify=self.verify_cached,
             wait_timeout=self.cache_wait_timeout,
             on_pressure=rt.release_idle,
+            verified=verified,
         )
 
     # -- samples -------------------------------------------------------------------------

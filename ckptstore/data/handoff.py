@@ -5,9 +5,11 @@ the worker moves the tensor's storage into a shared-memory segment, and the loop
 the batch, asks the worker's resource-sharer thread for the segment's file descriptor over
 a Unix socket, once per tensor. That thread needs the worker's GIL, which the worker holds
 while it decodes and collates the next batch; so the loop waits, per tensor, for the
-worker's next GIL switch (``sys.getswitchinterval()``, 5 ms by default). For the small
-batches of a data loader (a few MiB at most) copying the bytes through the pipe is
-cheaper and never waits on the worker.
+worker's next GIL switch (``sys.getswitchinterval()``, 5 ms by default). For a tensor of
+up to about 1 MiB copying the bytes through the pipe is cheaper and never waits on the
+worker; beyond that the copies (the pickle's, the pipe's, the loop's read) cost more than
+the wait (batches of 8 x 256 KiB files on 2 loaded cores: a warm epoch of 512 files took
+0.36 s through shared memory, 0.59 s through the pipe; ``benchmarks/peers/air_bench.py``).
 
 :func:`inline` wraps a batch in a worker so that, when torch pickles it onto the worker's
 queue, every dense CPU tensor of up to ``INLINE_BYTES`` is written into the pickle itself;
@@ -36,8 +38,9 @@ import torch
 
 __all__ = ["INLINE_BYTES", "PIPE_BYTES", "Inline", "inline", "widen_result_pipe"]
 
-#: Tensors up to this size are copied through the worker's pipe instead of shared memory.
-INLINE_BYTES = 4 << 20
+#: Tensors up to this size are copied through the worker's pipe instead of shared memory
+#: (the widened pipe's size: such a batch crosses in one write).
+INLINE_BYTES = 1 << 20
 
 #: What the workers' result pipe is widened to: Linux's default limit for an unprivileged
 #: process (``/proc/sys/fs/pipe-max-size``).
@@ -47,7 +50,10 @@ PIPE_BYTES = 1 << 20
 def _rebuild(raw: bytes | bytearray, dtype: torch.dtype, shape: tuple[int, ...]) -> torch.Tensor:
     if not raw:
         return torch.empty(shape, dtype=dtype)
-    flat = torch.frombuffer(bytearray(raw), dtype=torch.uint8)
+    # A bytearray (what the worker sends) unpickles writable: the tensor takes it as it is
+    flat = torch.frombuffer(
+        raw if isinstance(raw, bytearray) else bytearray(raw), dtype=torch.uint8
+    )
     return flat.view(dtype).view(shape)
 
 
@@ -64,7 +70,7 @@ def _reduce_tensor(t: torch.Tensor) -> Any:
         and t.nbytes <= INLINE_BYTES
     ):
         flat = t.detach().contiguous().view(-1)
-        raw = flat.view(torch.uint8).numpy().tobytes() if flat.numel() else b""
+        raw = bytearray(flat.view(torch.uint8).numpy()) if flat.numel() else b""
         return _rebuild, (raw, t.dtype, tuple(t.shape))
     from torch.multiprocessing.reductions import reduce_tensor
 

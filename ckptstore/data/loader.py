@@ -78,7 +78,13 @@ class _EpochPlan(IterableDataset):
         for s in range(w, self.count, workers):
             samples = self.dataset.samples_at(self.cursors(s))
             batch = self.collate_fn(samples) if samples else []
-            item = (s, len(samples), batch, self.dataset.cache_stats())
+            item = (
+                s,
+                len(samples),
+                batch,
+                self.dataset.cache_stats(),
+                self.dataset.verified.take_new(),
+            )
             # In a worker: small tensors cross in the pipe, not as shared memory (handoff).
             yield inline(item) if info is not None else item
 
@@ -103,7 +109,7 @@ class DataLoader:
     that rank's batch ``j // (R*B)``, made by worker ``batch % W``. Underneath is a torch DataLoader
     over an IterableDataset in which worker w yields exactly its batches w, w+W, ... and torch's
     round-robin with ``in_order=True`` hands them back in batch order (checked on arrival); a
-    batch's tensors of up to a few MiB cross from the worker in the pipe, not as shared memory
+    batch's tensors of up to 1 MiB cross from the worker in the pipe, not as shared memory
     (:mod:`ckptstore.data.handoff`: the loop never waits on a busy worker's GIL for them). The
     cursor advances in the main process when a batch is handed to the training loop, so the state is
     one integer plus what fixes the order; a resume on any (R, B, W) restarts exactly there. The
@@ -224,7 +230,7 @@ class DataLoader:
             for s in range(count):
                 t0 = time.perf_counter()
                 try:
-                    got, n, batch, counts = next(it)
+                    got, n, batch, counts, verified = next(it)
                 except StopIteration:
                     raise DataOrderError(
                         f"internal error: the workers stopped after {s} of {count} batches"
@@ -239,6 +245,7 @@ class DataLoader:
                     return  # a newer iter() took over; this one stops without counting
                 self._cursor = cursor_after(k0, r, b, s + 1, end_cursor=end)
                 self._metrics.record(waited, n, counts)
+                self.dataset.verified.adopt(verified)  # the next epoch's workers trust it
                 if self._prefetcher is not None:
                     self._prefetcher.advance(self._cursor)
                 if (s + 1) % self.log_every == 0:

@@ -67,7 +67,7 @@ class Prefetcher:
     def __init__(
         self, dataset: ShardedDataset, concurrency: int | None = 2, idle_s: float = 0.2
     ) -> None:
-        self.cache: ShardCache = dataset.make_cache(dataset.make_order())
+        self.cache: ShardCache = dataset.make_cache(dataset.make_order(), dataset.verified)
         if concurrency is None:
             concurrency = prefetch_depth(
                 [s.size for s in dataset.shards], _in_flight(dataset.cache_dir, dataset.cache_limit)

@@ -64,7 +64,7 @@ class ProcessRuntime:
     def cache(self) -> ShardCache:
         """The shard cache for the current order, made on first use."""
         if self._cache is None or self._cache.order is not self.order():
-            self._cache = self.ds.make_cache(self.order())
+            self._cache = self.ds.make_cache(self.order(), self.ds.verified)
             self._watch()
         return self._cache
 
