@@ -152,6 +152,7 @@ def every_manager_option(tmp_path: Any) -> dict[str, Any]:
         "background": "process",
         "allow_pickle": True,
         "max_staging_bytes": 1 << 20,
+        "defer_staging": False,
         "run_id": "run-7",
         "replicas": 2,
         "replica_rate": 1 << 20,
