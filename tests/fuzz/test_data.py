@@ -26,7 +26,7 @@ from ckptstore.errors import ShardFormatError
 from tests.adversarial.test_data_layer import _arrow_claiming, _parquet_claiming
 
 FUZZ = settings(
-    max_examples=200, deadline=3000, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 
 

@@ -33,7 +33,7 @@ from tests.adversarial.test_sizes import (
     zstd_bomb,
 )
 
-FUZZ = settings(max_examples=150, deadline=5000, suppress_health_check=list(HealthCheck))
+FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
 
 @functools.lru_cache(maxsize=1)

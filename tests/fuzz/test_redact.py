@@ -29,7 +29,7 @@ _seps = st.sampled_from(["=", ": ", " = ", "':'", '": "', "=b'", "='", '="'])
 _schemes = st.sampled_from(["s3", "gs", "az", "http", "https", "ftp", "sftp", "abfss"])
 
 
-@settings(max_examples=200, deadline=2000)
+@settings(max_examples=200, deadline=None)
 @given(_text)
 @example("\x1b]0;owned\x07\x1b[2J\rStatus      committed\nNote        all good\u202e")
 @example("secret=" * 50)
@@ -43,7 +43,7 @@ def test_filters_never_fail_and_escape_everything(text: str) -> None:
     assert not _CONTROL.search(guarded.replace("\n", "").replace("\t", "")), repr(guarded)
 
 
-@settings(max_examples=200, deadline=2000)
+@settings(max_examples=200, deadline=None)
 @given(_text, _names, _seps, _text)
 @example("Check -o ", "secret", "=", " -o bogus=1")
 @example("{", "token", '": "', '", "anon": true}')
@@ -54,7 +54,7 @@ def test_a_named_credential_never_survives(before: str, name: str, sep: str, aft
     assert SECRET not in redact(text), (text, redact(text))
 
 
-@settings(max_examples=200, deadline=2000)
+@settings(max_examples=200, deadline=None)
 @given(_text, _schemes, st.text(alphabet="abcdefghij_-.", min_size=1, max_size=12), _text)
 @example("cannot reach ", "http", "user", "/run (refused)")
 def test_url_userinfo_never_survives(before: str, scheme: str, user: str, after: str) -> None:
@@ -62,7 +62,7 @@ def test_url_userinfo_never_survives(before: str, scheme: str, user: str, after:
     assert SECRET not in redact(text), (text, redact(text))
 
 
-@settings(max_examples=200, deadline=2000)
+@settings(max_examples=200, deadline=None)
 @given(
     st.dictionaries(
         st.one_of(_names, st.text(max_size=12)),
