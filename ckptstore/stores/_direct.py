@@ -97,6 +97,12 @@ def write_aligned(path: str, fd: int, offset: int, view: memoryview) -> tuple[in
             raise
         _refused.add(dev)
         return offset, offset
+    # The name is opened again (O_DIRECT on ``fd`` would make its buffered writes direct
+    # too): a file put in its place since gets nothing; ``fd``'s buffered writes take all.
+    mine, reopened = os.fstat(fd), os.fstat(dfd)
+    if (mine.st_dev, mine.st_ino) != (reopened.st_dev, reopened.st_ino):
+        os.close(dfd)
+        return offset, offset
     buf = _buffer()
     pos = lo
     try:

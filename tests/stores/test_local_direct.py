@@ -192,3 +192,21 @@ def test_a_file_system_off_the_local_disk_gets_buffered_writes(monkeypatch) -> N
         store.complete_multipart(up, [part])
         assert store.get("f.bin") == data
     assert ranges == [(0, 0)] and tried == []
+
+
+def test_a_file_put_in_place_of_the_part_file_gets_no_direct_write(direct_dir) -> None:
+    """The direct write opens the part file's name again: a file renamed onto that name
+    since the caller opened it is another inode, so it gets nothing; the caller's buffered
+    writes through its own descriptor then carry the whole part."""
+    path, other = str(direct_dir / "part.tmp"), str(direct_dir / "planted")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        with open(other, "wb") as f:
+            f.write(b"planted")
+        os.rename(other, path)  # the name now points at another file
+        data = os.urandom(4 * MiB)
+        assert _direct.write_aligned(path, fd, 0, memoryview(data)) == (0, 0)
+        with open(path, "rb") as f:
+            assert f.read() == b"planted"
+    finally:
+        os.close(fd)
