@@ -223,6 +223,9 @@ class DataLoader:
                 self._prefetcher = Prefetcher(self.dataset, self.prefetch_concurrency)
             self._prefetcher.start(k0)
         plan = _EpochPlan(self.dataset, k0, end, self.rank, r, b, count, self.collate_fn)
+        # The rank's own checks (its prefetcher's) are known here already: dropped, so the
+        # list stays one epoch long and the workers forked next do not ship them back.
+        self.dataset.verified.take_new()
         it: Iterator[Any] = iter(()) if not count else iter(self._torch_loader(plan))
         widen_result_pipe(it)  # a batch crosses from its worker in one write (handoff)
         self._active = generation
