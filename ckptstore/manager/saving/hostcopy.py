@@ -128,16 +128,14 @@ class HostCopier:
         and shape as its ``src``; with ``pin``, pinned); returns when all are done.
         ``after``: an event from ``mark`` (see the class docstring)."""
         cuda = [(d, s) for d, s in pairs if s.device.type == "cuda" and pin]
-        side = after is not None and len({s.device for _, s in cuda}) == 1
-        if side:
+        stream = None  # the side stream, with ``after`` and the sources on one device
+        if cuda and after is not None and len({s.device for _, s in cuda}) == 1:
             stream = self._side_stream(cuda[0][1].device)
             stream.wait_event(after)
-            with torch.cuda.stream(stream):
+        if cuda:
+            with torch.cuda.stream(stream):  # None: the current stream
                 for dst, src in cuda:
                     dst.copy_(src, non_blocking=True)
-        else:
-            for dst, src in cuda:
-                dst.copy_(src, non_blocking=True)
         flat: list[tuple[torch.Tensor, torch.Tensor]] = []
         for dst, src in pairs:
             if src.device.type == "cuda" and pin:
@@ -149,8 +147,8 @@ class HostCopier:
             else:  # one thread, or a strided source that cannot be cut into flat slices
                 dst.copy_(src)
         self._copy_flat(flat)
-        if side:
-            self._side_stream(cuda[0][1].device).synchronize()
+        if stream is not None:
+            stream.synchronize()
         elif cuda:
             torch.cuda.synchronize()
 
