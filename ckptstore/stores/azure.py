@@ -7,12 +7,12 @@ adlfs's: ``connection_string``; or ``account_name`` with ``account_key``, ``sas_
 ``anon``. The ``AZURE_STORAGE_*`` environment variables fill in what is not given, and
 with no credential at all (and ``anon`` not true) ``DefaultAzureCredential`` is used. The
 SDK's retries are off (``retry_total=0``): ``RetryConfig`` decides, and its
-``request_timeout_s`` bounds each connect and read. Multipart writes: :class:`AzureStore`.
+``request_timeout_s`` bounds each connect and read (the client: ``azure_client``).
+Multipart writes: :class:`AzureStore`.
 """
 
 from __future__ import annotations
 
-import os
 import time
 import uuid
 from collections.abc import Sequence
@@ -23,24 +23,20 @@ from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part,
 from ckptstore.errors import (
     CkptStoreError,
     CommitConflictError,
-    ConfigError,
     CorruptCheckpointError,
     StoreAccessError,
     StoreNotFoundError,
     TransientStoreError,
     missing_dependency,
 )
-from ckptstore.stores._cloud import Reachability
+from ckptstore.stores.azure_client import SCHEMES, AzureClient, known_options, parse_url
 from ckptstore.stores.options import (
-    FSSPEC_OPTIONS,
     check_names,
-    class_parameters,
     rejected_by_client,
     rejected_error,
 )
 
 try:
-    import requests
     from azure.core.exceptions import (
         AzureError,
         ClientAuthenticationError,
@@ -50,118 +46,13 @@ try:
         ServiceRequestError,
         ServiceResponseError,
     )
-    from azure.storage.blob import BlobBlock, BlobServiceClient
+    from azure.storage.blob import BlobBlock
 except ImportError as _exc:  # pragma: no cover - exercised only without the extra
     raise missing_dependency("azure.storage.blob", "azure") from _exc
 
 __all__ = ["AzureStore", "SCHEMES"]
 
-SCHEMES = ("az", "abfs", "abfss")
 _TRANSIENT = {408, 429, 500, 502, 503, 504}
-_MiB = 1024 * 1024
-
-
-def _option(options: dict[str, Any], key: str) -> Any:
-    value = options.pop(key, None)
-    return value if value is not None else os.environ.get(f"AZURE_STORAGE_{key.upper()}")
-
-
-#: The options ``_service_client`` reads; adlfs's own are accepted (and not used) too.
-_OPTIONS = frozenset(
-    {
-        "connection_string", "account_name", "account_key", "sas_token", "credential",
-        "account_host", "account_url", "client_id", "tenant_id", "client_secret", "anon",
-        "connection_timeout", "read_timeout",
-    }
-)  # fmt: skip
-
-
-def _known_options() -> frozenset[str]:
-    try:
-        from adlfs import AzureBlobFileSystem
-    except ImportError:
-        return _OPTIONS | FSSPEC_OPTIONS
-    return _OPTIONS | FSSPEC_OPTIONS | class_parameters(AzureBlobFileSystem)
-
-
-def _service_client(options: dict[str, Any], retry: RetryConfig) -> BlobServiceClient:
-    """A sync ``BlobServiceClient`` from adlfs-style ``storage_options``."""
-    options = dict(options)
-    timeout = retry.request_timeout_s
-    session = requests.Session()  # a pool big enough for the engine's threads
-    adapter = requests.adapters.HTTPAdapter(pool_connections=4, pool_maxsize=64)
-    session.mount("http://", adapter)
-    session.mount("https://", adapter)
-    kwargs: dict[str, Any] = {
-        "retry_total": 0,
-        "connection_timeout": options.pop("connection_timeout", None) or timeout,
-        "read_timeout": options.pop("read_timeout", None) or timeout,
-        "max_single_get_size": 256 * _MiB,  # one ranged GET per engine read
-        "max_chunk_get_size": 256 * _MiB,
-        "max_single_put_size": 256 * _MiB,  # one Put Blob per whole-object write
-        "session": session,
-    }
-    connection_string = _option(options, "connection_string")
-    if connection_string:
-        return BlobServiceClient.from_connection_string(connection_string, **kwargs)
-    account = _option(options, "account_name")
-    if not account:
-        raise ConfigError(
-            "Azure storage_options need 'connection_string' or 'account_name' (plus "
-            "account_key, sas_token or credential); none was given and AZURE_STORAGE_* are unset"
-        )
-    host = options.pop("account_host", None) or f"{account}.blob.core.windows.net"
-    url = options.pop("account_url", None) or f"https://{host}"
-    credential = options.pop("credential", None)
-    key, sas = _option(options, "account_key"), _option(options, "sas_token")
-    client_id = _option(options, "client_id")
-    anon = options.pop("anon", None)
-    if credential is None and key:
-        credential = {"account_name": account, "account_key": key}
-    elif credential is None and sas:
-        credential = sas.lstrip("?")
-    elif credential is None and client_id:
-        from azure.identity import ClientSecretCredential
-
-        credential = ClientSecretCredential(
-            _option(options, "tenant_id"), client_id, _option(options, "client_secret")
-        )
-    elif credential is None and not anon:
-        try:
-            from azure.identity import DefaultAzureCredential
-        except ImportError as exc:
-            raise missing_dependency("azure.identity", "azure") from exc
-        credential = DefaultAzureCredential()
-    return BlobServiceClient(url, credential=credential, **kwargs)
-
-
-def _parse(url: str) -> tuple[str, str, str | None]:
-    """``(container, root, account or None)`` of an ``az://`` / ``abfs[s]://`` URL."""
-    scheme, sep, rest = url.partition("://")
-    if not sep or scheme.lower() not in SCHEMES or not rest.strip("/"):
-        raise ConfigError(f"expected an az://container/path URL, got {url!r}")
-    container, _, root = rest.strip("/").partition("/")
-    account = None
-    if "@" in container:  # abfs://container@account.dfs.core.windows.net/path
-        container, host = container.split("@", 1)
-        account = host.split(".", 1)[0]
-    if ":" in container:  # az://user:password@host: not how Azure takes credentials
-        raise ConfigError(
-            f"{url}: a password in an Azure URL is not used; give the container (and "
-            "@account) alone and the credentials in storage_options (account_key, sas_token)"
-        )
-    return container, root.strip("/"), account
-
-
-class _Client:
-    """A service client plus the state every store on it shares."""
-
-    def __init__(self, options: dict[str, Any], retry: RetryConfig, account: str | None):
-        options = dict(options)
-        if account and not options.get("connection_string"):
-            options.setdefault("account_name", account)
-        self.service = _service_client(options, retry)
-        self.reach = Reachability(self.service.url)
 
 
 class AzureStore(Store):
@@ -195,11 +86,11 @@ class AzureStore(Store):
         storage_options: dict[str, Any] | None = None,
         *,
         retry: RetryConfig | None = None,
-        _client: _Client | None = None,
+        _client: AzureClient | None = None,
     ) -> None:
-        container, root, account = _parse(url)
+        container, root, account = parse_url(url)
         if _client is None:
-            check_names(url, storage_options or {}, _known_options(), "the Azure client")
+            check_names(url, storage_options or {}, known_options(), "the Azure client")
         scheme = url.split("://", 1)[0].lower()
         super().__init__(
             f"{scheme}://{url.split('://', 1)[1].strip('/')}", storage_options, retry=retry
@@ -208,7 +99,7 @@ class AzureStore(Store):
         self.root = root
         self._owns_client = _client is None  # children share their parent's client
         try:
-            self._client = _client or _Client(self.storage_options, self.retry, account)
+            self._client = _client or AzureClient(self.storage_options, self.retry, account)
         except (TypeError, ValueError, AttributeError, KeyError) as exc:  # the SDK's refusal
             if isinstance(exc, CkptStoreError) or not rejected_by_client(exc):
                 raise
