@@ -86,3 +86,32 @@ def test_fits_needs_a_part_of_each_in_the_budget(tmp_path) -> None:
         assert not TeeWriter.fits(e.writer(a, "f"), e.writer(b, "f"))
     with engine(budget_parts=2) as e:
         assert TeeWriter.fits(e.writer(a, "f"), e.writer(b, "f"))
+
+
+def test_small_writes_gather_around_a_payload_and_keep_its_span(tmp_path) -> None:
+    """An item written as torch.save writes one (many small records around the storage):
+    the small writes are sent together, the bytes, the item's CRC32C and the payload's
+    span (offset, length, CRC32C) are those of the writes in order."""
+    from ckptstore.engine.itemsink import GATHER_MAX
+
+    rng = np.random.default_rng(1)
+    array = rng.integers(0, 255, 3 * GATHER_MAX + 7, dtype=np.uint8)
+    small = [os.urandom(n) for n in (3, GATHER_MAX - 1, 1, GATHER_MAX // 2, GATHER_MAX)]
+    store = LocalStore(str(tmp_path))
+    with engine() as e:
+        writer = e.writer(store, "f.bin")
+        with writer.item(payload=(array.ctypes.data, array.nbytes), owner=array) as sink:
+            for chunk in small[:3]:
+                sink.write(chunk)
+            sink.write(memoryview(array))
+            for chunk in small[3:]:
+                sink.write(chunk)
+        info = writer.close()
+    head = b"".join(small[:3])
+    data = head + array.tobytes() + b"".join(small[3:])
+    assert (sink.offset, sink.length, sink.crc32c) == (0, len(data), crc32c(data))
+    assert sink.span is not None
+    assert (sink.span.offset, sink.span.length) == (len(head), array.nbytes)
+    assert sink.span.crc32c == crc32c(array)
+    assert (info.size, info.crc32c) == (len(data), crc32c(data))
+    assert store.get("f.bin") == data
