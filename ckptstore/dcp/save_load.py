@@ -42,14 +42,20 @@ def _single_process(process_group: Any) -> bool:
     )
 
 
-def save(state_dict: dict[str, Any], storage_writer: Any, process_group: Any = None) -> Any:
-    """``dcp.save(state_dict, storage_writer=..., process_group=...)``; see the module doc."""
+def save(
+    state_dict: dict[str, Any], storage_writer: Any, process_group: Any = None, planner: Any = None
+) -> Any:
+    """``dcp.save(state_dict, storage_writer=..., process_group=..., planner=...)``; see the
+    module doc."""
     if not _single_process(process_group):
-        return dcp.save(state_dict, storage_writer=storage_writer, process_group=process_group)
+        return dcp.save(
+            state_dict, storage_writer=storage_writer, process_group=process_group, planner=planner
+        )
     return _save_state_dict(
         state_dict=_stateful_to_state_dict(state_dict),
         storage_writer=storage_writer,
         no_dist=True,
+        planner=planner,
     )
 
 

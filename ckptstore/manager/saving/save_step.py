@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from ckptstore.dcp import save_load as dcp  # dcp.save, quiet without a process group
 from ckptstore.dcp.schedule import WriteSchedule
@@ -31,7 +32,19 @@ from ckptstore.manager.options import SaveOptions
 from ckptstore.manager.saving.schedule import LiveFirst, Pieces, Piecewise, Refusing
 from ckptstore.stores.local import LocalStore
 
-__all__ = ["save_step"]
+__all__ = ["CachedPlanner", "save_step"]
+
+
+class CachedPlanner(DefaultSavePlanner):
+    """DCP's default planner with its plan caching on (``enable_plan_caching``): while the
+    state's layout stays the same, the ranks exchange empty plans instead of pickling
+    every item's plan to the coordinator and back at each save (profiled: a sixth of a
+    1-rank save of the demo's 228 items). DCP keys its cache by the planner's class
+    name, so this class keeps the manager's cache apart from a user's own planner's;
+    the writers hold nothing per save in a plan (``dcp.writer``)."""
+
+    def __init__(self) -> None:
+        super().__init__(enable_plan_caching=True)
 
 
 def save_step(
@@ -103,7 +116,9 @@ def save_step(
         writer.manifest_extra["run"] = options.run_id
     with collect_warnings() as notes:
         try:
-            dcp.save(state, storage_writer=writer, process_group=process_group)
+            dcp.save(
+                state, storage_writer=writer, process_group=process_group, planner=CachedPlanner()
+            )
         except CheckpointException as exc:
             raise dcp.unwrap_checkpoint_exception(exc) from exc
         finally:
