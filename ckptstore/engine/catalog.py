@@ -18,10 +18,10 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ckptstore.engine.committed import CheckpointStatus, checkpoint_status
+from ckptstore.engine.committed import CheckpointStatus, open_committed
 from ckptstore.engine.names import OWNER_NAME, parse_step, step_name
 from ckptstore.engine.store import Store
-from ckptstore.errors import UnsafePathError
+from ckptstore.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafePathError
 
 __all__ = [
     "step_name",
@@ -44,14 +44,15 @@ class SkippedEntryWarning(UserWarning):
 class StepEntry:
     """One canonical step directory under a root.
 
-    ``status`` is ``committed``, ``incomplete`` or ``corrupt`` (``checkpoint_status``; a
+    ``status`` is ``committed``, ``incomplete`` or ``corrupt`` (``open_committed``; a
     symlinked marker or manifest counts as ``corrupt``), or ``unknown`` when listed
-    ``with_status=False``.
+    ``with_status=False``; ``size`` is a committed step's bytes (its manifest's total).
     """
 
     step: int
     name: str
     status: str  # committed | incomplete | corrupt
+    size: int | None = None
 
 
 @dataclass(frozen=True)
@@ -82,11 +83,14 @@ _WHY = {
 }
 
 
-def _status(store: Store) -> str:
+def _entry(step: int, name: str, store: Store) -> StepEntry:
     try:
-        return checkpoint_status(store)
-    except UnsafePathError:  # a symlinked marker or manifest: left for inspection
-        return CheckpointStatus.CORRUPT
+        size = open_committed(store).manifest.total_bytes
+    except IncompleteCheckpointError:
+        return StepEntry(step, name, CheckpointStatus.INCOMPLETE)
+    except (CorruptCheckpointError, UnsafePathError):  # a symlinked marker or manifest
+        return StepEntry(step, name, CheckpointStatus.CORRUPT)  # left for inspection
+    return StepEntry(step, name, CheckpointStatus.COMMITTED, size)
 
 
 def scan_root(root: Store, with_status: bool = True) -> RootListing:
@@ -112,9 +116,9 @@ def scan_root(root: Store, with_status: bool = True) -> RootListing:
             kind = "directory" if e.kind == "dir" else e.kind
             foreign.append(Skipped(e.name, f"not ckptstore's ({kind}): left alone", e.kind))
     steps = [
-        StepEntry(
-            step, name, _status(root.child(name)) if with_status else CheckpointStatus.UNKNOWN
-        )
+        _entry(step, name, root.child(name))
+        if with_status
+        else StepEntry(step, name, CheckpointStatus.UNKNOWN)
         for step, name in sorted(found.items())
     ]
     return RootListing(steps, skipped, foreign)

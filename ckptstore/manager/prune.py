@@ -19,7 +19,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field
 
 from ckptstore.engine.catalog import scan_root
-from ckptstore.engine.committed import CheckpointStatus, checkpoint_status, open_committed
+from ckptstore.engine.committed import CheckpointStatus, checkpoint_status
 from ckptstore.engine.deletion import (
     UploadDecision,
     abort_uploads,
@@ -91,12 +91,8 @@ class PrunePlan:
         return sum(s.size or 0 for s in self.deletions)
 
 
-def _size(store: Store, status: str, files: list[str]) -> int | None:
-    if status == CheckpointStatus.COMMITTED:
-        try:
-            return open_committed(store).manifest.total_bytes
-        except CkptStoreError:
-            return None
+def _size(store: Store, files: list[str]) -> int:
+    """The bytes of a step that is not committed: its files' sizes (those still there)."""
     total = 0
     for name in files:
         try:
@@ -180,7 +176,11 @@ def plan_prune(
             left += [
                 LeftAlone(f"{e.name}/{f}", "not ckptstore's: left alone") for f in files.foreign
             ]
-        size = _size(root.child(e.name), status, files.ours if files else [])
+        size = (
+            e.size
+            if status == CheckpointStatus.COMMITTED
+            else _size(root.child(e.name), files.ours if files else [])
+        )
         decisions.append(StepDecision(e.step, e.name, status, action, reason, size))
     gone = {d.name for d in decisions if d.action == "delete"}
     live = {d.name for d in decisions if d.reason.startswith("save in flight")}
