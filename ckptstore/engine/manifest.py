@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from ckptstore.engine.checksum import crc32c, format_crc, parse_crc
@@ -79,10 +79,19 @@ class RangeEntry:
 
 
 def _range_doc(r: RangeEntry) -> dict[str, Any]:
-    doc = {**asdict(r), "crc32c": format_crc(r.crc32c)}
-    doc.pop("span")
+    # Field by field, not dataclasses.asdict: its recursive deep copy was a third of
+    # writing a 228-item manifest (profiled).
+    doc: dict[str, Any] = {
+        "file": r.file,
+        "offset": r.offset,
+        "length": r.length,
+        "crc32c": format_crc(r.crc32c),
+        "key": r.key,
+        "raw_length": r.raw_length,
+    }
     if r.span is not None:  # absent otherwise: the document is as before
-        doc["span"] = {**asdict(r.span), "crc32c": format_crc(r.span.crc32c)}
+        s = r.span
+        doc["span"] = {"offset": s.offset, "length": s.length, "crc32c": format_crc(s.crc32c)}
     return doc
 
 
