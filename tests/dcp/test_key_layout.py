@@ -65,3 +65,18 @@ def test_manager_with_spread_layout_keeps_and_deletes_whole_steps(tmp_path) -> N
     with ckptstore.CheckpointManager(root, key_layout="spread") as mgr:
         assert mgr.restore(out) == 3
     assert torch.equal(out["w"], state()["w"])
+
+
+def test_two_managers_in_one_process_keep_their_own_layouts(tmp_path) -> None:
+    """The manager caches DCP's save plan (which carries the shard prefixes): a second
+    manager saving the same state with another key_layout gets its own plan, not the
+    first manager's."""
+    from ckptstore import CheckpointManager, ManagerOptions
+
+    for layout in ("flat", "spread", "flat"):
+        opts = ManagerOptions(key_layout=layout, async_save=False)
+        with CheckpointManager(str(tmp_path / layout), options=opts) as mgr:
+            mgr.save(1, state())
+        files = open_committed(LocalStore(str(tmp_path / layout / "step_000000001"))).manifest.files
+        shards = [n for n in files if n.endswith(".distcp")]
+        assert shards and all(n.startswith(shard_prefix(0, layout)) for n in shards), shards

@@ -39,12 +39,14 @@ class CachedPlanner(DefaultSavePlanner):
     """DCP's default planner with its plan caching on (``enable_plan_caching``): while the
     state's layout stays the same, the ranks exchange empty plans instead of pickling
     every item's plan to the coordinator and back at each save (profiled: a sixth of a
-    1-rank save of the demo's 228 items). DCP keys its cache by the planner's class
-    name, so this class keeps the manager's cache apart from a user's own planner's;
-    the writers hold nothing per save in a plan (``dcp.writer``)."""
+    1-rank save of the demo's 228 items). DCP keeps one cache per process and key,
+    the planner's class name by default; the key here also names the writer's
+    ``key_layout``, the one thing a writer puts in the plans (the shard prefixes), so
+    neither a user's own planner nor a manager with another layout gets these plans."""
 
-    def __init__(self) -> None:
+    def __init__(self, key_layout: str) -> None:
         super().__init__(enable_plan_caching=True)
+        self._cached_plans_key = f"{type(self).__name__}/{key_layout}"
 
 
 def save_step(
@@ -117,7 +119,10 @@ def save_step(
     with collect_warnings() as notes:
         try:
             dcp.save(
-                state, storage_writer=writer, process_group=process_group, planner=CachedPlanner()
+                state,
+                storage_writer=writer,
+                process_group=process_group,
+                planner=CachedPlanner(options.key_layout),
             )
         except CheckpointException as exc:
             raise dcp.unwrap_checkpoint_exception(exc) from exc
