@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
@@ -39,14 +40,24 @@ class CachedPlanner(DefaultSavePlanner):
     """DCP's default planner with its plan caching on (``enable_plan_caching``): while the
     state's layout stays the same, the ranks exchange empty plans instead of pickling
     every item's plan to the coordinator and back at each save (profiled: a sixth of a
-    1-rank save of the demo's 228 items). DCP keeps one cache per process and key,
-    the planner's class name by default; the key here also names the writer's
-    ``key_layout``, the one thing a writer puts in the plans (the shard prefixes), so
-    neither a user's own planner nor a manager with another layout gets these plans."""
+    1-rank save of the demo's 228 items).
 
-    def __init__(self, key_layout: str) -> None:
+    DCP keeps one cache per process and key (the planner's class name by default) and
+    trusts it whenever this rank's local plan is unchanged: the cached global plan says
+    which rank writes which replicated item, and the cached final plans carry the shard
+    prefixes. So the key names what those depend on beyond the local plan, the process
+    group and the writer's ``key_layout``: neither a user's own planner nor a manager
+    with another group or layout gets these plans."""
+
+    def __init__(self, key_layout: str, process_group: Any) -> None:
         super().__init__(enable_plan_caching=True)
-        self._cached_plans_key = f"{type(self).__name__}/{key_layout}"
+        group = "local"
+        pg = process_group or (
+            dist.group.WORLD if dist.is_available() and dist.is_initialized() else None
+        )
+        if pg is not None:
+            group = f"{pg.group_name}:{dist.get_rank(pg)}/{dist.get_world_size(pg)}"
+        self._cached_plans_key = f"{type(self).__name__}/{key_layout}/{group}"
 
 
 def save_step(
@@ -122,7 +133,7 @@ def save_step(
                 state,
                 storage_writer=writer,
                 process_group=process_group,
-                planner=CachedPlanner(options.key_layout),
+                planner=CachedPlanner(options.key_layout, process_group),
             )
         except CheckpointException as exc:
             raise dcp.unwrap_checkpoint_exception(exc) from exc
