@@ -3,6 +3,7 @@
     state = make_state(rank, cfg)                    # cfg: a StateShape (size, world, tensors)
     for r in range(cfg.repeats): order = rotated(names, r)   # repeat r starts with name r mod n
     reset_peak(); ...; peak_rss_mib()                # this process's peak RSS around an operation
+    with TreeMemory() as tree: ...                   # ... and with its child processes (sampled)
     record(scn, kind, metric, contender, samples)    # median, min, max, GB/s of one contender
     markdown_table(["contender", "median s"], "lr", [["ckptstore", cell(1.234)]])
     machine = machine_facts(); machine["loadavg_before"] = load_average()
@@ -12,6 +13,7 @@ Run the benchmarks as modules from the repository root (``python -m benchmarks.<
 no module edits ``sys.path``. RSS is Linux's: ``reset_peak`` writes "5" to
 ``/proc/self/clear_refs`` so that ``VmHWM`` restarts at the current RSS; where the kernel
 refuses, the peak is the process's lifetime peak (``peak_is_reset()`` says which).
+``TreeMemory`` samples the process and its live descendants (a writer process) together.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
@@ -38,6 +41,7 @@ __all__ = [
     "REPO_ROOT",
     "RESULTS_DIR",
     "StateShape",
+    "TreeMemory",
     "add_state_args",
     "cell",
     "command_line",
@@ -170,12 +174,18 @@ def peak_is_reset() -> bool:
 
 
 def _status_mib(field: str) -> float | None:
+    kib = _proc_kib("/proc/self/status", field)
+    return None if kib is None else kib / 1024
+
+
+def _proc_kib(path: str, field: str) -> int | None:
+    """A ``<field>: <n> kB`` line of a /proc file, in KiB; None where it is not there."""
     try:
-        with open("/proc/self/status") as f:
-            m = re.search(rf"{field}:\s+(\d+)\s+kB", f.read())
+        with open(path) as f:
+            m = re.search(rf"^{field}:\s+(\d+)\s+kB", f.read(), re.MULTILINE)
     except OSError:
         return None
-    return int(m.group(1)) / 1024 if m else None
+    return int(m.group(1)) if m else None
 
 
 def current_rss_mib() -> float:
@@ -189,6 +199,70 @@ def peak_rss_mib() -> float:
     if peak is not None:
         return peak
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+class TreeMemory:
+    """The peak resident memory of this process plus its live descendants (a writer
+    process, a multiprocessing helper), sampled every ``interval`` s by a thread, as RSS and
+    as PSS. RSS counts a page each process maps in full (a shared-memory arena mapped by a
+    rank and its writer counts twice); PSS (``/proc/<pid>/smaps_rollup``) splits each
+    shared page among the processes that map it (libraries shared with other ranks too).
+    Read from /proc by hand: psutil is not a dependency, and these are two files a process.
+    Sampling misses spikes shorter than ``interval``; the rank's own ``VmHWM`` does not.
+
+        with TreeMemory() as tree:
+            ...                                     # children started here are counted
+        tree.peak_rss_mib, tree.peak_pss_mib        # 0.0 where /proc cannot tell
+    """
+
+    def __init__(self, interval: float = 0.05) -> None:
+        self.interval = interval
+        self.peak_rss_mib = 0.0
+        self.peak_pss_mib = 0.0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="tree-memory", daemon=True)
+
+    def __enter__(self) -> TreeMemory:
+        self.sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.sample()
+
+    def sample(self) -> None:
+        """Add the tree's memory now to the peaks."""
+        rss = pss = 0.0
+        for pid in _tree(os.getpid()):
+            rss += (_proc_kib(f"/proc/{pid}/status", "VmRSS") or 0) / 1024
+            pss += (_proc_kib(f"/proc/{pid}/smaps_rollup", "Pss") or 0) / 1024
+        self.peak_rss_mib = max(self.peak_rss_mib, rss)
+        self.peak_pss_mib = max(self.peak_pss_mib, pss)
+
+
+def _tree(pid: int) -> list[int]:
+    """``pid`` and its live descendants (``/proc/<pid>/task/<tid>/children``)."""
+    out, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        try:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:  # it exited
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo += [int(c) for c in f.read().split()]
+            except OSError:
+                continue
+    return out
 
 
 # -- the report ----------------------------------------------------------------------------

@@ -19,8 +19,10 @@ contenders alternated, each of N ranks loads the whole state with ``dcp.load`` t
                manifest and marker, which stock ignores).
   s3torch      s3torchconnector's ``S3StorageReader`` (CRT client, path-style addressing).
 
-Each time is barrier -> build the reader, load -> barrier, the max over ranks; "first item" is
-when the load hands the planner its first tensor (max over ranks). Bytes and GETs are what
+Each time is barrier -> build the reader, load -> barrier, the max over ranks; "first item" and
+"last item" are when the load hands the planner its first and its last tensor (or bytes),
+from the barrier before the load (max over ranks): how soon a loader that consumed items as
+they land could start (#37, "stream the load"), and when the reads end. Bytes and GETs are what
 crossed the link meanwhile (every rank, all files); "peak RSS" is how far the load raised a
 rank's resident memory above what it held before (its targets included; max over ranks);
 "CPU s" the CPU time of the ranks' processes during the load, summed over ranks (the link's
@@ -84,15 +86,18 @@ def _save(rank: int, world: int, url: str, options: dict, size_mib: int, tensors
 
 
 def _planner() -> Any:
-    """A ``DefaultLoadPlanner`` that notes when it is handed its first tensor or bytes."""
+    """A ``DefaultLoadPlanner`` that notes when it is handed its first and its last tensor
+    or bytes (``perf_counter``; None until then)."""
     from torch.distributed.checkpoint import DefaultLoadPlanner
 
     class FirstItem(DefaultLoadPlanner):
         first: float | None = None
+        last: float | None = None
 
         def _note(self) -> None:
+            self.last = time.perf_counter()
             if self.first is None:
-                self.first = time.perf_counter()
+                self.first = self.last
 
         def commit_tensor(self, read_item: Any, tensor: Any) -> None:
             self._note()
@@ -175,10 +180,10 @@ def _restore(
     secs, cpu = time.perf_counter() - t0, time.process_time() - cpu
     rss = peak_rss_mib() - held
     down, gets = counters[1] - down, counters[2] - gets
-    first = (planner.first or time.perf_counter()) - t0
+    first, last = ((t or time.perf_counter()) - t0 for t in (planner.first, planner.last))
     if not all(torch.equal(dest[k], v) for k, v in want.items()):
         raise RuntimeError(f"{contender} on {world} ranks: the load differs from the save")
-    out = torch.tensor([secs, first, rss])
+    out = torch.tensor([secs, first, last, rss])
     dist.all_reduce(out, op=dist.ReduceOp.MAX)
     cpus = torch.tensor([cpu])
     dist.all_reduce(cpus)
@@ -186,7 +191,8 @@ def _restore(
         "cpu_s": float(cpus),
         "s": float(out[0]),
         "first_s": float(out[1]),
-        "rss_mib": float(out[2]),
+        "last_s": float(out[2]),
+        "rss_mib": float(out[3]),
         "bytes_down": down,
         "gets": gets,
     }
@@ -256,6 +262,7 @@ def run(
                     "min_s": min(x["s"] for x in xs),
                     "max_s": max(x["s"] for x in xs),
                     "first_s": statistics.median(x["first_s"] for x in xs),
+                    "last_s": statistics.median(x["last_s"] for x in xs),
                     "x_time_n1": med / base,
                     "mib_down": down / MiB,
                     "x_checkpoint": down / (size_mib * MiB),
@@ -287,6 +294,7 @@ def table(res: dict[str, Any]) -> str:
         "min–max s",
         "× 1 rank",
         "first item s",
+        "last item s",
         "MiB from store",
         "× checkpoint",
         "GETs",
@@ -301,6 +309,7 @@ def table(res: dict[str, Any]) -> str:
             f"{r['min_s']:.2f}–{r['max_s']:.2f}",
             cell(r["x_time_n1"], ".2f", "x"),
             cell(r["first_s"]),
+            cell(r["last_s"]),
             cell(r["mib_down"], ".1f"),
             cell(r["x_checkpoint"], ".2f", "x"),
             f"{r['gets']:g}",
@@ -309,7 +318,7 @@ def table(res: dict[str, Any]) -> str:
         ]
         for r in res["rows"]
     ]
-    return markdown_table(header, "l" + "r" * 10, body)
+    return markdown_table(header, "l" + "r" * 11, body)
 
 
 def plot(res: dict[str, Any], figures: str) -> str | None:

@@ -15,7 +15,10 @@ the machine's drift falls on both) and one per interval, with a save after every
 ``every``-th step (the block's first step, then every ``every``); steps/s is the steps
 over the slowest rank's time. overhead = 1 - rate / the run's own baseline rate. Repeat r
 runs the contenders, and round b its blocks, in an order rotated by r (+ b). Peak RSS is per
-rank (the max over ranks) over the checkpointed segments. Writes a Markdown table, JSON
+rank (the max over ranks) over the checkpointed segments; "RSS+children" adds the rank's
+live child processes (a writer process: ckptstore's ``background="process"``, DefaultStager's
+process backend), sampled every 50 ms from the warm-up save on (baseline blocks included),
+with their PSS beside it (a shared arena counted once). Writes a Markdown table, JSON
 (``benchmarks/results/step_rate-<time>.json``) and ``benchmarks/figures/step_rate.png``.
 """
 
@@ -31,12 +34,14 @@ import statistics
 import tempfile
 import time
 import warnings
+from collections.abc import Iterable
 from typing import Any
 
 from benchmarks.checkpoint.step_contenders import CONTENDERS, Job, skip_reason
 from benchmarks.common import (
     FIGURES_DIR,
     REPO_ROOT,
+    TreeMemory,
     cell,
     current_rss_mib,
     load_average,
@@ -52,6 +57,7 @@ from benchmarks.common import (
 __all__ = ["main", "run_rank", "shape_of", "summarise"]
 
 STAGER = "dcp.async_save + DefaultStager"
+MEMORY = ("peak_rss_mib", "rss_mib", "tree_rss_mib", "tree_pss_mib")  # MiB, max over ranks
 OURS = ("ckptstore", "ckptstore-process", "ckptstore-no-defer")
 TRAIN = os.path.join(REPO_ROOT, "examples", "resilience", "train.py")
 BATCH, SEQ = 6, 32
@@ -77,7 +83,8 @@ def build_model(shape: dict[str, int]) -> Any:
 def run_rank(rank: int, world: int, name: str, shape: dict, plan: tuple, root: str) -> dict:
     """One contender on this rank: warm-up, then ``blocks`` rounds of a block of ``steps``
     steps per interval (0: no checkpoint), the order rotated from ``first`` round by
-    round; steps/s per interval (the slowest rank's time), RSS before saving and peak."""
+    round; steps/s per interval (the slowest rank's time), RSS before saving and peak, and
+    the peak RSS and PSS of the rank with its child processes."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -110,24 +117,26 @@ def run_rank(rank: int, world: int, name: str, shape: dict, plan: tuple, root: s
             train_step()
         out["rss_mib"] = current_rss_mib()  # trained, nothing saved yet
         reset_peak()
-        train_step()  # warm-up: one save allocates the staging buffers
-        contender.save(done)
-        train_step()
-        contender.wait()
         seconds = dict.fromkeys(intervals, 0.0)
-        for b in range(blocks):
-            for every in rotated(intervals, first + b):
-                dist.barrier()
-                t0 = time.perf_counter()
-                for i in range(steps):
-                    train_step()
-                    if every and i % every == 0:
-                        contender.save(done)
-                dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
-                contender.wait()  # durable before the next block (untimed)
-                dist.all_reduce(dt, op=dist.ReduceOp.MAX)
-                seconds[every] += float(dt.item())
+        with TreeMemory() as tree:  # the rank and its live children, to the last block
+            train_step()  # warm-up: one save allocates the staging buffers
+            contender.save(done)
+            train_step()
+            contender.wait()
+            for b in range(blocks):
+                for every in rotated(intervals, first + b):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    for i in range(steps):
+                        train_step()
+                        if every and i % every == 0:
+                            contender.save(done)
+                    dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
+                    contender.wait()  # durable before the next block (untimed)
+                    dist.all_reduce(dt, op=dist.ReduceOp.MAX)
+                    seconds[every] += float(dt.item())
         out["rate"] = {e: blocks * steps / t for e, t in seconds.items()}
+        out["tree_rss_mib"], out["tree_pss_mib"] = tree.peak_rss_mib, tree.peak_pss_mib
     finally:
         contender.close()
     out["peak_rss_mib"] = peak_rss_mib()
@@ -135,7 +144,8 @@ def run_rank(rank: int, world: int, name: str, shape: dict, plan: tuple, root: s
 
 
 def run_one(world: int, name: str, shape: dict, plan: tuple, base: str) -> dict:
-    """``name`` in fresh rank processes; rank 0's rates and the max peak RSS over ranks."""
+    """``name`` in fresh rank processes; rank 0's rates and the max over ranks of each
+    memory figure."""
     from harness.dist import run_distributed
 
     root = tempfile.mkdtemp(prefix="run-", dir=base)
@@ -144,9 +154,10 @@ def run_one(world: int, name: str, shape: dict, plan: tuple, base: str) -> dict:
         res = run_distributed(run_rank, world, name, shape, plan, root, timeout=1800, daemon=False)
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    return {"rate": res[0]["rate"], "params": res[0]["params"], "wall_s": time.perf_counter() - t0,
-            "peak_rss_mib": max(r["peak_rss_mib"] for r in res),
-            "rss_mib": max(r["rss_mib"] for r in res)}  # fmt: skip
+    out = {"rate": res[0]["rate"], "params": res[0]["params"], "wall_s": time.perf_counter() - t0}
+    for k in ("peak_rss_mib", "rss_mib", "tree_rss_mib", "tree_pss_mib"):
+        out[k] = max(r[k] for r in res)
+    return out
 
 
 def summarise(runs: list[dict], every: tuple[int, ...]) -> list[dict]:
@@ -165,8 +176,7 @@ def summarise(runs: list[dict], every: tuple[int, ...]) -> list[dict]:
                 "base_rate": statistics.median(r["rate"][0] for r in mine),
                 "overhead": statistics.median(over), "overhead_min": min(over),
                 "overhead_max": max(over),
-                "peak_rss_mib": statistics.median(r["peak_rss_mib"] for r in mine),
-                "rss_mib": statistics.median(r["rss_mib"] for r in mine),
+                **{k: _median(r.get(k) for r in mine) for k in MEMORY},
             })  # fmt: skip
     cells = {(r["world"], r["model"], r["contender"], r["every"]): r for r in rows}
     for r in rows:
@@ -175,21 +185,32 @@ def summarise(runs: list[dict], every: tuple[int, ...]) -> list[dict]:
         ok = ref is not None and ref["overhead"] > 0
         r["x_stager"] = max(0.0, r["overhead"]) / ref["overhead"] if ok else None
         r["rss_x_stager"] = r["peak_rss_mib"] / ref["peak_rss_mib"] if ref else None
+        pss = (r["tree_pss_mib"], ref and ref["tree_pss_mib"])
+        r["pss_x_stager"] = pss[0] / pss[1] if pss[0] and pss[1] else None
     return rows
+
+
+def _median(values: Iterable[float | None]) -> float | None:
+    """The median, or None where a run lacks the figure (results from before it)."""
+    xs = list(values)
+    return None if None in xs else statistics.median(xs)
 
 
 def table(rows: list[dict]) -> str:
     head = ["ranks", "model", "contender", "ckpt every", "steps/s (median)", "no-ckpt steps/s",
             "overhead % (median)", "min–max %", "÷ DefaultStager's overhead",
-            "peak RSS/rank MiB", "RSS before saving MiB"]  # fmt: skip
+            "peak RSS/rank MiB", "peak RSS+children/rank MiB (PSS)",
+            "RSS before saving MiB"]  # fmt: skip
     body = [
         [str(r["world"]), r["model"], r["contender"], str(r["every"]), cell(r["rate"]),
          cell(r["base_rate"]), cell(100 * r["overhead"], ".1f"),
          f"{100 * r['overhead_min']:.1f}–{100 * r['overhead_max']:.1f}",
-         cell(r["x_stager"]), cell(r["peak_rss_mib"], ".0f"), cell(r["rss_mib"], ".0f")]
+         cell(r["x_stager"]), cell(r["peak_rss_mib"], ".0f"),
+         f"{cell(r['tree_rss_mib'], '.0f')} ({cell(r['tree_pss_mib'], '.0f')})",
+         cell(r["rss_mib"], ".0f")]
         for r in rows
     ]  # fmt: skip
-    return markdown_table(head, "rllrrrrrrrr", body)
+    return markdown_table(head, "rllrrrrrrrrr", body)
 
 
 def targets(rows: list[dict]) -> list[str]:
@@ -202,12 +223,14 @@ def targets(rows: list[dict]) -> list[str]:
         ratio = [r["x_stager"] for r in mine if r["x_stager"] is not None]
         ten = [r["overhead"] for r in mine if r["every"] == 10]
         rss = [r["rss_x_stager"] for r in mine if r["rss_x_stager"] is not None]
+        pss = [r["pss_x_stager"] for r in mine if r["pss_x_stager"] is not None]
         spread = f"{min(ratio):.2f}–{max(ratio):.2f}" if ratio else "— (no DefaultStager row)"
         lines.append(
             f"{name}: overhead ÷ DefaultStager's {spread} (target <= 0.35 at every cell); "
             f"overhead at every 10 steps up to {cell(100 * max(ten) if ten else None, '.1f')} "
             f"% (target <= 2 %); peak RSS ÷ DefaultStager's up to "
-            f"{cell(max(rss, default=None))} (target <= 1.00)"
+            f"{cell(max(rss, default=None))}, with children's PSS up to "
+            f"{cell(max(pss, default=None))} (target <= 1.00)"
         )
     return lines
 
