@@ -76,7 +76,7 @@ class CkptReader(StoreBound, StorageReader):
         prepare_local_plan / prepare_global_plan: unchanged plans
         read_data(plan, planner)        every rank: ``before_read(files)`` if given; with
                                         ``share_group``, the ranges several ranks need
-                                        read once and sent (``dcp.shared_read``: a
+                                        read once and shared (``dcp.shared_read``: a
                                         collective); then parallel ranged reads planned
                                         from the rest of the plan (``engine.readplan``:
                                         small adjacent items share a GET on object

@@ -10,14 +10,20 @@ so far, counting its ranges of its own) so that the store serves each byte once 
 rank reads about as much. The shared ranges are cut into batches of at most ``budget``
 bytes, in the order the ranks listed them (the load's own order), so that a rank holds at
 most one batch in memory and the first items arrive first.
+
+``plan_nodes`` groups the ranks into nodes (those that share one shared-memory directory)
+and says, per shared part and node, which rank *holds* it there (the owner on its own
+node, else the node's lowest needing rank), whether the holder's buffer is a segment the
+node's other needers map (the node has room for two batches of them and >1 needer of the
+part), and so which ranks the owner sends to over the process group.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Key", "SharePlan", "plan_shares"]
+__all__ = ["Key", "NodePlan", "SharePlan", "plan_nodes", "plan_shares"]
 
 #: A stored range: (file, offset, length), as DCP's ``.metadata`` names an item.
 Key = tuple[str, int, int]
@@ -79,3 +85,64 @@ def plan_shares(needs: Sequence[Sequence[Key]], budget: int) -> SharePlan:
     if batch:
         batches.append(tuple(batch))
     return SharePlan(owners, {k: tuple(needers[k]) for k in shared}, tuple(batches))
+
+
+@dataclass(frozen=True)
+class NodePlan:
+    """Which node each rank is on (``node``: an index per rank) and whether a node's parts
+    with several needers there move through shared memory (``shm``: one flag per node)."""
+
+    node: tuple[int, ...]
+    shm: tuple[bool, ...]
+
+    def holder(self, owner: int, needers: Sequence[int], node: int) -> int:
+        """The rank of ``node`` that holds the part ``owner`` sends to ``needers``."""
+        if self.node[owner] == node:
+            return owner
+        return min(r for r in needers if self.node[r] == node)
+
+    def segment(self, owner: int, needers: Sequence[int], node: int) -> bool:
+        """Whether the part's holder on ``node`` keeps it in a segment its node maps."""
+        return self.shm[node] and sum(self.node[r] == node for r in needers) > 1
+
+    def receivers(self, owner: int, needers: Sequence[int]) -> list[int]:
+        """The ranks the owner sends the part to over the process group: each other
+        node's holder where that node maps a segment, else every needer but the owner."""
+        out = []
+        for r in needers:
+            node = self.node[r]
+            if r == owner or (
+                self.segment(owner, needers, node) and r != self.holder(owner, needers, node)
+            ):
+                continue
+            out.append(r)
+        return out
+
+
+def plan_nodes(
+    node_keys: Sequence[Hashable | None],
+    free: Sequence[int],
+    plan: SharePlan,
+) -> NodePlan:
+    """The nodes of the ranks (``node_keys``: one per rank, equal on one node; None: a rank
+    alone) and whether each moves parts through shared memory: only when it has >1 needer
+    of some part and each of its ranks sees ``free`` bytes (of its shared-memory directory)
+    for the two largest consecutive batches of segments (a batch moves while the next is read)."""
+    index: dict[Hashable, int] = {}
+    node = []
+    for rank, key in enumerate(node_keys):
+        node.append(index.setdefault(("rank", rank) if key is None else ("node", key), len(index)))
+    every = NodePlan(tuple(node), (True,) * len(index))
+    held = [[0] * len(plan.batches) for _ in index]  # segment bytes per node and batch
+    for i, batch in enumerate(plan.batches):
+        for key in batch:
+            owner, needers = plan.owners[key], plan.needers[key]
+            for n in {node[r] for r in needers}:
+                if every.segment(owner, needers, n):
+                    held[n][i] += key[2]
+    room = [min(f for r, f in enumerate(free) if node[r] == n) for n in range(len(index))]
+    shm = tuple(
+        any(held[n]) and room[n] >= max(a + b for a, b in zip(held[n], held[n][1:] + [0]))
+        for n in range(len(index))
+    )
+    return NodePlan(tuple(node), shm)

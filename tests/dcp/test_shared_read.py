@@ -6,15 +6,23 @@ without leaving a read running.
 The ranges' bytes come from a function of the key (the read path over a real store is
 tested in tests/manager/test_read_once.py); what is tested here is the order and the
 bound of the exchange, which no store can show.
+
+Within a node the parts move through ``/dev/shm`` segments (``dcp.node_segments``): on 3
+ranks of this host no data crosses gloo, and every segment is gone after a load, a failed
+one, and (swept by the next load) one whose owner was SIGKILLed. Two simulated nodes of 2
+ranks each (the node key replaced inside the ranks) send each shared byte across once.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 from typing import Any
 
 import pytest
 
+from ckptstore.dcp import node_segments
 from ckptstore.dcp.shared_read import read_shared
 from ckptstore.errors import CorruptCheckpointError
 from harness.dist import run_distributed
@@ -96,3 +104,109 @@ def test_a_failed_read_raises_on_every_rank_and_leaves_no_read_running() -> None
     assert results[1] == ("raised", f"range {fail_at}: checksum mismatch", [])
     assert results[0][0] == "raised" and "rank 1 could not read" in results[0][1]
     assert results[0][2] == []
+
+
+# -- through shared memory within a node ------------------------------------------------------
+def _node_run(rank: int, world: int, nodes: int, fail: str | None) -> Any:
+    """A load of every range on every rank, counting the data bytes each gloo call moves
+    (``nodes``: simulated nodes of ``world // nodes`` ranks; 0: the real node key).
+    ``fail``: "read" (rank 1's reads fail) or "kill" (rank 1 SIGKILLs itself at a read)."""
+    import torch.distributed as dist
+
+    if nodes:  # the test seam: which ranks share /dev/shm
+        node_segments.node_key = lambda: ("simulated", rank * nodes // world)
+    moved = {"broadcast": 0, "isend": 0, "recv": 0}
+
+    def counting(name: str) -> Any:
+        real = getattr(dist, name)
+
+        def call(tensor: Any, *args: Any, **kwargs: Any) -> Any:
+            moved[name] += tensor.numel() * tensor.element_size()
+            return real(tensor, *args, **kwargs)
+
+        return call
+
+    for name in moved:
+        setattr(dist, name, counting(name))
+    mapped: list[str] = []
+    open_view = node_segments.open_view
+
+    def opening(path: str, n: int) -> Any:
+        mapped.append(path)
+        return open_view(path, n)
+
+    node_segments.open_view = opening
+
+    def read_into(keys: list[tuple[str, int, int]], buf: memoryview) -> None:
+        if rank == 1 and fail == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        if rank == 1 and fail == "read":
+            raise CorruptCheckpointError("checksum mismatch")
+        buf[:] = b"".join(content(k) for k in keys)
+
+    delivered: list[bool] = []
+    try:
+        read_shared(
+            dist.group.WORLD,
+            KEYS,
+            BUDGET,
+            read_into,
+            lambda key, data: delivered.append(bytes(data) == content(key)),
+        )
+    except Exception as exc:  # noqa: BLE001 - what the test asserts
+        return "raised", type(exc).__name__, node_segments.creator()
+    return moved, len(mapped), delivered, node_segments.creator()
+
+
+def _segments() -> set[str]:
+    return {
+        e.path for e in os.scandir(node_segments.SHM_DIR) if e.name.startswith("ckptstore-share-")
+    }
+
+
+def _left_by(creators: list[str]) -> set[str]:
+    return {p for p in _segments() if any(f"-{c}-" in p for c in creators)}
+
+
+def test_one_node_moves_no_data_over_gloo_and_leaves_no_segment() -> None:
+    results = run_distributed(_node_run, 3, 0, None, timeout=120)
+    owners = list(_plan_owners(3).values())
+    for rank, (moved, mapped, delivered, _) in enumerate(results):
+        assert moved == {"broadcast": 0, "isend": 0, "recv": 0}
+        assert delivered == [True] * len(KEYS)
+        assert mapped == len(KEYS) - owners.count(rank)  # the owner's segment, mapped
+    assert _left_by([r[3] for r in results]) == set()
+
+
+def test_two_nodes_send_each_shared_byte_across_once() -> None:
+    results = run_distributed(_node_run, 4, 2, None, timeout=120)
+    total = sum(k[2] for k in KEYS)
+    assert sum(r[0]["isend"] for r in results) == total  # one other node: once
+    assert sum(r[0]["recv"] for r in results) == total
+    assert all(r[0]["broadcast"] == 0 for r in results)
+    assert all(r[2] == [True] * len(KEYS) for r in results)
+    assert sum(r[1] for r in results) == 2 * len(KEYS)  # one mapper a node a range
+    assert _left_by([r[3] for r in results]) == set()
+
+
+def test_a_failed_read_leaves_no_segment() -> None:
+    results = run_distributed(_node_run, 3, 0, "read", timeout=120)
+    assert [r[:2] for r in results] == [("raised", "CorruptCheckpointError")] * 3
+    assert _left_by([r[2] for r in results]) == set()
+
+
+def test_the_segments_of_a_killed_owner_are_swept_by_the_next_load() -> None:
+    before = _segments()
+    results = run_distributed(_node_run, 3, 0, "kill", exits={1}, timeout=120)
+    assert results[1] == -signal.SIGKILL
+    assert results[0][0] == "raised" and results[2][0] == "raised", results
+    leaked = _segments() - before
+    assert leaked and _left_by([results[0][2], results[2][2]]) == set()
+    run_distributed(_node_run, 2, 0, None, timeout=120)
+    assert not leaked & _segments()
+
+
+def _plan_owners(world: int) -> dict[tuple[str, int, int], int]:
+    from ckptstore.engine.read_owners import plan_shares
+
+    return plan_shares([KEYS] * world, SIZE).owners
