@@ -17,6 +17,7 @@ prefetcher, its DataLoader workers) opens it: :class:`~ckptstore.data.cachefiles
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -25,6 +26,7 @@ import time
 import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
+from typing import Any
 
 from ckptstore.data.cachedownload import check_copy, explain_mismatch
 from ckptstore.data.cachefiles import (
@@ -56,6 +58,10 @@ from ckptstore.errors import (
 __all__ = ["CacheEntry", "Handle", "ShardCache", "check_limit", "probe_cache_dir"]
 
 log = logging.getLogger(__name__)
+
+#: What a ``.meta`` file takes on disk (one block): freed by eviction when the disk filled
+#: up between a shard's reserve (its data's space allocated up front) and its ``.meta``.
+_META_ROOM = 4096
 
 
 def _release_result(fut: Future[Handle | None]) -> None:
@@ -344,7 +350,7 @@ class ShardCache:
                 )
             time.sleep(0.05)
         try:
-            self._fetch_verified(e, tmp)
+            self._fetch_verified(e, tmp, cursor, max_distance if not demand else None)
         except CkptStoreError:
             unlink_quietly(tmp)
             raise
@@ -356,7 +362,27 @@ class ShardCache:
             raise
         return True
 
-    def _fetch_verified(self, e: CacheEntry, tmp: str) -> None:
+    def _write_meta(self, key: str, meta: dict[str, Any]) -> bool:
+        """Publish ``key``'s ``.meta`` file; False if the disk had no room for it."""
+        meta_tmp = f"{self._meta_path(key)}{TMP}{uuid.uuid4().hex}"
+        try:
+            fd = os.open(meta_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
+            with os.fdopen(fd, "w") as f:
+                json.dump(meta, f)
+            os.replace(meta_tmp, self._meta_path(key))
+        except OSError as exc:
+            unlink_quietly(meta_tmp)
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+                return False
+            raise
+        except BaseException:
+            unlink_quietly(meta_tmp)
+            raise
+        return True
+
+    def _fetch_verified(
+        self, e: CacheEntry, tmp: str, cursor: int, max_distance: int | None
+    ) -> None:
         for attempt in range(1, self.attempts + 1):
             t0 = time.monotonic()
             try:
@@ -373,15 +399,16 @@ class ShardCache:
                 raise changed_error(e, "no longer exists on the store") from exc
             self.stats.add(downloads=1, bytes=e.size, download_seconds=time.monotonic() - t0)
             meta = {"path": e.path, "size": e.size, "crc32c": crc, "digest": e.digest}
-            meta_tmp = f"{self._meta_path(e.key)}{TMP}{uuid.uuid4().hex}"
-            try:
-                fd = os.open(meta_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
-                with os.fdopen(fd, "w") as f:
-                    json.dump(meta, f)
-                os.replace(meta_tmp, self._meta_path(e.key))
-            except BaseException:
-                unlink_quietly(meta_tmp)  # a full disk can fail this small write too
-                raise
+            deadline = time.monotonic() + self.wait_timeout
+            while not self._write_meta(e.key, meta):  # the disk filled up since the reserve
+                if self.space.make_room(e.key, cursor, max_distance, _META_ROOM):
+                    continue
+                if time.monotonic() > deadline:  # nothing evictable came free
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._shards)
+                if self.on_pressure is not None:
+                    self.on_pressure()  # as a reserve waits: unpin, ask the others to
+                self.signal_pressure()
+                time.sleep(0.05)
             final = os.path.join(self._shards, e.key + ".data")
             os.replace(tmp, final)  # a space scan racing it counts it once (``_usage``)
             st = os.lstat(final)

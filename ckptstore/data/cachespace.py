@@ -126,6 +126,18 @@ class CacheSpace:
                     return None
                 raise  # nothing of ours to evict: the disk is full of other files
 
+    def make_room(self, keep: str, cursor: int, max_distance: int | None, nbytes: int) -> bool:
+        """On a full disk, evict shards as :meth:`reserve` would (never ``keep``) until
+        ``nbytes`` are free: room for the small file beside a shard whose data fitted (its
+        space was allocated up front, the ``.meta`` file's was not). False: nothing was
+        evictable."""
+        with self._budget() as ledger:
+            _, cached = self.usage()
+            freed, _ = self._evict_farthest(cached, cursor, keep, max_distance, nbytes)
+            if freed and self.limit is not None:
+                ledger.free(freed)
+            return freed > 0
+
     @contextlib.contextmanager
     def _budget(self) -> Iterator[Ledger]:
         """Hold the node's budget lock around every space decision: with a limit, each
