@@ -145,3 +145,22 @@ def test_shard_larger_than_the_disk_is_a_clear_error(tmp_path, tiny_disk) -> Non
         next(iter(dl))
     dl.close()
     assert _cache_is_whole(cache) == []  # nothing torn, nothing half-written left
+
+
+@pytest.mark.processes
+def test_a_disk_full_at_the_meta_write_evicts_and_the_shard_is_cached(tmp_path, tiny_disk):
+    """The disk fills between a shard's reserve (its data's space allocated up front) and
+    its small .meta file: a cached shard no one holds is evicted, as the reserve would."""
+    _blob_shards(tmp_path / "ds", shards=2, rows=10, blob=30_000)  # ~300 KB a shard
+    cache = tiny_disk / "cache"
+    ds = ShardedDataset(str(tmp_path / "ds"), cache_dir=str(cache), seed=1)
+    c = ds.make_cache()
+    c.acquire(0, 0).release()  # shard 0 cached, held by no one
+    page = os.statvfs(tiny_disk).f_frsize
+    st = os.statvfs(tiny_disk)
+    room = -(-ds.entries[1].size // page) * page  # shard 1's data, not its .meta
+    with open(tiny_disk / "filler", "wb") as f:
+        f.write(bytes(st.f_bavail * st.f_frsize - room))
+    c.acquire(1, 0).release()
+    names = _cache_is_whole(cache)
+    assert [n for n in names if n.endswith(".data")] == [ds.entries[1].key + ".data"], names
