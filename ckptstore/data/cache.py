@@ -370,13 +370,10 @@ class ShardCache:
             with os.fdopen(fd, "w") as f:
                 json.dump(meta, f)
             os.replace(meta_tmp, self._meta_path(key))
-        except OSError as exc:
+        except BaseException as exc:
             unlink_quietly(meta_tmp)
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 return False
-            raise
-        except BaseException:
-            unlink_quietly(meta_tmp)
             raise
         return True
 
