@@ -24,7 +24,7 @@ import pytest
 
 from ckptstore.dcp import node_segments
 from ckptstore.dcp.shared_read import read_shared
-from ckptstore.errors import CorruptCheckpointError
+from ckptstore.errors import CkptStoreError, CorruptCheckpointError
 from harness.dist import run_distributed
 
 pytestmark = [
@@ -210,3 +210,44 @@ def _plan_owners(world: int) -> dict[tuple[str, int, int], int]:
     from ckptstore.engine.read_owners import plan_shares
 
     return plan_shares([KEYS] * world, SIZE).owners
+
+
+def test_a_sweep_removes_only_dead_creators_regular_segments_and_a_view_checks_the_file(
+    tmp_path,
+) -> None:
+    """/dev/shm is shared ground: the sweep leaves a live creator's segment, a symlink and
+    a file of another pid namespace; a mapping refuses a file of the wrong size."""
+    import subprocess
+
+    ns = node_segments.creator().split("-")[0]
+    p = subprocess.Popen(["true"])  # a pid that has exited
+    p.wait()
+    dead = p.pid
+    tag = f"sweeptest{os.getpid()}"
+
+    def name(maker: str) -> str:
+        return os.path.join(node_segments.SHM_DIR, f"{node_segments.PREFIX}{tag}-{maker}-0-0")
+
+    gone = name(f"{ns}-{dead}")
+    live = name(f"{ns}-{os.getpid()}")
+    other_ns = name(f"{int(ns) + 1}-{dead}")
+    link = os.path.join(node_segments.SHM_DIR, f"{node_segments.PREFIX}{tag}x-{ns}-{dead}-0-0")
+    target = tmp_path / "target"
+    target.write_bytes(b"keep")
+    try:
+        for path in (gone, live, other_ns):
+            with open(path, "wb") as f:
+                f.write(b"x" * 8)
+        os.symlink(target, link)
+        removed = node_segments.sweep()
+        assert gone in removed and not os.path.exists(gone)
+        assert all(os.path.lexists(p) for p in (live, other_ns, link))
+        assert target.read_bytes() == b"keep"
+        with pytest.raises(CkptStoreError, match="not the shared part"):
+            node_segments.open_view(live, 16)
+        with pytest.raises(CkptStoreError, match="could not open"):
+            node_segments.open_view(link, 4)  # a link is never followed
+    finally:
+        for path in (gone, live, other_ns, link):
+            if os.path.lexists(path):
+                os.unlink(path)
