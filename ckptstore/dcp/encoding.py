@@ -95,7 +95,14 @@ def write_item(data: io.BytesIO | torch.Tensor, sink: IO[bytes] | Any) -> None:
     if isinstance(data, io.BytesIO):
         sink.write(data.getbuffer())
         return
-    torch.save(cpu_item(data), sink)
+    tensor = cpu_item(data)
+    assert isinstance(tensor, torch.Tensor)
+    if tensor.untyped_storage().nbytes() < PAYLOAD_MIN and not isinstance(sink, io.BytesIO):
+        # torch.save writes ~40 records per item, each a call into ``sink.write``: a small
+        # item is encoded in memory first (C calls) and handed over in one write.
+        sink.write(encode_item(tensor))
+        return
+    torch.save(tensor, sink)
 
 
 def encode_item(data: io.BytesIO | torch.Tensor) -> memoryview:

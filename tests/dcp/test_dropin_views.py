@@ -5,6 +5,8 @@ files (single process)."""
 
 from __future__ import annotations
 
+import io
+
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -12,7 +14,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ckptstore
-from ckptstore.dcp.encoding import PAYLOAD_MIN, decode_tensor, encode_item
+from ckptstore.dcp.encoding import PAYLOAD_MIN, decode_tensor, encode_item, write_item
 from ckptstore.dcp.reader import StockCheckpointWarning
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
@@ -112,3 +114,32 @@ def test_stock_written_conj_and_neg_views_decode_with_their_bits(tmp_path, view)
         out = {"v": torch.zeros_like(x)}
         ckptstore.load(out, path)
     assert torch.equal(out["v"], v.resolve_conj().resolve_neg())
+
+
+class _Writes(io.RawIOBase):
+    """A sink that keeps every write it is handed (as ``ItemSink`` receives them)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, b) -> int:  # type: ignore[no-untyped-def, override]
+        self.writes.append(bytes(b))
+        return len(self.writes[-1])
+
+
+@pytest.mark.parametrize("n", [3, PAYLOAD_MIN // 4 - 1, PAYLOAD_MIN // 4 * 2])
+def test_an_item_below_the_payload_size_reaches_its_sink_in_one_write(n) -> None:
+    """``torch.save`` writes ~40 records per item; a small item is encoded in memory and
+    handed to the sink whole (one call into ckptstore's writer), a larger one streams; the
+    bytes are ``torch.save``'s either way."""
+    t = torch.arange(n, dtype=torch.float32)
+    sink = _Writes()
+    write_item(t, sink)
+    expected = io.BytesIO()
+    torch.save(t, expected)
+    assert b"".join(sink.writes) == expected.getvalue()
+    assert (len(sink.writes) == 1) == (t.nbytes < PAYLOAD_MIN)
