@@ -43,7 +43,7 @@ from ckptstore.engine.committed import (
 )
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry
 from ckptstore.engine.read_owners import Key
-from ckptstore.engine.readplan import READ_PIECE, Window, coalesce, piece_size
+from ckptstore.engine.readplan import FIRST_PIECE, READ_PIECE, Window, coalesce, piece_size
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -292,9 +292,13 @@ class CkptReader(StoreBound, StorageReader):
             piece = piece_size(total, largest, self.engine.read_streams)
             windows = coalesce(keys, max_window=piece)
         # In the plan's order (the state's, module by module): the items needed first land
-        # first, and each is handed to DCP as it lands.
+        # first, and each is handed to DCP as it lands; the first window is read as smaller
+        # GETs, so that it lands before the GETs of the rest (all in flight at once, on a
+        # link that caps each connection's rate, would end together).
         first = {key: i for i, key in enumerate(by_range)}  # by_range: in the plan's order
         pending = deque(sorted(windows, key=lambda w: min(first[keys[m]] for m in w.members)))
+        volume, streams = self.store.capabilities.zero_copy_parts, self.engine.read_streams
+        first_window = pending[0] if pending and not volume else None
         inflight: deque[tuple[Window, Future, Direct | None]] = deque()
         inflight_bytes = 0
         try:
@@ -307,14 +311,17 @@ class CkptReader(StoreBound, StorageReader):
                     if len(win.members) == 1:
                         key = keys[win.members[0]]
                         direct = got.direct(by_range[key], ranges.get(key), codecs[key], planner)
+                    size = piece
+                    if win is first_window:  # the first item: spread over more GETs
+                        size = piece_size(win.length, piece, streams, FIRST_PIECE)
                     if direct is None:
                         fut = self.engine.read_async(
-                            self.store, win.path, win.offset, win.length, part_size=piece
+                            self.store, win.path, win.offset, win.length, part_size=size
                         )
                     else:
                         at = win.offset + direct.span.offset
                         fut = self.engine.read_into_async(
-                            self.store, win.path, at, direct.buf, part_size=piece
+                            self.store, win.path, at, direct.buf, part_size=size
                         )
                     inflight.append((win, fut, direct))
                     inflight_bytes += win.length
@@ -351,10 +358,11 @@ class CkptReader(StoreBound, StorageReader):
         """Fill ``buf`` with the bytes of ``keys``, one after another, read in parallel
         straight into it (no copy) and each checked against the manifest's CRC32C (a range
         that does not check is read once more before it fails). Each range is read as GETs
-        of the piece size the plain reads use, so that an owner of a few large ranges keeps
-        every connection busy too."""
+        of the piece size the plain reads use (down to ``FIRST_PIECE`` for a small batch),
+        so that an owner of a few large ranges keeps every connection busy too."""
         largest = min(self.config.part_size, READ_PIECE)
-        piece = piece_size(sum(k[2] for k in keys), largest, self.engine.read_streams)
+        total = sum(k[2] for k in keys)  # a small batch (the first) spreads over more GETs
+        piece = piece_size(total, largest, self.engine.read_streams, FIRST_PIECE)
         views: dict[Key, memoryview] = {}
         at = 0
         for key in keys:

@@ -9,7 +9,9 @@ greedily by bytes (largest range first, to the needing rank with the fewest byte
 so far, counting its ranges of its own) so that the store serves each byte once and every
 rank reads about as much. The shared ranges are cut into batches of at most ``budget``
 bytes, in the order the ranks listed them (the load's own order), so that a rank holds at
-most one batch in memory and the first items arrive first.
+most one batch in memory and the first items arrive first; the first batch is small
+(``first_batch``) and each next one twice the last, so that the first items are not held
+back until a whole budget's worth is read.
 
 ``plan_nodes`` groups the ranks into nodes (those that share one shared-memory directory)
 and says, per shared part and node, which rank *holds* it there (the owner on its own
@@ -23,7 +25,7 @@ from __future__ import annotations
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 
-__all__ = ["Key", "NodePlan", "SharePlan", "plan_nodes", "plan_shares"]
+__all__ = ["Key", "NodePlan", "SharePlan", "first_batch", "plan_nodes", "plan_shares"]
 
 #: A stored range: (file, offset, length), as DCP's ``.metadata`` names an item.
 Key = tuple[str, int, int]
@@ -51,9 +53,26 @@ class SharePlan:
         return out
 
 
+#: The first batch holds about this share of the shared bytes (``first_batch``).
+FIRST_BATCH_SHARE = 16
+
+#: ... but never less than this (a few GETs' worth), nor more than the budget.
+MIN_FIRST_BATCH = 4 * 1024 * 1024
+
+
+def first_batch(total: int, budget: int, min_first: int = MIN_FIRST_BATCH) -> int:
+    """The bytes of the first batch of ``total`` shared bytes: 1/``FIRST_BATCH_SHARE`` of
+    them, within ``[min_first, budget]``; each next batch may hold twice the last one's, up
+    to ``budget``. A batch is delivered once it is wholly read, so a first batch of the
+    whole budget would hold every item back until the last of them is read: a small one
+    lands early, and the ramp costs ~log2(FIRST_BATCH_SHARE) more batches (collectives)."""
+    return max(1, min(budget, max(min_first, -(-total // FIRST_BATCH_SHARE))))
+
+
 def plan_shares(needs: Sequence[Sequence[Key]], budget: int) -> SharePlan:
     """The owners and batches of the ranges that two ranks or more of ``needs`` (each
-    rank's ranges, in its load order) ask for; ``budget``: the bytes of one batch."""
+    rank's ranges, in its load order) ask for; ``budget``: the most bytes of one batch
+    (the first holds ``first_batch``'s, each next one up to twice the last's)."""
     needers: dict[Key, list[int]] = {}
     order: list[Key] = []
     for rank, keys in enumerate(needs):
@@ -76,10 +95,11 @@ def plan_shares(needs: Sequence[Sequence[Key]], budget: int) -> SharePlan:
     batches: list[tuple[Key, ...]] = []
     batch: list[Key] = []
     held = 0
+    cap = first_batch(sum(k[2] for k in shared), budget)
     for key in shared:
-        if batch and held + key[2] > budget:
+        if batch and held + key[2] > cap:
             batches.append(tuple(batch))
-            batch, held = [], 0
+            batch, held, cap = [], 0, min(budget, 2 * cap)
         batch.append(key)
         held += key[2]
     if batch:

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from ckptstore.config import MiB
 
 __all__ = [
+    "FIRST_PIECE",
     "MAX_STREAMS",
     "MIN_PIECE",
     "READ_PIECE",
@@ -33,6 +34,13 @@ __all__ = [
 #: The smallest ranged GET a load plans (unless the part size itself is smaller): 4 MiB
 #: is ~1.7 bandwidth-delay products of a 200 Mbit/s connection with a 40 ms round trip.
 MIN_PIECE = 4 * MiB
+
+#: The smallest ranged GET of a read that must land early (a load's first window, a
+#: shared batch): on a link whose every connection is capped, a window read as GETs of
+#: ``MIN_PIECE`` takes ``MIN_PIECE / cap`` however many connections sit idle; 1 MiB GETs
+#: spread it over more of them (each still ~0.4 bandwidth-delay products at 200 Mbit/s,
+#: 40 ms).
+FIRST_PIECE = 1 * MiB
 
 #: The largest ranged GET a load plans (unless the part size is smaller): 8 MiB is ~3.4
 #: bandwidth-delay products of a 200 Mbit/s connection with a 40 ms round trip (~1.7 at

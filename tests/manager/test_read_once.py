@@ -22,7 +22,7 @@ import torch
 
 from ckptstore.engine.committed import METADATA_NAME, open_committed
 from ckptstore.engine.names import step_name
-from ckptstore.engine.read_owners import plan_shares
+from ckptstore.engine.read_owners import first_batch, plan_shares
 from ckptstore.engine.store import Store
 from ckptstore.manager import CheckpointManager
 from ckptstore.stores import open_store
@@ -52,6 +52,21 @@ def test_a_range_one_rank_needs_is_not_shared_and_a_large_one_is_a_batch_alone()
     assert plan.owners == {("big", 0, 1000): 0}
     assert plan.batches == ((("big", 0, 1000),),)
     assert plan.read_bytes(needs) == [1010, 10]
+
+
+def test_the_first_batch_is_small_and_each_next_one_twice_the_last() -> None:
+    """A batch is delivered when it is wholly read: the first holds 1/16 of the shared
+    bytes, so the first items are not held back until a budget's worth is read."""
+    mib = 1 << 20
+    shared = [("a", i * 4 * mib, 4 * mib) for i in range(64)]  # 256 MiB of DDP state
+    plan = plan_shares([shared, shared], budget=512 * mib)
+    assert [sum(k[2] for k in b) // mib for b in plan.batches] == [16, 32, 64, 128, 16]
+    assert [k for b in plan.batches for k in b] == shared
+    assert first_batch(256 * mib, 512 * mib) == 16 * mib
+    assert first_batch(8 * mib, 512 * mib) == 4 * mib  # a few GETs' worth at least
+    assert first_batch(256 * mib, 8 * mib) == 8 * mib  # never more than the budget
+    tight = plan_shares([shared, shared], budget=32 * mib)
+    assert [sum(k[2] for k in b) // mib for b in tight.batches] == [16] + [32] * 7 + [16]
 
 
 # -- real ranks on SeaweedFS --------------------------------------------------------------

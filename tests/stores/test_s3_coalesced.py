@@ -104,3 +104,28 @@ def test_a_flipped_byte_inside_a_coalesced_window_is_caught(saved: S3Store, name
         for p, s, n in store.gets
         if p == entry.file
     )
+
+
+def test_the_first_item_is_read_as_smaller_gets_than_the_rest(seaweedfs: Any) -> None:
+    """All GETs of a load are in flight at once; on a link that caps each connection's rate
+    they would end together, the first item's with the last's. The first window is read as
+    GETs of ``FIRST_PIECE`` over the idle connections, so it lands first."""
+    g = torch.Generator().manual_seed(3)
+    saved = {"a": torch.randn(MiB, generator=g), "b": torch.randn(4 * MiB, generator=g)}
+    url = f"s3://{BUCKET}/{unique('first')}/step_000000001"
+    ckptstore.save(saved, ckptstore.writer(url, storage_options=seaweedfs.storage_options))
+    store = CountingStore(S3Store(url, seaweedfs.storage_options))
+    out = {k: torch.zeros_like(v) for k, v in saved.items()}
+    config = TransferConfig(part_size=8 * MiB, concurrency=4, memory_budget=64 * MiB)
+    ckptstore.load(out, ckptstore.reader(store, config=config))
+    assert all(torch.equal(out[k], saved[k]) for k in saved)
+    ranges = {r.key.split("@")[0]: r for r in open_committed(store).manifest.ranges}
+    gets = [g for g in store.gets if g[0].endswith(".distcp")]
+
+    def of(name: str) -> list[int]:
+        r = ranges[name]
+        return [n for _, at, n in gets if r.offset <= at < r.offset + r.length]
+
+    # 4 streams, 20 MiB: GETs of 5 MiB; the first item's 4 MiB in 4 GETs of ~1 MiB
+    assert len(of("a")) == 4 and max(of("a")) <= MiB + 4096, of("a")
+    assert min(of("b")[:-1]) >= 5 * MiB, of("b")

@@ -98,7 +98,10 @@ def test_large_tensors_are_read_as_pieces_over_more_connections(saved: S3Store) 
         lo = entry.offset + entry.span.offset  # type: ignore[union-attr]
         hi = lo + entry.span.length  # type: ignore[union-attr]
         mine = sorted((s, n) for p, s, n in shard if p == entry.file and lo <= s < hi)
-        assert len(mine) == 2 and mine[0][0] == lo
+        # the load's first item as GETs over every connection (it lands first), the rest
+        # as GETs of the piece size
+        assert len(mine) == (streams if entry.key.startswith(f"{NAMES[0]}@") else 2)
+        assert mine[0][0] == lo
         assert all(a + n == b for (a, n), (b, _) in zip(mine, mine[1:]))
         assert mine[-1][0] + mine[-1][1] == hi
     # more GETs at once than a save's parts in flight, never more than planned
