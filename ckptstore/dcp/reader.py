@@ -43,7 +43,14 @@ from ckptstore.engine.committed import (
 )
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry
 from ckptstore.engine.read_owners import Key
-from ckptstore.engine.readplan import FIRST_PIECE, READ_PIECE, Window, coalesce, piece_size
+from ckptstore.engine.readplan import (
+    FIRST_PIECE,
+    MIN_PIECE,
+    READ_PIECE,
+    Window,
+    coalesce,
+    piece_size,
+)
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -267,7 +274,7 @@ class CkptReader(StoreBound, StorageReader):
                 self.share_group,
                 order,
                 self.config.memory_budget,
-                lambda keys, buf: self._read_checked_into(keys, buf, ranges, got),
+                lambda keys, buf, first: self._read_checked_into(keys, buf, first, ranges, got),
                 lambda key, data: got.consume(
                     key, data, by_range[key], ranges.get(key), codecs[key], planner, limits[key]
                 ),
@@ -353,16 +360,22 @@ class CkptReader(StoreBound, StorageReader):
         return done
 
     def _read_checked_into(
-        self, keys: list[Key], buf: memoryview, ranges: dict[Key, RangeEntry], got: RangeDelivery
+        self,
+        keys: list[Key],
+        buf: memoryview,
+        first: bool,
+        ranges: dict[Key, RangeEntry],
+        got: RangeDelivery,
     ) -> None:
         """Fill ``buf`` with the bytes of ``keys``, one after another, read in parallel
         straight into it (no copy) and each checked against the manifest's CRC32C (a range
         that does not check is read once more before it fails). Each range is read as GETs
-        of the piece size the plain reads use (down to ``FIRST_PIECE`` for a small batch),
-        so that an owner of a few large ranges keeps every connection busy too."""
+        of the piece size the plain reads use (down to ``FIRST_PIECE`` for the ``first``
+        batch, which should land soon), so that an owner of a few large ranges keeps every
+        connection busy too."""
         largest = min(self.config.part_size, READ_PIECE)
-        total = sum(k[2] for k in keys)  # a small batch (the first) spreads over more GETs
-        piece = piece_size(total, largest, self.engine.read_streams, FIRST_PIECE)
+        smallest = FIRST_PIECE if first else MIN_PIECE
+        piece = piece_size(sum(k[2] for k in keys), largest, self.engine.read_streams, smallest)
         views: dict[Key, memoryview] = {}
         at = 0
         for key in keys:

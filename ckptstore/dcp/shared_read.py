@@ -5,8 +5,9 @@ group across nodes (on N ranks a plain DCP load of replicated state reads it N t
 ``read_shared`` (a collective: ``CkptReader.read_data`` calls it on every rank) gathers
 each rank's ranges and node (``dcp.node_segments``), lets ``engine.read_owners`` pick one
 owner per shared range and one holder per part and node, and runs the batches as a
-pipeline: while batch i moves and is delivered, its owners read batch i+1 on a worker
-thread (the collectives stay on the caller's), straight into the buffer they share (a
+pipeline: the owners read batch i+1 on a worker thread while batch i is read (its GETs
+queue behind batch i's), moves and is delivered (the collectives stay on the caller's
+thread); each reads straight into the buffer it shares (a
 segment where the node maps one), each range checked against its CRC32C (a mismatch read
 again once). Every rank learns whether any owner failed before a batch moves (then all
 raise); the owner sends once to each other node's holder (a broadcast when every rank
@@ -75,13 +76,14 @@ def read_shared(
     group: Any,
     keys: Sequence[Key],
     budget: int,
-    read_into: Callable[[list[Key], memoryview], None],
+    read_into: Callable[[list[Key], memoryview, bool], None],
     deliver: Callable[[Key, Any], None],
 ) -> set[Key]:
     """Deliver this rank's ``keys`` (its ranges, in load order) that other ranks need too;
-    the keys delivered. ``read_into(keys, buf)`` fills ``buf`` with the checked bytes of
-    ``keys``, one after another (raising ``CkptStoreError`` for a range it cannot read or
-    check; it runs on a worker thread); ``deliver`` checks and hands one range to the load.
+    the keys delivered. ``read_into(keys, buf, first)`` fills ``buf`` with the checked bytes
+    of ``keys``, one after another (raising ``CkptStoreError`` for a range it cannot read
+    or check; it runs on a worker thread; ``first``: the keys are of the first batch, which
+    should land soon); ``deliver`` checks and hands one range to the load.
     A collective over ``group``: every rank calls it once per load."""
     world = dist.get_world_size(group)
     node_segments.sweep()
@@ -100,13 +102,16 @@ def read_shared(
     failed: CkptStoreError | None = None  # a range this rank read or received did not check
     made: list[list[str]] = []  # the segments this rank made, per batch, until unlinked
     ahead: _Batch | None = None
-    with ThreadPoolExecutor(1, thread_name_prefix="ckptstore-share") as pool:
+    with ThreadPoolExecutor(2, thread_name_prefix="ckptstore-share") as pool:
         try:
             for i in range(len(plan.batches)):
                 if ahead is None:
                     ahead = _start(pool, load, i, read_into)
                     made.append(ahead.made)
                 batch, ahead = ahead, None
+                if i + 1 < len(plan.batches):  # read the next batch while this one is read
+                    ahead = _start(pool, load, i + 1, read_into)  # (its GETs queue behind)
+                    made.append(ahead.made)  # and moves
                 failed = failed or batch.error
                 if batch.reading is not None:
                     try:
@@ -114,10 +119,7 @@ def read_shared(
                     except CkptStoreError as exc:
                         failed = exc
                 _agree(group, world, failed)
-                _unlink(made[:-1])  # batch i-1's: every needer mapped them before this
-                if i + 1 < len(plan.batches):  # read the next batch while this one moves
-                    ahead = _start(pool, load, i + 1, read_into)
-                    made.append(ahead.made)
+                _unlink(made[:i])  # up to batch i-1's: every needer mapped them before this
                 for part in _exchange(load, batch):
                     if failed is None:
                         try:
@@ -140,7 +142,7 @@ def _start(
     pool: ThreadPoolExecutor,
     load: _Load,
     index: int,
-    read_into: Callable[[list[Key], memoryview], None],
+    read_into: Callable[[list[Key], memoryview, bool], None],
 ) -> _Batch:
     """The parts of batch ``index`` this rank shares: their buffers (segments it holds
     made here) and the read (on ``pool``) filling those it owns."""
@@ -179,7 +181,7 @@ def _start(
         def read() -> None:
             for part in owned:
                 assert part.buf is not None  # an owner holds its part on its node
-                read_into(part.keys, part.buf.numpy().data.cast("B"))
+                read_into(part.keys, part.buf.numpy().data.cast("B"), index == 0)
 
         out.reading = pool.submit(read)
     return out

@@ -51,7 +51,7 @@ def _run(rank: int, world: int, fail_at: int | None) -> Any:
     delivered: list[tuple[tuple[str, int, int], bool]] = []
     unfinished: set[int] = set()
 
-    def read_into(keys: list[tuple[str, int, int]], buf: memoryview) -> None:
+    def read_into(keys: list[tuple[str, int, int]], buf: memoryview, first: bool) -> None:
         for key in keys:
             index = key[1] // SIZE
             owned.append(index)
@@ -137,7 +137,7 @@ def _node_run(rank: int, world: int, nodes: int, fail: str | None) -> Any:
 
     node_segments.open_view = opening
 
-    def read_into(keys: list[tuple[str, int, int]], buf: memoryview) -> None:
+    def read_into(keys: list[tuple[str, int, int]], buf: memoryview, first: bool) -> None:
         if rank == 1 and fail == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
         if rank == 1 and fail == "read":
