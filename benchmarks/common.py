@@ -157,6 +157,19 @@ def fsync_path(path: str, flags: int = os.O_RDONLY) -> None:
 _RESET_OK: bool | None = None
 
 
+def machine_busy_s() -> float:
+    """CPU seconds all cores of the machine have been busy since boot (``/proc/stat``).
+
+    Busy is user + nice + system + irq + softirq; idle, iowait and the hypervisor's steal
+    are not. Over a save, the difference says how much CPU the whole machine (every rank,
+    writer process, kernel copy) spent on it: ``busy / wall`` near ``nproc`` means the
+    save is bound by the cores, and ``busy / nproc`` is the least wall time it could take.
+    """
+    with open("/proc/stat") as f:
+        t = [int(x) for x in f.readline().split()[1:]]
+    return (t[0] + t[1] + t[2] + t[5] + t[6]) / os.sysconf("SC_CLK_TCK")
+
+
 def reset_peak() -> bool:
     """Reset this process's peak RSS to its current RSS; False where the kernel refuses."""
     global _RESET_OK

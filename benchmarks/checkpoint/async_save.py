@@ -76,7 +76,14 @@ from benchmarks.checkpoint.interference import (
     interference_table,
     summarise_interference,
 )
-from benchmarks.common import fsync_path, peak_rss_mib, reset_peak, rotated, write_results
+from benchmarks.common import (
+    fsync_path,
+    machine_busy_s,
+    peak_rss_mib,
+    reset_peak,
+    rotated,
+    write_results,
+)
 from harness.dist import run_distributed
 
 FLOOR = "copy_ floor"
@@ -89,19 +96,6 @@ MANAGERS = (
     ("ckptstore manager (process), budget = state / 2", False, "process", 0.5),
 )
 CONTENDERS = (FLOOR, TORCH_SAVE, "dcp.async_save", STAGER, *(m[0] for m in MANAGERS))
-
-
-def machine_busy_s() -> float:
-    """CPU seconds all cores of the machine have been busy since boot (``/proc/stat``).
-
-    Busy is user + nice + system + irq + softirq; idle, iowait and the hypervisor's steal
-    are not. Over a save, the difference says how much CPU the whole machine (every rank,
-    writer process, kernel copy) spent on it: ``busy / wall`` near ``nproc`` means the
-    save is bound by the cores, and ``busy / nproc`` is the least wall time it could take.
-    """
-    with open("/proc/stat") as f:
-        t = [int(x) for x in f.readline().split()[1:]]
-    return (t[0] + t[1] + t[2] + t[5] + t[6]) / os.sysconf("SC_CLK_TCK")
 
 
 def disk_written_bytes() -> int:

@@ -27,6 +27,8 @@ crossed the link meanwhile (every rank, all files); "peak RSS" is how far the lo
 rank's resident memory above what it held before (its targets included; max over ranks);
 "CPU s" the CPU time of the ranks' processes during the load, summed over ranks (the link's
 and SeaweedFS's apart): on a machine whose cores the ranks share, the figure load does not move.
+"cores busy" is the whole machine's busy CPU seconds (``/proc/stat``: the ranks, SeaweedFS and
+the link) per second of the restore: near ``nproc``, the restore is bound by the cores.
 ``--memory-budget-mib`` sets ckptstore's ``TransferConfig.memory_budget`` (a shared batch's
 bytes). Every load is checked bitwise (untimed).
 Output: Markdown table, JSON (benchmarks/results/bench_read_once-*.json) and
@@ -52,6 +54,7 @@ from benchmarks.common import (
     current_rss_mib,
     exit_on_sigterm,
     load_average,
+    machine_busy_s,
     machine_line,
     machine_load,
     markdown_table,
@@ -176,10 +179,11 @@ def _restore(
     held = current_rss_mib()
     dist.barrier()
     down, gets = counters[1], counters[2]
-    t0, cpu = time.perf_counter(), time.process_time()
+    t0, cpu, busy = time.perf_counter(), time.process_time(), machine_busy_s()
     dcp.load(dest, storage_reader=_reader(contender, url, options, budget_mib), planner=planner)
     dist.barrier()
     secs, cpu = time.perf_counter() - t0, time.process_time() - cpu
+    cores = (machine_busy_s() - busy) / secs  # the whole machine: ranks, server, link
     rss = peak_rss_mib() - held
     down, gets = counters[1] - down, counters[2] - gets
     first, last = ((t or time.perf_counter()) - t0 for t in (planner.first, planner.last))
@@ -191,6 +195,7 @@ def _restore(
     dist.all_reduce(cpus)
     return {
         "cpu_s": float(cpus),
+        "cores_busy": cores,
         "s": float(out[0]),
         "first_s": float(out[1]),
         "last_s": float(out[2]),
@@ -271,6 +276,7 @@ def run(
                     "gets": statistics.median(x["gets"] for x in xs),
                     "rss_mib": max(x["rss_mib"] for x in xs),
                     "cpu_s": statistics.median(x["cpu_s"] for x in xs),
+                    "cores_busy": statistics.median(x.get("cores_busy", 0.0) for x in xs),
                 }
             )
     return {
@@ -302,6 +308,7 @@ def table(res: dict[str, Any]) -> str:
         "GETs",
         "peak RSS +MiB",
         "CPU s",
+        "cores busy",
     ]
     body = [
         [
@@ -317,10 +324,11 @@ def table(res: dict[str, Any]) -> str:
             f"{r['gets']:g}",
             cell(r["rss_mib"], ".0f"),
             cell(r["cpu_s"], ".1f"),
+            cell(r.get("cores_busy"), ".1f"),
         ]
         for r in res["rows"]
     ]
-    return markdown_table(header, "l" + "r" * 11, body)
+    return markdown_table(header, "l" + "r" * 12, body)
 
 
 def plot(res: dict[str, Any], figures: str) -> str | None:
