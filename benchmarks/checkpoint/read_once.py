@@ -4,6 +4,7 @@
     python -m benchmarks.checkpoint.read_once --quick    # 32 MiB, 2 repeats
     python -m benchmarks.checkpoint.read_once --worlds 1,2 --contenders shared,ckptstore
     python -m benchmarks.checkpoint.read_once --worlds 2,4 --memory-budget-mib 64   # batches
+    python -m benchmarks.checkpoint.read_once --worlds 4 --nodes 2 --contenders shared
     python -m benchmarks.checkpoint.read_once --plot-only benchmarks/results/<run>.json
 
 SeaweedFS behind the shaped link of ``restore_tier`` (here also counting GET requests). A
@@ -30,7 +31,9 @@ and SeaweedFS's apart): on a machine whose cores the ranks share, the figure loa
 "cores busy" is the whole machine's busy CPU seconds (``/proc/stat``: the ranks, SeaweedFS and
 the link) per second of the restore: near ``nproc``, the restore is bound by the cores.
 ``--memory-budget-mib`` sets ckptstore's ``TransferConfig.memory_budget`` (a shared batch's
-bytes). Every load is checked bitwise (untimed).
+bytes). ``--nodes K`` splits the ranks into K simulated nodes (the node key replaced in the
+ranks, as tests/dcp/test_shared_read.py does): a part then crosses gloo once to each other
+node and moves through ``/dev/shm`` within one. Every load is checked bitwise (untimed).
 Output: Markdown table, JSON (benchmarks/results/bench_read_once-*.json) and
 benchmarks/figures/read_once.png (time and bytes against N).
 """
@@ -159,6 +162,7 @@ def _restore(
     tensors: int,
     budget_mib: int,
     counters: Any,
+    nodes: int = 1,
 ) -> dict[str, Any]:
     """Every rank: barrier -> reader, ``dcp.load`` -> barrier; rank 0 reads the link."""
     import torch
@@ -166,6 +170,11 @@ def _restore(
     import torch.distributed.checkpoint as dcp
 
     torch.set_num_threads(1)
+    if nodes > 1:  # simulated nodes: which ranks share /dev/shm (the seam the tests use)
+        from ckptstore.dcp import node_segments
+
+        node = rank * min(nodes, world) // world
+        node_segments.node_key = lambda: ("simulated", node)
     want = _state(size_mib, tensors)
     dest = {k: torch.zeros_like(v) for k, v in want.items()}
     if contender == "s3torch":  # its import (and tenacity's stand-in) untimed
@@ -214,6 +223,7 @@ def run(
     mbps: float,
     ms: float,
     budget_mib: int = 0,
+    nodes: int = 1,
 ) -> dict[str, Any]:
     from benchmarks.shaped_link import ShapedLink
     from harness.dist import run_distributed
@@ -244,6 +254,7 @@ def run(
                 for c in rotated(contenders, rep + i):
                     got = run_distributed(
                         _restore, n, c, url, options, size_mib, tensors, budget_mib, counters,
+                        nodes,
                         timeout=3600, env=env,
                     )  # fmt: skip
                     samples[c][n].append(got[0])
@@ -285,6 +296,7 @@ def run(
         "worlds": worlds,
         "repeats": repeats,
         "memory_budget_mib": budget_mib or None,
+        "nodes": nodes,
         "link": description,
         "rows": rows,
         "samples": {c: {str(n): v for n, v in s.items()} for c, s in samples.items()},
@@ -377,6 +389,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--memory-budget-mib", type=int, default=0, help="ckptstore's (default: TransferConfig's)"
     )
+    p.add_argument("--nodes", type=int, default=1, help="simulated nodes (ranks split evenly)")
     p.add_argument("--quick", action="store_true", help="32 MiB")
     p.add_argument("--plot-only", metavar="JSON", help="redraw the plot of a run's results")
     a = p.parse_args(argv)
@@ -399,11 +412,13 @@ def main(argv: list[str] | None = None) -> int:
         a.link_mbps,
         a.link_latency_ms,
         a.memory_budget_mib,
+        a.nodes,
     )
     budget = f"{a.memory_budget_mib} MiB" if a.memory_budget_mib else "default"
     print(
         f"{size} MiB replicated ({a.tensors} tensors), saved on {SAVE_WORLD} ranks; "
-        f"{a.repeats} repeats; ckptstore memory budget {budget}; link: {res['link']}\n"
+        f"{a.repeats} repeats; ckptstore memory budget {budget}; {a.nodes} simulated node(s); "
+        f"link: {res['link']}\n"
     )
     print(table(res))
     print(f"\nwall {res['wall_s']:.0f} s; {machine_line(res['machine'])}")
