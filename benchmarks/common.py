@@ -49,6 +49,7 @@ __all__ = [
     "exit_on_sigterm",
     "fsync_path",
     "load_average",
+    "machine_busy_s",
     "machine_facts",
     "machine_line",
     "machine_load",

@@ -163,7 +163,7 @@ def run_one(world: int, name: str, shape: dict, plan: tuple, base: str) -> dict:
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out = {"rate": res[0]["rate"], "params": res[0]["params"], "wall_s": time.perf_counter() - t0}
-    for k in ("peak_rss_mib", "rss_mib", "tree_rss_mib", "tree_pss_mib"):
+    for k in MEMORY:
         out[k] = max(r[k] for r in res)
     return out
 
