@@ -216,7 +216,8 @@ def test_a_sweep_removes_only_dead_creators_regular_segments_and_a_view_checks_t
     tmp_path,
 ) -> None:
     """/dev/shm is shared ground: the sweep leaves a live creator's segment, a symlink and
-    a file of another pid namespace; a mapping refuses a file of the wrong size."""
+    a file of another pid namespace; a mapping refuses a file of the wrong size; a segment
+    is never created over a name already there, nor through a link."""
     import subprocess
 
     ns = node_segments.creator().split("-")[0]
@@ -247,6 +248,9 @@ def test_a_sweep_removes_only_dead_creators_regular_segments_and_a_view_checks_t
             node_segments.open_view(live, 16)
         with pytest.raises(CkptStoreError, match="could not open"):
             node_segments.open_view(link, 4)  # a link is never followed
+        with pytest.raises(CkptStoreError, match="could not create"):
+            node_segments.create(link, 4)  # a name already taken (here a link) is refused
+        assert os.path.islink(link) and target.read_bytes() == b"keep"
     finally:
         for path in (gone, live, other_ns, link):
             if os.path.lexists(path):
