@@ -97,7 +97,7 @@ def write_item(data: io.BytesIO | torch.Tensor, sink: IO[bytes] | Any) -> None:
         return
     tensor = cpu_item(data)
     assert isinstance(tensor, torch.Tensor)
-    if tensor.untyped_storage().nbytes() < PAYLOAD_MIN and not isinstance(sink, io.BytesIO):
+    if tensor.untyped_storage().nbytes() < PAYLOAD_MIN:
         # torch.save writes ~40 records per item, each a call into ``sink.write``: a small
         # item is encoded in memory first (C calls) and handed over in one write.
         sink.write(encode_item(tensor))
@@ -110,7 +110,7 @@ def encode_item(data: io.BytesIO | torch.Tensor) -> memoryview:
     if isinstance(data, io.BytesIO):
         return data.getbuffer()
     buf = io.BytesIO()
-    write_item(data, buf)
+    torch.save(cpu_item(data), buf)
     return buf.getbuffer()
 
 
