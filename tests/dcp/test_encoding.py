@@ -56,3 +56,34 @@ def test_damaged_bytes_never_give_an_out_of_bounds_view() -> None:
     assert _tensor_view(memoryview(data[: len(data) // 2])) is None  # truncated: no zip
     with pytest.raises(Exception):  # noqa: B017 - torch.load's own error, whatever it is
         decode_tensor(data[: len(data) // 2])
+
+
+def test_items_are_torch_save_bytes_without_the_zip_crc32() -> None:
+    """What write_item stores is what torch.save writes with set_crc32_options(False) (the
+    manifest's CRC32C covers every byte), it loads with torch.load and decodes as a view,
+    and the process-wide option stays as the user left it."""
+    from ckptstore.dcp.encoding import encode_item
+
+    tensor = torch.randn(300, 256)
+    ours = bytes(encode_item(tensor))
+    torch.serialization.set_crc32_options(False)
+    try:
+        stock = saved(tensor)
+    finally:
+        torch.serialization.set_crc32_options(True)
+    assert ours == bytes(stock)
+    assert torch.equal(torch.load(io.BytesIO(ours), weights_only=True), tensor)
+    view = _tensor_view(memoryview(bytearray(ours)))
+    assert view is not None and torch.equal(view, tensor)
+    assert torch.serialization.get_crc32_options() is True
+    import zipfile
+
+    assert zipfile.ZipFile(io.BytesIO(saved(tensor))).testzip() is None  # torch.save: CRCs
+
+
+def test_a_record_whose_zip_crc32_is_wrong_is_not_taken_as_a_view() -> None:
+    data = saved(torch.arange(100.0))
+    at = bytes(data).find(b"cpu")  # in data.pkl: the storage's location, which is not read
+    data[at : at + 3] = b"cpv"  # so only data.pkl's CRC-32 says the bytes changed
+    assert _tensor_view(memoryview(data)) is None
+    assert torch.equal(decode_tensor(data), torch.arange(100.0))  # torch.load ignores it
