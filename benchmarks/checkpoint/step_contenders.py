@@ -43,6 +43,7 @@ class Job:
     model: torch.nn.Module  # the DDP-wrapped model
     optim: torch.optim.Optimizer
     pg: Any  # a gloo group of its own: a save's collectives never meet DDP's
+    device: str = "cpu"  # where the state lives: "cpu" or "cuda"
 
     def app(self) -> Any:
         from ckptstore import AppState
@@ -113,7 +114,8 @@ class DcpAsync(Contender):
         super().__init__(job)
         # Pinned memory and non-blocking copies need an accelerator; shared memory is what
         # hands the staged tensors to the checkpoint process without a copy.
-        self.stager = DefaultStager(StagingOptions(False, self.process, True, False))
+        accel = job.device != "cpu"
+        self.stager = DefaultStager(StagingOptions(accel, self.process, True, accel))
         self.resp: Any = None
 
     def writer(self, path: str) -> Any:
@@ -209,7 +211,8 @@ class TorchCheckpointing(Contender):
         from torch_checkpointing.storage.filesystem import LocalFileSystemStorageConfig
 
         super().__init__(job)
-        staging = CheckpointStagerConfig(use_pinned_memory=False, use_non_blocking_copy=False)
+        accel = job.device != "cpu"  # pinned, non-blocking copies need an accelerator
+        staging = CheckpointStagerConfig(use_pinned_memory=accel, use_non_blocking_copy=accel)
         save = AsyncCheckpointSaverConfig(staging_config=staging)
         # Its default O_DIRECT fails with EINVAL at close on this machine's disk.
         storage = LocalFileSystemStorageConfig(use_direct_io=False)

@@ -2,12 +2,15 @@
 
     python -m benchmarks.checkpoint.step_rate [--world 1,2,4] [--every 1,10] [--state-mib 256]
         [--models demo,sized] [--steps 10] [--blocks 3] [--pairs 5] [--contenders "NAME;..."]
-        [--max-minutes M] [--quick]
+        [--max-minutes M] [--quick] [--device cpu|cuda]
     python -m benchmarks.checkpoint.step_rate --report RESULTS.json...   # merged table, plot
 
 The loop: the demo's causal transformer (``examples/resilience/train.py``, 3.2 M parameters,
 37 MiB with AdamW) and a wider one sized to ``--state-mib`` per rank ("sized"), plain DDP
 over gloo, AdamW, one torch thread per rank, 6 sequences of 32 tokens per rank and step.
+With ``--device cuda`` the model, its optimizer and the batches live on rank r's GPU
+(r mod the devices there), the stock stagers pin and copy without blocking, and each
+block's time ends with ``torch.cuda.synchronize()``.
 Each contender (``step_contenders``) runs in a fresh group of rank processes (never two
 in one process), after a warm-up with one save: ``--blocks`` rounds of a block of
 ``--steps`` steps with no checkpoint (the baseline, in the same run, interleaved so that
@@ -80,7 +83,9 @@ def build_model(shape: dict[str, int]) -> Any:
     return train["build_model"](train["parse_args"](["--data=-", "--root=-", *flags]))
 
 
-def run_rank(rank: int, world: int, name: str, shape: dict, plan: tuple, root: str) -> dict:
+def run_rank(
+    rank: int, world: int, name: str, shape: dict, plan: tuple, root: str, device: str = "cpu"
+) -> dict:
     """One contender on this rank: warm-up, then ``blocks`` rounds of a block of ``steps``
     steps per interval (0: no checkpoint), the order rotated from ``first`` round by
     round; steps/s per interval (the slowest rank's time), RSS before saving and peak, and
@@ -100,12 +105,18 @@ def run_rank(rank: int, world: int, name: str, shape: dict, plan: tuple, root: s
     # so the baselines differed by contender.
     block = torch.empty(16 << 20, dtype=torch.uint8)
     del block
-    model = DistributedDataParallel(build_model(shape))
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        dev = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(dev)
+    ids = [dev.index] if dev.type == "cuda" else None
+    model = DistributedDataParallel(build_model(shape).to(dev), device_ids=ids)
     optim = torch.optim.AdamW(model.parameters(), lr=1e-4)
     pg = dist.new_group(backend="gloo")
     g = torch.Generator().manual_seed(rank)
-    tokens = torch.randint(0, 64, (BATCH, SEQ), generator=g)
-    contender = CONTENDERS[name](Job(rank, world, root, model, optim, pg))
+    tokens = torch.randint(0, 64, (BATCH, SEQ), generator=g).to(dev)
+    contender = CONTENDERS[name](Job(rank, world, root, model, optim, pg, dev.type))
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     done = 0  # steps taken: every save's step number is new
 
     def train_step() -> None:
@@ -133,12 +144,14 @@ def run_rank(rank: int, world: int, name: str, shape: dict, plan: tuple, root: s
             contender.wait()
             for b in range(blocks):
                 for every in rotated(intervals, first + b):
+                    sync()
                     dist.barrier()
                     t0 = time.perf_counter()
                     for i in range(steps):
                         train_step()
                         if every and i % every == 0:
                             contender.save(done)
+                    sync()
                     dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                     contender.wait()  # durable before the next block (untimed)
                     dist.all_reduce(dt, op=dist.ReduceOp.MAX)
@@ -151,7 +164,7 @@ def run_rank(rank: int, world: int, name: str, shape: dict, plan: tuple, root: s
     return out
 
 
-def run_one(world: int, name: str, shape: dict, plan: tuple, base: str) -> dict:
+def run_one(world: int, name: str, shape: dict, plan: tuple, base: str, device: str) -> dict:
     """``name`` in fresh rank processes; rank 0's rates and the max over ranks of each
     memory figure."""
     from harness.dist import run_distributed
@@ -159,7 +172,9 @@ def run_one(world: int, name: str, shape: dict, plan: tuple, base: str) -> dict:
     root = tempfile.mkdtemp(prefix="run-", dir=base)
     t0 = time.perf_counter()
     try:
-        res = run_distributed(run_rank, world, name, shape, plan, root, timeout=1800, daemon=False)
+        res = run_distributed(
+            run_rank, world, name, shape, plan, root, device, timeout=1800, daemon=False
+        )
     finally:
         shutil.rmtree(root, ignore_errors=True)
     out = {"rate": res[0]["rate"], "params": res[0]["params"], "wall_s": time.perf_counter() - t0}
@@ -293,6 +308,7 @@ def main() -> None:
     p.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
     p.add_argument("--max-minutes", type=float, default=0, help="start no repeat after it")
     p.add_argument("--quick", action="store_true", help="2 ranks, 32 MiB, 2 blocks, 2 pairs")
+    p.add_argument("--device", default="cpu", choices=("cpu", "cuda"), help="where training runs")
     p.add_argument("--report", nargs="+", help="only the table and plot of these results")
     a = p.parse_args()
     if a.report:  # several runs' rows (e.g. a cell each) as one table and one plot
@@ -313,6 +329,11 @@ def main() -> None:
     models = [m.strip() for m in a.models.split(",")]
     if any(a.steps % e for e in every) or not set(models) <= {"demo", "sized"}:
         raise SystemExit("--steps must be a multiple of every interval; --models demo,sized")
+    if a.device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise SystemExit("--device cuda: this torch sees no CUDA device; run it on a GPU")
     names, skipped = [], {}
     for n in (n.strip() for n in a.contenders.split(";") if n.strip()):
         if n not in CONTENDERS:
@@ -337,7 +358,7 @@ def main() -> None:
                         break
                     plan = ((0, *every), a.blocks, a.steps, r)
                     for name in rotated(names, r):
-                        run = run_one(world, name, shape, plan, base)
+                        run = run_one(world, name, shape, plan, base, a.device)
                         run.update(world=world, model=model, contender=name, repeat=r)
                         runs.append(run)
                         print(f"{world} ranks, {model}, {name}, repeat {r}: "
