@@ -58,27 +58,56 @@ def test_damaged_bytes_never_give_an_out_of_bounds_view() -> None:
         decode_tensor(data[: len(data) // 2])
 
 
-def test_items_are_torch_save_bytes_without_the_zip_crc32() -> None:
-    """What write_item stores is what torch.save writes with set_crc32_options(False) (the
-    manifest's CRC32C covers every byte), it loads with torch.load and decodes as a view,
-    and the process-wide option stays as the user left it."""
-    from ckptstore.dcp.encoding import encode_item
-
-    tensor = torch.randn(300, 256)
-    ours = bytes(encode_item(tensor))
+def _stock_without_crc32(tensor: torch.Tensor) -> bytes:
     torch.serialization.set_crc32_options(False)
     try:
-        stock = saved(tensor)
+        return bytes(saved(tensor))
     finally:
         torch.serialization.set_crc32_options(True)
-    assert ours == bytes(stock)
-    assert torch.equal(torch.load(io.BytesIO(ours), weights_only=True), tensor)
-    view = _tensor_view(memoryview(bytearray(ours)))
-    assert view is not None and torch.equal(view, tensor)
+
+
+ITEMS = {
+    **CASES,
+    "parameter": torch.nn.Parameter(torch.randn(5, 7)),
+    "empty": torch.zeros(0, 3),
+    "large": torch.randn(128, 1024),
+    "complex conj": torch.randn(4, dtype=torch.complex64).conj(),
+}
+
+
+@pytest.mark.parametrize("name", list(ITEMS))
+def test_items_are_torch_save_bytes_without_the_zip_crc32(name: str) -> None:
+    """What an item is: what torch.save writes of ``cpu_item(tensor)`` with
+    set_crc32_options(False) (the manifest's CRC32C covers every byte), also when written
+    as a cached frame around the storage's bytes; it loads with torch.load and decodes as
+    a view; the process-wide option stays as the user left it."""
+    from ckptstore.dcp import encoding
+
+    assert encoding._crc_free_ok()  # the fast path is live on the supported torch
+    item = encoding.cpu_item(ITEMS[name])
+    assert isinstance(item, torch.Tensor)
+    stock = _stock_without_crc32(item)
+    for _ in range(2):  # the frame is made, then reused
+        assert bytes(encoding.encode_item(ITEMS[name])) == stock
+        sink = io.BytesIO()
+        encoding.write_item(ITEMS[name], sink)
+        assert sink.getvalue() == stock
+    assert (encoding._frame(item) is not None) == (item.nbytes > 0)
+    assert torch.equal(torch.load(io.BytesIO(stock), weights_only=True), item)
+    assert torch.equal(decode_tensor(bytearray(stock)), item)
     assert torch.serialization.get_crc32_options() is True
     import zipfile
 
-    assert zipfile.ZipFile(io.BytesIO(saved(tensor))).testzip() is None  # torch.save: CRCs
+    assert zipfile.ZipFile(io.BytesIO(saved(item))).testzip() is None  # torch.save: CRCs
+
+
+def test_tensors_of_one_shape_share_a_frame_and_keep_their_own_bytes() -> None:
+    from ckptstore.dcp.encoding import encode_item
+
+    a, b = torch.randn(64, 64), torch.randn(64, 64)
+    assert bytes(encode_item(a)) == _stock_without_crc32(a)
+    assert bytes(encode_item(b)) == _stock_without_crc32(b)
+    assert torch.equal(decode_tensor(bytearray(encode_item(b))), b)
 
 
 def test_a_record_whose_zip_crc32_is_wrong_is_not_taken_as_a_view() -> None:
