@@ -118,6 +118,8 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
     Every read is retried per ``retry`` (default ``RetryConfig()``) unless ``store`` is
     already a retrying view."""
     store = retrying(store, retry)
+    if store.capabilities.zero_copy_parts:  # a volume: reads are syscalls, not round trips
+        return _open(store, _read_marker(store), {})
     # Three small reads, each a round trip on an object store: the canonical manifest and
     # .metadata are read alongside the marker, and used only if they match it (a pool per
     # call: a module-level one would hang in a forked child).
