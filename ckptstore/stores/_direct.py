@@ -27,8 +27,11 @@ __all__ = ["ALIGN", "CHUNK", "DIRECT_MIN", "ENV", "LOCAL_DISK_FS", "fs_type", "w
 #: Alignment of the file offsets, lengths and memory of a direct write: the page size,
 #: a multiple of every device's logical block size ckptstore expects (512 or 4096).
 ALIGN = 4096
-#: Bytes copied and written per direct ``pwrite`` (each thread's buffer, kept for reuse).
-CHUNK = 4 * 1024 * 1024
+#: Bytes copied and written per direct ``pwrite`` (each thread's buffer, kept for reuse:
+#: resident for as long as the I/O thread lives). 1, 2 and 4 MiB chunks wrote 256 MiB
+#: direct + fsync equally fast here (0.12-0.15 s each); at 4 MiB the 8 I/O threads' buffers
+#: held ~18 MiB more RSS than a stock async save after a save of a 37 MiB state.
+CHUNK = 1024 * 1024
 #: Parts smaller than this are written buffered only (a direct write waits for the device).
 DIRECT_MIN = 1024 * 1024
 #: The environment variable that turns direct writes off when it is "0".
