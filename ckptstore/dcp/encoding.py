@@ -1,11 +1,10 @@
 """How one DCP item becomes bytes in a shard file, and back.
 
 Items keep stock DCP's encoding (``torch.save`` of each tensor, raw bytes for BYTE_IO
-items) so stock ``FileSystemReader`` / ``FsspecReader`` load ckptstore checkpoints, written
-as torch writes them with ``torch.serialization.set_crc32_options(False)``: the zip's
-CRC-32 fields are 0 (``torch.load`` ignores them; the manifest's CRC32C covers every
-byte). A
-codec (``ckptstore.engine.codecs``) then encodes those bytes, item by item; with
+items) so stock ``FileSystemReader`` / ``FsspecReader`` load ckptstore checkpoints; a tensor
+is written as torch writes it with ``torch.serialization.set_crc32_options(False)``: the
+zip's CRC-32 fields are 0 (``torch.load`` ignores them; the manifest's CRC32C covers every
+byte). A codec (``ckptstore.engine.codecs``) then encodes those bytes, item by item; with
 ``codec="zstd"`` each item is one zstd frame of its own: the format of DCP's
 ``ZStandard`` stream extension, which the writer names in ``.metadata`` so stock readers
 decompress them too (the codec is also recorded in the manifest).
@@ -188,10 +187,10 @@ class _FrameSink(io.RawIOBase):
         return True
 
     def write(self, b: Any) -> int:
-        n = len(memoryview(b).cast("B"))
-        self.parts[-1] += memoryview(b).cast("B")
-        self._pos += n
-        return n
+        view = memoryview(b).cast("B")
+        self.parts[-1] += view
+        self._pos += len(view)
+        return len(view)
 
     def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
         target = {io.SEEK_SET: offset, io.SEEK_CUR: self._pos + offset}.get(whence, -1)
