@@ -10,8 +10,9 @@ then completes it). ``committed_from_bytes`` re-checks bytes another process rea
 
 from __future__ import annotations
 
+import copy
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 
 from ckptstore.config import RetryConfig
@@ -131,6 +132,37 @@ def open_committed(store: Store, retry: RetryConfig | None = None) -> Committed:
         return _open(store, _read_marker(store), early)
 
 
+#: Manifests parsed lately, keyed by their exact bytes, oldest first: a manager's retention
+#: opens every kept step after each save, and a parse costs ~0.85 ms for 228 ranges (~35 ms
+#: for 10k). Only manifests up to ``_PARSED_MAX_SIZE`` bytes, at most ``_PARSED_COUNT``.
+_PARSED: dict[bytes, Manifest] = {}
+_PARSED_COUNT = 6
+_PARSED_MAX_SIZE = 1 << 20
+
+
+def _parse_manifest(data: bytes, where: str) -> Manifest:
+    """``Manifest.from_bytes(data, where)``: a new object each call (callers may change
+    it), parsed once for bytes seen lately. No lock (a forked child must not inherit a
+    held one): each dict operation is atomic, and a lost race only parses again."""
+    data = bytes(data)
+    known = _PARSED.get(data)
+    if known is None:
+        known = Manifest.from_bytes(data, where)
+        if len(data) <= _PARSED_MAX_SIZE:
+            _PARSED[data] = known
+            while len(_PARSED) > _PARSED_COUNT:
+                try:
+                    del _PARSED[next(iter(_PARSED))]
+                except (KeyError, RuntimeError, StopIteration):  # another thread's change
+                    break
+    return replace(
+        known,
+        files=dict(known.files),
+        ranges=list(known.ranges),
+        extra=copy.deepcopy(known.extra),
+    )
+
+
 def _open(store: Store, marker: Marker, early: dict[str, Future[bytes]]) -> Committed:
     names = [MANIFEST_NAME] + ([attempt_manifest_name(marker.attempt)] if marker.attempt else [])
     found = _get_first(store, names, marker.matches, early, marker.manifest_size)
@@ -140,7 +172,7 @@ def _open(store: Store, marker: Marker, early: dict[str, Future[bytes]]) -> Comm
             "missing); the checkpoint is damaged. Restore the previous checkpoint."
         )
     manifest_name, manifest_bytes = found
-    manifest = Manifest.from_bytes(manifest_bytes, store.describe(MANIFEST_NAME))
+    manifest = _parse_manifest(manifest_bytes, store.describe(MANIFEST_NAME))
     entry = manifest.files.get(METADATA_NAME)
     if entry is None or entry.size > MAX_METADATA_SIZE:
         raise CorruptCheckpointError(
@@ -187,7 +219,7 @@ def committed_from_bytes(
             f"{MARKER_NAME}; it was not verified, so it is not used. Restore the checkpoint "
             "again (or the previous one)."
         )
-    manifest = Manifest.from_bytes(bytes(manifest_bytes), f"{where}/{MANIFEST_NAME}")
+    manifest = _parse_manifest(bytes(manifest_bytes), f"{where}/{MANIFEST_NAME}")
     entry = manifest.files.get(METADATA_NAME)
     if entry is None:
         raise CorruptCheckpointError(f"{where}: the manifest does not list {METADATA_NAME}")
