@@ -40,6 +40,7 @@ class Private(NamedTuple):
 _AT_IMPORT = "TorchVersionError when the module is imported"
 _WHEN_USED = "TorchVersionError when first used"
 _TORCH_LOAD = "a stored tensor decodes through torch.load (a copy), not as a view of its bytes"
+_CRC32 = "items are written by torch.save (a zip CRC-32 over every byte, GIL held): slower"
 _DCP = "torch.distributed.checkpoint"
 _C10D = "torch.distributed.distributed_c10d"
 
@@ -103,6 +104,14 @@ PRIVATE = [
         "rendezvous.py: resets its _bootstrap_store_info, _shared_tcp_store_server",
         "RendezvousVersionError (a TorchVersionError) when torchrun makes the handler",
     ),
+    Private(
+        "torch.serialization",
+        "_save",
+        "dcp/encoding.py (_save_tensor: tensor items without the zip CRC-32)",
+        _CRC32,
+    ),
+    Private("torch.serialization", "_get_storage_alignment", "the same", _CRC32),
+    Private("torch", "_C.PyTorchFileWriter", "the same", _CRC32),
     # Names in pickles ckptstore's own unpicklers resolve (the bytes hold them, the code
     # compares strings): if torch pickles under another name, the unpickler refuses it.
     Private(

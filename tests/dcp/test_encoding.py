@@ -116,3 +116,19 @@ def test_a_record_whose_zip_crc32_is_wrong_is_not_taken_as_a_view() -> None:
     data[at : at + 3] = b"cpv"  # so only data.pkl's CRC-32 says the bytes changed
     assert _tensor_view(memoryview(data)) is None
     assert torch.equal(decode_tensor(data), torch.arange(100.0))  # torch.load ignores it
+
+
+def test_where_torch_moved_its_writer_names_items_are_written_by_torch_save(monkeypatch) -> None:
+    """The guard tests/test_torch_range.py lists: where the private names are gone (the
+    import in ``_save_crc_free`` fails), items get ``torch.save``'s bytes (with the zip
+    CRC-32), not an error."""
+    from ckptstore.dcp import encoding
+
+    def moved(*_: object) -> None:
+        raise ImportError("cannot import name '_save' from 'torch.serialization'")
+
+    monkeypatch.setattr(encoding, "_save_crc_free", moved)
+    monkeypatch.setattr(encoding, "_CRC_FREE", [])
+    tensor = torch.randn(8, 8)
+    assert bytes(encoding.encode_item(tensor)) == bytes(saved(tensor))
+    assert encoding._CRC_FREE == [False]
