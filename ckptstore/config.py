@@ -41,8 +41,10 @@ class TransferConfig:
 
     ``part_size`` is the target part size for multipart writes and ranged reads (grown
     automatically so a file never needs more parts than the store allows).
-    ``concurrency`` is the number of parts in flight per process. ``memory_budget`` caps
-    the bytes buffered for parts not yet written (a writer blocks when it is reached).
+    ``concurrency`` is the number of parts in flight per process (to a volume, no more
+    than the rank's cores less one: ``ckptstore.engine.cores.volume_writers``).
+    ``memory_budget`` caps the bytes buffered for parts not yet written (a writer blocks
+    when it is reached).
     A read-once restore (``CkptReader(share_group=)``) moves shared ranges in batches of
     ``memory_budget`` bytes, two at a time (one read, one sent): at most 2 x
     ``memory_budget`` per rank.

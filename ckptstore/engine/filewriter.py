@@ -325,7 +325,8 @@ class FileWriter:
                 release()
                 held.clear()
 
-        fut = engine.pool.submit(send)
+        pool = engine.volume_pool if store.capabilities.zero_copy_parts else engine.pool
+        fut = pool.submit(send)
         # A part cancelled before it ran (abort) never reaches send()'s finally.
         fut.add_done_callback(lambda f: release() if f.cancelled() else None)
         self._futures.append(fut)

@@ -27,6 +27,7 @@ import numpy as np
 
 from ckptstore.config import TransferConfig
 from ckptstore.engine.buffers import BufferPool, gather
+from ckptstore.engine.cores import rank_cores, volume_writers
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
 from ckptstore.engine.readplan import read_streams
@@ -68,7 +69,9 @@ class TransferEngine:
     ranged GET each; see ``ckptstore.engine.readplan.read_streams``): more, smaller GETs in
     flight than a save's parts, to fill a link whose every connection is capped. A volume's
     reads (preads, ``capabilities.zero_copy_parts``) stay on the I/O pool: more of them at
-    once only share the same cores' memory copies.
+    once only share the same cores' memory copies. A volume's part writes run on a pool of
+    ``volume_writers`` threads (``ckptstore.engine.cores``): no more than the rank's cores
+    less the one training runs on, since each is a busy core.
     """
 
     def __init__(self, config: TransferConfig | None = None) -> None:
@@ -77,8 +80,11 @@ class TransferEngine:
         self.buffers = BufferPool(self.config.memory_budget)
         #: Ranged GETs in flight at most (the read pool's threads).
         self.read_streams = read_streams(self.config.part_size, self.config.concurrency)
+        #: Part writes in flight to a volume at most (the volume write pool's threads).
+        self.volume_writers = volume_writers(self.config.concurrency, rank_cores())
         self._pool: ThreadPoolExecutor | None = None
         self._read_pool: ThreadPoolExecutor | None = None
+        self._volume_pool: ThreadPoolExecutor | None = None
         self._lock = threading.Lock()
 
     @classmethod
@@ -114,12 +120,23 @@ class TransferEngine:
                 )
             return self._read_pool
 
+    @property
+    def volume_pool(self) -> ThreadPoolExecutor:
+        """The pool a volume's part writes run on (``volume_writers`` threads), started on
+        first use."""
+        with self._lock:
+            if self._volume_pool is None:
+                self._volume_pool = ThreadPoolExecutor(
+                    self.volume_writers, thread_name_prefix="ckptstore-volume"
+                )
+            return self._volume_pool
+
     def close(self) -> None:
         """Shut the thread pools down, waiting for queued transfers; a later use starts new
         ones."""
         with self._lock:
-            pools = (self._pool, self._read_pool)
-            self._pool = self._read_pool = None
+            pools = (self._pool, self._read_pool, self._volume_pool)
+            self._pool = self._read_pool = self._volume_pool = None
         for pool in pools:
             if pool is not None:
                 pool.shutdown(wait=True)

@@ -9,7 +9,9 @@ import numpy as np
 import pytest
 
 from ckptstore.config import RetryConfig, TransferConfig
+from ckptstore.engine import transfer
 from ckptstore.engine.checksum import crc32c
+from ckptstore.engine.cores import rank_cores, volume_writers
 from ckptstore.engine.filewriter import ZERO_COPY_MIN, plan_part_size
 from ckptstore.engine.retry import backoff_delay
 from ckptstore.engine.store import Buffer, Multipart, Part
@@ -71,12 +73,38 @@ class ConcurrencyProbe(FaultyStore):
                 self.inflight -= 1
 
 
-def test_parts_are_written_in_parallel(tmp_path) -> None:
+@pytest.mark.parametrize(("cores", "volume", "most"), [(8, True, 4), (2, True, 1), (2, False, 4)])
+def test_parts_in_flight_are_concurrency_on_a_volume_at_most_the_spare_cores(
+    tmp_path, monkeypatch, cores, volume, most
+) -> None:
+    """On a volume (``zero_copy_parts``) each part write is a busy core: at most the rank's
+    cores less one run at once; an object store's parts (mostly waits) keep ``concurrency``."""
+    monkeypatch.setattr(transfer, "rank_cores", lambda: cores)
     store = ConcurrencyProbe(LocalStore(str(tmp_path)))
+    if not volume:
+        store.capabilities = dataclasses.replace(store.capabilities, zero_copy_parts=False)
     with engine(concurrency=4) as e:
-        e.put(store, "big", os.urandom(16 * 1024))
+        assert e.volume_writers == min(4, cores - 1)
+        data = os.urandom(16 * 1024)
+        e.put(store, "big", data)
     assert store.calls["put_part"] == 16
-    assert store.peak >= 2
+    assert store.peak == most
+    assert store.get("big") == data
+
+
+def test_volume_writers_are_the_cores_less_trainings_own() -> None:
+    assert [volume_writers(8, c) for c in (1, 2, 3, 9, 64)] == [1, 1, 2, 8, 8]
+    assert volume_writers(1, 64) == 1
+
+
+def test_rank_cores_is_the_affinity_shared_by_the_local_ranks(monkeypatch) -> None:
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert rank_cores() == cores
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 4))
+    assert rank_cores() == 1
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
+    assert rank_cores() == cores
 
 
 def test_transient_part_failures_are_retried(tmp_path) -> None:

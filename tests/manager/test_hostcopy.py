@@ -9,7 +9,7 @@ import torch
 
 from ckptstore.manager.saving import hostcopy
 from ckptstore.manager.saving.host_arena import ArenaStager
-from ckptstore.manager.saving.hostcopy import CUT_ALIGN, HostCopier, rank_cores, split_bytes
+from ckptstore.manager.saving.hostcopy import CUT_ALIGN, HostCopier, split_bytes
 from ckptstore.manager.saving.shared_stager import SharedStager
 
 
@@ -60,18 +60,6 @@ def test_split_balances_the_bytes():
     assert len(per) == 4
     assert max(per) - min(per) <= 2 * CUT_ALIGN
     assert split_bytes(sizes, 1) == [[(i, 0, s) for i, s in enumerate(sizes)]]
-
-
-def test_rank_cores_is_the_affinity_shared_by_the_local_ranks(monkeypatch):
-    import os
-
-    cores = len(os.sched_getaffinity(0))
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
-    assert rank_cores() == cores
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(cores * 4))
-    assert rank_cores() == 1
-    monkeypatch.setenv("LOCAL_WORLD_SIZE", "not a number")
-    assert rank_cores() == cores
 
 
 def test_no_threads_where_torch_already_copies_on_as_many(monkeypatch):

@@ -11,14 +11,15 @@ is the pure part: the even split of the bytes over the threads.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 import torch
 
-__all__ = ["MAX_THREADS", "MIN_PARALLEL_BYTES", "HostCopier", "rank_cores", "split_bytes"]
+from ckptstore.engine.cores import rank_cores
+
+__all__ = ["MAX_THREADS", "MIN_PARALLEL_BYTES", "HostCopier", "split_bytes"]
 
 #: The most threads one rank copies with (memory bandwidth, not cores, bounds beyond).
 MAX_THREADS = 8
@@ -56,20 +57,6 @@ def split_bytes(sizes: Sequence[int], lanes: int) -> list[list[Piece]]:
                 out.append([])
                 room = share
     return [lane for lane in out if lane]
-
-
-def rank_cores() -> int:
-    """The cores this rank may use: its CPU affinity divided by the ranks on the node
-    (``LOCAL_WORLD_SIZE``, as torchrun sets it; 1 without it), at least 1."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    except ValueError:
-        local = 1
-    return max(1, cores // max(1, local))
 
 
 def _bytes(t: torch.Tensor) -> torch.Tensor:
