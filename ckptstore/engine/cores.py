@@ -36,6 +36,6 @@ def volume_writers(concurrency: int, cores: int) -> int:
     write's aligned buffer) and a disk request, so every writer is a busy core; an object
     store's part is mostly a wait on the network, so its ``concurrency`` stays as it is.
     Measured on 2 cores (a saver of the demo state in a process beside a training one, no
-    GIL shared): 8 writers slowed training 15-16 %, 2 or 4 writers 12 %, 1 writer 4-5 %,
+    GIL shared): 8 writers slowed training 13-18 %, 2 or 4 writers 12 %, 1 writer 4-5 %,
     each save as fast (512 MiB to durable: 0.39-0.41 s with 8, 0.42-0.45 s with 1)."""
     return max(1, min(concurrency, cores - 1))
