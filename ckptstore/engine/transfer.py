@@ -82,9 +82,7 @@ class TransferEngine:
         self.read_streams = read_streams(self.config.part_size, self.config.concurrency)
         #: Part writes in flight to a volume at most (the volume write pool's threads).
         self.volume_writers = volume_writers(self.config.concurrency, rank_cores())
-        self._pool: ThreadPoolExecutor | None = None
-        self._read_pool: ThreadPoolExecutor | None = None
-        self._volume_pool: ThreadPoolExecutor | None = None
+        self._pools: dict[str, ThreadPoolExecutor] = {}  # thread-name prefix -> pool
         self._lock = threading.Lock()
 
     @classmethod
@@ -100,46 +98,38 @@ class TransferEngine:
                 engine = _SHARED[key] = cls(config)
             return engine
 
+    def _started(self, prefix: str, threads: int) -> ThreadPoolExecutor:
+        """The pool of ``threads`` threads named ``prefix``, started on first use."""
+        with self._lock:
+            pool = self._pools.get(prefix)
+            if pool is None:
+                pool = self._pools[prefix] = ThreadPoolExecutor(threads, thread_name_prefix=prefix)
+            return pool
+
     @property
     def pool(self) -> ThreadPoolExecutor:
         """The I/O thread pool (``TransferConfig.concurrency`` threads), started on first use."""
-        with self._lock:
-            if self._pool is None:
-                self._pool = ThreadPoolExecutor(
-                    self.config.concurrency, thread_name_prefix="ckptstore-io"
-                )
-            return self._pool
+        return self._started("ckptstore-io", self.config.concurrency)
 
     @property
     def read_pool(self) -> ThreadPoolExecutor:
         """The ranged reads' thread pool (``read_streams`` threads), started on first use."""
-        with self._lock:
-            if self._read_pool is None:
-                self._read_pool = ThreadPoolExecutor(
-                    self.read_streams, thread_name_prefix="ckptstore-read"
-                )
-            return self._read_pool
+        return self._started("ckptstore-read", self.read_streams)
 
     @property
     def volume_pool(self) -> ThreadPoolExecutor:
         """The pool a volume's part writes run on (``volume_writers`` threads), started on
         first use."""
-        with self._lock:
-            if self._volume_pool is None:
-                self._volume_pool = ThreadPoolExecutor(
-                    self.volume_writers, thread_name_prefix="ckptstore-volume"
-                )
-            return self._volume_pool
+        return self._started("ckptstore-volume", self.volume_writers)
 
     def close(self) -> None:
         """Shut the thread pools down, waiting for queued transfers; a later use starts new
         ones."""
         with self._lock:
-            pools = (self._pool, self._read_pool, self._volume_pool)
-            self._pool = self._read_pool = self._volume_pool = None
+            pools = list(self._pools.values())
+            self._pools.clear()
         for pool in pools:
-            if pool is not None:
-                pool.shutdown(wait=True)
+            pool.shutdown(wait=True)
 
     def __enter__(self) -> TransferEngine:
         return self
