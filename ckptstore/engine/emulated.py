@@ -103,6 +103,7 @@ def complete(store: Store, upload: Multipart, parts: Sequence[Part]) -> None:
             return  # a retry after a lost response: done already
         raise StoreNotFoundError(f"{what}: the upload was aborted or completed")
     body = bytearray(total)
+    into = memoryview(body)  # no temporary copy of each part (bytearray's slice assignment)
     pos = 0
     for p in ordered:
         try:
@@ -116,7 +117,7 @@ def complete(store: Store, upload: Multipart, parts: Sequence[Part]) -> None:
             raise StoreNotFoundError(
                 f"{what}: part {p.number} holds {len(data)} bytes, not {p.size}; upload it again"
             )
-        body[pos : pos + p.size] = data
+        into[pos : pos + p.size] = data
         pos += p.size
     store.put(upload.path, body)
     abort(store, upload)  # the target is whole: now only the temp objects go

@@ -23,7 +23,7 @@ import functools
 import logging
 import math
 import threading
-from concurrent.futures import Future
+from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -73,7 +73,18 @@ ZERO_COPY_MIN = 1024 * 1024
 #: Part buffer size on a ``zero_copy_parts`` store: only writes below ``ZERO_COPY_MIN`` (item
 #: headers, small items) are copied there, so a full ``part_size`` buffer would be mostly
 #: untouched memory that ``bytearray`` still zero-fills (page faults) on every acquire.
-SMALL_PART = 4 * ZERO_COPY_MIN
+#: One ``ZERO_COPY_MIN``, not more, and no more of one file's waiting for a writer than
+#: the volume's writers (``TransferEngine.volume_writers``), or ``SMALL_QUEUED`` if that is
+#: more (one written while the next fills): they are memory the save holds while the
+#: writers catch up (a save of the demo state on 1 writer: 9-10 MiB of them queued without
+#: the cap, 20 MiB with 4 MiB buffers; 2 MiB with it, the save no slower).
+SMALL_PART = ZERO_COPY_MIN
+SMALL_QUEUED = 2
+
+#: Most bytes a part buffer may hold and still be sent as a copy of those bytes before a
+#: large write on a ``zero_copy_parts`` store (``_submit_copy``: usually an item's header);
+#: a fuller buffer is sent itself, not copied once more.
+COPY_MAX = 64 * 1024
 
 #: Size of the pooled buffers small writes are copied into on a ``gather_parts`` store
 #: (each counts whole against the budget, so a part is at least ``part_size`` minus this).
@@ -128,6 +139,7 @@ class FileWriter:
         self._part_offset = 0
         self._upload: Multipart | None = None
         self._futures: list[Future[Part]] = []
+        self._queued: list[Future[Part]] = []  # part buffers sent, maybe not written yet
         self._owner: object = None  # the current item's owner (``hold``)
         self._state = "open"
 
@@ -241,7 +253,9 @@ class FileWriter:
             self._parts.copy(view)
             return None
         if by_reference and self.store.capabilities.zero_copy_parts:
-            if self._fill:
+            if self._fill > COPY_MAX:
+                self._submit_part()
+            elif self._fill:
                 self._submit_copy()
             for start in range(0, len(view), self.part_size):
                 piece = view[start : start + self.part_size]
@@ -252,10 +266,14 @@ class FileWriter:
             return None
         while len(view):
             if self._buf is None:
+                self._wait_for_queued()
                 self._buf = self.engine.buffers.acquire(self.buffer_size, self._failed.is_set)
                 self._fill = 0
             n = min(len(view), self.buffer_size - self._fill)
-            self._buf[self._fill : self._fill + n] = view[:n]
+            # Through a memoryview: a bytearray's own slice assignment first copies a value
+            # that is not a bytearray into a new one (CPython), a second copy of every small
+            # write and a malloc that the thread's arena keeps.
+            memoryview(self._buf)[self._fill : self._fill + n] = view[:n]
             self._fill += n
             view = view[n:]
             if self._fill == self.buffer_size:
@@ -268,12 +286,24 @@ class FileWriter:
         assert buf is not None
         self._buf, self._fill = None, 0
         self._submit(memoryview(buf)[:size], lambda: self.engine.buffers.release(buf))
+        if self.store.capabilities.zero_copy_parts:
+            self._queued.append(self._futures[-1])
+
+    def _wait_for_queued(self) -> None:
+        """On a ``zero_copy_parts`` store, wait until fewer of this file's part buffers
+        than its cap (see ``SMALL_PART``) are waiting for a writer (a failed part is raised
+        by ``close()``, see ``send_unhashed``)."""
+        self._queued = [f for f in self._queued if not f.done()]
+        cap = max(SMALL_QUEUED, self.engine.volume_writers)
+        if len(self._queued) >= cap:
+            wait(self._queued[: len(self._queued) - cap + 1])
 
     def _submit_copy(self) -> None:
-        """Send what the part buffer holds as a copy of just those bytes, keeping the
-        buffer for the next small writes: before a large write on a ``zero_copy_parts``
-        store, where it usually holds one item's few-KiB header, so no queued header part
-        pins a whole buffer (one buffer per open file, not one per item in flight)."""
+        """Send what the part buffer holds (at most ``COPY_MAX`` bytes) as a copy of just
+        those bytes, keeping the buffer for the next small writes: before a large write on
+        a ``zero_copy_parts`` store, where it usually holds one item's few-KiB header, so no
+        queued header part pins a whole buffer (one buffer per open file, not one per item
+        in flight)."""
         assert self._buf is not None
         data = memoryview(bytes(memoryview(self._buf)[: self._fill]))
         self._fill = 0

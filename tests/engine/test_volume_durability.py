@@ -14,9 +14,10 @@ import torch
 import ckptstore
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.writer import CkptWriter
+from ckptstore.engine import transfer
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.committed import CheckpointStatus, checkpoint_status
-from ckptstore.engine.filewriter import SMALL_PART
+from ckptstore.engine.filewriter import COPY_MAX, SMALL_PART, SMALL_QUEUED, ZERO_COPY_MIN
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.transfer import TransferEngine
@@ -153,6 +154,46 @@ def test_small_writes_go_through_small_buffers_on_a_volume(tmp_path) -> None:
         info = w.close()
         assert e.buffers.in_use == 0
     data = b"".join(chunks)
+    assert (tmp_path / "f.bin").read_bytes() == data
+    assert (info.size, info.crc32c) == (len(data), crc32c(data))
+
+
+def test_a_volume_file_queues_at_most_small_queued_part_buffers(tmp_path, monkeypatch) -> None:
+    """Small writes faster than the volume's writers (each part write held 50 ms) wait
+    for a queued part buffer to be written rather than fill new ones: the file never has
+    more than SMALL_QUEUED buffers queued (2 cores: 1 writer) plus the one being filled,
+    and is whole."""
+    monkeypatch.setattr(transfer, "rank_cores", lambda: 2)
+    chunks = [os.urandom(n) for n in (300_000, 700_000, 10) * 8]  # ~8 MiB of small writes
+    store = FaultyStore(LocalStore(str(tmp_path)), [Fault("put_part", delay=0.05)])
+    with TransferEngine(TransferConfig()) as e:
+        w = e.writer(store, "f.bin")
+        for c in chunks:
+            w.write(c)
+        info = w.close()
+        assert e.buffers.peak_buffers_out <= (SMALL_QUEUED + 1) * SMALL_PART
+        assert e.buffers.in_use == 0
+    data = b"".join(chunks)
+    assert (tmp_path / "f.bin").read_bytes() == data
+    assert (info.size, info.crc32c) == (len(data), crc32c(data))
+
+
+@pytest.mark.parametrize("small", [COPY_MAX, COPY_MAX + 1, SMALL_PART - 1])
+def test_small_writes_before_a_large_one_go_out_copied_or_as_their_buffer(
+    tmp_path, small: int
+) -> None:
+    """Before a large write (sent from the caller's memory) the buffered small writes go
+    out as a copy of their bytes (up to COPY_MAX) or as the buffer itself; either way the
+    file holds every byte in order."""
+    big = bytearray(os.urandom(2 * ZERO_COPY_MIN))
+    head, tail = os.urandom(small), os.urandom(100)
+    with TransferEngine(TransferConfig()) as e:
+        w = e.writer(LocalStore(str(tmp_path)), "f.bin")
+        w.write(head)
+        w.write(big)
+        w.write(tail)
+        info = w.close()
+    data = head + bytes(big) + tail
     assert (tmp_path / "f.bin").read_bytes() == data
     assert (info.size, info.crc32c) == (len(data), crc32c(data))
 
