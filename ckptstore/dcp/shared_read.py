@@ -154,7 +154,7 @@ def _start(
         remote_holders = [
             n
             for n in {nodes.node[r] for r in needers}
-            if nodes.node[owner] != n and nodes.segment(owner, needers, n)
+            if nodes.node[owner] != n and nodes.segment(needers, n)
         ]
         out.barrier = out.barrier or bool(remote_holders)
         if load.rank not in needers:  # the owner is one of the ranks that need the range
@@ -163,7 +163,7 @@ def _start(
         holder = nodes.holder(owner, needers, node)
         path = None
         buf: torch.Tensor | None = torch.empty(size, dtype=torch.uint8)
-        if nodes.segment(owner, needers, node):
+        if nodes.segment(needers, node):
             path = node_segments.segment_name(load.token, load.creators[holder], index, j)
             buf = None
             if holder == load.rank and out.error is None:

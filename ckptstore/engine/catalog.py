@@ -18,10 +18,9 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ckptstore.engine.committed import CheckpointStatus, open_committed
+from ckptstore.engine.committed import CheckpointStatus, committed_status
 from ckptstore.engine.names import OWNER_NAME, parse_step, step_name
 from ckptstore.engine.store import Store
-from ckptstore.errors import CorruptCheckpointError, IncompleteCheckpointError, UnsafePathError
 
 __all__ = [
     "step_name",
@@ -84,13 +83,8 @@ _WHY = {
 
 
 def _entry(step: int, name: str, store: Store) -> StepEntry:
-    try:
-        size = open_committed(store).manifest.total_bytes
-    except IncompleteCheckpointError:
-        return StepEntry(step, name, CheckpointStatus.INCOMPLETE)
-    except (CorruptCheckpointError, UnsafePathError):  # a symlinked marker or manifest
-        return StepEntry(step, name, CheckpointStatus.CORRUPT)  # left for inspection
-    return StepEntry(step, name, CheckpointStatus.COMMITTED, size)
+    status, committed = committed_status(store)
+    return StepEntry(step, name, status, committed.manifest.total_bytes if committed else None)
 
 
 def scan_root(root: Store, with_status: bool = True) -> RootListing:

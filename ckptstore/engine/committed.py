@@ -42,6 +42,7 @@ __all__ = [
     "open_committed",
     "committed_from_bytes",
     "checkpoint_status",
+    "committed_status",
 ]
 
 METADATA_NAME = ".metadata"
@@ -249,10 +250,18 @@ class CheckpointStatus(str, Enum):
 
 def checkpoint_status(store: Store, retry: RetryConfig | None = None) -> CheckpointStatus:
     """``COMMITTED``, ``INCOMPLETE`` (no marker) or ``CORRUPT`` (marker/manifest mismatch)."""
+    return committed_status(store, retry)[0]
+
+
+def committed_status(
+    store: Store, retry: RetryConfig | None = None
+) -> tuple[CheckpointStatus, Committed | None]:
+    """``checkpoint_status`` and, when ``COMMITTED``, the opened checkpoint. A symlinked
+    marker or manifest (``UnsafePathError``) is ``CORRUPT``: left for inspection."""
     try:
-        open_committed(store, retry)
+        committed = open_committed(store, retry)
     except IncompleteCheckpointError:
-        return CheckpointStatus.INCOMPLETE
+        return CheckpointStatus.INCOMPLETE, None
     except CorruptCheckpointError:
-        return CheckpointStatus.CORRUPT
-    return CheckpointStatus.COMMITTED
+        return CheckpointStatus.CORRUPT, None
+    return CheckpointStatus.COMMITTED, committed

@@ -123,7 +123,7 @@ class NodePlan:
             return owner
         return min(r for r in needers if self.node[r] == node)
 
-    def segment(self, owner: int, needers: Sequence[int], node: int) -> bool:
+    def segment(self, needers: Sequence[int], node: int) -> bool:
         """Whether the part's holder on ``node`` keeps it in a segment its node maps."""
         return self.shm[node] and sum(self.node[r] == node for r in needers) > 1
 
@@ -134,7 +134,7 @@ class NodePlan:
         for r in needers:
             node = self.node[r]
             if r == owner or (
-                self.segment(owner, needers, node) and r != self.holder(owner, needers, node)
+                self.segment(needers, node) and r != self.holder(owner, needers, node)
             ):
                 continue
             out.append(r)
@@ -158,9 +158,9 @@ def plan_nodes(
     held = [[0] * len(plan.batches) for _ in index]  # segment bytes per node and batch
     for i, batch in enumerate(plan.batches):
         for key in batch:
-            owner, needers = plan.owners[key], plan.needers[key]
+            needers = plan.needers[key]
             for n in {node[r] for r in needers}:
-                if every.segment(owner, needers, n):
+                if every.segment(needers, n):
                     held[n][i] += key[2]
     room = [min(f for r, f in enumerate(free) if node[r] == n) for n in range(len(index))]
     shm = tuple(

@@ -16,7 +16,7 @@ def test_one_node_with_room_shares_every_part_through_its_owners_segment() -> No
     assert nodes.node == (0, 0, 0, 0) and nodes.shm == (True,)
     for key, owner in plan.owners.items():
         needers = plan.needers[key]
-        assert nodes.holder(owner, needers, 0) == owner and nodes.segment(owner, needers, 0)
+        assert nodes.holder(owner, needers, 0) == owner and nodes.segment(needers, 0)
         assert nodes.receivers(owner, needers) == []  # nothing over the process group
 
 
