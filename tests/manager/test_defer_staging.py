@@ -8,6 +8,7 @@ save thread; the step's pre-hook waits for that copy)."""
 
 import pytest
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
 from torch.distributed.checkpoint.stateful import Stateful
 
@@ -196,8 +197,20 @@ def _ddp_saves(rank: int, world_size: int, root: str) -> dict:
         train_step(fresh_ddp, fresh_opt)
         mgr.restore({"app": AppState(fresh_ddp, fresh_opt)}, step=1)
         got = snapshot(fresh_ddp.module, fresh_opt)
-        same = all(torch.equal(g, w) for g, w in zip(got, want, strict=True))
+    # DCP saves one replica of each replicated tensor, from whichever rank its plan picks,
+    # and the replicas need not be bitwise equal: under load, torch's CPU AdamW step can
+    # leave the ranks' 512x512 weights apart (one element by 3e-5, seen without ckptstore)
+    # from equal gradients and optimizer state. So each restored tensor must be one rank's
+    # state at save().
+    held = [_every_ranks(w, world_size) for w in want]
+    same = all(any(torch.equal(g, w) for w in ws) for g, ws in zip(got, held, strict=True))
     return {"rank": rank, "same": same, "deferred": deferred > 0}
+
+
+def _every_ranks(t: torch.Tensor, world_size: int) -> list[torch.Tensor]:
+    out = [torch.empty_like(t) for _ in range(world_size)]
+    dist.all_gather(out, t.contiguous())
+    return out
 
 
 @pytest.mark.distributed
