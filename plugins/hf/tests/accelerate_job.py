@@ -81,6 +81,10 @@ def run(project: str, root: str, until: int, resume: bool, tamper: Any = None) -
         if counter.step % 2 == 0:
             acc.save_state()
     ckpt.close()
+    # Accelerate's documented end: it destroys the process group. A process that exits
+    # with a gloo group alive can abort at interpreter exit ("terminate called without an
+    # active exception", pytorch/pytorch#190489).
+    acc.end_training()
     return out
 
 
