@@ -167,9 +167,11 @@ class FolderCheckpoints:
     (each file once, by one of the ranks that see it, balanced by bytes), so a folder the
     ranks see on one shared file system is written by all of them, and a file only one node
     wrote (its ranks' RNG states, on node-local disks) still gets in. A name two ranks see
-    with different bytes is refused. On restore every rank loads the step and only the ranks
-    given ``write=True`` (one per file system: the framework's "should save" process) write
-    the folder; every rank returns after it is written.
+    with different bytes is refused. ``save`` returns once every rank has copied its share:
+    from then on the folder may change (the upload goes on from the copies). On restore
+    every rank loads the step and only the ranks given ``write=True`` (one per file system:
+    the framework's "should save" process) write the folder; every rank returns after it is
+    written.
     """
 
     def __init__(self, root: str, options: ManagerOptions | None = None, **keywords: Any) -> None:
@@ -222,6 +224,11 @@ class FolderCheckpoints:
                 bytearray(json.dumps(index).encode()), dtype=torch.uint8
             )
         saved = self.manager.save(step, flat)
+        # ``save`` returns once this rank's share is copied, but ``flat`` maps the files
+        # themselves: the framework goes on with its folder when we return (Accelerate
+        # rewrites its custom states), and a file truncated under a rank still copying it
+        # kills that rank (SIGBUS). So no rank returns before every rank has copied.
+        barrier()
         if not saved and me == 0:
             warnings.warn(
                 f"step {step} is already committed under {self.root}; {folder} was not "

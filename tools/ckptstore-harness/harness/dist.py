@@ -158,7 +158,15 @@ def run_distributed(
                         (out if ok else errors)[rank] = value
                     except queue.Empty:
                         pass
-                raise DistributedRunError(_format(errors))
+                # A rank killed by a signal (SIGBUS: -7) is often the cause of the others'
+                # errors ("connection reset"): name it first.
+                killed = {
+                    r: p.exitcode
+                    for r, p in enumerate(procs)
+                    if r not in out and r not in errors and p.exitcode not in (None, 0)
+                }
+                lead = f"ranks exited without a result: {killed}" if killed else ""
+                raise DistributedRunError(lead + _format(errors))
     finally:
         for p in procs:
             p.join(timeout=5)
