@@ -129,3 +129,7 @@ if __name__ == "__main__":
         torch.save(
             {"start_step": rec.start_step, "start": rec.start, "by_step": rec.by_step}, a.record
         )
+    # The launcher's gloo group, destroyed before exit: a process that exits with one
+    # alive can abort at interpreter exit (pytorch/pytorch#190489).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()

@@ -141,3 +141,7 @@ if __name__ == "__main__":
             },
             a.record,
         )
+    # The launcher's gloo group, destroyed before exit: a process that exits with one
+    # alive can abort at interpreter exit (pytorch/pytorch#190489).
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
