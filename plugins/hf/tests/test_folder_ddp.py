@@ -39,7 +39,7 @@ def _save_then_rewrite(rank: int, world_size: int, tmp: str) -> bool:
         f.write(files[rank][1])
     fc = FolderCheckpoints(os.path.join(tmp, "root"))
     fc.save(1, folders[rank])
-    if rank == 0:  # what Accelerate does next: truncate a file and write it again
+    if rank == 0:  # the framework goes on with the folder (Accelerate: a file rewritten)
         path = os.path.join(folders[1], "big.bin")
         os.truncate(path, 0)
         with open(path, "r+b") as f:
