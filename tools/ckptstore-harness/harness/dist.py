@@ -137,15 +137,12 @@ def run_distributed(
                 for r in exits:
                     if r not in out and r not in errors and procs[r].exitcode is not None:
                         out[r] = procs[r].exitcode
-                dead = [
-                    p for r, p in enumerate(procs) if r not in out and p.exitcode not in (None, 0)
-                ]
-                if dead and results.empty():
+                if _exited(procs, out) and results.empty():
                     time.sleep(0.5)
                     if results.empty():
-                        codes = {procs.index(p): p.exitcode for p in dead}
                         raise DistributedRunError(
-                            f"ranks exited without a result: {codes}" + _format(errors)
+                            f"ranks exited without a result: {_exited(procs, out)}"
+                            + _format(errors)
                         ) from None
                 continue
             (out if ok else errors)[rank] = value
@@ -160,11 +157,7 @@ def run_distributed(
                         pass
                 # A rank killed by a signal (SIGBUS: -7) is often the cause of the others'
                 # errors ("connection reset"): name it first.
-                killed = {
-                    r: p.exitcode
-                    for r, p in enumerate(procs)
-                    if r not in out and r not in errors and p.exitcode not in (None, 0)
-                }
+                killed = _exited(procs, {**out, **errors})
                 lead = f"ranks exited without a result: {killed}" if killed else ""
                 raise DistributedRunError(lead + _format(errors))
     finally:
@@ -174,6 +167,15 @@ def run_distributed(
                 p.kill()
                 p.join()
     return [out[r] for r in range(world_size)]
+
+
+def _exited(procs: list[Any], reported: dict[int, Any]) -> dict[int, int]:
+    """{rank: exit code} of the ranks not in ``reported`` that have exited non-zero."""
+    return {
+        r: p.exitcode
+        for r, p in enumerate(procs)
+        if r not in reported and p.exitcode not in (None, 0)
+    }
 
 
 def _format(errors: dict[int, str]) -> str:
