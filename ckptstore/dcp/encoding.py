@@ -38,6 +38,7 @@ __all__ = [
     "payload_of",
     "PAYLOAD_MIN",
     "encode_item",
+    "small_item_bytes",
     "decode_tensor",
 ]
 
@@ -94,18 +95,39 @@ def payload_of(data: io.BytesIO | torch.Tensor) -> tuple[int, int] | None:
 
 
 def write_item(data: io.BytesIO | torch.Tensor, sink: IO[bytes] | Any) -> None:
-    """Write the stock DCP bytes of one item into ``sink``: raw bytes, or ``torch.save``."""
+    """Write the stock DCP bytes of one item into ``sink``: raw bytes, or ``torch.save``.
+
+    torch.save writes ~40 records per item, each a call into ``sink.write``: a small item
+    is encoded in memory first (``small_item_bytes``) and handed over in one write."""
     if isinstance(data, io.BytesIO):
         sink.write(data.getbuffer())
         return
     tensor = cpu_item(data)
     assert isinstance(tensor, torch.Tensor)
-    if tensor.untyped_storage().nbytes() < PAYLOAD_MIN:
-        # torch.save writes ~40 records per item, each a call into ``sink.write``: a small
-        # item is encoded in memory first (C calls) and handed over in one write.
-        sink.write(encode_item(tensor))
+    small = small_item_bytes(tensor)
+    if small is not None:
+        sink.write(small)
         return
     _save_tensor(tensor, sink)
+
+
+def small_item_bytes(data: io.BytesIO | torch.Tensor) -> bytes | memoryview | None:
+    """The stock DCP bytes of ``data`` (a ``cpu_item`` result) if it is small (raw bytes,
+    or a tensor whose storage is, under PAYLOAD_MIN), built in memory without a file
+    object; None for a larger item, which is streamed through an ``ItemSink``.
+
+    A save of a model's state has a few hundred such items (biases, norms, optimizer step
+    counters, hyperparameters); a plain tensor's bytes are joined from its cached frame.
+    """
+    if isinstance(data, io.BytesIO):
+        raw = data.getbuffer()
+        return raw if len(raw) < PAYLOAD_MIN else None
+    if data.untyped_storage().nbytes() >= PAYLOAD_MIN:
+        return None
+    frame = _frame(data) if _crc_free_ok() else None
+    if frame is None:
+        return encode_item(data)
+    return b"".join((frame.head, _storage_bytes(data), frame.tail))
 
 
 def encode_item(data: io.BytesIO | torch.Tensor) -> memoryview:

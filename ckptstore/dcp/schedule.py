@@ -13,10 +13,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Protocol
 
-import torch
 from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 
-__all__ = ["PlainSchedule", "WriteSchedule", "split_items"]
+__all__ = ["PlainSchedule", "WriteSchedule", "item_bytes", "split_items"]
 
 
 class WriteSchedule(Protocol):
@@ -93,17 +92,18 @@ def split_items(items: list[WriteItem], bins: int) -> list[list[WriteItem]]:
     tensors = [i for i in items if i.type != WriteItemType.BYTE_IO]
     for n, item in enumerate(blobs):
         out[n % bins].append(item)
-    for item in sorted(tensors, key=_item_bytes, reverse=True):
+    for item in sorted(tensors, key=item_bytes, reverse=True):
         b = sizes.index(min(sizes))
         out[b].append(item)
-        sizes[b] += _item_bytes(item)
+        sizes[b] += item_bytes(item)
     return [b for b in out if b]
 
 
-def _item_bytes(item: WriteItem) -> int:
+def item_bytes(item: WriteItem) -> int:
+    """A tensor item's bytes (from its plan entry); 0 for a bytes item."""
     if item.tensor_data is None:
         return 0
     numel = 1
     for d in item.tensor_data.size:
         numel *= d
-    return numel * torch.empty((), dtype=item.tensor_data.properties.dtype).element_size()
+    return numel * item.tensor_data.properties.dtype.itemsize

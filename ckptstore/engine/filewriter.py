@@ -27,6 +27,7 @@ from concurrent.futures import Future, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from ckptstore.engine.buffers import copy_into
 from ckptstore.engine.checksum import Crc32c
 from ckptstore.engine.itemsink import ItemSink, ItemTarget
 from ckptstore.engine.pieces import PartBuilder, Release
@@ -270,10 +271,10 @@ class FileWriter:
                 self._buf = self.engine.buffers.acquire(self.buffer_size, self._failed.is_set)
                 self._fill = 0
             n = min(len(view), self.buffer_size - self._fill)
-            # Through a memoryview: a bytearray's own slice assignment first copies a value
-            # that is not a bytearray into a new one (CPython), a second copy of every small
-            # write and a malloc that the thread's arena keeps.
-            memoryview(self._buf)[self._fill : self._fill + n] = view[:n]
+            # Not a bytearray's own slice assignment: CPython first copies a value that is
+            # not a bytearray into a new one, a second copy of every small write and a
+            # malloc that the thread's arena keeps.
+            copy_into(self._buf, self._fill, view[:n])
             self._fill += n
             view = view[n:]
             if self._fill == self.buffer_size:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ckptstore.engine.buffers import BufferPool
+from ckptstore.engine.buffers import BufferPool, copy_into
 from ckptstore.engine.checksum import crc32c, crc32c_combine
 
 __all__ = ["PartBuilder", "Release", "Send"]
@@ -106,7 +106,7 @@ class PartBuilder:
                 self._buffers.append(buf)
                 self._buf, self._mark, self._fill = memoryview(buf), 0, 0
             n = min(len(view), self.buffer_size - self._fill)
-            self._buf[self._fill : self._fill + n] = view[:n]
+            copy_into(self._buf, self._fill, view[:n])
             self._crc = crc32c(view[:n], self._crc)
             self._fill += n
             view = view[n:]

@@ -92,6 +92,11 @@ def test_items_are_torch_save_bytes_without_the_zip_crc32(name: str) -> None:
         sink = io.BytesIO()
         encoding.write_item(ITEMS[name], sink)
         assert sink.getvalue() == stock
+        small = encoding.small_item_bytes(item)  # a small item's bytes, built in memory
+        if item.untyped_storage().nbytes() < encoding.PAYLOAD_MIN:
+            assert small is not None and bytes(small) == stock
+        else:
+            assert small is None  # streamed through an ItemSink instead
     assert (encoding._frame(item) is not None) == (item.nbytes > 0)
     assert torch.equal(torch.load(io.BytesIO(stock), weights_only=True), item)
     assert torch.equal(decode_tensor(bytearray(stock)), item)

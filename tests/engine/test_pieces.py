@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptstore.engine.buffers import BufferPool
+from ckptstore.engine.buffers import UNLOCKED_COPY_MIN, BufferPool, copy_into
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.pieces import PartBuilder, Release
 
@@ -93,3 +93,14 @@ def test_small_writes_between_large_ones_share_one_buffer_per_part() -> None:
 def test_buffer_larger_than_a_part_is_refused() -> None:
     with pytest.raises(ValueError, match="buffer_size"):
         PartBuilder(8, 16, BufferPool(64), lambda: False, lambda p, r, c: None)
+
+
+@pytest.mark.parametrize("size", [0, 1, UNLOCKED_COPY_MIN - 1, UNLOCKED_COPY_MIN, 300_000])
+def test_copy_into_puts_the_bytes_at_the_offset_and_nothing_else(size: int) -> None:
+    """Small copies by slice assignment, large ones through numpy (without the GIL): the
+    same bytes, into a bytearray or a memoryview of one, from a read-only source too."""
+    src = os.urandom(size)
+    for make in (bytearray, lambda n: memoryview(bytearray(n))):
+        dst = make(size + 10)
+        copy_into(dst, 7, memoryview(src))
+        assert bytes(dst) == b"\0" * 7 + src + b"\0" * 3
