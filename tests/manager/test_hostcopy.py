@@ -74,6 +74,33 @@ def test_no_threads_where_torch_already_copies_on_as_many(monkeypatch):
         torch.set_num_threads(threads)
 
 
+def test_a_copy_behind_training_leaves_it_its_core(monkeypatch):
+    """A deferred copy (``behind``) runs while training's next step does: it uses the
+    rank's cores less one, and splits the bytes over no more threads than that."""
+    threads = torch.get_num_threads()
+    lanes: list[int] = []
+    split = hostcopy.split_bytes
+    monkeypatch.setattr(
+        hostcopy, "split_bytes", lambda sizes, n: lanes.append(n) or split(sizes, n)
+    )
+    try:
+        torch.set_num_threads(1)
+        for cores, behind in ((1, 1), (2, 1), (4, 3), (32, 8)):
+            monkeypatch.setattr(hostcopy, "rank_cores", lambda cores=cores: cores)
+            copier = HostCopier()
+            assert (copier.threads, copier.behind_threads) == (min(cores, 8), behind)
+        monkeypatch.setattr(hostcopy, "rank_cores", lambda: 4)
+        copier = HostCopier()
+        big = torch.randn(2 << 20)  # above MIN_PARALLEL_BYTES
+        dst = torch.empty_like(big)
+        copier.copy([(dst, big)], behind=True)
+        copier.copy([(dst, big)])
+        copier.close()
+        assert lanes == [3, 4] and torch.equal(dst, big)
+    finally:
+        torch.set_num_threads(threads)
+
+
 def _state() -> list[torch.Tensor]:
     g = torch.Generator().manual_seed(3)
     return [

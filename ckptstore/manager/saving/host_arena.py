@@ -265,7 +265,7 @@ class ArenaStager:
         """Copy what ``stage`` deferred for ``staged`` (nothing when it deferred nothing);
         the caller then ``release``s it, whatever this raised."""
         if staged.later:
-            self._copier.copy(staged.later, self.pin, staged.later_after)
+            self._copier.copy(staged.later, self.pin, staged.later_after, behind=True)
 
     def _layout(self, key: tuple) -> None:
         slots: list[Slot | None] = []

@@ -179,7 +179,7 @@ class SharedStager:
         """Copy what the last ``stage`` deferred (nothing when it deferred nothing); the
         caller then ``release``s, whatever this raised."""
         if self.later:
-            self._copier.copy(self.later, self.pin, self._later_after)
+            self._copier.copy(self.later, self.pin, self._later_after, behind=True)
 
     def release(self) -> None:
         """The save needs no more piece: drop the references to the staged state's tensors."""
