@@ -12,7 +12,7 @@ the default group (the CheckpointManager) a ``dist.new_group`` no earlier attemp
 
     ckptstore.launch.init_process_group("gloo")      # every rank, once, before anything
     ...                                              # else distributed
-    dist.destroy_process_group()
+    dist.destroy_process_group()                     # or left to the exit hook
 
 Both call :func:`check_rendezvous` once, which warns when the agent runs stock c10d on
 several nodes (``ckptstore.rendezvous`` is the backend to use).
@@ -20,6 +20,7 @@ several nodes (``ckptstore.rendezvous`` is the backend to use).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import secrets
@@ -151,12 +152,15 @@ def init_process_group(backend: str = "gloo", timeout: timedelta | None = None) 
     rank's own random nonce), then creates the default group there; every later
     ``new_group`` (the CheckpointManager's too) nests under it. Without the agent store (no
     torchrun, or the opt-out variable set) it is plain ``dist.init_process_group``.
+
+    A group this made and the program did not destroy is destroyed by an exit hook
+    (:func:`_destroy_at_exit`), before the interpreter is torn down.
     """
     timeout = timeout or timedelta(minutes=10)
     check_rendezvous()
     if not shares_agent_store():
         dist.init_process_group(backend, timeout=timeout)
-        _OURS.add(id(dist.group.WORLD))
+        _made()
         return
     rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
@@ -164,7 +168,32 @@ def init_process_group(backend: str = "gloo", timeout: timedelta | None = None) 
     token = _agree(client, rank, world_size, timeout)
     store = dist.PrefixStore(f"{BASE}/{token}/", client)
     dist.init_process_group(backend, store=store, rank=rank, world_size=world_size, timeout=timeout)
+    _made()
+
+
+def _made() -> None:
+    """Note the new default group as this module's; the first one registers the exit hook."""
+    if not _OURS:
+        atexit.register(_destroy_at_exit)
     _OURS.add(id(dist.group.WORLD))
+
+
+def _destroy_at_exit() -> None:
+    """Destroy the default group (and every group under it, the CheckpointManager's too) if
+    :func:`init_process_group` made it and it is still alive. A process that exits with a
+    gloo group alive can abort at interpreter teardown ("terminate called without an active
+    exception", SIGABRT, after the program's own work succeeded): gloo's worker threads still
+    hold work objects whose tensors need the GIL then (pytorch/pytorch#179291 proposed this
+    hook for every group and was abandoned; a group this module made is ours to end). Runs
+    after ``threading``'s exit join (the manager's threads are done) and before modules are
+    torn down; an exit hook the program registered before ``init_process_group`` runs after
+    this one and finds no group."""
+    if not made_here():
+        return
+    try:
+        dist.destroy_process_group()
+    except (RuntimeError, ValueError) as e:  # exiting anyway: say it, never a traceback
+        log.debug("ckptstore: destroying the process group at exit failed: %s", e)
 
 
 def fresh_new_group(backend: str = "gloo", timeout: timedelta | None = None) -> Any:

@@ -4,6 +4,9 @@ holds an earlier attempt's keys (as torchrun's shared store does after a restart
 from __future__ import annotations
 
 import logging
+import os
+import subprocess
+import sys
 import threading
 from datetime import timedelta
 
@@ -103,3 +106,43 @@ def test_stock_c10d_on_several_nodes_is_warned_once(
     assert len(lines) == (1 if warned else 0)
     if warned:
         assert "--rdzv-backend ckptstore-c10d" in lines[0]
+
+
+EXIT_SCRIPT = """
+import atexit, os, sys
+import torch, torch.distributed as dist
+import ckptstore
+
+out = sys.argv[1]
+# registered first, so it runs after the hook init_process_group registers (LIFO)
+atexit.register(lambda: open(f"{out}/{os.environ['RANK']}", "w").write(str(dist.is_initialized())))
+ckptstore.launch.init_process_group("gloo")
+t = torch.ones(4)
+dist.all_reduce(t)
+assert t.tolist() == [2.0] * 4
+if sys.argv[2] == "destroy":
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.distributed
+@pytest.mark.parametrize("end", ["left-alive", "destroy"])
+def test_a_group_it_made_is_destroyed_at_exit_if_the_program_did_not(tmp_path, end) -> None:
+    """A program that exits with init_process_group's gloo group alive can abort at
+    interpreter teardown (SIGABRT after its work succeeded, as CI saw once on the README's
+    loop): the group is destroyed by an exit hook before then; one the program destroyed
+    itself is left alone (no error at exit)."""
+    script = tmp_path / "exit.py"
+    script.write_text(EXIT_SCRIPT)
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    proc = subprocess.run(
+        [torchrun, "--nproc-per-node", "2", str(script), str(tmp_path), end],
+        env=dict(os.environ, PYTHONPATH=repo),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [(tmp_path / r).read_text() for r in "01"] == ["False", "False"]
+    assert "Traceback" not in proc.stderr
