@@ -95,19 +95,14 @@ def payload_of(data: io.BytesIO | torch.Tensor) -> tuple[int, int] | None:
 
 
 def write_item(data: io.BytesIO | torch.Tensor, sink: IO[bytes] | Any) -> None:
-    """Write the stock DCP bytes of one item into ``sink``: raw bytes, or ``torch.save``.
-
-    torch.save writes ~40 records per item, each a call into ``sink.write``: a small item
-    is encoded in memory first (``small_item_bytes``) and handed over in one write."""
+    """Write the stock DCP bytes of one item into ``sink``: raw bytes, or ``torch.save``
+    streamed (~40 records, each a call into ``sink.write``; the writer gathers small items
+    through ``small_item_bytes`` instead)."""
     if isinstance(data, io.BytesIO):
         sink.write(data.getbuffer())
         return
     tensor = cpu_item(data)
     assert isinstance(tensor, torch.Tensor)
-    small = small_item_bytes(tensor)
-    if small is not None:
-        sink.write(small)
-        return
     _save_tensor(tensor, sink)
 
 
