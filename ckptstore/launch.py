@@ -24,6 +24,7 @@ import atexit
 import logging
 import os
 import secrets
+import sys
 import time
 import uuid
 from collections.abc import Sequence
@@ -180,15 +181,18 @@ def _made() -> None:
 
 def _destroy_at_exit() -> None:
     """Destroy the default group (and every group under it, the CheckpointManager's too) if
-    :func:`init_process_group` made it and it is still alive. A process that exits with a
-    gloo group alive can abort at interpreter teardown ("terminate called without an active
-    exception", SIGABRT, after the program's own work succeeded): gloo's worker threads still
-    hold work objects whose tensors need the GIL then (pytorch/pytorch#179291 proposed this
-    hook for every group and was abandoned; a group this module made is ours to end). Runs
-    after ``threading``'s exit join (the manager's threads are done) and before modules are
-    torn down; an exit hook the program registered before ``init_process_group`` runs after
-    this one and finds no group."""
-    if not made_here():
+    :func:`init_process_group` made it, it is still alive and the program did not die of an
+    exception. A process that ends its work with a gloo group alive can abort at interpreter
+    teardown ("terminate called without an active exception", SIGABRT, after its work
+    succeeded): gloo's worker threads still hold work objects whose tensors need the GIL
+    then (pytorch/pytorch#179291 proposed this hook for every group and was abandoned; a
+    group this module made is ours to end). A program that died of an exception (a peer
+    gone, say) is left to exit at once: destroying waits for the group's pending work, and
+    its launcher restarts it only once it has exited. Runs after ``threading``'s exit join
+    (the manager's threads are done) and before modules are torn down; an exit hook the
+    program registered before ``init_process_group`` runs after this one."""
+    died = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if died is not None or not made_here():
         return
     try:
         dist.destroy_process_group()
