@@ -152,7 +152,8 @@ def init_process_group(backend: str = "gloo", timeout: timedelta | None = None) 
     docstring says why), agreed through keys no earlier attempt can have written (each
     rank's own random nonce), then creates the default group there; every later
     ``new_group`` (the CheckpointManager's too) nests under it. Without the agent store (no
-    torchrun, or the opt-out variable set) it is plain ``dist.init_process_group``.
+    torchrun, or ``TORCHELASTIC_USE_AGENT_STORE`` not ``True``) it is plain
+    ``dist.init_process_group``.
 
     A group this made and the program did not destroy is destroyed by an exit hook
     (:func:`_destroy_at_exit`), before the interpreter is torn down.

@@ -61,8 +61,8 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler:
             f"the rendezvous backend {BACKEND!r} does not know torch {torch.__version__}'s "
             f"rendezvous handler ({type(handler).__name__}"
             + (f", without {', '.join(missing)}" if missing else "")
-            + "); use --rdzv-backend c10d with TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 on every "
-            "node, and report it to ckptstore"
+            + "); use torchrun's stock --rdzv-backend c10d meanwhile (a replaced or added node "
+            "cannot join a running job under it: docs/multinode.md), and report it to ckptstore"
         )
     # The stock factory parses every option (timeouts, keep-alive, local address) and
     # builds a DynamicRendezvousHandler; this one differs in two methods and no state, so

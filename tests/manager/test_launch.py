@@ -17,6 +17,8 @@ from ckptstore import launch
 from ckptstore.errors import ConfigError
 from ckptstore.launch import BASE, _agree
 
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
 
 def _store() -> dist.TCPStore:
     return dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
@@ -140,10 +142,9 @@ def test_a_group_it_made_is_destroyed_at_exit_if_the_program_did_not(tmp_path, e
     script = tmp_path / "exit.py"
     script.write_text(EXIT_SCRIPT)
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
-    repo = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     proc = subprocess.run(
         [torchrun, "--nproc-per-node", "2", str(script), str(tmp_path), end],
-        env=dict(os.environ, PYTHONPATH=repo),
+        env=dict(os.environ, PYTHONPATH=REPO),
         capture_output=True,
         text=True,
         timeout=120,
