@@ -39,15 +39,16 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=list(Heal
 @functools.lru_cache(maxsize=1)
 def _real() -> dict[str, Any]:
     """A real ckptstore checkpoint's marker, manifest, .metadata and file sizes."""
-    d = Path(tempfile.mkdtemp(prefix="ckptstore-fuzz-"))
-    state = {"w": torch.arange(12.0).reshape(3, 4), "n": 7}
-    dcp.save(state, storage_writer=ckptstore.writer(f"file://{d}"), no_dist=True)
-    return {
-        "marker": (d / "COMMITTED").read_bytes(),
-        "manifest": (d / "ckptstore.manifest.json").read_bytes(),
-        "metadata": (d / ".metadata").read_bytes(),
-        "files": {p.name: p.stat().st_size for p in d.iterdir()},
-    }
+    with tempfile.TemporaryDirectory(prefix="ckptstore-fuzz-") as name:
+        d = Path(name)
+        state = {"w": torch.arange(12.0).reshape(3, 4), "n": 7}
+        dcp.save(state, storage_writer=ckptstore.writer(f"file://{d}"), no_dist=True)
+        return {
+            "marker": (d / "COMMITTED").read_bytes(),
+            "manifest": (d / "ckptstore.manifest.json").read_bytes(),
+            "metadata": (d / ".metadata").read_bytes(),
+            "files": {p.name: p.stat().st_size for p in d.iterdir()},
+        }
 
 
 def _metadata_with(change: str) -> bytes:

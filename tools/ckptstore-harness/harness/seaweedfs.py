@@ -10,7 +10,13 @@ dozen ports (each HTTP port plus one for gRPC, by default port+10000), so every 
 explicitly and kept <= 55535. Credentials are enforced: the server knows one identity
 (``KEY``/``SECRET``), so a wrong key gets a real 403. Buckets are not auto-created on
 upload (a missing bucket is a real NoSuchBucket). SeaweedFS never reclaims deleted space:
-each instance uses a fresh temp directory, removed by ``stop()``.
+each instance uses a fresh temp directory, removed by ``stop()``, and logs to its own
+``server.log`` there (not weed's default of files in /tmp).
+
+A volume server marks every volume read-only once less than 1 % of its disk is free (``weed
+mini`` has no flag for it), and each write then fails with a 500 ``InternalError``, which
+looks like a broken store. So ``start()`` refuses a disk without that 1 % plus
+``DISK_HEADROOM`` free, and says so.
 """
 
 from __future__ import annotations
@@ -36,6 +42,8 @@ KEY = "testing"
 SECRET = "testing"
 GRPC_OFFSET = 10_000
 MAX_PORT = 55_535
+#: Free space wanted above weed's read-only threshold: a full test session writes ~2 GiB.
+DISK_HEADROOM = 4 << 30
 
 
 def weed_binary() -> str:
@@ -94,6 +102,7 @@ class SeaweedFS(ServerProcess):
         grpc = {n: p[n] + GRPC_OFFSET for n in ("s3", "master", "volume", "filer", "admin")}
         return [
             weed_binary(),
+            "-logtostderr",
             "mini",
             f"-dir={d}",
             "-ip=127.0.0.1",
@@ -119,6 +128,15 @@ class SeaweedFS(ServerProcess):
             f"-s3.config={self.config_path}",
             "-s3.autoCreateBucket=false",
         ]
+
+    def start(self) -> SeaweedFS:
+        try:
+            check_disk(self.data_dir)
+        except RuntimeError:
+            self.stop()
+            raise
+        super().start()
+        return self
 
     def env(self) -> dict[str, str]:
         # weed mini turns AWS_* variables into an extra identity and bucket: keep them out.
@@ -183,6 +201,19 @@ class SeaweedFS(ServerProcess):
     def create_bucket(self, name: str) -> None:
         """Create bucket ``name`` (an existing one is fine)."""
         create_bucket(self.storage_options, name)
+
+
+def check_disk(path: str) -> None:
+    """Raise if SeaweedFS would soon mark its volumes read-only for lack of space at ``path``."""
+    usage = shutil.disk_usage(path)
+    wanted = usage.total // 100 + DISK_HEADROOM
+    if usage.free < wanted:
+        gib = 1 << 30
+        raise RuntimeError(
+            f"only {usage.free / gib:.1f} GiB of {usage.total / gib:.0f} GiB is free on the disk "
+            f"under {path}; SeaweedFS turns read-only below 1 % free, so it wants "
+            f"{wanted / gib:.1f} GiB: free some space (or point TMPDIR at a roomier disk) and rerun"
+        )
 
 
 def create_bucket(storage_options: dict[str, Any], name: str) -> None:
