@@ -42,7 +42,8 @@ KEY = "testing"
 SECRET = "testing"
 GRPC_OFFSET = 10_000
 MAX_PORT = 55_535
-#: Free space wanted above weed's read-only threshold: a full test session writes ~2 GiB.
+#: Free space wanted above weed's read-only threshold: a whole test session put 0.6 GiB into
+#: SeaweedFS and ~1.5 GiB more into temp folders on the same disk (12-06).
 DISK_HEADROOM = 4 << 30
 
 
