@@ -356,7 +356,11 @@ def main(argv: list[str] | None = None) -> int:
     ok = True
     try:
         t = step("starting the store ..." if a.store == "s3" else "writing the dataset ...")
-        demo = Demo(root, plan, a.store, a.seed)
+        try:
+            demo = Demo(root, plan, a.store, a.seed)
+        except RuntimeError as exc:  # the store did not start: the harness says why
+            print(f"\nthe demo's store did not start: {exc}", file=sys.stderr)
+            return 2
         write_dataset = example("tokens")["write_dataset"]
         write_dataset(demo.data, samples=plan.samples, shards=6)
         done(t)
