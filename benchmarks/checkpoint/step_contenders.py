@@ -73,6 +73,47 @@ class Contender:
         self.wait()
 
 
+class CopyFloor(Contender):
+    """No checkpoint, only its least work: a thread ``copy_``s every tensor of the model and
+    optimizer into buffers kept across saves (what any asynchronous save must do at least
+    once), and the optimizer's step waits for it. Nothing is written."""
+
+    def __init__(self, job: Job) -> None:
+        import threading
+
+        super().__init__(job)
+        self._threading = threading
+        self.buffers: dict[int, torch.Tensor] = {}
+        self.thread: Any = None
+
+    def _tensors(self) -> list[torch.Tensor]:
+        found = list(self.job.model.state_dict().values())
+        for state in self.job.optim.state.values():
+            found += [v for v in state.values() if isinstance(v, torch.Tensor)]
+        return found
+
+    def _copy(self, tensors: list[torch.Tensor]) -> None:
+        for n, t in enumerate(tensors):
+            buf = self.buffers.get(n)
+            if buf is None or buf.shape != t.shape or buf.dtype != t.dtype:
+                buf = self.buffers[n] = torch.empty_like(t, device="cpu")
+            buf.copy_(t)
+
+    def save(self, step: int) -> None:
+        self.wait()
+        self.thread = self._threading.Thread(target=self._copy, args=(self._tensors(),))
+        self.thread.start()
+
+    def guard(self) -> contextlib.AbstractContextManager[Any]:
+        self.wait()
+        return contextlib.nullcontext()
+
+    def wait(self) -> None:
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+
+
 class Ckptstore(Contender):
     """ckptstore's ``CheckpointManager`` saving ``{"app": AppState(model, optim)}``."""
 
@@ -248,6 +289,7 @@ class TorchCheckpointing(Contender):
 #: name -> contender; "none" is the baseline every run also measures.
 CONTENDERS: dict[str, Callable[[Job], Contender]] = {
     "none": Contender,
+    "copy_ floor": CopyFloor,
     "ckptstore": Ckptstore,
     "ckptstore-process": CkptstoreProcess,
     "ckptstore-no-defer": CkptstoreNoDefer,

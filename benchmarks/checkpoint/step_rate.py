@@ -23,6 +23,9 @@ live child processes (a writer process: ckptstore's ``background="process"``, De
 process backend), sampled every 50 ms from the warm-up save on (baseline blocks included),
 with their PSS beside it (a shared arena counted once). Writes a Markdown table, JSON
 (``benchmarks/results/step_rate-<time>.json``) and ``benchmarks/figures/step_rate.png``.
+The "copy_ floor" contender saves nothing: a thread copies the state into buffers kept
+across saves and the optimizer's step waits for it, the least any asynchronous save of
+this state does.
 """
 
 from __future__ import annotations
