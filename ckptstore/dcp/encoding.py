@@ -36,6 +36,7 @@ __all__ = [
     "write_item",
     "cpu_item",
     "payload_of",
+    "payload_lead",
     "PAYLOAD_MIN",
     "encode_item",
     "small_item_bytes",
@@ -92,6 +93,15 @@ def payload_of(data: io.BytesIO | torch.Tensor) -> tuple[int, int] | None:
     ):
         return None
     return data.data_ptr(), nbytes
+
+
+def payload_lead(data: io.BytesIO | torch.Tensor) -> int | None:
+    """How many bytes ``write_item`` writes before ``data``'s storage bytes (a ``cpu_item``
+    result), where it writes them from its frame; None otherwise."""
+    if not isinstance(data, torch.Tensor) or not _crc_free_ok():
+        return None
+    frame = _frame(data)
+    return None if frame is None else len(frame.head)
 
 
 def write_item(data: io.BytesIO | torch.Tensor, sink: IO[bytes] | Any) -> None:

@@ -33,6 +33,7 @@ from ckptstore.dcp.encoding import (
     ItemInfo,
     cpu_item,
     encode_item,
+    payload_lead,
     payload_of,
     small_item_bytes,
     write_item,
@@ -330,7 +331,9 @@ class CkptWriter(StoreBound, StorageWriter):
         Bytes items first (as stock DCP writes them), then the larger tensors, then the
         smaller ones, each in plan order. With the identity codec small items are gathered and
         written together (``_SmallItems``), each larger one streamed through an
-        ``ItemSink`` (hashed once, its storage recorded as a span).
+        ``ItemSink`` (hashed once, its storage recorded as a span), after zeros that put its
+        storage's bytes where a volume writes them from their own memory
+        (``FileWriter.align``: DCP's metadata locates every item, no reader reads between).
         """
         written: list[tuple[Any, int, int, int, int, Span | None]] = []
         with self._shard_writer(store or self.store, name) as w:
@@ -341,7 +344,11 @@ class CkptWriter(StoreBound, StorageWriter):
                     if small.add(item, data):
                         continue
                     small.flush()
-                    with w.item(payload_of(data), owner=data) as sink:
+                    payload = payload_of(data)
+                    lead = payload_lead(data) if payload is not None else None
+                    if payload is not None and lead is not None:
+                        w.align(payload[0], lead, payload[1])  # its storage written in place
+                    with w.item(payload, owner=data) as sink:
                         write_item(data, sink)
                     written.append(
                         (item, sink.offset, sink.length, sink.crc32c, sink.length, sink.span)

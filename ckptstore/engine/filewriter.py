@@ -41,6 +41,7 @@ if TYPE_CHECKING:
 __all__ = [
     "FileWriter",
     "ItemSink",
+    "alignment_pad",
     "ItemTarget",
     "FileInfo",
     "plan_part_size",
@@ -90,6 +91,16 @@ COPY_MAX = 64 * 1024
 #: Size of the pooled buffers small writes are copied into on a ``gather_parts`` store
 #: (each counts whole against the budget, so a part is at least ``part_size`` minus this).
 GATHER_BUFFER = ZERO_COPY_MIN
+
+
+def alignment_pad(size: int, address: int, lead: int, nbytes: int, alignment: int) -> int:
+    """Zero bytes to write at offset ``size`` of a file so that ``nbytes`` of memory at
+    ``address``, written ``lead`` bytes later, land at a file offset that agrees with
+    ``address`` modulo ``alignment`` (0: nothing to agree on, or a write too small to be
+    sent from its own memory, ``ZERO_COPY_MIN``)."""
+    if not alignment or nbytes < ZERO_COPY_MIN:
+        return 0
+    return (address - size - lead) % alignment
 
 
 class FileWriter:
@@ -197,6 +208,19 @@ class FileWriter:
         else:
             self._crc.extend(crc, len(view))
         return offset
+
+    def align(self, address: int, lead: int, nbytes: int) -> int:
+        """Before an item whose ``nbytes`` of memory at ``address`` are written ``lead``
+        bytes after its start: pad the file with zeros so that those bytes land where the
+        store writes them from that memory, without a copy (``alignment_pad`` with the
+        store's ``direct_alignment``). The pad lies between two items, at most
+        ``direct_alignment - 1`` bytes; the bytes written."""
+        pad = alignment_pad(
+            self.size, address, lead, nbytes, self.store.capabilities.direct_alignment
+        )
+        if pad:
+            self.write(bytes(pad))
+        return pad
 
     def item(self, payload: tuple[int, int] | None = None, owner: object = None) -> ItemSink:
         """A file-like sink for one item (see ``ItemSink``); close it when the item ends.

@@ -37,19 +37,28 @@ class Capabilities:
     them into part buffers. ``gather_parts``: ``put_part_pieces`` sends a part given as
     several buffers without joining them, so the engine builds parts of the usual size
     from the caller's memory and small buffers (``ckptstore.engine.pieces``) instead of
-    copying every byte into part buffers.
+    copying every byte into part buffers. ``direct_alignment``: a part whose memory
+    address agrees with its file offset modulo this is written straight from that memory
+    (a volume's direct I/O), otherwise copied first; 0 where nothing is written so (the
+    engine then never pads a file for it: ``FileWriter.align``).
     """
 
     max_parts: int = 10_000
     min_part_size: int = 1
     zero_copy_parts: bool = False
     gather_parts: bool = False
+    direct_alignment: int = 0
 
     def __post_init__(self) -> None:
         for name in ("max_parts", "min_part_size"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ConfigError(f"Capabilities.{name} must be a whole number >= 1, got {value!r}")
+        a = self.direct_alignment
+        if isinstance(a, bool) or not isinstance(a, int) or a < 0 or a & (a - 1):
+            raise ConfigError(
+                f"Capabilities.direct_alignment must be 0 or a power of two, got {a!r}"
+            )
 
 
 @dataclass(frozen=True)

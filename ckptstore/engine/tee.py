@@ -11,6 +11,7 @@ Call order::
 
     tee = TeeWriter(engine.writer(local, name), engine.writer(remote, name))
     tee.write(data, crc) / with tee.item(...) as sink: ...   # both files, one hash
+    tee.align(address, lead, nbytes)                      # before an item, as FileWriter
     info = tee.close()           # primary closed first, then the secondary
     tee.secondary_error          # None, or why the secondary was aborted
     tee.abort()                  # both aborted (also on leaving ``with`` while open)
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.filewriter import FileInfo, FileWriter, ItemSink
+from ckptstore.engine.filewriter import FileInfo, FileWriter, ItemSink, alignment_pad
 from ckptstore.engine.store import Buffer
 from ckptstore.errors import TransferError
 
@@ -94,6 +95,18 @@ class TeeWriter:
         offset = self.primary.write(view, crc)
         self._to_secondary("write", view, crc)
         return offset
+
+    def align(self, address: int, lead: int, nbytes: int) -> int:
+        """``FileWriter.align`` for both files at once (the larger store alignment: both
+        are powers of two); the same pad goes to both."""
+        alignment = max(
+            self.primary.store.capabilities.direct_alignment,
+            self.secondary.store.capabilities.direct_alignment,
+        )
+        pad = alignment_pad(self.size, address, lead, nbytes, alignment)
+        if pad:
+            self.write(bytes(pad))
+        return pad
 
     def item(self, payload: tuple[int, int] | None = None, owner: object = None) -> ItemSink:
         """A sink for one item, as ``FileWriter.item``; its bytes go to both files."""

@@ -1,16 +1,18 @@
 """Direct I/O for the volume store's large part writes (``local_publish.write_part``).
 
-A part's page-aligned middle is copied, a chunk at a time, into a reused page-aligned
-buffer of the writing thread and written with ``O_DIRECT``: from that warm buffer to the
-device, with no page-cache pages to allocate and fill and none left dirty for the fsync
-(on a 2-core VM a 512 MiB buffered write + fsync took 0.27-2.9 s in fresh processes, the
-same bytes direct 0.22-0.28 s). The unaligned head and tail of a part (under a page each)
-are left to the caller's buffered writes, and the caller's fsync of the whole file is
-still what makes it durable. Only local-disk file systems (``LOCAL_DISK_FS``) get direct
-writes; ``CKPTSTORE_DIRECT_WRITES=0`` turns them off (every byte buffered and kept in the
-page cache, so a load on the same node right after the save reads memory, not the disk).
-A file system that refuses ``O_DIRECT`` (``EINVAL``) gets nothing written here and is
-remembered (``st_dev``), so it is not tried again.
+A part's page-aligned middle is written with ``O_DIRECT``: to the device, with no page-cache
+pages to allocate and fill and none left dirty for the fsync (on a 2-core VM a 512 MiB
+buffered write + fsync took 0.27-2.9 s in fresh processes, the same bytes direct 0.22-0.28
+s). Straight from the part's memory where that memory's address agrees with the file offset
+modulo ``ALIGN`` (the DCP writer pads a file before a large tensor's bytes so that it does:
+``FileWriter.align``), else copied, a chunk at a time, into a reused page-aligned buffer of
+the writing thread first (a copy held under the GIL: 0.10 s a GiB here). The unaligned head
+and tail of a part (under a page each) are left to the caller's buffered writes, and the
+caller's fsync of the whole file is still what makes it durable. Only local-disk file
+systems (``LOCAL_DISK_FS``) get direct writes; ``CKPTSTORE_DIRECT_WRITES=0`` turns them off
+(every byte buffered and kept in the page cache, so a load on the same node right after the
+save reads memory, not the disk). A file system that refuses ``O_DIRECT`` (``EINVAL``) gets
+nothing written here and is remembered (``st_dev``), so it is not tried again.
 """
 
 from __future__ import annotations
@@ -20,17 +22,29 @@ import mmap
 import os
 import threading
 
+import numpy as np
+
 from ckptstore.stores._posix import NOFOLLOW
 
-__all__ = ["ALIGN", "CHUNK", "DIRECT_MIN", "ENV", "LOCAL_DISK_FS", "fs_type", "write_aligned"]
+__all__ = [
+    "ALIGN",
+    "CHUNK",
+    "DIRECT_MIN",
+    "ENV",
+    "LOCAL_DISK_FS",
+    "alignment",
+    "fs_type",
+    "write_aligned",
+]
 
 #: Alignment of the file offsets, lengths and memory of a direct write: the page size,
 #: a multiple of every device's logical block size ckptstore expects (512 or 4096).
 ALIGN = 4096
-#: Bytes copied and written per direct ``pwrite`` (each thread's buffer, kept for reuse:
-#: resident for as long as the I/O thread lives). 1, 2 and 4 MiB chunks wrote 256 MiB
-#: direct + fsync equally fast here (0.12-0.15 s each); at 4 MiB the 8 I/O threads' buffers
-#: held ~18 MiB more RSS than a stock async save after a save of a 37 MiB state.
+#: Bytes written per direct ``pwrite``, and the size of each thread's buffer where they
+#: are copied first (kept for reuse: resident for as long as the I/O thread lives). 1, 2
+#: and 4 MiB chunks wrote 256 MiB direct + fsync equally fast here (0.12-0.15 s each); at
+#: 4 MiB the 8 I/O threads' buffers held ~18 MiB more RSS than a stock async save after a
+#: save of a 37 MiB state.
 CHUNK = 1024 * 1024
 #: Parts smaller than this are written buffered only (a direct write waits for the device).
 DIRECT_MIN = 1024 * 1024
@@ -46,6 +60,13 @@ _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _refused: set[int] = set()  # st_dev of file systems that refused O_DIRECT
 _kinds: dict[int, str] = {}  # st_dev -> file system type, from /proc/self/mountinfo
 _local = threading.local()
+
+
+def alignment() -> int:
+    """What a part's memory address and file offset must agree on (modulo) to be written
+    from that memory without a copy: ``ALIGN``, or 0 where the platform has no
+    ``O_DIRECT``."""
+    return ALIGN if _O_DIRECT else 0
 
 
 def fs_type(dev: int) -> str:
@@ -106,14 +127,19 @@ def write_aligned(path: str, fd: int, offset: int, view: memoryview) -> tuple[in
     if (mine.st_dev, mine.st_ino) != (reopened.st_dev, reopened.st_ino):
         os.close(dfd)
         return offset, offset
-    buf = _buffer()
+    # Memory at a page boundary where the file is: written from it, else from a copy.
+    inplace = (np.frombuffer(view, np.uint8).ctypes.data + lo - offset) % ALIGN == 0
+    buf = None if inplace else _buffer()
     pos = lo
     try:
         while pos < hi:
             n = min(CHUNK, hi - pos)
-            buf[:n] = view[pos - offset : pos - offset + n]
+            src = view[pos - offset : pos - offset + n]
+            if buf is not None:
+                buf[:n] = src
+                src = buf[:n]
             try:
-                written = os.pwrite(dfd, buf[:n], pos)
+                written = os.pwrite(dfd, src, pos)
             except OSError as exc:
                 if exc.errno != errno.EINVAL:
                     raise

@@ -25,7 +25,7 @@ from ckptstore.engine.create_only import same_bytes
 from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store
 from ckptstore.errors import CommitConflictError, ConfigError, StoreNotFoundError, UnsafePathError
-from ckptstore.stores import local_publish
+from ckptstore.stores import _direct, local_publish
 from ckptstore.stores._posix import NOFOLLOW, kind, translate, unlink_quietly, walk
 
 __all__ = ["LocalStore", "TMP_MARK", "local_path"]
@@ -52,8 +52,11 @@ class LocalStore(Store):
     and unused (local calls have no request timeout).
     """
 
-    #: Parts are pwrites into one file: any size, no limit worth planning for, no copy.
-    capabilities = Capabilities(max_parts=2**31 - 1, zero_copy_parts=True)
+    #: Parts are pwrites into one file: any size, no limit worth planning for, no copy;
+    #: a large part's page-aligned middle is written with direct I/O (``_direct``).
+    capabilities = Capabilities(
+        max_parts=2**31 - 1, zero_copy_parts=True, direct_alignment=_direct.alignment()
+    )
 
     def __init__(
         self,

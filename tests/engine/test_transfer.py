@@ -12,11 +12,11 @@ from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine import transfer
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.cores import rank_cores, volume_writers
-from ckptstore.engine.filewriter import ZERO_COPY_MIN, plan_part_size
+from ckptstore.engine.filewriter import ZERO_COPY_MIN, alignment_pad, plan_part_size
 from ckptstore.engine.retry import backoff_delay
-from ckptstore.engine.store import Buffer, Multipart, Part
+from ckptstore.engine.store import Buffer, Capabilities, Multipart, Part
 from ckptstore.engine.transfer import TransferEngine, split_ranges
-from ckptstore.errors import StoreAccessError, TransferError, TransientStoreError
+from ckptstore.errors import ConfigError, StoreAccessError, TransferError, TransientStoreError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
 
@@ -170,6 +170,15 @@ def test_pure_helpers() -> None:
     assert backoff_delay(cfg, 2, 0.0) == 1
     assert backoff_delay(cfg, 5, 0.0) == 3
     assert backoff_delay(cfg, 3, 1.0) == 1.0
+    # zeros before an item so its payload's offset agrees with its address mod 4096
+    assert alignment_pad(100, 4096 * 7 + 64, 704, ZERO_COPY_MIN, 4096) == 4096 - 740
+    assert (100 + alignment_pad(100, 4096 * 7 + 64, 704, ZERO_COPY_MIN, 4096) + 704) % 4096 == 64
+    assert alignment_pad(0, 704, 704, ZERO_COPY_MIN, 4096) == 0  # already agrees
+    assert alignment_pad(100, 64, 704, ZERO_COPY_MIN - 1, 4096) == 0  # copied anyway
+    assert alignment_pad(100, 64, 704, ZERO_COPY_MIN, 0) == 0  # a store without direct I/O
+    for bad in (3, -4096, True):
+        with pytest.raises(ConfigError, match="direct_alignment"):
+            Capabilities(direct_alignment=bad)
 
 
 def test_item_sink_streams_torch_save_and_checksums_once(tmp_path) -> None:

@@ -210,3 +210,60 @@ def test_a_file_put_in_place_of_the_part_file_gets_no_direct_write(direct_dir) -
             assert f.read() == b"planted"
     finally:
         os.close(fd)
+
+
+def _no_copy(monkeypatch) -> None:
+    """A direct write that copies into the thread's chunk buffer fails the test."""
+
+    def copied() -> memoryview:
+        raise AssertionError("a direct write copied its part")
+
+    monkeypatch.setattr(_direct, "_buffer", copied)
+
+
+def test_a_part_whose_memory_agrees_with_its_offset_is_written_from_that_memory(
+    direct_dir, monkeypatch
+) -> None:
+    """Memory and file offset at the same place within a page: the aligned middle goes
+    out direct straight from the part's memory (the chunk buffer is never touched)."""
+    import mmap
+
+    ranges = _direct_ranges(monkeypatch)
+    _no_copy(monkeypatch)
+    offset, n = 3 * _direct.ALIGN + 100, 5 * MiB + 3
+    pages = mmap.mmap(-1, 6 * MiB)  # page-aligned
+    pages[:] = os.urandom(6 * MiB)
+    part = memoryview(pages)[offset % _direct.ALIGN :][:n]
+    store = LocalStore(str(direct_dir))
+    up = store.begin_multipart("f.bin")
+    head = os.urandom(offset)
+    parts = [store.put_part(up, 1, 0, head), store.put_part(up, 2, offset, part)]
+    store.complete_multipart(up, parts)
+    assert store.get("f.bin") == head + bytes(part)
+    assert ranges[-1] == (4 * _direct.ALIGN, (offset + n) // _direct.ALIGN * _direct.ALIGN)
+
+
+def test_a_save_puts_a_large_tensor_where_it_is_written_from_its_memory(
+    direct_dir, monkeypatch
+) -> None:
+    """The writer pads the shard file before a large tensor (zeros between items) so that
+    its bytes' file offset agrees with their address modulo a page: written without a
+    copy; stock DCP and ckptstore load it, the manifest's ranges and CRCs check."""
+    state = {"small": torch.arange(10), "a": torch.randn(1_000_003), "b": torch.randn(3, MiB)}
+    _no_copy(monkeypatch)
+    ckptstore.save(state, str(direct_dir / "ckpt"))
+    shard, ranges = _saved(direct_dir / "ckpt")
+    by_key = {r["key"].partition("@")[0]: r for r in ranges}
+    for key in ("a", "b"):
+        at = by_key[key]["offset"] + by_key[key]["span"]["offset"]
+        assert (at - state[key].data_ptr()) % _direct.ALIGN == 0
+        assert shard[at : at + state[key].nbytes] == state[key].numpy().tobytes()
+    ends = sorted((r["offset"], r["offset"] + r["length"]) for r in ranges)
+    assert any(a < b for (_, a), (b, _) in zip(ends, ends[1:]))  # a pad between two items
+    out = {k: torch.empty_like(v) for k, v in state.items()}
+    dcp.load(out, storage_reader=dcp.FileSystemReader(str(direct_dir / "ckpt")))
+    assert all(torch.equal(out[k], v) for k, v in state.items())
+    out = {k: torch.empty_like(v) for k, v in state.items()}
+    ckptstore.load(out, str(direct_dir / "ckpt"))
+    assert all(torch.equal(out[k], v) for k, v in state.items())
+    assert ckptstore.verify_checkpoint(LocalStore(str(direct_dir / "ckpt"))).ok
