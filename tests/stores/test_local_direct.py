@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import glob
 import json
+import mmap
 import os
 import tempfile
 
@@ -226,8 +227,6 @@ def test_a_part_whose_memory_agrees_with_its_offset_is_written_from_that_memory(
 ) -> None:
     """Memory and file offset at the same place within a page: the aligned middle goes
     out direct straight from the part's memory (the chunk buffer is never touched)."""
-    import mmap
-
     ranges = _direct_ranges(monkeypatch)
     _no_copy(monkeypatch)
     offset, n = 3 * _direct.ALIGN + 100, 5 * MiB + 3
