@@ -21,6 +21,7 @@ import contextlib
 import dataclasses
 import os
 import shutil
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -79,12 +80,9 @@ class CopyFloor(Contender):
     once), and the optimizer's step waits for it. Nothing is written."""
 
     def __init__(self, job: Job) -> None:
-        import threading
-
         super().__init__(job)
-        self._threading = threading
         self.buffers: dict[int, torch.Tensor] = {}
-        self.thread: Any = None
+        self.thread: threading.Thread | None = None
 
     def _tensors(self) -> list[torch.Tensor]:
         found = list(self.job.model.state_dict().values())
@@ -101,7 +99,7 @@ class CopyFloor(Contender):
 
     def save(self, step: int) -> None:
         self.wait()
-        self.thread = self._threading.Thread(target=self._copy, args=(self._tensors(),))
+        self.thread = threading.Thread(target=self._copy, args=(self._tensors(),))
         self.thread.start()
 
     def guard(self) -> contextlib.AbstractContextManager[Any]:
