@@ -123,6 +123,26 @@ def test_the_stager_never_holds_more_than_its_budget() -> None:
     stager.close()
 
 
+def test_what_training_changes_after_staging_is_not_in_the_staged_state() -> None:
+    """The values around the tensors are copied (``prepare`` deep-copies the state with a
+    hole for each tensor; the holes themselves are shared, never changed)."""
+    groups = [{"lr": 0.1, "params": ["w"]}]
+    moments = {"step": torch.tensor(3.0), "m": torch.ones(4)}
+    state = {"param_groups": groups, "state": {"w": moments}}
+    stager = ArenaStager()
+    first = stager.stage(state)
+    assert first is not None
+    groups[0]["lr"] = 0.5
+    groups[0]["params"].append("v")
+    state["state"]["w"]["m"].fill_(7)
+    assert first.state["param_groups"] == [{"lr": 0.1, "params": ["w"]}]
+    assert torch.equal(first.state["state"]["w"]["m"], torch.ones(4))
+    second = stager.stage(state)
+    assert second is not None and second.state["param_groups"][0]["lr"] == 0.5
+    assert torch.equal(second.state["state"]["w"]["m"], torch.full((4,), 7.0))
+    stager.close()
+
+
 def test_a_non_plain_tensor_goes_to_dcp_s_stager_or_stays_live_under_a_budget() -> None:
     state = {"dense": torch.ones(8), "sparse": torch.eye(4).to_sparse()}
     assert ArenaStager().stage(state) is None  # the thread backend uses DefaultStager then

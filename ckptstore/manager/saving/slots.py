@@ -40,6 +40,11 @@ class Hole:
 
     index: int  # into StagedState.slots
 
+    def __deepcopy__(self, memo: dict[int, Any]) -> Hole:
+        # Immutable: itself. (``copy.deepcopy`` would rebuild each one through
+        # ``__reduce_ex__``: most of the time ``prepare`` spends on a model's state.)
+        return self
+
 
 def allocated(nbytes: int, make: Callable[[], _T]) -> _T:
     """``make()``, which allocates an arena of ``nbytes``, or ``StagingMemoryError`` saying
