@@ -30,6 +30,7 @@ import hashlib
 import json
 import logging
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -93,21 +94,22 @@ def run_case(case: str, model_name: str, state_mib: int, steps: int) -> dict[str
     loops = {"native thread": _hash_loop, "python thread": _python_loop}
     side = threading.Thread(target=loops[case], args=(stop,)) if case in loops else None
     mgr = None
-    if case.startswith("ckptstore"):
-        warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
-        logging.getLogger("ckptstore").setLevel(logging.WARNING)
-        background = "process" if "process" in case else "thread"
-        mgr = CheckpointManager(tempfile.mkdtemp(), strict=True, background=background)
-        state = {"app": AppState(model, optim)}
-        mgr.save(0, state)  # warm-up: allocates the staging buffers
-        train_step()
-        mgr.wait()
-    if side is not None:
-        side.start()
-        time.sleep(0.2)
+    root = tempfile.mkdtemp(prefix="gil_share-")
     step_ms, save_ms, whole_ms = [], [], []
-    deadline = time.perf_counter() + MAX_S
     try:
+        if case.startswith("ckptstore"):
+            warnings.filterwarnings("ignore", message="Detected an existing checkpoint")
+            logging.getLogger("ckptstore").setLevel(logging.WARNING)
+            background = "process" if "process" in case else "thread"
+            mgr = CheckpointManager(root, strict=True, background=background)
+            state = {"app": AppState(model, optim)}
+            mgr.save(0, state)  # warm-up: allocates the staging buffers
+            train_step()
+            mgr.wait()
+        if side is not None:
+            side.start()
+            time.sleep(0.2)
+        deadline = time.perf_counter() + MAX_S
         for n in range(1, steps + 1):
             t0 = time.perf_counter()
             train_step()
@@ -122,10 +124,11 @@ def run_case(case: str, model_name: str, state_mib: int, steps: int) -> dict[str
                 break
     finally:
         stop.set()
-        if side is not None:
+        if side is not None and side.is_alive():
             side.join()
         if mgr is not None:
             mgr.close()
+        shutil.rmtree(root, ignore_errors=True)
     med = statistics.median
     return {"step_ms": med(step_ms), "save_ms": med(save_ms), "whole_ms": med(whole_ms)}
 
