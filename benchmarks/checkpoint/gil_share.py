@@ -42,6 +42,7 @@ from typing import Any
 
 from benchmarks.checkpoint.step_rate import BATCH, SEQ, build_model, shape_of
 from benchmarks.common import (
+    REPO_ROOT,
     cell,
     load_average,
     machine_line,
@@ -139,19 +140,20 @@ def main() -> None:
     p.add_argument("--state-mib", type=int, default=256, help="the sized model's state")
     p.add_argument("--steps", type=int, default=30, help="timed steps a case (at most)")
     p.add_argument("--pairs", type=int, default=3, help="runs of every case, alternated")
-    p.add_argument("--one", help=argparse.SUPPRESS)  # run one case here, print JSON
+    p.add_argument("--child", help=argparse.SUPPRESS)  # run one case here, print JSON
     args = p.parse_args()
-    if args.one:
-        print(json.dumps(run_case(args.one, args.model, args.state_mib, args.steps)))
+    if args.child:
+        print(json.dumps(run_case(args.child, args.model, args.state_mib, args.steps)))
         return
     before = load_average()
     runs: dict[str, list[dict[str, float]]] = {c: [] for c in CASES}
+    env = dict(os.environ, PYTHONPATH=REPO_ROOT)  # the children import this checkout
     for r in range(args.pairs):
         for case in rotated(CASES, r):
-            cmd = [sys.executable, "-m", "benchmarks.checkpoint.gil_share", "--one", case]
+            cmd = [sys.executable, "-m", "benchmarks.checkpoint.gil_share", "--child", case]
             cmd += ["--model", args.model, "--state-mib", str(args.state_mib)]
             cmd += ["--steps", str(args.steps)]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(cmd, env=env, check=True, capture_output=True, text=True).stdout
             runs[case].append(json.loads(out.strip().splitlines()[-1]))
             print(f"repeat {r + 1}: {case}: {runs[case][-1]}", flush=True)
     rows = []
