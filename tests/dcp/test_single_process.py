@@ -45,3 +45,51 @@ def test_save_load_and_manager_without_process_group_warn_nothing(tmp_path) -> N
         warnings.simplefilter("ignore")
         dcp.load(stock, storage_reader=ckptstore.reader(url))
     assert torch.equal(stock["w"], out["w"]) and stock["c"].value == 7
+
+
+def test_a_process_group_of_one_rank_sends_nothing_through_its_collectives(
+    tmp_path, monkeypatch
+) -> None:
+    """With an initialised group of one rank, DCP's collectives have no one to talk to:
+    ckptstore's save and load (and the manager's) run DCP's steps without them (each
+    would pickle every item's write result, the plans and the Metadata through gloo and
+    back), and write what stock ``dcp.load`` reads."""
+    import torch.distributed as dist
+
+    calls: list[str] = []
+    for name in (
+        "gather_object",
+        "scatter_object_list",
+        "broadcast_object_list",
+        "all_gather_object",
+        "all_reduce",
+        "barrier",
+    ):
+        real = getattr(dist, name)
+
+        def spy(*args, _real=real, _name=name, **kwargs):
+            calls.append(_name)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(dist, name, spy)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'pg'}", rank=0, world_size=1)
+    try:
+        url = str(tmp_path / "step_000000001")
+        ckptstore.save({"w": torch.arange(6.0), "c": Counter(7)}, url)
+        out = {"w": torch.zeros(6), "c": Counter(0)}
+        ckptstore.load(out, url)
+        assert calls == []
+        mgr = ckptstore.CheckpointManager(str(tmp_path / "run"))
+        for step in (1, 2, 3, 4):
+            assert mgr.save(step, {"w": torch.full((2,), float(step))})
+        mgr.close()
+        # the manager's own agreement (a MAX over one number) is all that runs per save
+        assert "gather_object" not in calls and "scatter_object_list" not in calls, calls
+    finally:
+        dist.destroy_process_group()
+    assert torch.equal(out["w"], torch.arange(6.0)) and out["c"].value == 7
+    stock = {"w": torch.zeros(2)}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp.load(stock, storage_reader=ckptstore.reader(str(tmp_path / "run" / "step_000000004")))
+    assert torch.equal(stock["w"], torch.full((2,), 4.0))
