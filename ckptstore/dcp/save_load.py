@@ -39,7 +39,7 @@ def _single_process(process_group: Any) -> bool:
     """Whether the save or load involves this process alone: no process group, or a group
     (``process_group``, else the default one) of one rank. DCP's collectives then have no
     one to talk to, yet with a group they pickle every item's write result, the plans and
-    the ``Metadata`` through gloo and back (~20 ms of the save thread's Python per save of
+    the ``Metadata`` through gloo and back (~15 ms of the save thread's Python per save of
     the demo state, beside training); ``no_dist`` skips them, the steps are the same."""
     if _save_state_dict is None:
         return False
