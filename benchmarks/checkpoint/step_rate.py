@@ -11,21 +11,23 @@ over gloo, AdamW, one torch thread per rank, 6 sequences of 32 tokens per rank a
 With ``--device cuda`` the model, its optimizer and the batches live on rank r's GPU
 (r mod the devices there), the stock stagers pin and copy without blocking, and each
 block's time ends with ``torch.cuda.synchronize()``.
-Each contender (``step_contenders``) runs in a fresh group of rank processes (never two
-in one process), after a warm-up with one save: ``--blocks`` rounds of a block of
-``--steps`` steps with no checkpoint (the baseline, in the same run, interleaved so that
-the machine's drift falls on both) and one per interval, with a save after every
-``every``-th step (the block's first step, then every ``every``); steps/s is the steps
-over the slowest rank's time. overhead = 1 - rate / the run's own baseline rate. Repeat r
-runs the contenders, and round b its blocks, in an order rotated by r (+ b). Peak RSS is per
-rank (the max over ranks) over the checkpointed segments; "RSS+children" adds the rank's
-live child processes (a writer process: ckptstore's ``background="process"``, DefaultStager's
-process backend), sampled every 50 ms from the warm-up save on (baseline blocks included),
-with their PSS beside it (a shared arena counted once). Writes a Markdown table, JSON
-(``benchmarks/results/step_rate-<time>.json``) and ``benchmarks/figures/step_rate.png``.
-The "copy_ floor" contender saves nothing: a thread copies the state into buffers kept
-across saves and the optimizer's step waits for it, the least any asynchronous save of
-this state does.
+Each contender (``step_contenders``) runs in a fresh group of rank processes (never two in
+one process), after a warm-up with one save: ``--blocks`` rounds of a block of ``--steps``
+steps with no checkpoint (the baseline, in the same run, interleaved so that the machine's
+drift falls on both) and one per interval, with a save after every ``every``-th step (the
+block's first step, then every ``every``); steps/s is the steps over the slowest rank's
+time. overhead = 1 - rate / the run's own baseline rate. A second table says where a save's
+cost lands (rank 0's step times by their place in the block, median over blocks, against the
+baseline's): in the step that calls ``save()``, the step after it, or the steps after that.
+Repeat r runs the contenders, and round b its blocks, in an order rotated by r (+ b). Peak
+RSS is per rank (the max over ranks) over the checkpointed segments; "RSS+children" adds the
+rank's live child processes (a writer process: ckptstore's ``background="process"``,
+DefaultStager's process backend), sampled every 50 ms from the warm-up save on (baseline
+blocks included), with their PSS beside it (a shared arena counted once). Writes a Markdown
+table, JSON (``benchmarks/results/step_rate-<time>.json``) and
+``benchmarks/figures/step_rate.png``. The "copy_ floor" contender saves nothing: a thread
+copies the state into buffers kept across saves and the optimizer's step waits for it, the
+least any asynchronous save of this state does.
 """
 
 from __future__ import annotations
@@ -91,8 +93,10 @@ def run_rank(
 ) -> dict:
     """One contender on this rank: warm-up, then ``blocks`` rounds of a block of ``steps``
     steps per interval (0: no checkpoint), the order rotated from ``first`` round by
-    round; steps/s per interval (the slowest rank's time), RSS before saving and peak, and
-    the peak RSS and PSS of the rank with its child processes."""
+    round; steps/s per interval (the slowest rank's time), this rank's milliseconds per
+    step by its place in the block (the median over blocks; with ``save()`` where it is
+    called; the host's clock, which a GPU's queued kernels outrun), RSS before saving and
+    peak, and the peak RSS and PSS of the rank with its child processes."""
     import torch
     import torch.distributed as dist
     from torch.nn.parallel import DistributedDataParallel
@@ -140,6 +144,7 @@ def run_rank(
         out["rss_mib"] = current_rss_mib()  # trained, nothing saved yet
         reset_peak()
         seconds = dict.fromkeys(intervals, 0.0)
+        step_s: dict[int, list[list[float]]] = {e: [] for e in intervals}  # per block
         with TreeMemory() as tree:  # the rank and its live children, to the last block
             train_step()  # warm-up: one save allocates the staging buffers
             contender.save(done)
@@ -150,16 +155,23 @@ def run_rank(
                     sync()
                     dist.barrier()
                     t0 = time.perf_counter()
+                    ends = []
                     for i in range(steps):
                         train_step()
                         if every and i % every == 0:
                             contender.save(done)
+                        ends.append(time.perf_counter())
                     sync()
                     dt = torch.tensor([time.perf_counter() - t0], dtype=torch.float64)
                     contender.wait()  # durable before the next block (untimed)
                     dist.all_reduce(dt, op=dist.ReduceOp.MAX)
                     seconds[every] += float(dt.item())
+                    step_s[every].append([b - a for a, b in zip([t0, *ends], ends)])
         out["rate"] = {e: blocks * steps / t for e, t in seconds.items()}
+        out["step_ms"] = {
+            e: [1000 * statistics.median(block[i] for block in ts) for i in range(steps)]
+            for e, ts in step_s.items()
+        }
         out["tree_rss_mib"], out["tree_pss_mib"] = tree.peak_rss_mib, tree.peak_pss_mib
     finally:
         contender.close()
@@ -168,8 +180,8 @@ def run_rank(
 
 
 def run_one(world: int, name: str, shape: dict, plan: tuple, base: str, device: str) -> dict:
-    """``name`` in fresh rank processes; rank 0's rates and the max over ranks of each
-    memory figure."""
+    """``name`` in fresh rank processes; rank 0's rates and step times and the max over
+    ranks of each memory figure."""
     from harness.dist import run_distributed
 
     root = tempfile.mkdtemp(prefix="run-", dir=base)
@@ -180,7 +192,8 @@ def run_one(world: int, name: str, shape: dict, plan: tuple, base: str, device: 
         )
     finally:
         shutil.rmtree(root, ignore_errors=True)
-    out = {"rate": res[0]["rate"], "params": res[0]["params"], "wall_s": time.perf_counter() - t0}
+    out = {k: res[0][k] for k in ("rate", "step_ms", "params")}
+    out["wall_s"] = time.perf_counter() - t0
     for k in MEMORY:
         out[k] = max(r[k] for r in res)
     return out
@@ -203,6 +216,7 @@ def summarise(runs: list[dict], every: tuple[int, ...]) -> list[dict]:
                 "overhead": statistics.median(over), "overhead_min": min(over),
                 "overhead_max": max(over),
                 **{k: _median(r.get(k) for r in mine) for k in MEMORY},
+                "landing_ms": _median_each(landing(r, e) for r in mine),
             })  # fmt: skip
     cells = {(r["world"], r["model"], r["contender"], r["every"]): r for r in rows}
     for r in rows:
@@ -214,6 +228,28 @@ def summarise(runs: list[dict], every: tuple[int, ...]) -> list[dict]:
         pss = (r["tree_pss_mib"], ref and ref["tree_pss_mib"])
         r["pss_x_stager"] = pss[0] / pss[1] if pss[0] and pss[1] else None
     return rows
+
+
+def landing(run: dict, every: int) -> tuple[float, float, float] | None:
+    """Where a save's cost lands, from one run's per-step medians against its baseline's:
+    the milliseconds each save adds to the step that calls ``save()`` (the call
+    included), to the step after it, and to the steps after that together (medians pass
+    over the odd slow step that a block's time counts: their sum is not the overhead);
+    None for no checkpoint, an interval under 3 or a run from before per-step times."""
+    ms = run.get("step_ms")
+    if not ms or every < 3:
+        return None
+    added = [m - b for m, b in zip(ms[every], ms[0], strict=True)]
+    saves = len(added) // every
+    own = sum(added[0::every]) / saves
+    after = sum(added[1::every]) / saves
+    return own, after, sum(added) / saves - own - after
+
+
+def _median_each(values: Iterable[tuple[float, ...] | None]) -> list[float] | None:
+    """Element-wise medians; None where a run lacks the figure."""
+    xs = list(values)
+    return None if not xs or None in xs else [statistics.median(c) for c in zip(*xs)]
 
 
 def _median(values: Iterable[float | None]) -> float | None:
@@ -237,6 +273,21 @@ def table(rows: list[dict]) -> str:
         for r in rows
     ]  # fmt: skip
     return markdown_table(head, "rllrrrrrrrrr", body)
+
+
+def landing_table(rows: list[dict]) -> str:
+    """Where a save's cost lands, per row that has it (``landing``)."""
+    head = ["ranks", "model", "contender", "ckpt every", "no-ckpt step ms",
+            "ms added per save: its step (save() included)", "the next step",
+            "the steps after", "in all"]  # fmt: skip
+    body = [
+        [str(r["world"]), r["model"], r["contender"], str(r["every"]),
+         cell(1000 / r["base_rate"], ".1f"), *(cell(v, ".1f") for v in r["landing_ms"]),
+         cell(sum(r["landing_ms"]), ".1f")]
+        for r in rows
+        if r.get("landing_ms")
+    ]  # fmt: skip
+    return markdown_table(head, "rllrrrrrr", body) if body else ""
 
 
 def targets(rows: list[dict]) -> list[str]:
@@ -305,7 +356,7 @@ def main() -> None:
     p.add_argument("--state-mib", type=int, default=256, help="the sized model's state/rank")
     p.add_argument("--models", default="demo,sized", help="demo and/or sized")
     p.add_argument("--steps", type=int, default=10, help="steps a block (a multiple of N)")
-    p.add_argument("--blocks", type=int, default=3, help="blocks per interval and run")
+    p.add_argument("--blocks", type=int, default=3, help="blocks per interval and run (try 10)")
     p.add_argument("--pairs", type=int, default=5, help="repeats of every contender")
     p.add_argument("--contenders", default=";".join(n for n in CONTENDERS if n != "none"))
     p.add_argument("--dir", default=None, help="where checkpoints go (default: a temp dir)")
@@ -320,9 +371,11 @@ def main() -> None:
             with open(path) as f:
                 runs += json.load(f)["runs"]
         for run in runs:  # JSON made the intervals strings
-            run["rate"] = {int(e): v for e, v in run["rate"].items()}
+            for key in ("rate", "step_ms"):
+                if key in run:
+                    run[key] = {int(e): v for e, v in run[key].items()}
         rows = summarise(runs, tuple(sorted({e for r in runs for e in r["rate"] if e})))
-        print(table(rows) + "\n\n" + "\n".join(targets(rows)))
+        print(f"{table(rows)}\n\n{landing_table(rows)}\n\n" + "\n".join(targets(rows)))
         print(f"plot: {plot(rows, os.path.join(FIGURES_DIR, 'step_rate.png'))}")
         return
     if a.quick:
@@ -371,7 +424,8 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     rows = summarise(runs, every)
     machine = machine_load(before)
-    print(f"\n{machine_line(machine)}\n\n{table(rows)}\n\n" + "\n".join(targets(rows)))
+    print(f"\n{machine_line(machine)}\n\n{table(rows)}\n\n{landing_table(rows)}\n\n"
+          + "\n".join(targets(rows)))  # fmt: skip
     png = plot(rows, os.path.join(FIGURES_DIR, "step_rate.png"))
     out = write_results(
         "step_rate",
