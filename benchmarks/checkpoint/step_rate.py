@@ -312,6 +312,12 @@ def targets(rows: list[dict]) -> list[str]:
     return lines
 
 
+def report(rows: list[dict]) -> str:
+    """The printed report: the overhead table, where a save's cost lands, the targets."""
+    parts = [table(rows), landing_table(rows), "\n".join(targets(rows))]
+    return "\n\n".join(p for p in parts if p)
+
+
 def plot(rows: list[dict], path: str) -> str | None:
     """steps/s against the checkpoint interval, a panel per (ranks, model), as a fraction of
     the same runs' no-checkpoint steps/s (1 - the median overhead: the machine's load moves
@@ -375,7 +381,7 @@ def main() -> None:
                 if key in run:
                     run[key] = {int(e): v for e, v in run[key].items()}
         rows = summarise(runs, tuple(sorted({e for r in runs for e in r["rate"] if e})))
-        print(f"{table(rows)}\n\n{landing_table(rows)}\n\n" + "\n".join(targets(rows)))
+        print(report(rows))
         print(f"plot: {plot(rows, os.path.join(FIGURES_DIR, 'step_rate.png'))}")
         return
     if a.quick:
@@ -424,8 +430,7 @@ def main() -> None:
         shutil.rmtree(base, ignore_errors=True)
     rows = summarise(runs, every)
     machine = machine_load(before)
-    print(f"\n{machine_line(machine)}\n\n{table(rows)}\n\n{landing_table(rows)}\n\n"
-          + "\n".join(targets(rows)))  # fmt: skip
+    print(f"\n{machine_line(machine)}\n\n{report(rows)}")
     png = plot(rows, os.path.join(FIGURES_DIR, "step_rate.png"))
     out = write_results(
         "step_rate",
