@@ -37,6 +37,8 @@ from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes 
     DurabilityError,
     IncompleteCheckpointError,
     MissingDependencyError,
+    NewerFormatError,
+    NoLoadableCheckpointError,
     StagingMemoryError,
     StateDictMismatchError,
     StorageFullError,

@@ -21,6 +21,8 @@ CHECKPOINT_ERRORS = [
     "MissingDependencyError",
     "IncompleteCheckpointError",
     "CorruptCheckpointError",
+    "NewerFormatError",
+    "NoLoadableCheckpointError",
     "CheckpointExistsError",
     "CommitConflictError",
     "StoreNotFoundError",
@@ -81,6 +83,27 @@ class IncompleteCheckpointError(CkptStoreError, FileNotFoundError):
 
 class CorruptCheckpointError(CkptStoreError, ValueError):
     """Bytes on storage do not match the manifest (size or checksum)."""
+
+
+class NewerFormatError(CkptStoreError, ValueError):
+    """A checkpoint was written by a newer torch or ckptstore, in a form this one cannot
+    read. Not damage: a restore passes over it (naming it), but retention, ``gc`` and the
+    local tier never count it as damaged, replace or delete it. The message names both
+    versions and the way out (upgrade, or rewrite it under the newer release)."""
+
+
+class NoLoadableCheckpointError(CkptStoreError, RuntimeError):
+    """``CheckpointManager.restore`` found committed steps under the root and could load
+    none of them. Starting over silently would lose the job's progress, so it raises with
+    each step and why it was refused (``refused``: ``(step, reason)`` pairs, newest first);
+    a caller that wants a fresh start in that case passes ``on_unloadable="fresh"``."""
+
+    def __init__(self, message: str, refused: list[tuple[int, str]] | None = None) -> None:
+        super().__init__(message)
+        self.refused = list(refused or [])
+
+    def __reduce__(self) -> tuple[object, ...]:  # keeps refused across processes
+        return type(self), (self.args[0], self.refused)
 
 
 class UnsafePickleError(CkptStoreError, pickle.UnpicklingError):
@@ -208,7 +231,7 @@ def require_version(name: str, spec: str, extra: str) -> str:
 
 #: The torch releases ckptstore is tested with: pyproject's ``torch`` requirement
 #: (tests/test_torch_range.py keeps the two equal and the range tested).
-TORCH_RANGE = ">=2.13,<2.15"
+TORCH_RANGE = ">=2.13,<2.16"
 
 
 class TorchVersionError(CkptStoreError, ImportError):

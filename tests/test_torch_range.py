@@ -27,7 +27,7 @@ REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: The torch releases the DCP, manager, CLI and conformance suites passed on (the README's
 #: compatibility table); pyproject's range is exactly the minors they span.
-TESTED = ("2.13.0", "2.14.1")
+TESTED = ("2.13.0", "2.14.1", "2.15.0")
 
 
 class Private(NamedTuple):
@@ -300,3 +300,11 @@ def test_docs_architecture_lists_every_private_name() -> None:
     table = doc[doc.index("## torch's private names") :]
     missing = [f"{e.module}.{e.name}" for e in PRIVATE if e.name.split(".")[-1] not in table]
     assert not missing, f"docs/ARCHITECTURE.md's list lacks {missing}"
+
+
+def test_make_test_torch_runs_every_tested_release() -> None:
+    with open(os.path.join(REPO, "Makefile"), encoding="utf-8") as f:
+        listed = re.search(r"^TORCH_TESTED := (.*)$", f.read(), re.M)
+    assert listed and tuple(listed.group(1).split()) == TESTED, (
+        "the Makefile's TORCH_TESTED (what make test-torch runs) is not TESTED"
+    )

@@ -31,6 +31,12 @@ pip() {
   "$VENV/bin/pip" "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2)
 }
 pip install -q --upgrade pip
+# A machine may cap pip's torch (a machine-wide constraints file, as on this project's
+# machines: torch<=2.14.1). Another release than the default is asked for by name and
+# pinned by our own constraints below, so that cap is lifted for this venv's installs only.
+if [ "$TORCH" != "$pinned" ]; then
+  export PIP_CONSTRAINT=/dev/null
+fi
 # torch first, pinned to the build on this machine's disk (2.13.0's is CPU-only; an unpinned
 # torch pulls CUDA, as 2.14.1 does here: its venv takes ~7 GB, 4 of them CUDA and triton).
 pip install -q -c "$VENV/constraints.txt" "torch==$TORCH"

@@ -9,7 +9,6 @@ stock ``_StorageInfo`` per item, so stock readers load the checkpoint too.
 
 from __future__ import annotations
 
-import pickle
 from typing import Any
 
 import torch
@@ -17,7 +16,7 @@ from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.storage import WriteResult
 
 from ckptstore.dcp.encoding import ItemInfo
-from ckptstore.dcp.metadata import StorageInfo
+from ckptstore.dcp.metadata import StorageInfo, dump_metadata
 from ckptstore.engine.codecs import Codec
 from ckptstore.engine.manifest import FileEntry, Manifest, RangeEntry
 
@@ -72,7 +71,7 @@ def build_indexes(
             )
     metadata.storage_data = storage_md
     metadata.storage_meta = storage_meta
-    return manifest, pickle.dumps(metadata)
+    return manifest, dump_metadata(metadata)
 
 
 def _version() -> str:

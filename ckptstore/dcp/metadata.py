@@ -21,15 +21,28 @@ paths go through bounded constructors, so a small pickle cannot make huge copies
 repeating one memoised object. The result is then checked field by field
 (:func:`validate`); anything else raises ``CorruptCheckpointError`` naming ``source``.
 
+Layouts across torch releases: torch 2.15 added ``TensorProperties.strides`` (each saved
+tensor's strides, a sixth pickled field), which torch 2.13 / 2.14 cannot unpickle ("too
+many values to unpack"). This module reads both layouts on every supported torch (the
+strides checked: a tuple of ints, one per dimension of the item; kept as an attribute
+where this torch's class has no field for them, where nothing reads them), and
+:func:`dump_metadata` writes the oldest layout whenever that loses nothing: an item whose
+strides are the contiguous ones of its size (what every DCP save of a contiguous tensor
+records) is pickled exactly as torch 2.13 pickles it, so ckptstore's checkpoints load under
+every supported torch, with stock readers too.
+
 :func:`~ckptstore.dcp.metadata_bounds.check_metadata` then checks every stored item
 against the files it lives in.
 """
 
 from __future__ import annotations
 
+import copyreg
+import dataclasses
 import io
 import pathlib
 import pickle
+import re
 from typing import Any
 
 import torch
@@ -44,15 +57,24 @@ from torch.distributed.checkpoint.metadata import (
     TensorStorageMetadata,
 )
 
-from ckptstore.engine.manifest import is_contained_name
-from ckptstore.errors import CorruptCheckpointError, torch_name
+from ckptstore.engine.manifest import is_contained_name, version_text
+from ckptstore.errors import CorruptCheckpointError, NewerFormatError, torch_name
 
 #: DCP's record of where an item is stored (torch's private ``_StorageInfo``): imported
 #: here once, for the unpickler and for the writers that make stock ``Metadata``.
 with torch_name("DCP's _StorageInfo (torch.distributed.checkpoint.filesystem)"):
     from torch.distributed.checkpoint.filesystem import _StorageInfo as StorageInfo
 
-__all__ = ["StorageInfo", "load_metadata", "validate", "corrupt_error", "is_int", "item_name"]
+__all__ = [
+    "StorageInfo",
+    "dump_metadata",
+    "load_metadata",
+    "newer_torch_error",
+    "validate",
+    "corrupt_error",
+    "is_int",
+    "item_name",
+]
 
 _MAX_NDIM = 64  # torch's own limit on tensor dimensions
 _MAX_PATH = 4096
@@ -60,12 +82,40 @@ _MAX_DEPTH = 32  # nesting of planner_data
 
 with torch_name("DCP's _MEM_FORMAT_ENCODING (torch.distributed.checkpoint.metadata)"):
     _MEM_FORMAT_ENCODING = dcp_md._MEM_FORMAT_ENCODING
+#: torch >= 2.15 records each tensor's strides in ``TensorProperties`` (a sixth field).
+_HAS_STRIDES = "strides" in {f.name for f in dataclasses.fields(TensorProperties)}
+_MAX_STRIDE = 1 << 63
+
+
+class _AnyLayoutProperties(TensorProperties):
+    """What the unpickler makes for a pickled ``TensorProperties``: it takes the five
+    fields of torch <= 2.14 or the six of torch >= 2.15 on any torch, checks the strides'
+    form (their count against the item's size is :func:`validate`'s), and becomes a plain
+    ``TensorProperties`` (the class swap keeps ``validate``'s exact-type checks and what
+    DCP's planners see unchanged). Where this torch's class has no ``strides`` field they
+    stay an attribute of the instance, which no code of that torch reads."""
+
+    def __setstate__(self, state: Any) -> None:
+        if type(state) is not tuple or len(state) not in (5, 6):
+            raise ValueError("tensor properties that are not a tuple of 5 or 6 fields")
+        strides = state[5] if len(state) == 6 else None
+        if strides is not None and (
+            type(strides) is not tuple
+            or len(strides) > _MAX_NDIM
+            or not all(is_int(s) and 0 <= s < _MAX_STRIDE for s in strides)
+        ):
+            raise ValueError(f"tensor strides {strides!r:.80} are not a tuple of sizes")
+        TensorProperties.__setstate__(self, state[:5])
+        self.__class__ = TensorProperties  # type: ignore[assignment]
+        self.strides = strides
+
+
 _DCP_CLASSES = {
     "Metadata": Metadata,
     "TensorStorageMetadata": TensorStorageMetadata,
     "BytesStorageMetadata": BytesStorageMetadata,
     "ChunkStorageMetadata": ChunkStorageMetadata,
-    "TensorProperties": TensorProperties,
+    "TensorProperties": _AnyLayoutProperties,
     "MetadataIndex": MetadataIndex,
     "StorageMeta": StorageMeta,
     "_MEM_FORMAT_ENCODING": _MEM_FORMAT_ENCODING,
@@ -122,17 +172,45 @@ class _MetadataUnpickler(pickle.Unpickler):
         raise pickle.UnpicklingError(f"global {module}.{name} is not part of DCP metadata")
 
 
-def load_metadata(data: bytes, source: str) -> Metadata:
+def load_metadata(data: bytes, source: str, written_by: str = "") -> Metadata:
     """The DCP ``Metadata`` pickled in ``data`` (read from ``source``), without running
     any code but DCP's own metadata classes; ``CorruptCheckpointError`` for anything
-    that is not a well-formed ``Metadata``."""
+    that is not a well-formed ``Metadata``, or ``NewerFormatError`` if so and
+    ``written_by`` (the torch release the manifest says wrote it) is newer than this one."""
     try:
-        obj = _MetadataUnpickler(io.BytesIO(data)).load()
-    except Exception as exc:  # noqa: BLE001 - any failure of hostile bytes is the same error
-        what = f"{type(exc).__name__}: {str(exc)[:200]}"
-        raise corrupt_error(source, f"cannot be read as DCP metadata ({what})") from None
-    validate(obj, source)
+        try:
+            obj = _MetadataUnpickler(io.BytesIO(data)).load()
+        except Exception as exc:  # noqa: BLE001 - any failure of hostile bytes is the same error
+            what = f"{type(exc).__name__}: {str(exc)[:200]}"
+            raise corrupt_error(source, f"cannot be read as DCP metadata ({what})") from None
+        validate(obj, source)
+    except CorruptCheckpointError as exc:
+        newer = newer_torch_error(source, written_by, exc)
+        if newer is not None:
+            raise newer from None
+        raise
     return obj  # type: ignore[no-any-return]
+
+
+def _release(version: str) -> tuple[int, int] | None:
+    m = re.match(r"(\d{1,6})\.(\d{1,6})", version)
+    return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def newer_torch_error(source: str, written_by: str, exc: Exception) -> NewerFormatError | None:
+    """The error for ``source``'s metadata that this torch refused with ``exc``, if the
+    torch release that wrote it (``written_by``) is a newer minor than this one; else None
+    (the refusal stands as damage)."""
+    theirs, ours = _release(written_by), _release(torch.__version__)
+    if theirs is None or ours is None or theirs <= ours:
+        return None
+    release = f"{theirs[0]}.{theirs[1]}"
+    return NewerFormatError(
+        f"{source} was written by torch {version_text(written_by)}; this torch is "
+        f"{torch.__version__}, which cannot read its layout ({str(exc)[:300]}). Load it under "
+        f"torch>={release}, or rewrite it there for older releases with ckptstore-tool "
+        "convert SRC DST --to dcp (ckptstore writes the oldest layout that loses nothing)"
+    )
 
 
 def corrupt_error(source: str, what: str) -> CorruptCheckpointError:
@@ -198,7 +276,7 @@ def _check_tensor_md(md: TensorStorageMetadata, fqn: str, source: str, seen: _Se
     p = _fields(
         f["properties"],
         TensorProperties,
-        {"dtype", "layout", "requires_grad", "memory_format", "pin_memory"},
+        {"dtype", "layout", "requires_grad", "memory_format", "pin_memory", "strides"},
         lambda: f"{where()}.properties",
         source,
     )
@@ -212,6 +290,15 @@ def _check_tensor_md(md: TensorStorageMetadata, fqn: str, source: str, seen: _Se
         raise corrupt_error(source, f"has malformed tensor properties for {where()}")
     _check_size(f["size"], "an item's size", source)
     size = f["size"]
+    strides = p["strides"]
+    if strides is not None and (
+        type(strides) is not tuple
+        or len(strides) != len(size)
+        or not all(is_int(s) and 0 <= s < _MAX_STRIDE for s in strides)
+    ):
+        raise corrupt_error(
+            source, f"has strides {strides!r:.80} for {where()} of size {tuple(size)}"
+        )
     chunks = f["chunks"]
     if type(chunks) is not list:
         raise corrupt_error(source, f"has no chunk list for {where()}")
@@ -332,3 +419,41 @@ def validate(obj: Any, source: str) -> None:
     _check_storage_meta(f["storage_meta"], source)
     if f["version"] is not None and type(f["version"]) is not str:
         raise corrupt_error(source, "has a version that is not a string")
+
+
+def _contiguous_strides(size: torch.Size) -> tuple[int, ...]:
+    """The strides of a contiguous tensor of ``size`` (as ``torch.empty(size).stride()``)."""
+    strides = []
+    step = 1
+    for d in reversed(size):
+        strides.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(strides))
+
+
+def dump_metadata(metadata: Metadata) -> bytes:
+    """``metadata`` pickled as stock DCP pickles it, in the oldest layout that loses
+    nothing: the tensor properties of an item whose strides are unset or the contiguous
+    ones of its size are written with torch 2.13's five fields (torch 2.13 / 2.14 cannot
+    unpickle a sixth), any others with torch 2.15's six (see the module docstring)."""
+    if not _HAS_STRIDES:
+        return pickle.dumps(metadata)  # this torch pickles the five fields only
+    oldest = set()
+    for md in metadata.state_dict_metadata.values():
+        if isinstance(md, TensorStorageMetadata):
+            strides = getattr(md.properties, "strides", None)
+            if strides is None or tuple(strides) == _contiguous_strides(md.size):
+                oldest.add(id(md.properties))
+
+    def reduce(props: TensorProperties) -> Any:
+        state = props.__getstate__()  # type: ignore[attr-defined]
+        if id(props) in oldest:
+            state = state[:5]
+        return copyreg.__newobj__, (TensorProperties,), state  # type: ignore[attr-defined]
+
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, pickle.DEFAULT_PROTOCOL)
+    # Only TensorProperties are reduced here; every other object pickles as pickle.dumps does.
+    pickler.dispatch_table = {**copyreg.dispatch_table, TensorProperties: reduce}
+    pickler.dump(metadata)
+    return buf.getvalue()

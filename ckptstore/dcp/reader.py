@@ -182,7 +182,8 @@ class CkptReader(StoreBound, StorageReader):
 
     def _parse_metadata(self) -> Metadata:
         """The checked DCP Metadata of the opened checkpoint (a fresh object each call)."""
-        return load_metadata(self._metadata_bytes, self.store.describe(METADATA_NAME))
+        written_by = self.committed.manifest.torch_version if self.committed else ""
+        return load_metadata(self._metadata_bytes, self.store.describe(METADATA_NAME), written_by)
 
     def _stock_sizes(self, metadata: Metadata) -> dict[str, int]:
         """The size of every file a stock checkpoint's metadata names (names already

@@ -13,7 +13,6 @@ new manifest records every file and range, and the result is committed last with
 from __future__ import annotations
 
 import logging
-import pickle
 import re
 import threading
 import uuid
@@ -26,7 +25,7 @@ import torch
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 
 from ckptstore.dcp.delivery import item_codec
-from ckptstore.dcp.metadata import StorageInfo
+from ckptstore.dcp.metadata import StorageInfo, dump_metadata
 from ckptstore.dcp.metadata_bounds import item_limits
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.checksum import crc32c
@@ -158,7 +157,7 @@ def transcode(
             manifest.files[new] = FileEntry(info.size, info.crc32c)
         metadata.storage_data = storage_md
         metadata.storage_meta = StorageMeta(checkpoint_id=dst.url, save_id=attempt)
-        return publish(dst, engine, attempt, manifest, pickle.dumps(metadata), lease=lease)
+        return publish(dst, engine, attempt, manifest, dump_metadata(metadata), lease=lease)
     except BaseException:
         if lease is not None:
             lease.stop()

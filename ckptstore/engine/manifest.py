@@ -16,10 +16,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ckptstore._version import __version__ as _ckptstore_version
 from ckptstore.engine.checksum import crc32c, format_crc, parse_crc
 from ckptstore.engine.codec_registry import find_codec, parse_descriptor
 from ckptstore.engine.paths import is_safe_name
-from ckptstore.errors import CorruptCheckpointError
+from ckptstore.errors import CorruptCheckpointError, NewerFormatError
 
 __all__ = [
     "FORMAT_VERSION",
@@ -30,6 +31,7 @@ __all__ = [
     "Span",
     "Manifest",
     "Marker",
+    "version_text",
     "is_contained_name",
 ]
 
@@ -294,6 +296,15 @@ def _obj(v: Any, what: str) -> dict[str, Any]:
     return v
 
 
+_VERSION_TEXT = re.compile(r"[0-9A-Za-z.+_-]{1,40}")
+
+
+def version_text(version: str) -> str:
+    """A release string read from storage, for a message: as written if it looks like one
+    (``2.15.0+cu130``), else quoted and cut (it may hold anything)."""
+    return version if _VERSION_TEXT.fullmatch(version) else f"{version!r:.42}"
+
+
 def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
     """The manifest in ``doc``, every field checked: types, counts >= 0, names contained,
     every range inside its (listed) file, spans inside their item, raw lengths the codec
@@ -303,9 +314,12 @@ def _parse_manifest(cls: type[Manifest], doc: Any, where: str) -> Manifest:
         raise _Bad("not a ckptstore manifest")
     version = _count(doc, "version", 1 << 31)
     if version > FORMAT_VERSION:
-        raise CorruptCheckpointError(
-            f"{where} has format version {version}, newer than this ckptstore "
-            f"understands ({FORMAT_VERSION}); upgrade ckptstore to read it."
+        written = _str(doc, "ckptstore_version")
+        raise NewerFormatError(
+            f"{where} has format version {version}"
+            + (f" (written by ckptstore {version_text(written)})" if written else "")
+            + f", newer than this ckptstore {_ckptstore_version} understands "
+            f"({FORMAT_VERSION}): upgrade ckptstore to read it"
         )
     codec_text = _str(doc, "codec", "none")
     parsed = parse_descriptor(codec_text)
