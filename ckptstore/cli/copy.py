@@ -70,8 +70,8 @@ def require_committed(store: Store, url: str, verb: str) -> None:
             f"{url} is a stock DCP checkpoint (no manifest to verify a copy against); use "
             "`ckptstore-tool convert SRC DST --to dcp`, which verifies and adds a manifest."
         )
-    if status == CheckpointStatus.CORRUPT:
-        open_committed(store)  # raises CorruptCheckpointError with the reason
+    if status in (CheckpointStatus.CORRUPT, CheckpointStatus.NEWER):
+        open_committed(store)  # raises Corrupt/NewerFormatError with the reason
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:

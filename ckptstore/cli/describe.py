@@ -20,7 +20,7 @@ from ckptstore.engine.bounded import MAX_MANIFEST_SIZE, MAX_METADATA_SIZE, get_c
 from ckptstore.engine.checksum import crc32c, format_crc
 from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.engine.manifest import MANIFEST_NAME, Manifest
-from ckptstore.errors import CkptStoreError, StoreNotFoundError
+from ckptstore.errors import CkptStoreError, NewerFormatError, StoreNotFoundError
 
 __all__ = ["describe"]
 
@@ -117,7 +117,11 @@ def _describe_dcp(store: Store) -> dict[str, Any]:
         committed = open_committed(store)  # .metadata's bytes verified against the manifest
         manifest = committed.manifest
         try:
-            metadata = load_metadata(committed.metadata_bytes, store.describe(METADATA_NAME))
+            metadata = load_metadata(
+                committed.metadata_bytes, store.describe(METADATA_NAME), manifest.torch_version
+            )
+        except NewerFormatError as exc:  # a newer torch's layout: not damage
+            notes.append(str(exc))
         except CkptStoreError as exc:  # vouched for by a (re-signed?) manifest, yet hostile
             notes.append(str(exc))
             status = CheckpointStatus.DAMAGED
@@ -126,7 +130,7 @@ def _describe_dcp(store: Store) -> dict[str, Any]:
         if metadata is None:
             status = "damaged"
     else:
-        if status == "corrupt":
+        if status in ("corrupt", "newer"):
             try:
                 open_committed(store)
             except CkptStoreError as exc:

@@ -30,6 +30,8 @@ _STATUS_TEXT = {
     "corrupt": "CORRUPT: COMMITTED does not match any manifest copy. Do not load it.",
     "stock": "stock DCP checkpoint (no ckptstore manifest or marker: nothing is verified)",
     "damaged": "DAMAGED: files or metadata do not match (see the notes). Do not load it.",
+    "newer": "NEWER: written by a newer ckptstore than this one reads (see the notes): upgrade "
+    "ckptstore to load it.",
 }
 
 

@@ -43,14 +43,15 @@ class SkippedEntryWarning(UserWarning):
 class StepEntry:
     """One canonical step directory under a root.
 
-    ``status`` is ``committed``, ``incomplete`` or ``corrupt`` (``open_committed``; a
-    symlinked marker or manifest counts as ``corrupt``), or ``unknown`` when listed
+    ``status`` is ``committed``, ``incomplete``, ``corrupt`` (``open_committed``; a
+    symlinked marker or manifest counts as ``corrupt``) or ``newer`` (a newer ckptstore's
+    format), or ``unknown`` when listed
     ``with_status=False``; ``size`` is a committed step's bytes (its manifest's total).
     """
 
     step: int
     name: str
-    status: str  # committed | incomplete | corrupt
+    status: str  # committed | incomplete | corrupt | newer
     size: int | None = None
 
 

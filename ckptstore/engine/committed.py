@@ -30,6 +30,7 @@ from ckptstore.errors import (
     CkptStoreError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
+    NewerFormatError,
     StoreNotFoundError,
 )
 
@@ -234,13 +235,14 @@ def committed_from_bytes(
 
 class CheckpointStatus(str, Enum):
     """What a step directory holds. A ``str``: comparisons with the plain names and JSON
-    keep working. ``checkpoint_status`` returns the first three; the others are what the
-    catalog and the CLI conclude from more than the marker."""
+    keep working. ``checkpoint_status`` returns the first three and ``NEWER``; the others
+    are what the catalog and the CLI conclude from more than the marker."""
 
     COMMITTED = "committed"  # COMMITTED matches a manifest copy
     INCOMPLETE = "incomplete"  # no marker: a save that did not finish (or one in flight)
     CORRUPT = "corrupt"  # a marker that matches no manifest copy
     DAMAGED = "damaged"  # committed, but its files or .metadata do not match the manifest
+    NEWER = "newer"  # committed by a newer ckptstore: a format this one cannot read
     STOCK = "stock"  # a stock DCP checkpoint: .metadata, no ckptstore manifest or marker
     UNKNOWN = "unknown"  # not looked at (a listing without statuses)
 
@@ -249,7 +251,8 @@ class CheckpointStatus(str, Enum):
 
 
 def checkpoint_status(store: Store, retry: RetryConfig | None = None) -> CheckpointStatus:
-    """``COMMITTED``, ``INCOMPLETE`` (no marker) or ``CORRUPT`` (marker/manifest mismatch)."""
+    """``COMMITTED``, ``INCOMPLETE`` (no marker), ``CORRUPT`` (marker/manifest mismatch) or
+    ``NEWER`` (a manifest format from a newer ckptstore: not damage, left alone)."""
     return committed_status(store, retry)[0]
 
 
@@ -264,4 +267,6 @@ def committed_status(
         return CheckpointStatus.INCOMPLETE, None
     except CorruptCheckpointError:
         return CheckpointStatus.CORRUPT, None
+    except NewerFormatError:
+        return CheckpointStatus.NEWER, None
     return CheckpointStatus.COMMITTED, committed

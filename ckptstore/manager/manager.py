@@ -27,7 +27,7 @@ from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import ConfigError
+from ckptstore.errors import ConfigError, NewerFormatError, NoLoadableCheckpointError
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.failures import FailureLog, interrupted
@@ -224,21 +224,30 @@ class CheckpointManager:
         steps = self.steps()
         return steps[-1] if steps else None
 
-    def restore(self, state: dict[str, Any], step: int | None = None) -> int | None:
+    def restore(
+        self, state: dict[str, Any], step: int | None = None, *, on_unloadable: str = "raise"
+    ) -> int | None:
         """Load the newest committed, verified checkpoint (or ``step``) into ``state``.
 
-        Falls back to the previous committed step when one fails verification, with a
-        warning naming what was wrong. Returns the step loaded, or None if there is none.
-        An object item that needs more than ``weights_only`` unpickling raises
+        Falls back to the previous committed step when one fails verification (or was
+        written by a newer torch or ckptstore, ``NewerFormatError``), with a warning naming
+        what was wrong. Returns the step loaded, or None if the root holds no committed
+        step. If it holds some and none loads, it raises ``NoLoadableCheckpointError``
+        listing each step and why (a fresh start would silently lose the job's progress),
+        unless ``on_unloadable="fresh"``: then it warns the same and returns None. An
+        object item that needs more than ``weights_only`` unpickling raises
         ``UnsafePickleError`` (no fallback: every step would hold it) unless the manager
         was built with ``allow_pickle=True``.
         """
+        if on_unloadable not in ("raise", "fresh"):
+            raise ConfigError(f'on_unloadable must be "raise" or "fresh"; got {on_unloadable!r}')
         self.wait()
         # Rank 0 alone lists the root and reads a step's marker, manifest and .metadata,
         # newest first and only as far as a fallback needs (finishing a commit a crash cut
         # short after its marker); the others get them. A collective generator.
         t = time.perf_counter()
         candidates = self._loader.discover(step)
+        refused: list[tuple[int, str]] = []
         try:
             for s in candidates:
                 self._flow.protected.add(s)
@@ -251,20 +260,47 @@ class CheckpointManager:
                     self._failures.restored(s)
                     self._report_restore(s, time.perf_counter() - t)
                     return s
-                self._damaged.add(s)
+                if not isinstance(error, NewerFormatError):  # not damage: left as it is
+                    self._damaged.add(s)
                 if step is not None:
                     raise error
+                refused.append((s, str(error)))
                 warnings.warn(
                     f"checkpoint step {s} could not be restored ({error}); falling back to "
                     "the previous committed step",
                     RuntimeWarning,
                     stacklevel=2,
                 )
+            refused = sorted(refused + self._loader.refused, reverse=True)
+            if refused:
+                self._none_loadable(refused, on_unloadable)
+                return None
             if self.rank == 0:
                 report("no committed checkpoint under %s: starting from scratch", self.root.url)
             return None
         finally:
             self._loader.forget()
+
+    def _none_loadable(self, refused: list[tuple[int, str]], on_unloadable: str) -> None:
+        """The end of a restore that found committed steps and loaded none (``refused``:
+        each with why, newest first): ``NoLoadableCheckpointError`` on every rank, or with
+        ``on_unloadable="fresh"`` a warning and a fresh start."""
+        steps = "; ".join(f"step {s}: {why.rstrip('.')}" for s, why in refused)
+        if on_unloadable == "fresh":
+            warnings.warn(
+                f"no committed checkpoint under {self.root.url} could be restored ({steps}); "
+                'starting from scratch, as on_unloadable="fresh" asks',
+                RuntimeWarning,
+                stacklevel=3,
+            )
+            return
+        raise NoLoadableCheckpointError(
+            f"{self.root.url} holds {len(refused)} committed step(s) and none could be "
+            f"restored: {steps}. Nothing was loaded. Fix what each step names (a newer torch "
+            "or ckptstore: upgrade this one), restore a step by number, or pass "
+            'restore(..., on_unloadable="fresh") to start over deliberately',
+            refused,
+        )
 
     def _report_restore(self, step: int, seconds: float) -> None:
         """Rank 0: the restore's one line (step, where from, size, seconds)."""

@@ -126,9 +126,10 @@ def plan_prune(
     ``stale_after_s`` (uploads of unknown age are kept). Never deleted: a step holding a
     fresh lease (a save in flight, ``engine.lease``; ``apply_prune`` checks again right
     before each deletion), incomplete steps newer than the newest commit, corrupt steps
-    (a marker that matches no manifest) and ``damaged`` ones (their marker matched but
-    their bytes did not, found at restore), left for a human to inspect; neither counts
-    toward what ``policy`` keeps: ``KeepLast(2)`` keeps two *good* checkpoints.
+    (a marker that matches no manifest), steps a newer ckptstore wrote (``newer``: left
+    for it) and ``damaged`` ones (their marker matched but their bytes did not, found at
+    restore), left for a human to inspect; none counts toward what ``policy`` keeps:
+    ``KeepLast(2)`` keeps two *good* checkpoints.
     """
     now = time.time() if now is None else now
     listing = scan_root(root)
@@ -166,6 +167,8 @@ def plan_prune(
             action, reason = "keep", "damaged (found corrupt at restore): left for inspection"
         elif status == CheckpointStatus.CORRUPT:
             action, reason = "keep", "corrupt: left for inspection (ckptstore-tool verify)"
+        elif status == CheckpointStatus.NEWER:
+            action, reason = "keep", "written by a newer ckptstore: left alone (upgrade it)"
         elif files is not None and not files.ours:
             action, reason = "keep", "no ckptstore files: not ckptstore's, left alone"
         elif newest is not None and e.step < newest:

@@ -44,6 +44,7 @@ from ckptstore.errors import (
     CkptStoreError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
+    NewerFormatError,
 )
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.node_tier import NodeTier, from_peers, where_from
@@ -60,8 +61,8 @@ log = logging.getLogger(__name__)
 class Opened:
     """What rank 0 read of one step, as broadcast: the marker, manifest and ``.metadata``
     bytes of a committed step, or (``error`` set) why it could not be opened
-    (``incomplete``: no marker; anything else: damaged). ``local``: a local-only step,
-    read by the rank whose local tier holds it."""
+    (``incomplete``: no marker; ``newer``: a newer ckptstore's format; anything else:
+    damaged). ``local``: a local-only step, read by the rank whose local tier holds it."""
 
     step: int
     marker: Marker | None = None
@@ -70,6 +71,7 @@ class Opened:
     error: str = ""
     incomplete: bool = False
     local: bool = False
+    newer: bool = False
 
     @classmethod
     def of(cls, step: int, committed: Committed, local: bool = False) -> Opened:
@@ -85,13 +87,18 @@ class Opened:
     @classmethod
     def failed(cls, step: int, exc: CkptStoreError) -> Opened:
         """The broadcast form of a step that failed to open with ``exc``."""
-        return cls(step, error=str(exc), incomplete=isinstance(exc, IncompleteCheckpointError))
+        return cls(
+            step,
+            error=str(exc),
+            incomplete=isinstance(exc, IncompleteCheckpointError),
+            newer=isinstance(exc, NewerFormatError),
+        )
 
     def committed(self, where: str) -> Committed:
         """The verified checkpoint (re-checked here, no store read), or raise
-        ``CorruptCheckpointError`` saying why it is not one."""
+        ``CorruptCheckpointError`` (``NewerFormatError``) saying why it is not one."""
         if self.error:
-            raise CorruptCheckpointError(self.error)
+            raise (NewerFormatError if self.newer else CorruptCheckpointError)(self.error)
         assert self.marker is not None
         return committed_from_bytes(self.marker, self.manifest_bytes, self.metadata_bytes, where)
 
@@ -145,6 +152,9 @@ class StepLoader:
         self.loaded: Committed | None = None
         #: The step ``_shared_open`` last opened is a local-only one.
         self._local_only = False
+        #: Every rank: the committed steps discovery passed over, newest first, with why
+        #: (damaged, or a newer format); as rank 0 last broadcast them.
+        self.refused: list[tuple[int, str]] = []
 
     @property
     def is_root(self) -> bool:
@@ -164,6 +174,7 @@ class StepLoader:
         local-only step of any node (``_local_candidate``) comes first when it is newer
         than the root's newest (or is the asked-for ``step``, which the root lacks)."""
         listed: list[int] | None = None  # rank 0: steps listed and not yet opened
+        self.refused = []
         local = self._local_candidate(step)
         while True:
             opened: Opened | None = None
@@ -180,7 +191,7 @@ class StepLoader:
                         opened = self._next_committed(listed)
                 except CkptStoreError as exc:  # the root unreadable: every rank raises it
                     failure = exc
-            opened, failure = self.agree.broadcast((opened, failure))
+            opened, failure, self.refused = self.agree.broadcast((opened, failure, self.refused))
             if failure is not None:
                 self.forget()
                 raise failure
@@ -237,15 +248,17 @@ class StepLoader:
 
     def _next_committed(self, listed: list[int]) -> Opened | None:
         """Rank 0: the newest step of ``listed`` (newest first) that opens, opened; it and
-        every newer one are taken off ``listed``. None when none is left."""
+        every newer one are taken off ``listed``, a committed one that fails to open noted
+        in ``refused``. None when none is left."""
         while listed:
             step = listed.pop(0)
             try:
                 committed = self._open(step)
             except IncompleteCheckpointError:
                 continue  # a save that did not finish (or one in flight): not a checkpoint
-            except CorruptCheckpointError as exc:  # UnsafePathError too: a symlinked file
+            except (CorruptCheckpointError, NewerFormatError) as exc:  # UnsafePathError too
                 log.warning("step %d is not a loadable checkpoint: %s", step, exc)
+                self.refused.append((step, str(exc)))
                 continue
             return Opened.of(step, committed)
         return None
@@ -273,7 +286,7 @@ class StepLoader:
         step's error)."""
         try:
             committed = self._open(step)
-        except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
+        except (IncompleteCheckpointError, CorruptCheckpointError, NewerFormatError) as exc:
             return Opened.failed(step, exc)
         return Opened.of(step, committed)
 
@@ -301,7 +314,7 @@ class StepLoader:
         where = self._local_dir(step).url if opened.local else self.root.describe(step_name(step))
         try:
             return opened.committed(where)
-        except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
+        except (IncompleteCheckpointError, CorruptCheckpointError, NewerFormatError) as exc:
             return exc
 
     # -- loading ------------------------------------------------------------------------
@@ -457,7 +470,7 @@ class StepLoader:
                 before_read=before_read,
                 share_group=self.process_group if share else None,
             )
-        except (IncompleteCheckpointError, CorruptCheckpointError) as exc:
+        except (IncompleteCheckpointError, CorruptCheckpointError, NewerFormatError) as exc:
             error = exc
         if not self.agree.all(error is None):
             return error or CorruptCheckpointError(f"step {step} failed to open on another rank")
@@ -471,7 +484,9 @@ class StepLoader:
             dcp.load(state, storage_reader=reader, process_group=self.process_group)
         except CheckpointException as exc:  # every rank gets it: no agreement needed
             inner = dcp.unwrap_checkpoint_exception(exc)
-            if isinstance(inner, (CorruptCheckpointError, IncompleteCheckpointError)):
+            if isinstance(
+                inner, (CorruptCheckpointError, IncompleteCheckpointError, NewerFormatError)
+            ):
                 return inner
             raise inner from exc
         except Exception as exc:  # noqa: BLE001 - a Stateful's load_state_dict, this rank alone

@@ -32,6 +32,7 @@ from ckptstore.errors import (
     CkptStoreError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
+    NewerFormatError,
     TransientStoreError,
 )
 from ckptstore.manager.agreement import Agreement, StepView
@@ -237,7 +238,10 @@ class SaveFlow:
             exists = self.root.exists(f"{step_name(step)}/{MARKER_NAME}")
         except CkptStoreError as exc:
             return StepView(busy, unchecked=True, restart=restart), exc
-        replace = exists and self._needs_replacing(step)
+        try:
+            replace = exists and self._needs_replacing(step)
+        except NewerFormatError as exc:  # a newer ckptstore's step: neither replaced nor kept
+            return StepView(busy, unchecked=True, restart=restart), exc
         return StepView(busy, replace=replace, missing=not exists, restart=restart), None
 
     def _fail_unchecked(self, record: SaveRecord, start: float, exc: CkptStoreError | None) -> None:
@@ -259,7 +263,8 @@ class SaveFlow:
         """For a ``step`` with a marker: True if it is not a loadable checkpoint (restore
         found it damaged, or its marker does not commit a valid manifest) or (rank 0's
         view) another run committed it. Saving it then replaces it (a new attempt and
-        marker) rather than skipping it."""
+        marker) rather than skipping it. A step a newer ckptstore wrote raises
+        ``NewerFormatError``: that save fails, and the step is left as it is."""
         if step in self.damaged:
             return True
         try:

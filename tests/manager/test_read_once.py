@@ -122,7 +122,7 @@ def _restore(rank: int, world: int, url: str, options: dict, phase: str) -> Any:
                 warnings.simplefilter("always")
                 step = mgr.restore(out)
         except Exception as exc:  # noqa: BLE001 - the owner died: what the others raise
-            return "raised", type(exc).__name__
+            return "raised", type(exc).__name__, str(exc)
         want = ddp_state(rank, 2.0)
         ok = step is not None and all(torch.equal(out[k], want[k]) for k in want)
         return step, ok, store.count[0], [str(w.message) for w in caught]
@@ -164,9 +164,9 @@ def test_a_damaged_shared_range_fails_the_restore_on_every_rank(seaweedfs: Any) 
         if name != METADATA_NAME:
             step.put(name, bytes(b ^ 0xFF for b in step.get(name)))
     results = run_distributed(_restore, 3, url, options, "restore")
-    for got, ok, _, messages in results:
-        assert got is None and not ok  # no older step: a fresh start, on every rank alike
-        assert any(f"step {STEP} could not be restored" in m for m in messages), messages
+    for raised, name, message in results:  # no older step: every rank raises alike
+        assert (raised, name) == ("raised", "NoLoadableCheckpointError"), results
+        assert f"step {STEP}: " in message and "none could be restored" in message
 
 
 @pytest.mark.server

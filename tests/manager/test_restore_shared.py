@@ -25,7 +25,7 @@ from ckptstore.engine.committed import METADATA_NAME, Committed, open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Marker
 from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Entry, Store
-from ckptstore.errors import CorruptCheckpointError
+from ckptstore.errors import CorruptCheckpointError, NoLoadableCheckpointError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import KeepAll
 from ckptstore.stores import open_store
@@ -130,7 +130,10 @@ def _restore_and_count(rank: int, mgr: CheckpointManager, store: CountingStore) 
     dist.barrier()
     store.log.clear()
     out = zeros(rank)
-    got = mgr.restore(out)
+    try:
+        got = mgr.restore(out)
+    except NoLoadableCheckpointError as exc:  # committed steps, none loadable: no fresh start
+        got = ("refused", [step for step, _ in exc.refused])
     counts = dict(store.log)
     return got, counts, out
 
@@ -162,8 +165,8 @@ def _invert_data_files(step: Store) -> None:
 
 def body(rank: int, world: int, url: str, options: dict, staging: str | None) -> dict:
     """Save steps 1, 2, 3, 5 and 7; restore (7); break step 7's marker and step 5's data
-    files, restore (3); break steps 1-3's manifest copies: no step is left. What each
-    restore read, and whether it was right."""
+    files, restore (3); break steps 1-3's manifest copies: no step is left, and the restore
+    raises naming each. What each restore read, and whether it was right."""
     import torch.distributed as dist
 
     store = CountingStore(open_store(url, options))
@@ -199,7 +202,7 @@ def body(rank: int, world: int, url: str, options: dict, staging: str | None) ->
 def check(results: list[dict], world: int, volume: bool) -> None:
     url = results[0]["url"]
     refused = {n: int(not volume or n != METADATA_NAME) for n in SMALL}
-    for phase, want in (("first", 7), ("fallback", 3), ("none", None)):
+    for phase, want in (("first", 7), ("fallback", 3), ("none", ("refused", [7, 5, 3, 2, 1]))):
         per_rank = [r[phase] for r in results]
         assert [got for got, _, _ in per_rank] == [want] * world, phase
         assert all(ok for _, _, ok in per_rank), f"{phase}: state not restored bitwise"
