@@ -21,15 +21,24 @@ test-fast: setup
 	$(PYTEST) -q -m "not server and not distributed and not processes and not slow"
 
 # The torch-facing suites (DCP, its conformance, manager, CLI, the store contract, the
-# private torch names) on another torch release, in a venv of its own:
-# `make test-torch TORCH=2.14.1` builds .venv-torch-2.14.1 (tools/setup.sh with VENV and
-# TORCH) and runs them there.
+# private torch names, the compatibility matrix, the framework plugins) on each tested
+# torch release, each in a venv of its own: `make test-torch` runs them on every release
+# (TORCH_TESTED, tests/test_torch_range.py's TESTED); `make test-torch TORCH=2.15.0` on one.
+# make setup's release runs in .venv, another in .venv-torch-<release> (tools/setup.sh with
+# VENV and TORCH; 2.14.1 and 2.15.0 are CUDA builds, ~7 GB each, run on the CPU). Every
+# release runs even if one fails.
+TORCH_TESTED := 2.13.0 2.14.1 2.15.0
 TORCH_SUITES := tests/dcp tests/dcp_conformance tests/manager tests/cli \
-	tests/stores/test_conformance.py tests/test_torch_range.py
+	tests/stores/test_conformance.py tests/test_torch_range.py tests/compat \
+	plugins/lightning/tests plugins/hf/tests plugins/torchtitan/tests
 test-torch:
-	@test -n "$(TORCH)" || { echo "usage: make test-torch TORCH=<version>, e.g. 2.14.1" >&2; exit 2; }
-	VENV=.venv-torch-$(TORCH) TORCH=$(TORCH) bash tools/setup.sh
-	.venv-torch-$(TORCH)/bin/python -m pytest -q --durations=10 $(TORCH_SUITES)
+	@failed=""; for v in $(or $(TORCH),$(TORCH_TESTED)); do \
+	  venv=.venv-torch-$$v; grep -qx "torch==$$v" tools/constraints.txt && venv=.venv; \
+	  echo "== torch $$v ($$venv)"; \
+	  VENV=$$venv TORCH=$$v bash tools/setup.sh && \
+	  $$venv/bin/python -m pytest -q --durations=10 $(TORCH_SUITES) || failed="$$failed $$v"; \
+	done; \
+	if [ -n "$$failed" ]; then echo "torch-facing suites failed on torch$$failed" >&2; exit 1; fi
 
 lint: setup
 	$(PY) -m ruff check ckptstore plugins tests benchmarks tools examples
