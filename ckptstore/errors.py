@@ -102,6 +102,28 @@ class NoLoadableCheckpointError(CkptStoreError, RuntimeError):
         super().__init__(message)
         self.refused = list(refused or [])
 
+    @classmethod
+    def of(cls, root: str, refused: list[tuple[int, str]]) -> NoLoadableCheckpointError:
+        """The error for ``root`` whose committed steps ``refused`` (each with why, newest
+        first) all failed to load: what every resume path (the manager, the plugins) raises."""
+        steps = "; ".join(f"step {s}: {why.rstrip('.')}" for s, why in refused)
+        return cls(
+            f"{root} holds {len(refused)} committed step(s) and none could be restored: "
+            f"{steps}. Nothing was loaded. Fix what each step names (a newer torch or "
+            "ckptstore: upgrade this one), restore a step by number, or pass "
+            'on_unloadable="fresh" to start over deliberately',
+            refused,
+        )
+
+    def warning(self) -> str:
+        """What a resume that was asked to start over anyway (``on_unloadable="fresh"``)
+        warns instead of raising."""
+        steps = "; ".join(f"step {s}: {why.rstrip('.')}" for s, why in self.refused)
+        return (
+            f"no committed step could be restored ({steps}); starting from scratch, as "
+            'on_unloadable="fresh" asks'
+        )
+
     def __reduce__(self) -> tuple[object, ...]:  # keeps refused across processes
         return type(self), (self.args[0], self.refused)
 

@@ -285,22 +285,10 @@ class CheckpointManager:
         """The end of a restore that found committed steps and loaded none (``refused``:
         each with why, newest first): ``NoLoadableCheckpointError`` on every rank, or with
         ``on_unloadable="fresh"`` a warning and a fresh start."""
-        steps = "; ".join(f"step {s}: {why.rstrip('.')}" for s, why in refused)
-        if on_unloadable == "fresh":
-            warnings.warn(
-                f"no committed checkpoint under {self.root.url} could be restored ({steps}); "
-                'starting from scratch, as on_unloadable="fresh" asks',
-                RuntimeWarning,
-                stacklevel=3,
-            )
-            return
-        raise NoLoadableCheckpointError(
-            f"{self.root.url} holds {len(refused)} committed step(s) and none could be "
-            f"restored: {steps}. Nothing was loaded. Fix what each step names (a newer torch "
-            "or ckptstore: upgrade this one), restore a step by number, or pass "
-            'restore(..., on_unloadable="fresh") to start over deliberately',
-            refused,
-        )
+        error = NoLoadableCheckpointError.of(self.root.url, refused)
+        if on_unloadable != "fresh":
+            raise error
+        warnings.warn(error.warning(), RuntimeWarning, stacklevel=3)
 
     def _report_restore(self, step: int, seconds: float) -> None:
         """Rank 0: the restore's one line (step, where from, size, seconds)."""

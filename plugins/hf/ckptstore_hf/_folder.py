@@ -30,7 +30,13 @@ import torch.distributed as dist
 
 from ckptstore import CheckpointManager, ManagerOptions, open_store, step_name
 from ckptstore.api import empty_state_dict
-from ckptstore.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError
+from ckptstore.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    NewerFormatError,
+    NoLoadableCheckpointError,
+)
 
 from . import _folder_index
 from ._folder_index import INDEX_FORMAT, bad_index, parse_index
@@ -352,22 +358,33 @@ class FolderCheckpoints:
         qdir: str | None = None,
         write: bool = True,
         replace: bool = True,
+        on_unloadable: str = "raise",
     ) -> tuple[int, str] | None:
-        """(step, local folder) of the newest committed step that verifies, or None.
+        """(step, local folder) of the newest committed step that verifies, or None if the
+        root holds no committed step.
 
-        A step that fails verification (its index too) is skipped with a warning, as
-        ``CheckpointManager.restore`` does. ``write`` and ``replace`` as for ``ensure_local``.
+        A step that fails verification (its index too) or that a newer torch or ckptstore
+        wrote is skipped with a warning, as ``CheckpointManager.restore`` does; if every
+        one is, ``NoLoadableCheckpointError`` lists them (``on_unloadable="fresh"``: a
+        warning and None, a fresh start). ``write`` and ``replace`` as for ``ensure_local``.
         """
+        refused: list[tuple[int, str]] = []
         for step in reversed(self.steps()):
             try:
                 index = self.index(step)
                 folder = dest(step, index)
                 return step, self.ensure_local(step, folder, qdir, index, write, replace)
-            except (CorruptCheckpointError, IncompleteCheckpointError) as exc:
+            except (CorruptCheckpointError, IncompleteCheckpointError, NewerFormatError) as exc:
+                refused.append((step, str(exc)))
                 warnings.warn(
                     f"checkpoint step {step} could not be restored ({exc}); falling back to "
                     "the previous committed step",
                     RuntimeWarning,
                     stacklevel=2,
                 )
+        if refused:
+            error = NoLoadableCheckpointError.of(self.manager.root.url, refused)
+            if on_unloadable != "fresh":
+                raise error
+            warnings.warn(error.warning(), RuntimeWarning, stacklevel=2)
         return None

@@ -89,17 +89,23 @@ class CkptStoreCallback(TrainerCallback):
         #: The folder ``prepare_resume`` put back (the newest committed step), or None.
         self.resume_from: str | None = None
 
-    def prepare_resume(self, output_dir: str, write: bool = True) -> str | None:
-        """Make ``output_dir/checkpoint-<N>`` the newest committed step N; its path, or None.
+    def prepare_resume(
+        self, output_dir: str, write: bool = True, on_unloadable: str = "raise"
+    ) -> str | None:
+        """Make ``output_dir/checkpoint-<N>`` the newest committed step N; its path, or None
+        when the root holds no committed step (a fresh run).
 
         With several processes every rank calls it; those with ``write`` (one per file
-        system) write the folder.
+        system) write the folder. Committed steps none of which loads raise
+        ``NoLoadableCheckpointError`` naming each, never a silent fresh start, unless
+        ``on_unloadable="fresh"``.
         """
         qdir = os.path.join(output_dir, QUARANTINE)
         found = self.folders.restore_newest(
             lambda step, _index: os.path.join(output_dir, f"{PREFIX_CHECKPOINT_DIR}-{step}"),
             qdir,
             write,
+            on_unloadable=on_unloadable,
         )
         if write:
             pattern = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)")
@@ -259,8 +265,12 @@ class CkptStoreAccelerate:
         self.folders.ensure_local(step, input_dir, self._qdir(), write=self._writes())
         self._set_iteration(step)
 
-    def prepare_resume(self, local_dir: str | None = None) -> str | None:
+    def prepare_resume(
+        self, local_dir: str | None = None, on_unloadable: str = "raise"
+    ) -> str | None:
         """Write the newest committed step as a local folder; its path, or None if none.
+        Committed steps none of which loads raise ``NoLoadableCheckpointError`` naming each
+        (never a silent fresh start) unless ``on_unloadable="fresh"``.
 
         The folder is ``project_dir/checkpoints/checkpoint_<N>`` with automatic naming,
         else ``local_dir/<saved name>``, else the path it was saved from -- only if that
@@ -286,7 +296,9 @@ class CkptStoreAccelerate:
 
         qdir = self._qdir()
         replace = auto is not None or local_dir is not None
-        found = self.folders.restore_newest(dest, qdir, self._writes(), replace)
+        found = self.folders.restore_newest(
+            dest, qdir, self._writes(), replace, on_unloadable=on_unloadable
+        )
         if found is not None and auto is not None and qdir is not None and self._writes():
             _move_newer_aside(auto, re.compile(r"checkpoint_(\d+)"), found[0], qdir)
         barrier()  # every rank goes on once the folders are in place

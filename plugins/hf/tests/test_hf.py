@@ -69,6 +69,24 @@ def test_trainer_falls_back_past_a_corrupt_commit_on_a_fresh_machine(tmp_path, r
     cb.close()
 
 
+def test_resume_with_every_step_damaged_raises_unless_asked_to_start_over(tmp_path, root_url):
+    from ckptstore import NoLoadableCheckpointError
+    from ckptstore_hf import CkptStoreCallback
+
+    out = str(tmp_path / "out")
+    train(out, root_url, 4)
+    damage_shard(root_url, 2)
+    damage_shard(root_url, 4)
+    shutil.rmtree(out)
+    cb = CkptStoreCallback(root_url)
+    with pytest.warns(RuntimeWarning), pytest.raises(NoLoadableCheckpointError) as info:
+        cb.prepare_resume(out)  # resume_from None would retrain from scratch, exit code 0
+    assert [s for s, _ in info.value.refused] == [4, 2]
+    with pytest.warns(RuntimeWarning, match='starting from scratch, as on_unloadable="fresh"'):
+        assert cb.prepare_resume(out, on_unloadable="fresh") is None
+    cb.close()
+
+
 def test_accelerate_save_state_commits_and_resume_takes_the_committed_copy(tmp_path, root_url):
     ref = accelerate_run(str(tmp_path / "ref"), str(tmp_path / "ref-root"), 10, resume=False)
     project = str(tmp_path / "proj")

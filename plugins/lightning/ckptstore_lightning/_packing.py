@@ -28,7 +28,13 @@ import torch
 
 from ckptstore import CheckpointManager, step_name
 from ckptstore.api import empty_state_dict
-from ckptstore.errors import ConfigError, CorruptCheckpointError, IncompleteCheckpointError
+from ckptstore.errors import (
+    ConfigError,
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    NewerFormatError,
+    NoLoadableCheckpointError,
+)
 
 __all__ = [
     "OBJECTS_KEY",
@@ -137,19 +143,25 @@ def load_step(mgr: CheckpointManager, step: int) -> dict:
 
 
 def load_newest(mgr: CheckpointManager) -> tuple[int, dict] | None:
-    """(step, items) of the newest committed step that verifies, or None if none does.
+    """(step, items) of the newest committed step that verifies, or None if the root
+    holds no committed step.
 
-    A step that fails verification is skipped with a warning naming what was wrong, as
-    ``CheckpointManager.restore`` does.
+    A step that fails verification, or that a newer torch or ckptstore wrote, is skipped
+    with a warning naming what was wrong, as ``CheckpointManager.restore`` does; if every
+    one is, ``NoLoadableCheckpointError`` lists them (never a silent fresh start).
     """
+    refused: list[tuple[int, str]] = []
     for step in reversed(mgr.steps()):
         try:
             return step, load_step(mgr, step)
-        except (CorruptCheckpointError, IncompleteCheckpointError) as exc:
+        except (CorruptCheckpointError, IncompleteCheckpointError, NewerFormatError) as exc:
+            refused.append((step, str(exc)))
             warnings.warn(
                 f"checkpoint step {step} could not be restored ({exc}); falling back to the "
                 "previous committed step",
                 RuntimeWarning,
                 stacklevel=2,
             )
+    if refused:
+        raise NoLoadableCheckpointError.of(mgr.root.url, refused)
     return None

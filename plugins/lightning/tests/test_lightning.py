@@ -12,7 +12,11 @@ pytest.importorskip("lightning")
 
 from lightning_job import fit  # noqa: E402
 
-from ckptstore.errors import CorruptCheckpointError, IncompleteCheckpointError  # noqa: E402
+from ckptstore.errors import (  # noqa: E402
+    CorruptCheckpointError,
+    IncompleteCheckpointError,
+    NoLoadableCheckpointError,
+)
 from ckptstore.manager.retention import KeepEvery  # noqa: E402
 from ckptstore_lightning import POINTER_FORMAT, CkptStoreIO  # noqa: E402
 from tests.plugins.util import (  # noqa: E402
@@ -146,6 +150,21 @@ def test_corrupt_newest_falls_back_for_last_and_fails_for_its_own_name(tmp_path,
         io.load_checkpoint(names / "s4.ckpt")
     with pytest.raises(IncompleteCheckpointError):
         io.load_checkpoint(tmp_path / "nothing-here")
+    io.teardown()
+
+
+def test_last_with_every_step_damaged_raises_with_each_reason(tmp_path, root_url):
+    names = tmp_path / "names"
+    io = CkptStoreIO(root_url, async_save=False)
+    io.save_checkpoint(checkpoint(2, 2.0), names / "s2.ckpt")
+    io.save_checkpoint(checkpoint(4, 4.0), names / "last.ckpt")
+    io.teardown()
+    damage_shard(root_url, 2)
+    damage_shard(root_url, 4)
+    io = CkptStoreIO(root_url)
+    with pytest.warns(RuntimeWarning), pytest.raises(NoLoadableCheckpointError) as info:
+        io.load_checkpoint(names / "last.ckpt")  # never a fresh start without a word
+    assert [s for s, _ in info.value.refused] == [4, 2]
     io.teardown()
 
 
