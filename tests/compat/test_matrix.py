@@ -91,3 +91,16 @@ def test_stocks_reader_loads_it_where_stock_can(tmp_path, written: str, writer: 
             return
         dcp.load(out, checkpoint_id=path, no_dist=True)
     assert _equal(out, expected_state())
+
+
+@pytest.mark.parametrize("written", RELEASES)
+@pytest.mark.parametrize("writer", ["writer", "manager"])
+def test_inspect_names_the_releases_that_wrote_it(tmp_path, capsys, written, writer) -> None:
+    from ckptstore.cli.main import main
+
+    path = _fixture(tmp_path, written, writer)
+    if writer == "manager":
+        path = os.path.join(path, "step_000000001")
+    assert main(["inspect", path]) == 0
+    shown = capsys.readouterr().out
+    assert f"by torch {written[len('torch-') :]}" in shown and ", ckptstore 0." in shown
