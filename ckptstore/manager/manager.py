@@ -11,6 +11,7 @@ by ``failures.FailureLog``; the root claimed by ``ownership.RootOwner``), a rest
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -123,6 +124,7 @@ class CheckpointManager:
             world_size=dist.get_world_size() if distributed else 1,
             process_group=self._pg,
             agree=self._agree,
+            local_ranks=_local_ranks(distributed),
         )
         # Which ranks share a node's local tier (gathered once, on the checkpoint group);
         # the trim and the peer tier both act through each node's leader.
@@ -161,16 +163,24 @@ class CheckpointManager:
         if opts.handle_sigterm:
             self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
 
+    @property
+    def background(self) -> tuple[str, str]:
+        """Where saves run, "thread" or "process", and why (the option given, or what
+        ``background="auto"`` found); rank 0 reports it with the first commit."""
+        return self._backend.name, self._backend.reason
+
     # -- the process backend's parts, for diagnostics ------------------------------------
     @property
     def _bg(self) -> BackgroundWriter | None:
         """This rank's writer process (``background="process"``), else None."""
-        return self._backend.writer if isinstance(self._backend, ProcessBackend) else None
+        backend = getattr(self._backend, "inner", self._backend)  # AutoBackend's choice
+        return backend.writer if isinstance(backend, ProcessBackend) else None
 
     @property
     def _shared(self) -> SharedStager | None:
         """The shared-memory staging arena (``background="process"``), else None."""
-        return self._backend.stager if isinstance(self._backend, ProcessBackend) else None
+        backend = getattr(self._backend, "inner", self._backend)
+        return backend.stager if isinstance(backend, ProcessBackend) else None
 
     # -- saving --------------------------------------------------------------------------
     def save(self, step: int, state: dict[str, Any]) -> bool:
@@ -371,3 +381,12 @@ class CheckpointManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
+
+
+def _local_ranks(distributed: bool) -> int:
+    """The ranks on this node: torchrun's ``LOCAL_WORLD_SIZE``, else (no launcher said)
+    every rank of the group, as if all ran here (the cautious guess for ``"auto"``)."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "")
+    if value.isdigit() and int(value) > 0:
+        return int(value)
+    return dist.get_world_size() if distributed else 1

@@ -25,7 +25,7 @@ from ckptstore.manager.retention import KeepLast, RetentionPolicy
 __all__ = ["BACKENDS", "ON_BUSY", "RENAMED", "ManagerOptions", "SaveOptions", "check_budget"]
 
 #: The values of ``background``.
-BACKENDS = ("thread", "process")
+BACKENDS = ("thread", "process", "auto")
 #: The values of ``on_busy``.
 ON_BUSY = ("wait", "skip")
 #: Keywords that were renamed: old name -> new name (refused with a message naming it).
@@ -61,7 +61,9 @@ class ManagerOptions:
     key_layout: "flat", or "spread" over 256 key prefixes for request-rate-limited stores.
     grace_period_s: what ``finalize`` may take after a preemption notice.
     handle_sigterm: install a SIGTERM handler that ``preemption_requested`` reports.
-    background: "thread" (default) or "process" (a writer process per rank).
+    background: "thread" (default), "process" (a writer process per rank) or "auto" (the
+        writer process where this node has room for it and the state allows: see
+        ``manager.saving.auto_backend``; ``CheckpointManager.background`` says which).
     allow_pickle: restore unpickles any object item (only for roots you trust).
     max_staging_bytes: host memory a save stages into, at most (None: the whole state).
     defer_staging: staging behind the next step (with ``async_save``): ``save`` copies what
@@ -121,7 +123,9 @@ class ManagerOptions:
         if self.on_busy not in ON_BUSY:
             raise ConfigError(f"on_busy must be 'wait' or 'skip', not {self.on_busy!r}")
         if self.background not in BACKENDS:
-            raise ConfigError(f"background must be 'thread' or 'process', not {self.background!r}")
+            raise ConfigError(
+                f"background must be 'thread', 'process' or 'auto', not {self.background!r}"
+            )
         get_codec(self.codec)  # ConfigError listing the choices
         if self.key_layout not in KEY_LAYOUTS:
             raise ConfigError(

@@ -89,6 +89,9 @@ class SaveFlow:
         self.records: list[SaveRecord] = []
         self.protected: set[int] = set()
         self.damaged: set[int] = set()
+        #: Rank 0 reported where saves run and why (``background="auto"``: with the
+        #: first commit).
+        self._told_backend = False
         #: Every node's local tier trimmed by one decision after each save, then the step
         #: replicated to peer nodes (on the checkpoint group, from the save thread:
         #: nothing else uses that group meanwhile).
@@ -304,6 +307,13 @@ class SaveFlow:
                     time.perf_counter() - start,
                     record.blocking_s,
                 )
+                if not self._told_backend and self.options.background == "auto":
+                    self._told_backend = True
+                    report(
+                        "saves run on the %s backend (%s)",
+                        self._backend.name,
+                        self._backend.reason,
+                    )
             local_keeps = self._local_candidates(record) if self.rank == 0 else set()
         except BaseException as exc:  # noqa: BLE001 - reported at the next save/wait/close
             record.status, record.error = SaveStatus.FAILED, f"{type(exc).__name__}: {exc}"

@@ -3,7 +3,9 @@
 ``ThreadBackend`` (``thread_backend``) stages into host memory and calls ``save_step`` on
 a thread of the training process; ``ProcessBackend`` (``process_backend``) stages into
 shared memory and has this rank's writer process call the same ``save_step``.
-``make_backend`` picks one from the save's options, once, in the manager's constructor.
+``make_backend`` picks one from the save's options, once, in the manager's constructor;
+for ``background="auto"`` an ``AutoBackend`` (``auto_backend``) picks one of the two by
+the node's resources and the first save's state.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.options import SaveOptions
+from ckptstore.manager.saving.auto_backend import AutoBackend, node_share
 from ckptstore.manager.saving.process_backend import ProcessBackend
 from ckptstore.manager.saving.thread_backend import ThreadBackend
 from ckptstore.manager.saving.writer_protocol import WriterSettings
@@ -63,6 +66,11 @@ class SaveBackend(Protocol):
                                                 # change ``state`` once it returns
         backend.close()                         # once, after the last ``write`` returned
     """
+
+    #: "thread" or "process": where the saves run; ``reason``: why (what the manager
+    #: reports: the option given, or ``background="auto"``'s rule).
+    name: str
+    reason: str
 
     def prepare(self, state: dict[str, Any]) -> Any:
         """Check ``state`` for ``stage`` without copying it (ConfigError if it cannot be
@@ -114,12 +122,22 @@ def make_backend(
     world_size: int,
     process_group: Any,
     agree: Agreement,
+    local_ranks: int = 1,
 ) -> SaveBackend:
-    """The backend ``options.background`` names (checked by ``ManagerOptions``).
+    """The backend ``options.background`` names (checked by ``ManagerOptions``); for
+    "auto" an ``AutoBackend`` over both, with this rank's share of the node (``local_ranks``
+    ranks on it). A collective (every rank calls it, in the manager's constructor).
 
     ``root`` is the manager's argument as given (a writer process reopens it from that);
     ``retrying_root`` the manager's store, retried per the engine's policy."""
-    if options.background == "process":
+
+    def process() -> ProcessBackend:
         settings = WriterSettings(root, options, rank, world_size=world_size)
         return ProcessBackend(settings, agree)
-    return ThreadBackend(retrying_root, options, engine=engine, process_group=process_group)
+
+    def thread() -> ThreadBackend:
+        return ThreadBackend(retrying_root, options, engine=engine, process_group=process_group)
+
+    if options.background == "auto":
+        return AutoBackend(thread, process, agree, node_share(local_ranks))
+    return process() if options.background == "process" else thread()

@@ -75,6 +75,9 @@ class ProcessBackend:
     returns once the last piece the writer needs is copied (or the save ended).
     """
 
+    name = "process"
+    reason = "background='process'"
+
     def __init__(self, settings: WriterSettings, agree: Agreement) -> None:
         self.agree = agree
         budget = settings.options.max_staging_bytes

@@ -31,6 +31,9 @@ __all__ = ["ThreadBackend"]
 class ThreadBackend:
     """Stages into an ``ArenaStager`` (pinned memory with CUDA) and saves in this process."""
 
+    name = "thread"
+    reason = "background='thread'"
+
     def __init__(
         self, root: Store, options: SaveOptions, *, engine: TransferEngine, process_group: Any
     ) -> None:

@@ -1,0 +1,112 @@
+"""``background="auto"``: the writer process where the node's share per rank leaves room
+for it and the first save's state can go to it, on every rank; the thread otherwise."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import pytest
+import torch
+
+import ckptstore.manager.saving.backend as backend_module
+from ckptstore import ConfigError
+from ckptstore.manager import CheckpointManager
+from ckptstore.manager.saving.auto_backend import MIN_CORES, MIN_MEMORY, choose, node_share
+from harness.dist import run_distributed
+
+GIB = 1 << 30
+
+
+@pytest.mark.parametrize(
+    "cores, memory, room",
+    [
+        (1.0, 64 * GIB, False),  # no core of its own for the writer
+        (1.9, 64 * GIB, False),
+        (MIN_CORES, MIN_MEMORY, True),
+        (12.0, 3 * GIB, False),  # no room in memory
+        (12.0, 128 * GIB, True),
+    ],
+)
+def test_the_rule(cores: float, memory: int, room: bool) -> None:
+    ok, why = choose(cores, memory)
+    assert ok is room
+    assert f"{cores:.1f} cores and {memory / GIB:.1f} GiB available per rank" in why
+
+
+def test_the_nodes_share_is_split_between_its_ranks() -> None:
+    one, two = node_share(1), node_share(2)
+    assert one[0] >= 1 and one[1] > 0
+    assert two[0] == pytest.approx(one[0] / 2)
+    assert two[1] == pytest.approx(one[1] / 2, rel=0.2)  # memory moves between the reads
+
+
+def test_an_unknown_value_is_refused() -> None:
+    with pytest.raises(ConfigError, match="'thread', 'process' or 'auto'"):
+        CheckpointManager("/nonexistent-root", background="automatic")
+
+
+def _state() -> dict[str, Any]:
+    return {"w": torch.arange(64 * 1024, dtype=torch.float32), "n": 3}
+
+
+def _saved_and_restored(mgr: CheckpointManager) -> bool:
+    mgr.save(1, _state())
+    mgr.wait()
+    out = {"w": torch.zeros(64 * 1024), "n": 0}
+    return mgr.restore(out, step=1) == 1 and torch.equal(out["w"], _state()["w"])
+
+
+def test_no_room_on_the_node_is_the_thread(tmp_path, monkeypatch, caplog) -> None:
+    monkeypatch.setattr(backend_module, "node_share", lambda ranks: (1.0, 64 * GIB))
+    caplog.set_level(logging.INFO, logger="ckptstore.report")
+    with CheckpointManager(str(tmp_path / "root"), background="auto") as mgr:
+        assert mgr.background[0] == "thread" and mgr._bg is None  # no writer started
+        assert "needs a core of its own" in mgr.background[1]
+        assert _saved_and_restored(mgr)
+    assert any(
+        "saves run on the thread backend (background='auto'" in r.message for r in caplog.records
+    )
+
+
+@pytest.mark.processes
+def test_room_on_the_node_is_the_writer_process(tmp_path, monkeypatch) -> None:
+    monkeypatch.setattr(backend_module, "node_share", lambda ranks: (8.0, 64 * GIB))
+    with CheckpointManager(str(tmp_path / "root"), background="auto") as mgr:
+        assert mgr.background == (
+            "process",
+            "background='auto': 8.0 cores and 64.0 GiB available per rank",
+        )
+        assert _saved_and_restored(mgr)
+        assert mgr._bg is not None and mgr.background[0] == "process"
+
+
+@pytest.mark.processes
+def test_a_state_the_writer_cannot_take_is_saved_on_the_thread(tmp_path, monkeypatch) -> None:
+    """A tensor larger than ``max_staging_bytes`` cannot go to a writer process (its
+    arena holds a piece at most that large); the thread backend writes it straight from
+    training's memory."""
+    monkeypatch.setattr(backend_module, "node_share", lambda ranks: (8.0, 64 * GIB))
+    root = str(tmp_path / "root")
+    with CheckpointManager(root, background="auto", max_staging_bytes=4096) as mgr:
+        assert _saved_and_restored(mgr)
+        name, why = mgr.background
+        assert name == "thread" and mgr._bg is None
+        assert "the state cannot go to a writer process" in why and "max_staging_bytes" in why
+
+
+def _two_ranks(rank: int, world: int, root: str) -> tuple[str, str]:
+    share = (8.0, 64 * GIB) if rank == 0 else (1.0, 64 * GIB)  # rank 1's node is full
+    backend_module.node_share = lambda ranks: share  # type: ignore[assignment]
+    with CheckpointManager(root, background="auto") as mgr:
+        assert _saved_and_restored(mgr)
+        return mgr.background
+
+
+@pytest.mark.distributed
+def test_every_rank_takes_the_same_backend(tmp_path) -> None:
+    results = run_distributed(_two_ranks, 2, str(tmp_path / "root"))
+    assert [name for name, _ in results] == ["thread", "thread"]
+    assert results[0][1].endswith(
+        "8.0 cores and 64.0 GiB available per rank, but another rank has not"
+    )
