@@ -197,8 +197,16 @@ class SaveFlow:
     def _prepare(self, state: dict[str, Any]) -> tuple[Any, BaseException | None]:
         """``state`` flattened and checked by the backend (copying nothing), or the error
         that refuses it on this rank."""
+        flat: dict[str, Any] | None = None
+        error: Exception | None = None
         try:
             flat = {k: v.state_dict() if isinstance(v, Stateful) else v for k, v in state.items()}
+        except Exception as exc:  # noqa: BLE001 - raised on every rank by _agree_on
+            error = exc
+        self._backend.settle(flat)  # every rank, even one that failed (a collective at first)
+        if flat is None:
+            return None, error
+        try:
             return self._backend.prepare(flat), None
         except Exception as exc:  # noqa: BLE001 - raised on every rank by _agree_on
             return None, exc

@@ -63,7 +63,7 @@ def gone(pid: int) -> bool:
 
 
 def test_background_option_is_validated(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="background must be 'thread' or 'process'"):
+    with pytest.raises(ConfigError, match="background must be 'thread', 'process' or 'auto'"):
         CheckpointManager(str(tmp_path), background="fork")
 
 

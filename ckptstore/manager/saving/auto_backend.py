@@ -25,7 +25,6 @@ import os
 from collections.abc import Callable
 from typing import Any
 
-from ckptstore.errors import ConfigError
 from ckptstore.manager.agreement import Agreement
 
 __all__ = ["MIN_CORES", "MIN_MEMORY", "AutoBackend", "choose", "node_share"]
@@ -94,10 +93,11 @@ class AutoBackend:
     """A ``SaveBackend`` that is the process or the thread backend (see the module
     docstring), chosen by all ranks together: by the node's resources in the constructor
     (which starts the writer process when they leave room for it) and, at the first
-    ``prepare``, by whether that state can go to a writer process on every rank (if not,
-    the writer is closed and the thread backend saves). Every call goes to the chosen one.
+    ``settle``, by whether that save's state can go to a writer process on every rank (if
+    not, the writer is closed and the thread backend saves). Every other call goes to the
+    chosen one.
 
-    Call order: ``SaveBackend``'s; the constructor and the first ``prepare`` are
+    Call order: ``SaveBackend``'s; the constructor and the first ``settle`` are
     collectives (every rank calls them, as it does the manager's constructor and ``save``).
     """
 
@@ -120,18 +120,20 @@ class AutoBackend:
         self.inner: Any = process() if everywhere else thread()
         self._decided = not everywhere
 
-    def prepare(self, state: dict[str, Any]) -> Any:
-        """The chosen backend's ``prepare``; the first call also settles the choice."""
+    def settle(self, state: dict[str, Any] | None) -> None:
+        """At the first save (a collective), keep the writer process only if every rank's
+        ``state`` (None: this rank could not flatten it) can go to it; later, nothing."""
         if self._decided:
-            return self.inner.prepare(state)
+            return
         self._decided = True
-        error: ConfigError | None = None
+        error: Exception | None = None
         try:
-            prepared = self.inner.prepare(state)
-        except ConfigError as exc:  # not a state a writer process takes
+            if state is not None:
+                self.inner.prepare(state)
+        except Exception as exc:  # noqa: BLE001 - not a state a writer process takes
             error = exc
-        if self._agree.all(error is None):
-            return prepared
+        if self._agree.all(state is not None and error is None):
+            return
         self.inner.close()
         self.inner = self._thread()
         self.name = "thread"
@@ -139,6 +141,9 @@ class AutoBackend:
             "background='auto': the state cannot go to a writer process "
             f"({error if error is not None else 'on another rank'})"
         )
+
+    def prepare(self, state: dict[str, Any]) -> Any:
+        """See ``SaveBackend``."""
         return self.inner.prepare(state)
 
     def start_error(self) -> BaseException | None:

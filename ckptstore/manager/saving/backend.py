@@ -32,6 +32,11 @@ class SaveBackend(Protocol):
 
         backend = make_backend(...)             # CheckpointManager.__init__, once: picks
                                                 # ThreadBackend or ProcessBackend
+        backend.settle(state)                   # save(), training thread, every rank, every
+                                                # save (``state`` None on a rank that could
+                                                # not flatten it): AutoBackend's first one
+                                                # settles its choice (a collective); else
+                                                # nothing
         prepared = backend.prepare(state)       # save(), training thread, before the save's
                                                 # agreement (a save may be in flight): every
                                                 # check that can refuse ``state`` (its
@@ -71,6 +76,9 @@ class SaveBackend(Protocol):
     #: reports: the option given, or ``background="auto"``'s rule).
     name: str
     reason: str
+
+    def settle(self, state: dict[str, Any] | None) -> None:
+        """Settle what depends on the first save's ``state`` (see the call order)."""
 
     def prepare(self, state: dict[str, Any]) -> Any:
         """Check ``state`` for ``stage`` without copying it (ConfigError if it cannot be

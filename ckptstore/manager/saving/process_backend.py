@@ -90,6 +90,9 @@ class ProcessBackend:
             self.stager.close()
             raise
 
+    def settle(self, state: dict[str, Any] | None) -> None:
+        """Nothing: this backend depends on no state (``SaveBackend``)."""
+
     def prepare(self, state: dict[str, Any]) -> Any:
         """``SharedStager.prepare``: plain dense tensors, picklable non-tensor values and,
         with a budget, no tensor larger than it; else ConfigError."""

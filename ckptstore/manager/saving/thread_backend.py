@@ -52,6 +52,9 @@ class ThreadBackend:
             )
         )
 
+    def settle(self, state: dict[str, Any] | None) -> None:
+        """Nothing: this backend depends on no state (``SaveBackend``)."""
+
     def prepare(self, state: dict[str, Any]) -> tuple[dict[str, Any], Any]:
         """``state`` and the arena's walk of it (``ArenaStager.prepare``)."""
         return state, self.arena.prepare(state)
