@@ -1,6 +1,6 @@
 """Process groups that survive a restart under torchrun's default settings.
 
-Under torchrun's default c10d rendezvous (torch 2.13) every attempt of the worker group
+Under torchrun's stock rendezvous (static or c10d; torch 2.13) every attempt of the worker group
 gets the rank-0 agent's one TCPStore, with no per-attempt prefix, and a process group's
 keys are named by a counter that restarts at 0: a restarted group finds the dead attempt's
 gloo addresses under its own keys, and a rank that reads one before its peer rewrote it
@@ -9,6 +9,8 @@ attempt (each agent counts its own restarts; pytorch#135712, #108158). So
 :func:`init_process_group` meets in that store under a prefix fresh for the attempt (the
 details: its docstring), and :func:`fresh_new_group` gives a library that did not create
 the default group (the CheckpointManager) a ``dist.new_group`` no earlier attempt used.
+Under ``--rdzv-backend ckptstore-c10d`` every round's workers get a store of their own
+(:mod:`ckptstore.rendezvous`), and plain ``dist.init_process_group`` is enough.
 
     ckptstore.launch.init_process_group("gloo")      # every rank, once, before anything
     ...                                              # else distributed

@@ -6,9 +6,13 @@ a fresh agent that joins a later round (a replaced or added node) as rank != 0 w
 an address nobody publishes in that round, and one that sorts first starts a second store
 the others never learn of (docs/upstream/torch-rendezvous-join.md). This handler forgets
 the cached address before every round, so each round's rank 0 starts a store and
-publishes it in that round's keys; everything else is the stock handler. Selected by
-``torchrun --rdzv-backend ckptstore-c10d`` (registered in the ``torchrun.handlers``
-entry-point group); it takes the same ``--rdzv-endpoint`` and ``--rdzv-conf`` as c10d.
+publishes it in that round's keys; everything else is the stock handler. The store being
+new every round also gives a restarted worker group (``--max-restarts``) one no dead
+attempt wrote to, so a script's plain ``dist.init_process_group`` survives restarts (under
+the stock handler it can read the dead attempt's gloo addresses: ckptstore/launch.py).
+Selected by ``torchrun --rdzv-backend ckptstore-c10d`` (registered in the
+``torchrun.handlers`` entry-point group); it takes the same ``--rdzv-endpoint`` and
+``--rdzv-conf`` as c10d.
 """
 
 from __future__ import annotations
