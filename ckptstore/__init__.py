@@ -54,7 +54,7 @@ from ckptstore.manager.retention import KeepAll, KeepEvery, KeepLast, RetentionP
 
 if TYPE_CHECKING:
     from ckptstore.api import load, reader, save, unwrap_checkpoint_exception, writer
-    from ckptstore.engine.catalog import committed_steps, list_steps
+    from ckptstore.engine.catalog import committed_steps, list_steps, newer_steps
     from ckptstore.engine.committed import CheckpointStatus, checkpoint_status, open_committed
     from ckptstore.engine.copy import copy_checkpoint
     from ckptstore.engine.names import parse_step, step_name
@@ -90,6 +90,7 @@ _LAZY = {
     "CheckpointStatus": "ckptstore.engine.committed",
     "committed_steps": "ckptstore.engine.catalog",
     "list_steps": "ckptstore.engine.catalog",
+    "newer_steps": "ckptstore.engine.catalog",
     "verify_checkpoint": "ckptstore.engine.verify",
     "copy_checkpoint": "ckptstore.engine.copy",
     "plan_prune": "ckptstore.manager.prune",
@@ -146,6 +147,7 @@ __all__ = [
     "CheckpointStatus",
     "committed_steps",
     "list_steps",
+    "newer_steps",
     "verify_checkpoint",
     "copy_checkpoint",
     "plan_prune",

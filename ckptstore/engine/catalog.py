@@ -18,9 +18,10 @@ import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from ckptstore.engine.committed import CheckpointStatus, committed_status
+from ckptstore.engine.committed import CheckpointStatus, committed_status, open_committed
 from ckptstore.engine.names import OWNER_NAME, parse_step, step_name
 from ckptstore.engine.store import Store
+from ckptstore.errors import CkptStoreError, NewerFormatError
 
 __all__ = [
     "step_name",
@@ -32,6 +33,7 @@ __all__ = [
     "scan_root",
     "list_steps",
     "committed_steps",
+    "newer_steps",
 ]
 
 
@@ -150,3 +152,21 @@ def committed_steps(root: Store, newest_first: bool = False) -> Iterator[int]:
     if newest_first:
         entries.reverse()
     return (e.step for e in entries if e.status == CheckpointStatus.COMMITTED)
+
+
+def newer_steps(root: Store) -> list[tuple[int, str]]:
+    """Steps a newer ckptstore committed (status ``newer``: a manifest format this one
+    cannot read), newest first, each with the ``NewerFormatError`` saying so: committed
+    steps that ``committed_steps`` leaves out, which a resume that finds nothing it can
+    load names rather than starting over."""
+    out = []
+    for e in reversed(list_steps(root)):
+        if e.status != CheckpointStatus.NEWER:
+            continue
+        try:
+            open_committed(root.child(e.name))
+        except NewerFormatError as exc:
+            out.append((e.step, str(exc)))
+        except CkptStoreError:
+            continue  # changed since it was listed: not this one's to name
+    return out

@@ -20,7 +20,7 @@ from ckptstore import (
     NewerFormatError,
     NoLoadableCheckpointError,
 )
-from ckptstore.engine.catalog import list_steps
+from ckptstore.engine.catalog import list_steps, newer_steps
 from ckptstore.engine.checksum import crc32c, format_crc
 from ckptstore.engine.manifest import FORMAT_VERSION, MANIFEST_NAME, MARKER_NAME, Marker
 from ckptstore.engine.names import step_name
@@ -155,6 +155,8 @@ def test_a_newer_step_is_listed_as_newer_and_pruning_keeps_it(tmp_path) -> None:
         (2, CheckpointStatus.COMMITTED),
         (3, CheckpointStatus.COMMITTED),
     ]
+    (newer,) = newer_steps(store)  # the committed step committed_steps leaves out
+    assert newer[0] == 1 and "format version 2 (written by ckptstore 9.0.0)" in newer[1]
     plan = plan_prune(store, KeepLast(1))
     decision = {d.step: (d.action, d.reason) for d in plan.steps}
     assert decision[1] == ("keep", "written by a newer ckptstore: left alone (upgrade it)")

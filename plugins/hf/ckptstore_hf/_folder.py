@@ -28,7 +28,7 @@ import crc32c
 import torch
 import torch.distributed as dist
 
-from ckptstore import CheckpointManager, ManagerOptions, open_store, step_name
+from ckptstore import CheckpointManager, ManagerOptions, newer_steps, open_store, step_name
 from ckptstore.api import empty_state_dict
 from ckptstore.errors import (
     ConfigError,
@@ -368,7 +368,7 @@ class FolderCheckpoints:
         one is, ``NoLoadableCheckpointError`` lists them (``on_unloadable="fresh"``: a
         warning and None, a fresh start). ``write`` and ``replace`` as for ``ensure_local``.
         """
-        refused: list[tuple[int, str]] = []
+        refused = newer_steps(self.manager.root)  # committed, not in steps()
         for step in reversed(self.steps()):
             try:
                 index = self.index(step)
@@ -383,6 +383,7 @@ class FolderCheckpoints:
                     stacklevel=2,
                 )
         if refused:
+            refused.sort(reverse=True)
             error = NoLoadableCheckpointError.of(self.manager.root.url, refused)
             if on_unloadable != "fresh":
                 raise error

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from ckptstore import CheckpointManager, step_name
+from ckptstore import CheckpointManager, newer_steps, step_name
 from ckptstore.api import empty_state_dict
 from ckptstore.errors import (
     ConfigError,
@@ -150,7 +150,7 @@ def load_newest(mgr: CheckpointManager) -> tuple[int, dict] | None:
     with a warning naming what was wrong, as ``CheckpointManager.restore`` does; if every
     one is, ``NoLoadableCheckpointError`` lists them (never a silent fresh start).
     """
-    refused: list[tuple[int, str]] = []
+    refused = newer_steps(mgr.root)  # committed, yet not among mgr.steps()
     for step in reversed(mgr.steps()):
         try:
             return step, load_step(mgr, step)
@@ -163,5 +163,5 @@ def load_newest(mgr: CheckpointManager) -> tuple[int, dict] | None:
                 stacklevel=2,
             )
     if refused:
-        raise NoLoadableCheckpointError.of(mgr.root.url, refused)
+        raise NoLoadableCheckpointError.of(mgr.root.url, sorted(refused, reverse=True))
     return None

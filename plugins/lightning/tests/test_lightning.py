@@ -168,6 +168,22 @@ def test_last_with_every_step_damaged_raises_with_each_reason(tmp_path, root_url
     io.teardown()
 
 
+def test_last_with_only_a_newer_ckptstores_steps_raises_naming_them(tmp_path) -> None:
+    from pathlib import Path
+
+    from tests.manager.test_unloadable import newer_ckptstore
+
+    root, names = str(tmp_path / "root"), tmp_path / "names"
+    io = CkptStoreIO(root, async_save=False)
+    io.save_checkpoint(checkpoint(2, 2.0), names / "last.ckpt")
+    io.teardown()
+    newer_ckptstore(Path(root) / "step_000000002")  # committed_steps() no longer lists it
+    io = CkptStoreIO(root)
+    with pytest.raises(NoLoadableCheckpointError, match="step 2: .*newer than this ckptstore"):
+        io.load_checkpoint(names / "last.ckpt")
+    io.teardown()
+
+
 def test_failed_save_writes_no_name_and_teardown_raises(tmp_path, monkeypatch) -> None:
     import ckptstore.stores.local as local
     from ckptstore.errors import StorageFullError

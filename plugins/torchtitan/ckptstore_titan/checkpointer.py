@@ -32,6 +32,8 @@ from ckptstore.errors import (
     ConfigError,
     CorruptCheckpointError,
     IncompleteCheckpointError,
+    NewerFormatError,
+    NoLoadableCheckpointError,
     missing_dependency,
     require_version,
 )
@@ -256,19 +258,26 @@ class CkptStoreCheckpointManager(CheckpointManager):
                 )
             newest, committed = committed[0], [step]
             self._roll_back(step, newest)
+        # Committed steps that fail to load (and those a newer ckptstore wrote, which
+        # committed_steps leaves out): all of them refused is an error, never a fresh start.
+        refused = ckptstore.newer_steps(self._root) if step == -1 else []
         for i, found in enumerate(committed):
             checkpoint_id = self._create_checkpoint_id(found)
             log.info("Loading the checkpoint from %s.", checkpoint_id)
             try:
                 self.dcp_load(self._states_to_load(found == 0), checkpoint_id, False, False)
-            except CorruptCheckpointError as exc:
-                if i + 1 == len(committed):
+            except (CorruptCheckpointError, NewerFormatError) as exc:
+                if step != -1:
                     raise
-                log.warning("%s; loading the step before it instead", exc)
-                self._roll_back(committed[i + 1], committed[0])
+                refused.append((found, str(exc)))
+                if i + 1 < len(committed):
+                    log.warning("%s; loading the step before it instead", exc)
+                    self._roll_back(committed[i + 1], committed[0])
                 continue
             GarbageCollection.collect("GC collection for checkpoint loading.")
             return True
+        if refused:
+            raise NoLoadableCheckpointError.of(self.folder, sorted(refused, reverse=True))
         if self.initial_load_in_hf:  # a fresh folder, HF weights: torchtitan's own path
             return super()._load(step)
         if not self.initial_load_path:

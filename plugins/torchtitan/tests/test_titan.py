@@ -129,7 +129,7 @@ def _load_step(rank: int, world: int, folder: str, step: int) -> str:
     manager, _ = build(rank, world, folder=folder)
     try:
         manager.load(step=step)
-    except FileNotFoundError as exc:  # IncompleteCheckpointError is one
+    except (FileNotFoundError, RuntimeError) as exc:  # Incomplete / NoLoadableCheckpointError
         return f"{type(exc).__name__}: {exc}"
     finally:
         manager.close()
@@ -142,6 +142,16 @@ def test_a_load_step_that_never_committed_is_refused_naming_the_committed(tmp_pa
     (message,) = _run(_load_step, 1, folder, 3)
     assert message.startswith("IncompleteCheckpointError")
     assert "load_step=3" in message and "[1, 2]" in message
+
+
+def test_every_committed_step_damaged_raises_instead_of_a_fresh_start(tmp_path) -> None:
+    folder = str(tmp_path / "ckpt")
+    _run(train, 1, 2, dict(folder=folder, interval=1, last_save_model_only=False))
+    for step in (1, 2):
+        _flip_a_byte(os.path.join(folder, f"step_00000000{step}"))
+    (message,) = _run(_load_step, 1, folder, -1)
+    assert message.startswith("NoLoadableCheckpointError")
+    assert "2 committed step(s) and none could be restored: step 2: " in message
 
 
 def test_the_config_keeps_torchtitans_settings_and_refuses_bad_storage_options() -> None:
