@@ -125,6 +125,7 @@ class CheckpointManager:
             process_group=self._pg,
             agree=self._agree,
             local_ranks=_local_ranks(distributed),
+            asynchronous=opts.async_save,
         )
         # Which ranks share a node's local tier (gathered once, on the checkpoint group);
         # the trim and the peer tier both act through each node's leader.

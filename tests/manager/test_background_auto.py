@@ -33,6 +33,11 @@ def test_the_rule(cores: float, memory: int, room: bool) -> None:
     assert f"{cores:.1f} cores and {memory / GIB:.1f} GiB available per rank" in why
 
 
+def test_synchronous_saves_take_the_thread() -> None:
+    ok, why = choose(64.0, 512 * GIB, asynchronous=False)
+    assert not ok and "async_save=False" in why
+
+
 def test_the_nodes_share_is_split_between_its_ranks() -> None:
     one, two = node_share(1), node_share(2)
     assert one[0] >= 1 and one[1] > 0

@@ -7,10 +7,11 @@ saves and ~0.3-0.8 GiB of memory. The rule, from the step-rate benchmark on 2 co
 per rank the process backend cost training less than the thread in every cell measured (1
 rank); with 1 core per rank it did not (2 ranks: the writer has no core of its own). So:
 
-* the process backend when this rank's share of the cores the process may run on (CPU
-  affinity and a cgroup CPU quota, divided by the ranks on this node) is at least
-  ``MIN_CORES`` and its share of the available memory (``MemAvailable``, and a cgroup
-  memory limit) at least ``MIN_MEMORY``, on every rank;
+* the process backend when saves are asynchronous (``async_save``; a save that blocks
+  training gains nothing from a writer process), this rank's share of the cores the
+  process may run on (CPU affinity and a cgroup CPU quota, divided by the ranks on this
+  node) is at least ``MIN_CORES`` and its share of the available memory (``MemAvailable``,
+  and a cgroup memory limit) at least ``MIN_MEMORY``, on every rank;
 * and the state of the first save can go to a writer process (plain dense tensors,
   picklable values: no DTensor / FSDP state), on every rank;
 * the thread backend otherwise.
@@ -35,9 +36,13 @@ MIN_CORES = 2.0
 MIN_MEMORY = 4 << 30
 
 
-def choose(cores: float, memory: int) -> tuple[bool, str]:
+def choose(cores: float, memory: int, asynchronous: bool = True) -> tuple[bool, str]:
     """Whether a rank with ``cores`` cores and ``memory`` bytes available as its share
-    leaves room for a writer process, and why (for the report)."""
+    leaves room for a writer process, and why (for the report). Saves that are not
+    ``asynchronous`` (``async_save=False``) block training anyway: the writer process
+    would take nothing off it, so the thread is chosen."""
+    if not asynchronous:
+        return False, "async_save=False: training waits for each save, a writer gains nothing"
     have = f"{cores:.1f} cores and {memory / 2**30:.1f} GiB available per rank"
     if cores < MIN_CORES:
         return False, f"{have}: the writer process needs a core of its own ({MIN_CORES:g}+)"
@@ -107,10 +112,11 @@ class AutoBackend:
         process: Callable[[], Any],
         agree: Agreement,
         share: tuple[float, int],
+        asynchronous: bool = True,
     ) -> None:
         self._thread = thread
         self._agree = agree
-        room, why = choose(*share)
+        room, why = choose(*share, asynchronous)
         everywhere = agree.all(room)
         if room and not everywhere:
             why = f"{why}, but another rank has not"

@@ -131,10 +131,12 @@ def make_backend(
     process_group: Any,
     agree: Agreement,
     local_ranks: int = 1,
+    asynchronous: bool = True,
 ) -> SaveBackend:
     """The backend ``options.background`` names (checked by ``ManagerOptions``); for
     "auto" an ``AutoBackend`` over both, with this rank's share of the node (``local_ranks``
-    ranks on it). A collective (every rank calls it, in the manager's constructor).
+    ranks on it) and whether saves are ``asynchronous``. A collective (every rank calls
+    it, in the manager's constructor).
 
     ``root`` is the manager's argument as given (a writer process reopens it from that);
     ``retrying_root`` the manager's store, retried per the engine's policy."""
@@ -147,5 +149,5 @@ def make_backend(
         return ThreadBackend(retrying_root, options, engine=engine, process_group=process_group)
 
     if options.background == "auto":
-        return AutoBackend(thread, process, agree, node_share(local_ranks))
+        return AutoBackend(thread, process, agree, node_share(local_ranks), asynchronous)
     return process() if options.background == "process" else thread()
