@@ -5,7 +5,8 @@ runs beside it, under the GIL), for a writer process per rank: a core to run on 
 saves and ~0.3-0.8 GiB of memory. The rule, from the step-rate benchmark on 2 cores
 (benchmarks/README.md, "Background saves: thread vs process"): with 2 cores or more
 per rank the process backend cost training less than the thread in every cell measured (1
-rank); with 1 core per rank it did not (2 ranks: the writer has no core of its own). So:
+rank); with 1 core per rank it tied or cost more in 3 of 4 (2 ranks: the writer has no
+core of its own). So:
 
 * the process backend when saves are asynchronous (``async_save``; a save that blocks
   training gains nothing from a writer process), this rank's share of the cores the
