@@ -205,20 +205,24 @@ def newer_torch_error(source: str, written_by: str, exc: Exception) -> NewerForm
     if theirs is None or ours is None or theirs <= ours:
         return None
     release = f"{theirs[0]}.{theirs[1]}"
+    what = str(exc).removeprefix(f"{source} ").removesuffix(_DAMAGED)  # not damage: newer
     return NewerFormatError(
         f"{source} was written by torch {version_text(written_by)}; this torch is "
-        f"{torch.__version__}, which cannot read its layout ({str(exc)[:300]}). Load it under "
+        f"{torch.__version__}, which cannot read its layout (it {what[:300]}). Load it under "
         f"torch>={release}, or rewrite it there for older releases with ckptstore-tool "
         "convert SRC DST --to dcp (ckptstore writes the oldest layout that loses nothing)"
     )
 
 
+_DAMAGED = (
+    "; the checkpoint's metadata is damaged or was not written by DCP. Restore the previous "
+    "checkpoint."
+)
+
+
 def corrupt_error(source: str, what: str) -> CorruptCheckpointError:
     """The error for metadata of ``source`` that ``what`` (e.g. "has a malformed ...")."""
-    return CorruptCheckpointError(
-        f"{source} {what}; the checkpoint's metadata is damaged or was not written by DCP. "
-        "Restore the previous checkpoint."
-    )
+    return CorruptCheckpointError(f"{source} {what}{_DAMAGED}")
 
 
 def _fields(obj: Any, cls: type, allowed: set[str], where: Any, source: str) -> dict[str, Any]:
