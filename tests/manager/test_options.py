@@ -20,7 +20,7 @@ from ckptstore.manager.retention import KeepAll, KeepLast
     ("keywords", "message"),
     [
         ({"on_busy": "queue"}, "on_busy must be 'wait' or 'skip'"),
-        ({"background": "fork"}, "background must be 'thread' or 'process'"),
+        ({"background": "fork"}, "background must be 'thread', 'process' or 'auto'"),
         ({"codec": "lz5"}, "lz5"),
         ({"key_layout": "deep"}, "key_layout must be one of 'flat', 'spread'"),
         ({"max_staging_bytes": 0}, "max_staging_bytes must be a positive number"),
