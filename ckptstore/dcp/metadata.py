@@ -69,7 +69,6 @@ __all__ = [
     "StorageInfo",
     "dump_metadata",
     "load_metadata",
-    "newer_torch_error",
     "validate",
     "corrupt_error",
     "is_int",
@@ -185,7 +184,7 @@ def load_metadata(data: bytes, source: str, written_by: str = "") -> Metadata:
             raise corrupt_error(source, f"cannot be read as DCP metadata ({what})") from None
         validate(obj, source)
     except CorruptCheckpointError as exc:
-        newer = newer_torch_error(source, written_by, exc)
+        newer = _newer_torch_error(source, written_by, exc)
         if newer is not None:
             raise newer from None
         raise
@@ -197,7 +196,7 @@ def _release(version: str) -> tuple[int, int] | None:
     return (int(m.group(1)), int(m.group(2))) if m else None
 
 
-def newer_torch_error(source: str, written_by: str, exc: Exception) -> NewerFormatError | None:
+def _newer_torch_error(source: str, written_by: str, exc: Exception) -> NewerFormatError | None:
     """The error for ``source``'s metadata that this torch refused with ``exc``, if the
     torch release that wrote it (``written_by``) is a newer minor than this one; else None
     (the refusal stands as damage)."""
