@@ -106,7 +106,7 @@ class NoLoadableCheckpointError(CkptStoreError, RuntimeError):
     def of(cls, root: str, refused: list[tuple[int, str]]) -> NoLoadableCheckpointError:
         """The error for ``root`` whose committed steps ``refused`` (each with why, newest
         first) all failed to load: what every resume path (the manager, the plugins) raises."""
-        steps = "; ".join(f"step {s}: {why.rstrip('.')}" for s, why in refused)
+        steps = _steps_text(refused)
         return cls(
             f"{root} holds {len(refused)} committed step(s) and none could be restored: "
             f"{steps}. Nothing was loaded. Fix what each step names (a newer torch or "
@@ -118,7 +118,7 @@ class NoLoadableCheckpointError(CkptStoreError, RuntimeError):
     def warning(self) -> str:
         """What a resume that was asked to start over anyway (``on_unloadable="fresh"``)
         warns instead of raising."""
-        steps = "; ".join(f"step {s}: {why.rstrip('.')}" for s, why in self.refused)
+        steps = _steps_text(self.refused)
         return (
             f"no committed step could be restored ({steps}); starting from scratch, as "
             'on_unloadable="fresh" asks'
@@ -126,6 +126,13 @@ class NoLoadableCheckpointError(CkptStoreError, RuntimeError):
 
     def __reduce__(self) -> tuple[object, ...]:  # keeps refused across processes
         return type(self), (self.args[0], self.refused)
+
+
+def _steps_text(refused: list[tuple[int, str]], most: int = 10) -> str:
+    """``refused`` for a message: the first ``most`` steps with why, then how many more."""
+    text = "; ".join(f"step {s}: {why.rstrip('.')}" for s, why in refused[:most])
+    more = len(refused) - most
+    return text + (f"; and {more} more (the error's .refused lists them)" if more > 0 else "")
 
 
 class UnsafePickleError(CkptStoreError, pickle.UnpicklingError):

@@ -162,3 +162,13 @@ def test_a_newer_step_is_listed_as_newer_and_pruning_keeps_it(tmp_path) -> None:
     assert decision[1] == ("keep", "written by a newer ckptstore: left alone (upgrade it)")
     assert decision[2][0] == "delete"
     assert not isinstance(NewerFormatError("x"), CorruptCheckpointError)
+
+
+def test_the_error_names_ten_steps_and_counts_the_rest() -> None:
+    import pickle
+
+    refused = [(s, f"damaged {s}.") for s in range(15, 0, -1)]
+    error = NoLoadableCheckpointError.of("root", refused)
+    assert "step 6: damaged 6; and 5 more" in str(error) and "step 5:" not in str(error)
+    again = pickle.loads(pickle.dumps(error))  # as a rank's error crosses processes
+    assert again.refused == refused and str(again) == str(error)
