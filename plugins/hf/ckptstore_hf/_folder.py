@@ -368,7 +368,7 @@ class FolderCheckpoints:
         one is, ``NoLoadableCheckpointError`` lists them (``on_unloadable="fresh"``: a
         warning and None, a fresh start). ``write`` and ``replace`` as for ``ensure_local``.
         """
-        refused = newer_steps(self.manager.root)  # committed, not in steps()
+        refused: list[tuple[int, str]] = []
         for step in reversed(self.steps()):
             try:
                 index = self.index(step)
@@ -382,6 +382,7 @@ class FolderCheckpoints:
                     RuntimeWarning,
                     stacklevel=2,
                 )
+        refused += newer_steps(self.manager.root)  # committed, yet not in steps()
         if refused:
             refused.sort(reverse=True)
             error = NoLoadableCheckpointError.of(self.manager.root.url, refused)

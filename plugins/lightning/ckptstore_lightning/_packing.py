@@ -150,7 +150,7 @@ def load_newest(mgr: CheckpointManager) -> tuple[int, dict] | None:
     with a warning naming what was wrong, as ``CheckpointManager.restore`` does; if every
     one is, ``NoLoadableCheckpointError`` lists them (never a silent fresh start).
     """
-    refused = newer_steps(mgr.root)  # committed, yet not among mgr.steps()
+    refused: list[tuple[int, str]] = []
     for step in reversed(mgr.steps()):
         try:
             return step, load_step(mgr, step)
@@ -162,6 +162,7 @@ def load_newest(mgr: CheckpointManager) -> tuple[int, dict] | None:
                 RuntimeWarning,
                 stacklevel=2,
             )
+    refused += newer_steps(mgr.root)  # committed, yet not among mgr.steps()
     if refused:
         raise NoLoadableCheckpointError.of(mgr.root.url, sorted(refused, reverse=True))
     return None

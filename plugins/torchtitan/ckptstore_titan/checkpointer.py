@@ -260,7 +260,7 @@ class CkptStoreCheckpointManager(CheckpointManager):
             self._roll_back(step, newest)
         # Committed steps that fail to load (and those a newer ckptstore wrote, which
         # committed_steps leaves out): all of them refused is an error, never a fresh start.
-        refused = ckptstore.newer_steps(self._root) if step == -1 else []
+        refused: list[tuple[int, str]] = []
         for i, found in enumerate(committed):
             checkpoint_id = self._create_checkpoint_id(found)
             log.info("Loading the checkpoint from %s.", checkpoint_id)
@@ -276,6 +276,8 @@ class CkptStoreCheckpointManager(CheckpointManager):
                 continue
             GarbageCollection.collect("GC collection for checkpoint loading.")
             return True
+        if step == -1:  # committed steps committed_steps leaves out: a newer ckptstore's
+            refused += ckptstore.newer_steps(self._root)
         if refused:
             raise NoLoadableCheckpointError.of(self.folder, sorted(refused, reverse=True))
         if self.initial_load_in_hf:  # a fresh folder, HF weights: torchtitan's own path
