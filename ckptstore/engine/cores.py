@@ -3,29 +3,37 @@ one its training runs on.
 
 A save that runs behind training (``defer_staging``, the background writer) takes its cores
 from training unless it stays within what is spare. ``rank_cores`` reads the rank's share
-(CPU affinity divided by torchrun's ``LOCAL_WORLD_SIZE``); ``volume_writers`` is the pure
-part: how many part writes a rank keeps in flight to a volume.
+(``node_cores``, the CPU affinity, divided by ``local_ranks``, torchrun's
+``LOCAL_WORLD_SIZE``); ``volume_writers`` is the pure part: how many part writes a rank
+keeps in flight to a volume.
 """
 
 from __future__ import annotations
 
 import os
 
-__all__ = ["rank_cores", "volume_writers"]
+__all__ = ["local_ranks", "node_cores", "rank_cores", "volume_writers"]
+
+
+def node_cores() -> int:
+    """The cores this process may run on (its CPU affinity; the machine's off Linux)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def local_ranks(default: int = 1) -> int:
+    """The ranks on this node: ``LOCAL_WORLD_SIZE`` as torchrun sets it, ``default`` when
+    it is unset or not a whole number >= 1."""
+    value = os.environ.get("LOCAL_WORLD_SIZE", "")
+    return int(value) if value.isdigit() and int(value) > 0 else default
 
 
 def rank_cores() -> int:
     """The cores this rank may use: its CPU affinity divided by the ranks on the node
     (``LOCAL_WORLD_SIZE``, as torchrun sets it; 1 without it), at least 1."""
-    try:
-        cores = len(os.sched_getaffinity(0))
-    except AttributeError:  # not Linux
-        cores = os.cpu_count() or 1
-    try:
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
-    except ValueError:
-        local = 1
-    return max(1, cores // max(1, local))
+    return max(1, node_cores() // local_ranks())
 
 
 def volume_writers(concurrency: int, cores: int) -> int:

@@ -11,7 +11,6 @@ by ``failures.FailureLog``; the root claimed by ``ownership.RootOwner``), a rest
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import threading
 import time
@@ -21,6 +20,7 @@ from typing import Any
 import torch.distributed as dist
 
 from ckptstore.engine.catalog import committed_steps
+from ckptstore.engine.cores import local_ranks
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.names import step_name
 from ckptstore.engine.owner import run_identity
@@ -124,7 +124,8 @@ class CheckpointManager:
             world_size=dist.get_world_size() if distributed else 1,
             process_group=self._pg,
             agree=self._agree,
-            local_ranks=_local_ranks(distributed),
+            # the ranks on this node; no launcher said: all of them, the cautious guess
+            local_ranks=local_ranks(dist.get_world_size() if distributed else 1),
             asynchronous=opts.async_save,
         )
         # Which ranks share a node's local tier (gathered once, on the checkpoint group);
@@ -382,12 +383,3 @@ class CheckpointManager:
 
     def __exit__(self, *exc: Any) -> None:
         self.close()
-
-
-def _local_ranks(distributed: bool) -> int:
-    """The ranks on this node: torchrun's ``LOCAL_WORLD_SIZE``, else (no launcher said)
-    every rank of the group, as if all ran here (the cautious guess for ``"auto"``)."""
-    value = os.environ.get("LOCAL_WORLD_SIZE", "")
-    if value.isdigit() and int(value) > 0:
-        return int(value)
-    return dist.get_world_size() if distributed else 1

@@ -23,10 +23,10 @@ The choice is made once, agreed by all ranks, and kept for the manager's life
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from typing import Any
 
+from ckptstore.engine.cores import node_cores
 from ckptstore.manager.agreement import Agreement
 
 __all__ = ["MIN_CORES", "MIN_MEMORY", "AutoBackend", "choose", "node_share"]
@@ -87,7 +87,7 @@ def _available_memory() -> int:
 def node_share(local_ranks: int) -> tuple[float, int]:
     """This rank's share of the cores it may run on and of the available memory, for
     ``local_ranks`` ranks on this node."""
-    cores = float(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1)
+    cores = float(node_cores())
     quota = _cpu_quota()
     if quota is not None:
         cores = min(cores, quota)
