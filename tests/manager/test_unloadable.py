@@ -172,3 +172,15 @@ def test_the_error_names_ten_steps_and_counts_the_rest() -> None:
     assert "step 6: damaged 6; and 5 more" in str(error) and "step 5:" not in str(error)
     again = pickle.loads(pickle.dumps(error))  # as a rank's error crosses processes
     assert again.refused == refused and str(again) == str(error)
+
+
+def test_a_hostile_ckptstore_version_is_quoted(tmp_path) -> None:
+    root = tmp_path / "root"
+    _saved(root, (1,))
+    step = root / step_name(1)
+    doc = json.loads((step / MANIFEST_NAME).read_bytes())
+    doc["version"] = FORMAT_VERSION + 1
+    doc["ckptstore_version"] = "9.0\x1b[2J\nforged line" + "x" * 200
+    _resign(step, doc)
+    (newer,) = newer_steps(LocalStore(str(root)))
+    assert "\x1b" not in newer[1] and "\n" not in newer[1] and "x" * 60 not in newer[1]
