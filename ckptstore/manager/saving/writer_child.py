@@ -175,6 +175,7 @@ class WriterChild:
         self.sock = ours
         self.ready = False
         self.arena_id = 0  # the arena this writer has mapped
+        self.jobs = 0  # the save jobs sent to it
         self._finalizer = weakref.finalize(self, _reap, self.proc, self.sock)
         try:
             send(self.sock, (settings.sys_path, pickle.dumps(settings, protocol=5)))
@@ -193,6 +194,7 @@ class WriterChild:
         except OSError:
             raise WriterDied(self._exit_code()) from None
         self.arena_id = arena.arena_id
+        self.jobs += 1
 
     def answered(self) -> bool:
         """True when a message (or the end of the socket) waits to be read: ``wait``
@@ -241,8 +243,11 @@ class WriterChild:
         self.proc.wait()
 
     def close(self) -> None:
-        """Ask the writer process to exit, then reap it (killed if it does not)."""
-        if self.proc.poll() is None:
+        """Ask the writer process to exit, then reap it (killed if it does not). One that
+        was never sent a job holds nothing of a save: it is killed at once rather than
+        waited for while it is still importing torch (a manager used only to restore, to
+        list steps or refused at its first save closes in milliseconds, not seconds)."""
+        if self.proc.poll() is None and self.jobs:
             try:
                 send(self.sock, None)
                 self.proc.wait(timeout=STOP_GRACE_S)
