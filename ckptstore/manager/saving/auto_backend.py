@@ -9,7 +9,9 @@ rank); with 1 core per rank it tied or cost more in 3 of 4 (2 ranks: the writer 
 core of its own). So:
 
 * the process backend when saves are asynchronous (``async_save``; a save that blocks
-  training gains nothing from a writer process), this rank's share of the cores the
+  training gains nothing from a writer process), the root is a URL (a ``Store`` object
+  the caller built lives in this process: its state, hooks and counters would stay here
+  while a writer process worked on a copy), this rank's share of the cores the
   process may run on (CPU affinity and a cgroup CPU quota, divided by the ranks on this
   node) is at least ``MIN_CORES`` and its share of the available memory (``MemAvailable``,
   and a cgroup memory limit) at least ``MIN_MEMORY``, on every rank;
@@ -37,13 +39,21 @@ MIN_CORES = 2.0
 MIN_MEMORY = 4 << 30
 
 
-def choose(cores: float, memory: int, asynchronous: bool = True) -> tuple[bool, str]:
+def choose(
+    cores: float, memory: int, asynchronous: bool = True, url: bool = True
+) -> tuple[bool, str]:
     """Whether a rank with ``cores`` cores and ``memory`` bytes available as its share
     leaves room for a writer process, and why (for the report). Saves that are not
     ``asynchronous`` (``async_save=False``) block training anyway: the writer process
-    would take nothing off it, so the thread is chosen."""
+    would take nothing off it, so the thread is chosen; so it is for a root that is not a
+    ``url`` (a ``Store`` object: see the module docstring)."""
     if not asynchronous:
         return False, "async_save=False: training waits for each save, a writer gains nothing"
+    if not url:
+        return False, (
+            "the root is a Store object of this process, which a writer process would only "
+            "copy (pass its URL, or background='process', to save from a writer process)"
+        )
     have = f"{cores:.1f} cores and {memory / 2**30:.1f} GiB available per rank"
     if cores < MIN_CORES:
         return False, f"{have}: the writer process needs a core of its own ({MIN_CORES:g}+)"
@@ -114,10 +124,11 @@ class AutoBackend:
         agree: Agreement,
         share: tuple[float, int],
         asynchronous: bool = True,
+        url: bool = True,
     ) -> None:
         self._thread = thread
         self._agree = agree
-        room, why = choose(*share, asynchronous)
+        room, why = choose(*share, asynchronous, url)
         everywhere = agree.all(room)
         if room and not everywhere:
             why = f"{why}, but another rank has not"

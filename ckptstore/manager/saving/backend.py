@@ -149,5 +149,6 @@ def make_backend(
         return ThreadBackend(retrying_root, options, engine=engine, process_group=process_group)
 
     if options.background == "auto":
-        return AutoBackend(thread, process, agree, node_share(local_ranks), asynchronous)
+        share = node_share(local_ranks)
+        return AutoBackend(thread, process, agree, share, asynchronous, isinstance(root, str))
     return process() if options.background == "process" else thread()
