@@ -20,10 +20,10 @@ def trained(seed: int) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
 
 def test_app_state_round_trips_model_and_optimizer(tmp_path) -> None:
     model, optim = trained(0)
-    with ckptstore.CheckpointManager(str(tmp_path)) as mgr:
+    with ckptstore.CheckpointManager(str(tmp_path), background="thread") as mgr:
         mgr.save(3, {"app": ckptstore.AppState(model, optim)})
     model2, optim2 = trained(1)  # other weights and moments
-    with ckptstore.CheckpointManager(str(tmp_path)) as mgr:
+    with ckptstore.CheckpointManager(str(tmp_path), background="thread") as mgr:
         assert mgr.restore({"app": ckptstore.AppState(model2, optim2)}) == 3
     for a, b in zip(model.state_dict().values(), model2.state_dict().values()):
         assert torch.equal(a, b)

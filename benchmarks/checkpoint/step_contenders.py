@@ -134,6 +134,10 @@ class Ckptstore(Contender):
         self.mgr.close()
 
 
+class CkptstoreThread(Ckptstore):
+    keywords = {"background": "thread"}
+
+
 class CkptstoreProcess(Ckptstore):
     keywords = {"background": "process"}
 
@@ -289,6 +293,7 @@ CONTENDERS: dict[str, Callable[[Job], Contender]] = {
     "none": Contender,
     "copy_ floor": CopyFloor,
     "ckptstore": Ckptstore,
+    "ckptstore-thread": CkptstoreThread,
     "ckptstore-process": CkptstoreProcess,
     "ckptstore-no-defer": CkptstoreNoDefer,
     "dcp.async_save + DefaultStager": DcpAsync,

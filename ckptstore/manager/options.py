@@ -61,9 +61,10 @@ class ManagerOptions:
     key_layout: "flat", or "spread" over 256 key prefixes for request-rate-limited stores.
     grace_period_s: what ``finalize`` may take after a preemption notice.
     handle_sigterm: install a SIGTERM handler that ``preemption_requested`` reports.
-    background: "thread" (default), "process" (a writer process per rank) or "auto" (the
-        writer process where this node has room for it and the state allows: see
-        ``manager.saving.auto_backend``; ``CheckpointManager.background`` says which).
+    background: "auto" (default: the writer process where this node has room for it and
+        the root and state allow, else the thread; the rule is
+        ``manager.saving.auto_backend``'s, ``CheckpointManager.background`` says which),
+        "thread" or "process" (a writer process per rank).
     allow_pickle: restore unpickles any object item (only for roots you trust).
     max_staging_bytes: host memory a save stages into, at most (None: the whole state).
     defer_staging: staging behind the next step (with ``async_save``): ``save`` copies what
@@ -105,7 +106,7 @@ class ManagerOptions:
     key_layout: str = "flat"
     grace_period_s: float = 120.0
     handle_sigterm: bool = False
-    background: str = "thread"
+    background: str = "auto"
     allow_pickle: bool = False
     max_staging_bytes: int | None = None
     defer_staging: bool = True
@@ -209,7 +210,7 @@ class SaveOptions:
     config: TransferConfig = field(default_factory=TransferConfig)
     codec: str = "none"
     key_layout: str = "flat"
-    background: str = "thread"
+    background: str = "auto"
     max_staging_bytes: int | None = None
     run_id: str | None = None
 

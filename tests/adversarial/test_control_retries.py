@@ -33,7 +33,7 @@ def state(v: float) -> dict[str, Any]:
 
 
 def _saved(root: str, steps: tuple[int, ...] = (1, 2)) -> None:
-    with CheckpointManager(root, config=FAST) as mgr:
+    with CheckpointManager(root, config=FAST, background="thread") as mgr:
         for s in steps:
             mgr.save(s, state(float(s)))
 
@@ -46,7 +46,7 @@ def test_restore_survives_one_transient_failure_of_each_control_call(
     _saved(root)
     faulty = FaultyStore(LocalStore(root), [Fault(method, calls={1}, error=ONE_503)])
     out = state(0.0)
-    with CheckpointManager(faulty, config=FAST) as mgr:
+    with CheckpointManager(faulty, config=FAST, background="thread") as mgr:
         assert mgr.restore(out) == 2
         assert mgr.engine.stats.retries >= 1
     assert out["n"] == 2 and torch.equal(out["w"], state(2.0)["w"])
@@ -73,14 +73,14 @@ def test_transient_head_of_the_marker_in_save_does_not_reach_training(tmp_path: 
 def test_cleanup_failing_after_the_marker_is_a_warning_not_a_failed_save(tmp_path: Any) -> None:
     # Every LIST fails for good: post-marker cleanup (step 5) cannot run at all.
     faulty = FaultyStore(LocalStore(str(tmp_path)), [Fault("find", error=ONE_503)])
-    mgr = CheckpointManager(faulty, config=FAST, keep=KeepLast(3))
+    mgr = CheckpointManager(faulty, config=FAST, keep=KeepLast(3), background="thread")
     mgr.save(1, state(1.0))
     mgr.close()  # does not raise: the save is committed
     (record,) = mgr.records
     assert record.status == "committed" and not record.error
     assert record.warnings and "committed" in record.warnings[0]
     out = state(0.0)
-    with CheckpointManager(str(tmp_path)) as mgr2:
+    with CheckpointManager(str(tmp_path), background="thread") as mgr2:
         assert mgr2.restore(out) == 1
     assert out["n"] == 1
 
@@ -98,7 +98,7 @@ def test_retention_failing_after_a_commit_is_a_warning(tmp_path: Any) -> None:
     _saved(root, (1,))
     # Deletes fail for good: retention cannot remove step 1 after step 2 commits.
     faulty = FaultyStore(LocalStore(root), [Fault("delete", error=ONE_503)])
-    mgr = CheckpointManager(faulty, config=FAST, keep=KeepLast(1))
+    mgr = CheckpointManager(faulty, config=FAST, keep=KeepLast(1), background="thread")
     mgr.save(2, state(2.0))
     mgr.close()
     record = mgr.records[-1]

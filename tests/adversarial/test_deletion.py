@@ -84,13 +84,13 @@ def test_manager_retention_keeps_a_committed_step_beside_step_5(tmp_path) -> Non
     os.makedirs(os.path.join(root, "step_5"))
     with open(os.path.join(root, "step_5", "notes.txt"), "w") as f:
         f.write("mine")
-    with CheckpointManager(root, keep=KeepLast(2)) as mgr:
+    with CheckpointManager(root, keep=KeepLast(2), background="thread") as mgr:
         for n in (3, 4, 5, 6):
             mgr.save(n, {"w": torch.full((4,), float(n))})
-    assert CheckpointManager(root).steps() == [5, 6]
+    assert CheckpointManager(root, background="thread").steps() == [5, 6]
     assert open(os.path.join(root, "step_5", "notes.txt")).read() == "mine"
     out = {"w": torch.zeros(4)}
-    with CheckpointManager(root) as mgr:
+    with CheckpointManager(root, background="thread") as mgr:
         assert mgr.restore(out, step=5) == 5
     assert torch.equal(out["w"], torch.full((4,), 5.0))
 
@@ -111,7 +111,10 @@ def test_a_file_named_like_a_step_is_skipped_by_ls_gc_and_restore(
     assert committed(backend, root_url) == [2]
     if backend.name == "volume":
         out = sample_state()
-        with CheckpointManager(root_url) as mgr, pytest.warns(SkippedEntryWarning):
+        with (
+            CheckpointManager(root_url, background="thread") as mgr,
+            pytest.warns(SkippedEntryWarning),
+        ):
             assert mgr.restore(out) == 2
 
 
@@ -172,15 +175,17 @@ def test_a_local_tier_overlapping_the_root_is_a_config_error(tmp_path) -> None:
     root = str(tmp_path / "root")
     for staging in (root, os.path.join(root, "nvme"), str(tmp_path), root + "/"):
         with pytest.raises(ConfigError, match="local_tier_dir"):
-            CheckpointManager(root, local_tier_dir=staging)
+            CheckpointManager(root, local_tier_dir=staging, background="thread")
         with pytest.raises(ConfigError, match="local_tier_dir"):
             StagedWriter(step(root, 1), local_tier_dir=staging)
-    CheckpointManager(root, local_tier_dir=str(tmp_path / "nvme")).close()
+    CheckpointManager(root, local_tier_dir=str(tmp_path / "nvme"), background="thread").close()
     # the bug it prevents: staging == root left one checkpoint under KeepLast(3)
-    with CheckpointManager(root, local_tier_dir=str(tmp_path / "nvme"), keep=KeepLast(3)) as mgr:
+    with CheckpointManager(
+        root, local_tier_dir=str(tmp_path / "nvme"), keep=KeepLast(3), background="thread"
+    ) as mgr:
         for n in range(4):
             mgr.save(n, {"w": torch.ones(2)})
-    assert CheckpointManager(root).steps() == [1, 2, 3]
+    assert CheckpointManager(root, background="thread").steps() == [1, 2, 3]
 
 
 # -- kill -9 -------------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def test_a_root_that_is_a_file_raises_at_the_first_save(tmp_path) -> None:
     root = tmp_path / "root"
     root.write_text("not a directory")
     with pytest.raises(StoreAccessError, match="not a directory") as caught:
-        with CheckpointManager(str(root)) as mgr:
+        with CheckpointManager(str(root), background="thread") as mgr:
             mgr.save(1, state(1.0))
             mgr.save(2, state(2.0))  # never reached
     assert "stays the newest" not in str(caught.value)
@@ -46,7 +46,7 @@ def test_a_root_that_is_a_file_raises_at_the_first_save(tmp_path) -> None:
 
 def test_a_typo_below_a_file_raises_once(tmp_path) -> None:
     (tmp_path / "file").write_text("x")
-    mgr = CheckpointManager(str(tmp_path / "file" / "ckpt"))
+    mgr = CheckpointManager(str(tmp_path / "file" / "ckpt"), background="thread")
     with pytest.raises(StoreAccessError):
         mgr.save(1, state(1.0))
     mgr.close()  # that failure was raised already: not raised twice
@@ -116,7 +116,9 @@ def test_a_foreign_step_entry_in_the_local_tier_changes_nothing(tmp_path, kind) 
     root = str(tmp_path / "root")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        with CheckpointManager(root, local_tier_dir=str(staging), keep=KeepLast(2)) as mgr:
+        with CheckpointManager(
+            root, local_tier_dir=str(staging), keep=KeepLast(2), background="thread"
+        ) as mgr:
             for step in range(2, 7):
                 mgr.save(step, state(float(step)))
                 mgr.wait()
@@ -138,7 +140,9 @@ def test_a_failure_after_the_marker_is_a_warning_not_a_failed_save(tmp_path, mon
         raise OSError("injected: the local tier cannot be trimmed")
 
     monkeypatch.setattr(StagedWriter, "_trim_local", broken)
-    with CheckpointManager(str(tmp_path / "root"), local_tier_dir=str(tmp_path / "nvme")) as mgr:
+    with CheckpointManager(  # the thread: the patch reaches no writer process
+        str(tmp_path / "root"), local_tier_dir=str(tmp_path / "nvme"), background="thread"
+    ) as mgr:
         mgr.save(1, state(1.0))
         mgr.wait()
         assert mgr.records[-1].status == "committed"
@@ -152,7 +156,7 @@ def test_ctrl_c_during_a_save_is_an_interrupt_that_says_the_step_is_lost(
 ) -> None:
     """Ctrl-C while ``save`` copies or serialises: ``KeyboardInterrupt`` (so Python exits as
     on SIGINT) and one line naming the step, never torch's "unexpected pos" error."""
-    with CheckpointManager(str(tmp_path / "root")) as mgr:
+    with CheckpointManager(str(tmp_path / "root"), background="thread") as mgr:
         mgr.save(1, state(1.0))
         mgr.wait()
 

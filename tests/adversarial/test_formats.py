@@ -250,7 +250,7 @@ def _resign(step_dir: Path, manifest_bytes: bytes) -> None:
 
 @pytest.fixture
 def two_steps(tmp_path: Path) -> Path:
-    with CheckpointManager(str(tmp_path)) as mgr:
+    with CheckpointManager(str(tmp_path), background="thread") as mgr:
         for step in (1, 2):
             mgr.save(step, {"w": torch.full((64,), float(step)), "n": step})
     return tmp_path
@@ -317,7 +317,7 @@ def test_every_bad_manifest_is_corrupt_and_restore_falls_back(two_steps: Path) -
         with pytest.raises(CorruptCheckpointError):
             open_committed(LocalStore(str(step_dir)))
         out = {"w": torch.zeros(64), "n": 0}
-        with CheckpointManager(str(two_steps)) as mgr:
+        with CheckpointManager(str(two_steps), background="thread") as mgr:
             assert mgr.restore(out) == 1, name
         assert out["n"] == 1 and torch.equal(out["w"], torch.full((64,), 1.0))
         (step_dir / MANIFEST_NAME).write_bytes(original)
@@ -458,7 +458,10 @@ def test_resigned_hostile_metadata_is_refused_and_restore_falls_back(
     with pytest.raises(CorruptCheckpointError, match=r"\.metadata"):
         ckptstore.reader(f"file://{step_dir}")
     out = {"w": torch.zeros(64), "n": 0}
-    with CheckpointManager(str(two_steps)) as mgr, pytest.warns(RuntimeWarning, match="step 2"):
+    with (
+        CheckpointManager(str(two_steps), background="thread") as mgr,
+        pytest.warns(RuntimeWarning, match="step 2"),
+    ):
         assert mgr.restore(out) == 1
     assert out["n"] == 1
 

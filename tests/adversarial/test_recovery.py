@@ -36,7 +36,7 @@ def damage(path: Path) -> None:
 
 
 def _three_steps(root: str) -> None:
-    with CheckpointManager(root, keep=KeepLast(3)) as mgr:
+    with CheckpointManager(root, keep=KeepLast(3), background="thread") as mgr:
         for s in (2, 4, 6):
             mgr.save(s, state(float(s)))
 
@@ -48,7 +48,7 @@ def test_resaving_a_step_restore_skipped_as_corrupt_replaces_it(tmp_path: Path) 
     old_attempt = open_committed(LocalStore(str(step6))).marker.attempt
     damage(shards(step6)[0])
     out = state(0.0)
-    with CheckpointManager(root, keep=KeepLast(2)) as mgr:
+    with CheckpointManager(root, keep=KeepLast(2), background="thread") as mgr:
         with pytest.warns(RuntimeWarning, match="step 6 could not be restored"):
             assert mgr.restore(out) == 4
         assert mgr.save(6, state(66.0))  # not skipped as "already committed"
@@ -59,7 +59,7 @@ def test_resaving_a_step_restore_skipped_as_corrupt_replaces_it(tmp_path: Path) 
     assert committed.marker.attempt != old_attempt and committed.canonical
     assert all(old_attempt not in p.name for p in step6.rglob("*"))  # old attempt's files gone
     out = state(0.0)
-    with CheckpointManager(root) as mgr, warnings.catch_warnings():
+    with CheckpointManager(root, background="thread") as mgr, warnings.catch_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         assert mgr.restore(out) == 6
     assert out["n"] == 66.0 and torch.equal(out["w"], state(66.0)["w"])
@@ -71,11 +71,11 @@ def test_saving_over_a_step_whose_marker_commits_nothing_valid_replaces_it(
     root = str(tmp_path)
     _three_steps(root)
     (tmp_path / step_name(6) / "COMMITTED").write_bytes(b"[]")  # marker garbage
-    with CheckpointManager(root, keep=KeepLast(3)) as mgr:
+    with CheckpointManager(root, keep=KeepLast(3), background="thread") as mgr:
         assert mgr.restore(state(0.0)) == 4
         assert mgr.save(6, state(6.5))
     out = state(0.0)
-    with CheckpointManager(root) as mgr:
+    with CheckpointManager(root, background="thread") as mgr:
         assert mgr.restore(out) == 6
     assert out["n"] == 6.5
 
@@ -112,14 +112,14 @@ def test_damaged_local_copy_falls_back_to_the_remote_copy_of_the_same_step(
     tmp_path: Path,
 ) -> None:
     root, staging = str(tmp_path / "remote"), str(tmp_path / "local")
-    with CheckpointManager(root, local_tier_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         for s in (1, 2):
             mgr.save(s, state(float(s)))
     local = Path(staging) / step_name(2)
     assert shards(local)
     damage(shards(local)[0])
     out = state(0.0)
-    with CheckpointManager(root, local_tier_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         with pytest.warns(RuntimeWarning, match="local copy of step 2") as caught:
             assert mgr.restore(out) == 2
         assert mgr._damaged == set()

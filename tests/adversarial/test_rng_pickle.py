@@ -35,7 +35,10 @@ def test_a_hostile_rng_pickle_in_a_committed_checkpoint_is_refused(tmp_path) -> 
         f"{root}/step_000000005",
     )
     state = {"w": torch.zeros(4), "rng": RNGState()}
-    with CheckpointManager(root) as mgr, pytest.raises(UnsafePickleError, match="python RNG"):
+    with (
+        CheckpointManager(root, background="thread") as mgr,
+        pytest.raises(UnsafePickleError, match="python RNG"),
+    ):
         mgr.restore(state)
     assert not os.path.exists(marker)  # nothing ran
 

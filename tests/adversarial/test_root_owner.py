@@ -52,6 +52,7 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def _manager(backend: Backend, root_url: str, **kw) -> CheckpointManager:
+    kw.setdefault("background", "thread")  # what is tested is the owner file, not the writer
     return CheckpointManager(root_url, storage_options=backend.options or None, **kw)
 
 

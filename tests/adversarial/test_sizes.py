@@ -135,7 +135,7 @@ def _info_of(md: Any, fqn: str) -> tuple[Any, Any]:
 
 def two_steps(root: Path, codec: str = "none") -> Path:
     """A root with committed steps 1 and 2 of ``{"w": 64 floats, "n": step}``; step 2's dir."""
-    with CheckpointManager(str(root), codec=codec) as mgr:
+    with CheckpointManager(str(root), codec=codec, background="thread") as mgr:
         for step in (1, 2):
             mgr.save(step, {"w": torch.full((64,), float(step)), "n": step})
     return root / "step_000000002"
@@ -397,7 +397,7 @@ def test_rng_refusals_name_what_is_wrong() -> None:
 
 def _one_rank_has_a_malformed_rng_state(rank: int, world: int, root: str) -> Any:
     good = RNGState()
-    with CheckpointManager(root) as mgr:
+    with CheckpointManager(root, background="thread") as mgr:
         mgr.save(1, {"w": torch.full((8,), 1.0), "rng": good})
         if rank == 1:  # only rank 1's stream is hostile in step 2
             hostile = good.state_dict()
@@ -407,7 +407,10 @@ def _one_rank_has_a_malformed_rng_state(rank: int, world: int, root: str) -> Any
             mgr.save(2, {"w": torch.full((8,), 2.0), "rng": good})
         mgr.wait()
     state = {"w": torch.zeros(8), "rng": RNGState()}
-    with CheckpointManager(root) as mgr, pytest.warns(RuntimeWarning, match="step 2"):
+    with (
+        CheckpointManager(root, background="thread") as mgr,
+        pytest.warns(RuntimeWarning, match="step 2"),
+    ):
         step = mgr.restore(state)
     return step, float(state["w"][0])
 
@@ -455,6 +458,9 @@ def test_an_object_item_claiming_terabytes_makes_restore_fall_back(tmp_path: Pat
             r["length"] = big
     _resign(step_dir, doc)
     out = {"w": torch.zeros(64), "n": 0}
-    with CheckpointManager(str(root)) as mgr, pytest.warns(RuntimeWarning, match="no buffer"):
+    with (
+        CheckpointManager(str(root), background="thread") as mgr,
+        pytest.warns(RuntimeWarning, match="no buffer"),
+    ):
         assert mgr.restore(out) == 1
     assert out["n"] == 1 and torch.equal(out["w"], torch.full((64,), 1.0))

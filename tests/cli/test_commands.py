@@ -100,7 +100,7 @@ def test_ls_shows_which_tiers_hold_each_step(tool, tmp_path) -> None:
 
     root, tier, empty = (str(tmp_path / n) for n in ("root", "node0", "node1"))
     os.makedirs(empty)
-    with CheckpointManager(root, local_tier_dir=tier, keep=KeepAll()) as mgr:
+    with CheckpointManager(root, local_tier_dir=tier, keep=KeepAll(), background="thread") as mgr:
         for n in (1, 2):
             mgr.save(n, {"w": torch.full((10,), float(n))})  # the local tier keeps step 2
     r = tool("ls", root, "--local-tier", tier, "--local-tier", empty)
@@ -121,7 +121,7 @@ def test_ls_lists_the_steps_saved_to_the_local_tier_alone(tool, tmp_path) -> Non
 
     root, tier = str(tmp_path / "root"), str(tmp_path / "node0")
     with CheckpointManager(
-        root, local_tier_dir=tier, local_every=1, remote_every=2, keep_local=2
+        root, local_tier_dir=tier, local_every=1, remote_every=2, keep_local=2, background="thread"
     ) as mgr:
         for n in (2, 3):  # 2 to the bucket, 3 to the local tier alone
             mgr.save(n, {"w": torch.full((10,), float(n))})

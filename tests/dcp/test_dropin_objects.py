@@ -80,7 +80,7 @@ def test_the_manager_refuses_it_too_and_does_not_fall_back(tampered) -> None:
 
     url, marker = tampered
     with (
-        CheckpointManager(os.path.dirname(url)) as mgr,
+        CheckpointManager(os.path.dirname(url), background="thread") as mgr,
         pytest.raises(UnsafePickleError, match="'cfg'"),
     ):
         mgr.restore({"w": torch.zeros(3), "cfg": None})

@@ -62,7 +62,7 @@ def test_manager_with_spread_layout_keeps_and_deletes_whole_steps(tmp_path) -> N
         assert mgr.steps() == [3]
     assert sorted(os.listdir(root)) == ["step_000000003"]
     out = {"w": torch.zeros(128, 32), "meta": {"step": 0}}
-    with ckptstore.CheckpointManager(root, key_layout="spread") as mgr:
+    with ckptstore.CheckpointManager(root, key_layout="spread", background="thread") as mgr:
         assert mgr.restore(out) == 3
     assert torch.equal(out["w"], state()["w"])
 

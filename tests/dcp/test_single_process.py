@@ -30,11 +30,11 @@ def test_save_load_and_manager_without_process_group_warn_nothing(tmp_path) -> N
         ckptstore.save({"w": torch.arange(6.0), "c": Counter(7)}, url)
         out = {"w": torch.zeros(6), "c": Counter(0)}
         ckptstore.load(out, url)
-        mgr = ckptstore.CheckpointManager(str(tmp_path / "run"))
+        mgr = ckptstore.CheckpointManager(str(tmp_path / "run"), background="thread")
         assert mgr.save(3, {"w": torch.ones(2)})
         mgr.close()
         back = {"w": torch.zeros(2)}
-        mgr = ckptstore.CheckpointManager(str(tmp_path / "run"))
+        mgr = ckptstore.CheckpointManager(str(tmp_path / "run"), background="thread")
         assert mgr.restore(back) == 3
         mgr.close()
     assert torch.equal(out["w"], torch.arange(6.0)) and out["c"].value == 7 and out["c"].loaded
@@ -79,7 +79,7 @@ def test_a_process_group_of_one_rank_sends_nothing_through_its_collectives(
         out = {"w": torch.zeros(6), "c": Counter(0)}
         ckptstore.load(out, url)
         assert calls == []
-        mgr = ckptstore.CheckpointManager(str(tmp_path / "run"))
+        mgr = ckptstore.CheckpointManager(str(tmp_path / "run"), background="thread")
         assert mgr.save(1, {"w": torch.ones(2)})
         mgr.wait()
         first = len(calls)

@@ -38,6 +38,24 @@ def test_synchronous_saves_take_the_thread() -> None:
     assert not ok and "async_save=False" in why
 
 
+def test_a_store_object_takes_the_thread() -> None:
+    ok, why = choose(64.0, 512 * GIB, url=False)
+    assert not ok and "the root is a Store object of this process" in why
+
+
+def test_a_store_object_root_is_saved_on_the_thread_with_the_reason(tmp_path, monkeypatch) -> None:
+    """A Store the caller built (its hooks and counters in this process) is never copied
+    into a writer process by the default, however much room the node has."""
+    from ckptstore import open_store
+
+    monkeypatch.setattr(backend_module, "node_share", lambda ranks: (8.0, 64 * GIB))
+    with CheckpointManager(open_store(str(tmp_path / "root"))) as mgr:
+        assert mgr.options.background == "auto"  # the default
+        assert mgr.background[0] == "thread" and mgr._bg is None
+        assert "Store object" in mgr.background[1]
+        assert _saved_and_restored(mgr)
+
+
 def test_the_nodes_share_is_split_between_its_ranks() -> None:
     one, two = node_share(1), node_share(2)
     assert one[0] >= 1 and one[1] > 0
@@ -78,6 +96,21 @@ def test_room_on_the_node_is_the_writer_process(tmp_path, monkeypatch) -> None:
         )
         assert _saved_and_restored(mgr)
         assert mgr._bg is not None and mgr.background[0] == "process"
+
+
+@pytest.mark.processes
+def test_a_writer_never_sent_a_save_is_stopped_at_once_one_that_saved_exits(tmp_path) -> None:
+    """close() kills a writer process that never got a job (nothing of a save is in it)
+    instead of waiting for it to finish starting; one that saved is asked to exit."""
+    root = str(tmp_path / "root")
+    idle = CheckpointManager(root, background="process")
+    child = idle._bg.writer  # type: ignore[union-attr]
+    idle.close()
+    assert child.proc.returncode == -9
+    with CheckpointManager(root, background="process") as mgr:
+        assert _saved_and_restored(mgr)
+        child = mgr._bg.writer  # type: ignore[union-attr]
+    assert child.proc.returncode == 0
 
 
 @pytest.mark.processes

@@ -110,7 +110,7 @@ class TutorialState(Stateful):
 def test_an_optimizer_outside_appstate_is_guarded_too(tmp_path, state_of) -> None:
     model, opt = make(1)
     train_step(model, opt)
-    with CheckpointManager(str(tmp_path)) as mgr:
+    with CheckpointManager(str(tmp_path), background="thread") as mgr:
         want = snapshot(model, opt)
         mgr.save(1, state_of(model, opt))
         train_step(model, opt)
@@ -126,7 +126,7 @@ def test_an_optimizer_outside_appstate_is_guarded_too(tmp_path, state_of) -> Non
 def test_wait_staged_guards_a_change_made_without_the_optimizer(tmp_path) -> None:
     model, opt = make(2)
     train_step(model, opt)
-    with CheckpointManager(str(tmp_path)) as mgr:
+    with CheckpointManager(str(tmp_path), background="thread") as mgr:
         want = snapshot(model, opt)
         mgr.save(1, {"app": AppState(model, opt)})
         waited = mgr.wait_staged()  # the documented call before an in-place change
@@ -152,7 +152,7 @@ def test_wait_staged_guards_a_change_made_without_the_optimizer(tmp_path) -> Non
 def test_nothing_is_deferred_where_no_step_could_wait_for_it(tmp_path, keywords, state_of) -> None:
     model, opt = make(3)
     train_step(model, opt)
-    with CheckpointManager(str(tmp_path), **keywords) as mgr:
+    with CheckpointManager(str(tmp_path), background="thread", **keywords) as mgr:
         want = snapshot(model, opt)
         mgr.save(1, state_of(model, opt))
         record = mgr.records[-1]
@@ -169,7 +169,7 @@ def test_close_removes_the_step_hooks(tmp_path) -> None:
     model, opt = make(4)
     train_step(model, opt)
     before = len(opt._optimizer_step_pre_hooks)
-    mgr = CheckpointManager(str(tmp_path))
+    mgr = CheckpointManager(str(tmp_path), background="thread")
     mgr.save(1, {"app": AppState(model, opt)})
     mgr.save(2, {"app": AppState(model, opt)})  # hooked once, not per save
     assert len(opt._optimizer_step_pre_hooks) == before + 1
@@ -185,7 +185,7 @@ def _ddp_saves(rank: int, world_size: int, root: str) -> dict:
     ddp = DistributedDataParallel(model)
     opt = torch.optim.AdamW(ddp.parameters(), lr=0.1)
     train_step(ddp, opt)
-    with CheckpointManager(root) as mgr:
+    with CheckpointManager(root, background="thread") as mgr:
         want = snapshot(ddp.module, opt)
         mgr.save(1, {"app": AppState(ddp, opt)})
         train_step(ddp, opt)

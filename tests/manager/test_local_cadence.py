@@ -73,6 +73,7 @@ def extra(path: str) -> dict[str, Any]:
 
 
 def run_cadence(tmp: str, steps: range, **keywords: Any) -> list[Any]:
+    keywords.setdefault("background", "thread")  # the cadences, not where saves run
     with CheckpointManager(
         os.path.join(tmp, "root"), local_tier_dir=os.path.join(tmp, "tier"), **keywords
     ) as mgr:
@@ -85,7 +86,7 @@ def run_cadence(tmp: str, steps: range, **keywords: Any) -> list[Any]:
 def restore(tmp: str) -> tuple[int | None, dict[str, Any]]:
     out = state(0.0)
     with CheckpointManager(
-        os.path.join(tmp, "root"), local_tier_dir=os.path.join(tmp, "tier")
+        os.path.join(tmp, "root"), local_tier_dir=os.path.join(tmp, "tier"), background="thread"
     ) as mgr:
         return mgr.restore(out), out
 
@@ -142,7 +143,7 @@ def test_a_local_only_step_asked_for_by_number_is_restored(tmp_path) -> None:
     run_cadence(tmp, range(1, 4), local_every=1, remote_every=2, keep_local=2)
     out = state(0.0)
     with CheckpointManager(
-        os.path.join(tmp, "root"), local_tier_dir=os.path.join(tmp, "tier")
+        os.path.join(tmp, "root"), local_tier_dir=os.path.join(tmp, "tier"), background="thread"
     ) as mgr:
         assert mgr.restore(out, step=3) == 3 and equal(out, state(3.0))
         assert mgr.restore(out, step=2) == 2 and equal(out, state(2.0))
@@ -169,7 +170,9 @@ def node_state(rank: int, v: float) -> dict[str, Any]:
 def _nodes(rank: int, world: int, tmp: str, restore: bool) -> Any:
     tier = os.path.join(tmp, f"node{rank}")
     root = DataReads(LocalStore(os.path.join(tmp, "root")))
-    with CheckpointManager(root, local_tier_dir=tier, local_every=5, remote_every=10) as mgr:
+    with CheckpointManager(
+        root, local_tier_dir=tier, local_every=5, remote_every=10, background="thread"
+    ) as mgr:
         if not restore:
             for s in (10, 15):
                 mgr.save(s, node_state(rank, float(s)))
@@ -214,6 +217,7 @@ def test_finalize_saves_to_the_root_whatever_the_cadences_say(tmp_path) -> None:
         local_tier_dir=os.path.join(tmp, "tier"),
         local_every=1,
         remote_every=10,
+        background="thread",
     ) as mgr:
         mgr.save(3, state(3.0))
         assert mgr.finalize(4, state(4.0))
@@ -226,7 +230,11 @@ def test_another_runs_steps_in_the_local_tier_are_never_deleted(tmp_path) -> Non
     tier = os.path.join(tmp, "tier")
     for run, steps in (("run-a", range(1, 3)), ("run-b", range(3, 5))):
         with CheckpointManager(
-            os.path.join(tmp, run), local_tier_dir=tier, run_id=run, local_every=1
+            os.path.join(tmp, run),
+            local_tier_dir=tier,
+            run_id=run,
+            local_every=1,
+            background="thread",
         ) as mgr:
             for s in steps:
                 mgr.save(s, state(float(s)))
@@ -235,7 +243,11 @@ def test_another_runs_steps_in_the_local_tier_are_never_deleted(tmp_path) -> Non
     assert sorted(os.listdir(tier)) == [step_name(2), step_name(4)]
     os.makedirs(os.path.join(tier, step_name(0)))
     with CheckpointManager(
-        os.path.join(tmp, "run-b"), local_tier_dir=tier, run_id="run-b", local_every=1
+        os.path.join(tmp, "run-b"),
+        local_tier_dir=tier,
+        run_id="run-b",
+        local_every=1,
+        background="thread",
     ) as mgr:
         mgr.save(5, state(5.0))
     assert sorted(os.listdir(tier)) == [step_name(s) for s in (0, 2, 5)]

@@ -25,7 +25,7 @@ def shard(root: str, step: int) -> str:
 
 def test_save_restore_retention_and_timings(tmp_path) -> None:
     root = str(tmp_path / "root")
-    with CheckpointManager(root, keep=KeepLast(2)) as mgr:
+    with CheckpointManager(root, keep=KeepLast(2), background="thread") as mgr:
         for step in range(5):
             assert mgr.save(step, state(float(step)))
         mgr.wait()
@@ -35,33 +35,37 @@ def test_save_restore_retention_and_timings(tmp_path) -> None:
         assert all(r.blocking_s <= r.total_s and r.bytes == 4000 for r in mgr.records)
         assert not mgr.save(4, state(9.0))  # already committed: not saved twice
     out = state(0.0)
-    with CheckpointManager(root) as mgr:
+    with CheckpointManager(root, background="thread") as mgr:
         assert mgr.restore(out) == 4
     assert torch.equal(out["w"], state(4.0)["w"]) and out["extra"] == {"v": 4.0}
 
 
 def test_restore_falls_back_past_a_corrupt_checkpoint(tmp_path) -> None:
     root = str(tmp_path)
-    with CheckpointManager(root, keep=KeepLast(3)) as mgr:
+    with CheckpointManager(root, keep=KeepLast(3), background="thread") as mgr:
         for step in (1, 2):
             mgr.save(step, state(float(step)))
     with open(shard(root, 2), "r+b") as f:
         f.seek(-10, 2)
         f.write(b"xxxxxxxxxx")
     out = state(0.0)
-    with CheckpointManager(root) as mgr, pytest.warns(RuntimeWarning, match="step 2 could not"):
+    with (
+        CheckpointManager(root, background="thread") as mgr,
+        pytest.warns(RuntimeWarning, match="step 2 could not"),
+    ):
         assert mgr.restore(out) == 1
     assert torch.equal(out["w"], state(1.0)["w"])
 
 
 def test_fresh_run_restores_nothing(tmp_path) -> None:
-    with CheckpointManager(str(tmp_path)) as mgr:
+    with CheckpointManager(str(tmp_path), background="thread") as mgr:
         assert mgr.restore(state(0.0)) is None
 
 
 def test_background_failure_is_reported_not_fatal(tmp_path, monkeypatch) -> None:
     root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
-    mgr = CheckpointManager(root, local_tier_dir=staging)
+    # the thread: the patched os calls reach no writer process
+    mgr = CheckpointManager(root, local_tier_dir=staging, background="thread")
     mgr.save(1, state(1.0))
     mgr.wait()
     import ckptstore.stores.local as local
@@ -82,7 +86,7 @@ def test_background_failure_is_reported_not_fatal(tmp_path, monkeypatch) -> None
     assert not os.path.exists(os.path.join(staging, step_name(2)))  # partial files removed
     mgr.save(3, state(3.0))  # training goes on; the next save works
     mgr.close()
-    assert CheckpointManager(root).steps() == [1, 3]
+    assert CheckpointManager(root, background="thread").steps() == [1, 3]
 
 
 def test_strict_mode_raises_the_background_error(tmp_path, monkeypatch) -> None:
@@ -91,7 +95,8 @@ def test_strict_mode_raises_the_background_error(tmp_path, monkeypatch) -> None:
     def full_disk(*a: object) -> int:
         raise OSError(28, "No space left on device")
 
-    mgr = CheckpointManager(str(tmp_path), strict=True)
+    # the thread: the patched os calls reach no writer process
+    mgr = CheckpointManager(str(tmp_path), strict=True, background="thread")
     monkeypatch.setattr(local.os, "pwrite", full_disk)
     monkeypatch.setattr(local.os, "write", full_disk)
     mgr.save(1, state(1.0))
@@ -103,11 +108,11 @@ def test_strict_mode_raises_the_background_error(tmp_path, monkeypatch) -> None:
 
 def test_local_tier_is_used_when_it_matches(tmp_path, caplog) -> None:
     root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
-    with CheckpointManager(root, local_tier_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         mgr.save(5, state(5.0))
     out = state(0.0)
     caplog.set_level("INFO", logger="ckptstore.manager")
-    with CheckpointManager(root, local_tier_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         assert mgr.restore(out) == 5
     assert "from the local copy" in caplog.text
     assert torch.equal(out["w"], state(5.0)["w"])
@@ -117,7 +122,7 @@ def test_torn_leftovers_are_cleaned_after_a_newer_commit(tmp_path) -> None:
     root = str(tmp_path)
     torn = LocalStore(os.path.join(root, step_name(1)))
     torn.put("__0_0.dead.distcp", b"partial")
-    with CheckpointManager(root) as mgr:
+    with CheckpointManager(root, background="thread") as mgr:
         mgr.save(2, state(2.0))
     assert [e.step for e in list_steps(LocalStore(root))] == [2]
 
@@ -132,7 +137,7 @@ def test_restore_finishes_a_commit_cut_short_after_its_marker(tmp_path) -> None:
     from ckptstore.engine.verify import verify_checkpoint
 
     root = str(tmp_path)
-    with CheckpointManager(root, keep=KeepLast(3)) as mgr:
+    with CheckpointManager(root, keep=KeepLast(3), background="thread") as mgr:
         for step in (1, 2):
             mgr.save(step, state(float(step)))
     d = os.path.join(root, step_name(2))
@@ -143,7 +148,7 @@ def test_restore_finishes_a_commit_cut_short_after_its_marker(tmp_path) -> None:
     ckpt = LocalStore(d)
     assert not verify_checkpoint(ckpt).ok
     out = state(0.0)
-    with CheckpointManager(root) as mgr:
+    with CheckpointManager(root, background="thread") as mgr:
         assert mgr.restore(out) == 2
     assert torch.equal(out["w"], state(2.0)["w"])
     assert verify_checkpoint(ckpt).ok
@@ -155,7 +160,10 @@ def test_restore_finishes_a_commit_cut_short_after_its_marker(tmp_path) -> None:
 
 def test_two_managers_on_one_root_commit_each_step_once(tmp_path) -> None:
     root = str(tmp_path)
-    a, b = CheckpointManager(root), CheckpointManager(root)
+    a, b = (
+        CheckpointManager(root, background="thread"),
+        CheckpointManager(root, background="thread"),
+    )
     a.save(1, state(1.0))
     b.save(1, state(2.0))
     outcomes = []
@@ -170,7 +178,7 @@ def test_two_managers_on_one_root_commit_each_step_once(tmp_path) -> None:
     # (at the commit marker, or at the writer's check that the step is not committed yet).
     assert outcomes in (["ok", "ok"], ["ok", "conflict"], ["conflict", "ok"])
     out = state(0.0)
-    with CheckpointManager(root) as mgr:
+    with CheckpointManager(root, background="thread") as mgr:
         assert mgr.restore(out) == 1
     assert out["w"][0].item() in (1.0, 2.0)
 
@@ -261,7 +269,7 @@ def test_manifest_holds_the_timings_known_before_the_marker(tmp_path) -> None:
 
     from ckptstore.manager.manager import MANIFEST_TIMINGS
 
-    with CheckpointManager(str(tmp_path)) as mgr:
+    with CheckpointManager(str(tmp_path), background="thread") as mgr:
         mgr.save(1, state(1.0))
         mgr.wait()
         record = mgr.records[-1]

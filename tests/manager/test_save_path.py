@@ -78,7 +78,7 @@ def test_save_step_refusal_fails_in_dcp_planning_and_writes_nothing(tmp_path, lo
 
 
 def test_the_thread_backend_is_picked_once_and_records_each_status(tmp_path) -> None:
-    with CheckpointManager(str(tmp_path), on_busy="skip") as mgr:
+    with CheckpointManager(str(tmp_path), on_busy="skip", background="thread") as mgr:
         assert isinstance(mgr._backend, ThreadBackend) and mgr._bg is None
         assert mgr.save(1, {"w": torch.ones(4)})
         mgr.wait()

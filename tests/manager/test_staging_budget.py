@@ -59,7 +59,9 @@ def stager_of(mgr: CheckpointManager) -> ArenaStager:
 def test_a_state_larger_than_the_budget_saves_and_restores_bitwise(tmp_path, staging) -> None:
     budget = 20 * KIB  # the state holds ~42 KiB of tensors: about half stays live
     kwargs = {"local_tier_dir": str(tmp_path / "nvme")} if staging else {}
-    with CheckpointManager(str(tmp_path / "root"), max_staging_bytes=budget, **kwargs) as mgr:
+    with CheckpointManager(
+        str(tmp_path / "root"), max_staging_bytes=budget, background="thread", **kwargs
+    ) as mgr:
         for step in (1, 2):  # the second save reuses the first one's arena
             state = make_state(step)
             want = {
@@ -87,7 +89,7 @@ def test_a_state_larger_than_the_budget_saves_and_restores_bitwise(tmp_path, sta
 
 
 def test_without_a_budget_the_whole_state_is_staged_into_one_reused_arena(tmp_path) -> None:
-    with CheckpointManager(str(tmp_path)) as mgr:
+    with CheckpointManager(str(tmp_path), background="thread") as mgr:
         for step in (1, 2, 3):
             state = make_state(step)
             want = make_state(step)

@@ -38,7 +38,7 @@ def saved(tmp_path) -> tuple[str, str]:
     """Step 5 committed remotely; its staged copy without a marker (a non-coordinator
     node's local tier directory). Returns (remote step dir, local step dir)."""
     root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
-    with CheckpointManager(root, local_tier_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         mgr.save(5, state(5.0))
     local = os.path.join(staging, step_name(5))
     os.remove(os.path.join(local, "COMMITTED"))
@@ -48,7 +48,7 @@ def saved(tmp_path) -> tuple[str, str]:
 def restore(remote: str, local: str) -> dict:
     out = state(0.0)
     root, staging = os.path.dirname(remote), os.path.dirname(local)
-    with CheckpointManager(root, local_tier_dir=staging) as mgr:
+    with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         assert mgr.restore(out) == 5
     return out
 

@@ -54,6 +54,7 @@ def test_trainer_killed_mid_upload_resumes_from_the_newest_committed(tmp_path, r
     assert committed(root_url) == [4, 6, 8]  # KeepLast(3); the torn 6 was redone
 
 
+@pytest.mark.processes  # the Trainer's default background: a writer process here
 def test_trainer_falls_back_past_a_corrupt_commit_on_a_fresh_machine(tmp_path, root_url):
     out = str(tmp_path / "out")
     train(out, root_url, 4)
@@ -61,7 +62,7 @@ def test_trainer_falls_back_past_a_corrupt_commit_on_a_fresh_machine(tmp_path, r
     shutil.rmtree(out)  # a new machine: nothing local
     from ckptstore_hf import CkptStoreCallback
 
-    cb = CkptStoreCallback(root_url)
+    cb = CkptStoreCallback(root_url, background="thread")
     with pytest.warns(RuntimeWarning, match="step 4 could not be restored"):
         path = cb.prepare_resume(out)
     assert path == os.path.join(out, "checkpoint-2")
@@ -69,6 +70,7 @@ def test_trainer_falls_back_past_a_corrupt_commit_on_a_fresh_machine(tmp_path, r
     cb.close()
 
 
+@pytest.mark.processes  # the Trainer's default background: a writer process here
 def test_resume_with_every_step_damaged_raises_unless_asked_to_start_over(tmp_path, root_url):
     from ckptstore import NoLoadableCheckpointError
     from ckptstore_hf import CkptStoreCallback
@@ -78,7 +80,7 @@ def test_resume_with_every_step_damaged_raises_unless_asked_to_start_over(tmp_pa
     damage_shard(root_url, 2)
     damage_shard(root_url, 4)
     shutil.rmtree(out)
-    cb = CkptStoreCallback(root_url)
+    cb = CkptStoreCallback(root_url, background="thread")
     with pytest.warns(RuntimeWarning), pytest.raises(NoLoadableCheckpointError) as info:
         cb.prepare_resume(out)  # resume_from None would retrain from scratch, exit code 0
     assert [s for s, _ in info.value.refused] == [4, 2]
@@ -87,6 +89,7 @@ def test_resume_with_every_step_damaged_raises_unless_asked_to_start_over(tmp_pa
     cb.close()
 
 
+@pytest.mark.processes  # the Trainer's default background: a writer process here
 def test_accelerate_save_state_commits_and_resume_takes_the_committed_copy(tmp_path, root_url):
     ref = accelerate_run(str(tmp_path / "ref"), str(tmp_path / "ref-root"), 10, resume=False)
     project = str(tmp_path / "proj")
@@ -117,7 +120,12 @@ def test_manager_options_pass_through(tmp_path) -> None:
     from ckptstore_hf import CkptStoreCallback
 
     cb = CkptStoreCallback(
-        str(tmp_path / "root"), keep=KeepLast(5), codec="zstd", strict=True, key_layout="spread"
+        str(tmp_path / "root"),
+        keep=KeepLast(5),
+        codec="zstd",
+        strict=True,
+        key_layout="spread",
+        background="thread",
     )
     mgr = cb.folders.manager  # a real one (test_hf_options.py: every option, through a spy)
     assert (mgr.options.keep, mgr.options.codec, mgr.options.strict) == (KeepLast(5), "zstd", True)
@@ -125,6 +133,7 @@ def test_manager_options_pass_through(tmp_path) -> None:
     cb.close()
 
 
+@pytest.mark.processes  # the Trainer's default background: a writer process here
 def test_one_line_starts_a_fresh_run_and_resumes_it_on_a_new_machine(tmp_path, root_url):
     """The documented ``train(resume_from_checkpoint=ckpt.resume_from)``: None on the first
     run (where ``True`` makes the Trainer raise), the newest committed folder after."""

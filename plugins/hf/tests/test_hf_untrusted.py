@@ -42,7 +42,7 @@ def _good_step(root: str, out, step: int) -> None:
     folder = out / f"checkpoint-{step}"
     folder.mkdir(parents=True)
     (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
-    fc = _folder.FolderCheckpoints(root, keep=KeepAll())
+    fc = _folder.FolderCheckpoints(root, keep=KeepAll(), background="thread")
     fc.save(step, str(folder))
     fc.close()
 
@@ -62,7 +62,9 @@ def _accelerate(project) -> CkptStoreAccelerate:
     from accelerate.utils import ProjectConfiguration
 
     acc = Accelerator(cpu=True, project_config=ProjectConfiguration(project_dir=str(project)))
-    return CkptStoreAccelerate(str(project / "root"), keep=KeepAll()).register(acc)
+    return CkptStoreAccelerate(str(project / "root"), keep=KeepAll(), background="thread").register(
+        acc
+    )
 
 
 def _tree(top) -> set[str]:
@@ -130,7 +132,7 @@ def test_a_malformed_index_falls_back_to_the_previous_good_step(tmp_path, index,
     root, out = str(tmp_path / "root"), tmp_path / "out"
     _good_step(root, tmp_path / "saved", 1)
     _plant(root, 2, index, files)
-    cb = CkptStoreCallback(root)
+    cb = CkptStoreCallback(root, background="thread")
     with pytest.warns(RuntimeWarning, match="step 2 could not be restored"):
         path = cb.prepare_resume(str(out))
     assert path == str(out / "checkpoint-1")
@@ -155,7 +157,7 @@ def test_an_oversized_index_is_refused_before_it_is_loaded(tmp_path, monkeypatch
         return real(self, state, step=step, **kw)
 
     monkeypatch.setattr(CheckpointManager, "restore", counting)
-    cb = CkptStoreCallback(root)
+    cb = CkptStoreCallback(root, background="thread")
     with pytest.warns(RuntimeWarning, match="step 2 could not be restored.*over 1024"):
         assert cb.prepare_resume(str(out)) == str(out / "checkpoint-1")
     assert 2 not in loads
@@ -169,7 +171,7 @@ def test_a_newer_local_checkpoint_that_is_a_symlink_is_not_moved(tmp_path) -> No
     target.mkdir()
     out.mkdir()
     os.symlink(target, out / "checkpoint-9")
-    cb = CkptStoreCallback(root)
+    cb = CkptStoreCallback(root, background="thread")
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert cb.prepare_resume(str(out)) == str(out / "checkpoint-1")

@@ -81,7 +81,9 @@ def test_kill_mid_save_then_resume_from_last_is_exact(tmp_path, root_url) -> Non
 
 def test_names_retention_and_what_load_accepts(tmp_path) -> None:
     ckdir = str(tmp_path / "ckpts")
-    trainer, rec = fit(ckdir, None, 6, io=CkptStoreIO(keep=KeepEvery(4)))  # root = dirpath
+    trainer, rec = fit(
+        ckdir, None, 6, io=CkptStoreIO(keep=KeepEvery(4), background="thread")
+    )  # root = dirpath
     # Lightning's top-1 dropped the names of steps 2 and 4; KeepEvery(4) still keeps the
     # first step of each 4-step window: 2 (of [0, 4)) and 4 (of [4, 8)).
     assert sorted(os.listdir(ckdir)) == [
@@ -99,7 +101,7 @@ def test_names_retention_and_what_load_accepts(tmp_path) -> None:
         "step": 6,
         "follow": "step",
     }
-    io = CkptStoreIO()
+    io = CkptStoreIO(background="thread")
     ckpt = io.load_checkpoint(best)
     assert {"state_dict", "optimizer_states", "lr_schedulers", "loops", "callbacks"} <= set(ckpt)
     assert_equal_tree(dict(ckpt["state_dict"]), rec.by_step[6]["model"])
@@ -115,7 +117,7 @@ def test_names_retention_and_what_load_accepts(tmp_path) -> None:
 
 def test_two_names_one_step_and_removal_keeps_the_newest(tmp_path, root_url) -> None:
     names = tmp_path / "names"
-    io = CkptStoreIO(root_url)
+    io = CkptStoreIO(root_url, background="thread")
     io.save_checkpoint(checkpoint(2, 2.0), names / "a-step=2.ckpt")
     io.save_checkpoint(checkpoint(2, 2.0), names / "last.ckpt")  # same step: stored once
     io.wait()
@@ -143,7 +145,7 @@ def test_corrupt_newest_falls_back_for_last_and_fails_for_its_own_name(tmp_path,
     io.save_checkpoint(checkpoint(4, 4.0), names / "last.ckpt")
     io.teardown()
     damage_shard(root_url, 4)
-    io = CkptStoreIO(root_url)
+    io = CkptStoreIO(root_url, background="thread")
     with pytest.warns(RuntimeWarning, match="step 4 could not be restored"):
         assert io.load_checkpoint(names / "last.ckpt")["global_step"] == 2
     with pytest.raises(CorruptCheckpointError):
@@ -161,7 +163,7 @@ def test_last_with_every_step_damaged_raises_with_each_reason(tmp_path, root_url
     io.teardown()
     damage_shard(root_url, 2)
     damage_shard(root_url, 4)
-    io = CkptStoreIO(root_url)
+    io = CkptStoreIO(root_url, background="thread")
     with pytest.warns(RuntimeWarning), pytest.raises(NoLoadableCheckpointError) as info:
         io.load_checkpoint(names / "last.ckpt")  # never a fresh start without a word
     assert [s for s, _ in info.value.refused] == [4, 2]
@@ -178,7 +180,7 @@ def test_last_with_only_a_newer_ckptstores_steps_raises_naming_them(tmp_path) ->
     io.save_checkpoint(checkpoint(2, 2.0), names / "last.ckpt")
     io.teardown()
     newer_ckptstore(Path(root) / "step_000000002")  # committed_steps() no longer lists it
-    io = CkptStoreIO(root)
+    io = CkptStoreIO(root, background="thread")
     with pytest.raises(NoLoadableCheckpointError, match="step 2: .*newer than this ckptstore"):
         io.load_checkpoint(names / "last.ckpt")
     io.teardown()
@@ -189,7 +191,7 @@ def test_failed_save_writes_no_name_and_teardown_raises(tmp_path, monkeypatch) -
     from ckptstore.errors import StorageFullError
 
     root, names = str(tmp_path / "root"), tmp_path / "names"
-    io = CkptStoreIO(root)
+    io = CkptStoreIO(root, background="thread")  # the patched os calls reach no writer process
     io.save_checkpoint(checkpoint(2, 2.0), names / "s2.ckpt")
     io.wait()
 

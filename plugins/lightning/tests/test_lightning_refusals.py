@@ -94,10 +94,10 @@ def _checkpoint(step: int, value: float) -> dict:
 def test_a_root_another_job_commits_to_first_fails_this_save_and_tears_nothing(tmp_path):
     """Jobs A and B save step 2 under one root at once; A's marker lands first."""
     root, names = str(tmp_path / "root"), tmp_path / "names"
-    job_b = CkptStoreIO(root)
+    job_b = CkptStoreIO(root, background="thread")
     # B's commit marker is held back for a moment, so A commits in between (the race).
     slow_marker = FaultyStore(LocalStore(root), [Fault("put_if_absent", delay=1.5)])
-    job_b._managers[root] = CheckpointManager(slow_marker, keep=KeepAll())
+    job_b._managers[root] = CheckpointManager(slow_marker, keep=KeepAll(), background="thread")
     job_b.save_checkpoint(_checkpoint(2, 2.0), names / "b.ckpt")  # in the background
 
     def job_a() -> None:
@@ -115,7 +115,7 @@ def test_a_root_another_job_commits_to_first_fails_this_save_and_tears_nothing(t
     assert committed(root) == [2]
     assert sorted(p.name for p in names.iterdir()) == ["a.ckpt"]
     # A's step is whole and A's: B's files are gone, nothing of B's is read.
-    loaded = CkptStoreIO(root).load_checkpoint(names / "a.ckpt")
+    loaded = CkptStoreIO(root, background="thread").load_checkpoint(names / "a.ckpt")
     assert torch.equal(loaded["state_dict"]["w"], torch.full((64, 64), 1.0))
 
 
@@ -135,7 +135,9 @@ def _save_from_rank_zero_only(rank: int, init: str, out: str) -> None:
     dist.init_process_group("gloo", init_method=init, rank=rank, world_size=2)
     try:
         if rank == 0:
-            io = CkptStoreIO(f"{out}/root")  # never attached to a Lightning Trainer
+            io = CkptStoreIO(
+                f"{out}/root", background="thread"
+            )  # never attached to a Lightning Trainer
             try:
                 io.save_checkpoint(_checkpoint(2, 2.0), f"{out}/names/a.ckpt")
                 result = "saved"

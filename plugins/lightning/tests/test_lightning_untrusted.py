@@ -64,7 +64,7 @@ def test_a_planted_pointer_to_another_root_is_never_loaded(tmp_path) -> None:
     _run(other, tmp_path / "other-names", [1, 2, 3])
     root, names = tmp_path / "mine", tmp_path / "names"
     _run(root, names, [5])
-    io = CkptStoreIO(str(root))
+    io = CkptStoreIO(str(root), background="thread")
     (names / "best.ckpt").write_bytes(pointer(str(other), 3))
     with pytest.raises(UnsafePathError, match="other-run.*not followed"):
         io.load_checkpoint(names / "best.ckpt")
@@ -79,7 +79,7 @@ def test_a_planted_pointer_to_another_root_is_never_loaded(tmp_path) -> None:
 def test_a_malformed_pointer_is_a_ckptstore_error_and_last_falls_back(tmp_path, data) -> None:
     root, names = tmp_path / "root", tmp_path / "names"
     _run(root, names, [1, 2])
-    io = CkptStoreIO(str(root), keep=KeepAll())
+    io = CkptStoreIO(str(root), keep=KeepAll(), background="thread")
     (names / "epoch=0-step=2.ckpt").write_bytes(data)
     with pytest.raises(CorruptCheckpointError, match="not followed|not read|not a valid"):
         io.load_checkpoint(names / "epoch=0-step=2.ckpt")
