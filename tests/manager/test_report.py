@@ -58,12 +58,14 @@ def lines(text: str) -> list[str]:
 @pytest.mark.processes
 def test_saves_and_restores_are_reported_without_logging_configured(tmp_path) -> None:
     said = lines(run(tmp_path).stderr)
-    assert len(said) == 4, said
+    assert len(said) == 5, said
     assert said[0].startswith("ckptstore: no committed checkpoint under ")
     assert "step 1 committed to " in said[1] and "training blocked" in said[1]
-    assert "step 2 committed to " in said[2]
-    assert said[3].startswith("ckptstore: restored step 2 from the local copy in ")
-    assert " MB) in " in said[3]
+    assert said[2].startswith("ckptstore: saves run on the ")  # the default, "auto", says
+    assert "backend (background='auto': " in said[2]  # which it took, with the first commit
+    assert "step 2 committed to " in said[3]
+    assert said[4].startswith("ckptstore: restored step 2 from the local copy in ")
+    assert " MB) in " in said[4]
 
 
 @pytest.mark.processes
@@ -77,7 +79,7 @@ def test_configured_logging_gets_the_records(tmp_path) -> None:
     proc = run(tmp_path, "logging.basicConfig(stream=sys.stdout, format='%(name)s|%(message)s')")
     assert lines(proc.stderr) == []
     got = [line for line in proc.stdout.splitlines() if line.startswith("ckptstore.report|")]
-    assert len(got) == 4 and "restored step 2" in got[-1], proc.stdout
+    assert len(got) == 5 and "restored step 2" in got[-1], proc.stdout
 
 
 @pytest.mark.distributed

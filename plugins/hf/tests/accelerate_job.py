@@ -50,7 +50,11 @@ def run(project: str, root: str, until: int, resume: bool, tamper: Any = None) -
     model, opt, sched = acc.prepare(model, opt, sched)
     counter = Counter()
     acc.register_for_checkpointing(counter)
-    ckpt = CkptStoreAccelerate(root).register(acc)
+    # A crash point kills the process that reaches it: saves on the thread backend run in
+    # the trainer, so the trainer dies mid-save, as in a node failure (a writer process
+    # killed alone is tests/manager/test_background_process.py's case).
+    background = "thread" if os.environ.get("CKPTSTORE_CRASH_AT") else "auto"
+    ckpt = CkptStoreAccelerate(root, background=background).register(acc)
     out: dict[str, Any] = {"path": None, "by_step": {}, "world": acc.num_processes}
     if resume:
         out["path"] = ckpt.prepare_resume()

@@ -78,10 +78,15 @@ class Recorder(TrainerCallback):
 
 
 def train(
-    output_dir: str, root: str, max_steps: int, resume: bool | str = False
+    output_dir: str,
+    root: str,
+    max_steps: int,
+    resume: bool | str = False,
+    background: str = "auto",
 ) -> tuple[Trainer, Recorder, CkptStoreCallback]:
     """``resume``: True as the Trainer takes it; ``"auto"`` the documented pattern,
-    ``resume_from_checkpoint=ckpt.resume_from`` (a fresh run or a resume alike)."""
+    ``resume_from_checkpoint=ckpt.resume_from`` (a fresh run or a resume alike).
+    ``background``: ``CheckpointManager``'s (the default's unless a test needs one)."""
     args = TrainingArguments(
         output_dir=output_dir,
         max_steps=max_steps,
@@ -96,7 +101,7 @@ def train(
         seed=0,
     )
     recorder = Recorder()
-    ckpt = CkptStoreCallback(root)
+    ckpt = CkptStoreCallback(root, background=background)
     trainer = Trainer(
         model=tiny_model(), args=args, train_dataset=Tokens(), callbacks=[ckpt, recorder]
     )
@@ -124,7 +129,11 @@ if __name__ == "__main__":
     a = p.parse_args()
     if a.crash_at and int(os.environ.get("RANK", "0")) == a.crash_rank:
         os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
-    trainer, rec, _ = train(a.out, a.root, a.max_steps, resume=a.resume)
+    # A crash point kills the process that reaches it: saves on the thread backend run in
+    # the trainer, so the trainer dies mid-save, as in a node failure (a writer process
+    # killed alone is tests/manager/test_background_process.py's case).
+    background = "thread" if os.environ.get("CKPTSTORE_CRASH_AT") else "auto"
+    trainer, rec, _ = train(a.out, a.root, a.max_steps, resume=a.resume, background=background)
     if a.record and trainer.is_world_process_zero():
         torch.save(
             {"start_step": rec.start_step, "start": rec.start, "by_step": rec.by_step}, a.record

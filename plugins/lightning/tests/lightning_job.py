@@ -127,8 +127,12 @@ if __name__ == "__main__":
     if a.crash_at and rank == a.crash_rank:
         os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
     top_k = {} if a.top_k is None else {"monitor": "train_loss", "save_top_k": a.top_k}
+    # A crash point kills the process that reaches it: saves on the thread backend run in
+    # the trainer, so the trainer dies mid-save, as in a node failure (a writer process
+    # killed alone is tests/manager/test_background_process.py's case).
+    io = CkptStoreIO(a.root, background="thread") if os.environ.get("CKPTSTORE_CRASH_AT") else None
     trainer, rec = fit(
-        a.dir, a.root, a.max_steps, a.ckpt_path, devices=a.devices, strategy=a.strategy, **top_k
+        a.dir, a.root, a.max_steps, a.ckpt_path, io, devices=a.devices, strategy=a.strategy, **top_k
     )
     if a.record and trainer.is_global_zero:
         torch.save(
