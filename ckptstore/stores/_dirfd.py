@@ -62,6 +62,9 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 #: terminal as the process's controlling one, never follows a link.
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
+#: Errors an open with ``_READ`` fails with where the name is a link (``ELOOP``), a
+#: socket (``ENXIO``) or a device without a driver (``ENXIO``, ``ENODEV``).
+_REFUSED_OPEN = frozenset({errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP})
 _WRITE = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
 
 
@@ -220,9 +223,15 @@ class Anchor:
             try:
                 fd = os.open(name, _READ, dir_fd=dfd)
             except OSError as exc:
-                if exc.errno == errno.ELOOP:
-                    raise _link_refused(self.shown(self._parts(path)), self.base) from exc
-                raise
+                if exc.errno not in _REFUSED_OPEN:
+                    raise
+                try:  # why the open failed, for the message: the open did the refusing
+                    mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
+                except OSError:
+                    raise exc from None
+                if stat.S_ISREG(mode):
+                    raise
+                raise self._not_regular(path, mode) from exc
             try:
                 mode = os.fstat(fd).st_mode
                 if not stat.S_ISREG(mode):
@@ -234,6 +243,8 @@ class Anchor:
 
     def _not_regular(self, path: str, mode: int) -> Exception:
         shown = self.shown(self._parts(path))
+        if stat.S_ISLNK(mode):
+            return _link_refused(shown, self.base)
         if stat.S_ISDIR(mode):
             return StoreNotFoundError(f"{shown} is a directory, not a file")
         return UnsafePathError(

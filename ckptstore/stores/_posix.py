@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from ckptstore.errors import (
+    CkptStoreError,
     DurabilityError,
     StorageFullError,
     StoreAccessError,
@@ -136,7 +137,10 @@ def fsync_dir(path: str) -> None:
 
 
 def translate(exc: OSError, what: str) -> Exception:
-    """Map an OSError to the ckptstore error a caller can act on."""
+    """Map an OSError to the ckptstore error a caller can act on (one that is already a
+    ckptstore error, as ``_dirfd``'s refusals are, is kept as it is)."""
+    if isinstance(exc, CkptStoreError):
+        return exc
     if isinstance(exc, FileNotFoundError):
         return StoreNotFoundError(f"{what}: not found ({exc.strerror}); check the path")
     if isinstance(exc, IsADirectoryError):
