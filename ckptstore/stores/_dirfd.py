@@ -22,9 +22,10 @@ in a directory that was reached without passing through a link, or fails.
 
 Call order: ``Anchor(base, below)`` once per store; then, per operation, either one of its
 acts (``open_read``, ``stat``, ``unlink``, ``rmdir``, ``scan``, ``walk``,
-``remove_empty_dirs``), or ``with anchor.parent(path, create=...) as (dir_fd, name):``
-followed by the acts on ``(dir_fd, name)`` below (``create_new``, ``open_existing``,
-``link_new``, ``replace``, ``unlink_quietly``), all within the ``with``.
+``remove_empty_dirs``, ``mkdir``, ``rmtree``, ``rename``), or
+``with anchor.parent(path, create=...) as (dir_fd, name):`` followed by the acts on
+``(dir_fd, name)`` below (``create_new``, ``open_existing``, ``link_new``, ``replace``,
+``unlink_quietly``), all within the ``with``.
 
 OSErrors other than these refusals are raised as they are; the caller maps them
 (``_posix.translate``) with the words that name its operation.
@@ -291,6 +292,57 @@ class Anchor:
         except (FileNotFoundError, NotADirectoryError):
             return
 
+    def mkdir(self, path: str, *, parents: bool = False) -> None:
+        """Make directory ``path``: with ``parents``, and every missing one on the way (an
+        existing one is no error); without, ``FileExistsError`` if the name is taken and
+        ``FileNotFoundError`` if its parent is missing."""
+        if parents:
+            with self.directory(path, create=True):
+                return
+        with self.parent(path) as (dfd, name):
+            os.mkdir(name, 0o777, dir_fd=dfd)
+            fsync(dfd, f"the directory of {self.shown(self._parts(path))}")
+
+    def rmtree(self, path: str) -> None:
+        """Remove directory ``path`` and everything in it, each entry relative to its
+        directory's descriptor: a link is removed itself, never entered (even one put in
+        place of a directory while the removal runs). ``""``: the store's root."""
+        if not self._parts(path):
+            with self.directory(path) as fd:
+                _clear(fd)
+            self.rmdir(path)
+            return
+        with self.parent(path) as (dfd, name):
+            try:
+                fd = os.open(name, _DIR, dir_fd=dfd)
+            except OSError as exc:
+                if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
+                    raise
+                why = _classify(dfd, name, self.shown(self._parts(path)), self.base, exc)
+                if why is exc:
+                    raise
+                raise why from exc
+            try:
+                _clear(fd)
+            finally:
+                os.close(fd)
+            os.rmdir(name, dir_fd=dfd)
+
+    def rename(self, src: str, dst: str) -> None:
+        """Rename ``src`` to ``dst`` (``rename(2)``: a file replaces a file, a directory
+        takes an absent or empty one), each resolved from the base; both directories are
+        fsynced, so the rename is durable on return. A link at either name is moved or
+        replaced itself, never followed."""
+        with self.parent(src) as (sfd, sname), self.parent(dst) as (dfd, dname):
+            # A link as the source is refused by name; moving one would be harmless (the
+            # rename takes the link itself, so one swapped in after this look is only
+            # moved within the root), but a caller renaming a link meant its target.
+            if stat.S_ISLNK(os.stat(sname, dir_fd=sfd, follow_symlinks=False).st_mode):
+                raise _link_refused(self.shown(self._parts(src)), self.base)
+            os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
+            fsync(sfd, f"the directory of {self.shown(self._parts(src))}")
+            fsync(dfd, f"the directory of {self.shown(self._parts(dst))}")
+
     def remove_empty_dirs(self, path: str) -> None:
         """Remove directory ``path`` and every directory below it that holds nothing,
         deepest first, each relative to its parent's descriptor; a link is never entered
@@ -367,6 +419,23 @@ def _prune(fd: int) -> None:
             os.rmdir(name, dir_fd=fd)  # a link put there meanwhile: ENOTDIR, left alone
         except OSError:
             pass  # not empty: something is left in it
+
+
+def _clear(fd: int) -> None:
+    """Remove everything below directory ``fd``, never following a link."""
+    for name, kind in _entries(fd):
+        child = _subdir(fd, name) if kind == "dir" else None
+        if child is None:  # a file, a link, or a directory a link replaced since
+            try:
+                os.unlink(name, dir_fd=fd)
+            except FileNotFoundError:
+                pass
+            continue
+        try:
+            _clear(child)
+        finally:
+            os.close(child)
+        os.rmdir(name, dir_fd=fd)
 
 
 # -- acts on (directory descriptor, name), within ``Anchor.parent`` ------------------------
