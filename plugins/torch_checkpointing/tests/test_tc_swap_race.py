@@ -14,7 +14,6 @@ import pytest
 pytest.importorskip("torch_checkpointing")
 
 from ckptstore_tc import CkptStoreStorageConfig  # noqa: E402
-
 from tests.adversarial.swap import Swapper, seed_outside, snapshot  # noqa: E402
 
 pytestmark = pytest.mark.processes
