@@ -120,7 +120,7 @@ def test_no_descriptor_is_left_open(tree) -> None:
             lambda: store.get("d/a.bin/x"),
             lambda: store.put("d/a.bin/x", b"x"),
             lambda: store.put("link/x", b"x"),
-            lambda: store.put_part(up, 1, 0, b"x"),
+            lambda up=up: store.put_part(up, 1, 0, b"x"),
             lambda: store.find("link"),
             lambda: store.child("link").find(),
             lambda: store.delete("d/e"),
