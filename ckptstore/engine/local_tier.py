@@ -29,7 +29,7 @@ from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME, Manifest, Marker
 from ckptstore.engine.names import RUN_STAMP
 from ckptstore.engine.store import Store
-from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
+from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError, UnsafePathError
 
 __all__ = [
     "LOCAL_ONLY",
@@ -197,5 +197,10 @@ def local_copy_matches(local: Store, committed: Committed) -> bool:
 
 
 def _holds(local: Store, name: str, size: int) -> bool:
-    path = os.path.join(local.url, name)
-    return os.path.isfile(path) and not os.path.islink(path) and local.size(name) == size
+    # The store's size() is the check and the act at once: a volume store resolves the
+    # name from its root's descriptor, refusing a link anywhere on the way
+    # (UnsafePathError) and anything but a regular file (StoreNotFoundError).
+    try:
+        return local.size(name) == size
+    except (StoreNotFoundError, UnsafePathError):
+        return False

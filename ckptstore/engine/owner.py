@@ -152,6 +152,8 @@ def claim_root(root: Store, run: str) -> Heartbeat:
         _refusal(root, run, holder)
         if holder
         else RootInUseError(
-            f"{root.url}: could not claim {OWNER_NAME} (it kept changing); try again"
+            f"{root.url}: could not claim {OWNER_NAME}: it kept changing, or something that "
+            "is not a lease (a FIFO, a directory; see the warning) holds its name. Remove "
+            "what is not ckptstore's there and try again"
         )
     )

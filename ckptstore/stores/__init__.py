@@ -35,8 +35,10 @@ from ckptstore.config import RetryConfig
 from ckptstore.engine.paths import is_safe_name  # the names every Store accepts
 from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError, MissingDependencyError, missing_dependency
+from ckptstore.stores._dirfd import Anchor  # volume paths from a root's descriptor (plugins)
 
 __all__ = [
+    "Anchor",
     "StoreSpec",
     "BUILTIN_STORES",
     "FSSPEC_STORE",

@@ -97,15 +97,19 @@ def _buffer() -> memoryview:
     return buf
 
 
-def write_aligned(path: str, fd: int, offset: int, view: memoryview) -> tuple[int, int]:
-    """Write the page-aligned middle of ``view`` (the bytes of ``path`` from ``offset`` on)
-    with ``O_DIRECT``; returns the file range ``(lo, hi)`` written (``lo == hi``: none).
+def write_aligned(
+    dir_fd: int, name: str, fd: int, offset: int, view: memoryview
+) -> tuple[int, int]:
+    """Write the page-aligned middle of ``view`` (the bytes of file ``name`` in directory
+    ``dir_fd``, from ``offset`` on) with ``O_DIRECT``; returns the file range ``(lo, hi)``
+    written (``lo == hi``: none).
 
     The caller writes the rest (``[offset, lo)`` and ``[hi, offset + len(view))``)
-    buffered, through ``fd`` (``path`` open for writing). Nothing is written where the
-    platform lacks ``O_DIRECT``, the part is under ``DIRECT_MIN``, or the file system
-    refuses it; a refusal after some chunks were written leaves ``hi`` where they end.
-    Other errors (a full volume) raise ``OSError``.
+    buffered, through ``fd`` (``name`` open for writing). ``name`` is opened again
+    relative to ``dir_fd``, never through a link, as every volume path is (``_dirfd``).
+    Nothing is written where the platform lacks ``O_DIRECT``, the part is under
+    ``DIRECT_MIN``, or the file system refuses it; a refusal after some chunks were
+    written leaves ``hi`` where they end. Other errors (a full volume) raise ``OSError``.
     """
     lo = -(-offset // ALIGN) * ALIGN
     hi = (offset + len(view)) // ALIGN * ALIGN
@@ -115,7 +119,7 @@ def write_aligned(path: str, fd: int, offset: int, view: memoryview) -> tuple[in
     if dev in _refused or fs_type(dev) not in LOCAL_DISK_FS:
         return offset, offset
     try:
-        dfd = os.open(path, os.O_WRONLY | _O_DIRECT | NOFOLLOW)
+        dfd = os.open(name, os.O_WRONLY | _O_DIRECT | NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
     except OSError as exc:
         if exc.errno != errno.EINVAL:
             raise

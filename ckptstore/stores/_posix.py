@@ -1,5 +1,8 @@
 """POSIX helpers of the volume store: fsync (one file, or several at once), early
-writeback, error translation, directories, walks.
+writeback, error translation, and making a trusted base directory.
+
+Nothing here takes a path below a root: those are resolved from the root's descriptor
+(``_dirfd``).
 
 An fsync error fails the write (``DurabilityError``) and is never retried; OSErrors map to
 the ckptstore error a caller can act on (``translate``).
@@ -15,8 +18,8 @@ import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from ckptstore.engine.store import join_path
 from ckptstore.errors import (
+    CkptStoreError,
     DurabilityError,
     StorageFullError,
     StoreAccessError,
@@ -32,10 +35,7 @@ __all__ = [
     "fsync_dir",
     "start_writeback",
     "translate",
-    "kind",
     "makedirs",
-    "walk",
-    "unlink_quietly",
 ]
 
 NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -137,9 +137,14 @@ def fsync_dir(path: str) -> None:
 
 
 def translate(exc: OSError, what: str) -> Exception:
-    """Map an OSError to the ckptstore error a caller can act on."""
+    """Map an OSError to the ckptstore error a caller can act on (one that is already a
+    ckptstore error, as ``_dirfd``'s refusals are, is kept as it is)."""
+    if isinstance(exc, CkptStoreError):
+        return exc
     if isinstance(exc, FileNotFoundError):
         return StoreNotFoundError(f"{what}: not found ({exc.strerror}); check the path")
+    if isinstance(exc, IsADirectoryError):
+        return StoreAccessError(f"{what}: a directory is in the way of this file")
     if isinstance(exc, NotADirectoryError):
         return StoreAccessError(f"{what}: a parent of this path is a file, not a directory")
     if isinstance(exc, PermissionError) or exc.errno in (errno.EROFS,):
@@ -155,25 +160,10 @@ def translate(exc: OSError, what: str) -> Exception:
     return exc
 
 
-def kind(entry: os.DirEntry) -> str:
-    if entry.is_symlink():
-        return "link"
-    if entry.is_dir(follow_symlinks=False):
-        return "dir"
-    if entry.is_file(follow_symlinks=False):
-        return "file"
-    return "other"
-
-
-def unlink_quietly(path: str) -> None:
-    try:
-        os.unlink(path)
-    except OSError:
-        pass
-
-
 def makedirs(directory: str) -> None:
-    """Create ``directory`` and parents, fsyncing each parent so the entries persist."""
+    """Create ``directory`` and parents, fsyncing each parent so the entries persist.
+
+    For a trusted base only (a root as the user named it), never a path below a root."""
     missing = []
     d = directory
     while not os.path.isdir(d):
@@ -188,22 +178,3 @@ def makedirs(directory: str) -> None:
         except FileExistsError:
             continue
         fsync_dir(os.path.dirname(d))
-
-
-def walk(top: str, rel: str, out: list[str], dirs: list[str] | None = None) -> None:
-    """Regular files under ``top`` (relative names into ``out``); never follows links."""
-    try:
-        entries = list(os.scandir(top))
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise translate(exc, f"listing of {top}") from exc
-    for e in entries:
-        what = kind(e)
-        name = join_path(rel, e.name)
-        if what == "file":
-            out.append(name)
-        elif what == "dir":
-            if dirs is not None:
-                dirs.append(name)
-            walk(e.path, name, out, dirs)

@@ -4,12 +4,15 @@ Reads, listings and deletes are here; how a write is made durable (temp -> fsync
 rename -> fsync(directory), create-only by ``link()``, multipart parts ``pwrite`` into
 one temp file) is ``local_publish``'s.
 
-Symlinks are never followed below the root (the root itself, as given, may be one): every
-call ``lstat``s the directories on its way and opens files with ``O_NOFOLLOW``, so a link
-there raises ``UnsafePathError``. A child store (``child("step_000000001")``) checks the
-directories between the root it came from and its own root the same way, so a step
-directory replaced by a link is refused too. ``find`` lists regular files only and never
-descends into a linked directory; ``scan`` reports links as ``"link"``.
+Symlinks are never followed below the root (the root itself, as given, may be one), and
+that is enforced by each act, never by a check before it: every path is resolved from a
+descriptor of the root, component by component with ``O_NOFOLLOW`` (``_dirfd.Anchor``),
+so a link there -- even one swapped in for a directory while the call runs -- raises
+``UnsafePathError``. A child store (``child("step_000000001")``) resolves from the root it
+came from, so a step directory replaced by a link is refused too. ``find`` lists regular
+files only and never descends into a linked directory; ``scan`` reports links as
+``"link"``. Only regular files are read: a FIFO, socket or device is ``UnsafePathError``
+at once, never a read that waits.
 """
 
 from __future__ import annotations
@@ -23,10 +26,11 @@ from typing import Any
 from ckptstore.config import RetryConfig
 from ckptstore.engine.create_only import same_bytes
 from ckptstore.engine.names import TMP_MARK
-from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store
+from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import CommitConflictError, ConfigError, StoreNotFoundError, UnsafePathError
 from ckptstore.stores import _direct, local_publish
-from ckptstore.stores._posix import NOFOLLOW, kind, translate, unlink_quietly, walk
+from ckptstore.stores._dirfd import Anchor
+from ckptstore.stores._posix import translate
 
 __all__ = ["LocalStore", "TMP_MARK", "local_path"]
 
@@ -75,8 +79,11 @@ class LocalStore(Store):
         super().__init__(root, retry=retry)
         self.root = root
         #: How many trailing components of ``root`` a parent store added (``child``): they
-        #: must not be symlinks either.
+        #: are resolved from the parent's root, never through a link either.
         self._below = _below
+        parts = root.split(os.sep)
+        cut = len(parts) - _below
+        self._anchor = Anchor(os.sep.join(parts[:cut]) or os.sep, tuple(parts[cut:]))
 
     def child(self, prefix: str) -> LocalStore:
         below = self._below + (len(prefix.split("/")) if prefix else 0)
@@ -84,65 +91,38 @@ class LocalStore(Store):
         return LocalStore(root, retry=self.retry, _below=below)
 
     def _abs(self, path: str) -> str:
+        """The absolute path of ``path``, for upload ids and messages only: never opened."""
         return os.path.join(self.root, path) if path else self.root
 
-    def _check_links(self, path: str, *, last: bool = False) -> None:
-        """UnsafePathError if a directory on the way to ``path`` (below the trusted root;
-        with ``last``, ``path`` itself too) is a symlink. Stops at the first missing one."""
-        parts = self.root.split(os.sep)
-        base = os.sep.join(parts[: len(parts) - self._below]) or os.sep
-        segs = parts[len(parts) - self._below :] + (path.split("/") if path else [])
-        if not last and path:
-            segs = segs[:-1]
-        cur = base
-        for seg in segs:
-            cur = os.path.join(cur, seg)
-            try:
-                st = os.lstat(cur)
-            except FileNotFoundError:
-                return
-            except OSError as exc:
-                raise translate(exc, f"stat of {cur}") from exc
-            if stat.S_ISLNK(st.st_mode):
-                raise UnsafePathError(
-                    f"{cur} is a symlink; ckptstore never follows links under a checkpoint root "
-                    f"({base}). Remove it or point ckptstore at the real directory."
-                )
-
     def _open_read(self, path: str, what: str) -> int:
-        self._check_links(path)
         try:
-            return os.open(self._abs(path), os.O_RDONLY | NOFOLLOW)
+            return self._anchor.open_read(path)
         except OSError as exc:
             raise translate(exc, what) from exc
 
     def _check_upload(self, upload: Multipart) -> str:
-        """The temp file of ``upload``; refuses an upload id that is not one of ours."""
+        """The temp file of ``upload`` (relative to the root); refuses an upload id that is
+        not one of ours."""
         tmp = upload.upload_id
         head = f"{self._abs(upload.path)}{TMP_MARK}"
         if not (tmp.startswith(head) and _TMP_ID.match(tmp[len(head) :])):
             raise UnsafePathError(
                 f"upload id {tmp!r} is not a temp file of {self.describe(upload.path)}"
             )
-        self._check_links(upload.path)
-        return tmp
+        return f"{upload.path}{TMP_MARK}{tmp[len(head) :]}"
 
     # -- whole objects (see ``local_publish``) ----------------------------------------
     def put(self, path: str, data: Buffer) -> None:
-        self._check_links(path)
-        local_publish.publish(self._abs(path), data, f"write of {self.describe(path)}")
+        local_publish.publish(self._anchor, path, data, f"write of {self.describe(path)}")
 
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> None:
         """All written, then fsynced at once, then renamed in order (``publish_many``)."""
-        for path, _ in items:
-            self._check_links(path)
         what = f"write of {', '.join(self.describe(p) for p, _ in items[:3])}"
-        local_publish.publish_many([(self._abs(p), data) for p, data in items], what)
+        local_publish.publish_many(self._anchor, items, what)
 
     def put_if_absent(self, path: str, data: Buffer) -> None:
-        self._check_links(path)
         what = f"create-only write of {self.describe(path)}"
-        if local_publish.create(self._abs(path), data, what):
+        if local_publish.create(self._anchor, path, data, what):
             return
         # A retry of our own write whose first response was lost holds our bytes.
         if same_bytes(lambda: self.get(path), data):
@@ -188,9 +168,8 @@ class LocalStore(Store):
             os.close(fd)
 
     def size(self, path: str) -> int:
-        self._check_links(path)
         try:
-            st = os.lstat(self._abs(path))
+            st = self._anchor.stat(path)
         except OSError as exc:
             raise translate(exc, f"stat of {self.describe(path)}") from exc
         if stat.S_ISLNK(st.st_mode):
@@ -202,47 +181,46 @@ class LocalStore(Store):
         return st.st_size
 
     def find(self, prefix: str = "") -> list[str]:
-        self._check_links(prefix, last=True)
-        base = self._abs(prefix)
-        try:
-            st = os.lstat(base)
-        except FileNotFoundError:
-            return []
-        except OSError as exc:
-            raise translate(exc, f"listing of {self.describe(prefix)}") from exc
-        if stat.S_ISREG(st.st_mode):
-            return [prefix] if prefix else []  # a root that is a file holds nothing
-        if not stat.S_ISDIR(st.st_mode):
-            return []
+        what = f"listing of {self.describe(prefix)}"
+        if prefix:
+            try:
+                st = self._anchor.stat(prefix)
+            except (FileNotFoundError, NotADirectoryError):
+                return []
+            except OSError as exc:
+                raise translate(exc, what) from exc
+            if stat.S_ISLNK(st.st_mode):
+                raise UnsafePathError(
+                    f"{self.describe(prefix)} is a symlink; ckptstore never follows links "
+                    "under a checkpoint root. Remove it or point ckptstore at the real "
+                    "directory."
+                )
+            if stat.S_ISREG(st.st_mode):
+                return [prefix]
+            if not stat.S_ISDIR(st.st_mode):
+                return []
         out: list[str] = []
-        walk(base, prefix, out)
-        return sorted(out)
+        try:  # a root that is a file, or missing, holds nothing
+            self._anchor.walk(prefix, out)
+        except OSError as exc:
+            raise translate(exc, what) from exc
+        return sorted(join_path(prefix, name) for name in out)
 
     def listdir(self, prefix: str = "") -> list[str]:
-        self._check_links(prefix, last=True)
-        try:
-            return sorted(os.listdir(self._abs(prefix)))
-        except (FileNotFoundError, NotADirectoryError):
-            return []
-        except OSError as exc:
-            raise translate(exc, f"listing of {self.describe(prefix)}") from exc
+        return [e.name for e in self.scan(prefix)]
 
     def scan(self, prefix: str = "") -> list[Entry]:
-        self._check_links(prefix, last=True)
         try:
-            with os.scandir(self._abs(prefix)) as it:
-                return sorted((Entry(e.name, kind(e)) for e in it), key=lambda e: e.name)
+            found = self._anchor.scan(prefix)
         except (FileNotFoundError, NotADirectoryError):
             return []
         except OSError as exc:
             raise translate(exc, f"listing of {self.describe(prefix)}") from exc
+        return sorted((Entry(name, kind) for name, kind in found), key=lambda e: e.name)
 
     def delete(self, path: str) -> None:
-        self._check_links(path)
         try:
-            os.unlink(self._abs(path))  # a link itself is removed, never what it points to
-        except FileNotFoundError:
-            return
+            self._anchor.unlink(path)  # a link itself is removed, never what it points to
         except OSError as exc:
             raise translate(exc, f"delete of {self.describe(path)}") from exc
 
@@ -251,31 +229,20 @@ class LocalStore(Store):
         self.remove_empty_dirs(prefix)
 
     def remove_empty_dirs(self, prefix: str = "") -> None:
-        self._check_links(prefix, last=True)
-        base = self._abs(prefix)
-        if not os.path.isdir(base) or os.path.islink(base):
-            return
-        dirs: list[str] = []
-        walk(base, "", [], dirs)
-        for rel in sorted(dirs, key=lambda d: -d.count("/")):
-            try:
-                os.rmdir(os.path.join(base, rel))
-            except OSError:
-                pass  # not empty: something is left in it
         try:
-            os.rmdir(base)
-        except OSError:
-            pass
+            self._anchor.remove_empty_dirs(prefix)
+        except OSError as exc:
+            what = f"removal of the empty folders of {self.describe(prefix)}"
+            raise translate(exc, what) from exc
 
     # -- multipart: parallel pwrite into one temp file (see ``local_publish``) -----------
     def begin_multipart(self, path: str) -> Multipart:
-        self._check_links(path)
         what = f"write of {self.describe(path)}"
-        return Multipart(path, local_publish.begin(self._abs(path), what))
+        return Multipart(path, self._abs(local_publish.begin(self._anchor, path, what)))
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
         what = f"write of {self.describe(upload.path)} (part {number})"
-        local_publish.write_part(self._check_upload(upload), offset, data, what)
+        local_publish.write_part(self._anchor, self._check_upload(upload), offset, data, what)
         return Part(number, offset, len(data))
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
@@ -286,10 +253,10 @@ class LocalStore(Store):
             return self.exists(path) and self.size(path) == expected
 
         what = f"write of {self.describe(path)}"
-        local_publish.finish(tmp, self._abs(path), expected, what, whole)
+        local_publish.finish(self._anchor, tmp, path, expected, what, whole)
 
     def abort_multipart(self, upload: Multipart) -> None:
-        unlink_quietly(self._check_upload(upload))
+        local_publish.abort(self._anchor, self._check_upload(upload))
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
         """Temp files of unfinished writes.
@@ -302,8 +269,8 @@ class LocalStore(Store):
             name, mark, _ = rel.rpartition(TMP_MARK)
             if mark:
                 try:  # the last write to the temp file: how long it has been idle
-                    extra = {"initiated": os.stat(self._abs(rel)).st_mtime}
-                except OSError:
+                    extra = {"initiated": self._anchor.stat(rel).st_mtime}
+                except (OSError, UnsafePathError):
                     continue  # completed or aborted meanwhile
                 out.append(Multipart(name, self._abs(rel), extra=extra))
         return out

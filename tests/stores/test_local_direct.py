@@ -206,7 +206,11 @@ def test_a_file_put_in_place_of_the_part_file_gets_no_direct_write(direct_dir) -
             f.write(b"planted")
         os.rename(other, path)  # the name now points at another file
         data = os.urandom(4 * MiB)
-        assert _direct.write_aligned(path, fd, 0, memoryview(data)) == (0, 0)
+        dfd = os.open(direct_dir, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            assert _direct.write_aligned(dfd, "part.tmp", fd, 0, memoryview(data)) == (0, 0)
+        finally:
+            os.close(dfd)
         with open(path, "rb") as f:
             assert f.read() == b"planted"
     finally:

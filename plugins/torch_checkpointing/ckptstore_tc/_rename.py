@@ -11,8 +11,9 @@ file        absent / file        it replaces the destination
 file        directory            ``FileExistsError`` (EISDIR); neither side touched
 ==========  ===================  ==========================================================
 
-A volume renames with ``os.rename`` / ``os.replace`` (atomic) and then fsyncs both parent
-directories. An object store has no rename: each file is copied on the server
+A volume renames with one ``rename(2)`` (atomic), relative to the descriptors of both parent
+directories resolved from the root (``ckptstore.stores.Anchor``: never through a link), and
+then fsyncs both. An object store has no rename: each file is copied on the server
 (``Store.copy``: S3 CopyObject / UploadPartCopy, GCS compose, Azure Copy Blob; checked
 against the source's size and checksum), several at once, then the sources are deleted.
 The directory's ``COPIED_LAST`` files (torch_checkpointing's ``metadata.pkl``, which makes
@@ -25,12 +26,12 @@ from __future__ import annotations
 
 import errno
 import logging
-import os
 import threading
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from ckptstore import Store, TransferEngine
+from ckptstore.stores import Anchor
 
 __all__ = ["COPIED_LAST", "has_children", "occupied", "rename_volume", "rename_objects"]
 
@@ -49,27 +50,15 @@ def occupied(src: str, dst: str, number: int) -> FileExistsError:
     )
 
 
-def _fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+def rename_volume(paths: Anchor, src: str, dst: str, describe: Callable[[str], str]) -> None:
+    """Rename ``src`` -> ``dst`` (names below the root of ``paths``) on a volume per the
+    table; durable on return."""
     try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def rename_volume(src: str, dst: str) -> None:
-    """Rename real paths ``src`` -> ``dst`` on a volume per the table; durable on return."""
-    try:
-        if os.path.isdir(src):
-            os.rename(src, dst)
-        else:
-            os.replace(src, dst)
+        paths.rename(src, dst)
     except OSError as exc:
         if exc.errno in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-            raise occupied(src, dst, exc.errno) from exc
+            raise occupied(describe(src), describe(dst), exc.errno) from exc
         raise
-    for parent in {os.path.dirname(src), os.path.dirname(dst)}:
-        _fsync_dir(parent)  # an fsync error fails the rename: never assume it landed
 
 
 def has_children(store: Store, key: str) -> bool:

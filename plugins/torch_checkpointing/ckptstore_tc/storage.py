@@ -7,11 +7,14 @@ Select it with one line, anywhere torch_checkpointing takes a ``StorageConfig``:
 A path torch_checkpointing passes lies under ``mount`` (default ``/`` for an object store,
 the root itself for a volume) and names ``url``/<the path below mount>: ``/ckpt/step_1/x``
 is ``s3://bucket/run1/ckpt/step_1/x``. A path outside ``mount``, a ``..`` escape or a
-symlink below a volume root is refused (``UnsafePathError``). Writes go through the
-transfer engine, reads are parallel ranged GETs (``_streams``), renames follow
-torch_checkpointing's commit table (``_rename``: server-side copies on object stores).
-Object stores have no directories: ``mkdir`` does nothing there, a directory exists while
-it holds a file, and a write needs no parent directory; on a volume they are real.
+symlink below a volume root is refused (``UnsafePathError``): on a volume every path is
+resolved from the root's descriptor (``ckptstore.stores.Anchor``), never checked and then
+used as a string, so a directory swapped for a link meanwhile is refused by the act.
+Writes go through the transfer engine, reads are parallel ranged GETs (``_streams``),
+renames follow torch_checkpointing's commit table (``_rename``: server-side copies on
+object stores). Object stores have no directories: ``mkdir`` does nothing there, a
+directory exists while it holds a file, and a write needs no parent directory; on a volume
+they are real.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from __future__ import annotations
 import errno
 import os
 import posixpath
-import shutil
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,7 +35,7 @@ from ckptstore.errors import (
     missing_dependency,
 )
 from ckptstore.errors import require_version as _require_version
-from ckptstore.stores import split_url
+from ckptstore.stores import Anchor, split_url
 
 from ._versions import EXTRA, SUPPORTED
 
@@ -89,6 +92,8 @@ class CkptStoreStorage(Storage):
         self.engine = TransferEngine.shared(config.transfer)
         scheme, rest = split_url(config.url)
         self._volume = os.path.abspath(rest) if scheme in ("file", "local") else None
+        #: Every directory act on a volume goes through it (module docstring).
+        self._paths = Anchor(self._volume) if self._volume is not None else None
         mount = config.mount or self._volume or "/"
         self._mount = posixpath.normpath(mount)
 
@@ -107,26 +112,35 @@ class CkptStoreStorage(Storage):
             )
         return text[len(head) :]
 
-    def _real(self, path: Path | str) -> str:
-        """The real path of ``path`` on a volume; no symlink below the root is followed."""
-        assert self._volume is not None
-        key = self.key(path)
-        real = self._volume
-        for part in key.split("/") if key else []:
-            real = os.path.join(real, part)
-            if os.path.islink(real):
-                raise UnsafePathError(
-                    f"{real} is a symlink below the root {self._volume}; it is not followed"
-                )
-        return real
+    def _anchor(self) -> Anchor:
+        assert self._paths is not None
+        return self._paths
+
+    def _lstat(self, key: str) -> os.stat_result | None:
+        """What store name ``key`` is on a volume (None: nothing there); a link at any
+        component below the root is ``UnsafePathError``, ``key`` itself included."""
+        try:
+            st = self._anchor().stat(key) if key else os.stat(self._anchor().base)
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(
+                f"{self.store.describe(key)} is a symlink below the root {self._volume}; it "
+                "is not followed"
+            )
+        return st
 
     def _check_parent(self, path: Path | str) -> None:
+        """A write on a volume needs its directory (as torch_checkpointing's local backend
+        does). Only a look for the error's sake: the write itself resolves from the root."""
         if self._volume is not None:
-            parent = os.path.dirname(self._real(path))
-            if not os.path.isdir(parent):
+            parent = posixpath.dirname(self.key(path))
+            st = self._lstat(parent)
+            if st is None or not stat.S_ISDIR(st.st_mode):
                 raise MissingParentError(
                     errno.ENOENT,
-                    f"the directory {parent} does not exist; create it (mkdir) first",
+                    f"the directory {self.store.describe(parent)} does not exist; create it "
+                    "(mkdir) first",
                 )
 
     def remap_path(self, path: Path) -> str:
@@ -177,41 +191,35 @@ class CkptStoreStorage(Storage):
     # -- directories -------------------------------------------------------------------
     def mkdir(self, path: Path, recursive: bool = True) -> None:
         """A directory on a volume; nothing on an object store (module docstring)."""
-        if self._volume is None:
-            self.key(path)
-        elif recursive:
-            os.makedirs(self._real(path), exist_ok=True)
-        else:
-            os.mkdir(self._real(path))
+        key = self.key(path)
+        if self._volume is not None:
+            self._anchor().mkdir(key, parents=recursive)
 
     def rmdir(self, path: Path) -> None:
         """Remove a directory and everything in it."""
         if self._volume is None:
             self.store.delete_prefix(self.key(path))
             return
-        real = self._real(path)
-        try:
-            os.rmdir(real)
-        except OSError:
-            shutil.rmtree(real)
+        self._anchor().rmtree(self.key(path))
 
     def ls(self, path: Path) -> list[str]:
         """Names of a directory's children."""
         if self._volume is not None:
-            return os.listdir(self._real(path))
+            return [name for name, _ in self._anchor().scan(self.key(path))]
         return self.store.listdir(self.key(path))
 
     def exists(self, path: Path) -> bool:
         """Whether ``path`` is a file or a directory."""
         if self._volume is not None:
-            return os.path.exists(self._real(path))
+            return self._lstat(self.key(path)) is not None
         key = self.key(path)
         return key == "" or self.store.exists(key) or has_children(self.store, key)
 
     def isdir(self, path: Path) -> bool:
         """Whether ``path`` is a directory (on an object store: holds a file)."""
         if self._volume is not None:
-            return os.path.isdir(self._real(path))
+            st = self._lstat(self.key(path))
+            return st is not None and stat.S_ISDIR(st.st_mode)
         key = self.key(path)
         return key == "" or has_children(self.store, key)
 
@@ -224,7 +232,9 @@ class CkptStoreStorage(Storage):
     ) -> None:
         """torch_checkpointing's commit table (``ckptstore_tc._rename``)."""
         if self._volume is not None:
-            rename_volume(self._real(src_path), self._real(dst_path))
+            rename_volume(
+                self._anchor(), self.key(src_path), self.key(dst_path), self.store.describe
+            )
             return
         rename_objects(
             self.store,
