@@ -108,9 +108,13 @@ def snapshot(top: Path) -> dict[str, bytes]:
     return out
 
 
-def hammer(swapper: Swapper, ops: list[Callable[[], object]]) -> tuple[int, list[BaseException]]:
+def hammer(
+    swapper: Swapper, ops: list[Callable[[], object]], errnos: tuple[int, ...] = ()
+) -> tuple[int, list[BaseException]]:
     """Run ``ops`` round and round while ``swapper`` runs; returns how many calls were
-    made and every error that is not a ckptstore error (each one a bug)."""
+    made and every error that is not a ckptstore error nor an ``OSError`` whose errno is
+    one of ``errnos`` (an API that documents those for an occupied or missing name):
+    each one a bug."""
     calls = 0
     foreign: list[BaseException] = []
     while swapper.running():
@@ -122,6 +126,9 @@ def hammer(swapper: Swapper, ops: list[Callable[[], object]]) -> tuple[int, list
                 raise
             except CkptStoreError:
                 pass  # refused (a link on the way) or not there (the directory moved)
+            except OSError as exc:
+                if exc.errno not in errnos:
+                    foreign.append(exc)
             except Exception as exc:  # noqa: BLE001 - collected and asserted on
                 foreign.append(exc)
     return calls, foreign

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("torch_checkpointing")
 
 from ckptstore_tc import CkptStoreStorageConfig  # noqa: E402
-from tests.adversarial.swap import Swapper, seed_outside, snapshot  # noqa: E402
+from tests.adversarial.swap import Swapper, hammer, seed_outside, snapshot  # noqa: E402
 
 pytestmark = pytest.mark.processes
 
@@ -48,24 +48,9 @@ def test_storage_acts_never_leave_a_volume_root_under_a_swap(tmp_path) -> None:
         lambda: storage.rmdir(d / "sub"),
         lambda: storage.rmdir(d / "made"),
     ]
-    from ckptstore.errors import CkptStoreError
-
     swapper = Swapper(d, outside, 4.0)
-    foreign: list[BaseException] = []
-    calls = 0
     try:
-        while swapper.running():
-            for op in ops:
-                calls += 1
-                try:
-                    op()
-                except CkptStoreError:
-                    pass
-                except OSError as exc:
-                    if exc.errno not in _EXPECTED:
-                        foreign.append(exc)
-                except Exception as exc:  # noqa: BLE001 - collected and asserted on
-                    foreign.append(exc)
+        calls, foreign = hammer(swapper, ops, _EXPECTED)
     finally:
         swaps = swapper.join()
     assert swaps > 100 and calls > 100, (swaps, calls)
