@@ -174,8 +174,7 @@ class WriterChild:
             theirs.close()
         self.sock = ours
         self.ready = False
-        self.arena_id = 0  # the arena this writer has mapped
-        self.jobs = 0  # the save jobs sent to it
+        self.arena_id = 0  # the arena this writer has mapped (ids start at 1: 0, no job yet)
         self._finalizer = weakref.finalize(self, _reap, self.proc, self.sock)
         try:
             send(self.sock, (settings.sys_path, pickle.dumps(settings, protocol=5)))
@@ -194,7 +193,6 @@ class WriterChild:
         except OSError:
             raise WriterDied(self._exit_code()) from None
         self.arena_id = arena.arena_id
-        self.jobs += 1
 
     def answered(self) -> bool:
         """True when a message (or the end of the socket) waits to be read: ``wait``
@@ -247,7 +245,7 @@ class WriterChild:
         was never sent a job holds nothing of a save: it is killed at once rather than
         waited for while it is still importing torch (a manager used only to restore, to
         list steps or refused at its first save closes in milliseconds, not seconds)."""
-        if self.proc.poll() is None and self.jobs:
+        if self.proc.poll() is None and self.arena_id:  # it was sent a job
             try:
                 send(self.sock, None)
                 self.proc.wait(timeout=STOP_GRACE_S)
