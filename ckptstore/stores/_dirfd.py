@@ -15,7 +15,8 @@ in a directory that was reached without passing through a link, or fails.
   are not: a symlink met there is ``UnsafePathError``.
 - Only regular files are opened for reading: ``open_read`` opens with ``O_NONBLOCK``
   (a FIFO then opens at once instead of waiting for a writer) and ``fstat``s what it got;
-  a FIFO, socket or device is ``UnsafePathError``, a directory ``StoreNotFoundError``.
+  a FIFO, socket, device or directory is ``UnsafePathError`` (damage, or planted: never
+  "missing", which would make a step whose marker is a directory look merely unfinished).
 - Listings (``scan``, ``walk``) type entries without following links and never descend
   into a link, even one that replaced a directory after it was listed.
 - Every descriptor opened here is closed before the call returns or raises.
@@ -44,7 +45,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ckptstore.engine.store import join_path
-from ckptstore.errors import StoreNotFoundError, UnsafePathError
+from ckptstore.errors import UnsafePathError
 from ckptstore.stores._posix import fsync, makedirs
 
 __all__ = [
@@ -218,8 +219,8 @@ class Anchor:
     def open_read(self, path: str) -> int:
         """An open descriptor of regular file ``path`` for reading (the caller closes it).
 
-        A symlink, FIFO, socket or device is ``UnsafePathError`` (nothing waits on it),
-        a directory ``StoreNotFoundError``; missing: ``FileNotFoundError``."""
+        A symlink, FIFO, socket, device or directory is ``UnsafePathError`` (nothing waits
+        on it); missing: ``FileNotFoundError``."""
         with self.parent(path) as (dfd, name):
             try:
                 fd = os.open(name, _READ, dir_fd=dfd)
@@ -246,8 +247,6 @@ class Anchor:
         shown = self.shown(self._parts(path))
         if stat.S_ISLNK(mode):
             return _link_refused(shown, self.base)
-        if stat.S_ISDIR(mode):
-            return StoreNotFoundError(f"{shown} is a directory, not a file")
         return UnsafePathError(
             f"{shown} is {what_is(mode)}, not a regular file; ckptstore reads only regular "
             "files under a root. Remove it (someone else put it there)."

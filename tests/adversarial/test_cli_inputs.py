@@ -238,7 +238,7 @@ CASES: list[tuple[str, str, int, str, str]] = [
         "usage: ckptstore-tool inspect",
     ),
     ("inspect-empty-stock-meta", "inspect {d}/emptymeta", 1, ".metadata", "DAMAGED"),
-    ("inspect-marker-is-dir", "inspect {d}/markerdir", 2, "{d}/markerdir", "is a folder"),
+    ("inspect-marker-is-dir", "inspect {d}/markerdir", 1, "{d}/markerdir", "is a directory"),
     # verify
     ("verify-missing", "verify {d}/nope", 2, "{d}/nope", "nothing at"),
     ("verify-file", "verify {d}/full.pt", 2, "{d}/full.pt", "no manifest"),
@@ -249,7 +249,7 @@ CASES: list[tuple[str, str, int, str, str]] = [
     ("verify-evil-stock-meta", "verify {d}/evilstock", 1, ".metadata", "FAILED"),
     ("verify-garbage-stock-meta", "verify {d}/garbagemeta", 1, ".metadata", "FAILED"),
     ("verify-empty-stock-meta", "verify {d}/emptymeta", 1, ".metadata", "FAILED"),
-    ("verify-marker-is-dir", "verify {d}/markerdir", 2, "{d}/markerdir", "is a folder"),
+    ("verify-marker-is-dir", "verify {d}/markerdir", 1, "{d}/markerdir", "is a directory"),
     # convert
     (
         "convert-garbage-stock-shard",

@@ -22,7 +22,7 @@ import torch
 
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.engine.names import OWNER_NAME
-from ckptstore.errors import CkptStoreError, StoreNotFoundError, UnsafePathError
+from ckptstore.errors import CkptStoreError, UnsafePathError
 from ckptstore.manager import CheckpointManager
 from ckptstore.stores.local import LocalStore
 
@@ -91,7 +91,7 @@ def test_the_store_refuses_to_read_a_fifo_socket_or_directory(tmp_path) -> None:
             _within([fifo], lambda: store.get_into("pipe", 0, memoryview(bytearray(8))))
         with pytest.raises(UnsafePathError, match="socket"):
             store.get("sock")
-        with pytest.raises(StoreNotFoundError, match="directory"):
+        with pytest.raises(UnsafePathError, match="directory"):
             store.get("dir")
         assert not store.exists("pipe")  # not a file: exists says no, as before
     finally:

@@ -132,7 +132,7 @@ def test_no_descriptor_is_left_open(tree) -> None:
         store.delete("d/missing/a.bin")
         store.delete_prefix("d/e/none")
         store.remove_empty_dirs("d")
-    assert _fds() == before
+    assert _fds() - before == set()  # (others' threads may close theirs meanwhile)
 
 
 def test_errors_are_ckptstore_errors_naming_what_is_there(tree) -> None:
@@ -140,7 +140,7 @@ def test_errors_are_ckptstore_errors_naming_what_is_there(tree) -> None:
     store = LocalStore(str(root))
     with pytest.raises(UnsafePathError, match=r"d/pipe is a FIFO \(named pipe\), not a regular"):
         store.get("d/pipe")
-    with pytest.raises(StoreNotFoundError, match="is a directory"):
+    with pytest.raises(UnsafePathError, match="is a directory, not a regular file"):
         store.get("d/e")
     with pytest.raises(StoreNotFoundError):
         store.get("d/nothing")

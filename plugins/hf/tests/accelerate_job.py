@@ -35,8 +35,16 @@ class Counter:
         self.step = state["step"]
 
 
-def run(project: str, root: str, until: int, resume: bool, tamper: Any = None) -> dict[str, Any]:
+def run(
+    project: str,
+    root: str,
+    until: int,
+    resume: bool,
+    tamper: Any = None,
+    background: str = "auto",
+) -> dict[str, Any]:
     """Train until step ``until`` (``save_state`` every 2 steps); what the run saw.
+    ``background``: ``CheckpointManager``'s, the same on every rank.
 
     ``tamper(path)``, if given, runs on the restored folder before ``load_state`` reads it.
     Every process returns its own record (``world``: the number of processes).
@@ -50,10 +58,6 @@ def run(project: str, root: str, until: int, resume: bool, tamper: Any = None) -
     model, opt, sched = acc.prepare(model, opt, sched)
     counter = Counter()
     acc.register_for_checkpointing(counter)
-    # A crash point kills the process that reaches it: saves on the thread backend run in
-    # the trainer, so the trainer dies mid-save, as in a node failure (a writer process
-    # killed alone is tests/manager/test_background_process.py's case).
-    background = "thread" if os.environ.get("CKPTSTORE_CRASH_AT") else "auto"
     ckpt = CkptStoreAccelerate(root, background=background).register(acc)
     out: dict[str, Any] = {"path": None, "by_step": {}, "world": acc.num_processes}
     if resume:
@@ -102,10 +106,15 @@ def main() -> None:
     p.add_argument("--crash-at", default=None, help="CKPTSTORE_CRASH_AT, on --crash-rank only")
     p.add_argument("--crash-rank", type=int, default=0)
     a = p.parse_args()
+    # A crash point kills the process that reaches it: saves on the thread backend run in
+    # the trainer, so the rank dies mid-save, as in a node failure (a writer process killed
+    # alone is tests/manager/test_background_process.py's case). Every rank decides the
+    # same from the arguments (the backend is agreed collectively).
+    background = "thread" if (a.crash_at or os.environ.get("CKPTSTORE_CRASH_AT")) else "auto"
     if a.crash_at and int(os.environ.get("RANK", "0")) == a.crash_rank:
         os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
     torch.set_num_threads(1)
-    out = run(a.project, a.root, a.until, a.resume)
+    out = run(a.project, a.root, a.until, a.resume, background=background)
     if int(os.environ.get("RANK", "0")) == 0:
         torch.save(out, a.record)
 

@@ -127,12 +127,13 @@ if __name__ == "__main__":
     p.add_argument("--crash-at", default=None, help="CKPTSTORE_CRASH_AT, on --crash-rank only")
     p.add_argument("--crash-rank", type=int, default=0)
     a = p.parse_args()
+    # A crash point kills the process that reaches it: saves on the thread backend run in
+    # the trainer, so the rank dies mid-save, as in a node failure (a writer process killed
+    # alone is tests/manager/test_background_process.py's case). Every rank decides the
+    # same from the arguments (the backend is agreed collectively).
+    background = "thread" if (a.crash_at or os.environ.get("CKPTSTORE_CRASH_AT")) else "auto"
     if a.crash_at and int(os.environ.get("RANK", "0")) == a.crash_rank:
         os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
-    # A crash point kills the process that reaches it: saves on the thread backend run in
-    # the trainer, so the trainer dies mid-save, as in a node failure (a writer process
-    # killed alone is tests/manager/test_background_process.py's case).
-    background = "thread" if os.environ.get("CKPTSTORE_CRASH_AT") else "auto"
     trainer, rec, _ = train(a.out, a.root, a.max_steps, resume=a.resume, background=background)
     if a.record and trainer.is_world_process_zero():
         torch.save(

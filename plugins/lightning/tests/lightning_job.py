@@ -122,15 +122,17 @@ if __name__ == "__main__":
     p.add_argument("--crash-rank", type=int, default=0)
     a = p.parse_args()
     # Lightning's launcher starts this script again for ranks 1.. with LOCAL_RANK set (and
-    # the parent's environment), so the crash point is armed here, per process.
+    # the parent's environment), so the crash point is armed here, per process. It kills the
+    # process that reaches it: saves on the thread backend run in the trainer, so the rank
+    # dies mid-save, as in a node failure (a writer process killed alone is
+    # tests/manager/test_background_process.py's case). Every rank decides the backend the
+    # same, from the arguments (it is agreed collectively).
+    armed = a.crash_at or os.environ.get("CKPTSTORE_CRASH_AT")
+    io = CkptStoreIO(a.root, background="thread") if armed else None
     rank = int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", "0")))
     if a.crash_at and rank == a.crash_rank:
         os.environ["CKPTSTORE_CRASH_AT"] = a.crash_at
     top_k = {} if a.top_k is None else {"monitor": "train_loss", "save_top_k": a.top_k}
-    # A crash point kills the process that reaches it: saves on the thread backend run in
-    # the trainer, so the trainer dies mid-save, as in a node failure (a writer process
-    # killed alone is tests/manager/test_background_process.py's case).
-    io = CkptStoreIO(a.root, background="thread") if os.environ.get("CKPTSTORE_CRASH_AT") else None
     trainer, rec = fit(
         a.dir, a.root, a.max_steps, a.ckpt_path, io, devices=a.devices, strategy=a.strategy, **top_k
     )
