@@ -116,12 +116,14 @@ def owner_state(root: Store) -> OwnerState:
     where = root.describe(OWNER_NAME)
     try:
         data = get_capped(root, OWNER_NAME, MAX_LEASE_BYTES, advice="")
-    except StoreNotFoundError:
+    except (StoreNotFoundError, CorruptCheckpointError) as exc:
+        # A volume refuses a directory like a FIFO (UnsafePathError); an object store has
+        # no object there: a listing tells a directory (never removed by ckptstore) apart.
         if _is_directory(root):
             return OwnerState(bad=f"{where} is a directory, not a lease file", directory=True)
-        return OwnerState()
-    except CorruptCheckpointError as exc:  # a link, FIFO, device (UnsafePathError), oversize
-        return OwnerState(bad=str(exc).rstrip("."))
+        if isinstance(exc, StoreNotFoundError):
+            return OwnerState()
+        return OwnerState(bad=str(exc).rstrip("."))  # a link, FIFO, device, oversize
     try:
         return OwnerState(lease=parse_lease(data, where))
     except CorruptCheckpointError as exc:
