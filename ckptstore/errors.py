@@ -304,4 +304,12 @@ class RootInUseError(InUseError):
     with this one's. The message names the owner (run, host, pid, heartbeat age)."""
 
 
-__all__ += ["InUseError", "RootInUseError"]
+class OwnerFileError(RootInUseError):
+    """The root's owner file (``ckptstore.owner.json``) is there but is not a valid lease
+    (a symlink, directory, FIFO, an oversized or non-JSON file) and stayed so while the
+    claim watched it. It may hide a live job, or have been planted to let a second job in,
+    so it is never taken over: nothing was saved. The message names the file, what it is,
+    and the command that clears it (``ckptstore-tool gc ROOT --repair``)."""
+
+
+__all__ += ["InUseError", "RootInUseError", "OwnerFileError"]

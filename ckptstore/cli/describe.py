@@ -105,6 +105,18 @@ def _manifest_facts(m: Manifest | None) -> dict[str, Any] | None:
     }
 
 
+def _note_codec(store: Store, manifest: Manifest, notes: list[str]) -> None:
+    """A note naming the manifest's codec when this ckptstore cannot decode it (unknown:
+    a newer writer's or a plugin's, or damage; or its library is missing). Not damage by
+    itself: the entries are still listed, and loading them is what is refused."""
+    from ckptstore.engine.codec_registry import stored_codec
+
+    try:
+        stored_codec(manifest.codec_descriptor, store.describe(MANIFEST_NAME)).require()
+    except (CkptStoreError, ImportError) as exc:
+        notes.append(f"its items cannot be decoded here: {exc}")
+
+
 def _describe_dcp(store: Store) -> dict[str, Any]:
     status = classify(store)
     names = store.listdir()
@@ -142,6 +154,8 @@ def _describe_dcp(store: Store) -> dict[str, Any]:
                 notes.append("manifest shown is an uncommitted copy (what the attempt wrote)")
             if metadata is None:
                 notes.append("no readable .metadata: the entries are unknown")
+    if manifest is not None:
+        _note_codec(store, manifest, notes)
     storage = dict(getattr(metadata, "storage_data", None) or {})
     chunks: dict[str, list[Any]] = {}
     for idx, info in storage.items():

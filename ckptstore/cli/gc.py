@@ -1,4 +1,5 @@
-"""``ckptstore-tool gc ROOT --keep-last N [--keep-every K] [--dry-run]``.
+"""``ckptstore-tool gc ROOT --keep-last N [--keep-every K] [--dry-run]``;
+``ckptstore-tool gc ROOT --repair [--apply]``.
 
 Applies the retention policy the checkpoint manager uses (``ckptstore.manager.retention``), removes
 torn leftovers and aborts stale multipart uploads (``ckptstore.manager.prune``). Never deletes the
@@ -6,6 +7,13 @@ newest committed checkpoint, a ``--protect``-ed step, or an incomplete step newe
 newest commit (it may be a save in flight). Deletes only ckptstore's own files of canonical
 ``step_%09d`` directories; everything else under ROOT is listed as "not ckptstore's: left
 alone".
+
+``--repair`` looks only at the root's owner file (``ckptstore.owner.json``,
+``ckptstore.engine.owner``): it removes one that is not a valid lease (a link as a link, a
+FIFO, an oversized or garbled file) or a valid one whose holder is stale or dead; never a
+live job's fresh lease, never a directory (it says to remove that by hand). Unlike
+pruning it is a dry run unless ``--apply`` is given: removing a live job's owner file
+would let a second job mix in, so it acts only when asked.
 """
 
 from __future__ import annotations
@@ -17,7 +25,8 @@ from ckptstore import KeepEvery, KeepLast, RetentionPolicy, apply_prune, plan_pr
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import dump_json, human_bytes, safe, table
 from ckptstore.cli.sources import list_or_missing
-from ckptstore.errors import ConfigError
+from ckptstore.engine.owner import apply_repair, plan_repair
+from ckptstore.errors import ConfigError, InUseError
 
 __all__ = ["add_parser", "run", "policy_from_args"]
 
@@ -53,6 +62,16 @@ def add_parser(sub: Any, common: Any) -> None:
         help="abort unfinished multipart uploads older than this (default 24)",
     )
     p.add_argument("--dry-run", action="store_true", help="show what would go; change nothing")
+    p.add_argument(
+        "--repair",
+        action="store_true",
+        help="only look at the root's owner file (ckptstore.owner.json): show whether it "
+        "would be removed (not a valid lease, or a stale/dead job's); a dry run unless "
+        "--apply is given",
+    )
+    p.add_argument(
+        "--apply", action="store_true", help="with --repair: remove what it shows, as shown"
+    )
     common(p)
     p.set_defaults(func=run)
 
@@ -74,6 +93,10 @@ def policy_from_args(keep_last: int | None, keep_every: int | None) -> Retention
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     """Run ``gc``; the exit status."""
+    if args.repair:
+        return _repair(args, ctx)
+    if args.apply:
+        raise ConfigError("--apply goes with --repair; gc prunes unless --dry-run is given")
     policy = policy_from_args(args.keep_last, args.keep_every)
     root = ctx.open(args.root)
     list_or_missing(root, args.root)
@@ -133,3 +156,38 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         f"{'would abort' if args.dry_run else 'aborted'} {len(plan.aborts)} uploads"
     )
     return 0
+
+
+def _repair(args: argparse.Namespace, ctx: Context) -> int:
+    """``gc ROOT --repair [--apply]``: 0 when the owner file is fine or removed (or would
+    be, in a dry run), 1 when something there needs removing by hand, 2 (``InUseError``)
+    when ``--apply`` meets a live job's fresh lease."""
+    if args.keep_last is not None or args.keep_every is not None or args.protect:
+        raise ConfigError(
+            "gc --repair takes no retention policy: run gc ROOT --keep-last N separately"
+        )
+    root = ctx.open(args.root)
+    list_or_missing(root, args.root)
+    act = args.apply and not args.dry_run
+    try:
+        plan = apply_repair(root) if act else plan_repair(root)
+    except InUseError as exc:
+        raise InUseError(f"{exc}; nothing was removed") from None
+    done = {
+        "remove": "removed" if act else "would remove (add --apply to remove it)",
+        "by_hand": "left alone: remove it by hand",
+        "none": "nothing to do",
+    }[plan.action]
+    if ctx.json:
+        dump_json(
+            {
+                "root": plan.root,
+                "dry_run": not act,
+                "action": plan.action,
+                "done": act and plan.action == "remove",
+                "reason": plan.reason,
+            }
+        )
+    else:
+        print(f"owner file: {done}: {safe(plan.reason)}")
+    return 1 if plan.action == "by_hand" else 0

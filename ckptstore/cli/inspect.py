@@ -72,7 +72,7 @@ def _print(info: dict[str, Any]) -> None:
     if m is not None:
         print(
             f"Manifest    version {m['format_version']}, step {m['step']}, world size "
-            f"{m['world_size']}, codec {m['codec']}, checksums {m['checksum']}"
+            f"{m['world_size']}, codec {safe(m['codec'])}, checksums {m['checksum']}"
         )
         print(
             f"Written     {format_time(m['created'])} by torch {m['torch_version'] or '?'}, "

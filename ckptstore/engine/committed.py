@@ -90,7 +90,8 @@ def _get_first(
     size: int = 0,
 ) -> tuple[str, bytes] | None:
     """The first of ``names`` whose bytes are ``ok`` (which they can be only if ``size``
-    bytes long: no more than ``size + 1`` are read). A read started ``early`` (beside the
+    bytes long: one the store reports at another size is not read, and no more than
+    ``size + 1`` bytes are). A read started ``early`` (beside the
     marker's, capped) stands for the object unless it failed, in which case it is read again
     (not there then, too big to read early, or a transient error: the new read raises what
     is still wrong). Bytes that changed after an early read are the marker's business: a
@@ -107,6 +108,11 @@ def _get_first(
                     return name, data
                 continue
         try:
+            # The size the store reports first: a copy of another size cannot match, and is
+            # passed over unread (a planted 1 GiB manifest costs a stat); the read is capped
+            # too, since the file may change in between.
+            if store.size(name) != size:
+                continue
             data = store.get(name, 0, size + 1)
         except StoreNotFoundError:
             continue

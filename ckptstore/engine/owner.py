@@ -10,6 +10,13 @@ The owner is a lease (``engine.lease``) at ``<root>/ckptstore.owner.json``, refr
 :func:`claim_root`'s docstring, where a run's identity comes from :func:`run_identity`'s.
 Each checkpoint's manifest records the run that wrote it (``extra["run"]``). Pure store
 calls; no torch.
+
+An owner file that is not a valid lease (a symlink, a directory, a FIFO, more than
+``MAX_LEASE_BYTES``, not JSON, not a lease) is never taken over: a live holder never writes
+one, so it is either damage or something planted to let a second job in. A claim watches
+it for ``PROBE_S`` (a live holder's heartbeat would replace it) and then raises
+``OwnerFileError`` naming it and the command that clears it, ``ckptstore-tool gc ROOT
+--repair`` (:func:`plan_repair` / :func:`apply_repair`).
 """
 
 from __future__ import annotations
@@ -17,22 +24,44 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import dataclass
 
+from ckptstore.engine.bounded import get_capped
 from ckptstore.engine.lease import (
     HEARTBEAT_S,
+    MAX_LEASE_BYTES,
     STALE_AFTER_S,
     Heartbeat,
     LeaseInfo,
     check_run_id,
     holder_is_dead,
-    read_lease,
+    parse_lease,
     this_host,
 )
 from ckptstore.engine.names import OWNER_NAME
 from ckptstore.engine.store import Store
-from ckptstore.errors import CommitConflictError, ConfigError, RootInUseError
+from ckptstore.errors import (
+    CommitConflictError,
+    ConfigError,
+    CorruptCheckpointError,
+    InUseError,
+    OwnerFileError,
+    RootInUseError,
+    StoreNotFoundError,
+)
 
-__all__ = ["OWNER_NAME", "PROBE_S", "run_identity", "read_owner", "claim_root"]
+__all__ = [
+    "OWNER_NAME",
+    "PROBE_S",
+    "OwnerState",
+    "RepairPlan",
+    "run_identity",
+    "read_owner",
+    "owner_state",
+    "claim_root",
+    "plan_repair",
+    "apply_repair",
+]
 
 log = logging.getLogger(__name__)
 
@@ -71,9 +100,72 @@ def run_identity(run_id: str | None = None) -> str:
     return f"proc:{this_host()}:{os.getpid()}"
 
 
+@dataclass(frozen=True)
+class OwnerState:
+    """What ``<root>/ckptstore.owner.json`` is: a valid ``lease``, nothing (both None), or
+    something that is not a valid lease (``bad``: what it is, naming the file)."""
+
+    lease: LeaseInfo | None = None
+    bad: str | None = None
+    directory: bool = False  # ``bad`` is a directory (never removed by ckptstore)
+
+
+def owner_state(root: Store) -> OwnerState:
+    """Read the owner file once, bounded (``MAX_LEASE_BYTES``; only a regular file is
+    opened, never through a link or a FIFO), and say what it is."""
+    where = root.describe(OWNER_NAME)
+    try:
+        data = get_capped(root, OWNER_NAME, MAX_LEASE_BYTES, advice="")
+    except (StoreNotFoundError, CorruptCheckpointError) as exc:
+        # A volume refuses a directory like a FIFO (UnsafePathError); an object store has
+        # no object there: a listing tells a directory (never removed by ckptstore) apart.
+        if _is_directory(root):
+            return OwnerState(bad=f"{where} is a directory, not a lease file", directory=True)
+        if isinstance(exc, StoreNotFoundError):
+            return OwnerState()
+        return OwnerState(bad=str(exc).rstrip("."))  # a link, FIFO, device, oversize
+    try:
+        return OwnerState(lease=parse_lease(data, where))
+    except CorruptCheckpointError as exc:
+        return OwnerState(bad=str(exc).rstrip("."))
+
+
+def _is_directory(root: Store) -> bool:
+    """Whether a directory (a volume's) holds the owner file's name. Only asked when a read
+    found no file: a listing of the root, where that is rare (no owner yet, or damage)."""
+    return any(e.name == OWNER_NAME and e.kind == "dir" for e in root.scan())
+
+
 def read_owner(root: Store) -> LeaseInfo | None:
-    """The root's owner lease, or None (none, or not a valid lease)."""
-    return read_lease(root, OWNER_NAME)
+    """The root's owner lease, or None (none, or not a valid lease: :func:`owner_state`
+    tells the two apart)."""
+    return owner_state(root).lease
+
+
+def _bad_owner(root: Store, state: OwnerState, watched: float) -> OwnerFileError:
+    fix = (
+        "remove that directory by hand (ckptstore never makes one there), then start the job again"
+        if state.directory
+        else f"see what it is, then run: ckptstore-tool gc {root.url} --repair (it shows "
+        "what it would remove; add --apply to remove it)"
+    )
+    return OwnerFileError(
+        f"{root.url}: the root's owner file is not a valid lease: {state.bad}. It stayed so "
+        f"for {watched:.0f} s, so no live job is rewriting it; ckptstore never takes over an "
+        "owner file it cannot read (it could hide a live job of another run). Nothing was "
+        f"saved. To clear it: {fix}."
+    )
+
+
+def _watch_bad(root: Store, probe_s: float) -> OwnerState:
+    """The owner file's state once it stops being an invalid one within ``probe_s`` (a
+    live holder's heartbeat replaced it, or it was removed), else its last invalid state."""
+    deadline = time.monotonic() + probe_s
+    state = owner_state(root)
+    while state.bad is not None and time.monotonic() < deadline:
+        time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
+        state = owner_state(root)
+    return state
 
 
 def _refusal(root: Store, run: str, holder: LeaseInfo) -> RootInUseError:
@@ -86,10 +178,10 @@ def _refusal(root: Store, run: str, holder: LeaseInfo) -> RootInUseError:
     )
 
 
-def _next_beat(root: Store, holder: LeaseInfo) -> LeaseInfo | None:
-    """The owner lease once it changes within ``PROBE_S`` (``holder`` is alive, or another
+def _next_beat(root: Store, holder: LeaseInfo, probe_s: float) -> LeaseInfo | None:
+    """The owner lease once it changes within ``probe_s`` (``holder`` is alive, or another
     claimant came), or None: nobody rewrote it (its holder is gone) or it was released."""
-    deadline = time.monotonic() + PROBE_S
+    deadline = time.monotonic() + probe_s
     while time.monotonic() < deadline:
         time.sleep(min(0.5, max(0.0, deadline - time.monotonic())))
         now = read_owner(root)
@@ -100,7 +192,7 @@ def _next_beat(root: Store, holder: LeaseInfo) -> LeaseInfo | None:
     return None
 
 
-def claim_root(root: Store, run: str) -> Heartbeat:
+def claim_root(root: Store, run: str, *, probe_s: float | None = None) -> Heartbeat:
     """Own ``root`` for run ``run``: its started heartbeat, or ``RootInUseError`` naming
     the live owner of another run.
 
@@ -118,13 +210,23 @@ def claim_root(root: Store, run: str) -> Heartbeat:
     Two jobs that take over one stale lease at the same moment both write it; each re-reads
     it right away, and at the next heartbeat at the latest the one that lost sees the
     other's run and stops (``ensure_fresh`` raises at its next save).
+
+    An owner file that is not a valid lease is watched the same ``PROBE_S`` (``probe_s``)
+    and, if it stays so, refused with ``OwnerFileError`` (a ``RootInUseError``): never
+    taken over, never written through.
     """
+    probe = PROBE_S if probe_s is None else probe_s
     lease = Heartbeat(root, OWNER_NAME, run, guard_run=True)
     for _ in range(3):
-        holder = read_owner(root)
+        state = owner_state(root)
+        if state.bad is not None:
+            state = _watch_bad(root, probe)
+            if state.bad is not None:
+                raise _bad_owner(root, state, probe)
+        holder = state.lease
         if holder is not None and holder.run != run:
             if holder.fresh() and not holder_is_dead(holder):
-                beat = _next_beat(root, holder)
+                beat = _next_beat(root, holder, probe)
                 if beat is not None:
                     raise _refusal(root, run, beat)
                 log.warning(
@@ -135,11 +237,11 @@ def claim_root(root: Store, run: str) -> Heartbeat:
                     holder.age(),
                     HEARTBEAT_S,
                 )
-        if holder is None and not root.exists(OWNER_NAME):
+        if holder is None:
             try:
                 root.put_if_absent(OWNER_NAME, lease.document())
             except CommitConflictError:
-                continue  # another job claimed it just now: look at who
+                continue  # another job claimed it just now (or a directory is there): look
         lease.start()  # (re)writes it, now ours
         time.sleep(0.05)  # a racing claimant's write lands before we look again
         holder = read_owner(root)
@@ -147,13 +249,73 @@ def claim_root(root: Store, run: str) -> Heartbeat:
             lease.stop(delete=False)
             raise _refusal(root, run, holder)
         return lease
-    holder = read_owner(root)
-    raise (
-        _refusal(root, run, holder)
-        if holder
-        else RootInUseError(
-            f"{root.url}: could not claim {OWNER_NAME}: it kept changing, or something that "
-            "is not a lease (a FIFO, a directory; see the warning) holds its name. Remove "
-            "what is not ckptstore's there and try again"
-        )
+    state = owner_state(root)
+    if state.bad is not None:
+        raise _bad_owner(root, state, probe)
+    if state.lease is not None:
+        raise _refusal(root, run, state.lease)
+    raise RootInUseError(
+        f"{root.url}: could not claim {OWNER_NAME}: it kept changing under this claim. "
+        "Another job is starting on this root: give each job a root of its own"
     )
+
+
+@dataclass(frozen=True)
+class RepairPlan:
+    """What ``ckptstore-tool gc ROOT --repair`` does about the root's owner file.
+
+    ``action``: ``none`` (no owner file, or a fresh valid lease of a live job: left as it
+    is), ``remove`` (not a valid lease, or a valid one whose holder is stale or dead),
+    ``by_hand`` (a directory: ckptstore never makes one there, so never removes one).
+    ``live`` is the fresh valid lease left alone, if any."""
+
+    root: str
+    action: str
+    reason: str
+    live: LeaseInfo | None = None
+
+
+def plan_repair(root: Store) -> RepairPlan:
+    """The repair of ``root``'s owner file (nothing is changed; :func:`apply_repair` acts)."""
+    state = owner_state(root)
+    where = root.describe(OWNER_NAME)
+    if state.directory:
+        return RepairPlan(
+            root.url,
+            "by_hand",
+            f"{state.bad}; ckptstore never makes a directory there, so it does not remove "
+            "one: look at what it holds and remove it by hand",
+        )
+    if state.bad is not None:
+        return RepairPlan(root.url, "remove", f"not a valid owner lease: {state.bad}")
+    holder = state.lease
+    if holder is None:
+        return RepairPlan(root.url, "none", f"{where} is absent: nothing to repair")
+    if not holder.fresh():
+        return RepairPlan(root.url, "remove", f"{where}: a stale lease of {holder.describe()}")
+    if holder_is_dead(holder):
+        return RepairPlan(
+            root.url, "remove", f"{where}: {holder.describe()}, whose process is gone"
+        )
+    return RepairPlan(
+        root.url,
+        "none",
+        f"{where} is the fresh lease of a live job, {holder.describe()}: left alone (it is "
+        f"stale {STALE_AFTER_S:.0f} s after its holder's last heartbeat)",
+        live=holder,
+    )
+
+
+def apply_repair(root: Store) -> RepairPlan:
+    """Plan the repair again (what is there now) and act on it: a ``remove`` deletes the
+    owner file itself, a link as a link (never what it points to). Returns what was done.
+    ``InUseError`` when a live job's fresh lease is there now."""
+    plan = plan_repair(root)
+    if plan.live is not None:
+        raise InUseError(plan.reason)
+    if plan.action == "remove":
+        try:
+            root.delete(OWNER_NAME)
+        except StoreNotFoundError:
+            pass  # gone meanwhile: what repair wanted
+    return plan
