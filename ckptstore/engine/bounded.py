@@ -1,11 +1,13 @@
 """Reads of small control files (marker, manifest, ``.metadata``) with a size cap.
 
 A control file's size is whatever its writer (or an attacker with write access to the
-root) made it, so it is never read whole on trust. ``get_capped`` checks twice: first the
-size the store reports (``Store.size``; for a cap above ``STAT_FIRST_ABOVE``), so a file
-over its cap is refused without a byte read; then the read itself asks for at most
-``limit + 1`` bytes and refuses more (the file may have grown in between). A 1 GiB marker,
-lease or manifest costs a stat (or ``limit`` bytes), not the file. Every control file is
+root) made it, so it is never read whole on trust. ``get_capped`` first reads at most
+``STAT_FIRST_ABOVE`` bytes (plus one): a real control file is smaller, so that one read
+is the whole cost (one round trip on an object store). Only a file larger than that gets
+a size check (``Store.size``), so one over its cap is refused after that first read;
+then the rest is read as at most ``limit + 1`` bytes in all, and more is refused (the
+file may have grown in between). A 1 GiB marker, lease or manifest costs at most 1 MiB
+and a stat, not the file. Every control file is
 read through it: marker, manifest (capped by its marker's ``manifest_size``), lease, root
 owner, ``.metadata``, the local tier's run stamp.
 """
@@ -31,8 +33,8 @@ MAX_METADATA_SIZE = 1 << 30
 #: What a read made before the marker is known may fetch (a real manifest or .metadata of
 #: a few thousand items is far smaller); a bigger file is read again once its size is known.
 EARLY_READ_LIMIT = 16 << 20
-#: Caps up to this are enforced by the capped read alone: reading ``limit + 1`` bytes is
-#: itself a bounded cost, and a stat first would add a round trip on object stores.
+#: What a capped read fetches before it asks the store for the size: a real control file
+#: is smaller, so it costs one read (a stat first would add a round trip on object stores).
 STAT_FIRST_ABOVE = 1 << 20
 
 
@@ -42,12 +44,16 @@ RESTORE_PREVIOUS = "The checkpoint is damaged: restore the previous one."
 
 def get_capped(store: Store, path: str, limit: int, advice: str = RESTORE_PREVIOUS) -> bytes:
     """The whole of ``path``, read as at most ``limit + 1`` bytes; ``CorruptCheckpointError``
-    (ending with ``advice``) if it is bigger than ``limit`` by the size the store reports
-    (nothing is read) or by what the read returned (``StoreNotFoundError`` if it does not
-    exist)."""
-    if limit > STAT_FIRST_ABOVE and store.size(path) > limit:
+    (ending with ``advice``) if it is bigger than ``limit`` by what a read returned or, past
+    the first ``STAT_FIRST_ABOVE`` bytes, by the size the store reports
+    (``StoreNotFoundError`` if it does not exist)."""
+    head = min(limit, STAT_FIRST_ABOVE)
+    data = store.get(path, 0, head + 1)
+    if len(data) <= head:
+        return data  # the whole file, in one read
+    if limit == head or store.size(path) > limit:
         raise too_big(store, path, limit, advice)
-    data = store.get(path, 0, limit + 1)
+    data += store.get(path, len(data), limit + 1)
     if len(data) > limit:
         raise too_big(store, path, limit, advice)
     return data
@@ -57,5 +63,5 @@ def too_big(store: Store, path: str, limit: int, advice: str = RESTORE_PREVIOUS)
     """The refusal of ``path``, larger than the ``limit`` bytes such a file can be."""
     return CorruptCheckpointError(
         f"{store.describe(path)} is larger than the {limit} bytes such a file can be; "
-        f"it was not read. {advice}".rstrip()
+        f"it was not read whole. {advice}".rstrip()
     )

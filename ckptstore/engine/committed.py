@@ -90,8 +90,8 @@ def _get_first(
     size: int = 0,
 ) -> tuple[str, bytes] | None:
     """The first of ``names`` whose bytes are ``ok`` (which they can be only if ``size``
-    bytes long: one the store reports at another size is not read, and no more than
-    ``size + 1`` bytes are). A read started ``early`` (beside the
+    bytes long: no more than ``size + 1`` bytes are read, through ``get_capped``, and one
+    larger is passed over). A read started ``early`` (beside the
     marker's, capped) stands for the object unless it failed, in which case it is read again
     (not there then, too big to read early, or a transient error: the new read raises what
     is still wrong). Bytes that changed after an early read are the marker's business: a
@@ -108,14 +108,13 @@ def _get_first(
                     return name, data
                 continue
         try:
-            # The size the store reports first: a copy of another size cannot match, and is
-            # passed over unread (a planted 1 GiB manifest costs a stat); the read is capped
-            # too, since the file may change in between.
-            if store.size(name) != size:
-                continue
-            data = store.get(name, 0, size + 1)
+            # Capped: a copy larger than ``size`` cannot match, and is passed over after at
+            # most one ``STAT_FIRST_ABOVE`` read and a stat (a planted 1 GiB manifest).
+            data = get_capped(store, name, size)
         except StoreNotFoundError:
             continue
+        except CorruptCheckpointError:
+            continue  # larger than the marker or manifest says: not the committed copy
         if ok(data):  # type: ignore[operator]
             return name, data
     return None
