@@ -8,12 +8,15 @@ newest commit (it may be a save in flight). Deletes only ckptstore's own files o
 ``step_%09d`` directories; everything else under ROOT is listed as "not ckptstore's: left
 alone".
 
-``--repair`` looks only at the root's owner file (``ckptstore.owner.json``,
-``ckptstore.engine.owner``): it removes one that is not a valid lease (a link as a link, a
-FIFO, an oversized or garbled file) or a valid one whose holder is stale or dead; never a
-live job's fresh lease, never a directory (it says to remove that by hand). Unlike
-pruning it is a dry run unless ``--apply`` is given: removing a live job's owner file
-would let a second job mix in, so it acts only when asked.
+``--repair`` looks at what only a person can clear. The root's owner file
+(``ckptstore.owner.json``, ``ckptstore.engine.owner``): it removes one that is not a valid
+lease (a link as a link, a FIFO, an oversized or garbled file) or a valid one whose holder
+is stale or dead; never a live job's fresh lease, never a directory (it says to remove
+that by hand). And save attempts whose commit fence keeps their files with no marker
+(``engine.fence``: a writer stopped or killed between its fence and its marker; pruning
+leaves them, as that writer may still commit): it releases them, files and fence, unless
+their writer's lease is fresh. Unlike pruning it is a dry run unless ``--apply`` is
+given: it acts on the user's word that no writer of those is left, so only when asked.
 """
 
 from __future__ import annotations
@@ -25,7 +28,9 @@ from ckptstore import KeepEvery, KeepLast, RetentionPolicy, apply_prune, plan_pr
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import dump_json, human_bytes, safe, table
 from ckptstore.cli.sources import list_or_missing
+from ckptstore.engine.deletion import HeldFence, held_fences, release_held
 from ckptstore.engine.owner import apply_repair, plan_repair
+from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError, InUseError
 
 __all__ = ["add_parser", "run", "policy_from_args"]
@@ -65,9 +70,10 @@ def add_parser(sub: Any, common: Any) -> None:
     p.add_argument(
         "--repair",
         action="store_true",
-        help="only look at the root's owner file (ckptstore.owner.json): show whether it "
-        "would be removed (not a valid lease, or a stale/dead job's); a dry run unless "
-        "--apply is given",
+        help="only look at the root's owner file (ckptstore.owner.json) and at save "
+        "attempts whose commit fence keeps their files without a marker: show what would be "
+        "removed (an owner file that is not a valid lease or is a stale/dead job's; attempts "
+        "whose writer has no fresh lease); a dry run unless --apply is given",
     )
     p.add_argument(
         "--apply", action="store_true", help="with --repair: remove what it shows, as shown"
@@ -161,7 +167,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
 def _repair(args: argparse.Namespace, ctx: Context) -> int:
     """``gc ROOT --repair [--apply]``: 0 when the owner file is fine or removed (or would
     be, in a dry run), 1 when something there needs removing by hand, 2 (``InUseError``)
-    when ``--apply`` meets a live job's fresh lease."""
+    when ``--apply`` meets a live job's fresh owner lease. Held fences are shown (and
+    released with ``--apply``) whatever the owner file's state."""
     if args.keep_last is not None or args.keep_every is not None or args.protect:
         raise ConfigError(
             "gc --repair takes no retention policy: run gc ROOT --keep-last N separately"
@@ -173,6 +180,7 @@ def _repair(args: argparse.Namespace, ctx: Context) -> int:
         plan = apply_repair(root) if act else plan_repair(root)
     except InUseError as exc:
         raise InUseError(f"{exc}; nothing was removed") from None
+    attempts = [(h, _release(root, h, act)) for h in held_fences(root)]
     done = {
         "remove": "removed" if act else "would remove (add --apply to remove it)",
         "by_hand": "left alone: remove it by hand",
@@ -186,8 +194,27 @@ def _repair(args: argparse.Namespace, ctx: Context) -> int:
                 "action": plan.action,
                 "done": act and plan.action == "remove",
                 "reason": plan.reason,
+                "held_fences": [
+                    {"step": h.step, "attempt": h.attempt, "files": len(h.files), "done": d}
+                    for h, d in attempts
+                ],
             }
         )
     else:
         print(f"owner file: {done}: {safe(plan.reason)}")
+        for h, d in attempts:
+            print(f"{safe(h.describe())}, no marker: {d}")
     return 1 if plan.action == "by_hand" else 0
+
+
+def _release(root: Store, held: HeldFence, act: bool) -> str:
+    """Release ``held`` when ``act`` (and its writer is not alive); what was done."""
+    if held.live is not None:
+        return f"left alone: its writer is alive ({held.live.describe()})"
+    if not act:
+        return "would release its files and fence (add --apply to release them)"
+    try:
+        release_held(root, held)
+    except InUseError as exc:  # its writer heartbeats again
+        return f"left alone: {exc}"
+    return "released"

@@ -157,7 +157,7 @@ def transcode(
             manifest.files[new] = FileEntry(info.size, info.crc32c)
         metadata.storage_data = storage_md
         metadata.storage_meta = StorageMeta(checkpoint_id=dst.url, save_id=attempt)
-        return publish(dst, engine, attempt, manifest, dump_metadata(metadata), lease=lease)
+        return publish(dst, engine, attempt, manifest, dump_metadata(metadata))
     except BaseException:
         if lease is not None:
             lease.stop()

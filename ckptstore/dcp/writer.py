@@ -396,7 +396,6 @@ class CkptWriter(StoreBound, StorageWriter):
                 manifest,
                 metadata_bytes,
                 replace=self.overwrite,
-                lease=self._lease,
                 check_files=self.check_files,
             )
         finally:

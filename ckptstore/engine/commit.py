@@ -2,12 +2,13 @@
 
 :func:`publish` (the coordinator, after every rank's data files are durable; its docstring
 has the call order and what a crash at each point leaves) writes the attempt's own manifest
-and ``.metadata``, then creates ``COMMITTED``, then the canonical copies. A checkpoint exists
-only if COMMITTED exists and the manifest it names matches its CRC (opening one is
-``engine.committed``). ``finish_publish`` redoes steps 4 and 5 of a publish cut short after
-its marker (``CheckpointManager.restore`` runs it on the next start); ``uncommit`` deletes
-the marker. Every store call here goes through ``retry.retrying`` (control calls retried
-per the engine's ``RetryConfig``; data calls by the engine itself).
+and ``.metadata``, takes the attempt's fence (``engine.fence``: where a commit and a
+deletion meet), checks its files, then creates ``COMMITTED``, then the canonical copies. A
+checkpoint exists only if COMMITTED exists and the manifest it names matches its CRC
+(opening one is ``engine.committed``). ``finish_publish`` redoes steps 5 and 6 of a publish
+cut short after its marker (``CheckpointManager.restore`` runs it on the next start);
+``uncommit`` deletes the marker. Every store call here goes through ``retry.retrying``
+(control calls retried per the engine's ``RetryConfig``; data calls by the engine itself).
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from ckptstore.engine.committed import (
     open_committed,
 )
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.lease import Heartbeat, lease_name, live_leases
+from ckptstore.engine.deletion import remove_attempts
+from ckptstore.engine.fence import claim_commit, fence_attempt, marker_attempt, release, settle
+from ckptstore.engine.lease import lease_name, live_leases
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, FileEntry, Manifest, Marker
-from ckptstore.engine.names import RUN_STAMP, TMP_MARK, is_ckptstore_file
+from ckptstore.engine.names import RUN_STAMP, TMP_MARK, attempt_of, is_ckptstore_file
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -87,55 +90,58 @@ def publish(
     metadata_bytes: bytes,
     *,
     replace: bool = False,
-    lease: Heartbeat | None = None,
     check_files: bool = True,
 ) -> Marker:
     """Commit a checkpoint whose data files are durable (the call order is below).
 
-    ``lease``: the writer's step lease; the commit refuses to write its marker once the
-    lease no longer protects the files (``Heartbeat.ensure_fresh``). ``check_files=False``
-    only for a node's local staged copy, which holds just its own ranks' files (the
-    marker that counts is the destination's; a restore checks the local files itself).
+    ``check_files=False`` only for a node's local staged copy, which holds just its own
+    ranks' files (the marker that counts is the destination's; a restore checks the local
+    files itself).
 
     Call order on the coordinator, after every rank's data files are durable::
 
         publish(store, engine, attempt, manifest, metadata_bytes, replace=False)
             1. ckptstore.manifest.<attempt>.json     (put)   the attempt's own copies: a racing
             2. .metadata.<attempt>                    (put)   writer can never clobber them
+            3. ckptstore.fence.<attempt>.json         (create-only, 'commit': engine.fence)
+               -> IncompleteCheckpointError if a deleter created it first ('delete': gc or
+                  retention took the save for an abandoned one; nothing is committed)
                check: every file the manifest lists is there with its recorded size (one
-                  stat each, in parallel), and the writer's lease (``engine.lease``) is still
-                  fresh; else IncompleteCheckpointError and no marker: a marker never
-                  vouches for a file that is not there
-            3. COMMITTED                              (create-only; names attempt + manifest CRC)
+                  stat each, in parallel); else IncompleteCheckpointError, this attempt's
+                  files and fence are removed, and no marker: a marker never vouches for a
+                  file that is not there. Made after the fence, the check holds until the
+                  marker however long this process is stopped: no deleter removes files
+                  of an attempt whose 'commit' fence exists
+            4. COMMITTED                              (create-only; names attempt + manifest CRC)
                -> CommitConflictError if another attempt committed first (the loser's files
-                  are deleted; the winner's are untouched)
+                  and fence are deleted; the winner's are untouched)
                replace=True (re-saving a step found damaged): a plain put, which swaps the
-                  old marker for the new one in one atomic write
-            4. .metadata, ckptstore.manifest.json     (put)   canonical copies, for humans and
-                                                              stock DCP readers (.metadata first:
-                                                              a canonical manifest matching the
-                                                              marker vouches for the .metadata
-                                                              beside it, so one another writer
-                                                              replaced is refused as corrupt)
-            5. files of other attempts (torn leftovers, replaced checkpoints) are deleted:
-               only names ckptstore or DCP make (``names.is_ckptstore_file``), never a temp
-               file (``.ckptstore-tmp-``) a live writer is still creating (a racing loser's;
-               the stale-upload sweep removes abandoned ones), and nothing at all while
-               another attempt's lease in the step is fresh (a save in flight: its files
-               stay; the next commit or gc of the step removes them once it is stale)
+                  old marker for the new one in one atomic write (the old marker's attempt
+                  is first recorded 'committed', so its files may go)
+            5. .metadata, ckptstore.manifest.json     (put)   canonical copies, for humans and
+               stock DCP readers (.metadata first: a canonical manifest matching the marker
+               vouches for the .metadata beside it, so one another writer replaced is
+               refused as corrupt). The fence stays 'commit': whoever later removes or
+               replaces the marker first records it 'committed' (``engine.fence.settle``)
+            6. files of other attempts (torn leftovers, replaced checkpoints) are deleted,
+               each through its fence (``engine.deletion.remove_attempts``): only names
+               ckptstore or DCP make (``names.is_ckptstore_file``), none of an attempt
+               whose writer claimed its commit, and nothing at all while another
+               attempt's lease in the step is fresh (a save in flight: its files stay;
+               the next commit or gc of the step removes them once it is stale)
 
-    Steps 4 and 5 are best effort: the checkpoint is committed once step 3 returns, so a
+    Steps 5 and 6 are best effort: the checkpoint is committed once step 4 returns, so a
     failure there is a warning (logged, and collected by :func:`collect_warnings` into the
     save's record), never a failed save; ``finish_publish`` completes them later.
 
     Replacing a committed step (``replace=True``) never shows a reader a committed step with
     files missing, and a crash at any point leaves the old or the new checkpoint whole: the
     new attempt's files all have names of their own (attempt ids) and are durable before
-    step 3; until step 3 the old marker names the old attempt, whose files are untouched;
+    step 4; until step 4 the old marker names the old attempt, whose files are untouched;
     after it the marker names the new attempt, whose own manifest and ``.metadata`` are
-    found through the marker (the canonical copies still being the old ones until step 4);
-    the old attempt's files go only in step 5. Two writers replacing the same step at once
-    both succeed; the later marker wins and its step 5 removes the other's files.
+    found through the marker (the canonical copies still being the old ones until step 5);
+    the old attempt's files go only in step 6. Two writers replacing the same step at once
+    both succeed; the later marker wins and its step 6 removes the other's files.
     """
     store = retrying(store, engine.config.retry, engine.stats)
     manifest.files[METADATA_NAME] = FileEntry(len(metadata_bytes), crc32c(metadata_bytes))
@@ -143,35 +149,29 @@ def publish(
     manifest_bytes = manifest.to_bytes()
     marker = Marker.for_manifest(manifest_bytes, manifest.step, attempt)
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)]
+    mine = [*own, *(n for n in manifest.files if n != METADATA_NAME)]
     _put_all(store, engine, [(own[0], manifest_bytes), (own[1], metadata_bytes)])
     crashpoint("before_marker")
+    engine.retry(lambda: claim_commit(store, attempt), f"fence of {store.url}")
+    crashpoint("after_fence")
     if check_files:
         try:
             _check_files(store, engine, manifest, own)
         except IncompleteCheckpointError:
-            if replace or not store.exists(MARKER_NAME):
-                raise
-            # Another attempt committed meanwhile, and its cleanup took this one's files:
-            # this attempt lost the race, as if its marker's create had failed.
-            _remove_loser(store, [*own, *(n for n in manifest.files if n != METADATA_NAME)])
-            raise _lost(store) from None
-    if lease is not None:
-        try:
-            lease.ensure_fresh()
-        except CkptStoreError as exc:
-            raise IncompleteCheckpointError(
-                f"{store.url} was not committed: {exc}. Its files may have been deleted by "
-                "gc or another job's retention meanwhile (checkpoints committed before it are "
-                "unaffected); the next save writes a new one."
-            ) from None
+            _give_up(store, attempt, mine)
+            raise
+    crashpoint("after_check")
     what = f"commit of {store.describe(MARKER_NAME)}"
     if replace:
+        replaced = marker_attempt(store)
+        if replaced is not None and replaced != attempt:
+            settle(store, replaced)  # its marker existed: its files may go once replaced
         engine.retry(lambda: store.put(MARKER_NAME, marker.to_bytes()), what)
     else:
         try:
             engine.retry(lambda: store.put_if_absent(MARKER_NAME, marker.to_bytes()), what)
         except CommitConflictError:
-            _remove_loser(store, [*own, *(n for n in manifest.files if n != METADATA_NAME)])
+            _give_up(store, attempt, mine)
             raise _lost(store) from None
     crashpoint("after_marker")
     try:
@@ -239,14 +239,14 @@ def _put_all(store: Store, engine: TransferEngine, items: list[tuple[str, bytes]
         engine.put(store, name, data)
 
 
-def _remove_loser(store: Store, names: list[str]) -> None:
-    """Delete a losing attempt's own files; a failure leaves them to gc (the loser's
-    error is the conflict, whatever happens here)."""
-    for name in names:
-        try:
-            store.delete(name)
-        except CkptStoreError as exc:
-            log.warning("could not remove %s of a lost commit: %s", store.describe(name), exc)
+def _give_up(store: Store, attempt: str, names: list[str]) -> None:
+    """Delete an attempt's own files, then its fence, after it failed to commit; a failure
+    leaves them to gc (the attempt's error is what it raises, whatever happens here)."""
+    try:
+        store.delete_many(names)
+        release(store, attempt)
+    except CkptStoreError as exc:
+        log.warning("could not remove the files of %s's failed commit: %s", store.url, exc)
 
 
 def _publish_canonical(
@@ -258,10 +258,11 @@ def _publish_canonical(
     metadata_bytes: bytes,
     live: bool = False,
 ) -> None:
-    """Steps 4 and 5: canonical copies, then delete what no committed file needs (only
-    ckptstore's own names, never a live writer's temp file, nothing while another save
-    of the step holds a fresh lease). ``live``: the committing writer itself (its own
-    lease is its, not another save's; it removes it itself)."""
+    """Steps 5 and 6: canonical copies, then delete
+    what no committed file needs (only ckptstore's own names; other attempts' through
+    their fences; nothing while another save of the step holds a fresh lease). ``live``:
+    the committing writer itself (its own lease is its, not another save's; it removes
+    it itself)."""
     # .metadata before the manifest: a canonical manifest that matches the marker then
     # proves the canonical .metadata beside it was ckptstore's (see open_committed).
     _put_all(store, engine, [(METADATA_NAME, metadata_bytes), (MANIFEST_NAME, manifest_bytes)])
@@ -278,9 +279,14 @@ def _publish_canonical(
             others[0].describe(),
         )
         return
-    for name in names:
-        if name not in keep and is_ckptstore_file(name) and TMP_MARK not in name:
-            store.delete(name)
+    ours = [n for n in names if n not in keep and is_ckptstore_file(n)]
+    # A temp object of no attempt may be a live writer's (the stale-upload sweep
+    # removes abandoned ones); an attempt's go with it, once its fence is taken.
+    loose = [n for n in ours if attempt_of(n) is None and fence_attempt(n) is None]
+    store.delete_many([n for n in loose if TMP_MARK not in n])
+    if attempt:  # the committed attempt's own leftovers (its lease, after a crash)
+        store.delete_many([n for n in ours if attempt_of(n) == attempt])
+    remove_attempts(store, ours, spare=attempt or None)
 
 
 def finish_publish(
@@ -306,5 +312,11 @@ def finish_publish(
 
 
 def uncommit(store: Store) -> None:
-    """Make a committed checkpoint invisible (before overwriting it): delete its marker."""
-    retrying(store).delete(MARKER_NAME)
+    """Make a committed checkpoint invisible (before overwriting it): delete its marker,
+    first recording its attempt ``committed`` (``engine.fence.settle``), so the commit
+    that replaces it removes that attempt's files."""
+    store = retrying(store)
+    replaced = marker_attempt(store)
+    if replaced is not None:
+        settle(store, replaced)
+    store.delete(MARKER_NAME)

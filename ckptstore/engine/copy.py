@@ -135,7 +135,7 @@ def copy_checkpoint(
                 raise f.exception()  # type: ignore[misc]
         manifest = Manifest.from_bytes(committed.manifest.to_bytes(), src.url)
         manifest.extra["copied_from"] = src.url
-        marker = publish(dst, engine, attempt, manifest, committed.metadata_bytes, lease=lease)
+        marker = publish(dst, engine, attempt, manifest, committed.metadata_bytes)
     except BaseException:
         cancel.set()
         for f in futures:

@@ -13,11 +13,16 @@ ckptstore made:
 * the marker first, so a deletion cut short (a crash, kill -9) leaves an incomplete step
   that the next prune finishes, never a committed checkpoint with files missing; then the
   other files; then the directory, only if nothing is left in it;
+* a save attempt's files only through its fence (``engine.fence``; ``remove_attempts``):
+  the deleter creates the attempt's ``delete`` fence first, so a writer stopped for any
+  time (SIGSTOP, a VM pause) can never commit over the deletion; an attempt whose writer
+  already claimed its commit keeps its files (reported);
 * an unfinished upload only of such a file inside such a step, and only when it is stale
   (older than ``stale_after_s``; an upload of unknown age is kept);
-* never a step whose save is in flight: a fresh step lease (``engine.lease``; fresh
-  means refreshed within ``STALE_AFTER_S``, 60 s) makes ``delete_step`` raise
-  ``InUseError`` with nothing deleted, and ``plan_uploads`` keep its uploads.
+* no step whose save is in flight: a fresh step lease (``engine.lease``; fresh means
+  refreshed within ``STALE_AFTER_S``, 60 s) makes ``delete_step`` raise ``InUseError``
+  with nothing deleted, and ``plan_uploads`` keep its uploads. The lease is courtesy (a
+  live save is not made to fail); the fence is what keeps a marker true.
 
 Names go through the stores, which refuse anything that would leave the root
 (``engine.paths``) and never follow a symlink. Which committed steps may go at all
@@ -32,12 +37,23 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.lease import STALE_AFTER_S, LeaseInfo, live_leases
+from ckptstore.engine.fence import (
+    COMMIT,
+    Fence,
+    condemn,
+    fence_attempt,
+    marker_attempt,
+    overrule,
+    read_fence,
+    release,
+    settle,
+)
+from ckptstore.engine.lease import STALE_AFTER_S, LeaseInfo, lease_name, live_leases
 from ckptstore.engine.manifest import MARKER_NAME
-from ckptstore.engine.names import is_ckptstore_file, parse_step
+from ckptstore.engine.names import attempt_of, is_ckptstore_file, parse_step
 from ckptstore.engine.paths import is_safe_name
 from ckptstore.engine.store import Multipart, Store
-from ckptstore.errors import CkptStoreError, InUseError, UnsafePathError
+from ckptstore.errors import CkptStoreError, CorruptCheckpointError, InUseError, UnsafePathError
 
 __all__ = [
     "StepFiles",
@@ -45,6 +61,10 @@ __all__ = [
     "step_files",
     "step_in_flight",
     "delete_step",
+    "remove_attempts",
+    "HeldFence",
+    "held_fences",
+    "release_held",
     "remove_made",
     "upload_is_ours",
     "plan_uploads",
@@ -106,10 +126,12 @@ def step_in_flight(root: Store, name: str, ours: list[str] | None = None) -> Lea
 
 
 def delete_step(root: Store, name: str) -> list[str]:
-    """Delete ckptstore's files of step directory ``name``: marker first, then the rest,
+    """Delete ckptstore's files of step directory ``name``: marker first, then each save
+    attempt's files through its fence (``remove_attempts``), then the names of no attempt,
     then the directory if it is empty. Returns the files left alone (not ckptstore's).
 
     Raises ``InUseError`` (nothing deleted) while a save of the step holds a fresh lease.
+    An attempt whose writer claimed its commit and has no marker keeps its files (logged).
     """
     step = _step_store(root, name)
     files = step_files(root, name)
@@ -121,14 +143,128 @@ def delete_step(root: Store, name: str) -> list[str]:
             "delete it after that."
         )
     if MARKER_NAME in files.ours:
+        committed = marker_attempt(step)
+        if committed is not None:
+            settle(step, committed)  # its marker exists: its writer never makes another
         step.delete(MARKER_NAME)  # invisible at once: the rest is a torn leftover
     crashpoint("after_unmark")
-    step.delete_many([f for f in files.ours if f != MARKER_NAME])
+    remove_attempts(step, files.ours)
+    step.delete_many(
+        [
+            f
+            for f in files.ours
+            if f != MARKER_NAME and attempt_of(f) is None and fence_attempt(f) is None
+        ]
+    )
     step.remove_empty_dirs()
     for f in files.foreign:
         log.warning("%s: not ckptstore's, left alone", step.describe(f))
     crashpoint("after_step_deleted")
     return files.foreign
+
+
+def remove_attempts(step: Store, names: Iterable[str], spare: str | None = None) -> list[str]:
+    """Delete the files of each save attempt among ``names`` (a listing of step directory
+    ``step``) but ``spare``'s, each through its fence (``engine.fence``); the attempts
+    whose files were kept.
+
+    Per attempt: ``condemn`` (create its ``delete`` fence), then its files, then the fence.
+    One whose fence says its writer claimed its commit (``commit``), or that is not a
+    valid fence, keeps its files: that writer may still create its marker, which then
+    vouches for files that are all there. The caller has removed any marker naming an
+    attempt it passes (its fence is ``committed`` then). Names of no attempt are not
+    touched here.
+    """
+    groups: dict[str, list[str]] = {}
+    for n in names:
+        attempt = attempt_of(n) or fence_attempt(n)
+        if attempt is not None and attempt != spare:
+            files = groups.setdefault(attempt, [])
+            if fence_attempt(n) is None:
+                files.append(n)
+    kept = []
+    for attempt, files in sorted(groups.items()):
+        holder = condemn(step, attempt)
+        if holder is not None:
+            log.warning(
+                "%s: the %d files of save attempt %s are kept: its writer claimed its commit "
+                "(fence %s) and may still create its marker. If no job writes this root any "
+                "more, `ckptstore-tool gc ROOT --repair --apply` removes them.",
+                step.url,
+                len(files),
+                attempt,
+                holder.describe(),
+            )
+            kept.append(attempt)
+            continue
+        crashpoint("after_condemn")
+        step.delete_many(files)
+        release(step, attempt)
+    return kept
+
+
+@dataclass(frozen=True)
+class HeldFence:
+    """A save attempt whose files its fence keeps although no marker names it: its writer
+    took its ``commit`` fence and was stopped or killed before its marker (or the marker
+    was removed by something that does not keep the fence protocol). ``fence`` is None
+    for one that is not a valid fence document (``damage``, the reason); ``live`` is the
+    attempt's fresh lease if its writer still heartbeats."""
+
+    step: str
+    attempt: str
+    fence: Fence | None
+    files: list[str]
+    damage: str = ""
+    live: LeaseInfo | None = None
+
+    def describe(self) -> str:
+        """``step_000000003: attempt ab12 ('commit' by ...), 4 files``."""
+        what = self.fence.describe() if self.fence is not None else self.damage
+        return f"{self.step}: attempt {self.attempt} ({what}), {len(self.files)} files"
+
+
+def held_fences(root: Store) -> list[HeldFence]:
+    """The attempts under ``root``'s canonical step directories whose fence keeps their
+    files with no marker naming them (``engine.fence``: only a person can say their writer
+    will never resume; ``release_held`` acts on that word). Nothing is changed."""
+    out = []
+    for name in sorted(n.rstrip("/") for n in root.listdir()):
+        if parse_step(name) is None:
+            continue
+        step = root.child(name)
+        ours = step_files(root, name).ours
+        named = marker_attempt(step) if MARKER_NAME in ours else None
+        for attempt in sorted({a for n in ours if (a := fence_attempt(n)) is not None}):
+            if attempt == named:
+                continue
+            try:
+                fence, damage = read_fence(step, attempt), ""
+            except CorruptCheckpointError as exc:
+                fence, damage = None, str(exc)
+            if fence is not None and fence.state != COMMIT:
+                continue  # 'delete' or 'committed': the next deletion takes its files
+            files = [n for n in ours if attempt_of(n) == attempt]
+            live = live_leases(step, [lease_name(attempt)] if lease_name(attempt) in ours else [])
+            out.append(HeldFence(name, attempt, fence, files, damage, live[0] if live else None))
+    return out
+
+
+def release_held(root: Store, held: HeldFence) -> None:
+    """Delete ``held``'s files and fence (``ckptstore-tool gc --repair --apply``): its fence
+    is made ``delete`` first, so the attempt can never commit afterwards. ``InUseError``
+    (nothing changed) while its writer's lease is fresh."""
+    step = _step_store(root, held.step)
+    live = live_leases(step, [lease_name(held.attempt)])
+    if live:
+        raise InUseError(
+            f"{root.describe(held.step)}: attempt {held.attempt} is not released: its writer "
+            f"is alive ({live[0].describe()})"
+        )
+    overrule(step, held.attempt)
+    step.delete_many([n for n in step_files(root, held.step).ours if attempt_of(n) == held.attempt])
+    release(step, held.attempt)
+    step.remove_empty_dirs()
 
 
 def remove_made(store: Store, names: Iterable[str]) -> list[str]:

@@ -44,6 +44,7 @@ __all__ = [
     "live_leases",
     "check_run_id",
     "holder_is_dead",
+    "process_is_gone",
     "node_id",
     "this_host",
 ]
@@ -217,10 +218,17 @@ def holder_is_dead(info: LeaseInfo) -> bool:
     """True when ``info``'s holder process is known to be gone: it ran on this machine
     (same boot and pid namespace) and its pid is not alive. Its lease then protects
     nothing at once, without waiting ``STALE_AFTER_S`` (a job killed and restarted)."""
-    if info.node != node_id() or info.pid <= 0 or info.pid == os.getpid():
+    return process_is_gone(info.node, info.pid)
+
+
+def process_is_gone(node: str, pid: int) -> bool:
+    """True when process ``pid`` of node ``node`` (``node_id()`` where it ran) is known
+    to be gone: it ran on this machine and no process has its pid. A reused pid, another
+    machine's process or this process itself is never taken for gone."""
+    if node != node_id() or pid <= 0 or pid == os.getpid():
         return False
     try:
-        os.kill(info.pid, 0)
+        os.kill(pid, 0)
     except ProcessLookupError:
         return True
     except OSError:  # alive, another user's
@@ -249,7 +257,10 @@ class Heartbeat:
     for a dead holder's. So the clocks of writers and of whoever runs gc must agree within
     ``STALE_AFTER_S - HEARTBEAT_S`` (NTP keeps them within milliseconds). A holder that could
     not refresh its lease for ``SAFE_S`` (``STALE_AFTER_S - 2 * HEARTBEAT_S``) stops vouching
-    for it: ``Heartbeat.ensure_fresh`` raises, and a commit then writes no marker.
+    for it: ``Heartbeat.ensure_fresh`` raises (the root owner's is checked before each
+    save). A step lease only spares a live save's files from deletion; what keeps a marker
+    true however long a writer is stopped is the commit's fence (``engine.fence``), never
+    a clock.
 
     A lease whose holder ran on this machine (same boot id and pid namespace) and whose
     process is gone protects nothing at once (``holder_is_dead``: a job killed and started

@@ -15,6 +15,8 @@ Names of a step directory::
     [<hh>/]__<rank>_<i>[.<attempt>].distcp        shard files (stock DCP's without attempt;
                                                   ``<hh>/`` with ``key_layout="spread"``)
     ckptstore.lease.<attempt>.json                a save in flight's lease (engine.lease)
+    ckptstore.fence.<attempt>.json                where the attempt's commit and a deletion
+                                                  meet (engine.fence)
     ckptstore.run.json                            in a node-local tier: the run whose step
                                                   the directory holds (engine.local_tier)
     <any of the above>.ckptstore-tmp-<hex>        a temp object of an unfinished write: a
@@ -44,6 +46,7 @@ __all__ = [
     "step_name",
     "parse_step",
     "is_ckptstore_file",
+    "attempt_of",
 ]
 
 STEP_PREFIX = "step_"
@@ -64,9 +67,19 @@ _OURS = re.compile(
     r"COMMITTED"
     rf"|ckptstore\.manifest(?:\.{_ATTEMPT})?\.json"
     rf"|ckptstore\.lease\.{_ATTEMPT}\.json"
+    rf"|ckptstore\.fence\.{_ATTEMPT}\.json"
     r"|ckptstore\.run\.json"
     rf"|\.metadata(?:\.{_ATTEMPT}|\.tmp)?"
     rf"|(?:[0-9a-f]{{2}}/)?__\d+_\d+(?:\.{_ATTEMPT})?\.distcp"
+    r")"
+    rf"(?:{re.escape(TMP_MARK)}[0-9a-f]+)?$"
+)
+#: The files of one save attempt (its fence aside), temp objects of them included.
+_OF_ATTEMPT = re.compile(
+    r"^(?:"
+    rf"ckptstore\.(?:manifest|lease)\.(?P<a>{_ATTEMPT})\.json"
+    rf"|\.metadata\.(?P<b>{_ATTEMPT})"
+    rf"|(?:[0-9a-f]{{2}}/)?__\d+_\d+\.(?P<c>{_ATTEMPT})\.distcp"
     r")"
     rf"(?:{re.escape(TMP_MARK)}[0-9a-f]+)?$"
 )
@@ -93,3 +106,11 @@ def is_ckptstore_file(name: str) -> bool:
     """True if ``name`` (relative to a step directory, '/'-separated) is one ckptstore or
     stock DCP writes there; see the module docstring."""
     return _OURS.match(name) is not None
+
+
+def attempt_of(name: str) -> str | None:
+    """The save attempt whose file ``name`` (relative to a step directory) is: its own
+    manifest, ``.metadata``, lease or shard file, or a temp object of one; None for the
+    rest (the marker, canonical copies, stock DCP files, fences, a local tier's stamp)."""
+    m = _OF_ATTEMPT.match(name)
+    return None if m is None else (m.group("a") or m.group("b") or m.group("c"))

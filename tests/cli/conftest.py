@@ -26,6 +26,7 @@ import pytest
 import torch
 
 import ckptstore
+from ckptstore.engine.fence import fence_attempt
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.engine.store import Store
 from ckptstore.stores import open_store
@@ -127,9 +128,10 @@ def step(root: str, n: int) -> str:
 
 
 def tear(backend: Backend, url: str) -> None:
-    """Make ``url`` look like a save that died before its marker."""
+    """Make ``url`` look like a save that died before its marker (and its fence)."""
     store = backend.open(url)
-    for name in (MARKER_NAME, MANIFEST_NAME, ".metadata"):
+    fences = [n for n in store.find() if fence_attempt(n) is not None]
+    for name in (MARKER_NAME, MANIFEST_NAME, ".metadata", *fences):
         store.delete(name)
 
 

@@ -22,7 +22,7 @@ from ckptstore.errors import (
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.retention import KeepLast
 from ckptstore.testing.faults import Fault, FaultyStore
-from tests.cli.conftest import Backend, sample_state, save_ckpt
+from tests.cli.conftest import Backend, sample_state, save_ckpt, tear
 
 SMALL = TransferConfig(part_size=4096, concurrency=4, memory_budget=1 << 20)
 
@@ -114,9 +114,9 @@ def test_prune_plan(backend: Backend, root_url: str) -> None:
     for step in (1, 2, 3, 5):
         save_ckpt(backend, f"{root_url}/step_{step:09d}")
     root = backend.open(root_url)
-    root.child("step_000000002").delete(MARKER_NAME)  # torn, older than the newest
+    tear(backend, f"{root_url}/step_000000002")  # torn, older than the newest
     save_ckpt(backend, f"{root_url}/step_000000009")
-    root.child("step_000000009").delete(MARKER_NAME)  # newer than the newest: in flight
+    tear(backend, f"{root_url}/step_000000009")  # newer than the newest: in flight
     up = root.begin_multipart("step_000000009/__0_0.a1.distcp")
     plan = plan_prune(root, KeepLast(1), protected={1}, stale_after_s=3600, now=time.time())
     actions = {d.step: (d.action, d.reason) for d in plan.steps}

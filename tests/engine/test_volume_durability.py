@@ -93,19 +93,20 @@ def test_put_many_refuses_an_unsafe_name_before_writing(tmp_path) -> None:
 
 
 def test_a_save_makes_these_fsyncs_and_no_others(tmp_path, monkeypatch) -> None:
-    """One rank, one shard file: 7 files each fsynced once (the save's step lease, shard,
-    the attempt's manifest and .metadata, COMMITTED, the canonical .metadata and
-    manifest) and 6 directory fsyncs (the new step directory's parent and the step
-    directory after the lease, after the shard's rename, after the attempt copies, after
-    the marker, after the canonical copies)."""
+    """One rank, one shard file: 8 files each fsynced once (the save's step lease, shard,
+    the attempt's manifest and .metadata, its commit fence, COMMITTED, the canonical
+    .metadata and manifest) and 7 directory fsyncs (the new step directory's parent and
+    the step directory after the lease, after the shard's rename, after the attempt
+    copies, after the fence, after the marker, after the canonical copies)."""
     path = tmp_path / "step_000000001"
     log = FsyncLog(monkeypatch)
     ckptstore.save(state(), str(path))
     files = [os.path.basename(p).split(TMP_MARK)[0] for k, p in log.calls if k == "file"]
-    assert len(files) == 7 and len(set(files)) == 7
+    assert len(files) == 8 and len(set(files)) == 8
     assert files[0].startswith("ckptstore.lease.")
-    assert files[1].endswith(".distcp") and files[4] == MARKER_NAME
-    assert log.count("dir") == 6
+    assert files[1].endswith(".distcp") and files[4].startswith("ckptstore.fence.")
+    assert files[5] == MARKER_NAME
+    assert log.count("dir") == 7
     out = {"w": torch.zeros(512, 1024), "b": torch.zeros(10, dtype=torch.int64)}
     ckptstore.load(out, str(path))
     assert torch.equal(out["w"], state()["w"])
