@@ -7,7 +7,7 @@ over its cap is refused without a byte read; then the read itself asks for at mo
 ``limit + 1`` bytes and refuses more (the file may have grown in between). A 1 GiB marker,
 lease or manifest costs a stat (or ``limit`` bytes), not the file. Every control file is
 read through it: marker, manifest (capped by its marker's ``manifest_size``), lease, root
-owner, ``.metadata``, the local tier's run stamp.
+owner, ``.metadata``, the local tier's job stamp (``engine.tier_jobs``).
 """
 
 from __future__ import annotations
