@@ -106,7 +106,7 @@ class TierJob:
         return json.dumps(doc, sort_keys=True).encode()
 
     def describe(self) -> str:
-        """``run R of root U``, for messages (escape it before printing it raw)."""
+        """``run R of root U``, for messages (both printable, as ``TierJob`` checks)."""
         return f"run {self.run} of root {self.root}"
 
 

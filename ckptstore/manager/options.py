@@ -55,7 +55,8 @@ class ManagerOptions:
         from it when this node still holds it. Outside the root. None: no local tier.
         Jobs may share it: each job's copies live in a directory of their own there,
         stamped with the root and run, and no job uses, trims or evicts another's
-        (``engine.tier_jobs``).
+        (``engine.tier_jobs``); a new run reads the root, not an earlier run's copies
+        (pass the same ``run_id`` to continue one run).
     keep: retention of committed steps (default ``KeepLast(3)``).
     config: the transfer engine's tuning (parts, concurrency, retries).
     async_save: False writes each save before ``save`` returns.
