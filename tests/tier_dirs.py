@@ -3,6 +3,7 @@ job's step directories are in a directory of its own, ``<tier>/job-<hex>/``."""
 
 from __future__ import annotations
 
+import json
 import os
 
 from ckptstore.engine.names import JOB_STAMP, step_name
@@ -47,3 +48,32 @@ def make_job_dir(tier: str, root: str, run: str) -> str:
     with open(os.path.join(path, JOB_STAMP), "wb") as f:
         f.write(TierJob(root, run).stamp())
     return path
+
+
+#: What ``plant_stamp`` puts where a job directory's stamp goes.
+PLANTED = ["symlink", "fifo", "oversized", "garbage", "directory", "another job's", "wrong fields"]
+
+
+def plant_stamp(path: str, what: str, other: TierJob) -> None:
+    """Put ``what`` (one of ``PLANTED``) at ``path``, a job directory's stamp: a link to
+    /etc/passwd, a FIFO, a sparse 1 GiB file, not JSON, a directory, ``other``'s stamp, or
+    a stamp whose root is not text."""
+    if what == "symlink":
+        os.symlink("/etc/passwd", path)
+    elif what == "fifo":
+        os.mkfifo(path)
+    elif what == "oversized":
+        with open(path, "wb") as f:
+            f.truncate(1 << 30)  # sparse: costs nothing, read as nothing
+    elif what == "garbage":
+        with open(path, "wb") as f:
+            f.write(b"[" * 5000)
+    elif what == "directory":
+        os.mkdir(path)
+    elif what == "another job's":
+        with open(path, "wb") as f:
+            f.write(other.stamp())
+    else:
+        assert what == "wrong fields", what
+        with open(path, "w") as f:
+            json.dump({"ckptstore_tier_job": 1, "root": ["/x"], "run": "r"}, f)

@@ -28,8 +28,7 @@ from ckptstore.errors import TierStampError
 from ckptstore.manager import CheckpointManager
 from harness.dist import run_distributed
 from tests.adversarial.clirun import run_cli
-from tests.engine.test_tier_jobs import PLANTED, _plant
-from tests.tier_dirs import job_dir
+from tests.tier_dirs import PLANTED, job_dir, plant_stamp
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -151,7 +150,7 @@ def _planted(rank: int, world: int, tmp: str, what: str) -> dict[str, Any]:
     stamp = os.path.join(job_dir(tier, root, "job"), JOB_STAMP)
     if rank == 1:
         os.unlink(stamp)
-        _plant(stamp, what, TierJob(os.path.join(tmp, "other-root"), "job"))
+        plant_stamp(stamp, what, TierJob(os.path.join(tmp, "other-root"), "job"))
     before = files(job_dir(tier, root, "job"))
     dist.barrier()
     out = state(rank, 0.0)
@@ -202,7 +201,7 @@ def test_a_planted_stamp_through_one_manager(tmp_path, what, caplog) -> None:
             m.wait()
     d = job_dir(tier, root, "job")
     os.unlink(os.path.join(d, JOB_STAMP))
-    _plant(os.path.join(d, JOB_STAMP), what, TierJob(str(tmp_path / "elsewhere"), "job"))
+    plant_stamp(os.path.join(d, JOB_STAMP), what, TierJob(str(tmp_path / "elsewhere"), "job"))
     before = files(d) if what != "fifo" else sorted(os.listdir(d))
     out = {"w": torch.zeros(100)}
     caplog.set_level(logging.WARNING, logger="ckptstore.manager")

@@ -28,6 +28,7 @@ from ckptstore.engine.tier_jobs import (
 )
 from ckptstore.errors import ConfigError, TierStampError
 from ckptstore.stores.local import LocalStore
+from tests.tier_dirs import PLANTED, plant_stamp
 
 A = TierJob("/data/ckpt/a", "run-1")
 B = TierJob("/data/ckpt/b", "run-1")  # another root, the same run
@@ -62,31 +63,6 @@ def test_an_identity_a_stamp_could_not_hold_is_refused(root, run) -> None:
         TierJob(root, run)
 
 
-def _plant(path: str, what: str, other: TierJob = A2) -> None:
-    """Put ``what`` at ``path`` (a job directory's stamp)."""
-    if what == "symlink":
-        os.symlink("/etc/passwd", path)
-    elif what == "fifo":
-        os.mkfifo(path)
-    elif what == "oversized":
-        with open(path, "wb") as f:
-            f.truncate(1 << 30)  # sparse: costs nothing, read as nothing
-    elif what == "garbage":
-        with open(path, "wb") as f:
-            f.write(b"[" * 5000)
-    elif what == "directory":
-        os.mkdir(path)
-    elif what == "another job's":
-        with open(path, "wb") as f:
-            f.write(other.stamp())
-    elif what == "wrong fields":
-        with open(path, "w") as f:
-            json.dump({"ckptstore_tier_job": 1, "root": ["/x"], "run": "r"}, f)
-
-
-PLANTED = ["symlink", "fifo", "oversized", "garbage", "directory", "another job's", "wrong fields"]
-
-
 @pytest.mark.parametrize("what", PLANTED)
 @pytest.mark.timeout(20)  # a FIFO read that waited for a writer would hang here
 def test_a_planted_stamp_is_refused_and_nothing_in_the_directory_is_touched(tmp_path, what) -> None:
@@ -95,7 +71,7 @@ def test_a_planted_stamp_is_refused_and_nothing_in_the_directory_is_touched(tmp_
     d.mkdir()
     (d / step_name(3)).mkdir()
     (d / step_name(3) / "__0_0.distcp").write_bytes(b"theirs")
-    _plant(str(d / JOB_STAMP), what)
+    plant_stamp(str(d / JOB_STAMP), what, A2)
     for create in (False, True):
         with pytest.raises(TierStampError) as caught:
             open_job(tier, A, create=create)
