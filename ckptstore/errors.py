@@ -312,4 +312,13 @@ class OwnerFileError(RootInUseError):
     and the command that clears it (``ckptstore-tool gc ROOT --repair``)."""
 
 
-__all__ += ["InUseError", "RootInUseError", "OwnerFileError"]
+class TierStampError(InUseError):
+    """A job's directory of the node-local tier (``local_tier_dir/job-<hex>/``) cannot be
+    shown to be this job's: its stamp (``ckptstore.job.json``) is another job's, a
+    symlink, FIFO or directory, oversized or not a stamp, or missing from a directory that
+    holds files. Its copies may be another job's, so nothing in it was used, written or
+    deleted. The message names the directory and how to clear it
+    (``ckptstore.engine.tier_jobs``)."""
+
+
+__all__ += ["InUseError", "RootInUseError", "OwnerFileError", "TierStampError"]

@@ -7,9 +7,13 @@ Each committed row names the run that wrote it (``run``); a step without a marke
 save holds a fresh lease is marked in flight (``in_flight``), and the root's live owner,
 if any, is shown (``owner``; ``engine.owner``). ``--local-tier DIR`` (a node's local tier
 directory, repeatable) adds which tiers hold each committed step: the bucket, and how many
-of its data files each local tier holds with the recorded size (its own shards and its
-peers' replicas), and lists the steps saved to the local tier alone (``local_every``),
-which the bucket does not hold (``"durable": false``).
+of its data files each local tier holds with the recorded size in the directory of the
+job (root and run) that wrote it (``engine.tier_jobs``: its own shards and its peers'
+replicas), lists the steps saved to the local tier alone (``local_every``), which the
+bucket does not hold (``"durable": false``), and reports whose copies each tier holds:
+every job's root, run, steps and bytes, job directories whose stamp is refused, and step
+directories of the layout before job directories. ``ls --local-tier DIR`` without a ROOT
+prints that report alone.
 """
 
 from __future__ import annotations
@@ -23,16 +27,18 @@ from ckptstore import Store, open_committed, verify_checkpoint
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, safe, table
 from ckptstore.cli.sources import classify, is_dcp_listing, list_or_missing
-from ckptstore.engine.catalog import Skipped, list_steps, scan_root
+from ckptstore.engine.catalog import Skipped, scan_root
 from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.engine.deletion import step_in_flight
 from ckptstore.engine.local_tier import LOCAL_ONLY, local_files
+from ckptstore.engine.names import step_name
 from ckptstore.engine.owner import read_owner
 from ckptstore.engine.store import Multipart
+from ckptstore.engine.tier_jobs import TierEntry, TierJob, open_job, survey
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 from ckptstore.stores.local import LocalStore
 
-__all__ = ["add_parser", "run", "list_root", "upload_age_s"]
+__all__ = ["add_parser", "run", "list_root", "tier_report", "upload_age_s"]
 
 
 def add_parser(sub: Any, common: Any) -> None:
@@ -42,9 +48,15 @@ def add_parser(sub: Any, common: Any) -> None:
         help="every checkpoint under a root: step, status, size, world size, created",
         description="List every step_* checkpoint under ROOT with its status (from the commit "
         "marker), size, world size, creation time and format version, and count unfinished "
-        "multipart uploads. --verify re-reads every committed checkpoint.",
+        "multipart uploads. --verify re-reads every committed checkpoint. --local-tier DIR "
+        "(without ROOT too) reports whose copies a node's local tier holds.",
     )
-    p.add_argument("root", metavar="ROOT", help="folder / prefix holding step_* checkpoints")
+    p.add_argument(
+        "root",
+        metavar="ROOT",
+        nargs="?",
+        help="folder / prefix holding step_* checkpoints (optional with --local-tier)",
+    )
     p.add_argument(
         "--verify",
         action="store_true",
@@ -55,7 +67,8 @@ def add_parser(sub: Any, common: Any) -> None:
         action="append",
         default=[],
         metavar="DIR",
-        help="a node's local tier directory (repeatable): show which tiers hold each step",
+        help="a node's local tier directory (repeatable): which tiers hold each step, and "
+        "whose copies each tier holds",
     )
     p.add_argument(
         "--stale-after-hours",
@@ -106,51 +119,126 @@ def other_checkpoints(root: Store, foreign: list[Skipped]) -> tuple[list[dict[st
     return out, max(0, len(folders) - OTHERS_EXAMINED)
 
 
-def tier_counts(tiers: list[str], step_name: str, manifest: Any) -> list[dict[str, Any]]:
+def _job_dir(tier: str, root_url: str, run: Any) -> Store | None:
+    """The directory of the job (``root_url``, ``run``) in local tier ``tier``, its stamp
+    checked; None when there is none or it is refused (the tier report says why)."""
+    try:
+        return open_job(LocalStore(tier), TierJob(root_url, run))
+    except (OSError, CkptStoreError):  # ConfigError: a run that is no run; TierStampError
+        return None
+
+
+def tier_counts(tiers: list[str], root_url: str, name: str, manifest: Any) -> list[dict[str, Any]]:
     """For each local tier directory in ``tiers``: how many of the committed step's data
-    files (``manifest``'s, bar ``.metadata``) it holds with the recorded size. A step
-    directory that is a symlink is not followed (it holds nothing)."""
+    files (``manifest``'s, bar ``.metadata``) the directory of the job that wrote it (root
+    ``root_url``, the manifest's run) holds with the recorded size. A link is never
+    followed (it holds nothing)."""
     data = {n: e for n, e in manifest.files.items() if n != METADATA_NAME}
     out = []
     for d in tiers:
-        path = os.path.join(d, step_name)
         held = 0
-        if os.path.isdir(path) and not os.path.islink(path):
+        job = _job_dir(d, root_url, manifest.extra.get("run"))
+        if job is not None:
             try:
-                held = len(set(local_files(LocalStore(path), manifest)) & set(data))
+                held = len(set(local_files(job.child(name), manifest)) & set(data))
             except (OSError, CkptStoreError):
                 held = 0
         out.append({"dir": d, "files": held, "of": len(data)})
     return out
 
 
-def local_only_rows(tiers: list[str], listed: set[int]) -> list[dict[str, Any]]:
-    """A row for each step saved to the local tier alone that a directory of ``tiers``
-    can open (a node holding its marker: the coordinator's, and its peers), other than
-    the steps ``listed`` already; what each tier holds of it, as ``tier_counts`` says."""
+def local_only_rows(tiers: list[str], root_url: str, listed: set[int]) -> list[dict[str, Any]]:
+    """A row for each step saved to the local tier alone by a job of root ``root_url``
+    (any run) that a directory of ``tiers`` can open (a node holding its marker: the
+    coordinator's, and its peers), other than the steps ``listed`` already; what each tier
+    holds of it, as ``tier_counts`` says."""
     rows: dict[int, dict[str, Any]] = {}
     for d in tiers:
-        tier = LocalStore(d)
         try:
-            entries = list_steps(tier, with_status=False, once=True)
+            jobs = [e for e in survey(LocalStore(d)) if e.kind == "job" and e.root == root_url]
         except (OSError, CkptStoreError):
             continue
-        for e in entries:
-            if e.step in listed or e.step in rows:
+        for e in jobs:
+            job = _job_dir(d, root_url, e.run)
+            if job is None:
                 continue
-            try:
-                m = open_committed(tier.child(e.name)).manifest
-            except (OSError, CkptStoreError):
-                continue  # no marker on this node, or damaged: another tier may say
-            if m.extra.get("tier") != LOCAL_ONLY:
-                continue
-            rows[e.step] = {
-                **_row(e.step, e.name, "committed"),
-                **_manifest_fields(m),
-                "durable": False,
-                "tiers": tier_counts(tiers, e.name, m),
-            }
+            for s in e.steps:
+                if s in listed or s in rows:
+                    continue
+                try:
+                    m = open_committed(job.child(step_name(s))).manifest
+                except (OSError, CkptStoreError):
+                    continue  # no marker on this node, or damaged: another tier may say
+                if m.extra.get("tier") != LOCAL_ONLY or m.extra.get("run") != e.run:
+                    continue
+                rows[s] = {
+                    **_row(s, step_name(s), "committed"),
+                    **_manifest_fields(m),
+                    "durable": False,
+                    "tiers": tier_counts(tiers, root_url, step_name(s), m),
+                }
     return list(rows.values())
+
+
+def tier_report(tier: str, root_url: str | None) -> list[dict[str, Any]]:
+    """Whose copies local tier directory ``tier`` holds: one dict per entry directly
+    under it (``engine.tier_jobs.survey``), ``this_root`` set on the jobs of
+    ``root_url``."""
+    return [
+        {**_entry_fields(e), "this_root": e.root is not None and e.root == root_url}
+        for e in survey(LocalStore(tier))
+    ]
+
+
+def _entry_fields(e: TierEntry) -> dict[str, Any]:
+    return {
+        "name": e.name,
+        "kind": e.kind,
+        "root": e.root,
+        "run": e.run,
+        "steps": list(e.steps),
+        "bytes": e.bytes,
+        "problem": e.problem,
+    }
+
+
+#: How a report names each kind of tier entry.
+_KIND_TEXT = {"job": "", "legacy": "older layout", "other": "not ckptstore's"}
+
+
+def print_tier_report(index: int, tier: str, entries: list[dict[str, Any]]) -> None:
+    """The report of ``tier_report`` as a table, then one line per refused entry."""
+    print(f"local tier {index}: {safe(tier)}")
+    if not entries:
+        print("  (empty)")
+        return
+    rows = []
+    for e in entries:
+        who = "this root" if e["this_root"] else _KIND_TEXT[e["kind"]]
+        if e["kind"] == "job" and e["problem"]:
+            who = "refused"
+        steps = ", ".join(str(s) for s in e["steps"][-4:])
+        more = len(e["steps"]) - 4
+        rows.append(
+            [
+                e["name"],
+                e["root"] if e["root"] is not None else "-",
+                e["run"] if e["run"] is not None else "-",
+                (f"... {steps}" if more > 0 else steps) or "-",
+                human_bytes(e["bytes"]),
+                who,
+            ]
+        )
+    table_text = table(["ENTRY", "ROOT", "RUN", "STEPS", "SIZE", ""], rows, right={4})
+    print("\n".join("  " + line.rstrip() for line in table_text.splitlines()))
+    for e in entries:
+        if e["problem"] and e["kind"] == "job":
+            print(f"  {safe(e['name'])}: {safe(e['problem'])}")
+    if any(e["kind"] == "legacy" for e in entries):
+        print(
+            "  older layout: step directories an older ckptstore wrote directly under the "
+            "tier; nothing records their root, so no job uses or deletes them"
+        )
 
 
 def _row(step: int, name: str, status: str) -> dict[str, Any]:
@@ -223,7 +311,7 @@ def list_root(
             m = committed.manifest
             row.update(_manifest_fields(m))
             if tiers:
-                row["tiers"] = tier_counts(tiers, e.name, m)
+                row["tiers"] = tier_counts(tiers, root.url, e.name, m)
             if verify:
                 report = verify_checkpoint(
                     store, ctx.engine, committed=committed, on_bytes=progress
@@ -245,19 +333,22 @@ def list_root(
                     row["problem"] = str(exc)
         out.append(row)
     if tiers:
-        out = sorted(
-            out + local_only_rows(tiers, {r["step"] for r in out}), key=lambda r: r["step"]
-        )
+        listed = {r["step"] for r in out}
+        out = sorted(out + local_only_rows(tiers, root.url, listed), key=lambda r: r["step"])
     return out
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:
     """Run ``ls``; the exit status."""
-    root = ctx.open(args.root)
-    names = list_or_missing(root, args.root)
     for d in args.local_tier:
         if not os.path.isdir(d):
             raise ConfigError(f"--local-tier {d}: not a directory (a node's local tier)")
+    if args.root is None:
+        if not args.local_tier:
+            raise ConfigError("ls needs a ROOT, or --local-tier DIR for a tier's report")
+        return _tiers_only(args.local_tier, ctx)
+    root = ctx.open(args.root)
+    names = list_or_missing(root, args.root)
     skipped: list[Skipped] = []
     foreign: list[Skipped] = []
     with Progress(None, "verify", ctx.progress_enabled and args.verify) as bar:
@@ -270,6 +361,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
             foreign=foreign,
             tiers=args.local_tier,
         )
+    reports = [tier_report(d, root.url) for d in args.local_tier]
     others, unexamined = other_checkpoints(root, foreign)
     now = time.time()
     uploads = root.list_multipart()
@@ -300,6 +392,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                     "stale_after_hours": args.stale_after_hours,
                     "paths": [u.path for u in uploads],
                 },
+                "local_tiers": [{"dir": d, "entries": r} for d, r in zip(args.local_tier, reports)],
             }
         )
         return 1 if corrupt else 0
@@ -323,8 +416,6 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                 right={0, 2, 3},
             )
         )
-        for i, d in enumerate(args.local_tier, start=1):
-            print(f"local {i}: {safe(d)}")
         for r in rows:
             if r["problem"]:
                 print(f"step {r['step']}: {safe(r['problem'])}")
@@ -346,6 +437,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         print(f"({unexamined} more folders under this root were not looked into)")
     if live_owner is not None:
         print(f"owned by a live job: {safe(live_owner.describe(now))}")
+    for i, (d, report) in enumerate(zip(args.local_tier, reports), start=1):
+        print_tier_report(i, d, report)
     counts: dict[str, int] = {}
     for r in rows:
         counts[r["status"]] = counts.get(r["status"], 0) + 1
@@ -359,3 +452,14 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
         )
     )
     return 1 if corrupt else 0
+
+
+def _tiers_only(tiers: list[str], ctx: Context) -> int:
+    """``ls --local-tier DIR ...`` without a ROOT: each tier's report alone."""
+    reports = [tier_report(d, None) for d in tiers]
+    if ctx.json:
+        dump_json({"local_tiers": [{"dir": d, "entries": r} for d, r in zip(tiers, reports)]})
+        return 0
+    for i, (d, report) in enumerate(zip(tiers, reports), start=1):
+        print_tier_report(i, d, report)
+    return 0

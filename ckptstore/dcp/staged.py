@@ -1,13 +1,16 @@
 """``StagedWriter``: each shard written to the node-local tier and uploaded at once.
 
 A ``CkptWriter`` that serialises each shard file once and streams the same bytes to two
-files at the same time (``engine.tee.TeeWriter``): the local copy in
-``local_tier_dir/<step>/`` and the upload to the destination. After the commit at the
-destination (the only commit that counts) the same manifest and marker are published
-locally, which makes the local copy a restore tier, and the local tier is trimmed to
-``keep_local`` steps (the rules: ``engine.local_tier``). If writing the local copy fails,
-its partial files and this save's uploads are removed; if the upload fails, the complete
-local files are kept, uncommitted, and the error says where.
+files at the same time (``engine.tee.TeeWriter``): the local copy in this job's directory
+of the tier, ``local_tier_dir/<job>/<step>/`` (``engine.tier_jobs``: a job is the root
+and run; its directory is made with its stamp, and used only once the stamp proves it
+this job's), and the upload to the destination. After the commit at the destination (the
+only commit that counts) the same manifest and marker are published locally, which makes
+the local copy a restore tier, and this job's directory is trimmed to ``keep_local``
+steps (the rules: ``engine.local_tier``); other jobs' copies in the tier are never
+touched. If writing the local copy fails, its partial files and this save's uploads are
+removed; if the upload fails, the complete local files are kept, uncommitted, and the
+error says where.
 """
 
 from __future__ import annotations
@@ -24,9 +27,11 @@ from ckptstore.engine.commit import publish
 from ckptstore.engine.filewriter import FileWriter
 from ckptstore.engine.local_tier import keep_newest, local_tier_keeps
 from ckptstore.engine.manifest import Manifest
+from ckptstore.engine.owner import run_identity
 from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.engine.store import Store
 from ckptstore.engine.tee import TeeWriter
+from ckptstore.engine.tier_jobs import TierJob, open_job
 from ckptstore.errors import CkptStoreError, StoreNotFoundError, TransferError
 from ckptstore.stores.local import LocalStore
 
@@ -39,34 +44,51 @@ class StagedWriter(CkptWriter):
     """A ``CkptWriter`` that writes every shard to local disk and uploads it at once.
 
     Call order is ``CkptWriter``'s; it overrides only its hooks. ``write_data``: every
-    rank writes each shard file locally and uploads it in parallel parts of each,
-    returning when both are durable and agree on size and CRC32C; with a
+    rank opens this job's directory of the tier (``engine.tier_jobs.open_job``, made with
+    its stamp if absent; one that is not provably this job's fails the save on every rank,
+    nothing written), writes each shard file locally and uploads it in parallel parts of
+    each, returning when both are durable and agree on size and CRC32C; with a
     ``memory_budget`` too small for a part of each, the local file is written first and
     then uploaded (``engine.copy``, checking its CRC32C). ``finish``: the coordinator
     commits at the destination, then publishes the same manifest and marker locally and
-    keeps the newest ``keep_local`` local copies (``engine.local_tier.keep_newest``;
-    None: none are trimmed here, the caller decides, as ``CheckpointManager`` does for
-    every node).
+    keeps the newest ``keep_local`` local copies of this job
+    (``engine.local_tier.keep_newest``; None: none are trimmed here, the caller decides,
+    as ``CheckpointManager`` does for every node).
+
+    ``job``: whose copies these are (``TierJob``); default the destination's parent (the
+    root of its ``step_*`` directories) and this process's run
+    (``engine.owner.run_identity``: ``CKPTSTORE_RUN_ID``, torchrun's or Slurm's job id,
+    else this process), so a writer in a later process of another run never trims this
+    one's copies.
     """
 
     def __init__(
-        self, url: str | Store, *, local_tier_dir: str, keep_local: int | None = 1, **kwargs: Any
+        self,
+        url: str | Store,
+        *,
+        local_tier_dir: str,
+        keep_local: int | None = 1,
+        job: TierJob | None = None,
+        **kwargs: Any,
     ) -> None:
         super().__init__(url, **kwargs)
-        url = self.store.url  # a step's staging must not overlap its run root either
-        check_local_tier_dir(
-            url.rpartition("/")[0] if step_from_url(url) is not None else url, local_tier_dir
-        )
+        url = self.store.url.rstrip("/")  # a step's staging must not overlap its run root
+        root = url.rpartition("/")[0] if step_from_url(url) is not None else url
+        check_local_tier_dir(root, local_tier_dir)
         if keep_local is not None:
             local_tier_keeps((), keep_local)  # checks it (ConfigError)
         self.tier_root = LocalStore(local_tier_dir)
+        self.job = job if job is not None else TierJob(url.rpartition("/")[0], run_identity())
         self.keep_local = keep_local
+        self._job_dir: Store | None = None  # opened by each write_data
         self._tees: list[tuple[str, TeeWriter]] = []  # this write_data's, in file order
 
     @property
-    def local(self) -> LocalStore:
-        """The local copy of the current destination: ``local_tier_dir/<its last path segment>``."""
-        return self.tier_root.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
+    def local(self) -> Store:
+        """The local copy of the current destination: ``<job directory>/<its last path
+        segment>`` (the job's directory as this save's ``write_data`` opened it)."""
+        assert self._job_dir is not None, "write_data opens the job's directory first"
+        return self._job_dir.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
 
     def write_data(self, plan: SavePlan, planner: SavePlanner) -> Future[list[WriteResult]]:
         """``CkptWriter.write_data``, each file written locally and uploaded at once."""
@@ -78,7 +100,10 @@ class StagedWriter(CkptWriter):
 
     # -- CkptWriter's hooks ------------------------------------------------------------
     def _shard_store(self) -> Store:
-        """Shards are serialised into the local copy, ``local_tier_dir/<step>/``."""
+        """Shards are serialised into the local copy, ``local_tier_dir/<job>/<step>/``:
+        the job's directory is opened (its stamp checked, made if absent) now, inside
+        DCP's collective write, so a refusal fails the save on every rank."""
+        self._job_dir = open_job(self.tier_root, self.job, create=True)
         return self.local
 
     def _shard_writer(self, store: Store, name: str) -> FileWriter | TeeWriter:
@@ -142,7 +167,7 @@ class StagedWriter(CkptWriter):
         self._trim_local()
 
     def _trim_local(self) -> None:
-        """Keep the newest ``keep_local`` step directories of the local tier (on this
-        node: the coordinator's; the manager trims every node's)."""
-        if self.keep_local is not None:
-            keep_newest(self.tier_root, self.keep_local)
+        """Keep the newest ``keep_local`` step directories of this job's directory of the
+        local tier (on this node: the coordinator's; the manager trims every node's)."""
+        if self.keep_local is not None and self._job_dir is not None:
+            keep_newest(self._job_dir, self.keep_local)

@@ -10,16 +10,13 @@ one and every file the manifest lists is there with its size (``local_copy_match
 else file by file (``local_files``). With two cadences (``save_tier``) some steps are
 saved to the local tier alone: their manifest says so (``LOCAL_ONLY``). Only canonical
 step directories and ckptstore's own files are ever deleted; symlinks are never followed
-(``engine.deletion``). A manager stamps each step directory with its run (``stamp_run``)
-and trims or evicts only its own run's: another job's or run's steps in the same directory
-are left alone.
+(``engine.deletion``). Every rule acts within one job's directory of the tier
+(``engine.tier_jobs``: a job is a root and a run), opened only once its stamp proves it
+the job's own: another job's copies in the same tier are never used, trimmed or evicted.
 """
 
 from __future__ import annotations
 
-import json
-import os
-import stat
 from collections.abc import Collection, Iterable, Mapping
 
 from ckptstore.engine.bounded import MAX_MARKER_SIZE, get_capped
@@ -27,9 +24,9 @@ from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.committed import Committed
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME, Manifest, Marker
-from ckptstore.engine.names import RUN_STAMP
 from ckptstore.engine.store import Store
-from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError, UnsafePathError
+from ckptstore.engine.tier_jobs import TierJob, open_job, stored_bytes
+from ckptstore.errors import ConfigError, StoreNotFoundError, UnsafePathError
 
 __all__ = [
     "LOCAL_ONLY",
@@ -40,9 +37,7 @@ __all__ = [
     "local_files",
     "local_tier_deletions",
     "local_tier_keeps",
-    "run_of_step",
     "save_tier",
-    "stamp_run",
     "trim_local_tier",
 ]
 
@@ -81,51 +76,29 @@ def local_tier_deletions(local_steps: Iterable[int], keeps: Collection[int]) -> 
     return sorted(s for s in set(local_steps) if s not in keeps and s < newest)
 
 
-def stamp_run(tier: Store, name: str, run: str) -> None:
-    """Record in step directory ``name`` of ``tier`` (a local tier) that it holds a step
-    of ``run`` (made if absent)."""
-    tier.child(name).put(RUN_STAMP, json.dumps({"run": run}).encode())
-
-
-def run_of_step(tier: Store, name: str) -> str | None:
-    """The run ``stamp_run`` recorded in step directory ``name`` of ``tier``; None when
-    there is no readable stamp (another tool's directory, or one ckptstore did not stamp)."""
-    try:
-        doc = json.loads(get_capped(tier.child(name), RUN_STAMP, MAX_MARKER_SIZE))
-    except (CkptStoreError, OSError, ValueError):
-        return None
-    run = doc.get("run") if isinstance(doc, dict) else None
-    return run if isinstance(run, str) else None
-
-
-def _steps(tier: Store, run: str | None, steps: dict[int, str] | None = None) -> dict[int, str]:
-    """The canonical step directories of ``tier`` (step -> name; ``steps``: as already
-    listed); with ``run``, only those stamped with it."""
-    if steps is None:
-        steps = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
-    if run is None:
-        return steps
-    return {s: n for s, n in steps.items() if run_of_step(tier, n) == run}
-
-
-def trim_local_tier(tier: Store, keeps: Collection[int], run: str | None = None) -> list[str]:
-    """Delete the step directories of ``tier`` (a local tier directory's store) that
-    ``keeps`` lets go; their names. Only canonical step directories count: an entry that
-    is not one (a symlink, a file named like a step) is warned about once per process and
-    left alone, never followed or deleted. With ``run``, only that run's steps count
-    (``stamp_run``): another run's are never deleted."""
-    steps = _steps(tier, run)
+def trim_local_tier(job_dir: Store, keeps: Collection[int]) -> list[str]:
+    """Delete the step directories of ``job_dir`` (a job's directory of a local tier,
+    ``engine.tier_jobs.open_job``) that ``keeps`` lets go; their names. Only canonical
+    step directories count: an entry that is not one (a symlink, a file named like a step)
+    is warned about once per process and left alone, never followed or deleted."""
+    steps = _steps(job_dir)
     removed = []
     for step in local_tier_deletions(steps, keeps):
-        delete_step(tier, steps[step])
+        delete_step(job_dir, steps[step])
         removed.append(steps[step])
     return removed
 
 
-def keep_newest(tier: Store, keep_local: int) -> list[str]:
-    """Trim ``tier`` to its newest ``keep_local`` step directories; their names."""
-    steps = [e.step for e in list_steps(tier, with_status=False, once=True)]
-    return trim_local_tier(tier, local_tier_keeps(steps, keep_local)) if steps else []
+def keep_newest(job_dir: Store, keep_local: int) -> list[str]:
+    """Trim ``job_dir`` (a job's directory of a local tier) to its newest ``keep_local``
+    step directories; their names."""
+    steps = _steps(job_dir)
+    return trim_local_tier(job_dir, local_tier_keeps(steps, keep_local)) if steps else []
+
+
+def _steps(job_dir: Store) -> dict[int, str]:
+    """The canonical step directories of ``job_dir``: step -> name."""
+    return {e.step: e.name for e in list_steps(job_dir, with_status=False, once=True)}
 
 
 def evictions(others: Mapping[int, int], need: int, limit: int) -> list[int]:
@@ -142,37 +115,26 @@ def evictions(others: Mapping[int, int], need: int, limit: int) -> list[int]:
     return out
 
 
-def evict_for(tier: Store, step: int, need: int, limit: int, run: str | None = None) -> list[str]:
-    """Delete the oldest step directories of ``tier`` (a local tier directory's store)
-    other than ``step`` (never the newest complete one), of ``run`` only when given,
-    until ``need`` bytes fit within ``limit`` beside all of them; their names. Sizes
-    count regular files only, never through a symlink (``engine.deletion`` deletes only
-    ckptstore's own files)."""
-    everything = {e.step: e.name for e in list_steps(tier, with_status=False, once=True)}
-    steps = _steps(tier, run, everything)
-    foreign = sum(
-        _dir_bytes(os.path.join(tier.url, n))
-        for s, n in everything.items()
-        if s not in steps and s != step
-    )
-    limit -= foreign  # another run's steps take room that cannot be freed
-    others = {s: _dir_bytes(os.path.join(tier.url, n)) for s, n in steps.items() if s != step}
+def evict_for(tier: Store, job: TierJob, step: int, need: int, limit: int) -> list[str]:
+    """Delete the oldest step directories of ``job``'s directory of ``tier`` (a local
+    tier's store) other than ``step`` (the newest, never evicted) until ``need`` bytes fit
+    within ``limit`` beside all that stays; their names. Everything else in the tier
+    (other jobs' directories, the older layout's steps, files ckptstore did not make)
+    takes room that is never freed here: it is counted, never deleted. Sizes count regular
+    files only, never through a symlink. ``TierStampError`` if the job's directory is
+    not provably its own (nothing is deleted)."""
+    job_dir = open_job(tier, job)
+    if job_dir is None:
+        return []
+    steps = _steps(job_dir)
+    sizes = {s: stored_bytes(job_dir, n) for s, n in steps.items()}
+    elsewhere = stored_bytes(tier) - sum(sizes.values())  # not this job's steps
+    others = {s: b for s, b in sizes.items() if s != step}
     removed = []
-    for old in evictions(others, need, limit):
-        delete_step(tier, steps[old])
+    for old in evictions(others, need, limit - elsewhere):
+        delete_step(job_dir, steps[old])
         removed.append(steps[old])
     return removed
-
-
-def _dir_bytes(path: str) -> int:
-    """The bytes of the regular files under ``path``, symlinks neither followed nor counted."""
-    total = 0
-    for dirpath, _, files in os.walk(path, followlinks=False):
-        for name in files:
-            st = os.lstat(os.path.join(dirpath, name))
-            if stat.S_ISREG(st.st_mode):
-                total += st.st_size
-    return total
 
 
 def local_files(local: Store, manifest: Manifest) -> list[str]:

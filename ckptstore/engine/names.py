@@ -17,8 +17,10 @@ Names of a step directory::
     ckptstore.lease.<attempt>.json                a save in flight's lease (engine.lease)
     ckptstore.fence.<attempt>.json                where the attempt's commit and a deletion
                                                   meet (engine.fence)
-    ckptstore.run.json                            in a node-local tier: the run whose step
-                                                  the directory holds (engine.local_tier)
+    ckptstore.run.json                            in a node-local tier of the layout before
+                                                  job directories: the run whose step the
+                                                  directory holds (engine.tier_jobs reports
+                                                  it; the commit keeps it)
     <any of the above>.ckptstore-tmp-<hex>        a temp object of an unfinished write: a
                                                   volume's temp file, or an emulated
                                                   multipart upload's begin marker (32 hex)
@@ -26,6 +28,9 @@ Names of a step directory::
 
 Directly under a root, ``ckptstore.owner.json`` is the root owner's lease
 (``engine.owner``): ckptstore's, never listed as someone else's file.
+
+A node-local tier holds one directory per job, ``job-<32 hex>/`` (``engine.tier_jobs``),
+with the job's stamp ``ckptstore.job.json`` and the job's step directories in it.
 
 Pure functions; no I/O.
 """
@@ -42,6 +47,7 @@ __all__ = [
     "STEP_PREFIX",
     "TMP_MARK",
     "OWNER_NAME",
+    "JOB_STAMP",
     "RUN_STAMP",
     "step_name",
     "parse_step",
@@ -57,7 +63,12 @@ TMP_MARK = ".ckptstore-tmp-"
 #: The root owner's lease, directly under a root (``engine.owner``).
 OWNER_NAME = "ckptstore.owner.json"
 
-#: In a node-local tier's step directory: the run whose step it holds (``engine.local_tier``).
+#: In a node-local tier's job directory: the root and run of the job whose copies it holds
+#: (``engine.tier_jobs``).
+JOB_STAMP = "ckptstore.job.json"
+
+#: In a step directory directly under a node-local tier, the layout before job
+#: directories: the run whose step it held (``engine.tier_jobs`` reports it).
 RUN_STAMP = "ckptstore.run.json"
 
 _STEP = re.compile(r"^step_(\d{9})$")

@@ -27,6 +27,7 @@ from ckptstore.engine.owner import run_identity
 from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
+from ckptstore.engine.tier_jobs import TierJob
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import ConfigError, NewerFormatError, NoLoadableCheckpointError
 from ckptstore.launch import fresh_new_group
@@ -44,6 +45,7 @@ from ckptstore.manager.saving.backend import make_backend
 from ckptstore.manager.saving.process_backend import ProcessBackend
 from ckptstore.manager.saving.shared_stager import SharedStager
 from ckptstore.manager.saving.writer_process import BackgroundWriter
+from ckptstore.manager.tier_dir import TierDir
 from ckptstore.stores import open_store
 
 __all__ = ["CheckpointManager", "MANIFEST_TIMINGS", "SaveRecord", "SaveStatus"]
@@ -113,8 +115,12 @@ class CheckpointManager:
         #: and the root owner's lease names it (``engine.owner``).
         self.run_id: str = self._agree.broadcast(run_identity(opts.run_id))
         self._owner = RootOwner(self.root, self.run_id)  # rank 0 claims it at each save
+        # This job (root and run) in each node's local tier: its copies live in a directory
+        # of its own there, stamped with both (``tier_dir``).
+        job = TierJob(self.root.url, self.run_id) if opts.local_tier_dir else None
+        self._tier = TierDir(opts.local_tier_dir, job)
         # The part of the options a save needs, as every backend and writer gets it.
-        self._save_options = SaveOptions.of(opts, self.run_id)
+        self._save_options = SaveOptions.of(opts, self.run_id, job)
         self._backend = make_backend(
             root,
             self.root,
@@ -132,12 +138,12 @@ class CheckpointManager:
         # the trim and the peer tier both act through each node's leader.
         nodes = Nodes(opts.local_tier_dir, self._pg)
         self._peers = PeerTier(
-            nodes, self.engine, opts.replicas, opts.replica_rate, opts.tier_limit, self.run_id
+            nodes, self._tier, self.engine, opts.replicas, opts.replica_rate, opts.tier_limit
         )
         self._loader = StepLoader(
             self.root,
             engine=self.engine,
-            local_tier_dir=opts.local_tier_dir,
+            tier=self._tier,
             allow_pickle=opts.allow_pickle,
             process_group=self._pg,
             agree=self._agree,

@@ -23,7 +23,6 @@ from ckptstore.engine.local_tier import local_files
 from ckptstore.engine.store import Buffer, Store
 from ckptstore.errors import CkptStoreError, ConfigError
 from ckptstore.manager.peer_tier import PeerTier
-from ckptstore.stores.local import LocalStore
 
 __all__ = ["NodeTier", "from_peers", "where_from"]
 
@@ -33,7 +32,7 @@ log = logging.getLogger("ckptstore.manager.restore")
 class NodeTier(Store):
     """Reads ``local_files`` from ``local``, every other path from ``remote``."""
 
-    def __init__(self, local: LocalStore | None, remote: Store, local_files: Iterable[str]) -> None:
+    def __init__(self, local: Store | None, remote: Store, local_files: Iterable[str]) -> None:
         super().__init__(remote.url)
         self.local, self.remote = local, remote
         self.local_files = frozenset(local_files) if local is not None else frozenset()

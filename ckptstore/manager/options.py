@@ -19,6 +19,7 @@ from ckptstore.config import TransferConfig
 from ckptstore.engine.codec_registry import get_codec
 from ckptstore.engine.names import KEY_LAYOUTS
 from ckptstore.engine.replicas import check_replicas
+from ckptstore.engine.tier_jobs import TierJob
 from ckptstore.errors import ConfigError
 from ckptstore.manager.retention import KeepLast, RetentionPolicy
 
@@ -52,6 +53,10 @@ class ManagerOptions:
     local_tier_dir: the node-local tier, a directory on node-local disk (NVMe, tmpfs):
         each save lands there first and is uploaded from it, and a restore reads a step
         from it when this node still holds it. Outside the root. None: no local tier.
+        Jobs may share it: each job's copies live in a directory of their own there,
+        stamped with the root and run, and no job uses, trims or evicts another's
+        (``engine.tier_jobs``); a new run reads the root, not an earlier run's copies
+        (pass the same ``run_id`` to continue one run).
     keep: retention of committed steps (default ``KeepLast(3)``).
     config: the transfer engine's tuning (parts, concurrency, retries).
     async_save: False writes each save before ``save`` returns.
@@ -202,7 +207,9 @@ class SaveOptions:
 
     Picklable (the writer process of ``background="process"`` gets it), so it holds no
     retention policy or other user object; ``run_id`` is the run identity the manager
-    settled on (rank 0's), recorded in each manifest and step lease.
+    settled on (rank 0's), recorded in each manifest and step lease; ``tier_job`` (with a
+    ``local_tier_dir``) the job whose directory of the local tier the save writes into
+    (``engine.tier_jobs``: the root and that run).
     """
 
     storage_options: dict[str, Any] | None = None
@@ -213,10 +220,14 @@ class SaveOptions:
     background: str = "auto"
     max_staging_bytes: int | None = None
     run_id: str | None = None
+    tier_job: TierJob | None = None
 
     @classmethod
-    def of(cls, options: ManagerOptions, run_id: str | None = None) -> SaveOptions:
-        """The save's part of ``options``, with the run identity ``run_id``."""
+    def of(
+        cls, options: ManagerOptions, run_id: str | None = None, tier_job: TierJob | None = None
+    ) -> SaveOptions:
+        """The save's part of ``options``, with the run identity ``run_id`` and the job of
+        the local tier ``tier_job``."""
         return cls(
             storage_options=dict(options.storage_options) if options.storage_options else None,
             local_tier_dir=options.local_tier_dir,
@@ -226,4 +237,5 @@ class SaveOptions:
             background=options.background,
             max_staging_bytes=options.max_staging_bytes,
             run_id=run_id,
+            tier_job=tier_job,
         )

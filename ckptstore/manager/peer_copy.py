@@ -1,18 +1,19 @@
 """One file of the peer tier on the wire: the sending end and the receiving end.
 
 ``manager.peer_tier`` pairs them round by round. A file travels as ``chunks(copy)``
-messages of at most ``CHUNK`` bytes (the memory each end holds). The sender always sends
+messages of at most ``CHUNK`` bytes (the memory each end holds). Both ends are this job's
+directory of their node's local tier (``manager.tier_dir``: its stamp checked when the
+copy starts, the receiver's made with its stamp if absent). The sender always sends
 exactly the size the plan says, zeros past what it can read; the receiver writes into a
-temp file of its step directory (the local store's own multipart upload, which
-``ckptstore-tool gc`` sweeps if left), checks the size and CRC32C against the step's
-manifest, and renames it into place only then: a damaged source, a full disk or a dead
-sender never leaves a file that looks like a replica.
+temp file of its step directory (the local store's own multipart upload, resolved from
+the tier's descriptor, never through a link), checks the size and CRC32C against the
+step's manifest, and renames it into place only then: a damaged source, a full disk, a
+refused directory or a dead sender never leaves a file that looks like a replica.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import torch
@@ -20,9 +21,8 @@ import torch
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.manifest import Manifest
 from ckptstore.engine.replicas import Copy
-from ckptstore.engine.store import Multipart, Part
+from ckptstore.engine.store import Multipart, Part, Store
 from ckptstore.errors import CkptStoreError
-from ckptstore.stores.local import LocalStore
 
 __all__ = ["CHUNK", "Incoming", "Outgoing", "chunks"]
 
@@ -38,23 +38,30 @@ def chunks(copy: Copy | None) -> int:
 
 
 class Outgoing:
-    """A file being sent: chunk ``i`` read from this node's step directory. Exactly
-    ``copy.size`` bytes go out, zeros past what can be read (the receiver's checksum then
-    refuses the copy)."""
+    """A file being sent: chunk ``i`` read from this node's step directory (``step_dir``'s,
+    found once). Exactly ``copy.size`` bytes go out, zeros past what can be read (the
+    receiver's checksum then refuses the copy)."""
 
-    def __init__(self, step_dir: Callable[[int], LocalStore], step: int, copy: Copy) -> None:
-        self.step_dir, self.step, self.copy = step_dir, step, copy
+    def __init__(self, step_dir: Callable[[int], Store], step: int, copy: Copy) -> None:
+        self.step, self.copy = step, copy
         self.buf = bytearray(min(CHUNK, copy.size))
+        self.local: Store | None = None
+        try:
+            self.local = step_dir(step)
+        except (OSError, CkptStoreError) as exc:
+            log.warning("cannot send %s of step %d to a peer: %s", copy.name, step, exc)
 
     def chunk(self, i: int) -> torch.Tensor:
         """Chunk ``i`` of the file, read now (the buffer is reused for the next one)."""
         offset = i * CHUNK
         view = memoryview(self.buf)[: min(CHUNK, self.copy.size - offset)]
-        try:
-            got = self.step_dir(self.step).get_into(self.copy.name, offset, view)
-        except (OSError, CkptStoreError) as exc:
-            log.warning("could not read %s to send it to a peer: %s", self.copy.name, exc)
-            got = 0
+        got = 0
+        if self.local is not None:
+            try:
+                got = self.local.get_into(self.copy.name, offset, view)
+            except (OSError, CkptStoreError) as exc:
+                log.warning("could not read %s to send it to a peer: %s", self.copy.name, exc)
+                self.local = None  # the rest goes out as zeros, with one warning
         view[got:] = bytes(len(view) - got)
         return torch.frombuffer(view, dtype=torch.uint8)
 
@@ -65,7 +72,7 @@ class Incoming:
     received whatever happens to the temp file, so the exchange stays in step."""
 
     def __init__(
-        self, step_dir: Callable[[int], LocalStore], step: int, copy: Copy, manifest: Manifest
+        self, step_dir: Callable[[int], Store], step: int, copy: Copy, manifest: Manifest
     ) -> None:
         self.copy, self.step = copy, step
         self.expected = manifest.files[copy.name].crc32c
@@ -74,8 +81,7 @@ class Incoming:
         self.buf = torch.empty(min(CHUNK, copy.size), dtype=torch.uint8)
         self.upload: Multipart | None = None
         try:
-            self.local = step_dir(step)
-            os.makedirs(self.local.url, exist_ok=True)
+            self.local = step_dir(step)  # its directories are made by the upload's begin
             self.upload = self.local.begin_multipart(copy.name)
         except (OSError, CkptStoreError) as exc:
             log.warning("cannot write a peer's copy of %s in step %d: %s", copy.name, step, exc)

@@ -9,7 +9,10 @@ manifest: size and CRC32C), every rank says which files its part of the load rea
 each file a node's ranks read and the node lacks is sent by a node that holds it (so a
 sharded state moves only the shards each node loads); what no node holds is read from the
 bucket as before (``manager.node_tier``). A received file is kept
-only when its size and CRC32C are the manifest's (``manager.peer_copy``). A step saved to
+only when its size and CRC32C are the manifest's (``manager.peer_copy``). Every node sends
+from and receives into this job's directory of its local tier alone (``manager.tier_dir``:
+its stamp names this root and run), so another job's copies are never sent, replaced or
+evicted. A step saved to
 the local tier alone has no bucket copy: its marker, manifest and ``.metadata`` go to
 every node too (``seed``), so that any node can serve it at a restore.
 
@@ -37,7 +40,7 @@ from ckptstore.engine.committed import (
     committed_from_bytes,
     open_committed,
 )
-from ckptstore.engine.local_tier import evict_for, local_files, stamp_run
+from ckptstore.engine.local_tier import evict_for, local_files
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
 from ckptstore.engine.names import step_name
 from ckptstore.engine.replicas import (
@@ -50,10 +53,11 @@ from ckptstore.engine.replicas import (
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.engine.verify import verify_files
-from ckptstore.errors import CkptStoreError, ConfigError
+from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 from ckptstore.manager.nodes import Nodes
 from ckptstore.manager.peer_copy import CHUNK, Incoming, Outgoing, chunks
 from ckptstore.manager.report import size_text
+from ckptstore.manager.tier_dir import TierDir
 from ckptstore.stores.local import LocalStore
 
 __all__ = ["CHUNK", "PeerTier", "PeerReport"]
@@ -90,7 +94,7 @@ class PeerTier:
 
     Call order (every rank, each a collective over ``nodes.group``)::
 
-        peers = PeerTier(nodes, engine, replicas, rate, limit, run)
+        peers = PeerTier(nodes, tier, engine, replicas, rate, limit)
                                          # the manager's constructor
         peers.after_save(step, manifest, url, small)
                                          # save thread, after every save: ``replicate``
@@ -108,13 +112,13 @@ class PeerTier:
     def __init__(
         self,
         nodes: Nodes,
+        tier: TierDir,
         engine: TransferEngine,
         replicas: int,
         rate: int | None = None,
         limit: int | None = None,
-        run: str | None = None,
     ) -> None:
-        self.nodes, self.engine, self.run = nodes, engine, run
+        self.nodes, self.tier, self.engine = nodes, tier, engine
         self.replicas, self.rate, self.limit = replicas, rate, limit
         self.group = nodes.group
 
@@ -170,14 +174,7 @@ class PeerTier:
             if node is not None:  # a rank without a local tier reads from the bucket
                 wants[node].update(names)
         mine = wants[node_map.node] if node_map.node is not None else set()
-        got = self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
-        run = manifest.extra.get("run")
-        if got.received and isinstance(run, str):  # the step directory is that run's
-            try:
-                stamp_run(LocalStore(self.nodes.local_tier_dir or ""), step_name(step), run)
-            except (OSError, CkptStoreError) as exc:  # the restore goes on: never trimmed
-                log.warning("could not stamp step %d's local directory: %s", step, exc)
-        return got
+        return self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
 
     def after_save(
         self, step: int, manifest: Manifest | None, root_url: str, small: Committed | None = None
@@ -225,24 +222,26 @@ class PeerTier:
         )
 
     def _evict(self, step: int, peaks: list[int]) -> None:
-        """This node's leader: the oldest steps its tier keeps besides ``step`` deleted
-        until the node's peak (``peaks``) fits within ``limit`` beside them."""
+        """This node's leader: the oldest steps of this job's directory of its tier besides
+        ``step`` deleted until the node's peak (``peaks``) fits within ``limit`` beside
+        them and everything else the tier holds (other jobs' copies are counted, never
+        deleted: ``engine.local_tier.evict_for``)."""
         node_map = self.nodes.get()
         if not node_map.is_leader or node_map.node is None or self.limit is None:
             return
-        assert self.nodes.local_tier_dir is not None
-        tier = LocalStore(self.nodes.local_tier_dir)
-        for name in evict_for(tier, step, peaks[node_map.node], self.limit, self.run):
+        assert self.tier.path is not None and self.tier.job is not None
+        tier = LocalStore(self.tier.path)
+        for name in evict_for(tier, self.tier.job, step, peaks[node_map.node], self.limit):
             log.info(
                 "evicted %s from %s: the local tier keeps step %d within tier_limit=%d",
-                name, self.nodes.local_tier_dir, step, self.limit,
+                name, self.tier.path, step, self.limit,
             )  # fmt: skip
 
     def seed(self, step: int, small: Committed) -> None:
         """Write ``step``'s manifest, ``.metadata`` and then its marker (``small``, as rank
         0 opened them) into this node's directory of it, unless a marker is there: the
         bytes are checked against one another first (``committed_from_bytes``)."""
-        local = self._step_dir(step)
+        local = self._new_dir(step)
         if local.exists(MARKER_NAME):
             return
         committed_from_bytes(
@@ -254,11 +253,22 @@ class PeerTier:
         local.put(MARKER_NAME, small.marker.to_bytes())
 
     # -- the steps of an exchange ---------------------------------------------------------
-    def _step_dir(self, step: int) -> LocalStore:
-        """This node's directory of ``step``: a child store, whose every read and write
-        refuses (``UnsafePathError``) a symlink at the step directory or below it."""
-        assert self.nodes.local_tier_dir is not None
-        return LocalStore(self.nodes.local_tier_dir).child(step_name(step))
+    def _step_dir(self, step: int) -> Store:
+        """This node's directory of ``step``, in this job's directory of the tier (its
+        stamp checked): a child store, whose every read refuses (``UnsafePathError``) a
+        symlink at the step directory or below it. ``StoreNotFoundError`` when this job
+        has no usable directory on the node."""
+        local = self.tier.step(step)
+        if local is None:
+            raise StoreNotFoundError(f"no directory of this job in the local tier {self.tier.path}")
+        return local
+
+    def _new_dir(self, step: int) -> Store:
+        """``_step_dir``, this job's directory of the tier made (with its stamp) if absent;
+        ``TierStampError`` if it is there but not provably this job's."""
+        job = self.tier.open(create=True)
+        assert job is not None, "the peer tier runs only with a local tier"
+        return job.child(step_name(step))
 
     def _gather_holds(
         self, step: int, manifest: Manifest, verify: Collection[str] = ()
@@ -360,7 +370,7 @@ class PeerTier:
         once, chunk by chunk (each chunk's send and receive posted together, then waited
         for); True if ``take``'s file was received and kept."""
         out = Outgoing(self._step_dir, step, send) if send is not None else None
-        into = Incoming(self._step_dir, step, take, manifest) if take is not None else None
+        into = Incoming(self._new_dir, step, take, manifest) if take is not None else None
         count = max(chunks(send), chunks(take))
         start = time.monotonic()
         try:
@@ -393,7 +403,7 @@ class PeerTier:
                 time.sleep(ahead)
 
 
-def committed_step(root: Store, local_tier_dir: str | None, step: int) -> Committed | None:
+def committed_step(root: Store, tier: TierDir, step: int) -> Committed | None:
     """The committed ``step`` as opened: from this node's local copy when it has one (the
     coordinator's does; a local-only step has no other), else from ``root``; None if
     neither opens. Never raises: rank 0 hands what it gets to every rank's collective."""
@@ -401,8 +411,9 @@ def committed_step(root: Store, local_tier_dir: str | None, step: int) -> Commit
         try:
             if where == "root":
                 return open_committed(root.child(step_name(step)))
-            if local_tier_dir:
-                return open_committed(LocalStore(local_tier_dir).child(step_name(step)))
+            local = tier.step(step)
+            if local is not None:
+                return open_committed(local)
         except Exception as exc:  # noqa: BLE001 - None is the answer: nothing is replicated
             log.debug("step %d's manifest not read from the %s copy: %s", step, where, exc)
     return None

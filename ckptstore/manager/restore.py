@@ -7,17 +7,19 @@ broadcast per step and hand them to their ``CkptReader`` (its ``committed=`` sea
 re-checks them without a store read. So a restore's request count on a step's prefix
 grows neither with the world size (bar each rank's shard reads) nor with the number of
 steps the root keeps. A step rank 0 cannot open is never a candidate, on any rank. Which
-local files a restore trusts is ``engine.local_tier``'s rule. A step saved to the local
-tier alone (``LOCAL_ONLY``) is found on the nodes instead: each rank opens the newest in
-its local tier, and the rank holding the newest of all broadcasts it; it is tried first
-when it is newer than the root's newest, and its files come from the nodes only.
+local files a restore trusts is ``engine.local_tier``'s rule, and only this job's
+directory of each node's tier is looked into (``manager.tier_dir``: its stamp names this
+root and run); another job's copies in the same tier are never read. A step saved to the
+local tier alone (``LOCAL_ONLY``) is found on the nodes instead: each rank opens the
+newest in its job's directory whose manifest names this run, and the rank holding the
+newest of all broadcasts it; it is tried first when it is newer than the root's newest,
+and its files come from the nodes only.
 """
 
 from __future__ import annotations
 
 import functools
 import logging
-import os
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -50,7 +52,7 @@ from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.node_tier import NodeTier, from_peers, where_from
 from ckptstore.manager.peer_tier import PeerTier
 from ckptstore.manager.state import RNGState
-from ckptstore.stores.local import LocalStore
+from ckptstore.manager.tier_dir import TierDir
 
 __all__ = ["Opened", "StepLoader"]
 
@@ -104,7 +106,7 @@ class Opened:
 
 
 class StepLoader:
-    """Loads steps of ``root`` (and of the staged local copies in ``local_tier_dir``).
+    """Loads steps of ``root`` (and of this job's staged local copies, ``tier``).
 
     Call order (every rank, the same steps in the same order; the manager drives it)::
 
@@ -129,7 +131,7 @@ class StepLoader:
         root: Store,
         *,
         engine: TransferEngine,
-        local_tier_dir: str | None,
+        tier: TierDir,
         allow_pickle: bool,
         process_group: Any,
         agree: Agreement,
@@ -138,7 +140,9 @@ class StepLoader:
         self.root = root
         self.peers = peers
         self.engine = engine
-        self.local_tier_dir = local_tier_dir
+        self.tier = tier
+        #: The node's local tier directory, for messages (None: no local tier).
+        self.local_tier_dir = tier.path
         self.allow_pickle = allow_pickle
         self.process_group = process_group
         self.agree = agree
@@ -220,25 +224,34 @@ class StepLoader:
         return self.agree.broadcast(mine, src=holder)
 
     def _own_local(self, step: int | None) -> Opened | None:
-        """The newest local-only step of this rank's local tier (``step`` alone if given)
-        that opens; None if there is none, or a newer step there was saved to the root
-        (which the root's listing covers)."""
-        if not self.local_tier_dir or not os.path.isdir(self.local_tier_dir):
+        """The newest local-only step of this job's directory of this rank's local tier
+        (``step`` alone if given) that opens and whose manifest names this run; None if
+        there is none, or a newer step there was saved to the root (which the root's
+        listing covers)."""
+        job = self.tier.usable()
+        if job is None:
             return None
-        tier = LocalStore(self.local_tier_dir)
         try:
-            entries = list_steps(tier, with_status=False, once=True)
+            entries = list_steps(job, with_status=False, once=True)
         except (OSError, CkptStoreError):
             return None
         for entry in reversed(entries):
             if step is not None and entry.step != step:
                 continue
             try:
-                committed = open_committed(tier.child(entry.name))
+                committed = open_committed(job.child(entry.name))
             except (OSError, CkptStoreError):
                 continue  # no marker here (another node's), or damaged
             if committed.manifest.extra.get("tier") != LOCAL_ONLY:
                 return None
+            assert self.tier.job is not None
+            run = committed.manifest.extra.get("run")
+            if run != self.tier.job.run:  # a step directory moved in from elsewhere
+                log.warning(
+                    "local-only step %d in %s names run %r, not this job's (%r): not restored",
+                    entry.step, job.url, run, self.tier.job.run,
+                )  # fmt: skip
+                continue
             return Opened.of(entry.step, committed, local=True)
         return None
 
@@ -311,7 +324,11 @@ class StepLoader:
         self._local_only = opened.local
         if opened.incomplete:
             return None
-        where = self._local_dir(step).url if opened.local else self.root.describe(step_name(step))
+        where = (
+            f"local-only step {step} in {self.local_tier_dir}"
+            if opened.local
+            else self.root.describe(step_name(step))
+        )
         try:
             return opened.committed(where)
         except (IncompleteCheckpointError, CorruptCheckpointError, NewerFormatError) as exc:
@@ -385,12 +402,6 @@ class StepLoader:
         share = not remote.capabilities.zero_copy_parts
         return self._load_from(remote, step, state, committed, share=share)
 
-    def _local_dir(self, step: int) -> Store:
-        """This rank's local tier directory of ``step`` (the root's, without a local tier)."""
-        if not self.local_tier_dir:
-            return self.root.child(step_name(step))
-        return LocalStore(self.local_tier_dir).child(step_name(step))
-
     def _load_local_only(
         self, step: int, state: dict[str, Any], committed: Committed
     ) -> CkptStoreError | None:
@@ -401,8 +412,7 @@ class StepLoader:
         if local is not None:
             log.info("restoring local-only step %d from %s", step, self.local_tier_dir)
             return self._load_from(local, step, state, committed)
-        own = self._local_dir(step)
-        tier = self._node_tier(step, own, committed)
+        tier = self._node_tier(step, None, committed)
         if tier is None:
             return IncompleteCheckpointError(
                 f"local-only step {step}: no node holds its files in {self.local_tier_dir}"
@@ -410,38 +420,40 @@ class StepLoader:
         hook = None
         if self.peers is not None and self.peers.active:
             hook = functools.partial(
-                from_peers, self.peers, step, committed, tier, own.url, self.is_root
+                from_peers, self.peers, step, committed, tier, tier.remote.url, self.is_root
             )
         error = self._load_from(tier, step, state, committed, before_read=hook)
         if tier.bytes_peers:
             self.source += f"; {tier.bytes_peers} bytes sent between nodes"
         return error
 
-    def _node_tier(self, step: int, remote: Store, committed: Committed) -> NodeTier | None:
+    def _node_tier(self, step: int, remote: Store | None, committed: Committed) -> NodeTier | None:
         """This node's share of ``step`` when no rank-agreed whole local copy exists (on
-        several nodes, each local tier directory holds its own ranks' shards). A collective: used
-        only if every rank can use it or none can, so a load that fails on one falls back
-        to the remote on all (a rank with none of the files reads them all remotely)."""
-        local: LocalStore | None = None
+        several nodes, each local tier directory holds its own ranks' shards), the rest
+        read from ``remote`` (None: a local-only step, which only the nodes hold). A
+        collective: used only if every rank can use it or none can, so a load that fails
+        on one falls back to the remote on all (a rank with none of the files reads them
+        all remotely)."""
+        peers = self.peers is not None and self.peers.active  # they may send files
+        local = self.tier.step(step, create=peers)  # peers' files are received there
         files: list[str] = []
-        if self.local_tier_dir:
-            local = LocalStore(self.local_tier_dir).child(step_name(step))
+        if local is not None:
             try:
                 files = local_files(local, committed.manifest)
             except (OSError, CkptStoreError):
                 files = []
-        peers = self.peers is not None and self.peers.active  # they may send files
         if not self.agree.any(bool(files)) and not peers:
             return None
+        if remote is None:  # no remote copy: what this node lacks is missing
+            remote = local if local is not None else self.root.child(step_name(step))
         return NodeTier(local, remote, files)  # a rank with no files reads all remotely
 
     def _local_tier(self, step: int, committed: Committed) -> Store | None:
         """The local staged copy of ``step`` if every rank has one identical to the
         committed remote checkpoint (a collective), else None. Only local files are read:
         the remote marker is the one rank 0 broadcast."""
-        local: LocalStore | None = None
-        if self.local_tier_dir:
-            local = LocalStore(self.local_tier_dir).child(step_name(step))
+        local = self.tier.step(step)
+        if local is not None:
             try:
                 if not local_copy_matches(local, committed):
                     local = None

@@ -95,7 +95,7 @@ class SaveFlow:
         #: Every node's local tier trimmed by one decision after each save, then the step
         #: replicated to peer nodes (on the checkpoint group, from the save thread:
         #: nothing else uses that group meanwhile).
-        self._local_tiers = LocalTierTrimmer(peers.nodes)
+        self._local_tiers = LocalTierTrimmer(peers.nodes, peers.tier)
         self._peers = peers
         #: Set (on every rank alike) when a node's local tier cannot hold a step within
         #: ``tier_limit``: every later save raises it.
@@ -217,19 +217,30 @@ class SaveFlow:
         """The save's one collective: every rank's ``StepView`` (``busy`` this rank's own)
         merged by "any rank", and this rank's error checking the root. A rank that cannot
         take part (its ``refusal``, a previous save's failure that ``strict`` raises now, a
-        writer that could not start, or, unless ``busy``, the staging memory for
-        ``prepared`` that it cannot allocate) makes every rank raise here: that rank its
-        own error, the others the same error naming it."""
+        writer that could not start, or, unless ``busy``, a local tier directory of this
+        job that is not provably its own, or the staging memory for ``prepared`` that it
+        cannot allocate) makes every rank raise here: that rank its own error, the others
+        the same error naming it."""
         own = self.failures.take(stacklevel=5) or refusal or self._tier_error
         if own is None and self._agree.rank == 0:
             own = self.owner.claim()
         if own is None and not busy:
-            own = self._backend.start_error() or self._reserve(prepared)
+            own = self._backend.start_error() or self._tier_refusal() or self._reserve(prepared)
         view, unreachable = self._step_view(step, busy)
         *agreed, refused = self._agree.max_of([*view.flags(), self._agree.rank + 1 if own else 0])
         if refused:
             self.failures.refuse(self._agree, step, own, refused - 1)
         return StepView.of(agreed), unreachable
+
+    def _tier_refusal(self) -> BaseException | None:
+        """Why this rank cannot write into this job's directory of its node's local tier
+        (made with its stamp if absent): it is not provably this job's
+        (``TierStampError``), or cannot be made; None when it can (or there is no tier)."""
+        try:
+            self._peers.tier.open(create=True)
+        except (OSError, CkptStoreError) as exc:
+            return exc
+        return None
 
     def _reserve(self, prepared: Any) -> BaseException | None:
         """Allocate the staging memory ``prepared`` needs (no save of this rank reads the
@@ -396,7 +407,7 @@ class SaveFlow:
         failure here is a warning in the save's record."""
         keeps = local_tier_keeps(kept, self.options.keep_local) if kept else None
         try:
-            self._local_tiers.after_save(record.step, keeps, self.run_id)
+            self._local_tiers.after_save(keeps)
         except Exception as exc:  # noqa: BLE001 - the save itself is done either way
             note = f"trimming the local tier after step {record.step} failed: {exc}"
             log.warning("%s", note)
@@ -413,7 +424,7 @@ class SaveFlow:
             return
         committed = None
         if self.rank == 0 and record.status == SaveStatus.COMMITTED:
-            committed = committed_step(self.root, self.options.local_tier_dir, record.step)
+            committed = committed_step(self.root, self._peers.tier, record.step)
         local = record.tier == "local"
         where = f"the local tier {self.options.local_tier_dir}" if local else self.root.url
         notes, error = self._peers.after_save(

@@ -17,16 +17,19 @@ import subprocess
 import sys
 import textwrap
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
 
 from ckptstore.engine.catalog import SkippedEntryWarning, step_name
+from ckptstore.engine.names import JOB_STAMP
 from ckptstore.errors import StoreAccessError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import KeepLast
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
+from tests.tier_dirs import make_job_dir
 
 
 def state(v: float) -> dict:
@@ -104,20 +107,27 @@ def test_the_readme_pattern_with_a_file_root_exits_non_zero(tmp_path) -> None:
 
 @pytest.mark.parametrize("kind", ["symlink", "file"])
 def test_a_foreign_step_entry_in_the_local_tier_changes_nothing(tmp_path, kind) -> None:
+    """A symlinked or file-named ``step_*`` in the job's own directory of the tier (and one
+    beside it, where the older layout kept steps) is warned about once and left alone."""
     staging, elsewhere = tmp_path / "nvme", tmp_path / "elsewhere"
-    staging.mkdir()
+    root = str(tmp_path / "root")
+    job = Path(make_job_dir(str(staging), root, "foreign-entry"))  # as it left it earlier
     (elsewhere / step_name(1)).mkdir(parents=True)
     (elsewhere / step_name(1) / "precious.bin").write_text("not ckptstore's")
-    stray = staging / step_name(1)
-    if kind == "symlink":
-        stray.symlink_to(elsewhere / step_name(1), target_is_directory=True)
-    else:
-        stray.write_text("a file named like a step")
-    root = str(tmp_path / "root")
+    strays = [job / step_name(1), staging / step_name(1)]
+    for stray in strays:
+        if kind == "symlink":
+            stray.symlink_to(elsewhere / step_name(1), target_is_directory=True)
+        else:
+            stray.write_text("a file named like a step")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         with CheckpointManager(
-            root, local_tier_dir=str(staging), keep=KeepLast(2), background="thread"
+            root,
+            local_tier_dir=str(staging),
+            keep=KeepLast(2),
+            background="thread",
+            run_id="foreign-entry",
         ) as mgr:
             for step in range(2, 7):
                 mgr.save(step, state(float(step)))
@@ -125,9 +135,9 @@ def test_a_foreign_step_entry_in_the_local_tier_changes_nothing(tmp_path, kind) 
     assert [r.status for r in mgr.records] == ["committed"] * 5
     assert all(not r.warnings for r in mgr.records)
     assert mgr.steps() == [5, 6]  # retention went on
-    kept = sorted(n for n in os.listdir(staging) if n != step_name(1))
+    kept = sorted(n for n in os.listdir(job) if n not in (step_name(1), JOB_STAMP))
     assert kept == [step_name(6)]  # the local-tier trim went on
-    assert os.path.lexists(stray)  # the foreign entry is left alone ...
+    assert all(os.path.lexists(s) for s in strays)  # the foreign entries are left alone ...
     assert (elsewhere / step_name(1) / "precious.bin").exists()  # ... and not followed
     skipped = [w for w in caught if issubclass(w.category, SkippedEntryWarning)]
     assert len({str(w.message) for w in skipped}) == 1  # one warning, not one per save

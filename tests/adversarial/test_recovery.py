@@ -17,6 +17,7 @@ from ckptstore.engine.committed import open_committed
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import KeepLast
 from ckptstore.stores.local import LocalStore
+from tests.tier_dirs import step_dir
 
 
 def state(v: float) -> dict[str, Any]:
@@ -115,7 +116,7 @@ def test_damaged_local_copy_falls_back_to_the_remote_copy_of_the_same_step(
     with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         for s in (1, 2):
             mgr.save(s, state(float(s)))
-    local = Path(staging) / step_name(2)
+    local = Path(step_dir(staging, 2))
     assert shards(local)
     damage(shards(local)[0])
     out = state(0.0)

@@ -108,7 +108,7 @@ def test_ls_shows_which_tiers_hold_each_step(tool, tmp_path) -> None:
     rows = {line.split()[0]: line for line in r.out.splitlines()[1:3]}
     assert rows["2"].endswith("bucket, local 1: all, local 2: 0/1"), r.out
     assert rows["1"].endswith("bucket, local 1: 0/1, local 2: 0/1"), r.out
-    assert f"local 1: {tier}" in r.out
+    assert f"local tier 1: {tier}" in r.out and f"local tier 2: {empty}" in r.out
     doc = tool("ls", root, "--local-tier", tier, "--json").json()
     assert doc["checkpoints"][1]["tiers"] == [{"dir": tier, "files": 1, "of": 1}]
     assert "tiers" not in tool("ls", root, "--json").json()["checkpoints"][0]

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import time
 import warnings
+from pathlib import Path
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ from ckptstore.errors import ConfigError, StoreAccessError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.saving.shared_stager import SharedStager
 from harness.dist import run_distributed
+from tests.tier_dirs import job_dir, make_job_dir
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -149,12 +151,13 @@ def test_two_ranks_save_in_writer_processes_and_restore_bitwise(tmp_path) -> Non
 @pytest.mark.processes
 def test_writer_error_is_reported_at_the_next_save_and_training_goes_on(tmp_path) -> None:
     """A real failure inside the writer: a file stands where the step's node-local tier
-    directory goes (the training process never touches the local tier directory)."""
+    directory goes (the training process never writes a step directory of the tier)."""
     root, nvme = str(tmp_path / "root"), tmp_path / "nvme"
     mgr = CheckpointManager(root, local_tier_dir=str(nvme), background="process")
     mgr.save(1, {"w": torch.ones(100)})
     mgr.wait()
-    (nvme / step_name(2)).write_text("a file where the step's directory goes")
+    job = Path(job_dir(str(nvme)))
+    (job / step_name(2)).write_text("a file where the step's directory goes")
     mgr.save(2, {"w": torch.full((100,), 2.0)})
     while mgr.records[-1].status == "writing":  # training goes on meanwhile
         time.sleep(0.05)
@@ -165,7 +168,7 @@ def test_writer_error_is_reported_at_the_next_save_and_training_goes_on(tmp_path
     mgr.wait()
     assert mgr.records[2].status == "committed"
     assert mgr.steps() == [1, 3]
-    (nvme / step_name(4)).write_text("in the way again")
+    (job / step_name(4)).write_text("in the way again")
     mgr.save(4, {"w": torch.ones(100)})
     with pytest.raises(StoreAccessError, match="not a directory"):
         mgr.close()  # the last save failed
@@ -173,11 +176,11 @@ def test_writer_error_is_reported_at_the_next_save_and_training_goes_on(tmp_path
 
 @pytest.mark.processes
 def test_strict_mode_raises_the_writer_error(tmp_path) -> None:
-    nvme = tmp_path / "nvme"
-    nvme.mkdir()
-    (nvme / step_name(1)).write_text("in the way")
+    root, nvme = str(tmp_path / "root"), str(tmp_path / "nvme")
+    job = make_job_dir(nvme, root, "strict")
+    (Path(job) / step_name(1)).write_text("in the way")
     mgr = CheckpointManager(
-        str(tmp_path / "root"), local_tier_dir=str(nvme), background="process", strict=True
+        root, local_tier_dir=nvme, background="process", strict=True, run_id="strict"
     )
     mgr.save(1, {"w": torch.ones(10)})
     with pytest.raises(StoreAccessError, match="not a directory"):

@@ -21,13 +21,14 @@ import torch
 
 from ckptstore.engine.local_tier import LOCAL_ONLY, save_tier
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
-from ckptstore.engine.names import step_name
+from ckptstore.engine.names import JOB_STAMP, step_name
 from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.stores.local import LocalStore
 from harness.dist import run_distributed
 from tests.manager.test_peer_tier import DataReads
+from tests.tier_dirs import job_dir, step_dir, steps_in
 
 pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:UserWarning")
 
@@ -104,8 +105,8 @@ def test_local_only_steps_never_reach_the_root_and_the_newest_is_restored(tmp_pa
     ]
     assert sorted(os.listdir(os.path.join(tmp, "root"))) == [step_name(4)]
     tier = os.path.join(tmp, "tier")
-    assert sorted(os.listdir(tier)) == [step_name(6)]  # keep_local=1: the newest only
-    assert extra(os.path.join(tier, step_name(6)))["tier"] == LOCAL_ONLY
+    assert steps_in(tier) == [step_name(6)]  # keep_local=1: the newest only
+    assert extra(step_dir(tier, 6))["tier"] == LOCAL_ONLY
     step, out = restore(tmp)
     assert step == 6 and equal(out, state(6.0))
 
@@ -114,19 +115,19 @@ def test_keep_local_keeps_the_newest_steps_a_restore_could_pick(tmp_path) -> Non
     tmp = str(tmp_path)
     tier = os.path.join(tmp, "tier")
     run_cadence(tmp, range(1, 7), local_every=2, remote_every=4, keep_local=2)
-    assert sorted(os.listdir(tier)) == [step_name(4), step_name(6)]
+    assert steps_in(tier) == [step_name(4), step_name(6)]
     run_cadence(tmp, range(7, 9), local_every=2, remote_every=4, keep_local=2)
     # durable step 8 supersedes local-only step 6: the root's 4 and 8 are what a restore
     # could pick
-    assert sorted(os.listdir(tier)) == [step_name(4), step_name(8)]
+    assert steps_in(tier) == [step_name(4), step_name(8)]
     run_cadence(tmp, range(9, 10), local_every=1, remote_every=10, keep_local=2)
-    assert sorted(os.listdir(tier)) == [step_name(8), step_name(9)]
+    assert steps_in(tier) == [step_name(8), step_name(9)]
 
 
 def test_a_damaged_local_only_step_falls_back_to_the_roots_newest(tmp_path) -> None:
     tmp = str(tmp_path)
     run_cadence(tmp, range(1, 7), local_every=2, remote_every=4)
-    d = os.path.join(tmp, "tier", step_name(6))
+    d = step_dir(os.path.join(tmp, "tier"), 6)
     (shard,) = [n for n in os.listdir(d) if n.endswith(".distcp")]
     with open(os.path.join(d, shard), "r+b") as f:
         f.seek(-8, 2)
@@ -154,7 +155,7 @@ def test_the_process_backend_saves_local_only_steps(tmp_path) -> None:
     tmp = str(tmp_path)
     run_cadence(tmp, range(1, 4), local_every=1, remote_every=2, background="process")
     assert os.listdir(os.path.join(tmp, "root")) == [step_name(2)]
-    assert extra(os.path.join(tmp, "tier", step_name(3)))["tier"] == LOCAL_ONLY
+    assert extra(step_dir(os.path.join(tmp, "tier"), 3))["tier"] == LOCAL_ONLY
     step, out = restore(tmp)
     assert step == 3 and equal(out, state(3.0))
 
@@ -170,8 +171,13 @@ def node_state(rank: int, v: float) -> dict[str, Any]:
 def _nodes(rank: int, world: int, tmp: str, restore: bool) -> Any:
     tier = os.path.join(tmp, f"node{rank}")
     root = DataReads(LocalStore(os.path.join(tmp, "root")))
-    with CheckpointManager(
-        root, local_tier_dir=tier, local_every=5, remote_every=10, background="thread"
+    with CheckpointManager(  # one run across both launches: the tier's copies are its own
+        root,
+        local_tier_dir=tier,
+        local_every=5,
+        remote_every=10,
+        background="thread",
+        run_id="cadence",
     ) as mgr:
         if not restore:
             for s in (10, 15):
@@ -194,7 +200,9 @@ def test_a_replaced_node_0_restores_a_local_only_step_from_its_peers(tmp_path) -
     tmp = str(tmp_path)
     assert run_distributed(_nodes, NODES, tmp, False) == [["committed"] * 2] * NODES
     for node in range(NODES):  # every node can open step 15: its small objects are there
-        assert os.path.exists(os.path.join(tmp, f"node{node}", step_name(15), MARKER_NAME))
+        assert os.path.exists(
+            os.path.join(step_dir(os.path.join(tmp, f"node{node}"), 15), MARKER_NAME)
+        )
     assert not os.path.exists(os.path.join(tmp, "root", step_name(15)))
     wipe(tmp, 0)  # the coordinator's node replaced
     results = run_distributed(_nodes, NODES, tmp, True)
@@ -225,7 +233,7 @@ def test_finalize_saves_to_the_root_whatever_the_cadences_say(tmp_path) -> None:
     assert os.listdir(os.path.join(tmp, "root")) == [step_name(4)]
 
 
-def test_another_runs_steps_in_the_local_tier_are_never_deleted(tmp_path) -> None:
+def test_another_jobs_steps_in_the_local_tier_are_never_deleted(tmp_path, caplog) -> None:
     tmp = str(tmp_path)
     tier = os.path.join(tmp, "tier")
     for run, steps in (("run-a", range(1, 3)), ("run-b", range(3, 5))):
@@ -239,9 +247,13 @@ def test_another_runs_steps_in_the_local_tier_are_never_deleted(tmp_path) -> Non
             for s in steps:
                 mgr.save(s, state(float(s)))
                 mgr.wait()
-    # run-b trimmed its own step 3, never run-a's step 2 (nor a directory nobody stamped)
-    assert sorted(os.listdir(tier)) == [step_name(2), step_name(4)]
+    a = job_dir(tier, str(tmp_path / "run-a"), "run-a")
+    b = job_dir(tier, str(tmp_path / "run-b"), "run-b")
+    # run-b trimmed its own step 3, never run-a's step 2 (nor the older layout's step 0)
+    assert sorted(os.listdir(a)) == [JOB_STAMP, step_name(2)]
+    assert sorted(os.listdir(b)) == [JOB_STAMP, step_name(4)]
     os.makedirs(os.path.join(tier, step_name(0)))
+    caplog.set_level("INFO", logger="ckptstore.manager")
     with CheckpointManager(
         os.path.join(tmp, "run-b"),
         local_tier_dir=tier,
@@ -250,4 +262,9 @@ def test_another_runs_steps_in_the_local_tier_are_never_deleted(tmp_path) -> Non
         background="thread",
     ) as mgr:
         mgr.save(5, state(5.0))
-    assert sorted(os.listdir(tier)) == [step_name(s) for s in (0, 2, 5)]
+    assert sorted(os.listdir(b)) == [JOB_STAMP, step_name(5)]
+    assert sorted(os.listdir(a)) == [JOB_STAMP, step_name(2)]
+    assert os.path.isdir(os.path.join(tier, step_name(0)))
+    # the first save's trim said, once, what else the tier holds and whose it is
+    assert f"also holds 1 other jobs' copies (run run-a of root {tmp_path / 'run-a'}" in caplog.text
+    assert "1 step directories of an older ckptstore's layout (step_000000000" in caplog.text

@@ -12,6 +12,7 @@ from ckptstore.manager import CheckpointManager
 from ckptstore.manager.retention import KeepEvery, KeepLast, select_deletions
 from ckptstore.manager.state import RNGState
 from ckptstore.stores.local import LocalStore
+from tests.tier_dirs import step_dir, steps_in
 
 
 def state(v: float) -> dict:
@@ -83,7 +84,7 @@ def test_background_failure_is_reported_not_fatal(tmp_path, monkeypatch) -> None
     monkeypatch.setattr(local.os, "write", real)
     monkeypatch.undo()
     assert mgr.records[-1].status == "failed"
-    assert not os.path.exists(os.path.join(staging, step_name(2)))  # partial files removed
+    assert not os.path.exists(step_dir(staging, 2))  # partial files removed
     mgr.save(3, state(3.0))  # training goes on; the next save works
     mgr.close()
     assert CheckpointManager(root, background="thread").steps() == [1, 3]
@@ -215,7 +216,7 @@ def test_unreachable_remote_fails_clearly_and_keeps_the_local_copy(tmp_path) -> 
     with pytest.raises(ckptstore.TransferError, match="after 3 attempts.*local copy is kept"):
         mgr.wait()  # the manager's first save: nothing of the run is protected, it raises
     assert mgr.records[-1].status == "failed"
-    kept = os.listdir(os.path.join(staging, step_name(7)))
+    kept = os.listdir(step_dir(staging, 7))
     assert any(n.endswith(".distcp") for n in kept)
     assert mgr.steps() == []  # nothing committed remotely
     mgr.close()  # the failure was raised by wait(), not again
@@ -258,7 +259,7 @@ def test_full_staging_disk_is_a_clean_error_and_training_goes_on(tmp_path, tiny_
     with pytest.raises(StorageFullError, match="no space left"):
         mgr.wait()  # the manager's first save: raised, not a warning
     assert mgr.records[-1].status == "failed"
-    assert os.listdir(tiny_disk) == []  # partial files removed
+    assert steps_in(str(tiny_disk)) == []  # partial files removed (the job's stamp stays)
     mgr.save(2, state(2.0))  # a small one still fits: training went on
     mgr.close()
     assert CheckpointManager(root).steps() == [2]

@@ -21,11 +21,13 @@ import torch
 import ckptstore
 from ckptstore.engine.names import TMP_MARK, step_name
 from ckptstore.engine.store import Store
+from ckptstore.engine.tier_jobs import TierJob
 from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager, peer_copy, peer_tier
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import FaultyStore
 from harness.dist import run_distributed
+from tests.tier_dirs import job_dir, steps_in
 
 pytestmark = [
     pytest.mark.distributed,
@@ -34,6 +36,14 @@ pytestmark = [
 
 NODES = 3
 STEP = 5
+#: Every launch of these tests is one run: a restore finds the copies its save left.
+RUN = "peer-tier"
+
+
+def node_dir(tmp: str, node: int, step: int = STEP) -> str:
+    """Node ``node``'s directory of ``step``, in the job's directory of its local tier."""
+    tier = os.path.join(tmp, f"node{node}")
+    return os.path.join(job_dir(tier, os.path.join(tmp, "root"), RUN), step_name(step))
 
 
 class DataReads(FaultyStore):
@@ -69,7 +79,7 @@ def _body(rank: int, world: int, tmp: str, replicas: int, restore: bool, chunk: 
         peer_copy.CHUNK = peer_tier.CHUNK = chunk
     tier = os.path.join(tmp, f"node{rank}")
     root = DataReads(LocalStore(os.path.join(tmp, "root")))
-    with CheckpointManager(root, local_tier_dir=tier, replicas=replicas) as mgr:
+    with CheckpointManager(root, local_tier_dir=tier, replicas=replicas, run_id=RUN) as mgr:
         if not restore:
             mgr.save(STEP, state(rank, 5.0))
             return None
@@ -89,7 +99,7 @@ def saved(tmp: str, replicas: int, chunk: int = 0) -> dict[int, set[str]]:
 def held(tmp: str) -> dict[int, set[str]]:
     out = {}
     for node in range(NODES):
-        d = os.path.join(tmp, f"node{node}", step_name(STEP))
+        d = node_dir(tmp, node)
         out[node] = (
             {n for n in os.listdir(d) if n.endswith(".distcp")} if os.path.isdir(d) else set()
         )
@@ -169,22 +179,22 @@ def test_a_damaged_or_truncated_copy_is_never_used_the_next_holder_sends_it(tmp_
     assert all(h == every for h in holds.values())
     wipe(tmp, 2)
     (two,) = own(every, 2)
-    damaged = os.path.join(tmp, "node0", step_name(STEP), two)  # node 0's copy of node 2's
+    damaged = os.path.join(node_dir(tmp, 0), two)  # node 0's copy of node 2's
     with open(damaged, "r+b") as f:
         f.seek(-8, 2)
         f.write(b"\xff" * 8)
     (one,) = own(every, 1)
-    truncated = os.path.join(tmp, "node1", step_name(STEP), one)  # node 1's own file
+    truncated = os.path.join(node_dir(tmp, 1), one)  # node 1's own file
     with open(truncated, "r+b") as f:
         f.truncate(os.path.getsize(truncated) - 1)
     (zero,) = own(every, 0)
-    mine = os.path.join(tmp, "node0", step_name(STEP), zero)  # a file node 0 reads itself
+    mine = os.path.join(node_dir(tmp, 0), zero)  # a file node 0 reads itself
     with open(mine, "r+b") as f:
         f.seek(-8, 2)
         f.write(b"\xee" * 8)
     assert restored(tmp, replicas=2) == set()
     remote = os.path.join(tmp, "root", step_name(STEP))
-    received = os.path.join(tmp, "node2", step_name(STEP), two)  # good, whoever sent it
+    received = os.path.join(node_dir(tmp, 2), two)  # good, whoever sent it
     for path, name in ((received, two), (truncated, one), (mine, zero)):  # good copies
         assert open_bytes(path) == open_bytes(os.path.join(remote, name))
 
@@ -193,7 +203,9 @@ def _dies_while_replicating(rank: int, world: int, tmp: str) -> Any:
     """Node 2 is SIGKILLed while the step's replicas travel (slowed by ``replica_rate``);
     the others' save thread meets the dead peer."""
     tier = os.path.join(tmp, f"node{rank}")
-    mgr = CheckpointManager(os.path.join(tmp, "root"), local_tier_dir=tier, replica_rate=100_000)
+    mgr = CheckpointManager(
+        os.path.join(tmp, "root"), local_tier_dir=tier, replica_rate=100_000, run_id=RUN
+    )
     big = {"w": torch.arange(200_000.0), f"own{rank}": torch.full((100_000,), float(rank))}
     mgr.save(STEP, big)
     if rank == 2:
@@ -218,7 +230,7 @@ def test_a_peer_dying_during_replication_leaves_the_save_committed_and_no_partia
     remote = os.path.join(tmp, "root", step_name(STEP))
     assert os.path.exists(os.path.join(remote, "COMMITTED"))
     for node in (0, 1):  # whatever a node kept is whole; no temp file is left
-        d = os.path.join(tmp, f"node{node}", step_name(STEP))
+        d = node_dir(tmp, node)
         for name in os.listdir(d):
             assert TMP_MARK not in name, name
             if name.endswith(".distcp"):
@@ -229,7 +241,7 @@ def test_a_peer_dying_during_replication_leaves_the_save_committed_and_no_partia
 def _three_steps(rank: int, world: int, tmp: str, limit: int) -> Any:
     tier = os.path.join(tmp, f"node{rank}")
     with CheckpointManager(
-        os.path.join(tmp, "root"), local_tier_dir=tier, keep_local=3, tier_limit=limit
+        os.path.join(tmp, "root"), local_tier_dir=tier, keep_local=3, tier_limit=limit, run_id=RUN
     ) as mgr:
         for s in (1, 2, 3):
             mgr.save(s, state(rank, float(s)))
@@ -248,11 +260,13 @@ def test_a_full_tier_evicts_its_oldest_steps_never_the_newest(tmp_path) -> None:
     peaks = [2 * mine[n] + mine[n - 1] for n in range(NODES)]  # own twice + a replica
     limit = max(peaks) + max(peaks) // 4
     step_bytes = [mine[n] + mine[n - 1] for n in range(NODES)]
-    assert limit - peaks[0] < step_bytes[0] and limit - peaks[2] >= 2 * step_bytes[2]
+    stamp = len(TierJob(os.path.join(tmp, "root"), RUN).stamp())  # the job directory's
+    assert limit - peaks[0] - stamp < step_bytes[0]
+    assert limit - peaks[2] - stamp >= 2 * step_bytes[2]
     shutil.rmtree(tmp_path)
     for records in run_distributed(_three_steps, NODES, tmp, limit):
         assert records == [("committed", [])] * 3
-    steps = {n: sorted(os.listdir(os.path.join(tmp, f"node{n}"))) for n in range(NODES)}
+    steps = {n: steps_in(os.path.join(tmp, f"node{n}")) for n in range(NODES)}
     assert steps[0] == [step_name(3)]
     assert steps[2] == [step_name(s) for s in (1, 2, 3)]
 
@@ -262,7 +276,7 @@ def test_a_symlinked_step_directory_is_never_written_through(tmp_path) -> None:
     every = set().union(*saved(tmp, replicas=1).values())
     elsewhere = os.path.join(tmp, "elsewhere")
     os.makedirs(elsewhere)
-    step_dir = os.path.join(tmp, "node1", step_name(STEP))
+    step_dir = node_dir(tmp, 1)
     shutil.rmtree(step_dir)
     os.symlink(elsewhere, step_dir)  # node 1 "lost" its files; its step dir points away
     read = restored(tmp, replicas=1)  # every rank restores the saved values
@@ -272,7 +286,9 @@ def test_a_symlinked_step_directory_is_never_written_through(tmp_path) -> None:
 
 def _over_the_limit(rank: int, world: int, tmp: str, limit: int) -> Any:
     tier = os.path.join(tmp, f"node{rank}")
-    with CheckpointManager(os.path.join(tmp, "root"), local_tier_dir=tier, tier_limit=limit) as mgr:
+    with CheckpointManager(
+        os.path.join(tmp, "root"), local_tier_dir=tier, tier_limit=limit, run_id=RUN
+    ) as mgr:
         mgr.save(STEP, state(rank, 5.0))
         mgr.wait()
         (record,) = mgr.records

@@ -18,6 +18,7 @@ from ckptstore.manager.saving.save_step import save_step
 from ckptstore.manager.saving.thread_backend import ThreadBackend
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
+from tests.tier_dirs import step_dir
 
 
 def test_save_status_compares_and_serialises_as_the_plain_names() -> None:
@@ -46,7 +47,7 @@ def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> 
         engine.close()
     assert [e.step for e in list_steps(root) if e.status == "committed"] == [1, 2]
     # the staged save left a committed local copy (the restore tier) beside the remote one
-    local = os.path.join(staging, step_name(2))
+    local = step_dir(staging, 2)
     assert "COMMITTED" in os.listdir(local)
     for step in (1, 2):
         out = {"w": torch.zeros(10)}

@@ -4,7 +4,8 @@ Shrinking works under torchrun as it ships: a node that leaves for good is dropp
 next rendezvous round, and the remaining node restarts alone (world 1) from the newest
 commit, resharding the two-rank checkpoint. Growing a running job works under
 ``--rdzv-backend ckptstore-c10d`` (stock c10d: a strict-xfail canary, ``scenario.BACKENDS``),
-and so does a new job on two nodes resuming from the one-node job's checkpoint.
+and so does a new launch of the same run on two nodes resuming from the one-node job's
+checkpoint.
 Every sample is consumed exactly once across the whole run (the effective steps, re-done
 ones excluded), and each restore loads exactly the model + optimizer state the step was
 saved with, on the other world size.
@@ -78,13 +79,16 @@ def elastic(
 
 def test_shrink_to_one_node_then_a_new_two_node_job_resumes(tmp_path, data) -> None:
     d = str(tmp_path)
-    with elastic(d, data, SHRUNK_UNTIL, job="a", max_restarts=1) as shrink:
+    # Both launches are one run (a node-local copy serves only the run that made it): the
+    # new job's node 0 then restores from its local tier, node 1 from node 0.
+    run = {"CKPTSTORE_RUN_ID": "shrink-then-grow"}
+    with elastic(d, data, SHRUNK_UNTIL, job="a", max_restarts=1, env=run) as shrink:
         shrink.start()
         shrink.wait_commit(EVERY * 2)
         pid, t_kill, last = shrink.worker_pid(1), time.time(), shrink.last_step()
         shrink.remove_node(1)  # agent and worker SIGKILLed: node 1 leaves the job
         shrink.wait()
-    with elastic(d, data, STEPS, job="b", max_restarts=0) as grow:
+    with elastic(d, data, STEPS, job="b", max_restarts=0, env=run) as grow:
         grow.start()
         grow.wait()
 

@@ -16,6 +16,10 @@ import torch
 
 from ckptstore.engine.catalog import step_name
 from ckptstore.manager import CheckpointManager
+from tests.tier_dirs import job_dir, make_job_dir, step_dir
+
+#: The run of the two-node saves (its job directory is known before they start).
+RUN = "two-nodes"
 
 
 def state(v: float) -> dict:
@@ -40,14 +44,14 @@ def saved(tmp_path) -> tuple[str, str]:
     root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
     with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         mgr.save(5, state(5.0))
-    local = os.path.join(staging, step_name(5))
+    local = step_dir(staging, 5)
     os.remove(os.path.join(local, "COMMITTED"))
     return os.path.join(root, step_name(5)), local
 
 
 def restore(remote: str, local: str) -> dict:
     out = state(0.0)
-    root, staging = os.path.dirname(remote), os.path.dirname(local)
+    root, staging = os.path.dirname(remote), os.path.dirname(os.path.dirname(local))
     with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         assert mgr.restore(out) == 5
     return out
@@ -92,12 +96,13 @@ def _two_nodes_save(rank: int, world: int, root: str, staging: str) -> dict:
     import torch.distributed as dist
 
     mine = os.path.join(staging, f"node{rank}")
+    job = job_dir(mine, root, RUN)
     seen = {}
-    with CheckpointManager(root, local_tier_dir=mine, async_save=False) as mgr:
+    with CheckpointManager(root, local_tier_dir=mine, async_save=False, run_id=RUN) as mgr:
         for step in (1, 2):
             mgr.save(step, {f"w{rank}": torch.full((1000,), float(step + rank))})
             dist.barrier()
-            seen[step] = sorted(n for n in os.listdir(mine) if n.startswith("step_"))
+            seen[step] = sorted(n for n in os.listdir(job) if n.startswith("step_"))
         out = {f"w{rank}": torch.zeros(1000)}
         got = mgr.restore(out)
     return {
@@ -112,17 +117,21 @@ def test_every_nodes_local_tier_keeps_what_rank_0_decided(tmp_path) -> None:
     from harness.dist import run_distributed
 
     root, staging = str(tmp_path / "root"), str(tmp_path / "nvme")
-    # What is not ckptstore's in node 1's local tier directory stays: a user's file, a symlink
-    # named like an old step (pointing outside), a foreign file inside an old step dir.
+    # What is not ckptstore's in node 1's directory of the job stays: a user's file, a
+    # symlink named like an old step (pointing outside), a foreign file inside an old step
+    # dir; and so does everything beside it in the tier (the older layout's step 0).
     node1 = os.path.join(staging, "node1")
+    job = make_job_dir(node1, root, RUN)  # as the job left it earlier
     outside = tmp_path / "outside"
     outside.mkdir()
     (outside / "keep.txt").write_text("not ckptstore's")
+    os.makedirs(os.path.join(job, step_name(0), "x"))
+    (tmp_path / "nvme" / "node1" / job / step_name(0) / "notes.txt").write_text("mine")
+    (tmp_path / "nvme" / "node1" / job / "notes.txt").write_text("mine")
     os.makedirs(os.path.join(node1, step_name(0)))
-    (tmp_path / "nvme" / "node1" / step_name(0) / "notes.txt").write_text("mine")
-    (tmp_path / "nvme" / "node1" / "notes.txt").write_text("mine")
-    os.symlink(outside, os.path.join(node1, "step_000000000x"))
-    os.symlink(outside, os.path.join(node1, step_name(9)))
+    (tmp_path / "nvme" / "node1" / step_name(0) / "__0_0.distcp").write_text("old layout")
+    os.symlink(outside, os.path.join(job, "step_000000000x"))
+    os.symlink(outside, os.path.join(job, step_name(9)))
     results = run_distributed(_two_nodes_save, 2, root, staging, timeout=240)
     for rank, r in enumerate(results):
         extra = [step_name(0), "step_000000000x", step_name(9)] if rank == 1 else []
@@ -130,9 +139,10 @@ def test_every_nodes_local_tier_keeps_what_rank_0_decided(tmp_path) -> None:
             assert r["seen"][step] == sorted([step_name(step), *extra]), (rank, step, r["seen"])
         assert r["restored"] == 2 and r["ok"]
     assert (outside / "keep.txt").read_text() == "not ckptstore's"  # no link followed
-    assert (tmp_path / "nvme" / "node1" / step_name(0) / "notes.txt").exists()
-    assert (tmp_path / "nvme" / "node1" / "notes.txt").exists()
-    shards = [n for n in os.listdir(os.path.join(node1, step_name(2))) if n.endswith(".distcp")]
+    assert (tmp_path / "nvme" / "node1" / job / step_name(0) / "notes.txt").exists()
+    assert (tmp_path / "nvme" / "node1" / job / "notes.txt").exists()
+    assert (tmp_path / "nvme" / "node1" / step_name(0) / "__0_0.distcp").exists()
+    shards = [n for n in os.listdir(os.path.join(job, step_name(2))) if n.endswith(".distcp")]
     assert shards  # node 1's own shards of the kept step stay (its restore tier)
 
 

@@ -28,7 +28,9 @@ from ckptstore.engine.local_tier import LOCAL_ONLY
 from ckptstore.engine.names import step_name
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
+from ckptstore.engine.tier_jobs import open_job
 from ckptstore.engine.transfer import TransferEngine
+from ckptstore.errors import CkptStoreError
 from ckptstore.manager.options import SaveOptions
 from ckptstore.manager.saving.schedule import LiveFirst, Pieces, Piecewise, Refusing
 from ckptstore.stores.local import LocalStore
@@ -79,11 +81,13 @@ def save_step(
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
     on every rank of ``process_group``; the post-commit warnings.
 
-    ``options`` say how (codec, key layout, local tier, run id); ``overwrite`` replaces a
-    committed ``step`` (one found damaged) atomically; ``local`` saves ``step`` to the
-    local tier alone: each rank writes its files into its own node's
-    ``local_tier_dir/<step>/``, the coordinator commits there (its manifest says
-    ``LOCAL_ONLY``; a step saved again replaces it) and the root is not touched. The
+    ``options`` say how (codec, key layout, local tier and its job, run id);
+    ``overwrite`` replaces a committed ``step`` (one found damaged) atomically; ``local``
+    saves ``step`` to the local tier alone: each rank writes its files into its own node's
+    ``local_tier_dir/<job>/<step>/`` (``engine.tier_jobs``: a job directory that is not
+    provably this job's refuses the save on every rank), the coordinator commits there
+    (its manifest says ``LOCAL_ONLY``; a step saved again replaces it) and the root is not
+    touched. The
     schedule: with ``is_live`` (part of ``state`` is training's own memory, not a copy)
     ``LiveFirst``, calling ``release`` once those tensors are durable; with ``pieces`` (a
     state staged in shared memory one piece at a time) ``Piecewise``; with ``refusal``
@@ -94,8 +98,14 @@ def save_step(
     """
     url: Store = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
     if local:
-        assert options.local_tier_dir, "a local-only save needs a local tier"
-        url, overwrite = LocalStore(options.local_tier_dir).child(step_name(step)), True
+        assert options.local_tier_dir and options.tier_job, "a local-only save needs a local tier"
+        try:  # this job's directory of the tier, its stamp checked (made if absent)
+            job_dir = open_job(LocalStore(options.local_tier_dir), options.tier_job, create=True)
+        except (OSError, CkptStoreError) as exc:  # refused on every rank, in DCP's planning
+            refusal = refusal or exc
+        else:
+            assert job_dir is not None
+            url, overwrite = job_dir.child(step_name(step)), True
     manifest_timings = dict(timings)
     schedule: WriteSchedule | None = None
     if refusal is not None:
@@ -118,7 +128,13 @@ def save_step(
         CkptWriter(url, check_files=False, **common)  # the coordinator's node's files
         if local
         # the manager trims every node's local tier itself (``save_flow``)
-        else StagedWriter(url, local_tier_dir=options.local_tier_dir, keep_local=None, **common)
+        else StagedWriter(
+            url,
+            local_tier_dir=options.local_tier_dir,
+            keep_local=None,
+            job=options.tier_job,
+            **common,
+        )
         if options.local_tier_dir
         else CkptWriter(url, **common)
     )
