@@ -41,6 +41,7 @@ from ckptstore.data.cachefiles import (
     Handle,
     Mismatch,
     VerifiedFiles,
+    cache_dir_errors,
     cache_os_error,
     cache_paths,
     changed_error,
@@ -158,7 +159,10 @@ class ShardCache:
     def data_path(self, i: int) -> str:
         """Where shard ``i``'s cached copy lives (it may not exist yet): for messages and
         :class:`VerifiedFiles`, never opened by this name."""
-        return self.paths.shown([SHARDS, self.entries[i].key + ".data"])
+        return self._shown(self.entries[i].key)
+
+    def _shown(self, key: str) -> str:
+        return self.paths.shown(_data(key).split("/"))
 
     def _key_distances(self, cursor: int) -> dict[str, int]:
         return {self.entries[s].key: d for s, d in self.distances(cursor).items()}
@@ -173,11 +177,12 @@ class ShardCache:
     def is_cached(self, i: int) -> bool:
         """Whether shard ``i`` has a published copy (not yet verified by this process;
         anything else under its name is refused when it is read, never replaced)."""
-        try:
-            self.paths.stat(_data(self.entries[i].key))
-        except FileNotFoundError:
-            return False
-        return True
+        with cache_dir_errors(self.dir):
+            try:
+                self.paths.stat(_data(self.entries[i].key))
+            except FileNotFoundError:
+                return False
+            return True
 
     def acquire(self, i: int, cursor: int) -> Handle:
         """Pin shard ``i`` locally (downloading it if needed) and return its handle.
@@ -229,7 +234,12 @@ class ShardCache:
 
     def _acquire(self, i: int, cursor: int, *, wait: bool) -> Handle | None:
         """:meth:`acquire`; with ``wait=False``, None where it would have to wait: for
-        cache space, or for another process's download of the shard."""
+        cache space, or for another process's download of the shard. An act on the cache
+        directory that failed is a ``CacheError`` (``cache_dir_errors``)."""
+        with cache_dir_errors(self.dir):
+            return self._pin(i, cursor, wait=wait)
+
+    def _pin(self, i: int, cursor: int, *, wait: bool) -> Handle | None:
         e = self.entries[i]
         path = self.data_path(i)
         use = self.space.lock(e.key, "use")
@@ -290,7 +300,7 @@ class ShardCache:
         try:
             st = os.fstat(fd)
             ident = (st.st_ino, st.st_mtime_ns, st.st_size)
-            path = self.paths.shown([SHARDS, e.key + ".data"])
+            path = self._shown(e.key)
             if self.verified.get(path) != ident:
                 if not self._verify(e, fd, st.st_size):
                     os.close(fd)
@@ -311,20 +321,20 @@ class ShardCache:
         try:
             with os.fdopen(self.paths.open_read(_meta(e.key)), "rb") as f:
                 meta = json.loads(f.read(4096))
+            return (
+                isinstance(meta, dict)
+                and meta.get("size") == e.size
+                and meta.get("crc32c") == file_crc32c(fd)
+            )
         except UnsafePathError:
             raise  # planted (a ValueError too): refused, not re-fetched over
         except (OSError, ValueError):
             return False
-        return (
-            isinstance(meta, dict)
-            and meta.get("size") == e.size
-            and meta.get("crc32c") == file_crc32c(fd)
-        )
 
     def _discard(self, key: str) -> None:
         self.paths.unlink(_data(key))
         self.paths.unlink(_meta(key))
-        self.verified.discard(self.paths.shown([SHARDS, key + ".data"]))
+        self.verified.discard(self._shown(key))
 
     # -- prefetch ------------------------------------------------------------------------
     def prefetch(self, i: int, cursor: int, distance: int) -> str:
@@ -343,7 +353,8 @@ class ShardCache:
         try:
             if self.is_cached(i):
                 return "cached"
-            fd = self._download(e, cursor, demand=False, max_distance=distance)
+            with cache_dir_errors(self.dir):
+                fd = self._download(e, cursor, demand=False, max_distance=distance)
         finally:
             dl.close()
         if fd is None:
@@ -448,8 +459,7 @@ class ShardCache:
             with self.paths.parent(_data(e.key)) as (dfd, final):
                 replace(dfd, tmp, final)  # a space scan racing it counts it once (``usage``)
             st = os.fstat(fd)  # the file written and checked, whatever its name holds now
-            path = self.paths.shown([SHARDS, e.key + ".data"])
-            self.verified.add(path, (st.st_ino, st.st_mtime_ns, st.st_size))
+            self.verified.add(self._shown(e.key), (st.st_ino, st.st_mtime_ns, st.st_size))
             return
 
 

@@ -13,6 +13,7 @@ never land there. Files are read and written through descriptors those acts open
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -20,7 +21,7 @@ import re
 import threading
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, fields
 
@@ -41,6 +42,7 @@ __all__ = [
     "SHARDS",
     "TMP",
     "VerifiedFiles",
+    "cache_dir_errors",
     "cache_os_error",
     "cache_paths",
     "cache_name",
@@ -351,11 +353,25 @@ def cache_os_error(exc: OSError, directory: str) -> CacheError:
             f"cache_dir {directory} is full ({exc.strerror}); free space there or set a "
             "cache_limit below the free space",
         )
+    where = f": {exc.filename}" if exc.filename is not None else ""
     return CacheError(
         exc.errno or errno.EIO,
-        f"cannot write to cache_dir {directory} ({exc.strerror or exc}); pass a writable "
-        "local directory",
+        f"cannot use cache_dir {directory} ({exc.strerror or exc}{where}); pass a writable "
+        "local directory whose folders nothing else moves",
     )
+
+
+@contextlib.contextmanager
+def cache_dir_errors(directory: str) -> Iterator[None]:
+    """Raise an ``OSError`` of the block -- an act on the cache directory that failed (a
+    folder of it gone, or swapped for a link meanwhile) -- as :func:`cache_os_error`;
+    ckptstore's own errors pass as they are."""
+    try:
+        yield
+    except CkptStoreError:
+        raise
+    except OSError as exc:
+        raise cache_os_error(exc, directory) from exc
 
 
 def unlink_quietly(paths: Anchor, name: str) -> None:
