@@ -108,18 +108,16 @@ def other_checkpoints(root: Store, foreign: list[Skipped]) -> tuple[list[dict[st
 
 def tier_counts(tiers: list[str], step_name: str, manifest: Any) -> list[dict[str, Any]]:
     """For each local tier directory in ``tiers``: how many of the committed step's data
-    files (``manifest``'s, bar ``.metadata``) it holds with the recorded size. A step
-    directory that is a symlink is not followed (it holds nothing)."""
+    files (``manifest``'s, bar ``.metadata``) it holds with the recorded size. The step
+    directory is resolved from the tier directory's descriptor (a child store): one that
+    is a symlink, or is swapped for one meanwhile, is not followed (it holds nothing)."""
     data = {n: e for n, e in manifest.files.items() if n != METADATA_NAME}
     out = []
     for d in tiers:
-        path = os.path.join(d, step_name)
-        held = 0
-        if os.path.isdir(path) and not os.path.islink(path):
-            try:
-                held = len(set(local_files(LocalStore(path), manifest)) & set(data))
-            except (OSError, CkptStoreError):
-                held = 0
+        try:
+            held = len(set(local_files(LocalStore(d).child(step_name), manifest)) & set(data))
+        except (OSError, CkptStoreError):
+            held = 0
         out.append({"dir": d, "files": held, "of": len(data)})
     return out
 
