@@ -45,13 +45,11 @@ _WHAT = "checkpoint directory"
 
 
 def name_below(path: str, base: str) -> str:
-    """The '/'-joined name of ``path`` below the directory ``base`` ('' for ``base``
-    itself), worked out from the two strings alone; ``UnsafePathError`` if it leaves
-    ``base``. Nothing is looked up: the acts resolve the name from ``base``'s descriptor
-    and refuse a link on the way."""
+    """The '/'-joined name of ``path`` below the directory ``base``, worked out from the
+    two strings alone; ``UnsafePathError`` if it is ``base`` itself or leaves it. Nothing
+    is looked up: the acts resolve the name from ``base``'s descriptor and refuse a link
+    on the way."""
     rel = os.path.relpath(os.path.abspath(path), os.path.abspath(base)).replace(os.sep, "/")
-    if rel == ".":
-        return ""
     if not is_safe_name(rel):
         raise UnsafePathError(
             f"{path} is not inside {base}: {rel!r} is not a relative, normalised name that "
@@ -71,14 +69,14 @@ def _join(*names: str) -> str:
 
 class LocalFolder:
     """The folder ``folder``, below the trusted directory ``base`` (default: the folder's
-    parent, as given), every path below ``base`` resolved from its descriptor. See the
-    module docstring."""
+    parent, as given) or ``base`` itself (a save's folder), every path below ``base``
+    resolved from its descriptor. See the module docstring."""
 
     def __init__(self, folder: str, base: str | None = None) -> None:
         self.path = os.path.abspath(folder)
         base = os.path.abspath(base) if base is not None else os.path.dirname(self.path)
         self.paths = Anchor(base, what=_WHAT)
-        self.name = name_below(self.path, base)
+        self.name = "" if self.path == base else name_below(self.path, base)
 
     # -- reading -----------------------------------------------------------------------
     def folders(self) -> list[str]:

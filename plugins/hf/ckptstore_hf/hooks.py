@@ -307,7 +307,7 @@ class CkptStoreAccelerate:
                 return os.path.join(project, name_below(index["path"], project))
             except UnsafePathError as exc:
                 raise ConfigError(
-                    f"step {step} was saved from {index['path']}, outside {base} ({exc}); "
+                    f"step {step} was saved from {index['path']}, outside {project} ({exc}); "
                     "pass prepare_resume(local_dir=...) to restore it into a directory "
                     "of your choice"
                 ) from None
