@@ -6,13 +6,18 @@ ledger), ``pressure`` (touched by a process waiting for space: others unpin),
 and footer digest, written first), ``shards/<key>.data.tmp-*`` (a download in progress,
 pre-allocated), ``locks/<key>.use`` (shared-locked by every reader) and ``locks/<key>.dl``
 (held by the one downloader). Only these names are the cache's (``cachefiles.cache_name``);
-nothing else is counted, evicted or followed, and fixed names are opened ``O_NOFOLLOW``.
+nothing else is counted, evicted or followed. Every path below ``cache_dir`` is resolved
+from its descriptor (``ckptstore.stores.Anchor``): a link on the way or at the name, or
+anything but a regular file where a file is read or locked, is ``UnsafePathError``, never
+followed or waited on (a FIFO planted at a shard's name fails the read at once).
 
 A download goes to a temp file, is verified and renamed into place; the budget (what fits,
 what to evict: :mod:`~ckptstore.data.cachespace`) never evicts a pinned shard. Locks are
 ``flock`` locks, so a crashed process releases them; its temp files go at the next recount.
 A rank checks a cached file's CRC32C the first time one of its processes (the rank, its
 prefetcher, its DataLoader workers) opens it: :class:`~ckptstore.data.cachefiles.VerifiedFiles`.
+A pinned shard is read through the descriptor its check opened (``Handle.fd``), so the
+bytes read are those of the file that was verified.
 """
 
 from __future__ import annotations
@@ -21,7 +26,6 @@ import errno
 import json
 import logging
 import os
-import stat
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -30,13 +34,16 @@ from typing import Any
 
 from ckptstore.data.cachedownload import check_copy, explain_mismatch
 from ckptstore.data.cachefiles import (
+    SHARDS,
     TMP,
     CacheEntry,
     CacheStats,
     Handle,
     Mismatch,
     VerifiedFiles,
+    cache_dir_errors,
     cache_os_error,
+    cache_paths,
     changed_error,
     check_limit,
     fetch_to_file,
@@ -44,20 +51,20 @@ from ckptstore.data.cachefiles import (
     probe_cache_dir,
     unlink_quietly,
 )
-from ckptstore.data.cachelocks import NOFOLLOW
 from ckptstore.data.cachespace import CacheSpace
 from ckptstore.data.stream import DataOrder
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import (
-    CacheError,
-    CkptStoreError,
-    StoreNotFoundError,
-)
+from ckptstore.errors import CacheError, CkptStoreError, StoreNotFoundError, UnsafePathError
+from ckptstore.stores._dirfd import create_new, replace
+from ckptstore.stores._dirfd import unlink_quietly as unlink_at
 
-__all__ = ["CacheEntry", "Handle", "ShardCache", "check_limit", "probe_cache_dir"]
+__all__ = ["CacheEntry", "Handle", "ShardCache", "cache_paths", "check_limit", "probe_cache_dir"]
 
 log = logging.getLogger(__name__)
+
+#: Touched by a process waiting for cache space: the others unpin their idle shards.
+_PRESSURE = "pressure"
 
 #: What a ``.meta`` file takes on disk (one block): freed by eviction when the disk filled
 #: up between a shard's reserve (its data's space allocated up front) and its ``.meta``.
@@ -85,8 +92,8 @@ class ShardCache:
         cache = ShardCache(cache_dir, limit, store, engine, entries, order)
         h = cache.acquire(i, cursor)          # blocks until shard i is local and verified
         hs = cache.acquire_many(ids, cursor, pool)  # several at once; some may be left out
-        ... read h.path ...
-        h.release()                           # evictable again
+        ... read h.fd ...
+        h.release()                           # evictable again (h.fd closed)
         cache.prefetch(i, cursor, distance)   # background: fetch if it fits, never waits
     """
 
@@ -119,20 +126,23 @@ class ShardCache:
         self._quantum = max(1, self.horizon // 512)
         self.verified = verified or VerifiedFiles()  # shared with this rank's other views
         check_limit(limit, self.entries)
-        self._shards, locks = probe_cache_dir(self.dir)
-        space = (self.dir, self._shards, locks, limit, wait_timeout, self.stats)
+        self.paths = cache_paths(self.dir)
+        probe_cache_dir(self.paths)
+        space = (self.paths, limit, wait_timeout, self.stats)
         self.space = CacheSpace(*space, self._key_distances, self._discard)
-        self._pressure = os.path.join(self.dir, "pressure")
 
     # -- pressure: a demand read waiting for space asks every process to unpin --------
     def signal_pressure(self) -> None:
-        """Tell the node's other processes that one waits for space (they unpin idle shards)."""
+        """Tell the node's other processes that one waits for space (they unpin idle shards).
+
+        Best effort: where ``pressure`` cannot be touched (a link or a FIFO planted there,
+        refused), the waiters' timeouts still hold."""
         try:
-            fd = os.open(self._pressure, os.O_WRONLY | os.O_CREAT | NOFOLLOW, 0o644)
-        except OSError:
+            fd = self.paths.open_rw(_PRESSURE)
+        except (OSError, UnsafePathError):
             return
         try:
-            os.utime(fd)  # through the fd: a link planted there is refused above
+            os.utime(fd)  # through the fd the act opened: never a link's target
         except OSError:
             pass
         finally:
@@ -141,17 +151,18 @@ class ShardCache:
     def pressure_stamp(self) -> int:
         """Changes whenever a process of the node waits for cache space (checked per batch)."""
         try:
-            return os.lstat(self._pressure).st_mtime_ns
-        except OSError:
+            return self.paths.stat(_PRESSURE).st_mtime_ns
+        except (OSError, UnsafePathError):
             return 0
 
     # -- paths and locks -------------------------------------------------------------
     def data_path(self, i: int) -> str:
-        """Where shard ``i``'s cached copy lives (it may not exist yet)."""
-        return os.path.join(self._shards, self.entries[i].key + ".data")
+        """Where shard ``i``'s cached copy lives (it may not exist yet): for messages and
+        :class:`VerifiedFiles`, never opened by this name."""
+        return self._shown(self.entries[i].key)
 
-    def _meta_path(self, key: str) -> str:
-        return os.path.join(self._shards, key + ".meta")
+    def _shown(self, key: str) -> str:
+        return self.paths.shown(_data(key).split("/"))
 
     def _key_distances(self, cursor: int) -> dict[str, int]:
         return {self.entries[s].key: d for s, d in self.distances(cursor).items()}
@@ -164,8 +175,14 @@ class ShardCache:
 
     # -- reading -------------------------------------------------------------------------
     def is_cached(self, i: int) -> bool:
-        """Whether shard ``i`` has a published copy (not yet verified by this process)."""
-        return os.path.exists(self.data_path(i))
+        """Whether shard ``i`` has a published copy (not yet verified by this process;
+        anything else under its name is refused when it is read, never replaced)."""
+        with cache_dir_errors(self.dir):
+            try:
+                self.paths.stat(_data(self.entries[i].key))
+            except FileNotFoundError:
+                return False
+            return True
 
     def acquire(self, i: int, cursor: int) -> Handle:
         """Pin shard ``i`` locally (downloading it if needed) and return its handle.
@@ -217,15 +234,21 @@ class ShardCache:
 
     def _acquire(self, i: int, cursor: int, *, wait: bool) -> Handle | None:
         """:meth:`acquire`; with ``wait=False``, None where it would have to wait: for
-        cache space, or for another process's download of the shard."""
+        cache space, or for another process's download of the shard. An act on the cache
+        directory that failed is a ``CacheError`` (``cache_dir_errors``)."""
+        with cache_dir_errors(self.dir):
+            return self._pin(i, cursor, wait=wait)
+
+    def _pin(self, i: int, cursor: int, *, wait: bool) -> Handle | None:
         e = self.entries[i]
         path = self.data_path(i)
         use = self.space.lock(e.key, "use")
         use.acquire(shared=True)  # from here on nobody evicts the file
         try:
-            if self._check(e, path) == "ok":
+            state, fd = self._check(e)
+            if fd is not None:
                 self.stats.add(hits=1)
-                return Handle(path, use)
+                return Handle(path, use, fd)
             t0 = time.monotonic()
             dl = self.space.lock(e.key, "dl")
             if not wait:
@@ -241,60 +264,77 @@ class ShardCache:
                     waiting=self.on_pressure,  # unpin idle shards while another one fetches
                 )
             try:
-                state = self._check(e, path)  # another process may have fetched it meanwhile
-                if state == "ok":
+                state, fd = self._check(e)  # another process may have fetched it meanwhile
+                if fd is not None:
                     self.stats.add(hits=1, wait_seconds=time.monotonic() - t0)
-                    return Handle(path, use)
+                    return Handle(path, use, fd)
                 if state == "corrupt":
                     log.warning(
                         "cached copy of %s is corrupt (size or checksum); re-fetching", e.path
                     )
                     self.stats.add(corrupt=1)
                     self._discard(e.key)
-                if not self._download(e, cursor, demand=True, wait=wait):
+                fd = self._download(e, cursor, demand=True, wait=wait)
+                if fd is None:
                     use.close()
                     return None
             finally:
                 dl.close()
             self.stats.add(misses=1, wait_seconds=time.monotonic() - t0)
-            return Handle(path, use)
+            return Handle(path, use, fd)
         except BaseException:
             use.close()
             raise
 
-    def _check(self, e: CacheEntry, path: str) -> str:
-        """``"ok"``, ``"missing"`` or ``"corrupt"``; the CRC is checked once per process."""
+    def _check(self, e: CacheEntry) -> tuple[str, int | None]:
+        """``("ok", descriptor of the verified copy)`` (the caller closes it),
+        ``("missing", None)`` or ``("corrupt", None)``; the CRC is checked once per process.
+
+        The copy and its ``.meta`` are opened from the cache directory's descriptor: a link
+        or anything but a regular file under their names is ``UnsafePathError`` (left for
+        whoever put it there), never followed or waited on."""
         try:
-            st = os.lstat(path)
+            fd = self.paths.open_read(_data(e.key))
         except FileNotFoundError:
-            return "missing"
-        if not stat.S_ISREG(st.st_mode):  # a link or anything else planted under our name
-            return "corrupt"
-        ident = (st.st_ino, st.st_mtime_ns, st.st_size)
-        if self.verified.get(path) == ident:
-            return "ok"
-        ok = st.st_size == e.size
-        if ok and self.verify:
-            try:
-                fd = os.open(self._meta_path(e.key), os.O_RDONLY | NOFOLLOW)
-                with os.fdopen(fd) as f:
-                    meta = json.loads(f.read(4096))
-                ok = meta.get("size") == e.size and meta.get("crc32c") == file_crc32c(path)
-            except (OSError, ValueError):
-                ok = False
-        if not ok:
-            return "corrupt"
-        self.verified.add(path, ident)
-        return "ok"
+            return "missing", None
+        try:
+            st = os.fstat(fd)
+            ident = (st.st_ino, st.st_mtime_ns, st.st_size)
+            path = self._shown(e.key)
+            if self.verified.get(path) != ident:
+                if not self._verify(e, fd, st.st_size):
+                    os.close(fd)
+                    return "corrupt", None
+                self.verified.add(path, ident)
+        except BaseException:
+            os.close(fd)
+            raise
+        return "ok", fd
+
+    def _verify(self, e: CacheEntry, fd: int, size: int) -> bool:
+        """Whether the copy open at ``fd`` (of ``size`` bytes) is ``e``'s, by its size and,
+        with ``verify``, its ``.meta`` file's size and CRC32C."""
+        if size != e.size:
+            return False
+        if not self.verify:
+            return True
+        try:
+            with os.fdopen(self.paths.open_read(_meta(e.key)), "rb") as f:
+                meta = json.loads(f.read(4096))
+            return (
+                isinstance(meta, dict)
+                and meta.get("size") == e.size
+                and meta.get("crc32c") == file_crc32c(fd)
+            )
+        except UnsafePathError:
+            raise  # planted (a ValueError too): refused, not re-fetched over
+        except (OSError, ValueError):
+            return False
 
     def _discard(self, key: str) -> None:
-        data = os.path.join(self._shards, key + ".data")
-        for p in (data, self._meta_path(key)):
-            try:
-                os.unlink(p)
-            except FileNotFoundError:
-                pass
-        self.verified.discard(data)
+        self.paths.unlink(_data(key))
+        self.paths.unlink(_meta(key))
+        self.verified.discard(self._shown(key))
 
     # -- prefetch ------------------------------------------------------------------------
     def prefetch(self, i: int, cursor: int, distance: int) -> str:
@@ -313,10 +353,14 @@ class ShardCache:
         try:
             if self.is_cached(i):
                 return "cached"
-            ok = self._download(e, cursor, demand=False, max_distance=distance)
-            return "fetched" if ok else "full"
+            with cache_dir_errors(self.dir):
+                fd = self._download(e, cursor, demand=False, max_distance=distance)
         finally:
             dl.close()
+        if fd is None:
+            return "full"
+        os.close(fd)  # not pinned: the copy is read, and checked, when it is acquired
+        return "fetched"
 
     # -- download ------------------------------------------------------------------------
     def _download(
@@ -327,18 +371,19 @@ class ShardCache:
         demand: bool,
         max_distance: int | None = None,
         wait: bool = True,
-    ) -> bool:
-        """Reserve space, fetch, verify and publish ``e`` (caller holds its ``dl`` lock).
+    ) -> int | None:
+        """Reserve space, fetch, verify and publish ``e`` (caller holds its ``dl`` lock);
+        a descriptor of the published copy, open for reading (the caller closes it).
 
-        False: no room now, and this is a prefetch (``demand=False``) or ``wait=False``.
+        None: no room now, and this is a prefetch (``demand=False``) or ``wait=False``.
         """
         deadline = time.monotonic() + self.wait_timeout
         while True:
-            tmp = self.space.reserve(e, cursor, max_distance if not demand else None)
-            if tmp is not None:
+            reserved = self.space.reserve(e, cursor, max_distance if not demand else None)
+            if reserved is not None:
                 break
             if not demand or not wait:
-                return False
+                return None
             if self.on_pressure is not None:
                 self.on_pressure()  # let this process unpin what it holds idle
             self.signal_pressure()  # and ask the node's other processes to do the same
@@ -349,42 +394,46 @@ class ShardCache:
                     "cache_limit, or use fewer workers or ranks per node"
                 )
             time.sleep(0.05)
+        tmp, fd = reserved
         try:
-            self._fetch_verified(e, tmp, cursor, max_distance if not demand else None)
-        except CkptStoreError:
-            unlink_quietly(tmp)
+            self._fetch_verified(e, tmp, fd, cursor, max_distance if not demand else None)
+        except BaseException as exc:
+            os.close(fd)
+            unlink_quietly(self.paths, f"{SHARDS}/{tmp}")  # gone already once published
+            if isinstance(exc, OSError) and not isinstance(exc, CkptStoreError):
+                # a local write failed: the cache disk, not the store
+                raise cache_os_error(exc, self.dir) from exc
             raise
-        except OSError as exc:  # a local write failed: the cache disk, not the store
-            unlink_quietly(tmp)
-            raise cache_os_error(exc, self.dir) from exc
-        except BaseException:
-            unlink_quietly(tmp)
-            raise
-        return True
+        return fd
 
     def _write_meta(self, key: str, meta: dict[str, Any]) -> bool:
         """Publish ``key``'s ``.meta`` file; False if the disk had no room for it."""
-        meta_tmp = f"{self._meta_path(key)}{TMP}{uuid.uuid4().hex}"
         try:
-            fd = os.open(meta_tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | NOFOLLOW, 0o644)
-            with os.fdopen(fd, "w") as f:
-                json.dump(meta, f)
-            os.replace(meta_tmp, self._meta_path(key))
-        except BaseException as exc:
-            unlink_quietly(meta_tmp)
-            if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            with self.paths.parent(_meta(key)) as (dfd, final):
+                tmp = f"{final}{TMP}{uuid.uuid4().hex}"
+                try:
+                    with os.fdopen(create_new(dfd, tmp), "w") as f:
+                        json.dump(meta, f)
+                    replace(dfd, tmp, final)
+                except BaseException:
+                    unlink_at(dfd, tmp)
+                    raise
+        except OSError as exc:
+            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
                 return False
             raise
         return True
 
     def _fetch_verified(
-        self, e: CacheEntry, tmp: str, cursor: int, max_distance: int | None
+        self, e: CacheEntry, tmp: str, fd: int, cursor: int, max_distance: int | None
     ) -> None:
+        """Download ``e`` into the temp file ``tmp`` of ``shards/`` (open at ``fd``), check
+        it, write its ``.meta`` and publish it under its own name."""
         for attempt in range(1, self.attempts + 1):
             t0 = time.monotonic()
             try:
-                crc = fetch_to_file(self.engine, self.store, e.path, e.size, tmp)
-                check_copy(e, tmp)
+                crc = fetch_to_file(self.engine, self.store, e.path, e.size, fd)
+                check_copy(e, fd)
             except Mismatch as exc:
                 self.stats.add(refetches=1)
                 log.warning("download of %s: %s (attempt %d)", e.path, exc, attempt)
@@ -401,13 +450,24 @@ class ShardCache:
                 if self.space.make_room(e.key, cursor, max_distance, _META_ROOM):
                     continue
                 if time.monotonic() > deadline:  # nothing evictable came free
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), self._shards)
+                    shards = self.paths.shown([SHARDS])
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), shards)
                 if self.on_pressure is not None:
                     self.on_pressure()  # as a reserve waits: unpin, ask the others to
                 self.signal_pressure()
                 time.sleep(0.05)
-            final = os.path.join(self._shards, e.key + ".data")
-            os.replace(tmp, final)  # a space scan racing it counts it once (``_usage``)
-            st = os.lstat(final)
-            self.verified.add(final, (st.st_ino, st.st_mtime_ns, st.st_size))
+            with self.paths.parent(_data(e.key)) as (dfd, final):
+                replace(dfd, tmp, final)  # a space scan racing it counts it once (``usage``)
+            st = os.fstat(fd)  # the file written and checked, whatever its name holds now
+            self.verified.add(self._shown(e.key), (st.st_ino, st.st_mtime_ns, st.st_size))
             return
+
+
+def _data(key: str) -> str:
+    """The name of shard ``key``'s cached copy below the cache directory."""
+    return f"{SHARDS}/{key}.data"
+
+
+def _meta(key: str) -> str:
+    """The name of its ``.meta`` file (size, CRC32C, footer digest)."""
+    return f"{SHARDS}/{key}.meta"

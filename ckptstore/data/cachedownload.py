@@ -10,34 +10,34 @@ import uuid
 from typing import NoReturn
 
 from ckptstore.data.cachefiles import (
+    SHARDS,
     TMP,
     CacheEntry,
     Mismatch,
     cache_os_error,
     changed_error,
-    unlink_quietly,
 )
 from ckptstore.data.formats import read_index
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import StoreNotFoundError, TransferError
+from ckptstore.stores import Anchor
+from ckptstore.stores._dirfd import create_new, unlink_quietly
 
 __all__ = ["check_copy", "create_temp", "explain_mismatch"]
 
 
-def check_copy(e: CacheEntry, tmp: str) -> None:
-    """Raise :class:`Mismatch` unless ``tmp`` has ``e``'s size and (for indexed formats) footer."""
-    size = os.stat(tmp).st_size
+def check_copy(e: CacheEntry, fd: int) -> None:
+    """Raise :class:`Mismatch` unless the file open at ``fd`` has ``e``'s size and (for
+    indexed formats) footer."""
+    size = os.fstat(fd).st_size
     if size != e.size:
         raise Mismatch(f"{size} bytes on disk, {e.size} listed")
     if e.fmt != "raw":
-        fd = os.open(tmp, os.O_RDONLY)
         try:
             rows, digest = read_index(e.fmt, e.size, lambda off, n: os.pread(fd, n, off))
         except Exception as exc:  # noqa: BLE001 - any unreadable footer is a mismatch
             raise Mismatch(f"footer unreadable ({exc})", changed=True) from exc
-        finally:
-            os.close(fd)
         if digest != e.digest or rows != e.rows:
             raise Mismatch("footer differs from the listing", changed=True)
 
@@ -61,25 +61,33 @@ def explain_mismatch(
     ) from exc
 
 
-def create_temp(shards_dir: str, e: CacheEntry, cache_dir: str) -> str:
-    """A new temp file for ``e`` in ``shards_dir``, pre-allocated to its full size (a full
-    disk fails here, at once, as a ``CacheError`` naming ``cache_dir``)."""
-    tmp = os.path.join(shards_dir, f"{e.key}.data{TMP}{os.getpid()}-{uuid.uuid4().hex}")
+def create_temp(paths: Anchor, e: CacheEntry) -> tuple[str, int]:
+    """A new temp file for ``e`` in ``shards/`` of the cache directory ``paths``,
+    pre-allocated to its full size: ``(its name in shards/, a descriptor of it open for
+    reading and writing)``; the caller closes the descriptor and publishes or removes the
+    file. A full disk fails here, at once, as a ``CacheError`` naming the cache directory."""
+    tmp = f"{e.key}.data{TMP}{os.getpid()}-{uuid.uuid4().hex}"
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-    except OSError as exc:
-        raise cache_os_error(exc, cache_dir) from exc
-    try:
-        if e.size:
+        with paths.parent(f"{SHARDS}/{tmp}") as (dfd, name):
+            fd = create_new(dfd, name, readable=True)
             try:
-                os.posix_fallocate(fd, 0, e.size)
-            except OSError as exc:
-                if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-                    raise
-                os.ftruncate(fd, e.size)
+                if e.size:
+                    _allocate(fd, e.size)
+            except BaseException:
+                os.close(fd)
+                unlink_quietly(dfd, name)
+                raise
     except OSError as exc:
-        os.close(fd)
-        unlink_quietly(tmp)
-        raise cache_os_error(exc, cache_dir) from exc
-    os.close(fd)
-    return tmp
+        raise cache_os_error(exc, paths.base) from exc
+    return tmp, fd
+
+
+def _allocate(fd: int, size: int) -> None:
+    """Give the file at ``fd`` ``size`` bytes of disk now (truncate where the file system
+    cannot allocate: the space is then only claimed as it is written)."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as exc:
+        if exc.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+            raise
+        os.ftruncate(fd, size)

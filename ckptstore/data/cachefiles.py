@@ -3,36 +3,48 @@
 Kept apart from :mod:`ckptstore.data.cache` so the policy (what to keep, what to evict)
 reads on its own; the locks and the byte ledger are :mod:`ckptstore.data.cachelocks`.
 Nothing here knows about the data order.
+
+Every path below the cache directory is resolved from its descriptor
+(``ckptstore.stores.Anchor``, one per cache view): ``shards/``, ``locks/`` and the files in
+them are reached component by component without following a link, so a folder swapped for
+a link to somewhere else while the cache works makes the act fail (``UnsafePathError``),
+never land there. Files are read and written through descriptors those acts opened.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
 import re
-import stat
 import threading
 import uuid
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, fields
 
-from ckptstore.data.cachelocks import NOFOLLOW, Lock
+from ckptstore.data.cachelocks import Lock
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine, split_ranges
-from ckptstore.errors import CacheError, CacheTooSmallError, DatasetChangedError
+from ckptstore.errors import CacheError, CacheTooSmallError, CkptStoreError, DatasetChangedError
+from ckptstore.stores import Anchor
+from ckptstore.stores._dirfd import create_new
 
 __all__ = [
     "CacheEntry",
     "CacheStats",
     "Handle",
+    "LOCKS",
     "Mismatch",
+    "SHARDS",
     "TMP",
     "VerifiedFiles",
+    "cache_dir_errors",
     "cache_os_error",
+    "cache_paths",
     "cache_name",
     "changed_error",
     "check_limit",
@@ -45,6 +57,8 @@ __all__ = [
 
 #: Every temp file in the cache has this in its name.
 TMP = ".tmp-"
+#: The cache's folders below its directory: cached shards and their lock files.
+SHARDS, LOCKS = "shards", "locks"
 
 # What the cache makes in ``shards/`` (``<key>`` as ``ShardedDataset`` builds it: 24 hex,
 # '-', at most 48 of [A-Za-z0-9._-]): ``<key>.data``, ``<key>.meta``, and their temp files
@@ -124,8 +138,8 @@ class CacheStats:
             return delta
 
 
-def fetch_to_file(engine: TransferEngine, store: Store, path: str, size: int, dest: str) -> int:
-    """Download ``size`` bytes of ``path`` into the (pre-allocated) file ``dest``.
+def fetch_to_file(engine: TransferEngine, store: Store, path: str, size: int, fd: int) -> int:
+    """Download ``size`` bytes of ``path`` into the (pre-allocated) file open at ``fd``.
 
     Parallel ranged GETs of ``engine.config.part_size`` on the engine's pool and retry
     policy, at most
@@ -147,15 +161,11 @@ def fetch_to_file(engine: TransferEngine, store: Store, path: str, size: int, de
     def get(start: int, end: int) -> Future[bytes]:
         return engine.pool.submit(engine.retry, lambda: store.get(path, start, end), what)
 
-    fd = os.open(dest, os.O_WRONLY | NOFOLLOW)
     if len(ranges) == 1:
-        try:
-            start, end = ranges[0]
-            data = engine.retry(lambda: store.get(path, start, end), what)
-            _write_range(fd, start, min(end, size), data)
-            return crc32c(data)
-        finally:
-            os.close(fd)
+        start, end = ranges[0]
+        data = engine.retry(lambda: store.get(path, start, end), what)
+        _write_range(fd, start, min(end, size), data)
+        return crc32c(data)
     try:
         it = iter(ranges)
         for start, end in it:
@@ -174,8 +184,6 @@ def fetch_to_file(engine: TransferEngine, store: Store, path: str, size: int, de
         for _, _, f in pending:
             f.cancel()
         raise
-    finally:
-        os.close(fd)
     return crc
 
 
@@ -192,17 +200,18 @@ def _write_range(fd: int, start: int, end: int, data: bytes) -> None:
         pos += os.pwrite(fd, view[pos:], start + pos)
 
 
-def file_crc32c(path: str, chunk: int = 8 << 20) -> int:
-    """CRC32C of a whole local file, read in chunks."""
-    value = 0
-    with open(path, "rb", buffering=0) as f:
-        buf = bytearray(chunk)
-        view = memoryview(buf)
-        while True:
-            n = f.readinto(buf)
-            if not n:
-                return value
-            value = crc32c(view[:n], value)
+def file_crc32c(fd: int, chunk: int = 8 << 20) -> int:
+    """CRC32C of the whole local file open at ``fd``, read in chunks from its start (its
+    file offset is left alone)."""
+    value, pos = 0, 0
+    buf = bytearray(chunk)
+    view = memoryview(buf)
+    while True:
+        n = os.preadv(fd, [buf], pos)
+        if not n:
+            return value
+        value = crc32c(view[:n], value)
+        pos += n
 
 
 @dataclass(frozen=True)
@@ -261,15 +270,20 @@ class VerifiedFiles:
 
 
 class Handle:
-    """A pinned local shard file: not evicted until :meth:`release`."""
+    """A pinned local shard file: not evicted until :meth:`release`.
 
-    def __init__(self, path: str, lock: Lock) -> None:
-        self.path = path
+    ``fd``: a descriptor of the copy that was verified, open for reading until
+    :meth:`release` (read it, never the name: ``path`` is for messages).
+    """
+
+    def __init__(self, path: str, lock: Lock, fd: int) -> None:
+        self.path, self.fd = path, fd
         self._lock: Lock | None = lock
 
     def release(self) -> None:
-        """Unpin the shard (idempotent): it may be evicted again."""
+        """Unpin the shard and close ``fd`` (idempotent): it may be evicted again."""
         if self._lock is not None:
+            os.close(self.fd)
             self._lock.close()
             self._lock = None
 
@@ -280,26 +294,34 @@ class Handle:
         self.release()
 
 
-def probe_cache_dir(directory: str) -> tuple[str, str]:
-    """Create the cache layout and prove it writable; ``CacheError`` says what to fix."""
-    shards, locks = os.path.join(directory, "shards"), os.path.join(directory, "locks")
+def cache_paths(cache_dir: str) -> Anchor:
+    """The cache directory ``cache_dir`` (absolute; trusted as given, a link included): every
+    path below it is resolved from its descriptor, never through a link."""
+    return Anchor(cache_dir, what="cache directory")
+
+
+def probe_cache_dir(paths: Anchor) -> None:
+    """Create the cache layout below ``paths`` and prove it writable; ``CacheError`` says
+    what to fix, ``UnsafePathError`` names a link where a folder of it should be."""
     try:
-        for sub in (shards, locks):
-            os.makedirs(sub, exist_ok=True)
-            if not stat.S_ISDIR(os.lstat(sub).st_mode):  # the cache's own: never a link
+        paths.mkdir("", parents=True)  # the cache directory itself, as the user named it
+        for sub in (SHARDS, LOCKS):
+            try:
+                paths.mkdir(sub, parents=True)
+            except NotADirectoryError as exc:
                 raise CacheError(
                     errno.ENOTDIR,
-                    f"{sub} is not a directory (a symbolic link?); the cache never works "
-                    "through one. Remove it (the cache re-creates it) or pick another cache_dir",
-                )
-        probe = os.path.join(shards, f".probe{TMP}{os.getpid()}-{uuid.uuid4().hex}")
-        os.close(os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-        os.unlink(probe)
+                    f"{paths.shown([sub])} is not a directory; the cache keeps its files in "
+                    "one. Remove it (the cache re-creates it) or pick another cache_dir",
+                ) from exc
+        probe = f".probe{TMP}{os.getpid()}-{uuid.uuid4().hex}"
+        with paths.parent(f"{SHARDS}/{probe}") as (dfd, name):
+            os.close(create_new(dfd, name))
+            os.unlink(name, dir_fd=dfd)
     except CacheError:
         raise
     except OSError as exc:
-        raise cache_os_error(exc, directory) from exc
-    return shards, locks
+        raise cache_os_error(exc, paths.base) from exc
 
 
 def check_limit(limit: int | None, entries: Sequence[CacheEntry]) -> None:
@@ -331,16 +353,31 @@ def cache_os_error(exc: OSError, directory: str) -> CacheError:
             f"cache_dir {directory} is full ({exc.strerror}); free space there or set a "
             "cache_limit below the free space",
         )
+    where = f": {exc.filename}" if exc.filename is not None else ""
     return CacheError(
         exc.errno or errno.EIO,
-        f"cannot write to cache_dir {directory} ({exc.strerror or exc}); pass a writable "
-        "local directory",
+        f"cannot use cache_dir {directory} ({exc.strerror or exc}{where}); pass a writable "
+        "local directory whose folders nothing else moves",
     )
 
 
-def unlink_quietly(path: str) -> None:
-    """Remove ``path``, ignoring any error (cleanup on a failure path)."""
+@contextlib.contextmanager
+def cache_dir_errors(directory: str) -> Iterator[None]:
+    """Raise an ``OSError`` of the block -- an act on the cache directory that failed (a
+    folder of it gone, or swapped for a link meanwhile) -- as :func:`cache_os_error`;
+    ckptstore's own errors pass as they are."""
     try:
-        os.unlink(path)
-    except OSError:
+        yield
+    except CkptStoreError:
+        raise
+    except OSError as exc:
+        raise cache_os_error(exc, directory) from exc
+
+
+def unlink_quietly(paths: Anchor, name: str) -> None:
+    """Remove ``name`` below the cache directory ``paths``, ignoring any error (cleanup on
+    a failure path; a refusal too: a link on the way leaves the file where it is)."""
+    try:
+        paths.unlink(name)
+    except (OSError, CkptStoreError):
         pass

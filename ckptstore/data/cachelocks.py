@@ -3,12 +3,14 @@ them, and the node's byte ledger kept inside the budget lock file.
 
 An ``flock`` belongs to the open file, so it excludes threads as well as processes and a
 crashed process releases it; a forked child (a DataLoader worker) closes the lock fds it
-inherits at once, so it never keeps its parent's locks held.
+inherits at once, so it never keeps its parent's locks held. A lock file is opened from the
+cache directory's descriptor (``ckptstore.stores.Anchor.open_rw``): a link on the way or at
+the name, or anything but a regular file there, is refused (``UnsafePathError``), never
+written through or waited on.
 """
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import os
 import re
@@ -16,13 +18,9 @@ import threading
 import time
 
 from ckptstore.errors import CacheError
+from ckptstore.stores import Anchor
 
-__all__ = ["NOFOLLOW", "Ledger", "Lock", "process_gate"]
-
-#: Opening flags of every file the cache opens by a fixed name: a symlink planted there
-#: (``budget.lock`` -> a user's file) is refused (ELOOP), never followed and overwritten.
-NOFOLLOW = os.O_NOFOLLOW | os.O_CLOEXEC
-
+__all__ = ["Ledger", "Lock", "process_gate"]
 
 # Every lock fd this process holds open. A forked child (a DataLoader worker) closes its
 # inherited copies at once: an flock belongs to the open file, so an inherited fd would keep
@@ -69,15 +67,17 @@ os.register_at_fork(
 
 
 class Lock:
-    """An ``flock`` on one lock file: per open file, so it also excludes threads.
+    """An ``flock`` on the lock file ``name`` below the cache directory ``paths``: per open
+    file, so it also excludes threads. ``path`` is its full path, for messages.
 
     A crashed holder's lock is released by the kernel; a forked child never inherits one.
     Lock files are never deleted (a deleted-and-recreated lock file would let two holders
     lock different inodes).
     """
 
-    def __init__(self, path: str) -> None:
-        self.path = path
+    def __init__(self, paths: Anchor, name: str) -> None:
+        self.paths, self.name = paths, name
+        self.path = paths.shown(name.split("/"))
         self._fd: int | None = None
         self._pid = 0
 
@@ -85,14 +85,8 @@ class Lock:
         if self._fd is None or self._pid != os.getpid():
             with _FDS_LOCK:
                 try:
-                    fd = os.open(self.path, os.O_RDWR | os.O_CREAT | NOFOLLOW, 0o644)
+                    fd = self.paths.open_rw(self.name)
                 except OSError as exc:
-                    if exc.errno == errno.ELOOP:
-                        raise CacheError(
-                            exc.errno,
-                            f"lock file {self.path} is a symbolic link; the cache never "
-                            "writes through one. Remove the link (the cache re-creates it)",
-                        ) from exc
                     raise CacheError(
                         exc.errno or 0,
                         f"cannot create lock file {self.path} ({exc.strerror}); the cache_dir "

@@ -18,9 +18,11 @@ import time
 from collections.abc import Callable, Iterator
 
 from ckptstore.data.cachedownload import create_temp
-from ckptstore.data.cachefiles import CacheEntry, CacheStats, cache_name, unlink_quietly
+from ckptstore.data.cachefiles import LOCKS, SHARDS, CacheEntry, CacheStats, cache_name
 from ckptstore.data.cachelocks import Ledger, Lock, process_gate
 from ckptstore.errors import CacheError
+from ckptstore.stores import Anchor
+from ckptstore.stores._dirfd import unlink_quietly
 
 __all__ = ["CacheSpace"]
 
@@ -28,42 +30,45 @@ __all__ = ["CacheSpace"]
 class CacheSpace:
     """The byte budget of one cache directory, for one process (see the module docstring).
 
+    ``paths`` is the cache directory (every path below it is resolved from its descriptor).
     ``distances(cursor)`` gives ``{key: samples until the shard's next use}`` (the data
     order's horizon; a key left out is needed no sooner than never), ``discard(key)``
     deletes a cached shard's files. Call order: :meth:`reserve`, holding the shard's ``dl``
-    lock, returns a pre-allocated temp file or None (no room now); the caller fills and
-    publishes it (a rename, without the budget lock).
+    lock, returns a pre-allocated temp file (its name in ``shards/`` and an open
+    descriptor) or None (no room now); the caller fills and publishes it (a rename,
+    without the budget lock).
     """
 
     def __init__(
         self,
-        directory: str,
-        shards: str,
-        locks: str,
+        paths: Anchor,
         limit: int | None,
         wait_timeout: float,
         stats: CacheStats,
         distances: Callable[[int], dict[str, int]],
         discard: Callable[[str], None],
     ) -> None:
-        self.dir, self.shards, self.locks = directory, shards, locks
+        self.paths = paths
         self.limit, self.wait_timeout, self.stats = limit, wait_timeout, stats
         self._distances, self._discard = distances, discard
 
     def lock(self, key: str, kind: str) -> Lock:
         """The lock file ``locks/<key>.<kind>`` (``use``: readers, ``dl``: the downloader)."""
-        return Lock(os.path.join(self.locks, f"{key}.{kind}"))
+        return Lock(self.paths, f"{LOCKS}/{key}.{kind}")
 
-    def reserve(self, e: CacheEntry, cursor: int, max_distance: int | None) -> str | None:
-        """Create the pre-allocated temp file, evicting as needed under the budget lock
-        (without a limit, the lock only once the disk is full).
+    def reserve(
+        self, e: CacheEntry, cursor: int, max_distance: int | None
+    ) -> tuple[str, int] | None:
+        """Create the pre-allocated temp file (``create_temp``: its name and descriptor),
+        evicting as needed under the budget lock (without a limit, the lock only once the
+        disk is full).
 
         ``max_distance`` None (a demand fetch) may evict any unpinned shard; otherwise only
         shards next needed later than ``max_distance`` (or not at all). None: no room.
         """
         if self.limit is None:  # no space decision to make, unless the disk is full
             try:
-                return create_temp(self.shards, e, self.dir)
+                return create_temp(self.paths, e)
             except CacheError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
@@ -104,11 +109,11 @@ class CacheSpace:
 
     def _create(
         self, e: CacheEntry, cursor: int, max_distance: int | None, ledger: Ledger
-    ) -> str | None:
+    ) -> tuple[str, int] | None:
         """The temp file; on a full disk, evict as the budget would. None: no room now."""
         while True:
             try:
-                return create_temp(self.shards, e, self.dir)
+                return create_temp(self.paths, e)
             except CacheError as exc:
                 if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
                     raise
@@ -144,16 +149,16 @@ class CacheSpace:
         reservation; without one, only what a full disk makes necessary. It is one lock
         for the node, so it is never taken where no decision is made (a publish, a
         reservation under no limit): small files come hundreds a second."""
-        path = os.path.join(self.dir, "budget.lock")
+        lock = Lock(self.paths, "budget.lock")
         deadline = time.monotonic() + self.wait_timeout
-        gate = process_gate(path)  # this process's threads queue here, not on the flock
+        gate = process_gate(lock.path)  # this process's threads queue here, not on the flock
         if not gate.acquire(timeout=self.wait_timeout):
             raise CacheError(
                 f"waited {self.wait_timeout:.0f} s for the cache budget lock held by another "
                 "thread of this process"
             )
         try:
-            with Lock(path) as budget:
+            with lock as budget:
                 budget.acquire(
                     timeout=max(0.0, deadline - time.monotonic()), what="cache budget lock"
                 )
@@ -169,10 +174,13 @@ class CacheSpace:
         between its two names during the scan: a temp file gone when stat()ed, or whose
         download is over by the time its lock is tried, is looked up under its .data
         name, so a shard is never counted as neither (at worst, for a moment, as both:
-        over the budget's count, never under it)."""
+        over the budget's count, never under it).
+
+        The scan holds a descriptor of ``shards/`` and makes every act on its entries
+        relative to it: ``shards/`` swapped for a link meanwhile changes nothing here."""
         temps = 0
         cached: dict[str, int] = {}
-        with os.scandir(self.shards) as it:
+        with self.paths.directory(SHARDS) as fd, os.scandir(fd) as it:
             for d in it:
                 parsed = cache_name(d.name)
                 if parsed is None or parsed[1] != "data":
@@ -184,7 +192,7 @@ class CacheSpace:
                     size = st.st_size
                 except FileNotFoundError:
                     if not is_data:  # published since it was listed (else: evicted)
-                        self._count_published(key, cached)
+                        self._count_published(fd, key, cached)
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     continue  # a link or anything else under our name: never followed
@@ -195,19 +203,21 @@ class CacheSpace:
                 try:
                     if not lock.try_acquire():
                         temps += size  # its download is in progress
-                    elif os.path.lexists(d.path):
-                        unlink_quietly(d.path)  # nobody downloads it: a crashed one's leftover
+                    elif _exists(fd, d.name):
+                        unlink_quietly(fd, d.name)  # a crashed download's leftover
                     else:  # its download published it and ended since the stat()
-                        self._count_published(key, cached)
+                        self._count_published(fd, key, cached)
                 finally:
                     lock.close()
         return temps + sum(cached.values()), cached
 
-    def _count_published(self, key: str, cached: dict[str, int]) -> None:
-        """Count shard ``key`` under its .data name, if it is there (a temp file of it
-        was renamed during a scan; gone as well: its download failed, or it was evicted)."""
+    @staticmethod
+    def _count_published(fd: int, key: str, cached: dict[str, int]) -> None:
+        """Count shard ``key`` under its .data name in ``shards/`` (open at ``fd``), if it
+        is there (a temp file of it was renamed during a scan; gone as well: its download
+        failed, or it was evicted)."""
         try:
-            st = os.lstat(os.path.join(self.shards, key + ".data"))
+            st = os.stat(key + ".data", dir_fd=fd, follow_symlinks=False)
             if stat.S_ISREG(st.st_mode):
                 cached[key] = st.st_size
         except FileNotFoundError:
@@ -253,3 +263,12 @@ class CacheSpace:
             use.close()
         self.stats.add(evictions=1)
         return True
+
+
+def _exists(fd: int, name: str) -> bool:
+    """Whether ``name`` is in the directory open at ``fd`` (a link counts, unfollowed)."""
+    try:
+        os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return True

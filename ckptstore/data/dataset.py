@@ -41,7 +41,13 @@ import numpy as np
 import numpy.random  # noqa: F401 - fork safety: see the module docstring
 
 from ckptstore.config import MiB, TransferConfig
-from ckptstore.data.cache import CacheEntry, ShardCache, check_limit, probe_cache_dir
+from ckptstore.data.cache import (
+    CacheEntry,
+    ShardCache,
+    cache_paths,
+    check_limit,
+    probe_cache_dir,
+)
 from ckptstore.data.cachefiles import VerifiedFiles, make_key
 from ckptstore.data.formats import EXTENSIONS, FORMATS, check_schemas, inspect, preload
 from ckptstore.data.order import DataOrderError, sample_seed
@@ -277,7 +283,7 @@ class ShardedDataset:
             raise ConfigError(f"buckets must be >= 1, got {buckets}")
         self.entries = [self._entry(s) for s in self.shards]
         check_limit(self.cache_limit, self.entries)
-        probe_cache_dir(self.cache_dir)
+        probe_cache_dir(cache_paths(self.cache_dir))
 
     # -- listing -------------------------------------------------------------------------
     def _list(self, fmt: str | None, include: str | None) -> tuple[str, list[Shard]]:

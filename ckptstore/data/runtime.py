@@ -109,7 +109,7 @@ class ProcessRuntime:
         try:
             e = self.ds.entries[shard]
             reader = open_reader(
-                e.fmt, handle.path, e.path, e.rows, self.ds.columns, self.groups, e.key
+                e.fmt, handle.fd, e.path, e.rows, self.ds.columns, self.groups, e.key
             )
         except BaseException:
             handle.release()

@@ -2,15 +2,21 @@
 one group (a Parquet row group, an Arrow record batch, a whole raw file) at a time into a
 byte-bounded LRU that a process's readers share.
 
-    reader = open_reader(fmt, local_path, shard_path, rows, columns, groups, key)
+    reader = open_reader(fmt, fd, shard_path, rows, columns, groups, key)
     samples = reader.take([3, 0, 7])                # rows of the shard, in the order asked
     reader.close()
+
+A reader reads the file open at ``fd`` (the cache's descriptor of the copy it verified,
+``Handle.fd``), never a path: it maps it or reads a duplicate of it, so the caller may close
+``fd`` once the reader is open.
 """
 
 from __future__ import annotations
 
 import contextlib
 import functools
+import mmap
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
@@ -131,9 +137,9 @@ def _closed(_group: int) -> Any:
 class _RawReader(ShardReader):
     """A raw file is one sample: ``{"path": <path in the dataset>, "data": bytes}``."""
 
-    def __init__(self, local_path: str, shard_path: str) -> None:
+    def __init__(self, fd: int, shard_path: str) -> None:
         self.shard_path = shard_path
-        self._file: Any = open(local_path, "rb")  # noqa: SIM115 - held until close()
+        self._file: Any = os.fdopen(os.dup(fd), "rb")  # held until close()
 
     def take(self, indices: Sequence[int]) -> list[Any]:
         self._file.seek(0)
@@ -144,25 +150,32 @@ class _RawReader(ShardReader):
         self._file.close()
 
 
+def _mapped(fd: int) -> Any:
+    """The whole file open at ``fd``, memory-mapped read-only, as a pyarrow input stream
+    (the map is released when nothing references it any more)."""
+    pa = pyarrow_module()
+    return pa.BufferReader(pa.py_buffer(mmap.mmap(fd, 0, access=mmap.ACCESS_READ)))
+
+
 def open_reader(
     fmt: str,
-    local_path: str,
+    fd: int,
     shard_path: str,
     rows: Sequence[int],
     columns: Sequence[str] | None,
     groups: GroupCache,
     key: str,
 ) -> ShardReader:
-    """A reader over a verified local copy (memory-mapped; nothing is read until ``take``)."""
+    """A reader over the verified local copy open at ``fd`` (memory-mapped; nothing is read
+    until ``take``)."""
     if fmt == "raw":
-        return _RawReader(local_path, shard_path)
-    pa = pyarrow_module()
+        return _RawReader(fd, shard_path)
     cols = list(columns) if columns is not None else None
     if fmt == "parquet":
         import pyarrow.parquet as pq
 
         with _unreadable(shard_path):
-            pf = pq.ParquetFile(local_path, memory_map=True)
+            pf = pq.ParquetFile(_mapped(fd))
         return ShardReader(
             key, rows, groups, lambda g: pf.read_row_group(g, columns=cols), shard_path
         )
@@ -170,7 +183,7 @@ def open_reader(
         import pyarrow.ipc as ipc
 
         with _unreadable(shard_path):
-            reader = ipc.open_file(pa.memory_map(local_path, "r"))
+            reader = ipc.open_file(_mapped(fd))
 
         def load(g: int) -> Any:
             batch = reader.get_batch(g)

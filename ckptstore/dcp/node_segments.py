@@ -3,10 +3,14 @@
 ``dcp.shared_read`` keeps a part that several ranks of one node need in one segment: its
 holder creates it (``create``: ``O_CREAT|O_EXCL|O_NOFOLLOW``, mode 0600, its size allocated
 up front so that a full tmpfs is ``ENOSPC`` there, never a ``SIGBUS`` later), the others map
-it read-only (``open_view``: a regular file of this uid and the expected size, else an
-error), and the holder unlinks it once all have mapped it. A segment's name holds the
-load's token, the creator's pid namespace and pid; ``sweep`` removes those whose creator
-is gone (a ``SIGKILL``), never a file ckptstore did not make or another uid's.
+it read-only (``open_view``: opened ``O_NOFOLLOW|O_NONBLOCK``, so a FIFO put in its place
+is refused at once, never waited on; then a regular file of this uid and the expected
+size, else an error), and the holder unlinks it once all have mapped it. A segment is one
+name directly in ``/dev/shm`` (no folder below it that could be swapped for a link), and
+``/dev/shm`` is sticky (mode 1777): another uid can neither rename nor remove a file of
+this one there. A segment's name holds the load's token, the creator's pid namespace and
+pid; ``sweep`` removes those whose creator is gone (a ``SIGKILL``), never a file
+ckptstore did not make or another uid's.
 ``node_key`` says which ranks share a node: one boot, one ``/dev/shm`` (a container with
 its own ``/dev/shm`` has another device), one uid.
 """
@@ -41,6 +45,10 @@ _ADVICE = (
     "free space in /dev/shm or make it larger (docker run --shm-size), or lower "
     "TransferConfig.memory_budget (a node holds two batches of it there)"
 )
+
+
+#: A view never follows a link, never waits on what it opens (a FIFO with no writer).
+_VIEW = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
 
 
 def node_key() -> Hashable | None:
@@ -105,7 +113,7 @@ def open_view(path: str, n: int) -> mmap.mmap:
     """The segment at ``path``, mapped read-only; ``CkptStoreError`` unless it is a regular
     file of this uid of ``max(n, 1)`` bytes (the holder's, not something put in its place)."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+        fd = os.open(path, _VIEW)
     except OSError as exc:
         raise CkptStoreError(f"could not open the shared part {path}: {exc.strerror}") from exc
     try:

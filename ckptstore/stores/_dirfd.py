@@ -13,20 +13,23 @@ in a directory that was reached without passing through a link, or fails.
 - The base is trusted as given (the user's root, which may itself be a symlink); the
   components a child store's root adds below it (``below``) and every component of a path
   are not: a symlink met there is ``UnsafePathError``.
-- Only regular files are opened for reading: ``open_read`` opens with ``O_NONBLOCK``
-  (a FIFO then opens at once instead of waiting for a writer) and ``fstat``s what it got;
-  a FIFO, socket, device or directory is ``UnsafePathError`` (damage, or planted: never
-  "missing", which would make a step whose marker is a directory look merely unfinished).
+- Only regular files are opened for reading: ``open_read`` (and ``open_rw``, which
+  creates a missing one) opens with ``O_NONBLOCK`` (a FIFO then opens at once instead of
+  waiting for a writer) and ``fstat``s what it got; a FIFO, socket, device or directory is
+  ``UnsafePathError`` (damage, or planted: never "missing", which would make a step whose
+  marker is a directory look merely unfinished).
 - Listings (``scan``, ``walk``) type entries without following links and never descend
   into a link, even one that replaced a directory after it was listed.
 - Every descriptor opened here is closed before the call returns or raises.
 
-Call order: ``Anchor(base, below)`` once per store; then, per operation, either one of its
-acts (``open_read``, ``stat``, ``unlink``, ``rmdir``, ``scan``, ``walk``,
-``remove_empty_dirs``, ``mkdir``, ``rmtree``, ``rename``), or
-``with anchor.parent(path, create=...) as (dir_fd, name):`` followed by the acts on
+Call order: ``Anchor(base, below, what)`` once per store (or per trusted directory: a
+data cache, a framework's output folder; ``what`` names it in messages); then, per
+operation, either one of its acts (``open_read``, ``open_rw``, ``stat``, ``unlink``,
+``rmdir``, ``scan``, ``walk``, ``remove_empty_dirs``, ``mkdir``, ``rmtree``, ``rename``),
+or ``with anchor.parent(path, create=...) as (dir_fd, name):`` followed by the acts on
 ``(dir_fd, name)`` below (``create_new``, ``open_existing``, ``link_new``, ``replace``,
-``unlink_quietly``), all within the ``with``.
+``unlink_quietly``), all within the ``with``, or ``with anchor.directory(path) as
+dir_fd:`` for several acts on the entries of one directory, each relative to ``dir_fd``.
 
 OSErrors other than these refusals are raised as they are; the caller maps them
 (``_posix.translate``) with the words that name its operation.
@@ -63,10 +66,13 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
 #: A read never blocks on what it opens (a FIFO with no writer, a device), never takes a
 #: terminal as the process's controlling one, never follows a link.
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
+#: As ``_READ``, for reading and writing, creating a missing file.
+_RW = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
 _NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
-#: Errors an open with ``_READ`` fails with where the name is a link (``ELOOP``), a
-#: socket (``ENXIO``) or a device without a driver (``ENXIO``, ``ENODEV``).
-_REFUSED_OPEN = frozenset({errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP})
+#: Errors an open with ``_READ`` or ``_RW`` fails with where the name is a link
+#: (``ELOOP``), a socket (``ENXIO``), a device without a driver (``ENXIO``, ``ENODEV``) or,
+#: opened for writing, a directory (``EISDIR``).
+_REFUSED_OPEN = frozenset({errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP, errno.EISDIR})
 _WRITE = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
 
 
@@ -96,14 +102,14 @@ def _check_part(seg: str, where: str) -> None:
         )
 
 
-def _link_refused(shown: str, base: str) -> UnsafePathError:
+def _link_refused(shown: str, where: str) -> UnsafePathError:
     return UnsafePathError(
-        f"{shown} is a symlink; ckptstore never follows links under a checkpoint root "
-        f"({base}). Remove it or point ckptstore at the real directory."
+        f"{shown} is a symlink; ckptstore never follows links under a {where}. Remove it "
+        "or point ckptstore at the real directory."
     )
 
 
-def _classify(fd: int, seg: str, shown: str, base: str, exc: OSError) -> BaseException:
+def _classify(fd: int, seg: str, shown: str, where: str, exc: OSError) -> BaseException:
     """Why opening ``seg`` (below ``fd``) with ``O_NOFOLLOW`` failed with ELOOP/ENOTDIR:
     a link (``UnsafePathError``), else ``exc`` itself (a file where a directory was)."""
     try:
@@ -111,7 +117,7 @@ def _classify(fd: int, seg: str, shown: str, base: str, exc: OSError) -> BaseExc
     except OSError:
         return exc
     if stat.S_ISLNK(st.st_mode):
-        return _link_refused(shown, base)
+        return _link_refused(shown, where)
     return exc
 
 
@@ -127,14 +133,22 @@ class Anchor:
 
     ``base`` is an absolute path, trusted as given (it may be a symlink); ``below`` are
     the components between it and the store's root, resolved like any path below it.
+    ``what`` names the base in messages (a link refused "under a checkpoint root").
     Holds no descriptor between calls (stores are pickled, and processes fork).
     """
 
-    __slots__ = ("base", "below")
+    __slots__ = ("base", "below", "what")
 
-    def __init__(self, base: str, below: tuple[str, ...] = ()) -> None:
+    def __init__(
+        self, base: str, below: tuple[str, ...] = (), what: str = "checkpoint root"
+    ) -> None:
         self.base = base
         self.below = below
+        self.what = what
+
+    @property
+    def _where(self) -> str:
+        return f"{self.what} ({self.base})"
 
     def shown(self, parts: list[str] | tuple[str, ...]) -> str:
         """The path of ``parts`` below the base, for messages."""
@@ -169,7 +183,7 @@ class Anchor:
                 except OSError as exc:
                     if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                         raise
-                    why = _classify(fd, seg, self.shown(parts[: i + 1]), self.base, exc)
+                    why = _classify(fd, seg, self.shown(parts[: i + 1]), self._where, exc)
                     if why is exc:
                         raise
                     raise why from exc
@@ -221,9 +235,19 @@ class Anchor:
 
         A symlink, FIFO, socket, device or directory is ``UnsafePathError`` (nothing waits
         on it); missing: ``FileNotFoundError``."""
+        return self._open_regular(path, _READ)
+
+    def open_rw(self, path: str, mode: int = 0o644) -> int:
+        """An open descriptor of regular file ``path`` for reading and writing, created
+        empty (with ``mode``) if missing; the caller closes it. A symlink, FIFO, socket,
+        device or directory there is ``UnsafePathError`` (nothing waits on it, nothing is
+        written through it); its directory missing: ``FileNotFoundError``."""
+        return self._open_regular(path, _RW, mode)
+
+    def _open_regular(self, path: str, flags: int, perm: int = 0o644) -> int:
         with self.parent(path) as (dfd, name):
             try:
-                fd = os.open(name, _READ, dir_fd=dfd)
+                fd = os.open(name, flags, perm, dir_fd=dfd)
             except OSError as exc:
                 if exc.errno not in _REFUSED_OPEN:
                     raise
@@ -246,10 +270,10 @@ class Anchor:
     def _not_regular(self, path: str, mode: int) -> Exception:
         shown = self.shown(self._parts(path))
         if stat.S_ISLNK(mode):
-            return _link_refused(shown, self.base)
+            return _link_refused(shown, self._where)
         return UnsafePathError(
             f"{shown} is {what_is(mode)}, not a regular file; ckptstore reads only regular "
-            "files under a root. Remove it (someone else put it there)."
+            f"files under a {self.what}. Remove it (someone else put it there)."
         )
 
     def stat(self, path: str) -> os.stat_result:
@@ -317,7 +341,7 @@ class Anchor:
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
-                why = _classify(dfd, name, self.shown(self._parts(path)), self.base, exc)
+                why = _classify(dfd, name, self.shown(self._parts(path)), self._where, exc)
                 if why is exc:
                     raise
                 raise why from exc
@@ -337,7 +361,7 @@ class Anchor:
             # rename takes the link itself, so one swapped in after this look is only
             # moved within the root), but a caller renaming a link meant its target.
             if stat.S_ISLNK(os.stat(sname, dir_fd=sfd, follow_symlinks=False).st_mode):
-                raise _link_refused(self.shown(self._parts(src)), self.base)
+                raise _link_refused(self.shown(self._parts(src)), self._where)
             os.rename(sname, dname, src_dir_fd=sfd, dst_dir_fd=dfd)
             fsync(sfd, f"the directory of {self.shown(self._parts(src))}")
             fsync(dfd, f"the directory of {self.shown(self._parts(dst))}")
@@ -438,10 +462,11 @@ def _clear(fd: int) -> None:
 
 
 # -- acts on (directory descriptor, name), within ``Anchor.parent`` ------------------------
-def create_new(dfd: int, name: str, mode: int = 0o644) -> int:
+def create_new(dfd: int, name: str, mode: int = 0o644, *, readable: bool = False) -> int:
     """Create ``name`` below ``dfd``, which must not exist (not even as a link), and open
-    it for writing."""
-    return os.open(name, _NEW, mode, dir_fd=dfd)
+    it for writing (and reading, with ``readable``)."""
+    flags = (_NEW & ~os.O_WRONLY) | os.O_RDWR if readable else _NEW
+    return os.open(name, flags, mode, dir_fd=dfd)
 
 
 def open_existing(dfd: int, name: str) -> int:

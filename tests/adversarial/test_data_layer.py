@@ -23,7 +23,7 @@ import pytest
 from ckptstore.data import DataLoader, ShardedDataset, pack_files
 from ckptstore.data.order import DataOrderError
 from ckptstore.data.pack import PACK_PENDING
-from ckptstore.errors import CacheError, EmptyDatasetError, ShardFormatError, StoreAccessError
+from ckptstore.errors import EmptyDatasetError, ShardFormatError, StoreAccessError, UnsafePathError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
 from tests.conftest import BUCKET
@@ -95,7 +95,7 @@ def test_cache_never_writes_through_a_planted_symlink(tmp_path, which) -> None:
     if which == "pressure":
         cache.signal_pressure()  # a waiter touched the link's target before
     else:
-        with pytest.raises(CacheError, match="symbolic link"):
+        with pytest.raises(UnsafePathError, match="is a symlink"):
             cache.acquire(0, 0)
     ds.close()
     assert victim.read_bytes() == b"precious"
@@ -109,7 +109,7 @@ def test_cache_refuses_a_symlinked_shards_folder(tmp_path) -> None:
     (elsewhere / "notes.data").write_bytes(b"n")
     (tmp_path / "cache").mkdir()
     os.symlink(elsewhere, tmp_path / "cache" / "shards")
-    with pytest.raises(CacheError, match="not a directory"):
+    with pytest.raises(UnsafePathError, match="shards is a symlink"):
         _ds(tmp_path)
     assert os.listdir(elsewhere) == ["notes.data"]
 

@@ -116,6 +116,23 @@ def test_ls_shows_which_tiers_hold_each_step(tool, tmp_path) -> None:
     assert missing.rc == 2 and "--local-tier" in missing.err
 
 
+def test_ls_counts_nothing_through_a_step_folder_that_is_a_link(tool, tmp_path) -> None:
+    """A tier whose step folder is a symlink (to a whole copy elsewhere) holds nothing:
+    the folder is resolved from the tier's descriptor, never followed."""
+    from ckptstore import CheckpointManager
+
+    root, tier, linked = (str(tmp_path / n) for n in ("root", "node0", "node1"))
+    with CheckpointManager(root, local_tier_dir=tier, background="thread") as mgr:
+        mgr.save(1, {"w": torch.ones(10)})
+    os.makedirs(linked)
+    os.symlink(os.path.join(tier, "step_000000001"), os.path.join(linked, "step_000000001"))
+    doc = tool("ls", root, "--local-tier", tier, "--local-tier", linked, "--json").json()
+    assert doc["checkpoints"][0]["tiers"] == [
+        {"dir": tier, "files": 1, "of": 1},
+        {"dir": linked, "files": 0, "of": 1},
+    ]
+
+
 def test_ls_lists_the_steps_saved_to_the_local_tier_alone(tool, tmp_path) -> None:
     from ckptstore import CheckpointManager
 

@@ -12,6 +12,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ckptstore.data import DataLoader, ShardedDataset
+from ckptstore.data.cachefiles import cache_paths
 from ckptstore.data.cachelocks import Lock
 from ckptstore.engine.store import Store
 from ckptstore.errors import DatasetChangedError
@@ -54,9 +55,14 @@ def _raw(tmp_path, count=8, delay=0.15, **kw) -> tuple[ShardedDataset, SlowStore
     return ds, store
 
 
-def _held(lock_path: str) -> bool:
-    """Whether some other open file holds ``lock_path`` exclusively now."""
-    probe = Lock(lock_path)
+def _lock(cache_dir: str, name: str) -> Lock:
+    """The lock file ``name`` below ``cache_dir`` (``locks/<key>.dl``, ``budget.lock``)."""
+    return Lock(cache_paths(cache_dir), name)
+
+
+def _held(lock: Lock) -> bool:
+    """Whether some other open file holds ``lock``'s file exclusively now."""
+    probe = Lock(lock.paths, lock.name)
     try:
         return not probe.try_acquire()
     finally:
@@ -115,7 +121,7 @@ def test_a_download_waiting_for_the_room_a_batch_pins_is_left_out_not_waited_for
     got_a: list = []
     worker_a = threading.Thread(target=lambda: got_a.append(a.acquire(2, 0)))
     worker_a.start()
-    dl = os.path.join(a.dir, "locks", f"{ds.entries[2].key}.dl")
+    dl = _lock(a.dir, f"locks/{ds.entries[2].key}.dl")
     deadline = time.monotonic() + 10
     while not (_held(dl) and os.path.exists(os.path.join(a.dir, "pressure"))):
         assert time.monotonic() < deadline, "A never started waiting for room"
@@ -162,7 +168,7 @@ def test_a_space_scan_racing_a_publish_counts_the_shard(tmp_path, monkeypatch):
     tmp = os.path.join(shards, f"{e.key}.data.tmp-1-{uuid.uuid4().hex}")
     with open(tmp, "wb") as f:
         f.write(b"x" * e.size)
-    dl = Lock(os.path.join(cache.dir, "locks", f"{e.key}.dl"))
+    dl = _lock(cache.dir, f"locks/{e.key}.dl")
     assert dl.try_acquire()  # its download is in progress
     real = os.scandir
     listed = list(real(shards))  # listed before the rename, not yet stat()ed
@@ -175,7 +181,8 @@ def test_a_space_scan_racing_a_publish_counts_the_shard(tmp_path, monkeypatch):
         def __exit__(self, *exc):
             return None
 
-    monkeypatch.setattr(os, "scandir", lambda p: Listing() if p == shards else real(p))
+    # the scan lists shards/ through its descriptor (an int), every other listing a path
+    monkeypatch.setattr(os, "scandir", lambda p: Listing() if isinstance(p, int) else real(p))
     used, cached = cache.space.usage()
     monkeypatch.setattr(os, "scandir", real)
     dl.close()
@@ -198,7 +205,7 @@ def test_a_space_scan_racing_a_finished_download_counts_the_shard(tmp_path, monk
     final = os.path.join(shards, f"{e.key}.data")
     with open(tmp, "wb") as f:
         f.write(b"x" * e.size)
-    dl = Lock(os.path.join(cache.dir, "locks", f"{e.key}.dl"))
+    dl = _lock(cache.dir, f"locks/{e.key}.dl")
     assert dl.try_acquire()  # its download is in progress
     real_scandir, real_lock = os.scandir, cache.space.lock
     listed = list(real_scandir(shards))  # the temp name only
@@ -211,8 +218,10 @@ def test_a_space_scan_racing_a_finished_download_counts_the_shard(tmp_path, monk
 
     monkeypatch.setattr(cache.space, "lock", lock)
 
-    def scandir(path: str):
-        return contextlib.nullcontext(iter(listed)) if path == shards else real_scandir(path)
+    def scandir(path):  # the scan lists shards/ through its descriptor (an int)
+        if isinstance(path, int):
+            return contextlib.nullcontext(iter(listed))
+        return real_scandir(path)
 
     monkeypatch.setattr(os, "scandir", scandir)
     used, cached = cache.space.usage()
@@ -232,7 +241,7 @@ def test_a_failure_releases_every_pin_taken(tmp_path) -> None:
         cache.acquire_many(list(range(8)), 0, pool)
     assert ds.shards[5].path in str(err.value)
     for e in ds.entries:  # nothing stays pinned: every shard could be evicted
-        use = Lock(os.path.join(cache.dir, "locks", f"{e.key}.use"))
+        use = _lock(cache.dir, f"locks/{e.key}.use")
         assert use.try_acquire(), e.path
         use.close()
     ds.close()

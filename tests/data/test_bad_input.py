@@ -114,7 +114,11 @@ def _cache_is_whole(cache_dir) -> list[str]:
             with open(shards / (n[: -len(".data")] + ".meta")) as f:
                 meta = json.load(f)
             assert os.path.getsize(shards / n) == meta["size"]
-            assert file_crc32c(str(shards / n)) == meta["crc32c"]
+            fd = os.open(shards / n, os.O_RDONLY)
+            try:
+                assert file_crc32c(fd) == meta["crc32c"]
+            finally:
+                os.close(fd)
     return names
 
 

@@ -195,7 +195,7 @@ def test_stale_temp_of_a_dead_process_is_reclaimed(tmp_path) -> None:
 
 def test_unwritable_or_full_cache_dir(tmp_path, monkeypatch) -> None:
     (tmp_path / "afile").write_bytes(b"x")
-    with pytest.raises(CacheError, match="cannot write to cache_dir"):
+    with pytest.raises(CacheError, match="cannot use cache_dir"):
         _ds(tmp_path, cache_dir=str(tmp_path / "afile" / "cache"))
     ds = _ds(tmp_path)
 

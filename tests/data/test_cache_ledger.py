@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 
 from ckptstore.data import ShardedDataset
+from ckptstore.data.cachefiles import cache_paths
 from ckptstore.data.cachelocks import Ledger, Lock, process_gate
 from ckptstore.data.cachespace import CacheSpace
 
@@ -28,7 +29,7 @@ def _files_bytes(cache_dir: str) -> int:
 
 
 def _ledger(cache_dir: str) -> tuple[int, int] | None:
-    with Lock(os.path.join(cache_dir, "budget.lock")) as lock:
+    with Lock(cache_paths(cache_dir), "budget.lock") as lock:
         return Ledger(lock).read()
 
 
@@ -49,12 +50,12 @@ def _many(tmp_path, count: int, limit_files: int) -> ShardedDataset:
 def test_anything_but_two_counts_reads_as_unknown(tmp_path, content) -> None:
     path = tmp_path / "budget.lock"
     path.write_bytes(content)
-    with Lock(str(path)) as lock:
+    with Lock(cache_paths(str(tmp_path)), "budget.lock") as lock:
         assert Ledger(lock).read() is None
 
 
 def test_a_count_reads_back_after_a_longer_one_and_frees_down_to_zero(tmp_path) -> None:
-    with Lock(str(tmp_path / "budget.lock")) as lock:
+    with Lock(cache_paths(str(tmp_path)), "budget.lock") as lock:
         ledger = Ledger(lock)
         ledger.write(123456789012, 987654321)
         ledger.write(10, 3)  # shorter: no tail of the longer one left behind
@@ -101,7 +102,7 @@ def test_a_wrong_count_is_corrected_by_the_next_recount(tmp_path) -> None:
     order = ds.order
     ds.fetch(order.stream(0, 100), 0)  # full
     assert _files_bytes(ds.cache_dir) == ds.cache_limit
-    with Lock(os.path.join(ds.cache_dir, "budget.lock")) as lock:
+    with Lock(cache_paths(ds.cache_dir), "budget.lock") as lock:
         lock.acquire()
         Ledger(lock).write(0, 0)
     most = 0

@@ -32,16 +32,18 @@ class _ThreadRecordingStore(LocalStore):
 def test_one_part_shard_is_read_in_the_calling_thread(tmp_path) -> None:
     make_raw(str(tmp_path / "src"), 1, size=5000)
     store = _ThreadRecordingStore(str(tmp_path / "src"))
-    dest = str(tmp_path / "copy")
+    dest = os.open(tmp_path / "copy", os.O_RDWR | os.O_CREAT, 0o644)
     with TransferEngine(TransferConfig(part_size=8192)) as engine:
-        open(dest, "wb").close()
-        crc = fetch_to_file(engine, store, "f0000.bin", 5000, dest)
-        assert store.threads == {threading.get_ident()}
-        assert crc == file_crc32c(dest) and open(dest, "rb").read() == b"\0" * 5000
-        with open(tmp_path / "src" / "f0000.bin", "ab") as f:
-            f.write(b"grown")  # an object that grew since it was listed is caught too
-        with pytest.raises(Mismatch, match="returned 5001 bytes"):
-            fetch_to_file(engine, store, "f0000.bin", 5000, dest)
+        try:
+            crc = fetch_to_file(engine, store, "f0000.bin", 5000, dest)
+            assert store.threads == {threading.get_ident()}
+            assert crc == file_crc32c(dest) and os.pread(dest, 6000, 0) == b"\0" * 5000
+            with open(tmp_path / "src" / "f0000.bin", "ab") as f:
+                f.write(b"grown")  # an object that grew since it was listed is caught too
+            with pytest.raises(Mismatch, match="returned 5001 bytes"):
+                fetch_to_file(engine, store, "f0000.bin", 5000, dest)
+        finally:
+            os.close(dest)
 
 
 @pytest.mark.processes

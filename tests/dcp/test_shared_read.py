@@ -18,6 +18,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,6 +27,7 @@ from ckptstore.dcp import node_segments
 from ckptstore.dcp.shared_read import read_shared
 from ckptstore.errors import CkptStoreError, CorruptCheckpointError
 from harness.dist import run_distributed
+from tests.adversarial.test_fifo import _within
 
 pytestmark = [
     pytest.mark.distributed,
@@ -216,8 +218,9 @@ def test_a_sweep_removes_only_dead_creators_regular_segments_and_a_view_checks_t
     tmp_path,
 ) -> None:
     """/dev/shm is shared ground: the sweep leaves a live creator's segment, a symlink and
-    a file of another pid namespace; a mapping refuses a file of the wrong size; a segment
-    is never created over a name already there, nor through a link."""
+    a file of another pid namespace; a mapping refuses a file of the wrong size, a link and
+    a FIFO (at once); a segment is never created over a name already there, nor through a
+    link."""
     import subprocess
 
     ns = node_segments.creator().split("-")[0]
@@ -248,6 +251,9 @@ def test_a_sweep_removes_only_dead_creators_regular_segments_and_a_view_checks_t
             node_segments.open_view(live, 16)
         with pytest.raises(CkptStoreError, match="could not open"):
             node_segments.open_view(link, 4)  # a link is never followed
+        os.mkfifo(gone)  # a FIFO in a segment's place: refused at once, never waited on
+        with pytest.raises(CkptStoreError, match="not the shared part"):
+            _within([Path(gone)], lambda: node_segments.open_view(gone, 8))
         with pytest.raises(CkptStoreError, match="could not create"):
             node_segments.create(link, 4)  # a name already taken (here a link) is refused
         assert os.path.islink(link) and target.read_bytes() == b"keep"

@@ -18,7 +18,7 @@ import pyarrow.parquet as pq
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from ckptstore.data.cachefiles import cache_name, make_key
+from ckptstore.data.cachefiles import cache_name, cache_paths, make_key
 from ckptstore.data.cachelocks import Ledger, Lock
 from ckptstore.data.formats import MAX_ROWS_PER_BYTE, inspect
 from ckptstore.data.order import DataOrderError, OrderState
@@ -122,10 +122,10 @@ def test_fuzz_ledger(data, tmp_path_factory) -> None:
     assert got is None or (
         len(got) == 2 and all(isinstance(v, int) and 0 <= v < 10**19 for v in got)
     )
-    path = os.path.join(tmp_path_factory.mktemp("ledger"), "budget.lock")
-    with open(path, "wb") as f:
+    base = str(tmp_path_factory.mktemp("ledger"))
+    with open(os.path.join(base, "budget.lock"), "wb") as f:
         f.write(data)
-    with Lock(path) as lock:
+    with Lock(cache_paths(base), "budget.lock") as lock:
         ledger = Ledger(lock)
         assert ledger.read() == got
         ledger.write(7, 3)

@@ -144,3 +144,36 @@ def test_errors_are_ckptstore_errors_naming_what_is_there(tree) -> None:
         store.get("d/e")
     with pytest.raises(StoreNotFoundError):
         store.get("d/nothing")
+
+
+def test_open_rw_creates_a_file_and_refuses_anything_but_one(tree) -> None:
+    """``open_rw`` (a lock file, a ledger) creates a missing regular file or opens the one
+    there; a link, FIFO or directory is refused at once, nothing written through it, and
+    the base's name (``what``) is in the message."""
+    root, outside = tree
+    anchor = Anchor(str(root), what="cache directory")
+    before = _fds()
+    fd = anchor.open_rw("d/new.lock")
+    try:
+        os.pwrite(fd, b"12", 0)
+        assert os.pread(fd, 2, 0) == b"12"
+    finally:
+        os.close(fd)
+    fd = anchor.open_rw("d/new.lock")  # there now: opened as it is, not truncated
+    try:
+        assert os.pread(fd, 2, 0) == b"12"
+    finally:
+        os.close(fd)
+    with pytest.raises(UnsafePathError, match=r"symlink; .* under a cache directory \("):
+        anchor.open_rw("d/flink")
+    with pytest.raises(UnsafePathError, match="symlink"):
+        anchor.open_rw("link/new.lock")
+    with pytest.raises(UnsafePathError, match="FIFO .* regular files under a cache directory"):
+        anchor.open_rw("d/pipe")
+    with pytest.raises(UnsafePathError, match="is a directory"):
+        anchor.open_rw("d/e")
+    with pytest.raises(FileNotFoundError):
+        anchor.open_rw("d/missing/x.lock")
+    assert _fds() - before == set()
+    assert sorted(os.listdir(outside)) == ["f.bin"]
+    assert (outside / "f.bin").read_bytes() == b"outside"

@@ -10,7 +10,9 @@ docstring's.
 
 The index is read back from storage and is untrusted: its size is capped before it is
 loaded and ``_folder_index.parse_index`` checks it; a bad one is a
-``CorruptCheckpointError``, and a restore falls back past that step.
+``CorruptCheckpointError``, and a restore falls back past that step. The local folders are
+untrusted ground too: every path below the directory the caller trusts is resolved from its
+descriptor (``_local.LocalFolder``), never checked and then used as a string.
 """
 
 from __future__ import annotations
@@ -18,17 +20,14 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
-import uuid
 import warnings
 from collections.abc import Callable, Iterable
 from typing import Any
 
-import crc32c
 import torch
 import torch.distributed as dist
 
-from ckptstore import CheckpointManager, ManagerOptions, newer_steps, open_store, step_name
+from ckptstore import CheckpointManager, ManagerOptions, newer_steps, step_name
 from ckptstore.api import empty_state_dict
 from ckptstore.errors import (
     ConfigError,
@@ -36,17 +35,18 @@ from ckptstore.errors import (
     IncompleteCheckpointError,
     NewerFormatError,
     NoLoadableCheckpointError,
+    UnsafePathError,
 )
 
 from . import _folder_index
 from ._folder_index import INDEX_FORMAT, bad_index, parse_index
+from ._local import QUARANTINE, LocalFolder, crc
 
 __all__ = [
     "FolderCheckpoints",
     "INDEX_KEY",
     "FILE_PREFIX",
     "QUARANTINE",
-    "quarantine",
     "barrier",
 ]
 
@@ -54,18 +54,6 @@ log = logging.getLogger(__name__)
 
 INDEX_KEY = "folder/index"
 FILE_PREFIX = "folder/files/"
-#: Where local folders that do not match a committed step are moved.
-QUARANTINE = ".ckptstore-uncommitted"
-
-
-def _read(path: str, size: int) -> torch.Tensor:
-    if size == 0:
-        return torch.empty(0, dtype=torch.uint8)
-    return torch.from_file(path, shared=False, size=size, dtype=torch.uint8)
-
-
-def _crc(t: torch.Tensor) -> int:
-    return int(crc32c.crc32c(t.numpy().data)) if t.numel() else 0
 
 
 def _template(mgr: CheckpointManager, step: int, keys: Iterable[str]) -> dict:
@@ -78,16 +66,6 @@ def _load(mgr: CheckpointManager, step: int, keys: Iterable[str]) -> dict:
     flat = _template(mgr, step, keys)
     mgr.restore(flat, step=step)
     return flat
-
-
-def _local_files(folder: str) -> dict[str, str]:
-    """Relative '/'-joined name -> absolute path, for every file under ``folder``."""
-    out = {}
-    for dirpath, _dirs, files in os.walk(folder):
-        for name in files:
-            full = os.path.join(dirpath, name)
-            out[os.path.relpath(full, folder).replace(os.sep, "/")] = full
-    return out
 
 
 def _world() -> int:
@@ -106,6 +84,26 @@ def _gather(obj: Any) -> list[Any]:
 def barrier() -> None:
     """Wait for every rank (a no-op in one process)."""
     _gather(None)
+
+
+def _unreadable(folder: str, step: int, exc: OSError) -> ConfigError:
+    return ConfigError(
+        f"could not read {folder} for step {step} ({exc}): a folder of it vanished or "
+        "changed while it was uploaded; save a folder the framework has finished writing"
+    )
+
+
+def _agree(mine: Any, refusal: Exception | None) -> list[Any]:
+    """``mine`` of every rank, in rank order (``_gather``); where a rank could not read its
+    folder (``refusal``), that error on that rank and one of its kind naming it on every
+    other, so that no rank goes on into the upload alone."""
+    seen = _gather((mine, refusal))
+    if refusal is not None:
+        raise refusal
+    for rank, (_, theirs) in enumerate(seen):
+        if theirs is not None:
+            raise type(theirs)(f"rank {rank}: {theirs}")
+    return [m for m, _ in seen]
 
 
 def _shares(seen: list[dict[str, int]]) -> tuple[dict[str, int], dict[str, int]]:
@@ -135,17 +133,6 @@ def _shares(seen: list[dict[str, int]]) -> tuple[dict[str, int], dict[str, int]]
     return sizes, owner
 
 
-def quarantine(folder: str, qdir: str) -> str:
-    """Move ``folder`` into ``qdir`` (replacing an older quarantined copy); its new path."""
-    os.makedirs(qdir, exist_ok=True)
-    target = os.path.join(qdir, os.path.basename(folder.rstrip(os.sep)))
-    if os.path.exists(target):
-        shutil.rmtree(target)
-    os.replace(folder, target)
-    log.warning("moved %s aside to %s: it does not match a committed checkpoint", folder, target)
-    return target
-
-
 class FolderCheckpoints:
     """Local checkpoint folders as committed steps under ``root``. Call order::
 
@@ -164,7 +151,11 @@ class FolderCheckpoints:
     moved aside to a quarantine directory, never deleted, before the committed copy is
     written in its place (files fsynced, then the folder renamed in) -- only where the
     caller allows it (``replace``): a folder whose path came from the stored index is never
-    moved.
+    moved. A restore's folder and quarantine directory lie below a directory the caller
+    trusts (``base``: the framework's output or project directory; default the folder's
+    parent); a save's folder is trusted as given. Below those, every path is resolved from
+    the trusted directory's descriptor: a link there is refused (``UnsafePathError``),
+    never read, written or moved through, and only regular files are read.
 
     Several processes (``torch.distributed`` initialised, world size > 1): every rank calls
     ``save``, ``ensure_local`` and ``restore_newest``, in the same order, on the training
@@ -200,21 +191,39 @@ class FolderCheckpoints:
         With several processes every rank calls it (see the class docstring).
         """
         barrier()  # every rank has written its files into the folder
-        local = _local_files(folder) if os.path.isdir(folder) else {}
-        seen = _gather({rel: os.path.getsize(full) for rel, full in local.items()})
+        local = LocalFolder(folder, base=folder)
+        mine: dict[str, int] = {}
+        refusal: Exception | None = None
+        try:
+            mine = local.files()
+        except UnsafePathError as exc:
+            refusal = exc
+        except OSError as exc:
+            refusal = _unreadable(folder, step, exc)
+        seen = _agree(mine, refusal)
         if not any(seen):
             raise ConfigError(f"{folder} is not a directory; nothing to upload for step {step}")
         sizes, owner = _shares(seen)
         me = dist.get_rank() if _world() > 1 else 0
         flat: dict[str, torch.Tensor] = {}
         crcs: dict[str, int] = {}
-        for rel in sorted(local):
-            if owner[rel] == me:
-                t = _read(local[rel], sizes[rel])
-                flat[FILE_PREFIX + rel] = t
-                crcs[rel] = _crc(t)
+        try:
+            for rel in sorted(mine):
+                if owner[rel] == me:
+                    t = local.read(rel)
+                    if t.numel() != sizes[rel]:
+                        raise ConfigError(
+                            f"{os.path.join(folder, rel)} changed size while step {step} was "
+                            "uploaded; save a folder the framework has finished writing"
+                        )
+                    flat[FILE_PREFIX + rel] = t
+                    crcs[rel] = crc(t)
+        except (ConfigError, UnsafePathError) as exc:
+            refusal = exc
+        except OSError as exc:
+            refusal = _unreadable(folder, step, exc)
         crc_all: dict[str, int] = {}
-        for part in _gather(crcs):
+        for part in _agree(crcs, refusal):
             crc_all.update(part)
         files = {rel: {"size": sizes[rel], "crc32c": crc_all[rel]} for rel in sorted(sizes)}
         index = {
@@ -270,18 +279,10 @@ class FolderCheckpoints:
         return parse_index(flat[INDEX_KEY].numpy().tobytes(), step)
 
     @staticmethod
-    def matches(folder: str, index: dict[str, Any]) -> bool:
-        """Whether ``folder`` holds exactly the committed files (names, sizes, CRC32C)."""
-        if not os.path.isdir(folder):
-            return False
-        local = _local_files(folder)
-        if set(local) != set(index["files"]):
-            return False
-        for rel, want in index["files"].items():
-            size = os.path.getsize(local[rel])
-            if size != want["size"] or _crc(_read(local[rel], size)) != want["crc32c"]:
-                return False
-        return True
+    def matches(folder: str, index: dict[str, Any], base: str | None = None) -> bool:
+        """Whether ``folder`` (below ``base``, see the class docstring) holds exactly the
+        committed files (names, sizes, CRC32C); a link or non-regular file in it: no."""
+        return LocalFolder(folder, base).matches(index)
 
     def ensure_local(
         self,
@@ -291,15 +292,19 @@ class FolderCheckpoints:
         index: dict[str, Any] | None = None,
         write: bool = True,
         replace: bool = True,
+        base: str | None = None,
     ) -> str:
         """Make ``folder`` hold committed ``step`` byte for byte.
 
         A local folder that differs is moved to ``qdir`` (default: ``QUARANTINE`` beside it)
         if ``replace``; else ``ConfigError`` (ckptstore moves no folder it was not given).
-        With several processes every rank calls it; only those with ``write`` write.
+        ``folder`` and ``qdir`` lie below ``base`` (default: the folder's parent), from whose
+        descriptor they are resolved (class docstring). With several processes every rank
+        calls it; only those with ``write`` write.
         """
         index = index if index is not None else self.index(step)
-        need = write and not self.matches(folder, index)
+        local = LocalFolder(folder, base)
+        need = write and not local.matches(index)
         if not any(_gather(need)):
             return folder
         flat = _load(self.manager, step, [FILE_PREFIX + rel for rel in index["files"]])
@@ -309,14 +314,15 @@ class FolderCheckpoints:
         error: BaseException | None = None
         if need:
             try:
-                if not replace and os.path.lexists(folder):
+                if not replace and local.exists():
                     raise ConfigError(
                         f"{folder} exists and differs from committed step {step}; ckptstore "
                         "does not move a folder whose path it read from the stored index. "
                         "Pass the local directory to restore into (prepare_resume(local_dir)), "
                         "or move that folder away"
                     )
-                self._write_folder(step, folder, qdir, index, flat)
+                local.write({rel: flat.pop(FILE_PREFIX + rel) for rel in index["files"]}, qdir)
+                log.info("restored step %d from %s into %s", step, self.root, folder)
             except BaseException as exc:  # noqa: BLE001 - every rank hears of it below
                 error = exc
         failed = [r for r, ok in enumerate(_gather(error is None)) if not ok]
@@ -328,30 +334,6 @@ class FolderCheckpoints:
             )
         return folder
 
-    def _write_folder(
-        self, step: int, folder: str, qdir: str | None, index: dict[str, Any], flat: dict
-    ) -> None:
-        parent = os.path.dirname(os.path.abspath(folder))
-        qdir = qdir or os.path.join(parent, QUARANTINE)
-        tmp = os.path.join(parent, f".{os.path.basename(folder)}.ckptstore-tmp-{uuid.uuid4().hex}")
-        try:
-            store = open_store(tmp)
-            for rel in index["files"]:
-                store.put(rel, flat.pop(FILE_PREFIX + rel).numpy().data)
-            os.makedirs(tmp, exist_ok=True)  # an empty checkpoint is still a folder
-            if os.path.exists(folder):
-                quarantine(folder, qdir)
-            os.replace(tmp, folder)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
-        fd = os.open(parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        log.info("restored step %d from %s into %s", step, self.root, folder)
-
     def restore_newest(
         self,
         dest: Callable[[int, dict[str, Any]], str],
@@ -359,6 +341,7 @@ class FolderCheckpoints:
         write: bool = True,
         replace: bool = True,
         on_unloadable: str = "raise",
+        base: str | None = None,
     ) -> tuple[int, str] | None:
         """(step, local folder) of the newest committed step that verifies, or None if the
         root holds no committed step.
@@ -366,14 +349,15 @@ class FolderCheckpoints:
         A step that fails verification (its index too) or that a newer torch or ckptstore
         wrote is skipped with a warning, as ``CheckpointManager.restore`` does; if every
         one is, ``NoLoadableCheckpointError`` lists them (``on_unloadable="fresh"``: a
-        warning and None, a fresh start). ``write`` and ``replace`` as for ``ensure_local``.
+        warning and None, a fresh start). ``write``, ``replace`` and ``base`` as for
+        ``ensure_local``.
         """
         refused: list[tuple[int, str]] = []
         for step in reversed(self.steps()):
             try:
                 index = self.index(step)
                 folder = dest(step, index)
-                return step, self.ensure_local(step, folder, qdir, index, write, replace)
+                return step, self.ensure_local(step, folder, qdir, index, write, replace, base)
             except (CorruptCheckpointError, IncompleteCheckpointError, NewerFormatError) as exc:
                 refused.append((step, str(exc)))
                 warnings.warn(

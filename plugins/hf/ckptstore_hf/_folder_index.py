@@ -12,9 +12,9 @@ Whoever can write the root can write an index, so a restore trusts none of it (S
 trust rule 1): ``parse_index`` caps its size, checks every field's type, accepts only file
 names a ``Store`` accepts (``ckptstore.stores.is_safe_name``; no file inside another) and
 a folder name that is one plain segment ending in the step, else ``CorruptCheckpointError``
-(the restore falls back to the previous step). ``confined`` keeps a local path taken from
-an index below a directory the user configured, through no symlink. Pure functions but
-``confined``'s ``lstat``s.
+(the restore falls back to the previous step). A local path taken from an index is kept
+below a directory the user configured by ``_local.name_below``, and resolved from that
+directory's descriptor. Pure functions.
 """
 
 from __future__ import annotations
@@ -23,10 +23,10 @@ import json
 import os
 from typing import Any
 
-from ckptstore.errors import CorruptCheckpointError, UnsafePathError
+from ckptstore.errors import CorruptCheckpointError
 from ckptstore.stores import is_safe_name
 
-__all__ = ["INDEX_FORMAT", "INDEX_MAX", "bad_index", "parse_index", "confined", "trailing_int"]
+__all__ = ["INDEX_FORMAT", "INDEX_MAX", "bad_index", "parse_index", "trailing_int"]
 
 INDEX_FORMAT = "ckptstore.folder"
 #: The largest index read back (about 100 bytes a file: a million files fit).
@@ -98,21 +98,3 @@ def parse_index(data: bytes, step: int) -> dict[str, Any]:
             if "/".join(parts[:i]) in files:
                 raise bad_index(step, f"{rel!r} is inside {'/'.join(parts[:i])!r}, a file")
     return index
-
-
-def confined(path: str, base: str) -> str:
-    """``path`` if it lies below the local directory ``base`` through no symlink; else
-    ``UnsafePathError`` (a ``CorruptCheckpointError``). Uses a ``Store``'s name rules."""
-    real = os.path.realpath(base)
-    rel = os.path.relpath(os.path.abspath(path), os.path.abspath(base)).replace(os.sep, "/")
-    if not is_safe_name(rel):
-        raise UnsafePathError(
-            f"{path} is not inside {base}: {rel!r} is not a relative, normalised name that "
-            "stays inside it"
-        )
-    cur = real
-    for seg in rel.split("/"):
-        cur = os.path.join(cur, seg)
-        if os.path.islink(cur):
-            raise UnsafePathError(f"{cur} is a symlink; ckptstore never writes through one")
-    return os.path.join(real, *rel.split("/"))

@@ -6,7 +6,10 @@ Each class docstring gives its use and call order; the folders go up and come ba
 until every rank has written its files, then every rank uploads a share of the folder and
 the step commits once. On resume every rank loads the committed step and the process that
 saves for its file system (the framework's ``should_save`` / main process; with
-``save_on_each_node``, one per node) writes the local folder.
+``save_on_each_node``, one per node) writes the local folder. The directory the framework
+was configured with (``output_dir``, ``project_dir``, a ``local_dir``) is trusted as given;
+every path below it -- the checkpoint folders, the quarantine folder, their files -- is
+resolved from its descriptor, never through a link (``_local.LocalFolder``).
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from typing import Any
 from ckptstore import ManagerOptions
 from ckptstore.errors import ConfigError, UnsafePathError, missing_dependency, require_version
 
-from ._folder import QUARANTINE, FolderCheckpoints, barrier, quarantine
-from ._folder_index import confined, trailing_int
+from ._folder import QUARANTINE, FolderCheckpoints, barrier
+from ._folder_index import trailing_int
+from ._local import LocalFolder, name_below
 from ._versions import EXTRA, SUPPORTED
 
 try:
@@ -38,15 +42,18 @@ for _name, _spec in SUPPORTED.items():
 __all__ = ["CkptStoreCallback", "CkptStoreAccelerate"]
 
 
-def _move_newer_aside(parent: str, pattern: re.Pattern[str], newest: int | None, qdir: str) -> None:
-    """Quarantine ``parent``'s checkpoint folders numbered above ``newest`` (torn/uncommitted)."""
-    if newest is None or not os.path.isdir(parent):
+def _move_newer_aside(
+    base: str, parent: str, pattern: re.Pattern[str], newest: int | None, qdir: str
+) -> None:
+    """Quarantine the checkpoint folders in ``parent`` numbered above ``newest`` (torn or
+    uncommitted) into ``qdir``; both lie below the trusted directory ``base``, and only
+    folders are moved (a link there is left alone)."""
+    if newest is None:
         return
-    for name in os.listdir(parent):
+    for name in LocalFolder(parent, base).folders():
         m = pattern.fullmatch(name)
-        full = os.path.join(parent, name)
-        if m and int(m.group(1)) > newest and os.path.isdir(full) and not os.path.islink(full):
-            quarantine(full, qdir)
+        if m and int(m.group(1)) > newest:
+            LocalFolder(os.path.join(parent, name), base).quarantine(qdir)
 
 
 class CkptStoreCallback(TrainerCallback):
@@ -106,10 +113,12 @@ class CkptStoreCallback(TrainerCallback):
             qdir,
             write,
             on_unloadable=on_unloadable,
+            base=output_dir,
         )
         if write:
             pattern = re.compile(rf"{re.escape(PREFIX_CHECKPOINT_DIR)}-(\d+)")
-            _move_newer_aside(output_dir, pattern, found[0] if found else None, qdir)
+            newest = found[0] if found else None
+            _move_newer_aside(output_dir, output_dir, pattern, newest, qdir)
         barrier()  # no rank looks for checkpoints before the folders are in place
         self.resume_from = found[1] if found else None
         return self.resume_from
@@ -262,7 +271,14 @@ class CkptStoreAccelerate:
                 stacklevel=3,
             )
             return
-        self.folders.ensure_local(step, input_dir, self._qdir(), write=self._writes())
+        qdir, base = self._qdir(), None  # beside the folder, below its parent as given
+        if qdir is not None:
+            try:  # below the project directory, where the quarantine folder is
+                name_below(input_dir, self.accelerator.project_dir)
+                base = self.accelerator.project_dir
+            except UnsafePathError:
+                qdir = None  # a folder elsewhere: its mismatch goes beside it
+        self.folders.ensure_local(step, input_dir, qdir, write=self._writes(), base=base)
         self._set_iteration(step)
 
     def prepare_resume(
@@ -275,10 +291,12 @@ class CkptStoreAccelerate:
         The folder is ``project_dir/checkpoints/checkpoint_<N>`` with automatic naming,
         else ``local_dir/<saved name>``, else the path it was saved from -- only if that
         lies inside ``project_dir`` (else the working directory), and an existing folder
-        there that differs is never moved (``ConfigError``: pass ``local_dir``).
+        there that differs is never moved (``ConfigError``: pass ``local_dir``). Below
+        ``project_dir`` (``local_dir``) every path is resolved without following a link.
         """
         auto = self._checkpoints_dir()
-        base = self.accelerator.project_dir or os.getcwd()
+        project = self.accelerator.project_dir or os.getcwd()
+        base = local_dir if local_dir and auto is None else project
 
         def dest(step: int, index: dict[str, Any]) -> str:
             if auto is not None:
@@ -286,10 +304,10 @@ class CkptStoreAccelerate:
             if local_dir:  # the index's name is one plain segment (parse_index)
                 return os.path.join(local_dir, index["name"])
             try:  # a path read from storage: only inside the configured directory
-                return confined(index["path"], base)
+                return os.path.join(project, name_below(index["path"], project))
             except UnsafePathError as exc:
                 raise ConfigError(
-                    f"step {step} was saved from {index['path']}, outside {base} ({exc}); "
+                    f"step {step} was saved from {index['path']}, outside {project} ({exc}); "
                     "pass prepare_resume(local_dir=...) to restore it into a directory "
                     "of your choice"
                 ) from None
@@ -297,10 +315,11 @@ class CkptStoreAccelerate:
         qdir = self._qdir()
         replace = auto is not None or local_dir is not None
         found = self.folders.restore_newest(
-            dest, qdir, self._writes(), replace, on_unloadable=on_unloadable
+            dest, qdir, self._writes(), replace, on_unloadable=on_unloadable, base=base
         )
         if found is not None and auto is not None and qdir is not None and self._writes():
-            _move_newer_aside(auto, re.compile(r"checkpoint_(\d+)"), found[0], qdir)
+            pattern = re.compile(r"checkpoint_(\d+)")
+            _move_newer_aside(project, auto, pattern, found[0], qdir)
         barrier()  # every rank goes on once the folders are in place
         if found is None:
             return None
