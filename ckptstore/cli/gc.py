@@ -109,8 +109,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     plan = plan_prune(
         root, policy, protected=set(args.protect), stale_after_s=args.stale_after_hours * 3600
     )
-    if not args.dry_run:
-        apply_prune(root, plan)
+    held = [] if args.dry_run else apply_prune(root, plan)
     verb = "would delete" if args.dry_run else "deleted"
     if ctx.json:
         dump_json(
@@ -124,6 +123,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
                     for u in plan.uploads
                 ],
                 "left_alone": [{"path": a.path, "reason": a.reason} for a in plan.left_alone],
+                "held": held,
                 "deleted_steps": [d.step for d in plan.deletions],
                 "aborted_uploads": len(plan.aborts),
                 "freed_bytes": plan.freed_bytes,
@@ -156,6 +156,8 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     for a in plan.left_alone:
         if a.path not in uploads:
             print(f"{safe(a.path)}: {safe(a.reason)}")
+    for line in held:
+        print(safe(line))
     print(
         f"policy {plan.policy}: {verb} {len(plan.deletions)} checkpoints "
         f"({human_bytes(plan.freed_bytes)}), "

@@ -57,6 +57,7 @@ from ckptstore.errors import CkptStoreError, CorruptCheckpointError, InUseError,
 
 __all__ = [
     "StepFiles",
+    "Deleted",
     "UploadDecision",
     "step_files",
     "step_in_flight",
@@ -82,6 +83,15 @@ class StepFiles:
 
     ours: list[str]
     foreign: list[str]
+
+
+@dataclass(frozen=True)
+class Deleted:
+    """What ``delete_step`` left in a step: files that are not ckptstore's (``foreign``),
+    and save attempts whose commit fence kept their files (``held``: see ``held_fences``)."""
+
+    foreign: list[str]
+    held: list[str] = field(default_factory=list)
 
 
 @dataclass(frozen=True)
@@ -125,10 +135,11 @@ def step_in_flight(root: Store, name: str, ours: list[str] | None = None) -> Lea
     return leases[0] if leases else None
 
 
-def delete_step(root: Store, name: str) -> list[str]:
+def delete_step(root: Store, name: str) -> Deleted:
     """Delete ckptstore's files of step directory ``name``: marker first, then each save
     attempt's files through its fence (``remove_attempts``), then the names of no attempt,
-    then the directory if it is empty. Returns the files left alone (not ckptstore's).
+    then the directory if it is empty. Returns what was left: the files that are not
+    ckptstore's, and the attempts their fence kept.
 
     Raises ``InUseError`` (nothing deleted) while a save of the step holds a fresh lease.
     An attempt whose writer claimed its commit and has no marker keeps its files (logged).
@@ -148,7 +159,7 @@ def delete_step(root: Store, name: str) -> list[str]:
             settle(step, committed)  # its marker exists: its writer never makes another
         step.delete(MARKER_NAME)  # invisible at once: the rest is a torn leftover
     crashpoint("after_unmark")
-    remove_attempts(step, files.ours)
+    held = remove_attempts(step, files.ours)
     step.delete_many(
         [
             f
@@ -160,7 +171,7 @@ def delete_step(root: Store, name: str) -> list[str]:
     for f in files.foreign:
         log.warning("%s: not ckptstore's, left alone", step.describe(f))
     crashpoint("after_step_deleted")
-    return files.foreign
+    return Deleted(files.foreign, held)
 
 
 def remove_attempts(step: Store, names: Iterable[str], spare: str | None = None) -> list[str]:

@@ -200,8 +200,10 @@ def plan_prune(
     )
 
 
-def apply_prune(root: Store, plan: PrunePlan) -> None:
-    """Carry out ``plan``: delete its steps (marker first) and abort its uploads.
+def apply_prune(root: Store, plan: PrunePlan) -> list[str]:
+    """Carry out ``plan``: delete its steps (marker first) and abort its uploads. Returns
+    the steps deleted only in part, one line each: a save attempt in them whose commit
+    fence kept its files (``engine.deletion.held_fences``; ``ckptstore-tool gc --repair``).
 
     Committed steps are deleted only while the newest good commit the plan saw is still
     committed, so a root is never left without a checkpoint by a prune racing another;
@@ -214,11 +216,19 @@ def apply_prune(root: Store, plan: PrunePlan) -> None:
         )
     except CkptStoreError:
         newest_ok = False
+    held = []
     for d in plan.deletions:
         if d.status == CheckpointStatus.COMMITTED and not newest_ok:
             continue
         try:
-            delete_step(root, d.name)  # refuses a step whose save started since the plan
+            left = delete_step(root, d.name)  # refuses a step whose save started since
         except InUseError as exc:
             log.info("%s", exc)
+            continue
+        held += [
+            f"{d.name}: the files of save attempt {a} are kept: its writer claimed its "
+            "commit and may still create its marker (ckptstore-tool gc ROOT --repair)"
+            for a in left.held
+        ]
     abort_uploads(root, plan.uploads)
+    return held

@@ -126,7 +126,7 @@ def test_unknown_files_beside_ours_survive_every_deletion(tmp_path) -> None:
     step_store.put("notes.txt", b"n")
     step_store.put("sub/log.txt", b"l")
     step_store.put("__0_0.distcp.bak", b"b")  # near-miss names are not ours either
-    assert sorted(delete_step(root, "step_000000001")) == [
+    assert sorted(delete_step(root, "step_000000001").foreign) == [
         "__0_0.distcp.bak",
         "notes.txt",
         "sub/log.txt",

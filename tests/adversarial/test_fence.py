@@ -283,6 +283,7 @@ def test_a_fence_held_elsewhere_is_kept_until_repair(tmp_path) -> None:
     out, err = gc.communicate(timeout=120)
     assert gc.returncode == 0, err
     assert "claimed its commit" in err and "--repair --apply" in err, err
+    assert f"save attempt {attempt} are kept" in out and "--repair" in out, out
     kept = backend.open(step(root, 3)).find()
     assert f"ckptstore.fence.{attempt}.json" in kept and any(".distcp" in n for n in kept)
     cmd = [sys.executable, "-m", "ckptstore.cli", "gc", root, "--repair"]
