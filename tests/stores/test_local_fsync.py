@@ -109,10 +109,11 @@ def _save_counting(rank: int, world: int, path: str) -> list[tuple[str, str]]:
 def test_a_two_rank_save_makes_these_fsyncs(tmp_path) -> None:
     """Each rank: its shard, and the step directory it is renamed into; one of them (the
     first to make it) the step directory's parent. The coordinator (rank 0) then commits:
-    the attempt's manifest and .metadata (synced at once) and their directory, COMMITTED
-    and its directory, the canonical .metadata and manifest (at once) and their directory.
-    Before all that, the coordinator's step lease (``engine.lease``), published like any
-    file (the file, then the step directory). 15 in all."""
+    the attempt's manifest and .metadata (synced at once) and their directory, the
+    attempt's commit fence (``engine.fence``) and its directory, COMMITTED and its
+    directory, the canonical .metadata and manifest (at once) and their directory. Before
+    all that, the coordinator's step lease (``engine.lease``), published like any file
+    (the file, then the step directory). 17 in all."""
     path = str(tmp_path / "step_000000005")
     ranks = run_distributed(_save_counting, 2, path)
     parent = ("dir", tmp_path.name)
@@ -127,10 +128,11 @@ def test_a_two_rank_save_makes_these_fsyncs(tmp_path) -> None:
     attempt = sorted(n for _, n in coord[2:4])
     assert re.fullmatch(r"\.metadata\.[0-9a-f]{12}", attempt[0])
     assert re.fullmatch(r"ckptstore\.manifest\.[0-9a-f]{12}\.json", attempt[1])
-    assert coord[1] == coord[4] == coord[6] == coord[9] == step
-    assert coord[5] == ("file", MARKER_NAME)
-    assert sorted(coord[7:9]) == [("file", ".metadata"), ("file", "ckptstore.manifest.json")]
-    assert len(coord) == 10 and [k for k, _ in coord[2:4]] == ["file", "file"]
+    assert coord[1] == coord[4] == coord[6] == coord[8] == coord[11] == step
+    assert coord[5][0] == "file" and coord[5][1].startswith("ckptstore.fence.")
+    assert coord[7] == ("file", MARKER_NAME)
+    assert sorted(coord[9:11]) == [("file", ".metadata"), ("file", "ckptstore.manifest.json")]
+    assert len(coord) == 12 and [k for k, _ in coord[2:4]] == ["file", "file"]
 
 
 def _crash_saving(root: str, point: str) -> None:
