@@ -258,11 +258,10 @@ def _publish_canonical(
     metadata_bytes: bytes,
     live: bool = False,
 ) -> None:
-    """Steps 5 and 6: canonical copies, then delete
-    what no committed file needs (only ckptstore's own names; other attempts' through
-    their fences; nothing while another save of the step holds a fresh lease). ``live``:
-    the committing writer itself (its own lease is its, not another save's; it removes
-    it itself)."""
+    """Steps 5 and 6: canonical copies, then delete what no committed file needs (only
+    ckptstore's own names; other attempts' through their fences; nothing while another
+    save of the step holds a fresh lease). ``live``: the committing writer itself (its
+    own lease is its, not another save's; it removes it itself)."""
     # .metadata before the manifest: a canonical manifest that matches the marker then
     # proves the canonical .metadata beside it was ckptstore's (see open_committed).
     _put_all(store, engine, [(METADATA_NAME, metadata_bytes), (MANIFEST_NAME, manifest_bytes)])

@@ -177,18 +177,22 @@ def open_job(tier: Store, job: TierJob, *, create: bool = False) -> Store | None
     try:
         found = _read_stamp(job_dir)
         if found is None:
-            held = [n for n in job_dir.listdir() if not n.startswith(JOB_STAMP + TMP_MARK)]
-            if held:
-                raise TierStampError(
-                    f"{job_dir.describe(JOB_STAMP)} is missing, and the directory holds "
-                    f"{len(held)} entries ({', '.join(held[:3])})"
-                )
-            if not create:
-                return None
-            try:
-                job_dir.put_if_absent(JOB_STAMP, job.stamp())
-            except CommitConflictError:
-                pass  # another stamp won the race: read below
+            listed = job_dir.listdir()
+            if JOB_STAMP not in listed:
+                held = [n for n in listed if not n.startswith(JOB_STAMP + TMP_MARK)]
+                if held:
+                    raise TierStampError(
+                        f"{job_dir.describe(JOB_STAMP)} is missing, and the directory holds "
+                        f"{len(held)} entries ({', '.join(held[:3])})"
+                    )
+                if not create:
+                    return None
+                try:
+                    job_dir.put_if_absent(JOB_STAMP, job.stamp())
+                except CommitConflictError:
+                    pass  # another stamp won the race: read below
+            # else another rank stamped it since the read (and may have written after
+            # it): the stamp decides, read again
             found = _read_stamp(job_dir)
     except (TierStampError, UnsafePathError) as exc:  # a link where the directory was
         raise _refusal(tier, name, str(exc)) from None
