@@ -10,9 +10,9 @@ decides the attempt's fate; the other backs off. It holds one of three states:
 
 ``commit``     the attempt's writer created it: from now on its files are its own; it
                then checks every file is there at its size, then creates ``COMMITTED``
-``committed``  the attempt's marker was created (its writer, or anyone who read a marker
-               naming it, says so): its writer will never create a marker again, so its
-               files may go once no marker names it
+``committed``  the attempt's marker was created (whoever removes or replaces a marker
+               naming it says so first): its writer will never create a marker again,
+               so its files may go once no marker names it
 ``delete``     a deleter created it: the attempt can never commit; its files go, and the
                fence last
 
@@ -43,7 +43,13 @@ import time
 from dataclasses import dataclass
 
 from ckptstore.engine.bounded import get_capped
-from ckptstore.engine.lease import node_id, process_is_gone, this_host
+from ckptstore.engine.lease import (
+    node_id,
+    parse_document,
+    parse_holder,
+    process_is_gone,
+    this_host,
+)
 from ckptstore.engine.manifest import MARKER_NAME, MAX_MARKER_SIZE, Marker
 from ckptstore.engine.store import Store
 from ckptstore.errors import (
@@ -80,7 +86,6 @@ _STATES = (COMMIT, COMMITTED, DELETE)
 MAX_FENCE_BYTES = 4096
 
 _NAME = re.compile(r"^ckptstore\.fence\.([0-9a-f]{1,64})\.json$")
-_WORD = re.compile(r"^[\x21-\x7e]{1,200}$")
 
 
 @dataclass(frozen=True)
@@ -111,25 +116,14 @@ class Fence:
     def from_bytes(cls, data: bytes, attempt: str, where: str) -> Fence:
         """Parse a fence read from ``where`` (the fence of ``attempt``), else
         ``CorruptCheckpointError``."""
-        try:
-            doc = json.loads(bytes(data).decode("utf-8"))
-        except (UnicodeDecodeError, ValueError, RecursionError):
-            raise CorruptCheckpointError(f"{where}: not a fence document (not JSON)") from None
-        if not isinstance(doc, dict) or doc.get("ckptstore_fence") != 1:
-            raise CorruptCheckpointError(f"{where}: not a version-1 ckptstore fence")
-        state, pid, stamp = doc.get("state"), doc.get("pid"), doc.get("time")
+        doc = parse_document(data, "fence", where)
+        state = doc.get("state")
         if doc.get("attempt") != attempt:
             raise CorruptCheckpointError(f"{where}: names another attempt than its file name")
         if state not in _STATES:
             raise CorruptCheckpointError(f"{where}: state {state!r:.40} is not a fence state")
-        if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < 1 << 32:
-            raise CorruptCheckpointError(f"{where}: field 'pid' is not a process id")
-        if isinstance(stamp, bool) or not isinstance(stamp, (int, float)):
-            raise CorruptCheckpointError(f"{where}: field 'time' is not a time")
-        words = [doc.get(k) for k in ("host", "node")]
-        if not all(isinstance(w, str) and _WORD.match(w) for w in words):
-            raise CorruptCheckpointError(f"{where}: fields 'host', 'node' are not plain names")
-        return cls(attempt, state, str(words[0]), pid, str(words[1]), float(stamp))
+        host, pid, node, stamp = parse_holder(doc, "fence", where)
+        return cls(attempt, state, host, pid, node, stamp)
 
     def describe(self) -> str:
         """``'commit' by host h pid 12 at 2026-12-07 21:00:00 UTC``."""
@@ -196,8 +190,9 @@ def claim_commit(store: Store, attempt: str) -> None:
 
 def settle(store: Store, attempt: str) -> None:
     """Record that ``attempt``'s marker was created (its writer will never create one
-    again): a plain write of its ``committed`` fence. Called by the writer after its
-    marker, and by anyone who read a marker naming ``attempt`` before removing it."""
+    again): a plain write of its ``committed`` fence. Called by whoever read a marker
+    naming ``attempt`` before removing or replacing it (a deletion, ``uncommit``, a
+    commit with ``replace``); the writer's fence stays ``commit`` until then."""
     store.put(fence_name(attempt), _new(attempt, COMMITTED).to_bytes())
 
 
@@ -209,24 +204,24 @@ def condemn(store: Store, attempt: str) -> Fence | None:
     made ``delete``); else the fence that protects them (``commit``: its writer claimed
     its commit and may still create its marker). A fence that is not valid protects them
     too: it is logged, and ``None`` is never returned for it."""
-    condemned = _new(attempt, DELETE)
     try:
-        there = _create(store, condemned)
+        there = _create(store, _new(attempt, DELETE))
     except CorruptCheckpointError as exc:
         log.warning("%s; the files of attempt %s are left alone", exc, attempt)
         return Fence(attempt, "damaged", "unknown", 0, "", 0.0)
     if there is None or there.state in (DELETE, COMMITTED):
         return None
     if process_is_gone(there.node, there.pid):
-        store.put(fence_name(attempt), condemned.to_bytes())
+        overrule(store, attempt)
         return None
     return there
 
 
 def overrule(store: Store, attempt: str) -> None:
-    """Make ``attempt``'s fence ``delete`` whatever it held (a plain write): only on a
-    person's word that its writer will never resume (``ckptstore-tool gc --repair
-    --apply``); a writer that did resume would then find its files gone and fail."""
+    """Make ``attempt``'s fence ``delete`` whatever it held (a plain write): only for a
+    writer known never to resume, its process gone (``condemn``) or on a person's word
+    (``ckptstore-tool gc --repair --apply``); a writer that did resume would then find
+    its files gone and fail."""
     store.put(fence_name(attempt), _new(attempt, DELETE).to_bytes())
 
 

@@ -38,6 +38,8 @@ __all__ = [
     "Heartbeat",
     "hold_step_lease",
     "parse_lease",
+    "parse_document",
+    "parse_holder",
     "lease_name",
     "is_lease_name",
     "read_lease",
@@ -118,11 +120,36 @@ class LeaseInfo:
         return json.dumps(doc, sort_keys=True).encode()
 
 
-def _word(doc: dict, key: str, where: str, empty: bool = False) -> str:
+def _word(doc: dict, key: str, where: str, kind: str = "lease", empty: bool = False) -> str:
     value = doc.get(key, "")
     if isinstance(value, str) and (_WORD.match(value) or (empty and value == "")):
         return value
-    raise CorruptCheckpointError(f"{where}: lease field {key!r} is not a plain name")
+    raise CorruptCheckpointError(f"{where}: {kind} field {key!r} is not a plain name")
+
+
+def parse_document(data: bytes, kind: str, where: str) -> dict:
+    """``data`` (read from ``where``) as a version-1 ckptstore ``kind`` document, a JSON
+    object holding ``"ckptstore_<kind>": 1`` (a lease, a fence: ``engine.fence``), else
+    ``CorruptCheckpointError``. The caller has capped ``data``'s size."""
+    try:
+        doc = json.loads(bytes(data).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise CorruptCheckpointError(f"{where}: not a {kind} document (not JSON)") from None
+    if not isinstance(doc, dict) or doc.get(f"ckptstore_{kind}") != 1:
+        raise CorruptCheckpointError(f"{where}: not a version-1 ckptstore {kind}")
+    return doc
+
+
+def parse_holder(doc: dict, kind: str, where: str) -> tuple[str, int, str, float]:
+    """The ``host``, ``pid``, ``node`` and ``time`` of the process a ``kind`` document
+    (``parse_document``) names, each checked, else ``CorruptCheckpointError``."""
+    pid, stamp = doc.get("pid"), doc.get("time")
+    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < 1 << 32:
+        raise CorruptCheckpointError(f"{where}: {kind} field 'pid' is not a process id")
+    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not 0 <= stamp < 1e11:
+        raise CorruptCheckpointError(f"{where}: {kind} field 'time' is not a time")
+    host, node = _word(doc, "host", where, kind), _word(doc, "node", where, kind)
+    return host, pid, node, float(stamp)
 
 
 def parse_lease(data: bytes, where: str) -> LeaseInfo:
@@ -131,28 +158,13 @@ def parse_lease(data: bytes, where: str) -> LeaseInfo:
         raise CorruptCheckpointError(
             f"{where}: a lease of {len(data)} bytes (at most {MAX_LEASE_BYTES}): not ckptstore's"
         )
-    try:
-        doc = json.loads(bytes(data).decode("utf-8"))
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise CorruptCheckpointError(f"{where}: not a lease document (not JSON)") from None
-    if not isinstance(doc, dict) or doc.get("ckptstore_lease") != 1:
-        raise CorruptCheckpointError(f"{where}: not a version-1 ckptstore lease")
-    pid, stamp = doc.get("pid"), doc.get("time")
-    if isinstance(pid, bool) or not isinstance(pid, int) or not 0 <= pid < 1 << 32:
-        raise CorruptCheckpointError(f"{where}: lease field 'pid' is not a process id")
-    if isinstance(stamp, bool) or not isinstance(stamp, (int, float)) or not 0 <= stamp < 1e11:
-        raise CorruptCheckpointError(f"{where}: lease field 'time' is not a time")
+    doc = parse_document(data, "lease", where)
+    host, pid, node, stamp = parse_holder(doc, "lease", where)
     attempt = _word(doc, "attempt", where, empty=True)
     if attempt and not re.match(r"^[0-9a-f]{1,64}$", attempt):
         raise CorruptCheckpointError(f"{where}: lease field 'attempt' is not an attempt id")
     return LeaseInfo(
-        _word(doc, "run", where),
-        _word(doc, "host", where),
-        pid,
-        _word(doc, "node", where),
-        _word(doc, "token", where),
-        float(stamp),
-        attempt,
+        _word(doc, "run", where), host, pid, node, _word(doc, "token", where), stamp, attempt
     )
 
 
