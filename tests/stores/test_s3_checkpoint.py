@@ -44,14 +44,17 @@ def step_url(seaweedfs: Any) -> str:
 
 
 class RacingStore(FaultyStore):
-    """Holds ``put_if_absent`` until both writers reach their commit."""
+    """Holds the marker's ``put_if_absent`` until both writers reach it. Only the marker:
+    fences are created with ``put_if_absent`` too, and the winner's removal of the loser's
+    attempt creates one after the loser has gone."""
 
     def __init__(self, inner: S3Store, barrier: threading.Barrier) -> None:
         super().__init__(inner)
         self.barrier = barrier
 
     def put_if_absent(self, path: str, data: Buffer) -> None:
-        self.barrier.wait(timeout=60)
+        if path == MARKER_NAME:
+            self.barrier.wait(timeout=60)
         super().put_if_absent(path, data)
 
 
