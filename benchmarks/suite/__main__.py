@@ -12,8 +12,9 @@ SeaweedFS, ``data.loader``) through its ``run()`` and turns its rows into common
 (``scenarios.py``). Contenders alternate inside each script. Output, under
 ``benchmarks/results/<config>-<timestamp>/``: ``results.json`` (every sample, the config,
 the machine), ``report.md`` (medians, min–max, ratios) and PNG plots. ``--readme`` also
-replaces the part of ``benchmarks/README.md`` between the ``suite:begin`` / ``suite:end``
-markers with the report.
+writes the report to ``benchmarks/suite_report.md`` and replaces the part of
+``benchmarks/README.md`` between the ``suite:begin`` / ``suite:end`` markers with a link to it
+and the plots: the README stays a short report, the suite's full tables live beside it.
 """
 
 from __future__ import annotations
@@ -40,6 +41,7 @@ from benchmarks.suite.scenarios import RUNNERS
 __all__ = ["main", "run_suite"]
 
 README = os.path.join(os.path.dirname(RESULTS_DIR), "README.md")
+SUITE_REPORT = os.path.join(os.path.dirname(RESULTS_DIR), "suite_report.md")
 BEGIN, END = "<!-- suite:begin -->", "<!-- suite:end -->"
 
 
@@ -103,21 +105,27 @@ def run_suite(config: dict[str, Any], only: set[str] | None = None) -> dict[str,
 
 
 def update_readme(report: str, res: dict[str, Any], figs: list[str]) -> None:
-    with open(README) as f:
-        text = f.read()
+    """The run's whole report into ``suite_report.md``; in the README, between the markers,
+    only a link to it and the plots (the README is a report of at most 400 lines)."""
     name = res["config"]["name"]
-    label = "full" if name == "full" else f"{name} (not the full matrix: see below)"
+    label = "full" if name == "full" else f"{name} (not the full matrix)"
+    with open(SUITE_REPORT, "w") as f:
+        f.write(
+            f"# The benchmark suite's latest run\n\nConfig **{label}**, {res['date']}, "
+            f"`{res['command']}`.\n\n{report}\n"
+        )
     embeds = "\n".join(f"![{os.path.basename(p)}](figures/{os.path.basename(p)})" for p in figs)
     section = (
-        f"{BEGIN}\n## Latest full run\n\nConfig **{label}**, {res['date']}, "
-        f"`{res['command']}`.\n\n{report}\n{embeds}\n{END}"
+        f"{BEGIN}\nThe suite's latest run (config **{label}**): every row, median and min–max "
+        f"in [suite_report.md](suite_report.md).\n\n{embeds}\n{END}"
     )
+    with open(README) as f:
+        text = f.read()
     if BEGIN in text:
         head, rest = text.split(BEGIN, 1)
         text = head + section + rest.split(END, 1)[1]
     else:
-        first, _, body = text.partition("\n\n")
-        text = f"{first}\n\n{section}\n\n{body}"
+        text = f"{text.rstrip()}\n\n{section}\n"
     with open(README, "w") as f:
         f.write(text)
 
