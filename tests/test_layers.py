@@ -79,3 +79,51 @@ def test_every_module_docs_architecture_names_exists() -> None:
         and not p.startswith(("mypkg/", "tests/", "engine/test_", "dcp/test_"))
     ]
     assert missing == []
+
+
+#: What ``ckptstore.cli`` may import of ckptstore besides its own modules: the public API
+#: (pyproject.toml's contract "the cli imports only the public API and ckptstore.format"
+#: forbids the rest by name; this keeps a package added later out too).
+CLI_MAY_IMPORT = (
+    "ckptstore",
+    "ckptstore.format",
+    "ckptstore.errors",
+    "ckptstore.config",
+    "ckptstore.stores",
+    "ckptstore.data",
+    "ckptstore.redact",
+    "ckptstore.planning",
+)
+
+
+def test_cli_imports_only_the_public_api() -> None:
+    """Every ``ckptstore`` import in ``ckptstore/cli`` (at module level or in a function)
+    names a public module: ``ckptstore.planning``'s calculators with their modules, the
+    others as packages or modules of their own, never a module inside them."""
+    import ast
+
+    cli = os.path.join(REPO, "ckptstore", "cli")
+    found: dict[str, set[str]] = {}
+    for name in sorted(os.listdir(cli)):
+        if not name.endswith(".py"):
+            continue
+        with open(os.path.join(cli, name), encoding="utf-8") as f:
+            tree = ast.parse(f.read())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            elif isinstance(node, ast.Import):
+                modules = [a.name for a in node.names]
+            else:
+                continue
+            for m in modules:
+                if m.split(".")[0] == "ckptstore" and not m.startswith("ckptstore.cli"):
+                    found.setdefault(m, set()).add(name)
+    allowed = set(CLI_MAY_IMPORT)
+    bad = {
+        m: sorted(files)
+        for m, files in found.items()
+        if m not in allowed and not m.startswith("ckptstore.planning.")
+    }
+    assert bad == {}
+    assert "ckptstore.format" in found

@@ -82,3 +82,51 @@ def test_root_tools_on_a_local_root(tmp_path) -> None:
     assert plan.steps == [] and plan.uploads == []
     ckptstore.apply_prune(root, plan)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_format_names_resolve_to_the_library_objects() -> None:
+    """``ckptstore.format``: every name in ``__all__`` resolves to the object its module
+    defines, and the module docstring (the format's reference) names each one."""
+    from ckptstore import format as fmt
+
+    assert len(set(fmt.__all__)) == len(fmt.__all__)
+    assert set(fmt.__all__) == set(fmt._LAZY) | {"open_local_tier"}
+    assert set(fmt.__all__) <= set(dir(fmt))
+    for name, (module, attr) in fmt._LAZY.items():
+        assert getattr(fmt, name) is getattr(importlib.import_module(module), attr), name
+    assert fmt.CheckpointStatus is ckptstore.CheckpointStatus
+    assert fmt.open_committed is ckptstore.open_committed
+    doc = fmt.__doc__ or ""
+    assert [n for n in fmt.__all__ if f"``{n}``" not in doc and f"``{n}(" not in doc] == []
+    with pytest.raises(AttributeError):
+        fmt.no_such_name  # noqa: B018
+
+
+@pytest.mark.processes
+def test_format_without_its_dcp_names_imports_no_torch() -> None:
+    """Reading a root through ``ckptstore.format`` (all but its ``.metadata`` and shard
+    names) never imports torch, so ``ckptstore-tool ls / gc / cp / verify`` start fast."""
+    code = (
+        "import json, sys\n"
+        "from ckptstore import format as fmt\n"
+        "for name, (module, _) in fmt._LAZY.items():\n"
+        "    if not module.startswith('ckptstore.dcp.'):\n"
+        "        getattr(fmt, name)\n"
+        "print(json.dumps('torch' in sys.modules))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": REPO}
+    done = subprocess.run(
+        [sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout.strip().splitlines()[-1]) is False
+
+
+def test_format_reads_a_local_tier(tmp_path) -> None:
+    """``open_local_tier``: a tier directory as a store; an empty one holds no job."""
+    from ckptstore import format as fmt
+
+    tier = fmt.open_local_tier(str(tmp_path))
+    assert isinstance(tier, ckptstore.Store)
+    assert fmt.survey_tier(tier) == []
+    assert fmt.open_tier_job(tier, fmt.TierJob(str(tmp_path / "root"), "run-1")) is None

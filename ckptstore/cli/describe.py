@@ -12,15 +12,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from ckptstore import CheckpointStatus, Store, open_committed
+from ckptstore import Store
 from ckptstore.cli.context import Context
 from ckptstore.cli.sources import Located, classify, dcp_entries, entries_of, flatten, load_state
 from ckptstore.cli.sources import locate as locate_url
-from ckptstore.engine.bounded import MAX_MANIFEST_SIZE, MAX_METADATA_SIZE, get_capped
-from ckptstore.engine.checksum import crc32c, format_crc
-from ckptstore.engine.committed import METADATA_NAME
-from ckptstore.engine.manifest import MANIFEST_NAME, Manifest
 from ckptstore.errors import CkptStoreError, NewerFormatError, StoreNotFoundError
+from ckptstore.format import (
+    MANIFEST_NAME,
+    MAX_MANIFEST_SIZE,
+    MAX_METADATA_SIZE,
+    METADATA_NAME,
+    CheckpointStatus,
+    Manifest,
+    crc32c,
+    format_crc,
+    get_capped,
+    open_committed,
+)
 
 __all__ = ["describe"]
 
@@ -51,7 +59,7 @@ def _uncommitted_metadata(
     the attempt's manifests vouches for (and that manifest), else the first copy that reads
     as DCP metadata at all, noted as unverified. Never a plain unpickle: every copy goes
     through ``load_metadata`` (DCP's classes only)."""
-    from ckptstore.dcp.metadata import load_metadata
+    from ckptstore.format import load_metadata
 
     copies = [n for n in [METADATA_NAME] if n in names] + sorted(
         n for n in names if n.startswith(METADATA_NAME + ".")
@@ -76,7 +84,7 @@ def _uncommitted_metadata(
 
 
 def _stock_metadata(store: Store, notes: list[str]) -> Any:
-    from ckptstore.dcp.metadata import load_metadata
+    from ckptstore.format import load_metadata
 
     try:
         data = get_capped(store, METADATA_NAME, MAX_METADATA_SIZE)
@@ -109,7 +117,7 @@ def _note_codec(store: Store, manifest: Manifest, notes: list[str]) -> None:
     """A note naming the manifest's codec when this ckptstore cannot decode it (unknown:
     a newer writer's or a plugin's, or damage; or its library is missing). Not damage by
     itself: the entries are still listed, and loading them is what is refused."""
-    from ckptstore.engine.codec_registry import stored_codec
+    from ckptstore.format import stored_codec
 
     try:
         stored_codec(manifest.codec_descriptor, store.describe(MANIFEST_NAME)).require()
@@ -123,7 +131,7 @@ def _describe_dcp(store: Store) -> dict[str, Any]:
     notes: list[str] = []
     manifest: Manifest | None = None
     metadata: Any = None
-    from ckptstore.dcp.metadata import load_metadata
+    from ckptstore.format import load_metadata
 
     if status == CheckpointStatus.COMMITTED:
         committed = open_committed(store)  # .metadata's bytes verified against the manifest
@@ -253,7 +261,7 @@ def _file_problems(files: list[dict[str, Any]], metadata: Any, store: Store) -> 
                 "damaged (`ckptstore-tool verify` checks every byte)"
             )
     if metadata is not None and not problems:
-        from ckptstore.dcp.metadata_bounds import check_metadata
+        from ckptstore.format import check_metadata
 
         sizes = {f["name"]: f["size"] for f in files if f["size"] is not None}
         try:

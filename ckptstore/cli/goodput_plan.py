@@ -17,12 +17,12 @@ import re
 import statistics
 from typing import Any
 
-from ckptstore import CheckpointStatus, list_steps, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import dump_json, table
 from ckptstore.cli.sources import list_or_missing
 from ckptstore.config import TransferConfig
 from ckptstore.errors import ConfigError
+from ckptstore.format import CheckpointStatus, list_steps, open_committed
 from ckptstore.planning.checks import InputError
 from ckptstore.planning.scale import (
     GB,

@@ -16,7 +16,7 @@ Exit codes (the same for every subcommand):
 130   interrupted (Ctrl-C); ``cp`` / ``convert`` leave nothing committed
 ====  ===========================================================================
 
-Every failure is one line on stderr, without a traceback (``ckptstore.cli.failures``).
+Every failure is one line on stderr, without a traceback (``ckptstore.cli.exit_codes``).
 A usage error after a subcommand prints that subcommand's usage.
 """
 
@@ -30,9 +30,19 @@ import traceback
 import warnings
 from collections.abc import Sequence
 
-from ckptstore.cli import convert, copy, diff, gc, goodput, inspect, ls, pack, verify
+from ckptstore.cli import (
+    cmd_convert,
+    cmd_cp,
+    cmd_diff,
+    cmd_gc,
+    cmd_goodput,
+    cmd_inspect,
+    cmd_ls,
+    cmd_pack,
+    cmd_verify,
+)
 from ckptstore.cli.context import Context, add_common_arguments
-from ckptstore.cli.failures import (
+from ckptstore.cli.exit_codes import (
     EXIT_CHECK_FAILED,
     EXIT_INTERNAL,
     EXIT_INTERRUPTED,
@@ -65,7 +75,17 @@ URLs: a path or file://, s3://, gs://, az:// / abfs://. Credentials and endpoint
   ckptstore-tool ls s3://bucket/run1 -o endpoint_url=http://127.0.0.1:8333 -o key=... -o secret=...
 """
 
-COMMANDS = (ls, inspect, verify, convert, copy, gc, diff, goodput, pack)
+COMMANDS = (
+    cmd_ls,
+    cmd_inspect,
+    cmd_verify,
+    cmd_convert,
+    cmd_cp,
+    cmd_gc,
+    cmd_diff,
+    cmd_goodput,
+    cmd_pack,
+)
 
 #: The argument names that hold a command's URLs, in the order they are named in errors.
 _URL_ARGS = ("root", "ckpt", "src", "dst", "a", "b", "from_root")

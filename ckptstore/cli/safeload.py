@@ -2,7 +2,7 @@
 
 Three kinds of pickle reach the CLI, and none runs arbitrary code by default:
 
-* ``.metadata`` always goes through ``ckptstore.dcp.metadata.load_metadata`` (an unpickler
+* ``.metadata`` always goes through ``ckptstore.format.load_metadata`` (an unpickler
   that resolves only DCP's metadata classes), then ``check_metadata``; ``--allow-pickle``
   does not change that.
 * a ``torch.save`` file, and each non-tensor (object) item of a DCP checkpoint, load with
@@ -66,7 +66,7 @@ def _torch_load(data: bytes, allow_pickle: bool) -> Any:
 
     if allow_pickle:
         return torch.load(io.BytesIO(data), map_location="cpu", weights_only=False)
-    from ckptstore.dcp.safe_objects import load_safe_object
+    from ckptstore.format import load_safe_object
 
     return load_safe_object(data)
 

@@ -13,17 +13,24 @@ import warnings
 from dataclasses import dataclass
 from typing import Any
 
-from ckptstore import CheckpointStatus, Store
+from ckptstore import Store
 from ckptstore.cli.context import Context
-from ckptstore.engine.committed import METADATA_NAME
-from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.errors import (
     CkptStoreError,
     ConfigError,
     CorruptCheckpointError,
+    IncompleteCheckpointError,
     StoreNotFoundError,
     missing_dependency,
     torch_name,
+)
+from ckptstore.format import (
+    MANIFEST_NAME,
+    MARKER_NAME,
+    METADATA_NAME,
+    CheckpointStatus,
+    checkpoint_status,
+    open_committed,
 )
 from ckptstore.stores import split_url
 
@@ -35,6 +42,8 @@ __all__ = [
     "list_or_missing",
     "missing_error",
     "not_a_folder_error",
+    "not_a_checkpoint_error",
+    "require_committed",
     "local_path",
     "sniff_format",
     "load_state",
@@ -87,8 +96,6 @@ def classify(store: Store) -> str:
     ``committed``, ``corrupt``, ``incomplete``, ``stock``, ``not-a-checkpoint`` or ``missing``
     (nothing there, or its bucket / container does not exist).
     """
-    from ckptstore import checkpoint_status
-
     try:
         names = store.listdir()
     except StoreNotFoundError:  # a missing bucket or container holds nothing
@@ -155,10 +162,33 @@ def list_or_missing(store: Store, url: str) -> list[str]:
 
 
 def not_a_checkpoint_error(url: str, what: str = "checkpoint") -> ConfigError:
+    """The usage error for a folder holding nothing of a checkpoint at ``url``."""
     return ConfigError(
         f"{url} is not a {what}: it has no COMMITTED marker, .metadata, manifest or .distcp "
         "shards. Point at one step folder (ckptstore-tool ls ROOT lists them)."
     )
+
+
+def require_committed(store: Store, url: str, verb: str) -> None:
+    """Raise a clear error unless ``store`` holds a committed ckptstore checkpoint."""
+    list_or_missing(store, url)  # nothing there: say why (a missing bucket, an empty prefix)
+    status = classify(store)
+    if status == "missing":  # emptied since
+        raise missing_error(url)
+    if status == "not-a-checkpoint":
+        raise not_a_checkpoint_error(url)
+    if status == CheckpointStatus.INCOMPLETE:
+        raise IncompleteCheckpointError(
+            f"{url} is incomplete (no COMMITTED marker: the save did not finish); refusing to "
+            f"{verb} it. `ckptstore-tool ls` shows the committed steps."
+        )
+    if status == CheckpointStatus.STOCK:
+        raise ConfigError(
+            f"{url} is a stock DCP checkpoint (no manifest to verify a copy against); use "
+            "`ckptstore-tool convert SRC DST --to dcp`, which verifies and adds a manifest."
+        )
+    if status in (CheckpointStatus.CORRUPT, CheckpointStatus.NEWER):
+        open_committed(store)  # raises Corrupt/NewerFormatError with the reason
 
 
 def sniff_format(head: bytes, name: str) -> str | None:
@@ -203,7 +233,7 @@ def locate(ctx: Context, url: str, side: str = "") -> Located:
 def dcp_reader(ctx: Context, store: Store, note_stock: bool = True) -> Any:
     """ckptstore's verifying ``CkptReader`` over ``store`` (its ``.metadata`` read through
     ``load_metadata`` and checked); notes on stderr that a stock checkpoint is unverified."""
-    from ckptstore.dcp.reader import CkptReader, StockCheckpointWarning
+    from ckptstore.format import CkptReader, StockCheckpointWarning
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", StockCheckpointWarning)
@@ -234,7 +264,7 @@ def load_state(
     if loc.format == "dcp":
         from torch.distributed.checkpoint.api import CheckpointException
 
-        from ckptstore.cli.failures import first_failure
+        from ckptstore.cli.exit_codes import first_failure
         from ckptstore.cli.safeload import SafeLoadPlanner
 
         with torch_name("DCP's _load_state_dict (torch.distributed.checkpoint)"):

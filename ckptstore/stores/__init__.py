@@ -33,9 +33,10 @@ from typing import Any
 
 from ckptstore.config import RetryConfig
 from ckptstore.engine.paths import is_safe_name  # the names every Store accepts
-from ckptstore.engine.store import Store
+from ckptstore.engine.store import Multipart, Store
 from ckptstore.errors import ConfigError, MissingDependencyError, missing_dependency
 from ckptstore.stores._dirfd import Anchor  # volume paths from a root's descriptor (plugins)
+from ckptstore.stores.options import raised_in, rejected_by_client  # where a client failed
 
 __all__ = [
     "Anchor",
@@ -47,6 +48,9 @@ __all__ = [
     "split_url",
     "store_spec",
     "is_safe_name",
+    "Multipart",
+    "raised_in",
+    "rejected_by_client",
 ]
 
 ENTRY_POINT_GROUP = "ckptstore.stores"

@@ -433,12 +433,12 @@ def test_internal_error_is_one_line_asking_for_a_report(
 ) -> None:
     """The safety net: a bug (here: a command that raises something unexpected) is one
     line with "please report" and exit 3; the traceback only on request."""
-    from ckptstore.cli import ls
+    from ckptstore.cli import cmd_ls
 
     def broken(*_: Any) -> int:
         raise RuntimeError("boom")
 
-    monkeypatch.setattr(ls, "run", broken)
+    monkeypatch.setattr(cmd_ls, "run", broken)
     argv = ["ls", str(inputs / "run")]
     rc, out, err = run_cli(capsys, argv)
     assert rc == 3 and "Traceback" not in err and "please report" in err and "boom" in err

@@ -81,7 +81,7 @@ def test_client_error_from_a_path_named_ckptstore_is_a_usage_error(
 
 def test_classification_reads_modules_not_paths(client_under_ckptstore: str) -> None:
     """The same client error classified directly: a store client's, by its frames' modules."""
-    from ckptstore.cli.failures import EXIT_USAGE, explain
+    from ckptstore.cli.exit_codes import EXIT_USAGE, explain
 
     with pytest.raises(ConfigError) as info:  # the stores layer already says what it is
         open_store("strictfs://bucket/run", {"regoin": "eu"})
@@ -242,7 +242,7 @@ def test_corrupt_errors_map_to_exit_1_however_wrapped() -> None:
     ``CheckpointException``, and as the cause of another library's error."""
     from torch.distributed.checkpoint.api import CheckpointException
 
-    from ckptstore.cli.failures import EXIT_CHECK_FAILED, explain
+    from ckptstore.cli.exit_codes import EXIT_CHECK_FAILED, explain
 
     corrupt = CorruptCheckpointError("x/.metadata claims 4 PiB in a 1 KiB file")
     wrapped = RuntimeError("planning failed")

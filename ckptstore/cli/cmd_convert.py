@@ -1,7 +1,7 @@
 """``ckptstore-tool convert SRC DST --to dcp|torch|safetensors [--compress CODEC]``.
 
-* DCP -> DCP streams item by item (``ckptstore.dcp.transcode``): the rank layout is kept,
-  a codec (``ckptstore.engine.codec_registry``: zstd, or one registered there) is added, changed
+* DCP -> DCP streams item by item (``ckptstore.format.transcode``): the rank layout is kept,
+  a codec (``ckptstore.format.codec_names``: zstd, or one registered) is added, changed
   or removed, and a stock DCP checkpoint is adopted (gets a manifest and a
   marker). Memory stays bounded.
 * Everything else loads the whole state dict in memory (the single-file formats need it):
@@ -26,19 +26,23 @@ from typing import Any
 
 from ckptstore import Store, verify_checkpoint
 from ckptstore.cli.context import Context
-from ckptstore.cli.copy import require_committed
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
-from ckptstore.cli.sources import Located, classify, flatten, load_state, local_path, locate
-from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.codec_registry import codec_names
-from ckptstore.engine.commit import uncommit
-from ckptstore.engine.copy import check_empty_destination
+from ckptstore.cli.sources import (
+    Located,
+    classify,
+    flatten,
+    load_state,
+    local_path,
+    locate,
+    require_committed,
+)
 from ckptstore.errors import (
     CheckpointExistsError,
     ConfigError,
     CorruptCheckpointError,
     missing_dependency,
 )
+from ckptstore.format import check_empty_destination, codec_names, crc32c, uncommit
 
 __all__ = ["add_parser", "run", "save_file"]
 
@@ -180,8 +184,7 @@ def _check_destination(ctx: Context, dst_url: str, fmt: str, force: bool) -> tup
 def _convert(ctx: Context, args: argparse.Namespace, src: Located, bar: Progress) -> dict:
     dst_store, dst_name = _check_destination(ctx, args.dst, args.to, args.force)
     if args.to == "dcp" and src.format == "dcp":
-        from ckptstore.dcp.reader import StockCheckpointWarning
-        from ckptstore.dcp.transcode import transcode
+        from ckptstore.format import StockCheckpointWarning, transcode
 
         if args.force:
             uncommit(dst_store)
@@ -248,7 +251,7 @@ def run(args: argparse.Namespace, ctx: Context) -> int:
     started = time.monotonic()
     total = None
     if src.format == "dcp" and args.to == "dcp":
-        from ckptstore.cli.inspect import describe
+        from ckptstore.cli.describe import describe
 
         total = describe(ctx, args.src)["totals"]["stored_bytes"]
     with Progress(total, "convert", ctx.progress_enabled) as bar:

@@ -9,13 +9,13 @@ newest commit (it may be a save in flight). Deletes only ckptstore's own files o
 alone".
 
 ``--repair`` looks at what only a person can clear. The root's owner file
-(``ckptstore.owner.json``, ``ckptstore.engine.owner``): it removes one that is not a valid
+(``ckptstore.owner.json``, ``ckptstore.format.plan_repair``): it removes one that is not a valid
 lease (a link as a link, a FIFO, an oversized or garbled file) or a valid one whose holder
 is stale or dead; never a live job's fresh lease, never a directory (it says to remove
 that by hand). And save attempts whose commit fence keeps their files with no marker
-(``engine.fence``: a writer stopped or killed between its fence and its marker; pruning
-leaves them, as that writer may still commit): it releases them, files and fence, unless
-their writer's lease is fresh. Unlike pruning it is a dry run unless ``--apply`` is
+(``ckptstore.format.held_fences``: a writer stopped or killed between its fence and its
+marker; pruning leaves them, as that writer may still commit): it releases them, files and
+fence, unless their writer's lease is fresh. Unlike pruning it is a dry run unless ``--apply`` is
 given: it acts on the user's word that no writer of those is left, so only when asked.
 """
 
@@ -24,14 +24,12 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ckptstore import KeepEvery, KeepLast, RetentionPolicy, apply_prune, plan_prune
+from ckptstore import KeepEvery, KeepLast, RetentionPolicy, Store, apply_prune, plan_prune
 from ckptstore.cli.context import Context, non_negative
 from ckptstore.cli.render import dump_json, human_bytes, safe, table
 from ckptstore.cli.sources import list_or_missing
-from ckptstore.engine.deletion import HeldFence, held_fences, release_held
-from ckptstore.engine.owner import apply_repair, plan_repair
-from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError, InUseError
+from ckptstore.format import HeldFence, apply_repair, held_fences, plan_repair, release_held
 
 __all__ = ["add_parser", "run", "policy_from_args"]
 

@@ -23,12 +23,12 @@ import statistics
 import sys
 from typing import Any
 
-from ckptstore import CheckpointStatus, list_steps, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.goodput_plan import add_plan_arguments, run_plan
 from ckptstore.cli.render import dump_json, table
 from ckptstore.cli.sources import list_or_missing
 from ckptstore.errors import ConfigError
+from ckptstore.format import CheckpointStatus, list_steps, open_committed
 from ckptstore.planning.goodput import GoodputInputs, InputError, Prices, plan, report_rows
 
 __all__ = ["add_parser", "run", "parse_fraction", "measured_from_root", "fmt", "FLAGS"]

@@ -15,21 +15,19 @@ import threading
 import time
 from typing import Any
 
-from ckptstore import CheckpointStatus, Store, copy_checkpoint, open_committed
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note
-from ckptstore.cli.sources import (
-    classify,
-    list_or_missing,
-    missing_error,
-    not_a_checkpoint_error,
+from ckptstore.cli.sources import require_committed
+from ckptstore.errors import ConfigError
+from ckptstore.format import (
+    MARKER_NAME,
+    METADATA_NAME,
+    check_empty_destination,
+    copy_checkpoint,
+    open_committed,
 )
-from ckptstore.engine.committed import METADATA_NAME
-from ckptstore.engine.copy import check_empty_destination
-from ckptstore.engine.manifest import MARKER_NAME
-from ckptstore.errors import ConfigError, IncompleteCheckpointError
 
-__all__ = ["add_parser", "run", "require_committed"]
+__all__ = ["add_parser", "run"]
 
 EXIT_INTERRUPTED = 130
 
@@ -50,28 +48,6 @@ def add_parser(sub: Any, common: Any) -> None:
     )
     common(p, two_sided=True)
     p.set_defaults(func=run)
-
-
-def require_committed(store: Store, url: str, verb: str) -> None:
-    """Raise a clear error unless ``store`` holds a committed ckptstore checkpoint."""
-    list_or_missing(store, url)  # nothing there: say why (a missing bucket, an empty prefix)
-    status = classify(store)
-    if status == "missing":  # emptied since
-        raise missing_error(url)
-    if status == "not-a-checkpoint":
-        raise not_a_checkpoint_error(url)
-    if status == CheckpointStatus.INCOMPLETE:
-        raise IncompleteCheckpointError(
-            f"{url} is incomplete (no COMMITTED marker: the save did not finish); refusing to "
-            f"{verb} it. `ckptstore-tool ls` shows the committed steps."
-        )
-    if status == CheckpointStatus.STOCK:
-        raise ConfigError(
-            f"{url} is a stock DCP checkpoint (no manifest to verify a copy against); use "
-            "`ckptstore-tool convert SRC DST --to dcp`, which verifies and adds a manifest."
-        )
-    if status in (CheckpointStatus.CORRUPT, CheckpointStatus.NEWER):
-        open_committed(store)  # raises Corrupt/NewerFormatError with the reason
 
 
 def run(args: argparse.Namespace, ctx: Context) -> int:

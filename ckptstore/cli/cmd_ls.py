@@ -5,15 +5,14 @@ Status comes from each step's marker and manifest (``committed`` / ``incomplete`
 bytes, so damage after commit shows as ``corrupt``. Exit 1 if any checkpoint is corrupt.
 Each committed row names the run that wrote it (``run``); a step without a marker whose
 save holds a fresh lease is marked in flight (``in_flight``), and the root's live owner,
-if any, is shown (``owner``; ``engine.owner``). ``--local-tier DIR`` (a node's local tier
-directory, repeatable) adds which tiers hold each committed step: the bucket, and how many
-of its data files each local tier holds with the recorded size in the directory of the
-job (root and run) that wrote it (``engine.tier_jobs``: its own shards and its peers'
+if any, is shown (``owner``; ``ckptstore.format.read_owner``). ``--local-tier DIR`` (a
+node's local tier directory, repeatable) adds which tiers hold each committed step: the
+bucket, and how many of its data files each local tier holds with the recorded size in the
+directory of the job (root and run) that wrote it (its own shards and its peers'
 replicas), lists the steps saved to the local tier alone (``local_every``), which the
-bucket does not hold (``"durable": false``), and reports whose copies each tier holds:
-every job's root, run, steps and bytes, job directories whose stamp is refused, and step
-directories of the layout before job directories. ``ls --local-tier DIR`` without a ROOT
-prints that report alone.
+bucket does not hold (``"durable": false``), and reports whose copies each tier holds
+(``ckptstore.cli.ls_tiers``). ``ls --local-tier DIR`` without a ROOT prints that report
+alone.
 """
 
 from __future__ import annotations
@@ -23,22 +22,31 @@ import os
 import time
 from typing import Any
 
-from ckptstore import Store, open_committed, verify_checkpoint
+from ckptstore import Store
 from ckptstore.cli.context import Context, non_negative
+from ckptstore.cli.ls_tiers import (
+    local_only_steps,
+    print_tier_report,
+    tier_counts,
+    tier_report,
+    tiers_text,
+)
 from ckptstore.cli.render import Progress, dump_json, format_time, human_bytes, safe, table
 from ckptstore.cli.sources import classify, is_dcp_listing, list_or_missing
-from ckptstore.engine.catalog import Skipped, scan_root
-from ckptstore.engine.committed import METADATA_NAME
-from ckptstore.engine.deletion import step_in_flight
-from ckptstore.engine.local_tier import LOCAL_ONLY, local_files
-from ckptstore.engine.names import step_name
-from ckptstore.engine.owner import read_owner
-from ckptstore.engine.store import Multipart
-from ckptstore.engine.tier_jobs import TierEntry, TierJob, open_job, survey
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
-from ckptstore.stores.local import LocalStore
+from ckptstore.format import (
+    Manifest,
+    Skipped,
+    open_committed,
+    read_owner,
+    scan_root,
+    step_in_flight,
+    step_name,
+    verify_checkpoint,
+)
+from ckptstore.stores import Multipart
 
-__all__ = ["add_parser", "run", "list_root", "tier_report", "upload_age_s"]
+__all__ = ["add_parser", "run", "list_root", "other_checkpoints", "upload_age_s"]
 
 
 def add_parser(sub: Any, common: Any) -> None:
@@ -119,128 +127,6 @@ def other_checkpoints(root: Store, foreign: list[Skipped]) -> tuple[list[dict[st
     return out, max(0, len(folders) - OTHERS_EXAMINED)
 
 
-def _job_dir(tier: str, root_url: str, run: Any) -> Store | None:
-    """The directory of the job (``root_url``, ``run``) in local tier ``tier``, its stamp
-    checked; None when there is none or it is refused (the tier report says why)."""
-    try:
-        return open_job(LocalStore(tier), TierJob(root_url, run))
-    except (OSError, CkptStoreError):  # ConfigError: a run that is no run; TierStampError
-        return None
-
-
-def tier_counts(tiers: list[str], root_url: str, name: str, manifest: Any) -> list[dict[str, Any]]:
-    """For each local tier directory in ``tiers``: how many of the committed step's data
-    files (``manifest``'s, bar ``.metadata``) the directory of the job that wrote it (root
-    ``root_url``, the manifest's run) holds with the recorded size. A link is never
-    followed (it holds nothing)."""
-    data = {n: e for n, e in manifest.files.items() if n != METADATA_NAME}
-    out = []
-    for d in tiers:
-        held = 0
-        job = _job_dir(d, root_url, manifest.extra.get("run"))
-        if job is not None:
-            try:
-                held = len(set(local_files(job.child(name), manifest)) & set(data))
-            except (OSError, CkptStoreError):
-                held = 0
-        out.append({"dir": d, "files": held, "of": len(data)})
-    return out
-
-
-def local_only_rows(tiers: list[str], root_url: str, listed: set[int]) -> list[dict[str, Any]]:
-    """A row for each step saved to the local tier alone by a job of root ``root_url``
-    (any run) that a directory of ``tiers`` can open (a node holding its marker: the
-    coordinator's, and its peers), other than the steps ``listed`` already; what each tier
-    holds of it, as ``tier_counts`` says."""
-    rows: dict[int, dict[str, Any]] = {}
-    for d in tiers:
-        try:
-            jobs = [e for e in survey(LocalStore(d)) if e.kind == "job" and e.root == root_url]
-        except (OSError, CkptStoreError):
-            continue
-        for e in jobs:
-            job = _job_dir(d, root_url, e.run)
-            if job is None:
-                continue
-            for s in e.steps:
-                if s in listed or s in rows:
-                    continue
-                try:
-                    m = open_committed(job.child(step_name(s))).manifest
-                except (OSError, CkptStoreError):
-                    continue  # no marker on this node, or damaged: another tier may say
-                if m.extra.get("tier") != LOCAL_ONLY or m.extra.get("run") != e.run:
-                    continue
-                rows[s] = {
-                    **_row(s, step_name(s), "committed"),
-                    **_manifest_fields(m),
-                    "durable": False,
-                    "tiers": tier_counts(tiers, root_url, step_name(s), m),
-                }
-    return list(rows.values())
-
-
-def tier_report(tier: str, root_url: str | None) -> list[dict[str, Any]]:
-    """Whose copies local tier directory ``tier`` holds: one dict per entry directly
-    under it (``engine.tier_jobs.survey``), ``this_root`` set on the jobs of
-    ``root_url``."""
-    return [
-        {**_entry_fields(e), "this_root": e.root is not None and e.root == root_url}
-        for e in survey(LocalStore(tier))
-    ]
-
-
-def _entry_fields(e: TierEntry) -> dict[str, Any]:
-    return {
-        "name": e.name,
-        "kind": e.kind,
-        "root": e.root,
-        "run": e.run,
-        "steps": list(e.steps),
-        "bytes": e.bytes,
-        "problem": e.problem,
-    }
-
-
-#: How a report names each kind of tier entry.
-_KIND_TEXT = {"job": "", "legacy": "older layout", "other": "not ckptstore's"}
-
-
-def print_tier_report(index: int, tier: str, entries: list[dict[str, Any]]) -> None:
-    """The report of ``tier_report`` as a table, then one line per refused entry."""
-    print(f"local tier {index}: {safe(tier)}")
-    if not entries:
-        print("  (empty)")
-        return
-    rows = []
-    for e in entries:
-        who = "this root" if e["this_root"] else _KIND_TEXT[e["kind"]]
-        if e["kind"] == "job" and e["problem"]:
-            who = "refused"
-        steps = ", ".join(str(s) for s in e["steps"][-4:])
-        more = len(e["steps"]) - 4
-        rows.append(
-            [
-                e["name"],
-                e["root"] if e["root"] is not None else "-",
-                e["run"] if e["run"] is not None else "-",
-                (f"... {steps}" if more > 0 else steps) or "-",
-                human_bytes(e["bytes"]),
-                who,
-            ]
-        )
-    table_text = table(["ENTRY", "ROOT", "RUN", "STEPS", "SIZE", ""], rows, right={4})
-    print("\n".join("  " + line.rstrip() for line in table_text.splitlines()))
-    for e in entries:
-        if e["problem"] and e["kind"] == "job":
-            print(f"  {safe(e['name'])}: {safe(e['problem'])}")
-    if any(e["kind"] == "legacy" for e in entries):
-        print(
-            "  older layout: step directories an older ckptstore wrote directly under the "
-            "tier; nothing records their root, so no job uses or deletes them"
-        )
-
-
 def _row(step: int, name: str, status: str) -> dict[str, Any]:
     """A row of ``list_root`` with nothing known but the step and its status."""
     return {
@@ -259,7 +145,7 @@ def _row(step: int, name: str, status: str) -> dict[str, Any]:
     }
 
 
-def _manifest_fields(m: Any) -> dict[str, Any]:
+def _manifest_fields(m: Manifest) -> dict[str, Any]:
     """The row's fields a committed step's manifest ``m`` gives."""
     return {
         "size": m.total_bytes,
@@ -269,16 +155,6 @@ def _manifest_fields(m: Any) -> dict[str, Any]:
         "codec": m.codec,
         "run": m.extra.get("run") if isinstance(m.extra.get("run"), str) else None,
     }
-
-
-def tiers_text(row: dict[str, Any]) -> str:
-    """``bucket, local 1: all, local 2: 2/3`` for a row with ``tiers`` (``not in the
-    bucket, ...`` for a step saved to the local tier alone)."""
-    parts = ["bucket" if row["durable"] else "not in the bucket"]
-    for i, t in enumerate(row["tiers"], start=1):
-        held = "all" if t["files"] == t["of"] else f"{t['files']}/{t['of']}"
-        parts.append(f"local {i}: {held}")
-    return ", ".join(parts)
 
 
 def list_root(
@@ -334,7 +210,17 @@ def list_root(
         out.append(row)
     if tiers:
         listed = {r["step"] for r in out}
-        out = sorted(out + local_only_rows(tiers, root.url, listed), key=lambda r: r["step"])
+        for step, m in local_only_steps(tiers, root.url, listed).items():
+            name = step_name(step)
+            out.append(
+                {
+                    **_row(step, name, "committed"),
+                    **_manifest_fields(m),
+                    "durable": False,
+                    "tiers": tier_counts(tiers, root.url, name, m),
+                }
+            )
+        out.sort(key=lambda r: r["step"])
     return out
 
 

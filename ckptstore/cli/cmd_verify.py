@@ -12,13 +12,19 @@ import argparse
 import time
 from typing import Any
 
-from ckptstore import CheckpointStatus, Store, open_committed, verify_checkpoint
+from ckptstore import Store
 from ckptstore.cli.context import Context
 from ckptstore.cli.render import Progress, dump_json, human_bytes, note, safe, table
 from ckptstore.cli.sources import locate
-from ckptstore.engine.bounded import MAX_METADATA_SIZE, get_capped
-from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
+from ckptstore.format import (
+    MAX_METADATA_SIZE,
+    METADATA_NAME,
+    CheckpointStatus,
+    get_capped,
+    open_committed,
+    verify_checkpoint,
+)
 
 __all__ = ["add_parser", "run", "verify_stock"]
 
@@ -43,7 +49,7 @@ def verify_stock(store: Store) -> list[str]:
     ``.metadata`` is read with ``load_metadata`` (DCP's metadata classes only: never a
     plain unpickle of bytes nothing vouches for); one it refuses is the one problem.
     """
-    from ckptstore.dcp.metadata import load_metadata
+    from ckptstore.format import load_metadata
 
     try:
         data = get_capped(store, METADATA_NAME, MAX_METADATA_SIZE)
