@@ -119,7 +119,7 @@ class RankCtx:
 def raw_bodies(state: dict[str, Any], part_size: int) -> list[bytearray]:
     """The rank's tensor bytes, concatenated and cut into part-sized ``bytearray``s (untimed).
 
-    ``save_raw`` sends each as S3Store sends a part (``s3_body.pieces_body``): aiohttp's own
+    ``save_raw`` sends each as S3Store sends a part (``ckptstore.stores.s3.body.pieces_body``): aiohttp's own
     payload for a bytearray would copy it twice more (a slice, and a join with the request
     head), a ``bytes`` body once more (botocore wraps it in a ``BytesIO``).
     """
@@ -157,7 +157,7 @@ def _raw_client(ctx: RankCtx, link: str) -> Any:
 def save_raw(ctx: RankCtx, link: str, key: str) -> None:
     from fsspec.asyn import sync
 
-    from ckptstore.stores.s3_body import no_expect_for_pieces, pieces_body
+    from ckptstore.stores.s3.body import no_expect_for_pieces, pieces_body
 
     fs, client = _raw_client(ctx, link)
     no_expect_for_pieces(client)

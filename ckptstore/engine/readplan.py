@@ -51,7 +51,7 @@ FIRST_PIECE = 1 * MiB
 READ_PIECE = 8 * MiB
 
 #: The most ranged GETs a process keeps in flight: the S3 client's connection pool
-#: (``ckptstore.stores.s3_client.make_s3fs``'s ``max_pool_connections``).
+#: (``ckptstore.stores.s3.client.make_s3fs``'s ``max_pool_connections``).
 MAX_STREAMS = 64
 
 

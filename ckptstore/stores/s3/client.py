@@ -4,7 +4,7 @@
 ckptstore's client settings. ``S3Client`` calls the S3 API on one bucket from any thread
 (each call runs on fsspec's I/O event loop, bounded by the request timeout), translates
 failures into ckptstore errors, and walks paginated listings; its request bodies are
-:mod:`ckptstore.stores.s3_body`'s.
+:mod:`ckptstore.stores.s3.body`'s.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from ckptstore.engine.checksum import crc32c as _crc32c
 from ckptstore.engine.store import Buffer
 from ckptstore.errors import TransientStoreError, missing_dependency
 from ckptstore.stores.options import rejected_error
-from ckptstore.stores.s3_body import b64, no_expect_for_pieces, pieces_body_type
-from ckptstore.stores.s3_errors import error_code, translate_s3_error
-from ckptstore.stores.s3_session import http_session_class, process_session
+from ckptstore.stores.s3.body import b64, no_expect_for_pieces, pieces_body_type
+from ckptstore.stores.s3.error_map import error_code, translate_s3_error
+from ckptstore.stores.s3.session import http_session_class, process_session
 
 __all__ = [
     "S3Client",
@@ -54,7 +54,7 @@ def make_s3fs(
     which an on-path attacker cannot forge, for a CRC32C they could: pass
     ``config_kwargs={"s3": {"payload_signing_enabled": True}}`` to keep it.
 
-    The client's session is this process's (``s3_session.process_session``, its botocore
+    The client's session is this process's (``session.process_session``, its botocore
     data loaded once, before any fork), unless the caller passes a ``session`` or session
     options other than ``profile``.
     """
