@@ -19,7 +19,7 @@ from collections.abc import Sequence
 
 from ckptstore.errors import CkptStoreError, CorruptCheckpointError
 from ckptstore.redact import redact
-from ckptstore.stores.options import raised_in, rejected_by_client
+from ckptstore.stores.storage_options import raised_in, rejected_by_client
 
 __all__ = [
     "CLIENT_PACKAGES",

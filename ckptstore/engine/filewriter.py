@@ -5,9 +5,9 @@
 
 How a write reaches the store depends on its ``capabilities``:
 
-- ``gather_parts`` (S3): parts of the usual size built from pieces, large writes by
-  reference and small ones copied into small pooled buffers (``ckptstore.engine.pieces``,
-  which explains the design), each sent with ``put_part_pieces``;
+- ``gather_parts`` (S3): parts of the usual size sent from several buffers, large writes by
+  reference and small ones copied into small pooled buffers (``ckptstore.engine.parts``,
+  which explains the design), each sent with ``put_part_buffers``;
 - ``zero_copy_parts`` (volumes): large writes go out as parts of their own, straight from
   the caller's memory, small ones through small buffers;
 - otherwise: every byte is copied into reusable part buffers (one copy, into warm memory)
@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 from ckptstore.engine.buffers import copy_into
 from ckptstore.engine.checksum import Crc32c
 from ckptstore.engine.itemsink import ItemSink, ItemTarget
-from ckptstore.engine.pieces import PartBuilder, Release
+from ckptstore.engine.parts import PartBuilder, Release
 from ckptstore.engine.retry import Deadline
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
 from ckptstore.errors import CkptStoreError, TransferError
@@ -120,7 +120,7 @@ class FileWriter:
             store.capabilities.max_parts,
         )
         caps = store.capabilities
-        #: Parts built from pieces (``ckptstore.engine.pieces``), where they stay at least
+        #: Parts sent from several buffers (``ckptstore.engine.parts``), where they stay at least
         #: the store's smallest part.
         self._parts: PartBuilder | None = None
         if (
@@ -243,7 +243,7 @@ class FileWriter:
         """Append ``view`` without hashing it for the file: for an ``ItemSink``, which
         hashes its bytes itself and accounts for them with ``extend_crc`` when the item
         ends. Returns the CRC32C of ``view`` when sending it computed one (a large write
-        into parts built from pieces, whose per-part checksums hash each byte once), else
+        into parts sent from several buffers, whose per-part checksums hash each byte once), else
         None: the item hashes it then.
 
         A part that failed meanwhile is not raised here but by ``close()``: the caller is
@@ -263,7 +263,7 @@ class FileWriter:
         Returns ``view``'s CRC32C where the parts computed it (``PartBuilder.refer``).
 
         A view of at least ``ZERO_COPY_MIN`` bytes is not copied on a ``gather_parts``
-        store (it becomes pieces of parts, see ``ckptstore.engine.pieces``) nor on a
+        store (it becomes buffers of parts, see ``ckptstore.engine.parts``) nor on a
         ``zero_copy_parts`` one (what is buffered goes out as a short part, then the view
         itself as parts of up to ``part_size``). Only a view that keeps its memory alive
         (``view.obj``) or, with ``owned``, one into memory whose owner the writer holds
@@ -283,10 +283,10 @@ class FileWriter:
             elif self._fill:
                 self._submit_copy()
             for start in range(0, len(view), self.part_size):
-                piece = view[start : start + self.part_size]
-                self.engine.buffers.reserve(len(piece), self._failed.is_set)
+                part = view[start : start + self.part_size]
+                self.engine.buffers.reserve(len(part), self._failed.is_set)
                 self._submit(
-                    piece, functools.partial(self.engine.buffers.unreserve, len(piece)), keep
+                    part, functools.partial(self.engine.buffers.unreserve, len(part)), keep
                 )
             return None
         while len(view):
@@ -342,7 +342,7 @@ class FileWriter:
         keep: object = None,
         crc: int | None = None,
     ) -> None:
-        """Send ``data`` (one buffer, or a part's pieces) as the next part; ``release()``
+        """Send ``data`` (one buffer, or a part's buffers) as the next part; ``release()``
         gives back its memory (a pooled buffer, the caller's bytes reserved) once sent.
         ``keep``: the owner of the caller's memory ``data`` points into, held until then
         (by ``send`` alone: the future's callbacks outlive it). ``crc``: the CRC32C of
@@ -367,7 +367,7 @@ class FileWriter:
 
         def put() -> Part:
             if isinstance(data, list):
-                return store.put_part_pieces(upload, number, offset, data, crc32c=crc)
+                return store.put_part_buffers(upload, number, offset, data, crc32c=crc)
             return store.put_part(upload, number, offset, data)
 
         def send() -> Part:
@@ -386,9 +386,9 @@ class FileWriter:
         fut.add_done_callback(lambda f: release() if f.cancelled() else None)
         self._futures.append(fut)
 
-    def _send(self, pieces: list[memoryview], release: Release, crc: int) -> None:
-        """A part built from pieces (``PartBuilder``'s ``send``), sent with its CRC32C."""
-        self._submit(pieces, release, crc=crc)
+    def _send(self, buffers: list[memoryview], release: Release, crc: int) -> None:
+        """A part of several buffers (``PartBuilder``'s ``send``), sent with its CRC32C."""
+        self._submit(buffers, release, crc=crc)
 
     def _raise_failed(self) -> None:
         for f in self._futures:
@@ -405,8 +405,8 @@ class FileWriter:
             raise TransferError(f"{self._what}: close after {self._state}")
         try:
             if self._upload is None and self._parts is not None:
-                pieces, release, _ = self._parts.take()  # one PUT: the store hashes it
-                self._put_pieces(pieces, release)
+                buffers, release, _ = self._parts.take()  # one PUT: the store hashes it
+                self._put_buffers(buffers, release)
             elif self._upload is None:
                 buf, size = self._buf, self._fill
                 data = memoryview(buf)[:size] if buf is not None else b""
@@ -436,10 +436,10 @@ class FileWriter:
         self._owner = None
         return FileInfo(self.path, self._crc.length, self._crc.value)
 
-    def _put_pieces(self, pieces: list[memoryview], release: Release) -> None:
-        """The whole file (smaller than a part) as one object: its pieces joined."""
+    def _put_buffers(self, buffers: list[memoryview], release: Release) -> None:
+        """The whole file (smaller than a part) as one object: its buffers joined."""
         try:
-            data: Buffer = pieces[0] if len(pieces) == 1 else bytearray().join(pieces)
+            data: Buffer = buffers[0] if len(buffers) == 1 else bytearray().join(buffers)
             self.engine.retry(lambda: self.store.put(self.path, data), self._what, self._deadline)
         finally:
             release()

@@ -229,7 +229,7 @@ class TransferEngine:
     ) -> Future[memoryview]:
         """Read ``length`` bytes at ``offset`` (None: to the end) as parallel ranged GETs
         of at most ``part_size`` bytes each (default ``TransferConfig.part_size``; a load
-        passes the piece size it planned, see ``ckptstore.engine.readplan``).
+        passes the range size it planned, see ``ckptstore.engine.readplan``).
 
         The bytes land straight in one uninitialised buffer (no zeroing, no joining); a
         range that comes back short raises ``CorruptCheckpointError`` (truncated object),

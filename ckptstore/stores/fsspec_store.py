@@ -42,7 +42,7 @@ from ckptstore.errors import (
     StoreNotFoundError,
     TransientStoreError,
 )
-from ckptstore.stores.options import rejected_by_client, rejected_error
+from ckptstore.stores.storage_options import rejected_by_client, rejected_error
 
 __all__ = ["FsspecStore", "MPU_MARK"]
 

@@ -23,10 +23,10 @@ from ckptstore.engine.create_only import create_lock, same_bytes, warn_non_atomi
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import CommitConflictError, ConfigError, TransientStoreError
 from ckptstore.stores.s3 import folders, multipart, server_copy
-from ckptstore.stores.options import check_s3_options, refuse_userinfo
-from ckptstore.stores.s3.body import as_body, pieces_body
+from ckptstore.stores.s3.body import as_body, buffers_body
 from ckptstore.stores.s3.client import CHECKSUMS, S3Client, make_s3fs
 from ckptstore.stores.s3.error_map import error_code
+from ckptstore.stores.storage_options import check_s3_options, refuse_userinfo
 
 __all__ = ["S3Store", "make_s3fs"]
 
@@ -98,7 +98,7 @@ class S3Store(Store):
             f"s3://{join_path(self.bucket, self.prefix)}", storage_options, retry=retry
         )
         #: S3 multipart: parts of at least 5 MiB but the last, at most 10,000 of them; a
-        #: part may be sent from several buffers (``put_part_pieces``).
+        #: part may be sent from several buffers (``put_part_buffers``).
         self.capabilities = Capabilities(max_parts=10_000, min_part_size=5 * MiB, gather_parts=True)
         self.checksum = checksum
         client_kwargs = self.storage_options.get("client_kwargs") or {}
@@ -336,20 +336,20 @@ class S3Store(Store):
             upload, number, offset, body, len(body), self.client.integrity(body)
         )
 
-    def put_part_pieces(
+    def put_part_buffers(
         self,
         upload: Multipart,
         number: int,
         offset: int,
-        pieces: Sequence[Buffer],
+        buffers: Sequence[Buffer],
         *,
         crc32c: int | None = None,
     ) -> Part:
-        """UploadPart of ``pieces`` as one body, each sent from its own memory (no join);
+        """UploadPart of ``buffers`` as one body, each sent from its own memory (no join);
         the checksum header covers their concatenation (``crc32c``, when the engine
         computed it, is used as is: the bytes are not hashed again)."""
-        body = pieces_body(pieces)
-        integrity = self.client.integrity(pieces, crc32c=crc32c)
+        body = buffers_body(buffers)
+        integrity = self.client.integrity(buffers, crc32c=crc32c)
         return self._upload_part(upload, number, offset, body, len(body), integrity)
 
     def _upload_part(
