@@ -56,8 +56,8 @@ from ckptstore.data.stream import DataOrder
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CacheError, CkptStoreError, StoreNotFoundError, UnsafePathError
-from ckptstore.stores._dirfd import create_new, replace
-from ckptstore.stores._dirfd import unlink_quietly as unlink_at
+from ckptstore.stores._dirfd_acts import create_new, replace
+from ckptstore.stores._dirfd_acts import unlink_quietly as unlink_at
 
 __all__ = ["CacheEntry", "Handle", "ShardCache", "cache_paths", "check_limit", "probe_cache_dir"]
 

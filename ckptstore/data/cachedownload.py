@@ -22,7 +22,7 @@ from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import StoreNotFoundError, TransferError
 from ckptstore.stores import Anchor
-from ckptstore.stores._dirfd import create_new, unlink_quietly
+from ckptstore.stores._dirfd_acts import create_new, unlink_quietly
 
 __all__ = ["check_copy", "create_temp", "explain_mismatch"]
 

@@ -31,7 +31,7 @@ from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine, split_ranges
 from ckptstore.errors import CacheError, CacheTooSmallError, CkptStoreError, DatasetChangedError
 from ckptstore.stores import Anchor
-from ckptstore.stores._dirfd import create_new
+from ckptstore.stores._dirfd_acts import create_new
 
 __all__ = [
     "CacheEntry",

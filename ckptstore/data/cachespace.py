@@ -22,7 +22,7 @@ from ckptstore.data.cachefiles import LOCKS, SHARDS, CacheEntry, CacheStats, cac
 from ckptstore.data.cachelocks import Ledger, Lock, process_gate
 from ckptstore.errors import CacheError
 from ckptstore.stores import Anchor
-from ckptstore.stores._dirfd import unlink_quietly
+from ckptstore.stores._dirfd_acts import unlink_quietly
 
 __all__ = ["CacheSpace"]
 

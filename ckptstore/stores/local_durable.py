@@ -32,8 +32,8 @@ from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.store import Buffer
 from ckptstore.errors import StoreNotFoundError
 from ckptstore.stores._direct import write_aligned
-from ckptstore.stores._dirfd import (
-    Anchor,
+from ckptstore.stores._dirfd import Anchor
+from ckptstore.stores._dirfd_acts import (
     create_new,
     link_new,
     open_existing,
