@@ -3,7 +3,8 @@
 (``ckptstore.engine.itemsink``, also importable from here). See
 ``ckptstore.engine.transfer`` for the call order.
 
-How a write reaches the store depends on its ``capabilities``:
+How a write reaches the store depends on its ``capabilities`` (the sizes and the rules
+are ``ckptstore.engine.writeplan``'s):
 
 - ``gather_parts`` (S3): parts of the usual size sent from several buffers, large writes by
   reference and small ones copied into small pooled buffers (``ckptstore.engine.parts``,
@@ -33,21 +34,21 @@ from ckptstore.engine.itemsink import ItemSink, ItemTarget
 from ckptstore.engine.parts import PartBuilder, Release
 from ckptstore.engine.retry import Deadline
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
+from ckptstore.engine.writeplan import (
+    COPY_MAX,
+    GATHER_BUFFER,
+    SMALL_PART,
+    SMALL_QUEUED,
+    ZERO_COPY_MIN,
+    alignment_pad,
+    plan_part_size,
+)
 from ckptstore.errors import CkptStoreError, TransferError
 
 if TYPE_CHECKING:
     from ckptstore.engine.transfer import TransferEngine
 
-__all__ = [
-    "FileWriter",
-    "ItemSink",
-    "alignment_pad",
-    "ItemTarget",
-    "FileInfo",
-    "plan_part_size",
-    "ZERO_COPY_MIN",
-    "GATHER_BUFFER",
-]
+__all__ = ["FileWriter", "ItemSink", "ItemTarget", "FileInfo"]
 
 log = logging.getLogger(__name__)
 
@@ -59,48 +60,6 @@ class FileInfo:
     path: str
     size: int
     crc32c: int
-
-
-def plan_part_size(total: int | None, part_size: int, min_part: int, max_parts: int) -> int:
-    """Part size for a file of ``total`` bytes: ``part_size`` grown so parts <= ``max_parts``."""
-    size = max(part_size, min_part)
-    if total is not None and total > 0:
-        size = max(size, math.ceil(total / max_parts))
-    return size
-
-
-#: Smallest write a store with ``zero_copy_parts`` takes by reference (see FileWriter._append).
-ZERO_COPY_MIN = 1024 * 1024
-
-#: Part buffer size on a ``zero_copy_parts`` store: only writes below ``ZERO_COPY_MIN`` (item
-#: headers, small items) are copied there, so a full ``part_size`` buffer would be mostly
-#: untouched memory that ``bytearray`` still zero-fills (page faults) on every acquire.
-#: One ``ZERO_COPY_MIN``, not more, and no more of one file's waiting for a writer than
-#: the volume's writers (``TransferEngine.volume_writers``), or ``SMALL_QUEUED`` if that is
-#: more (one written while the next fills): they are memory the save holds while the
-#: writers catch up (a save of the demo state on 1 writer: 9-10 MiB of them queued without
-#: the cap, 20 MiB with 4 MiB buffers; 2 MiB with it, the save no slower).
-SMALL_PART = ZERO_COPY_MIN
-SMALL_QUEUED = 2
-
-#: Most bytes a part buffer may hold and still be sent as a copy of those bytes before a
-#: large write on a ``zero_copy_parts`` store (``_submit_copy``: usually an item's header);
-#: a fuller buffer is sent itself, not copied once more.
-COPY_MAX = 64 * 1024
-
-#: Size of the pooled buffers small writes are copied into on a ``gather_parts`` store
-#: (each counts whole against the budget, so a part is at least ``part_size`` minus this).
-GATHER_BUFFER = ZERO_COPY_MIN
-
-
-def alignment_pad(size: int, address: int, lead: int, nbytes: int, alignment: int) -> int:
-    """Zero bytes to write at offset ``size`` of a file so that ``nbytes`` of memory at
-    ``address``, written ``lead`` bytes later, land at a file offset that agrees with
-    ``address`` modulo ``alignment`` (0: nothing to agree on, or a write too small to be
-    sent from its own memory, ``ZERO_COPY_MIN``)."""
-    if not alignment or nbytes < ZERO_COPY_MIN:
-        return 0
-    return (address - size - lead) % alignment
 
 
 class FileWriter:

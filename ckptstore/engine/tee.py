@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.filewriter import FileInfo, FileWriter, ItemSink, alignment_pad
+from ckptstore.engine.filewriter import FileInfo, FileWriter, ItemSink
 from ckptstore.engine.store import Buffer
+from ckptstore.engine.writeplan import alignment_pad
 from ckptstore.errors import TransferError
 
 __all__ = ["TeeWriter"]

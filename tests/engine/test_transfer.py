@@ -12,10 +12,10 @@ from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine import transfer
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.cores import rank_cores, volume_writers
-from ckptstore.engine.filewriter import ZERO_COPY_MIN, alignment_pad, plan_part_size
 from ckptstore.engine.retry import backoff_delay
 from ckptstore.engine.store import Buffer, Capabilities, Multipart, Part
 from ckptstore.engine.transfer import TransferEngine, split_ranges
+from ckptstore.engine.writeplan import ZERO_COPY_MIN, alignment_pad, plan_part_size
 from ckptstore.errors import ConfigError, StoreAccessError, TransferError, TransientStoreError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore

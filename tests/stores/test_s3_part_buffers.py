@@ -13,9 +13,9 @@ import pytest
 
 from ckptstore.config import MiB, RetryConfig, TransferConfig
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.filewriter import GATHER_BUFFER
 from ckptstore.engine.store import Buffer, Multipart, Part
 from ckptstore.engine.transfer import TransferEngine
+from ckptstore.engine.writeplan import GATHER_BUFFER
 from ckptstore.errors import CkptStoreError, TransferError
 from ckptstore.stores.s3 import S3Store
 from ckptstore.testing.faults import FaultyStore
