@@ -94,7 +94,7 @@ def commit(
 ) -> Marker:
     """Commit a checkpoint whose data files are durable (the call order is below).
 
-    ``check_files=False`` only for a node's local staged copy, which holds just its own
+    ``check_files=False`` only for a node's tier copy, which holds just its own
     ranks' files (the marker that counts is the destination's; a restore checks the local
     files itself).
 
