@@ -161,7 +161,7 @@ class ShardCache:
 
     # -- reading -------------------------------------------------------------------------
     def is_cached(self, i: int) -> bool:
-        """Whether shard ``i`` has a published copy (not yet verified by this process;
+        """Whether shard ``i`` has a complete copy (not yet verified by this process;
         anything else under its name is refused when it is read, never replaced)."""
         with cache_dir_errors(self.dir):
             try:

@@ -54,8 +54,8 @@ def download(
     max_distance: int | None = None,
     wait: bool = True,
 ) -> int | None:
-    """Reserve space, fetch, verify and publish ``e`` (caller holds its ``dl`` lock);
-    a descriptor of the published copy, open for reading (the caller closes it).
+    """Reserve space, fetch, verify and rename into place ``e`` (caller holds its ``dl`` lock);
+    a descriptor of the copy in place, open for reading (the caller closes it).
 
     None: no room now, and this is a prefetch (``demand=False``) or ``wait=False``.
     """
@@ -81,7 +81,7 @@ def download(
         _fetch_verified(cache, e, tmp, fd, cursor, max_distance if not demand else None)
     except BaseException as exc:
         os.close(fd)
-        unlink_quietly(cache.paths, f"{SHARDS}/{tmp}")  # gone already once published
+        unlink_quietly(cache.paths, f"{SHARDS}/{tmp}")  # gone already once renamed into place
         if isinstance(exc, OSError) and not isinstance(exc, CkptStoreError):
             # a local write failed: the cache disk, not the store
             raise cache_os_error(exc, cache.dir) from exc
@@ -112,7 +112,7 @@ def _fetch_verified(
     cache: ShardCache, e: CacheEntry, tmp: str, fd: int, cursor: int, max_distance: int | None
 ) -> None:
     """Download ``e`` into the temp file ``tmp`` of ``shards/`` (open at ``fd``), check
-    it, write its ``.meta`` and publish it under its own name."""
+    it, write its ``.meta`` and rename it into place under its own name."""
     for attempt in range(1, cache.attempts + 1):
         t0 = time.monotonic()
         try:
@@ -184,7 +184,7 @@ def explain_mismatch(
 def create_temp(paths: Anchor, e: CacheEntry) -> tuple[str, int]:
     """A new temp file for ``e`` in ``shards/`` of the cache directory ``paths``,
     pre-allocated to its full size: ``(its name in shards/, a descriptor of it open for
-    reading and writing)``; the caller closes the descriptor and publishes or removes the
+    reading and writing)``; the caller closes the descriptor and renames into place or removes the
     file. A full disk fails here, at once, as a ``CacheError`` naming the cache directory."""
     tmp = f"{e.key}.data{TMP}{os.getpid()}-{uuid.uuid4().hex}"
     try:
