@@ -19,7 +19,7 @@ import pytest
 
 def pytest_configure(config: pytest.Config) -> None:
     # aiohttp warns about each body over 1 MiB that S3Store sends in one write, on purpose
-    # (see ckptstore.stores.s3_body.as_body); Python hides ResourceWarning by default.
+    # (see ckptstore.stores.s3.body.as_body); Python hides ResourceWarning by default.
     config.addinivalue_line(
         "filterwarnings", "ignore:Sending a large body directly:ResourceWarning"
     )

@@ -48,7 +48,7 @@ PRIVATE = [
     Private(
         f"{_DCP}.filesystem",
         "_StorageInfo",
-        "dcp/metadata.py (as StorageInfo, for dcp/indexes.py and dcp/transcode.py)",
+        "dcp/metadata_checks.py (as StorageInfo, for dcp/metadata.py, indexes.py, transcode.py)",
         _AT_IMPORT,
     ),
     Private(f"{_DCP}.metadata", "_MEM_FORMAT_ENCODING", "dcp/metadata.py", _AT_IMPORT),
@@ -81,7 +81,7 @@ PRIVATE = [
     Private(
         "torch.storage",
         "_get_dtype_from_pickle_storage_type",
-        "dcp/encoding.py (decode_tensor)",
+        "dcp/decoding.py (decode_tensor)",
         _TORCH_LOAD,
     ),
     Private(
@@ -117,7 +117,7 @@ PRIVATE = [
     Private(
         "torch._utils",
         "_rebuild_tensor_v2",
-        "dcp/encoding.py (decode_tensor's unpickler)",
+        "dcp/decoding.py (decode_tensor's unpickler)",
         _TORCH_LOAD,
     ),
     Private(
@@ -209,6 +209,7 @@ def test_a_moved_name_fails_the_import_with_the_torch_version(monkeypatch) -> No
     filesystem = importlib.import_module(f"{_DCP}.filesystem")
     monkeypatch.delattr(filesystem, "_StorageInfo")
     monkeypatch.delitem(sys.modules, "ckptstore.dcp.metadata", raising=False)
+    monkeypatch.delitem(sys.modules, "ckptstore.dcp.metadata_checks", raising=False)
     with pytest.raises(TorchVersionError) as info:
         importlib.import_module("ckptstore.dcp.metadata")
     assert isinstance(info.value, ImportError)

@@ -119,7 +119,7 @@ class RankCtx:
 def raw_bodies(state: dict[str, Any], part_size: int) -> list[bytearray]:
     """The rank's tensor bytes, concatenated and cut into part-sized ``bytearray``s (untimed).
 
-    ``save_raw`` sends each as S3Store sends a part (``s3_body.pieces_body``): aiohttp's own
+    ``save_raw`` sends each as S3Store sends a part (``s3.body.buffers_body``): aiohttp's own
     payload for a bytearray would copy it twice more (a slice, and a join with the request
     head), a ``bytes`` body once more (botocore wraps it in a ``BytesIO``).
     """
@@ -157,10 +157,10 @@ def _raw_client(ctx: RankCtx, link: str) -> Any:
 def save_raw(ctx: RankCtx, link: str, key: str) -> None:
     from fsspec.asyn import sync
 
-    from ckptstore.stores.s3_body import no_expect_for_pieces, pieces_body
+    from ckptstore.stores.s3.body import buffers_body, no_expect_for_buffers
 
     fs, client = _raw_client(ctx, link)
-    no_expect_for_pieces(client)
+    no_expect_for_buffers(client)
     conc = ctx.cfg.transfer_config(False).concurrency
     obj = f"{link}/{key}/rank{ctx.rank}.bin"
 
@@ -176,7 +176,7 @@ def save_raw(ctx: RankCtx, link: str, key: str) -> None:
                     Key=obj,
                     UploadId=up["UploadId"],
                     PartNumber=i + 1,
-                    Body=pieces_body([body]),
+                    Body=buffers_body([body]),
                 )
             return {"PartNumber": i + 1, "ETag": out["ETag"]}
 
@@ -191,7 +191,7 @@ def save_raw(ctx: RankCtx, link: str, key: str) -> None:
 def load_raw(ctx: RankCtx, link: str, key: str) -> None:
     from fsspec.asyn import sync
 
-    from ckptstore.engine.readplan import READ_PIECE, piece_size, read_streams
+    from ckptstore.engine.readplan import READ_RANGE, range_size, read_streams
 
     fs, client = _raw_client(ctx, link)
     tc = ctx.cfg.transfer_config(False)
@@ -199,7 +199,7 @@ def load_raw(ctx: RankCtx, link: str, key: str) -> None:
     total = sum(len(b) for b in ctx.bodies)
     # ckptstore's read plan (engine.readplan): as many GETs in flight, of the same size.
     streams = read_streams(tc.part_size, tc.concurrency)
-    piece = piece_size(total, min(tc.part_size, READ_PIECE), streams)
+    get_size = range_size(total, min(tc.part_size, READ_RANGE), streams)
 
     if total not in ctx.raw_dest:  # made and paged in once, untimed (as the load targets are)
         ctx.raw_dest[total] = memoryview(bytearray(total))
@@ -209,7 +209,7 @@ def load_raw(ctx: RankCtx, link: str, key: str) -> None:
         sem = asyncio.Semaphore(streams)
 
         async def get(start: int) -> int:
-            end = min(start + piece, total) - 1
+            end = min(start + get_size, total) - 1
             async with sem:
                 out = await client.get_object(Bucket=BUCKET, Key=obj, Range=f"bytes={start}-{end}")
                 body = out["Body"]
@@ -222,7 +222,7 @@ def load_raw(ctx: RankCtx, link: str, key: str) -> None:
                 finally:
                     body.close()
 
-        return sum(await asyncio.gather(*(get(s) for s in range(0, total, piece))))
+        return sum(await asyncio.gather(*(get(s) for s in range(0, total, get_size))))
 
     got = sync(fs.loop, go)
     if got != total:

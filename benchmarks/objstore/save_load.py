@@ -20,7 +20,7 @@ rank-unique names. Contenders (ids for ``--contenders`` in brackets):
   raw PUT/GET ceiling [raw]   no DCP, no serialisation: each rank uploads its share's bytes
         (made into part-sized ``bytearray``s beforehand, untimed) as one multipart object, parts
         of ckptstore's default part size, that many in flight at once, straight on s3fs's
-        aiobotocore client, each body sent as S3Store sends a part (``pieces_body``: no
+        aiobotocore client, each body sent as S3Store sends a part (``buffers_body``: no
         copy of it before the transport's own); the load is ckptstore's read plan
         (``engine.readplan``: 32 ranged GETs of <= 8 MiB in flight with the defaults), each
         body's chunks copied once into one preallocated buffer (made untimed, as the load

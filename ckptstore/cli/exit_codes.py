@@ -197,7 +197,7 @@ def explain(
       ``CKPTSTORE_TOOL_TRACEBACK=1`` prints the traceback as well.
 
     Where an exception comes from is decided by its type's module and its frames' module names
-    (``ckptstore.stores.s3_client``, ``botocore.client``), never by file paths: a checkout
+    (``ckptstore.stores.s3.client``, ``botocore.client``), never by file paths: a checkout
     named ``ckptstore`` with its virtualenv inside puts ``/ckptstore/`` in every path.
     """
     code, message = _explain(_own_cause(exc), urls, options_given)

@@ -22,42 +22,32 @@ bytes read are those of the file that was verified.
 
 from __future__ import annotations
 
-import errno
 import json
 import logging
 import os
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from concurrent.futures import Executor, Future
-from typing import Any
 
-from ckptstore.data.cachedownload import check_copy, explain_mismatch
+from ckptstore.data.cachedownload import download
 from ckptstore.data.cachefiles import (
-    SHARDS,
-    TMP,
     CacheEntry,
     CacheStats,
     Handle,
-    Mismatch,
     VerifiedFiles,
     cache_dir_errors,
-    cache_os_error,
     cache_paths,
-    changed_error,
     check_limit,
-    fetch_to_file,
+    data_name,
     file_crc32c,
+    meta_name,
     probe_cache_dir,
-    unlink_quietly,
 )
 from ckptstore.data.cachespace import CacheSpace
 from ckptstore.data.stream import DataOrder
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import CacheError, CkptStoreError, StoreNotFoundError, UnsafePathError
-from ckptstore.stores._dirfd import create_new, replace
-from ckptstore.stores._dirfd import unlink_quietly as unlink_at
+from ckptstore.errors import CacheError, UnsafePathError
 
 __all__ = ["CacheEntry", "Handle", "ShardCache", "cache_paths", "check_limit", "probe_cache_dir"]
 
@@ -65,10 +55,6 @@ log = logging.getLogger(__name__)
 
 #: Touched by a process waiting for cache space: the others unpin their idle shards.
 _PRESSURE = "pressure"
-
-#: What a ``.meta`` file takes on disk (one block): freed by eviction when the disk filled
-#: up between a shard's reserve (its data's space allocated up front) and its ``.meta``.
-_META_ROOM = 4096
 
 
 def _release_result(fut: Future[Handle | None]) -> None:
@@ -162,7 +148,7 @@ class ShardCache:
         return self._shown(self.entries[i].key)
 
     def _shown(self, key: str) -> str:
-        return self.paths.shown(_data(key).split("/"))
+        return self.paths.shown(data_name(key).split("/"))
 
     def _key_distances(self, cursor: int) -> dict[str, int]:
         return {self.entries[s].key: d for s, d in self.distances(cursor).items()}
@@ -175,11 +161,11 @@ class ShardCache:
 
     # -- reading -------------------------------------------------------------------------
     def is_cached(self, i: int) -> bool:
-        """Whether shard ``i`` has a published copy (not yet verified by this process;
+        """Whether shard ``i`` has a complete copy (not yet verified by this process;
         anything else under its name is refused when it is read, never replaced)."""
         with cache_dir_errors(self.dir):
             try:
-                self.paths.stat(_data(self.entries[i].key))
+                self.paths.stat(data_name(self.entries[i].key))
             except FileNotFoundError:
                 return False
             return True
@@ -274,7 +260,7 @@ class ShardCache:
                     )
                     self.stats.add(corrupt=1)
                     self._discard(e.key)
-                fd = self._download(e, cursor, demand=True, wait=wait)
+                fd = download(self, e, cursor, demand=True, wait=wait)
                 if fd is None:
                     use.close()
                     return None
@@ -294,7 +280,7 @@ class ShardCache:
         or anything but a regular file under their names is ``UnsafePathError`` (left for
         whoever put it there), never followed or waited on."""
         try:
-            fd = self.paths.open_read(_data(e.key))
+            fd = self.paths.open_read(data_name(e.key))
         except FileNotFoundError:
             return "missing", None
         try:
@@ -319,7 +305,7 @@ class ShardCache:
         if not self.verify:
             return True
         try:
-            with os.fdopen(self.paths.open_read(_meta(e.key)), "rb") as f:
+            with os.fdopen(self.paths.open_read(meta_name(e.key)), "rb") as f:
                 meta = json.loads(f.read(4096))
             return (
                 isinstance(meta, dict)
@@ -332,8 +318,8 @@ class ShardCache:
             return False
 
     def _discard(self, key: str) -> None:
-        self.paths.unlink(_data(key))
-        self.paths.unlink(_meta(key))
+        self.paths.unlink(data_name(key))
+        self.paths.unlink(meta_name(key))
         self.verified.discard(self._shown(key))
 
     # -- prefetch ------------------------------------------------------------------------
@@ -354,120 +340,10 @@ class ShardCache:
             if self.is_cached(i):
                 return "cached"
             with cache_dir_errors(self.dir):
-                fd = self._download(e, cursor, demand=False, max_distance=distance)
+                fd = download(self, e, cursor, demand=False, max_distance=distance)
         finally:
             dl.close()
         if fd is None:
             return "full"
         os.close(fd)  # not pinned: the copy is read, and checked, when it is acquired
         return "fetched"
-
-    # -- download ------------------------------------------------------------------------
-    def _download(
-        self,
-        e: CacheEntry,
-        cursor: int,
-        *,
-        demand: bool,
-        max_distance: int | None = None,
-        wait: bool = True,
-    ) -> int | None:
-        """Reserve space, fetch, verify and publish ``e`` (caller holds its ``dl`` lock);
-        a descriptor of the published copy, open for reading (the caller closes it).
-
-        None: no room now, and this is a prefetch (``demand=False``) or ``wait=False``.
-        """
-        deadline = time.monotonic() + self.wait_timeout
-        while True:
-            reserved = self.space.reserve(e, cursor, max_distance if not demand else None)
-            if reserved is not None:
-                break
-            if not demand or not wait:
-                return None
-            if self.on_pressure is not None:
-                self.on_pressure()  # let this process unpin what it holds idle
-            self.signal_pressure()  # and ask the node's other processes to do the same
-            if time.monotonic() > deadline:
-                raise CacheError(
-                    f"waited {self.wait_timeout:.0f} s for {e.size} bytes of cache space in "
-                    f"{self.dir} (limit {self.limit}): every cached shard is in use. Raise "
-                    "cache_limit, or use fewer workers or ranks per node"
-                )
-            time.sleep(0.05)
-        tmp, fd = reserved
-        try:
-            self._fetch_verified(e, tmp, fd, cursor, max_distance if not demand else None)
-        except BaseException as exc:
-            os.close(fd)
-            unlink_quietly(self.paths, f"{SHARDS}/{tmp}")  # gone already once published
-            if isinstance(exc, OSError) and not isinstance(exc, CkptStoreError):
-                # a local write failed: the cache disk, not the store
-                raise cache_os_error(exc, self.dir) from exc
-            raise
-        return fd
-
-    def _write_meta(self, key: str, meta: dict[str, Any]) -> bool:
-        """Publish ``key``'s ``.meta`` file; False if the disk had no room for it."""
-        try:
-            with self.paths.parent(_meta(key)) as (dfd, final):
-                tmp = f"{final}{TMP}{uuid.uuid4().hex}"
-                try:
-                    with os.fdopen(create_new(dfd, tmp), "w") as f:
-                        json.dump(meta, f)
-                    replace(dfd, tmp, final)
-                except BaseException:
-                    unlink_at(dfd, tmp)
-                    raise
-        except OSError as exc:
-            if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-                return False
-            raise
-        return True
-
-    def _fetch_verified(
-        self, e: CacheEntry, tmp: str, fd: int, cursor: int, max_distance: int | None
-    ) -> None:
-        """Download ``e`` into the temp file ``tmp`` of ``shards/`` (open at ``fd``), check
-        it, write its ``.meta`` and publish it under its own name."""
-        for attempt in range(1, self.attempts + 1):
-            t0 = time.monotonic()
-            try:
-                crc = fetch_to_file(self.engine, self.store, e.path, e.size, fd)
-                check_copy(e, fd)
-            except Mismatch as exc:
-                self.stats.add(refetches=1)
-                log.warning("download of %s: %s (attempt %d)", e.path, exc, attempt)
-                if attempt == self.attempts:
-                    explain_mismatch(self.engine, self.store, e, exc, self.attempts)
-                    raise
-                continue
-            except StoreNotFoundError as exc:
-                raise changed_error(e, "no longer exists on the store") from exc
-            self.stats.add(downloads=1, bytes=e.size, download_seconds=time.monotonic() - t0)
-            meta = {"path": e.path, "size": e.size, "crc32c": crc, "digest": e.digest}
-            deadline = time.monotonic() + self.wait_timeout
-            while not self._write_meta(e.key, meta):  # the disk filled up since the reserve
-                if self.space.make_room(e.key, cursor, max_distance, _META_ROOM):
-                    continue
-                if time.monotonic() > deadline:  # nothing evictable came free
-                    shards = self.paths.shown([SHARDS])
-                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), shards)
-                if self.on_pressure is not None:
-                    self.on_pressure()  # as a reserve waits: unpin, ask the others to
-                self.signal_pressure()
-                time.sleep(0.05)
-            with self.paths.parent(_data(e.key)) as (dfd, final):
-                replace(dfd, tmp, final)  # a space scan racing it counts it once (``usage``)
-            st = os.fstat(fd)  # the file written and checked, whatever its name holds now
-            self.verified.add(self._shown(e.key), (st.st_ino, st.st_mtime_ns, st.st_size))
-            return
-
-
-def _data(key: str) -> str:
-    """The name of shard ``key``'s cached copy below the cache directory."""
-    return f"{SHARDS}/{key}.data"
-
-
-def _meta(key: str) -> str:
-    """The name of its ``.meta`` file (size, CRC32C, footer digest)."""
-    return f"{SHARDS}/{key}.meta"

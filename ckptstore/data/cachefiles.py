@@ -31,7 +31,7 @@ from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine, split_ranges
 from ckptstore.errors import CacheError, CacheTooSmallError, CkptStoreError, DatasetChangedError
 from ckptstore.stores import Anchor
-from ckptstore.stores._dirfd import create_new
+from ckptstore.stores._dirfd_acts import create_new
 
 __all__ = [
     "CacheEntry",
@@ -48,9 +48,11 @@ __all__ = [
     "cache_name",
     "changed_error",
     "check_limit",
+    "data_name",
     "fetch_to_file",
     "file_crc32c",
     "make_key",
+    "meta_name",
     "probe_cache_dir",
     "unlink_quietly",
 ]
@@ -381,3 +383,13 @@ def unlink_quietly(paths: Anchor, name: str) -> None:
         paths.unlink(name)
     except (OSError, CkptStoreError):
         pass
+
+
+def data_name(key: str) -> str:
+    """The name of shard ``key``'s cached copy below the cache directory."""
+    return f"{SHARDS}/{key}.data"
+
+
+def meta_name(key: str) -> str:
+    """The name of its ``.meta`` file (size, CRC32C, footer digest)."""
+    return f"{SHARDS}/{key}.meta"

@@ -22,7 +22,7 @@ from ckptstore.data.cachefiles import LOCKS, SHARDS, CacheEntry, CacheStats, cac
 from ckptstore.data.cachelocks import Ledger, Lock, process_gate
 from ckptstore.errors import CacheError
 from ckptstore.stores import Anchor
-from ckptstore.stores._dirfd import unlink_quietly
+from ckptstore.stores._dirfd_acts import unlink_quietly
 
 __all__ = ["CacheSpace"]
 
@@ -35,8 +35,8 @@ class CacheSpace:
     order's horizon; a key left out is needed no sooner than never), ``discard(key)``
     deletes a cached shard's files. Call order: :meth:`reserve`, holding the shard's ``dl``
     lock, returns a pre-allocated temp file (its name in ``shards/`` and an open
-    descriptor) or None (no room now); the caller fills and publishes it (a rename,
-    without the budget lock).
+    descriptor) or None (no room now); the caller fills it and renames it into place (without
+    the budget lock).
     """
 
     def __init__(
@@ -127,7 +127,7 @@ class CacheSpace:
                 if max_distance is not None or others or in_progress:
                     # "full": a prefetch tries later; a demand read waits for a pinned
                     # shard to be let go or for a download in progress (whose space
-                    # it holds) to be published and so become evictable
+                    # it holds) to be renamed into place and so become evictable
                     return None
                 raise  # nothing of ours to evict: the disk is full of other files
 
@@ -147,7 +147,7 @@ class CacheSpace:
     def _budget(self) -> Iterator[Ledger]:
         """Hold the node's budget lock around every space decision: with a limit, each
         reservation; without one, only what a full disk makes necessary. It is one lock
-        for the node, so it is never taken where no decision is made (a publish, a
+        for the node, so it is never taken where no decision is made (a rename into place, a
         reservation under no limit): small files come hundreds a second."""
         lock = Lock(self.paths, "budget.lock")
         deadline = time.monotonic() + self.wait_timeout
@@ -170,7 +170,7 @@ class CacheSpace:
         """Bytes held by cached and in-progress shards; ``{key: size}`` of cached ones.
         Only under :meth:`_budget`.
 
-        Downloads publish (rename temp -> .data) without the lock, so a shard may move
+        Downloads rename temp -> .data without the lock, so a shard may move
         between its two names during the scan: a temp file gone when stat()ed, or whose
         download is over by the time its lock is tried, is looked up under its .data
         name, so a shard is never counted as neither (at worst, for a moment, as both:
@@ -191,8 +191,8 @@ class CacheSpace:
                     st = d.stat(follow_symlinks=False)
                     size = st.st_size
                 except FileNotFoundError:
-                    if not is_data:  # published since it was listed (else: evicted)
-                        self._count_published(fd, key, cached)
+                    if not is_data:  # renamed into place since it was listed (else: evicted)
+                        self._count_renamed(fd, key, cached)
                     continue
                 if not stat.S_ISREG(st.st_mode):
                     continue  # a link or anything else under our name: never followed
@@ -205,14 +205,14 @@ class CacheSpace:
                         temps += size  # its download is in progress
                     elif _exists(fd, d.name):
                         unlink_quietly(fd, d.name)  # a crashed download's leftover
-                    else:  # its download published it and ended since the stat()
-                        self._count_published(fd, key, cached)
+                    else:  # its download renamed it into place and ended since the stat()
+                        self._count_renamed(fd, key, cached)
                 finally:
                     lock.close()
         return temps + sum(cached.values()), cached
 
     @staticmethod
-    def _count_published(fd: int, key: str, cached: dict[str, int]) -> None:
+    def _count_renamed(fd: int, key: str, cached: dict[str, int]) -> None:
         """Count shard ``key`` under its .data name in ``shards/`` (open at ``fd``), if it
         is there (a temp file of it was renamed during a scan; gone as well: its download
         failed, or it was evicted)."""

@@ -19,7 +19,7 @@ import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 from torch.distributed.checkpoint.planner import LoadItemType, LoadPlanner, ReadItem
 
-from ckptstore.dcp.encoding import decode_tensor
+from ckptstore.dcp.decoding import decode_tensor
 from ckptstore.dcp.safe_objects import check_safe_object, unpickles_unsafely
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codec_registry import transform_codec

@@ -4,7 +4,8 @@
 stored bytes can decode to (a petabyte claimed in a kilobyte file); :func:`item_limits`
 gives each stored item's most decoded bytes, which the reader and the transcoder hold a
 decoder to (a stored item that needs more is a decompression bomb). The metadata itself
-is loaded and checked field by field by :mod:`ckptstore.dcp.metadata`.
+is loaded by :mod:`ckptstore.dcp.metadata` and checked field by field by
+:mod:`ckptstore.dcp.metadata_checks`.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from typing import Any
 import torch
 from torch.distributed.checkpoint.metadata import Metadata, TensorStorageMetadata
 
-from ckptstore.dcp.metadata import corrupt_error, is_int, item_name
+from ckptstore.dcp.metadata_checks import corrupt_error, is_int, item_name
 from ckptstore.engine.manifest import is_contained_name
 from ckptstore.errors import CkptStoreError
 

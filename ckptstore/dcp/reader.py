@@ -44,12 +44,12 @@ from ckptstore.engine.committed import (
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest, RangeEntry
 from ckptstore.engine.read_owners import Key
 from ckptstore.engine.readplan import (
-    FIRST_PIECE,
-    MIN_PIECE,
-    READ_PIECE,
+    FIRST_RANGE,
+    MIN_RANGE,
+    READ_RANGE,
     Window,
     coalesce,
-    piece_size,
+    range_size,
 )
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
@@ -283,7 +283,7 @@ class CkptReader(StoreBound, StorageReader):
 
         # On an object store the reads are planned from the whole plan (``engine.readplan``):
         # small adjacent ranges of a file merge into one GET (a window); the rest are read
-        # as GETs of one piece size, chosen so the load keeps every connection busy (on a
+        # as GETs of one range size, chosen so the load keeps every connection busy (on a
         # volume, whose reads are preads, every range is read alone). A sliding window of
         # reads in flight, bounded by the memory budget. A tensor whose raw bytes the
         # manifest locates (``RangeEntry.span``) and whose target is the matching contiguous
@@ -292,13 +292,13 @@ class CkptReader(StoreBound, StorageReader):
         keys = sorted(k for k in by_range if k not in shared)
         if self.store.capabilities.zero_copy_parts:
             # A volume: a request is a pread and costs nothing extra; plan nothing.
-            piece = self.config.part_size
+            get_size = self.config.part_size
             windows = [Window(p, o, n, (i,)) for i, (p, o, n) in enumerate(keys)]
         else:
             total = sum(k[2] for k in keys)
-            largest = min(self.config.part_size, READ_PIECE)
-            piece = piece_size(total, largest, self.engine.read_streams)
-            windows = coalesce(keys, max_window=piece)
+            largest = min(self.config.part_size, READ_RANGE)
+            get_size = range_size(total, largest, self.engine.read_streams)
+            windows = coalesce(keys, max_window=get_size)
         # In the plan's order (the state's, module by module): the items needed first land
         # first, and each is handed to DCP as it lands; the first window is read as smaller
         # GETs, so that it lands before the GETs of the rest (all in flight at once, on a
@@ -319,9 +319,9 @@ class CkptReader(StoreBound, StorageReader):
                     if len(win.members) == 1:
                         key = keys[win.members[0]]
                         direct = got.direct(by_range[key], ranges.get(key), codecs[key], planner)
-                    size = piece
+                    size = get_size
                     if win is first_window:  # the first item: spread over more GETs
-                        size = piece_size(win.length, piece, streams, FIRST_PIECE)
+                        size = range_size(win.length, get_size, streams, FIRST_RANGE)
                     if direct is None:
                         fut = self.engine.read_async(
                             self.store, win.path, win.offset, win.length, part_size=size
@@ -371,19 +371,19 @@ class CkptReader(StoreBound, StorageReader):
         """Fill ``buf`` with the bytes of ``keys``, one after another, read in parallel
         straight into it (no copy) and each checked against the manifest's CRC32C (a range
         that does not check is read once more before it fails). Each range is read as GETs
-        of the piece size the plain reads use (down to ``FIRST_PIECE`` for the ``first``
+        of the range size the plain reads use (down to ``FIRST_RANGE`` for the ``first``
         batch, which should land soon), so that an owner of a few large ranges keeps every
         connection busy too."""
-        largest = min(self.config.part_size, READ_PIECE)
-        smallest = FIRST_PIECE if first else MIN_PIECE
-        piece = piece_size(sum(k[2] for k in keys), largest, self.engine.read_streams, smallest)
+        largest = min(self.config.part_size, READ_RANGE)
+        smallest = FIRST_RANGE if first else MIN_RANGE
+        size = range_size(sum(k[2] for k in keys), largest, self.engine.read_streams, smallest)
         views: dict[Key, memoryview] = {}
         at = 0
         for key in keys:
             views[key] = buf[at : at + key[2]]
             at += key[2]
         futs = {
-            k: self.engine.read_into_async(self.store, k[0], k[1], views[k], part_size=piece)
+            k: self.engine.read_into_async(self.store, k[0], k[1], views[k], part_size=size)
             for k in keys
         }
         try:
@@ -393,7 +393,7 @@ class CkptReader(StoreBound, StorageReader):
                     got.check(key, got.window_bytes(window, fut), ranges.get(key))
                 except CorruptCheckpointError:  # read again: a bad read, or bad bytes stored
                     again = self.engine.read_into_async(
-                        self.store, key[0], key[1], views[key], part_size=piece
+                        self.store, key[0], key[1], views[key], part_size=size
                     )
                     got.check(key, got.window_bytes(window, again), ranges.get(key))
         except BaseException:

@@ -3,8 +3,8 @@
 A schedule decides how this rank's items are grouped into shard files and in which order
 they are written, and what to wait for around each file; it may refuse the save at set-up.
 ``PlainSchedule`` (the default) splits the items into ``files_per_rank`` files and waits
-for nothing. The checkpoint manager's schedules (``ckptstore.manager.saving.schedule``)
-write live tensors first or fetch a staged piece before its file. The on-storage format
+for nothing. The checkpoint manager's schedules (``ckptstore.manager.saving.write_order``)
+write live tensors first or fetch a staged round before its file. The on-storage format
 is the writer's whatever the schedule: only the files' grouping and order change.
 """
 

@@ -23,7 +23,7 @@ from torch.distributed.checkpoint.storage import WriteResult
 from torch.futures import Future
 
 from ckptstore.dcp.writer import CkptWriter, step_from_url
-from ckptstore.engine.commit import publish
+from ckptstore.engine.commit import commit
 from ckptstore.engine.filewriter import FileWriter
 from ckptstore.engine.local_tier import keep_newest, local_tier_keeps
 from ckptstore.engine.manifest import Manifest
@@ -155,7 +155,7 @@ class StagedWriter(CkptWriter):
     def _committed(self, manifest: Manifest, metadata_bytes: bytes) -> None:
         """Publish the same manifest and marker locally (the restore tier), then trim the
         committed local copies to ``keep_local``."""
-        publish(
+        commit(
             self.local,
             self.engine,
             self.attempt,

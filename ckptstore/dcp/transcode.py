@@ -7,7 +7,7 @@ one), decoded, encoded with ``codec`` and appended to a new shard file at the de
 one per source file, so the rank layout (and resharding on load) is unchanged and memory
 stays bounded by the engine's budget. The ``Metadata`` is rewritten to the new offsets, a
 new manifest records every file and range, and the result is committed last with
-``publish``. A stock DCP source (no manifest) is adopted: the output has both.
+``commit``. A stock DCP source (no manifest) is adopted: the output has both.
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codec_registry import get_codec
 from ckptstore.engine.codecs import Codec
-from ckptstore.engine.commit import publish
+from ckptstore.engine.commit import commit
 from ckptstore.engine.committed import attempt_manifest_name, attempt_metadata_name
 from ckptstore.engine.deletion import remove_made
 from ckptstore.engine.lease import hold_step_lease
@@ -157,7 +157,7 @@ def transcode(
             manifest.files[new] = FileEntry(info.size, info.crc32c)
         metadata.storage_data = storage_md
         metadata.storage_meta = StorageMeta(checkpoint_id=dst.url, save_id=attempt)
-        return publish(dst, engine, attempt, manifest, dump_metadata(metadata))
+        return commit(dst, engine, attempt, manifest, dump_metadata(metadata))
     except BaseException:
         if lease is not None:
             lease.stop()

@@ -44,7 +44,7 @@ from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codec_registry import get_codec
 from ckptstore.engine.codecs import Codec
-from ckptstore.engine.commit import publish, warn_after_commit
+from ckptstore.engine.commit import commit, warn_after_commit
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
 from ckptstore.engine.itemsink import GATHER_MAX
@@ -389,7 +389,7 @@ class CkptWriter(StoreBound, StorageWriter):
                 extra=self.manifest_extra,
                 storage_meta=self.storage_meta(),
             )
-            publish(
+            commit(
                 self.store,
                 self.engine,
                 self.attempt,

@@ -130,7 +130,7 @@ def list_steps(root: Store, with_status: bool = True, *, once: bool = False) -> 
     """Every ``step_%09d`` directory under ``root``, ascending by step, with its status.
 
     Step-named entries that are not directories are skipped with a ``SkippedEntryWarning``;
-    with ``once``, each such entry is warned about once per process (a node-local tier
+    with ``once``, each such entry is warned about once per process (a local tier
     listed after every save: a stray link there is news once, not at every save).
     """
     listing = scan_root(root, with_status)

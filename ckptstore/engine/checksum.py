@@ -94,7 +94,7 @@ def parse_crc(text: str) -> int:
 
 
 class Crc32c:
-    """A running CRC32C over appended pieces, which may be raw bytes or pre-computed CRCs."""
+    """A running CRC32C over appended bytes, each given raw or as its pre-computed CRC."""
 
     __slots__ = ("value", "length")
 
@@ -108,7 +108,7 @@ class Crc32c:
         self.length += len(data)
 
     def extend(self, crc: int, length: int) -> None:
-        """Append a piece whose CRC is already known."""
+        """Append ``length`` bytes whose CRC is already known."""
         self.value = crc32c_combine(self.value, crc, length)
         self.length += length
 

@@ -199,7 +199,7 @@ class ZstdCodec(Codec):
     def decode_limited(self, data: BytesLike, raw_length: int | None, limit: int) -> BytesLike:
         """The frame's content, never more than ``limit`` bytes of it: a frame that declares
         its size is refused before allocation if that size is another (or over ``limit``);
-        one that does not is decoded in pieces, stopping once past ``limit``."""
+        one that does not is decoded 16 MiB at a time, stopping once past ``limit``."""
         zstd = _zstd()
         declared = zstd.get_frame_parameters(data).content_size
         if declared != zstd.CONTENTSIZE_UNKNOWN:
@@ -213,7 +213,7 @@ class ZstdCodec(Codec):
         # A frame of DCP's stream extension records no size: stream it, within the limit.
         out = bytearray()
         with zstd.ZstdDecompressor().stream_reader(data) as reader:
-            while chunk := reader.read(min(_PIECE, limit + 1 - len(out))):
+            while chunk := reader.read(min(_DECODE_STEP, limit + 1 - len(out))):
                 out += chunk
                 if len(out) > limit:
                     raise ValueError(f"the frame decodes to more than {limit} bytes")
@@ -221,7 +221,7 @@ class ZstdCodec(Codec):
 
 
 #: How much of a frame that records no size is decoded at a time.
-_PIECE = 16 << 20
+_DECODE_STEP = 16 << 20
 
 
 def _zstd() -> Any:

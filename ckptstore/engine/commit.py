@@ -1,11 +1,11 @@
-"""The commit protocol: publish a checkpoint with a create-only marker, or take it back.
+"""The commit protocol: commit a checkpoint with a create-only marker, or take it back.
 
-:func:`publish` (the coordinator, after every rank's data files are durable; its docstring
+:func:`commit` (the coordinator, after every rank's data files are durable; its docstring
 has the call order and what a crash at each point leaves) writes the attempt's own manifest
 and ``.metadata``, takes the attempt's fence (``engine.fence``: where a commit and a
 deletion meet), checks its files, then creates ``COMMITTED``, then the canonical copies. A
 checkpoint exists only if COMMITTED exists and the manifest it names matches its CRC
-(opening one is ``engine.committed``). ``finish_publish`` redoes steps 5 and 6 of a publish
+(opening one is ``engine.committed``). ``finish_commit`` redoes steps 5 and 6 of a commit
 cut short after its marker (``CheckpointManager.restore`` runs it on the next start);
 ``uncommit`` deletes the marker. Every store call here goes through ``retry.retrying``
 (control calls retried per the engine's ``RetryConfig``; data calls by the engine itself).
@@ -43,8 +43,8 @@ from ckptstore.errors import (
 )
 
 __all__ = [
-    "publish",
-    "finish_publish",
+    "commit",
+    "finish_commit",
     "collect_warnings",
     "warn_after_commit",
     "uncommit",
@@ -82,7 +82,7 @@ def warn_after_commit(message: str) -> None:
     _warn(message)
 
 
-def publish(
+def commit(
     store: Store,
     engine: TransferEngine,
     attempt: str,
@@ -94,13 +94,13 @@ def publish(
 ) -> Marker:
     """Commit a checkpoint whose data files are durable (the call order is below).
 
-    ``check_files=False`` only for a node's local staged copy, which holds just its own
+    ``check_files=False`` only for a node's tier copy, which holds just its own
     ranks' files (the marker that counts is the destination's; a restore checks the local
     files itself).
 
     Call order on the coordinator, after every rank's data files are durable::
 
-        publish(store, engine, attempt, manifest, metadata_bytes, replace=False)
+        commit(store, engine, attempt, manifest, metadata_bytes, replace=False)
             1. ckptstore.manifest.<attempt>.json     (put)   the attempt's own copies: a racing
             2. .metadata.<attempt>                    (put)   writer can never clobber them
             3. ckptstore.fence.<attempt>.json         (create-only, 'commit': engine.fence)
@@ -132,7 +132,7 @@ def publish(
 
     Steps 5 and 6 are best effort: the checkpoint is committed once step 4 returns, so a
     failure there is a warning (logged, and collected by :func:`collect_warnings` into the
-    save's record), never a failed save; ``finish_publish`` completes them later.
+    save's record), never a failed save; ``finish_commit`` completes them later.
 
     Replacing a committed step (``replace=True``) never shows a reader a committed step with
     files missing, and a crash at any point leaves the old or the new checkpoint whole: the
@@ -175,9 +175,7 @@ def publish(
             raise _lost(store) from None
     crashpoint("after_marker")
     try:
-        _publish_canonical(
-            store, engine, attempt, manifest, manifest_bytes, metadata_bytes, live=True
-        )
+        _after_marker(store, engine, attempt, manifest, manifest_bytes, metadata_bytes, live=True)
     except CkptStoreError as exc:
         _warn(
             f"{store.url} is committed, but writing its canonical copies or removing other "
@@ -205,7 +203,7 @@ def _check_files(store: Store, engine: TransferEngine, manifest: Manifest, own: 
 
     def stat(name: str) -> int | None:
         try:
-            return store.size(name)  # a retrying view (publish)
+            return store.size(name)  # a retrying view (commit)
         except StoreNotFoundError:
             return None
 
@@ -249,7 +247,7 @@ def _give_up(store: Store, attempt: str, names: list[str]) -> None:
         log.warning("could not remove the files of %s's failed commit: %s", store.url, exc)
 
 
-def _publish_canonical(
+def _after_marker(
     store: Store,
     engine: TransferEngine,
     attempt: str,
@@ -288,10 +286,8 @@ def _publish_canonical(
     remove_attempts(store, ours, spare=attempt or None)
 
 
-def finish_publish(
-    store: Store, engine: TransferEngine, committed: Committed | None = None
-) -> bool:
-    """Complete a publish cut short after its marker (steps 4 and 5); True if it was.
+def finish_commit(store: Store, engine: TransferEngine, committed: Committed | None = None) -> bool:
+    """Complete a commit cut short after its marker (steps 4 and 5); True if it was.
 
     Idempotent and a no-op for a checkpoint whose canonical copies are the committed ones.
     ``committed`` is ``store`` as ``open_committed`` just opened it (else it is opened
@@ -303,9 +299,7 @@ def finish_publish(
     if committed.canonical:
         return False
     c = committed
-    _publish_canonical(
-        store, engine, c.marker.attempt, c.manifest, c.manifest_bytes, c.metadata_bytes
-    )
+    _after_marker(store, engine, c.marker.attempt, c.manifest, c.manifest_bytes, c.metadata_bytes)
     log.info("%s: finished a commit cut short after its marker (canonical copies)", store.url)
     return True
 

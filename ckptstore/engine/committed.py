@@ -1,9 +1,9 @@
 """Open a committed checkpoint: find its manifest and ``.metadata`` through ``COMMITTED``.
 
 A checkpoint exists only if ``COMMITTED`` exists and the manifest it names matches its CRC
-(``engine.commit.publish`` writes them). ``open_committed`` reads the canonical manifest
-and ``.metadata`` when they match the marker, else the save attempt's own copies (a publish
-cut short after its marker), and says which (``Committed.canonical``; ``finish_publish``
+(``engine.commit.commit`` writes them). ``open_committed`` reads the canonical manifest
+and ``.metadata`` when they match the marker, else the save attempt's own copies (a commit
+cut short after its marker), and says which (``Committed.canonical``; ``finish_commit``
 then completes it). ``committed_from_bytes`` re-checks bytes another process read;
 ``checkpoint_status`` says what a step holds. Listing never decides completeness.
 """
@@ -219,7 +219,7 @@ def committed_from_bytes(
     any store read: the marker must commit exactly these manifest bytes and the manifest
     must record exactly these ``.metadata`` bytes. Raises ``CorruptCheckpointError``
     naming ``where`` (the checkpoint's URL) otherwise. ``canonical`` is left True: the
-    rebuilt copy is for reading, never for finishing a publish."""
+    rebuilt copy is for reading, never for finishing a commit."""
     if not isinstance(marker, Marker) or not marker.matches(bytes(manifest_bytes)):
         raise CorruptCheckpointError(
             f"{where}: the manifest handed over does not match the checksum in its "

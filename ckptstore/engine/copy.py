@@ -8,7 +8,7 @@ Call order::
         3. every data file, in parallel   ranged GETs (read-ahead) -> FileWriter parts;
                                           CRC32C folded on the fly and checked against the
                                           manifest *before* the file is made visible
-        4. publish(dst, ...)              manifest + .metadata, then the create-only COMMITTED
+        4. commit(dst, ...)               manifest + .metadata, then the create-only COMMITTED
 
 From step 3 to the end the copy keeps a step lease in ``dst`` (``engine.lease``), so
 ``ckptstore-tool gc`` or a manager's retention on the destination's root leaves its files
@@ -31,7 +31,7 @@ from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
-from ckptstore.engine.commit import publish, uncommit
+from ckptstore.engine.commit import commit, uncommit
 from ckptstore.engine.committed import (
     METADATA_NAME,
     attempt_manifest_name,
@@ -57,7 +57,7 @@ class CopyResult:
     """A finished copy: both URLs, the data files and bytes copied, the new marker.
 
     ``files`` and ``bytes`` count the manifest's data files, not ``.metadata`` (which
-    ``publish`` writes with the manifest).
+    ``commit`` writes with the manifest).
     """
 
     src: str
@@ -135,7 +135,7 @@ def copy_checkpoint(
                 raise f.exception()  # type: ignore[misc]
         manifest = Manifest.from_bytes(committed.manifest.to_bytes(), src.url)
         manifest.extra["copied_from"] = src.url
-        marker = publish(dst, engine, attempt, manifest, committed.metadata_bytes)
+        marker = commit(dst, engine, attempt, manifest, committed.metadata_bytes)
     except BaseException:
         cancel.set()
         for f in futures:

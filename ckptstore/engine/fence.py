@@ -16,7 +16,7 @@ decides the attempt's fate; the other backs off. It holds one of three states:
 ``delete``     a deleter created it: the attempt can never commit; its files go, and the
                fence last
 
-The argument (the protocol's call order is in ``engine.commit.publish`` and
+The argument (the protocol's call order is in ``engine.commit.commit`` and
 ``engine.deletion.remove_attempts``): a deleter removes an attempt's files only while it
 holds the attempt's ``delete`` fence, or after the attempt's marker was created
 (``committed``). A writer creates ``COMMITTED`` only after creating the ``commit`` fence

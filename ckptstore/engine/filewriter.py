@@ -3,11 +3,12 @@
 (``ckptstore.engine.itemsink``, also importable from here). See
 ``ckptstore.engine.transfer`` for the call order.
 
-How a write reaches the store depends on its ``capabilities``:
+How a write reaches the store depends on its ``capabilities`` (the sizes and the rules
+are ``ckptstore.engine.writeplan``'s):
 
-- ``gather_parts`` (S3): parts of the usual size built from pieces, large writes by
-  reference and small ones copied into small pooled buffers (``ckptstore.engine.pieces``,
-  which explains the design), each sent with ``put_part_pieces``;
+- ``gather_parts`` (S3): parts of the usual size sent from several buffers, large writes by
+  reference and small ones copied into small pooled buffers (``ckptstore.engine.parts``,
+  which explains the design), each sent with ``put_part_buffers``;
 - ``zero_copy_parts`` (volumes): large writes go out as parts of their own, straight from
   the caller's memory, small ones through small buffers;
 - otherwise: every byte is copied into reusable part buffers (one copy, into warm memory)
@@ -30,24 +31,24 @@ from typing import TYPE_CHECKING
 from ckptstore.engine.buffers import copy_into
 from ckptstore.engine.checksum import Crc32c
 from ckptstore.engine.itemsink import ItemSink, ItemTarget
-from ckptstore.engine.pieces import PartBuilder, Release
+from ckptstore.engine.parts import PartBuilder, Release
 from ckptstore.engine.retry import Deadline
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
+from ckptstore.engine.writeplan import (
+    COPY_MAX,
+    GATHER_BUFFER,
+    SMALL_PART,
+    SMALL_QUEUED,
+    ZERO_COPY_MIN,
+    alignment_pad,
+    plan_part_size,
+)
 from ckptstore.errors import CkptStoreError, TransferError
 
 if TYPE_CHECKING:
     from ckptstore.engine.transfer import TransferEngine
 
-__all__ = [
-    "FileWriter",
-    "ItemSink",
-    "alignment_pad",
-    "ItemTarget",
-    "FileInfo",
-    "plan_part_size",
-    "ZERO_COPY_MIN",
-    "GATHER_BUFFER",
-]
+__all__ = ["FileWriter", "ItemSink", "ItemTarget", "FileInfo"]
 
 log = logging.getLogger(__name__)
 
@@ -59,48 +60,6 @@ class FileInfo:
     path: str
     size: int
     crc32c: int
-
-
-def plan_part_size(total: int | None, part_size: int, min_part: int, max_parts: int) -> int:
-    """Part size for a file of ``total`` bytes: ``part_size`` grown so parts <= ``max_parts``."""
-    size = max(part_size, min_part)
-    if total is not None and total > 0:
-        size = max(size, math.ceil(total / max_parts))
-    return size
-
-
-#: Smallest write a store with ``zero_copy_parts`` takes by reference (see FileWriter._append).
-ZERO_COPY_MIN = 1024 * 1024
-
-#: Part buffer size on a ``zero_copy_parts`` store: only writes below ``ZERO_COPY_MIN`` (item
-#: headers, small items) are copied there, so a full ``part_size`` buffer would be mostly
-#: untouched memory that ``bytearray`` still zero-fills (page faults) on every acquire.
-#: One ``ZERO_COPY_MIN``, not more, and no more of one file's waiting for a writer than
-#: the volume's writers (``TransferEngine.volume_writers``), or ``SMALL_QUEUED`` if that is
-#: more (one written while the next fills): they are memory the save holds while the
-#: writers catch up (a save of the demo state on 1 writer: 9-10 MiB of them queued without
-#: the cap, 20 MiB with 4 MiB buffers; 2 MiB with it, the save no slower).
-SMALL_PART = ZERO_COPY_MIN
-SMALL_QUEUED = 2
-
-#: Most bytes a part buffer may hold and still be sent as a copy of those bytes before a
-#: large write on a ``zero_copy_parts`` store (``_submit_copy``: usually an item's header);
-#: a fuller buffer is sent itself, not copied once more.
-COPY_MAX = 64 * 1024
-
-#: Size of the pooled buffers small writes are copied into on a ``gather_parts`` store
-#: (each counts whole against the budget, so a part is at least ``part_size`` minus this).
-GATHER_BUFFER = ZERO_COPY_MIN
-
-
-def alignment_pad(size: int, address: int, lead: int, nbytes: int, alignment: int) -> int:
-    """Zero bytes to write at offset ``size`` of a file so that ``nbytes`` of memory at
-    ``address``, written ``lead`` bytes later, land at a file offset that agrees with
-    ``address`` modulo ``alignment`` (0: nothing to agree on, or a write too small to be
-    sent from its own memory, ``ZERO_COPY_MIN``)."""
-    if not alignment or nbytes < ZERO_COPY_MIN:
-        return 0
-    return (address - size - lead) % alignment
 
 
 class FileWriter:
@@ -120,7 +79,7 @@ class FileWriter:
             store.capabilities.max_parts,
         )
         caps = store.capabilities
-        #: Parts built from pieces (``ckptstore.engine.pieces``), where they stay at least
+        #: Parts sent from several buffers (``ckptstore.engine.parts``), where they stay at least
         #: the store's smallest part.
         self._parts: PartBuilder | None = None
         if (
@@ -243,7 +202,7 @@ class FileWriter:
         """Append ``view`` without hashing it for the file: for an ``ItemSink``, which
         hashes its bytes itself and accounts for them with ``extend_crc`` when the item
         ends. Returns the CRC32C of ``view`` when sending it computed one (a large write
-        into parts built from pieces, whose per-part checksums hash each byte once), else
+        into parts sent from several buffers, whose per-part checksums hash each byte once), else
         None: the item hashes it then.
 
         A part that failed meanwhile is not raised here but by ``close()``: the caller is
@@ -263,7 +222,7 @@ class FileWriter:
         Returns ``view``'s CRC32C where the parts computed it (``PartBuilder.refer``).
 
         A view of at least ``ZERO_COPY_MIN`` bytes is not copied on a ``gather_parts``
-        store (it becomes pieces of parts, see ``ckptstore.engine.pieces``) nor on a
+        store (it becomes buffers of parts, see ``ckptstore.engine.parts``) nor on a
         ``zero_copy_parts`` one (what is buffered goes out as a short part, then the view
         itself as parts of up to ``part_size``). Only a view that keeps its memory alive
         (``view.obj``) or, with ``owned``, one into memory whose owner the writer holds
@@ -283,10 +242,10 @@ class FileWriter:
             elif self._fill:
                 self._submit_copy()
             for start in range(0, len(view), self.part_size):
-                piece = view[start : start + self.part_size]
-                self.engine.buffers.reserve(len(piece), self._failed.is_set)
+                part = view[start : start + self.part_size]
+                self.engine.buffers.reserve(len(part), self._failed.is_set)
                 self._submit(
-                    piece, functools.partial(self.engine.buffers.unreserve, len(piece)), keep
+                    part, functools.partial(self.engine.buffers.unreserve, len(part)), keep
                 )
             return None
         while len(view):
@@ -342,7 +301,7 @@ class FileWriter:
         keep: object = None,
         crc: int | None = None,
     ) -> None:
-        """Send ``data`` (one buffer, or a part's pieces) as the next part; ``release()``
+        """Send ``data`` (one buffer, or a part's buffers) as the next part; ``release()``
         gives back its memory (a pooled buffer, the caller's bytes reserved) once sent.
         ``keep``: the owner of the caller's memory ``data`` points into, held until then
         (by ``send`` alone: the future's callbacks outlive it). ``crc``: the CRC32C of
@@ -367,7 +326,7 @@ class FileWriter:
 
         def put() -> Part:
             if isinstance(data, list):
-                return store.put_part_pieces(upload, number, offset, data, crc32c=crc)
+                return store.put_part_buffers(upload, number, offset, data, crc32c=crc)
             return store.put_part(upload, number, offset, data)
 
         def send() -> Part:
@@ -386,9 +345,9 @@ class FileWriter:
         fut.add_done_callback(lambda f: release() if f.cancelled() else None)
         self._futures.append(fut)
 
-    def _send(self, pieces: list[memoryview], release: Release, crc: int) -> None:
-        """A part built from pieces (``PartBuilder``'s ``send``), sent with its CRC32C."""
-        self._submit(pieces, release, crc=crc)
+    def _send(self, buffers: list[memoryview], release: Release, crc: int) -> None:
+        """A part of several buffers (``PartBuilder``'s ``send``), sent with its CRC32C."""
+        self._submit(buffers, release, crc=crc)
 
     def _raise_failed(self) -> None:
         for f in self._futures:
@@ -405,8 +364,8 @@ class FileWriter:
             raise TransferError(f"{self._what}: close after {self._state}")
         try:
             if self._upload is None and self._parts is not None:
-                pieces, release, _ = self._parts.take()  # one PUT: the store hashes it
-                self._put_pieces(pieces, release)
+                buffers, release, _ = self._parts.take()  # one PUT: the store hashes it
+                self._put_buffers(buffers, release)
             elif self._upload is None:
                 buf, size = self._buf, self._fill
                 data = memoryview(buf)[:size] if buf is not None else b""
@@ -436,10 +395,10 @@ class FileWriter:
         self._owner = None
         return FileInfo(self.path, self._crc.length, self._crc.value)
 
-    def _put_pieces(self, pieces: list[memoryview], release: Release) -> None:
-        """The whole file (smaller than a part) as one object: its pieces joined."""
+    def _put_buffers(self, buffers: list[memoryview], release: Release) -> None:
+        """The whole file (smaller than a part) as one object: its buffers joined."""
         try:
-            data: Buffer = pieces[0] if len(pieces) == 1 else bytearray().join(pieces)
+            data: Buffer = buffers[0] if len(buffers) == 1 else bytearray().join(buffers)
             self.engine.retry(lambda: self.store.put(self.path, data), self._what, self._deadline)
         finally:
             release()

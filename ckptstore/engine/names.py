@@ -17,7 +17,7 @@ Names of a step directory::
     ckptstore.lease.<attempt>.json                a save in flight's lease (engine.lease)
     ckptstore.fence.<attempt>.json                where the attempt's commit and a deletion
                                                   meet (engine.fence)
-    ckptstore.run.json                            in a node-local tier of the layout before
+    ckptstore.run.json                            in a local tier of the layout before
                                                   job directories: the run whose step the
                                                   directory holds (engine.tier_jobs reports
                                                   it; the commit keeps it)
@@ -29,7 +29,7 @@ Names of a step directory::
 Directly under a root, ``ckptstore.owner.json`` is the root owner's lease
 (``engine.owner``): ckptstore's, never listed as someone else's file.
 
-A node-local tier holds one directory per job, ``job-<32 hex>/`` (``engine.tier_jobs``),
+A local tier holds one directory per job, ``job-<32 hex>/`` (``engine.tier_jobs``),
 with the job's stamp ``ckptstore.job.json`` and the job's step directories in it.
 
 Pure functions; no I/O.
@@ -63,11 +63,11 @@ TMP_MARK = ".ckptstore-tmp-"
 #: The root owner's lease, directly under a root (``engine.owner``).
 OWNER_NAME = "ckptstore.owner.json"
 
-#: In a node-local tier's job directory: the root and run of the job whose copies it holds
+#: In a local tier's job directory: the root and run of the job whose copies it holds
 #: (``engine.tier_jobs``).
 JOB_STAMP = "ckptstore.job.json"
 
-#: In a step directory directly under a node-local tier, the layout before job
+#: In a step directory directly under a local tier, the layout before job
 #: directories: the run whose step it held (``engine.tier_jobs`` reports it).
 RUN_STAMP = "ckptstore.run.json"
 

@@ -6,8 +6,8 @@ fixed-size parts and a load of a few large tensors may use fewer connections tha
 engine has. So the reader plans its reads from the whole load plan, in three steps::
 
     streams = read_streams(config.part_size, config.concurrency)   # GETs in flight
-    piece = piece_size(total_bytes, min(config.part_size, READ_PIECE), streams)
-    windows = coalesce(ranges, max_window=piece)
+    size = range_size(total_bytes, min(config.part_size, READ_RANGE), streams)     # a GET
+    windows = coalesce(ranges, max_window=size)
 
 Each range keeps its own integrity check: the reader verifies every member of a window
 against its manifest CRC32C, exactly as it verifies a range read alone.
@@ -21,26 +21,26 @@ from dataclasses import dataclass
 from ckptstore.config import MiB
 
 __all__ = [
-    "FIRST_PIECE",
+    "FIRST_RANGE",
     "MAX_STREAMS",
-    "MIN_PIECE",
-    "READ_PIECE",
+    "MIN_RANGE",
+    "READ_RANGE",
     "Window",
     "coalesce",
-    "piece_size",
+    "range_size",
     "read_streams",
 ]
 
 #: The smallest ranged GET a load plans (unless the part size itself is smaller): 4 MiB
 #: is ~1.7 bandwidth-delay products of a 200 Mbit/s connection with a 40 ms round trip.
-MIN_PIECE = 4 * MiB
+MIN_RANGE = 4 * MiB
 
 #: The smallest ranged GET of a read that must land early (a load's first window, a
 #: shared batch): on a link whose every connection is capped, a window read as GETs of
-#: ``MIN_PIECE`` takes ``MIN_PIECE / cap`` however many connections sit idle; 1 MiB GETs
+#: ``MIN_RANGE`` takes ``MIN_RANGE / cap`` however many connections sit idle; 1 MiB GETs
 #: spread it over more of them (each still ~0.4 bandwidth-delay products at 200 Mbit/s,
 #: 40 ms).
-FIRST_PIECE = 1 * MiB
+FIRST_RANGE = 1 * MiB
 
 #: The largest ranged GET a load plans (unless the part size is smaller): 8 MiB is ~3.4
 #: bandwidth-delay products of a 200 Mbit/s connection with a 40 ms round trip (~1.7 at
@@ -48,32 +48,32 @@ FIRST_PIECE = 1 * MiB
 #: s3torchconnector's CRT client reads in. Through this project's shaped link (2 ranks x
 #: 256 MiB) 32 GETs of 8 MiB in flight per rank took 0.80x the time of 8 of 32 MiB, the
 #: same bytes in flight (issue 17; the run is in `git log -p benchmarks/README.md`).
-READ_PIECE = 8 * MiB
+READ_RANGE = 8 * MiB
 
 #: The most ranged GETs a process keeps in flight: the S3 client's connection pool
-#: (``ckptstore.stores.s3_client.make_s3fs``'s ``max_pool_connections``).
+#: (``ckptstore.stores.s3.client.make_s3fs``'s ``max_pool_connections``).
 MAX_STREAMS = 64
 
 
 def read_streams(
-    part_size: int, concurrency: int, piece: int = READ_PIECE, cap: int = MAX_STREAMS
+    part_size: int, concurrency: int, largest: int = READ_RANGE, cap: int = MAX_STREAMS
 ) -> int:
     """The ranged GETs a load keeps in flight:
-    ``concurrency * part_size / min(piece, part_size)``, clamped to
+    ``concurrency * part_size / min(largest, part_size)``, clamped to
     ``[concurrency, max(cap, concurrency)]``.
 
     On a link whose every connection is capped (a cloud store's per-connection rate, a
     latency-bound TCP window) the load's rate is the number of connections times that cap,
     so a load uses as many as the engine's byte budget for transfers in flight allows: the
-    bytes a save keeps in flight (``concurrency`` parts of ``part_size``), cut into pieces
-    of ``READ_PIECE``; never fewer than ``concurrency``, never more than ``MAX_STREAMS``
+    bytes a save keeps in flight (``concurrency`` parts of ``part_size``), cut into ranges
+    of ``READ_RANGE``; never fewer than ``concurrency``, never more than ``MAX_STREAMS``
     (the S3 client's connection pool). With the defaults (8 x 32 MiB): 32 GETs of 8 MiB. The
     memory stays bounded as before: a GET lands in its target tensor (no buffer) or in a
     window the reader counts against ``memory_budget``.
     """
-    if part_size < 1 or concurrency < 1 or piece < 1 or cap < 1:
-        raise ValueError("read_streams: part_size, concurrency, piece and cap must be >= 1")
-    streams = concurrency * part_size // min(piece, part_size)
+    if part_size < 1 or concurrency < 1 or largest < 1 or cap < 1:
+        raise ValueError("read_streams: part_size, concurrency, largest and cap must be >= 1")
+    streams = concurrency * part_size // min(largest, part_size)
     return max(concurrency, min(streams, cap))
 
 
@@ -94,19 +94,19 @@ class Window:
         return self.offset + self.length
 
 
-def piece_size(total: int, max_piece: int, streams: int, min_piece: int = MIN_PIECE) -> int:
+def range_size(total: int, max_range: int, streams: int, min_range: int = MIN_RANGE) -> int:
     """The GET size for a load of ``total`` bytes: ``ceil(total / streams)`` clamped
-    to ``[min(min_piece, max_piece), max_piece]``.
+    to ``[min(min_range, max_range), max_range]``.
 
-    Chosen so that the load's bytes cut into about ``streams`` pieces or more (every
-    connection busy until the end), never more than the largest piece and never below
-    ``min_piece`` (a GET much smaller than a link's bandwidth-delay product spends its time
+    Chosen so that the load's bytes cut into about ``streams`` ranges or more (every
+    connection busy until the end), never more than ``max_range`` and never below
+    ``min_range`` (a GET much smaller than a link's bandwidth-delay product spends its time
     waiting for the first byte).
     """
-    if max_piece < 1 or streams < 1 or min_piece < 1:
-        raise ValueError("piece_size: max_piece, streams and min_piece must be >= 1")
+    if max_range < 1 or streams < 1 or min_range < 1:
+        raise ValueError("range_size: max_range, streams and min_range must be >= 1")
     share = -(-max(total, 0) // streams)
-    return max(min(min_piece, max_piece), min(share, max_piece))
+    return max(min(min_range, max_range), min(share, max_range))
 
 
 def coalesce(
@@ -117,7 +117,7 @@ def coalesce(
     Ranges of one file, in offset order, that are smaller than ``max_window``
     and adjacent (at most ``max_gap`` bytes apart) merge into one window of at most
     ``max_window`` bytes: one GET instead of one per range. A range of ``max_window`` bytes
-    or more is a window of its own; the engine splits it into ``piece``-sized GETs in
+    or more is a window of its own; the engine splits it into ``range_size`` GETs in
     parallel.
 
     Windows come back sorted by (path, offset); every range is in exactly one window and

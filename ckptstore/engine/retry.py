@@ -116,7 +116,7 @@ class RetryingStore(Store):
     The one mechanism by which ckptstore retries *control* calls (marker and manifest GETs,
     HEAD/size/exists, LIST, deletes): ``retrying(store, config)`` wraps a store once (it is
     idempotent) wherever a checkpoint is opened, committed, listed or cleaned up (the
-    manager's root, ``open_committed``, ``publish``, the reader), so every call through it,
+    manager's root, ``open_committed``, ``commit``, the reader), so every call through it,
     including those of catalog listing and retention, is retried without each call site
     remembering to. A view rather than wrapping each call site: call sites in five modules
     and two layers (engine, manager) would each need the engine at hand and one missed
@@ -225,17 +225,17 @@ class RetryingStore(Store):
         """``inner.put_part`` as is: its callers retry it through the transfer engine."""
         return self.inner.put_part(upload, number, offset, data)
 
-    def put_part_pieces(
+    def put_part_buffers(
         self,
         upload: Multipart,
         number: int,
         offset: int,
-        pieces: Sequence[Buffer],
+        buffers: Sequence[Buffer],
         *,
         crc32c: int | None = None,
     ) -> Part:
-        """``inner.put_part_pieces`` as is: its callers retry it through the transfer engine."""
-        return self.inner.put_part_pieces(upload, number, offset, pieces, crc32c=crc32c)
+        """``inner.put_part_buffers`` as is: its callers retry it through the transfer engine."""
+        return self.inner.put_part_buffers(upload, number, offset, buffers, crc32c=crc32c)
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
         """``inner.complete_multipart`` as is: its callers retry it through the transfer engine."""

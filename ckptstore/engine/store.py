@@ -6,11 +6,15 @@ A ``Store`` is rooted at one URL; every path it takes is relative to that root a
 native path (conditional create, parallel multipart, bulk delete, listings). The contract
 (construction, who calls what in which order, threads, idempotency, pickling, ranges,
 errors, path containment) is :class:`Store`'s docstring.
+
+It lives in ``engine/``, not ``stores/``: the engine calls it and depends on the contract
+alone, never on a store (the layer rule puts ``stores`` above ``engine``).
 """
 
 from __future__ import annotations
 
 import abc
+import warnings
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,9 +38,9 @@ class Capabilities:
     size of any part but the last. ``zero_copy_parts``: parts of any size, many of them,
     cost nothing extra (a file's ``pwrite``s, not requests), so the engine sends large
     writes as parts of their own, straight from the caller's memory, instead of copying
-    them into part buffers. ``gather_parts``: ``put_part_pieces`` sends a part given as
+    them into part buffers. ``gather_parts``: ``put_part_buffers`` sends a part given as
     several buffers without joining them, so the engine builds parts of the usual size
-    from the caller's memory and small buffers (``ckptstore.engine.pieces``) instead of
+    from the caller's memory and small buffers (``ckptstore.engine.parts``) instead of
     copying every byte into part buffers. ``direct_alignment``: a part whose memory
     address agrees with its file offset modulo this is written straight from that memory
     (a volume's direct I/O), otherwise copied first; 0 where nothing is written so (the
@@ -94,8 +98,26 @@ class Entry:
 
 
 def join_path(*parts: str) -> str:
-    """Join relative store paths with '/', ignoring empty pieces."""
+    """Join relative store paths with '/', ignoring empty ones."""
     return "/".join(p.strip("/") for p in parts if p and p.strip("/"))
+
+
+#: Store methods that were renamed: old name -> new name. A store that still overrides the
+#: old name has it taken as the new one, with a ``DeprecationWarning`` (until ckptstore 0.2).
+RENAMED_METHODS = {"put_part_pieces": "put_part_buffers"}
+
+
+def _adopt_renamed(cls: type) -> None:
+    """A subclass's override of a renamed method serves under the new name (deprecated)."""
+    for old, new in RENAMED_METHODS.items():
+        if old in vars(cls) and new not in vars(cls):
+            warnings.warn(
+                f"{cls.__qualname__}.{old} is deprecated and goes in ckptstore 0.2: "
+                f"rename it {new} (same arguments)",
+                DeprecationWarning,
+                stacklevel=3,
+            )
+            setattr(cls, new, vars(cls)[old])
 
 
 class Store(abc.ABC):
@@ -124,7 +146,7 @@ class Store(abc.ABC):
 
       and ``get_into`` / ``get`` for reads. Part sizes follow ``capabilities``; on a store
       with ``capabilities.gather_parts`` a part comes as several buffers
-      (``put_part_pieces``) instead of one.
+      (``put_part_buffers``) instead of one.
     - Commit (``ckptstore.engine.commit``, the coordinator): ``put`` of the manifest and
       ``.metadata``, then ``put_if_absent`` of ``COMMITTED``; ``get`` / ``exists`` to open one.
     - Server-side ``copy`` (a rename on an object store: ``ckptstore_tc``), from any thread.
@@ -177,6 +199,7 @@ class Store(abc.ABC):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        _adopt_renamed(cls)
         guard_class(cls)  # containment for every store: see the class docstring
 
     def __init__(
@@ -362,6 +385,23 @@ class Store(abc.ABC):
         """
         return emulated.put_part(self, upload, number, offset, data)
 
+    def put_part_buffers(
+        self,
+        upload: Multipart,
+        number: int,
+        offset: int,
+        buffers: Sequence[Buffer],
+        *,
+        crc32c: int | None = None,
+    ) -> Part:
+        """``put_part`` of the concatenation of ``buffers`` (the engine calls it on a store
+        with ``capabilities.gather_parts``). ``crc32c``: their CRC32C, computed by the
+        engine as it built the part, for a store that sends a checksum of every part (so
+        it need not hash the bytes again). Default: the buffers joined (one copy), then
+        ``put_part``; a store whose client can send several buffers as one body overrides
+        it and sends them as they are. Repeating it resends the same bytes."""
+        return self.put_part(upload, number, offset, bytearray().join(buffers))
+
     def put_part_pieces(
         self,
         upload: Multipart,
@@ -371,13 +411,13 @@ class Store(abc.ABC):
         *,
         crc32c: int | None = None,
     ) -> Part:
-        """``put_part`` of the concatenation of ``pieces`` (the engine calls it on a store
-        with ``capabilities.gather_parts``). ``crc32c``: their CRC32C, computed by the
-        engine as it built the part, for a store that sends a checksum of every part (so
-        it need not hash the bytes again). Default: the pieces joined (one copy), then
-        ``put_part``; a store whose client can send several buffers as one body overrides
-        it and sends them as they are. Repeating it resends the same bytes."""
-        return self.put_part(upload, number, offset, bytearray().join(pieces))
+        """Deprecated (ckptstore 0.2 removes it): ``put_part_buffers``."""
+        warnings.warn(
+            "Store.put_part_pieces is deprecated and goes in ckptstore 0.2: call put_part_buffers",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return self.put_part_buffers(upload, number, offset, pieces, crc32c=crc32c)
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
         """Make the object visible, whole and durable, from ``parts`` (sorted by number).

@@ -30,7 +30,7 @@ PREFIX_METHODS = (
     "list_multipart",
     "remove_empty_dirs",
 )
-UPLOAD_METHODS = ("put_part", "put_part_pieces", "complete_multipart", "abort_multipart")
+UPLOAD_METHODS = ("put_part", "put_part_buffers", "complete_multipart", "abort_multipart")
 
 
 def _guarded(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:

@@ -1,15 +1,15 @@
-"""One stream of bytes written to two files at once: a local copy and its upload.
+"""One stream of bytes written to two files at once: a tier copy and its upload.
 
 ``TeeWriter`` takes the place of a ``FileWriter`` (same ``write`` / ``item`` / ``close`` /
 ``abort``) and forwards every byte to two of them: the *primary* (the file that must be
-complete, e.g. the node-local tier copy) and the *secondary* (e.g. the upload to the
-destination). Bytes are hashed once (by ``write`` or by the ``ItemSink``) and both files'
+complete, e.g. the tier copy in a local tier) and the *secondary* (e.g. the upload to
+the root). Bytes are hashed once (by ``write`` or by the ``ItemSink``) and both files'
 CRC32Cs are extended with the same value; both sinks send their parts on the engine's I/O
 threads, so the upload neither waits for the local write nor re-reads it.
 
 Call order::
 
-    tee = TeeWriter(engine.writer(local, name), engine.writer(remote, name))
+    tee = TeeWriter(engine.writer(tier, name), engine.writer(root, name))
     tee.write(data, crc) / with tee.item(...) as sink: ...   # both files, one hash
     tee.align(address, lead, nbytes)                      # before an item, as FileWriter
     info = tee.close()           # primary closed first, then the secondary
@@ -27,8 +27,9 @@ from __future__ import annotations
 
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.crashpoints import crashpoint
-from ckptstore.engine.filewriter import FileInfo, FileWriter, ItemSink, alignment_pad
+from ckptstore.engine.filewriter import FileInfo, FileWriter, ItemSink
 from ckptstore.engine.store import Buffer
+from ckptstore.engine.writeplan import alignment_pad
 from ckptstore.errors import TransferError
 
 __all__ = ["TeeWriter"]
@@ -79,7 +80,7 @@ class TeeWriter:
             self._drop_secondary(exc)
         if not self._started and call in ("write", "send_unhashed"):
             self._started = True
-            crashpoint("mid_upload")  # the upload has begun, the local copy is partial
+            crashpoint("mid_upload")  # the upload has begun, the tier copy is partial
         return out
 
     def _drop_secondary(self, exc: Exception) -> None:
@@ -143,7 +144,7 @@ class TeeWriter:
             self._drop_secondary(
                 TransferError(
                     f"upload of {sec.path}: {sec.size} bytes, crc32c {sec.crc32c:08x}, but the "
-                    f"local copy has {info.size}, {info.crc32c:08x}; nothing was published"
+                    f"tier copy has {info.size}, {info.crc32c:08x}; the upload was aborted"
                 )
             )
         if self.secondary_error is None:

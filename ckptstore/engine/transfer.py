@@ -48,7 +48,7 @@ def split_ranges(offset: int, length: int, part_size: int) -> list[tuple[int, in
 
 
 class CopyCancelled(Exception):
-    """A copy was cancelled (its ``cancel`` event was set); nothing was published."""
+    """A copy was cancelled (its ``cancel`` event was set); nothing appeared at the destination."""
 
 
 _SHARED: dict[tuple[TransferConfig, int], TransferEngine] = {}
@@ -213,7 +213,7 @@ class TransferEngine:
                 raise CorruptCheckpointError(
                     f"{what}: crc32c {w.crc32c:08x} of the bytes read does not match the "
                     f"manifest's {expect_crc:08x}; the source is damaged (run `ckptstore-tool "
-                    "verify`). Nothing was published at the destination."
+                    "verify`). Nothing appeared at the destination."
                 )
             return w.close()
 
@@ -229,7 +229,7 @@ class TransferEngine:
     ) -> Future[memoryview]:
         """Read ``length`` bytes at ``offset`` (None: to the end) as parallel ranged GETs
         of at most ``part_size`` bytes each (default ``TransferConfig.part_size``; a load
-        passes the piece size it planned, see ``ckptstore.engine.readplan``).
+        passes the range size it planned, see ``ckptstore.engine.readplan``).
 
         The bytes land straight in one uninitialised buffer (no zeroing, no joining); a
         range that comes back short raises ``CorruptCheckpointError`` (truncated object),

@@ -119,17 +119,17 @@ class _Window:
 def _window_task(
     engine: TransferEngine, store: Store, w: _Window
 ) -> tuple[int, int, list[tuple[int, int, int]]]:
-    """Read one window: (bytes got, its CRC, [(range index, piece CRC, piece length)])."""
+    """Read one window: (bytes got, its CRC, [(range index, overlap CRC, overlap length)])."""
     data = engine.retry(
         lambda: store.get(w.file, w.start, w.end), f"read of {store.describe(w.file)}"
     )
     view = memoryview(data)
-    pieces = []
+    overlaps = []
     for idx, r in w.ranges:
         lo, hi = max(r.offset, w.start), min(r.offset + r.length, w.end)
-        piece = view[lo - w.start : hi - w.start]
-        pieces.append((idx, crc32c(piece), len(piece)))
-    return len(view), crc32c(view), pieces
+        overlap = view[lo - w.start : hi - w.start]
+        overlaps.append((idx, crc32c(overlap), len(overlap)))
+    return len(view), crc32c(view), overlaps
 
 
 def verify_files(
@@ -210,13 +210,13 @@ def _fold(check: FileCheck, file_ranges: list[RangeEntry], windows: list) -> int
     range_len = [0] * len(file_ranges)
     for _w, fut in windows:
         try:
-            n, crc, pieces = fut.result()
+            n, crc, overlaps = fut.result()
         except StoreNotFoundError:
             check.size = None
             return got
         file_crc = crc32c_combine(file_crc, crc, n)
         got += n
-        for idx, pcrc, plen in pieces:
+        for idx, pcrc, plen in overlaps:
             range_crc[idx] = crc32c_combine(range_crc[idx], pcrc, plen)
             range_len[idx] += plen
     check.crc32c = file_crc

@@ -87,7 +87,7 @@ class CheckpointManager:
     (a value that cannot be staged, staging memory it cannot allocate, a writer process
     that could not start) raises from ``save`` on every rank at once, nothing written.
     ``max_staging_bytes`` bounds the host memory a save stages into: beyond it training
-    waits for the part not copied to be written (``saving.schedule``).
+    waits for the part not copied to be written (``saving.write_order``).
     """
 
     def __init__(

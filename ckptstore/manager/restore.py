@@ -31,7 +31,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 from ckptstore.dcp import save_load as dcp  # dcp.load, quiet without a process group
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.engine.catalog import list_steps
-from ckptstore.engine.commit import finish_publish
+from ckptstore.engine.commit import finish_commit
 from ckptstore.engine.committed import (
     Committed,
     committed_from_bytes,
@@ -284,7 +284,7 @@ class StepLoader:
         committed = open_committed(store)
         if not committed.canonical:
             try:
-                finish_publish(store, self.engine, committed)
+                finish_commit(store, self.engine, committed)
                 log.warning(
                     "step %d was committed by a process that died before writing its "
                     "canonical manifest and .metadata; they are written now",

@@ -36,7 +36,7 @@ from ckptstore.engine.paths import is_safe_name  # the names every Store accepts
 from ckptstore.engine.store import Multipart, Store
 from ckptstore.errors import ConfigError, MissingDependencyError, missing_dependency
 from ckptstore.stores._dirfd import Anchor  # volume paths from a root's descriptor (plugins)
-from ckptstore.stores.options import raised_in, rejected_by_client  # where a client failed
+from ckptstore.stores.storage_options import raised_in, rejected_by_client  # where a client failed
 
 __all__ = [
     "Anchor",

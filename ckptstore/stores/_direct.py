@@ -1,4 +1,4 @@
-"""Direct I/O for the volume store's large part writes (``local_publish.write_part``).
+"""Direct I/O for the volume store's large part writes (``local_durable.write_part``).
 
 A part's page-aligned middle is written with ``O_DIRECT``: to the device, with no page-cache
 pages to allocate and fill and none left dirty for the fsync (on a 2-core VM a 512 MiB

@@ -27,8 +27,8 @@ data cache, a framework's output folder; ``what`` names it in messages); then, p
 operation, either one of its acts (``open_read``, ``open_rw``, ``stat``, ``unlink``,
 ``rmdir``, ``scan``, ``walk``, ``remove_empty_dirs``, ``mkdir``, ``rmtree``, ``rename``),
 or ``with anchor.parent(path, create=...) as (dir_fd, name):`` followed by the acts on
-``(dir_fd, name)`` below (``create_new``, ``open_existing``, ``link_new``, ``replace``,
-``unlink_quietly``), all within the ``with``, or ``with anchor.directory(path) as
+``(dir_fd, name)`` of ``_dirfd_acts`` (``create_new``, ``open_existing``, ``link_new``,
+``replace``, ``unlink_quietly``), all within the ``with``, or ``with anchor.directory(path) as
 dir_fd:`` for several acts on the entries of one directory, each relative to ``dir_fd``.
 
 OSErrors other than these refusals are raised as they are; the caller maps them
@@ -47,50 +47,22 @@ import stat
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from ckptstore.engine.store import join_path
 from ckptstore.errors import UnsafePathError
+from ckptstore.stores._dirfd_acts import (
+    CLOEXEC,
+    O_DIR,
+    O_READ,
+    O_RW,
+    REFUSED_OPEN,
+    clear_below,
+    entries,
+    prune_below,
+    walk_below,
+    what_is,
+)
 from ckptstore.stores._posix import fsync, makedirs
 
-__all__ = [
-    "Anchor",
-    "create_new",
-    "open_existing",
-    "link_new",
-    "replace",
-    "unlink_quietly",
-    "what_is",
-]
-
-_CLOEXEC = getattr(os, "O_CLOEXEC", 0)
-_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | _CLOEXEC
-#: A read never blocks on what it opens (a FIFO with no writer, a device), never takes a
-#: terminal as the process's controlling one, never follows a link.
-_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
-#: As ``_READ``, for reading and writing, creating a missing file.
-_RW = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
-_NEW = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | _CLOEXEC
-#: Errors an open with ``_READ`` or ``_RW`` fails with where the name is a link
-#: (``ELOOP``), a socket (``ENXIO``), a device without a driver (``ENXIO``, ``ENODEV``) or,
-#: opened for writing, a directory (``EISDIR``).
-_REFUSED_OPEN = frozenset({errno.ELOOP, errno.ENXIO, errno.ENODEV, errno.EOPNOTSUPP, errno.EISDIR})
-_WRITE = os.O_WRONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | _CLOEXEC
-
-
-def what_is(mode: int) -> str:
-    """What a file of ``mode`` is, in words for a message."""
-    if stat.S_ISREG(mode):
-        return "a regular file"
-    if stat.S_ISDIR(mode):
-        return "a directory"
-    if stat.S_ISLNK(mode):
-        return "a symlink"
-    if stat.S_ISFIFO(mode):
-        return "a FIFO (named pipe)"
-    if stat.S_ISSOCK(mode):
-        return "a socket"
-    if stat.S_ISCHR(mode) or stat.S_ISBLK(mode):
-        return "a device"
-    return "not a regular file"
+__all__ = ["Anchor"]
 
 
 def _check_part(seg: str, where: str) -> None:
@@ -162,12 +134,12 @@ class Anchor:
 
     def _open_base(self, create: bool) -> int:
         try:
-            return os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+            return os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
         except FileNotFoundError:
             if not create:
                 raise
         makedirs(self.base)  # the trusted base itself, as the user named it
-        return os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | _CLOEXEC)
+        return os.open(self.base, os.O_RDONLY | os.O_DIRECTORY | CLOEXEC)
 
     def _descend(self, fd: int, parts: list[str], upto: int, create: bool) -> int:
         """The descriptor of ``parts[:upto]`` below ``fd`` (which it closes; on error too)."""
@@ -175,7 +147,7 @@ class Anchor:
             for i in range(upto):
                 seg = parts[i]
                 try:
-                    nxt = os.open(seg, _DIR, dir_fd=fd)
+                    nxt = os.open(seg, O_DIR, dir_fd=fd)
                 except FileNotFoundError:
                     if not create:
                         raise
@@ -203,7 +175,7 @@ class Anchor:
             pass
         else:
             fsync(fd, f"directory of {seg}")
-        return os.open(seg, _DIR, dir_fd=fd)
+        return os.open(seg, O_DIR, dir_fd=fd)
 
     @contextmanager
     def directory(self, path: str, *, create: bool = False) -> Iterator[int]:
@@ -235,21 +207,21 @@ class Anchor:
 
         A symlink, FIFO, socket, device or directory is ``UnsafePathError`` (nothing waits
         on it); missing: ``FileNotFoundError``."""
-        return self._open_regular(path, _READ)
+        return self._open_regular(path, O_READ)
 
     def open_rw(self, path: str, mode: int = 0o644) -> int:
         """An open descriptor of regular file ``path`` for reading and writing, created
         empty (with ``mode``) if missing; the caller closes it. A symlink, FIFO, socket,
         device or directory there is ``UnsafePathError`` (nothing waits on it, nothing is
         written through it); its directory missing: ``FileNotFoundError``."""
-        return self._open_regular(path, _RW, mode)
+        return self._open_regular(path, O_RW, mode)
 
     def _open_regular(self, path: str, flags: int, perm: int = 0o644) -> int:
         with self.parent(path) as (dfd, name):
             try:
                 fd = os.open(name, flags, perm, dir_fd=dfd)
             except OSError as exc:
-                if exc.errno not in _REFUSED_OPEN:
+                if exc.errno not in REFUSED_OPEN:
                     raise
                 try:  # why the open failed, for the message: the open did the refusing
                     mode = os.stat(name, dir_fd=dfd, follow_symlinks=False).st_mode
@@ -303,7 +275,7 @@ class Anchor:
         """``(name, kind)`` of each entry of directory ``path``: kind ``"file"``,
         ``"dir"``, ``"link"`` or ``"other"``, never following a link."""
         with self.directory(path) as fd:
-            return _entries(fd)
+            return entries(fd)
 
     def walk(self, path: str, files: list[str], dirs: list[str] | None = None) -> None:
         """Regular files below directory ``path`` into ``files`` (names relative to it)
@@ -311,7 +283,7 @@ class Anchor:
         that replaced a directory after the listing. Missing: nothing."""
         try:
             with self.directory(path) as fd:
-                _walk(fd, "", files, dirs)
+                walk_below(fd, "", files, dirs)
         except (FileNotFoundError, NotADirectoryError):
             return
 
@@ -332,12 +304,12 @@ class Anchor:
         place of a directory while the removal runs). ``""``: the store's root."""
         if not self._parts(path):
             with self.directory(path) as fd:
-                _clear(fd)
+                clear_below(fd)
             self.rmdir(path)
             return
         with self.parent(path) as (dfd, name):
             try:
-                fd = os.open(name, _DIR, dir_fd=dfd)
+                fd = os.open(name, O_DIR, dir_fd=dfd)
             except OSError as exc:
                 if exc.errno not in (errno.ELOOP, errno.ENOTDIR):
                     raise
@@ -346,7 +318,7 @@ class Anchor:
                     raise
                 raise why from exc
             try:
-                _clear(fd)
+                clear_below(fd)
             finally:
                 os.close(fd)
             os.rmdir(name, dir_fd=dfd)
@@ -372,135 +344,10 @@ class Anchor:
         or removed, and a directory that is not empty is left."""
         try:
             with self.directory(path) as fd:
-                _prune(fd)
+                prune_below(fd)
         except (FileNotFoundError, NotADirectoryError):
             return
         try:
             self.rmdir(path)
         except OSError:
             pass  # not empty: something is left in it (or it is gone already)
-
-
-def _kind(entry: os.DirEntry) -> str:
-    if entry.is_symlink():
-        return "link"
-    if entry.is_dir(follow_symlinks=False):
-        return "dir"
-    if entry.is_file(follow_symlinks=False):
-        return "file"
-    return "other"
-
-
-def _entries(fd: int) -> list[tuple[str, str]]:
-    # ``os.scandir(fd)`` lists a duplicate of ``fd`` and closes that; ``fd`` stays ours.
-    with os.scandir(fd) as it:
-        return [(e.name, _kind(e)) for e in it]
-
-
-def _subdir(fd: int, name: str) -> int | None:
-    """``name`` below ``fd`` opened as a directory, or None if it is gone or is no longer
-    a directory (a link put in its place since it was listed)."""
-    try:
-        return os.open(name, _DIR, dir_fd=fd)
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:
-            return None
-        raise
-
-
-def _walk(fd: int, rel: str, files: list[str], dirs: list[str] | None) -> None:
-    for name, kind in _entries(fd):
-        sub = join_path(rel, name)
-        if kind == "file":
-            files.append(sub)
-        elif kind == "dir":
-            child = _subdir(fd, name)
-            if child is None:
-                continue
-            try:
-                if dirs is not None:
-                    dirs.append(sub)
-                _walk(child, sub, files, dirs)
-            finally:
-                os.close(child)
-
-
-def _prune(fd: int) -> None:
-    for name, kind in _entries(fd):
-        if kind != "dir":
-            continue
-        child = _subdir(fd, name)
-        if child is None:
-            continue
-        try:
-            _prune(child)
-        finally:
-            os.close(child)
-        try:
-            os.rmdir(name, dir_fd=fd)  # a link put there meanwhile: ENOTDIR, left alone
-        except OSError:
-            pass  # not empty: something is left in it
-
-
-def _clear(fd: int) -> None:
-    """Remove everything below directory ``fd``, never following a link."""
-    for name, kind in _entries(fd):
-        child = _subdir(fd, name) if kind == "dir" else None
-        if child is None:  # a file, a link, or a directory a link replaced since
-            try:
-                os.unlink(name, dir_fd=fd)
-            except FileNotFoundError:
-                pass
-            continue
-        try:
-            _clear(child)
-        finally:
-            os.close(child)
-        os.rmdir(name, dir_fd=fd)
-
-
-# -- acts on (directory descriptor, name), within ``Anchor.parent`` ------------------------
-def create_new(dfd: int, name: str, mode: int = 0o644, *, readable: bool = False) -> int:
-    """Create ``name`` below ``dfd``, which must not exist (not even as a link), and open
-    it for writing (and reading, with ``readable``)."""
-    flags = (_NEW & ~os.O_WRONLY) | os.O_RDWR if readable else _NEW
-    return os.open(name, flags, mode, dir_fd=dfd)
-
-
-def open_existing(dfd: int, name: str) -> int:
-    """Open existing regular file ``name`` below ``dfd`` for writing, never through a link
-    (``ELOOP``) and never blocking on a FIFO; anything but a regular file is
-    ``UnsafePathError``."""
-    fd = os.open(name, _WRITE, dir_fd=dfd)
-    try:
-        mode = os.fstat(fd).st_mode
-        if not stat.S_ISREG(mode):
-            raise UnsafePathError(
-                f"{name} is {what_is(mode)}, not a regular file; ckptstore writes only "
-                "regular files. Remove it (someone else put it there)."
-            )
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def link_new(dfd: int, src: str, dst: str) -> None:
-    """Give ``src`` (below ``dfd``) the new name ``dst`` there: ``FileExistsError`` if
-    ``dst`` is taken (by anything, a link included). Never follows ``src`` if a link."""
-    os.link(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd, follow_symlinks=False)
-
-
-def replace(dfd: int, src: str, dst: str) -> None:
-    """Rename ``src`` to ``dst``, both below ``dfd``, replacing ``dst`` (a link there is
-    replaced itself, never followed)."""
-    os.replace(src, dst, src_dir_fd=dfd, dst_dir_fd=dfd)
-
-
-def unlink_quietly(dfd: int, name: str) -> None:
-    try:
-        os.unlink(name, dir_fd=dfd)
-    except OSError:
-        pass

@@ -30,7 +30,7 @@ from ckptstore.errors import (
     missing_dependency,
 )
 from ckptstore.stores.azure_client import SCHEMES, AzureClient, known_options, parse_url
-from ckptstore.stores.options import (
+from ckptstore.stores.storage_options import (
     check_names,
     rejected_by_client,
     rejected_error,

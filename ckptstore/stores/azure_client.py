@@ -13,7 +13,7 @@ from typing import Any
 from ckptstore.config import RetryConfig
 from ckptstore.errors import ConfigError, missing_dependency
 from ckptstore.stores._cloud import Reachability
-from ckptstore.stores.options import FSSPEC_OPTIONS, class_parameters
+from ckptstore.stores.storage_options import FSSPEC_OPTIONS, class_parameters
 
 try:
     import requests

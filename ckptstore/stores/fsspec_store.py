@@ -11,7 +11,7 @@ upload. Multipart writes are emulated: each part is written as its own hidden ob
 
 Hidden upload directories never show in ``find``/``listdir``; ``list_multipart`` finds them
 (for stale-upload aborts). The final object is written through ``fs.open(path, "wb")``:
-whether a reader can see it half-written depends on the backend (object stores publish on
+whether a reader can see it half-written depends on the backend (object stores make it visible on
 close; a plain file system does not).
 
 ``put_if_absent`` is best effort: exact between threads of one process (a lock), a
@@ -42,7 +42,7 @@ from ckptstore.errors import (
     StoreNotFoundError,
     TransientStoreError,
 )
-from ckptstore.stores.options import rejected_by_client, rejected_error
+from ckptstore.stores.storage_options import rejected_by_client, rejected_error
 
 __all__ = ["FsspecStore", "MPU_MARK"]
 

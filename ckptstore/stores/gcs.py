@@ -28,7 +28,7 @@ from ckptstore.errors import (
     missing_dependency,
 )
 from ckptstore.stores.gcs_client import GCSClient, b64crc, combined_crc, crc_of, parallel
-from ckptstore.stores.options import check_gcs_options, refuse_userinfo
+from ckptstore.stores.storage_options import check_gcs_options, refuse_userinfo
 
 try:
     import aiohttp

@@ -2,7 +2,7 @@
 
 Reads, listings and deletes are here; how a write is made durable (temp -> fsync ->
 rename -> fsync(directory), create-only by ``link()``, multipart parts ``pwrite`` into
-one temp file) is ``local_publish``'s.
+one temp file) is ``local_durable``'s.
 
 Symlinks are never followed below the root (the root itself, as given, may be one), and
 that is enforced by each act, never by a check before it: every path is resolved from a
@@ -28,7 +28,7 @@ from ckptstore.engine.create_only import same_bytes
 from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import CommitConflictError, ConfigError, StoreNotFoundError, UnsafePathError
-from ckptstore.stores import _direct, local_publish
+from ckptstore.stores import _direct, local_durable
 from ckptstore.stores._dirfd import Anchor
 from ckptstore.stores._posix import translate
 
@@ -111,18 +111,18 @@ class LocalStore(Store):
             )
         return f"{upload.path}{TMP_MARK}{tmp[len(head) :]}"
 
-    # -- whole objects (see ``local_publish``) ----------------------------------------
+    # -- whole objects (see ``local_durable``) ----------------------------------------
     def put(self, path: str, data: Buffer) -> None:
-        local_publish.publish(self._anchor, path, data, f"write of {self.describe(path)}")
+        local_durable.write_durably(self._anchor, path, data, f"write of {self.describe(path)}")
 
     def put_many(self, items: Sequence[tuple[str, Buffer]]) -> None:
-        """All written, then fsynced at once, then renamed in order (``publish_many``)."""
+        """All written, then fsynced at once, then renamed in order (``write_many_durably``)."""
         what = f"write of {', '.join(self.describe(p) for p, _ in items[:3])}"
-        local_publish.publish_many(self._anchor, items, what)
+        local_durable.write_many_durably(self._anchor, items, what)
 
     def put_if_absent(self, path: str, data: Buffer) -> None:
         what = f"create-only write of {self.describe(path)}"
-        if local_publish.create(self._anchor, path, data, what):
+        if local_durable.create(self._anchor, path, data, what):
             return
         # A retry of our own write whose first response was lost holds our bytes.
         if same_bytes(lambda: self.get(path), data):
@@ -235,14 +235,14 @@ class LocalStore(Store):
             what = f"removal of the empty folders of {self.describe(prefix)}"
             raise translate(exc, what) from exc
 
-    # -- multipart: parallel pwrite into one temp file (see ``local_publish``) -----------
+    # -- multipart: parallel pwrite into one temp file (see ``local_durable``) -----------
     def begin_multipart(self, path: str) -> Multipart:
         what = f"write of {self.describe(path)}"
-        return Multipart(path, self._abs(local_publish.begin(self._anchor, path, what)))
+        return Multipart(path, self._abs(local_durable.begin(self._anchor, path, what)))
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
         what = f"write of {self.describe(upload.path)} (part {number})"
-        local_publish.write_part(self._anchor, self._check_upload(upload), offset, data, what)
+        local_durable.write_part(self._anchor, self._check_upload(upload), offset, data, what)
         return Part(number, offset, len(data))
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
@@ -253,10 +253,10 @@ class LocalStore(Store):
             return self.exists(path) and self.size(path) == expected
 
         what = f"write of {self.describe(path)}"
-        local_publish.finish(self._anchor, tmp, path, expected, what, whole)
+        local_durable.finish(self._anchor, tmp, path, expected, what, whole)
 
     def abort_multipart(self, upload: Multipart) -> None:
-        local_publish.abort(self._anchor, self._check_upload(upload))
+        local_durable.abort(self._anchor, self._check_upload(upload))
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
         """Temp files of unfinished writes.

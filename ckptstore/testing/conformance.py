@@ -17,7 +17,7 @@ them), ``ages_uploads = False`` for one that reports no true start time (moto: 2
 
 Beyond the store's own calls, the suite checks what the transfer engine and the commit
 protocol need of it: a part that fails is retried, an upload that fails for good or stalls
-past the deadline leaves nothing, and of two attempts racing to publish one step exactly
+past the deadline leaves nothing, and of two attempts racing to commit one step exactly
 one commits.
 """
 
@@ -36,7 +36,7 @@ import pytest
 
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.commit import publish
+from ckptstore.engine.commit import commit
 from ckptstore.engine.committed import open_committed
 from ckptstore.engine.create_only import NonAtomicCreateWarning
 from ckptstore.engine.deletion import abort_uploads, plan_uploads
@@ -322,14 +322,14 @@ class StoreConformance:
         assert store.find() == []
 
     # -- commit race ----------------------------------------------------------------------------
-    def test_two_attempts_racing_publish(self, store: Store, engine: TransferEngine) -> None:
+    def test_two_attempts_racing_commit(self, store: Store, engine: TransferEngine) -> None:
         def attempt(name: str) -> str:
             data = name.encode() * 100
             engine.put(store, f"__0_0.{name}.distcp", data)
             m = Manifest(step=1, world_size=1)
             m.files[f"__0_0.{name}.distcp"] = FileEntry(len(data), crc32c(data))
             try:
-                publish(store, engine, name, m, b"metadata-" + name.encode())
+                commit(store, engine, name, m, b"metadata-" + name.encode())
                 return "won"
             except CommitConflictError:
                 return "lost"

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckptstore.engine.commit import publish
+from ckptstore.engine.commit import commit
 from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.transfer import TransferEngine
@@ -421,7 +421,7 @@ def with_timings(backend: Backend, url: str, blocking_s: float) -> None:
     committed.manifest.extra["timings"] = {"blocking_s": blocking_s, "upload_s": 9.0}
     store.delete(MARKER_NAME)
     with TransferEngine() as engine:
-        publish(store, engine, "retimed", committed.manifest, committed.metadata_bytes)
+        commit(store, engine, "retimed", committed.manifest, committed.metadata_bytes)
 
 
 def test_goodput_from_measured_timings(backend, root_url, cli) -> None:

@@ -156,8 +156,8 @@ def test_no_room_for_all_leaves_some_to_acquire_one_by_one(tmp_path) -> None:
     dl.close()
 
 
-def test_a_space_scan_racing_a_publish_counts_the_shard(tmp_path, monkeypatch):
-    """A publish (temp -> .data rename) takes no lock; a space scan that listed the temp
+def test_a_space_scan_racing_a_rename_into_place_counts_the_shard(tmp_path, monkeypatch):
+    """A rename into place (temp -> .data) takes no lock; a space scan that listed the temp
     name before the rename and stat()s it after finds the shard under its .data name. It
     once counted it as neither and let a fourth file into the three-file budget above
     (CI: ``assert 4 <= 3``)."""
@@ -175,7 +175,7 @@ def test_a_space_scan_racing_a_publish_counts_the_shard(tmp_path, monkeypatch):
 
     class Listing:
         def __enter__(self):
-            os.replace(tmp, os.path.join(shards, f"{e.key}.data"))  # the publish, mid-scan
+            os.replace(tmp, os.path.join(shards, f"{e.key}.data"))  # the rename, mid-scan
             return iter(listed)
 
         def __exit__(self, *exc):
@@ -192,7 +192,7 @@ def test_a_space_scan_racing_a_publish_counts_the_shard(tmp_path, monkeypatch):
 
 
 def test_a_space_scan_racing_a_finished_download_counts_the_shard(tmp_path, monkeypatch):
-    """The scan stat()s a temp file; then its download publishes it and lets go of its
+    """The scan stat()s a temp file; then its download renames it into place and lets go of its
     lock before the scan tries that lock. The shard counts under its .data name and
     nothing is unlinked. It once counted as neither, as a crashed download's leftover: the
     ledger then held a file less than the files took (CI: ``assert 19000 >= 19200`` in
@@ -212,7 +212,7 @@ def test_a_space_scan_racing_a_finished_download_counts_the_shard(tmp_path, monk
 
     def lock(key: str, kind: str) -> Lock:
         if key == e.key and kind == "dl" and os.path.exists(tmp):
-            os.replace(tmp, final)  # the publish, after the scan's stat() of the temp...
+            os.replace(tmp, final)  # the rename, after the scan's stat() of the temp...
             dl.close()  # ... and the download's end, before the scan tries its lock
         return real_lock(key, kind)
 
@@ -229,7 +229,7 @@ def test_a_space_scan_racing_a_finished_download_counts_the_shard(tmp_path, monk
     assert not os.path.exists(tmp)  # the race did happen inside the scan
     assert cached == {e.key: e.size}
     assert used == e.size
-    assert os.path.getsize(final) == e.size  # the published copy is kept
+    assert os.path.getsize(final) == e.size  # the copy in place is kept
     ds.close()
 
 

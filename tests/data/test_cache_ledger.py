@@ -19,7 +19,7 @@ SIZE = 200  # bytes a file
 
 
 def _files_bytes(cache_dir: str) -> int:
-    """What the cache's shards take now: published and in-progress files."""
+    """What the cache's shards take now: complete and in-progress files."""
     shards = os.path.join(cache_dir, "shards")
     return sum(
         os.path.getsize(os.path.join(shards, n))

@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from ckptstore.data import DataLoader, ShardedDataset
-from ckptstore.stores import open_store, s3_session
+from ckptstore.stores import open_store
+from ckptstore.stores.s3 import session as s3_session
 from tests.conftest import BUCKET
 from tests.data.datasets import make_parquet
 

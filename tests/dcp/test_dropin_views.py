@@ -14,9 +14,9 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import ckptstore
+from ckptstore.dcp.decoding import decode_tensor
 from ckptstore.dcp.encoding import (
     PAYLOAD_MIN,
-    decode_tensor,
     encode_item,
     small_item_bytes,
     write_item,

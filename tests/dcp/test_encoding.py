@@ -5,7 +5,7 @@ import io
 import pytest
 import torch
 
-from ckptstore.dcp.encoding import _tensor_view, decode_tensor
+from ckptstore.dcp.decoding import _tensor_view, decode_tensor
 
 
 def saved(obj: object) -> bytearray:

@@ -15,8 +15,8 @@ import ckptstore
 from ckptstore.config import TransferConfig
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.buffers import BufferPool
-from ckptstore.engine.filewriter import SMALL_PART, ZERO_COPY_MIN
 from ckptstore.engine.transfer import TransferEngine
+from ckptstore.engine.writeplan import SMALL_PART, ZERO_COPY_MIN
 from ckptstore.stores.local import LocalStore
 
 MiB = 1 << 20

@@ -18,13 +18,13 @@ def test_combine_equals_crc_of_concatenation(a: bytes, b: bytes) -> None:
     assert crc32c_combine(crc32c(a), crc32c(b), len(b)) == crc32c(a + b)
 
 
-def test_running_crc_mixes_raw_and_precomputed_pieces() -> None:
-    pieces = [os.urandom(n) for n in (0, 1, 17, 4096, 100_000)]
+def test_running_crc_mixes_raw_and_precomputed_buffers() -> None:
+    buffers = [os.urandom(n) for n in (0, 1, 17, 4096, 100_000)]
     running = Crc32c()
-    for i, p in enumerate(pieces):
+    for i, p in enumerate(buffers):
         if i % 2:
             running.extend(crc32c(p), len(p))
         else:
             running.update(p)
-    assert running.value == crc32c(b"".join(pieces))
-    assert running.length == sum(map(len, pieces))
+    assert running.value == crc32c(b"".join(buffers))
+    assert running.length == sum(map(len, buffers))

@@ -12,10 +12,10 @@ from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine import transfer
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.cores import rank_cores, volume_writers
-from ckptstore.engine.filewriter import ZERO_COPY_MIN, alignment_pad, plan_part_size
 from ckptstore.engine.retry import backoff_delay
 from ckptstore.engine.store import Buffer, Capabilities, Multipart, Part
 from ckptstore.engine.transfer import TransferEngine, split_ranges
+from ckptstore.engine.writeplan import ZERO_COPY_MIN, alignment_pad, plan_part_size
 from ckptstore.errors import ConfigError, StoreAccessError, TransferError, TransientStoreError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
@@ -43,13 +43,13 @@ def test_multipart_round_trip_and_checksum(tmp_path) -> None:
 
 def test_streamed_writes_report_offsets_and_accept_precomputed_crc(tmp_path) -> None:
     store = LocalStore(str(tmp_path))
-    pieces = [os.urandom(n) for n in (10, 3000, 1, 2048)]
+    writes = [os.urandom(n) for n in (10, 3000, 1, 2048)]
     with engine() as e, e.writer(store, "f") as w:
-        offsets = [w.write(p, crc32c(p) if i % 2 else None) for i, p in enumerate(pieces)]
+        offsets = [w.write(p, crc32c(p) if i % 2 else None) for i, p in enumerate(writes)]
         info = w.close()
     assert offsets == [0, 10, 3010, 3011]
-    assert info.crc32c == crc32c(b"".join(pieces))
-    assert store.get("f") == b"".join(pieces)
+    assert info.crc32c == crc32c(b"".join(writes))
+    assert store.get("f") == b"".join(writes)
 
 
 class ConcurrencyProbe(FaultyStore):

@@ -17,10 +17,10 @@ from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine import transfer
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.committed import CheckpointStatus, checkpoint_status
-from ckptstore.engine.filewriter import COPY_MAX, SMALL_PART, SMALL_QUEUED, ZERO_COPY_MIN
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.transfer import TransferEngine
+from ckptstore.engine.writeplan import COPY_MAX, SMALL_PART, SMALL_QUEUED, ZERO_COPY_MIN
 from ckptstore.errors import DurabilityError, TransferError, UnsafePathError
 from ckptstore.stores._posix import start_writeback
 from ckptstore.stores.local import LocalStore

@@ -140,3 +140,37 @@ class TestMinimalStore(StoreConformance):
         store.put_part(up, 2, 10, b"z" * 10)
         assert delete_step(store, "step_000000002").foreign == []  # every temp object is ours
         assert store.find() == [] and store.list_multipart() == []
+
+
+def test_a_store_overriding_the_old_put_part_pieces_still_gathers_with_a_warning() -> None:
+    """``put_part_pieces`` became ``put_part_buffers``: a third-party store that still
+    overrides the old name gets it called under the new one, with a DeprecationWarning (one
+    minor version), and a caller of the old name reaches the new method, warned too."""
+    with pytest.warns(DeprecationWarning, match="put_part_pieces is deprecated"):
+
+        class OldGatherer(MinimalStore):
+            def put_part_pieces(
+                self,
+                upload: Any,
+                number: int,
+                offset: int,
+                pieces: Any,
+                *,
+                crc32c: int | None = None,
+            ) -> Any:
+                self.gathered = [bytes(p) for p in pieces]
+                return self.put_part(upload, number, offset, b"".join(self.gathered))
+
+    store = OldGatherer(f"minimal://{unique()}")
+    up = store.begin_multipart("f.bin")
+    part = store.put_part_buffers(up, 1, 0, [b"ab", memoryview(b"cd")])
+    assert store.gathered == [b"ab", b"cd"]
+    store.complete_multipart(up, [part])
+    assert store.get("f.bin") == b"abcd"
+
+    plain = MinimalStore(f"minimal://{unique()}")
+    up = plain.begin_multipart("g.bin")
+    with pytest.warns(DeprecationWarning, match="call put_part_buffers"):
+        part = plain.put_part_pieces(up, 1, 0, [b"x", b"yz"])
+    plain.complete_multipart(up, [part])
+    assert plain.get("g.bin") == b"xyz"

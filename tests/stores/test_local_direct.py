@@ -19,7 +19,7 @@ import torch.distributed.checkpoint as dcp
 
 import ckptstore
 from ckptstore.errors import StorageFullError
-from ckptstore.stores import _direct, local_publish
+from ckptstore.stores import _direct, local_durable
 from ckptstore.stores.local import LocalStore
 
 MiB = 1024 * 1024
@@ -33,13 +33,13 @@ def _fresh_refusals(monkeypatch) -> None:
 def _direct_ranges(monkeypatch) -> list[tuple[int, int]]:
     """Record the (lo, hi) of every ``write_aligned`` call the volume store makes."""
     seen: list[tuple[int, int]] = []
-    real = local_publish.write_aligned
+    real = local_durable.write_aligned
 
     def spy(*a):
         seen.append(real(*a))
         return seen[-1]
 
-    monkeypatch.setattr(local_publish, "write_aligned", spy)
+    monkeypatch.setattr(local_durable, "write_aligned", spy)
     return seen
 
 

@@ -5,17 +5,17 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from ckptstore.config import MiB
-from ckptstore.engine.readplan import MIN_PIECE, Window, coalesce, piece_size
+from ckptstore.engine.readplan import MIN_RANGE, Window, coalesce, range_size
 
 
-def test_piece_spreads_a_load_over_every_connection() -> None:
-    assert piece_size(256 * MiB, 32 * MiB, 16) == 16 * MiB
-    assert piece_size(1024 * MiB, 32 * MiB, 16) == 32 * MiB  # never above the part size
-    assert piece_size(8 * MiB, 32 * MiB, 16) == MIN_PIECE  # never a sliver of a GET
-    assert piece_size(8 * MiB, 1 * MiB, 16) == 1 * MiB  # a smaller part size wins
-    assert piece_size(0, 32 * MiB, 8) == MIN_PIECE
+def test_range_size_spreads_a_load_over_every_connection() -> None:
+    assert range_size(256 * MiB, 32 * MiB, 16) == 16 * MiB
+    assert range_size(1024 * MiB, 32 * MiB, 16) == 32 * MiB  # never above the part size
+    assert range_size(8 * MiB, 32 * MiB, 16) == MIN_RANGE  # never a sliver of a GET
+    assert range_size(8 * MiB, 1 * MiB, 16) == 1 * MiB  # a smaller part size wins
+    assert range_size(0, 32 * MiB, 8) == MIN_RANGE
     with pytest.raises(ValueError):
-        piece_size(1, 0, 8)
+        range_size(1, 0, 8)
 
 
 def test_adjacent_small_ranges_merge_up_to_the_window() -> None:

@@ -25,7 +25,7 @@ from ckptstore.stores import open_store
 from ckptstore.stores.fsspec_store import FsspecStore
 from ckptstore.stores.local import LocalStore
 from ckptstore.stores.s3 import S3Store
-from ckptstore.stores.s3_errors import translate_s3_error
+from ckptstore.stores.s3.error_map import translate_s3_error
 
 from .conftest import unique
 

@@ -28,7 +28,7 @@ from ckptstore.errors import (
     TransientStoreError,
 )
 from ckptstore.stores.s3 import S3Store
-from ckptstore.stores.s3_body import as_body
+from ckptstore.stores.s3.body import as_body
 from ckptstore.testing.faults import Fault, FaultyStore
 from harness.dist import free_port
 from harness.proxy import FaultProxy, Rule

@@ -31,7 +31,7 @@ def state() -> dict[str, Any]:
     g = torch.Generator().manual_seed(17)
     out: dict[str, Any] = {f"s{i:02d}": torch.randn(4096, generator=g) for i in range(SMALL)}
     out.update({f"m{i}": torch.randn(32 * 1024, generator=g) for i in range(MEDIUM)})
-    out["big"] = torch.randn(3 * 256 * 1024 + 123, generator=g)  # ~3 MiB: 4 pieces of 1 MiB
+    out["big"] = torch.randn(3 * 256 * 1024 + 123, generator=g)  # ~3 MiB: 4 ranges of 1 MiB
     out["meta"] = {"epoch": 3}
     return out
 
@@ -72,7 +72,7 @@ def test_small_items_share_gets_and_large_ones_are_split(saved: S3Store) -> None
     assert out["meta"] == ref["meta"]
     shard_gets = [g for g in store.gets if g[0].endswith(".distcp")]
     # 53 small items in a few windows of <= 1 MiB (one GET each), the big tensor in
-    # 4 pieces of <= 1 MiB: far fewer GETs than items
+    # 4 ranges of <= 1 MiB: far fewer GETs than items
     assert len(shard_gets) <= 8
     assert max(length for _, _, length in shard_gets) <= MiB
     entry = next(r for r in open_committed(saved).manifest.ranges if r.key.startswith("big@"))
@@ -109,7 +109,7 @@ def test_a_flipped_byte_inside_a_coalesced_window_is_caught(saved: S3Store, name
 def test_the_first_item_is_read_as_smaller_gets_than_the_rest(seaweedfs: Any) -> None:
     """All GETs of a load are in flight at once; on a link that caps each connection's rate
     they would end together, the first item's with the last's. The first window is read as
-    GETs of ``FIRST_PIECE`` over the idle connections, so it lands first."""
+    GETs of ``FIRST_RANGE`` over the idle connections, so it lands first."""
     g = torch.Generator().manual_seed(3)
     saved = {"a": torch.randn(MiB, generator=g), "b": torch.randn(4 * MiB, generator=g)}
     url = f"s3://{BUCKET}/{unique('first')}/step_000000001"

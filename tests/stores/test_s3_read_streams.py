@@ -1,6 +1,6 @@
 """Large-tensor loads from SeaweedFS as many smaller ranged GETs in flight
-(``ckptstore.engine.readplan.read_streams``): each GET at most ``READ_PIECE``, more in
-flight than a save's parts but never more than planned, every byte read once, and a piece
+(``ckptstore.engine.readplan.read_streams``): each GET at most ``READ_RANGE``, more in
+flight than a save's parts but never more than planned, every byte read once, and a range
 that does not verify fails the load as corrupt, with no read still filling a target."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import torch
 import ckptstore
 from ckptstore.config import MiB, TransferConfig
 from ckptstore.engine.committed import open_committed
-from ckptstore.engine.readplan import READ_PIECE, piece_size, read_streams
+from ckptstore.engine.readplan import READ_RANGE, range_size, read_streams
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.stores.s3 import S3Store
 from ckptstore.testing.faults import FaultyStore
@@ -73,14 +73,14 @@ def saved(seaweedfs: Any) -> S3Store:
 def test_the_plan_keeps_the_save_budget_in_flight_as_smaller_gets() -> None:
     assert read_streams(32 * MiB, 8) == 32  # the defaults: 32 GETs of 8 MiB
     assert read_streams(16 * MiB, 2) == 4
-    assert read_streams(4 * MiB, 8) == 8  # parts no larger than a piece: as many as parts
+    assert read_streams(4 * MiB, 8) == 8  # parts no larger than a GET: as many as parts
     assert read_streams(64 * MiB, 32) == 64  # the connection pool caps it
     assert read_streams(1 * MiB, 100) == 100  # never fewer than the parts a save sends
     with pytest.raises(ValueError):
         read_streams(0, 8)
 
 
-def test_large_tensors_are_read_as_pieces_over_more_connections(saved: S3Store) -> None:
+def test_large_tensors_are_read_as_ranges_over_more_connections(saved: S3Store) -> None:
     store = Watched(saved)
     out = {n: torch.zeros(TENSOR) for n in NAMES}
     ckptstore.load(out, ckptstore.reader(store, config=CONFIG))
@@ -89,17 +89,17 @@ def test_large_tensors_are_read_as_pieces_over_more_connections(saved: S3Store) 
 
     ranges = open_committed(saved).manifest.ranges
     streams = read_streams(CONFIG.part_size, CONFIG.concurrency)
-    piece = piece_size(sum(r.length for r in ranges), min(CONFIG.part_size, READ_PIECE), streams)
-    assert streams == 4 and 6 * MiB < piece < 7 * MiB  # the load's ~24 MiB over 4 GETs
+    size = range_size(sum(r.length for r in ranges), min(CONFIG.part_size, READ_RANGE), streams)
+    assert streams == 4 and 6 * MiB < size < 7 * MiB  # the load's ~24 MiB over 4 GETs
     shard = [g for g in store.gets if g[0].endswith(".distcp")]
-    assert all(n <= piece for _, _, n in shard)
+    assert all(n <= size for _, _, n in shard)
     spans = [r for r in ranges if r.span is not None]
-    for entry in spans:  # each tensor's raw bytes: read once, in pieces, nothing twice
+    for entry in spans:  # each tensor's raw bytes: read once, in ranges, nothing twice
         lo = entry.offset + entry.span.offset  # type: ignore[union-attr]
         hi = lo + entry.span.length  # type: ignore[union-attr]
         mine = sorted((s, n) for p, s, n in shard if p == entry.file and lo <= s < hi)
         # the load's first item as GETs over every connection (it lands first), the rest
-        # as GETs of the piece size
+        # as GETs of the range size
         assert len(mine) == (streams if entry.key.startswith(f"{NAMES[0]}@") else 2)
         assert mine[0][0] == lo
         assert all(a + n == b for (a, n), (b, _) in zip(mine, mine[1:]))
@@ -108,7 +108,7 @@ def test_large_tensors_are_read_as_pieces_over_more_connections(saved: S3Store) 
     assert CONFIG.concurrency < store.peak <= streams
 
 
-def test_a_piece_that_does_not_verify_fails_the_load_and_nothing_keeps_writing(
+def test_a_range_that_does_not_verify_fails_the_load_and_nothing_keeps_writing(
     saved: S3Store,
 ) -> None:
     entry = next(r for r in open_committed(saved).manifest.ranges if r.key.startswith("b@"))
@@ -116,7 +116,7 @@ def test_a_piece_that_does_not_verify_fails_the_load_and_nothing_keeps_writing(
     start = entry.offset + entry.span.offset
     end = start + entry.span.length
     data = bytearray(saved.get(entry.file))
-    data[end - 100] ^= 0x10  # inside the tensor's last piece
+    data[end - 100] ^= 0x10  # inside the tensor's last range
     saved.put(entry.file, data)
 
     store = Watched(saved)

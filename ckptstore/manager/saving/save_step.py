@@ -32,7 +32,7 @@ from ckptstore.engine.tier_jobs import open_job
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CkptStoreError
 from ckptstore.manager.options import SaveOptions
-from ckptstore.manager.saving.schedule import LiveFirst, Pieces, Piecewise, Refusing
+from ckptstore.manager.saving.write_order import LiveFirst, Pieces, Piecewise, Refusing
 from ckptstore.stores.local import LocalStore
 
 __all__ = ["CachedPlanner", "save_step"]

@@ -104,8 +104,8 @@ def _fetcher(sock: socket.socket, step: int) -> Callable[[int | None, bool], flo
 
 def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root: Store) -> None:
     from ckptstore.manager.saving.save_step import save_step
-    from ckptstore.manager.saving.schedule import Pieces
     from ckptstore.manager.saving.shared_arena import ArenaView
+    from ckptstore.manager.saving.write_order import Pieces
     from ckptstore.manager.saving.writer_protocol import Outcome, SaveJob, failure, recv, send
 
     view: ArenaView | None = None

@@ -4,9 +4,9 @@
 fsspec-style ``storage_options`` (key, secret, token, endpoint_url, client_kwargs,
 config_kwargs, profile, ...) and calls its botocore client directly, from the engine's
 threads, on fsspec's I/O event loop. The client comes from this process's aiobotocore
-session (``s3_session``: botocore's data loaded once, fork-safe spares for DataLoader
-workers). Native multipart uploads and their call order are ``s3_multipart``'s; bulk
-deletes and folder keys are ``s3_folders``'.
+session (``session``: botocore's data loaded once, fork-safe spares for DataLoader
+workers). Native multipart uploads and their call order are ``multipart``'s; bulk
+deletes and folder keys are ``folders``'.
 
 Integrity checksums, retries and create-only writes are :class:`S3Store`'s docstring.
 """
@@ -22,11 +22,11 @@ from ckptstore.config import MiB, RetryConfig
 from ckptstore.engine.create_only import create_lock, same_bytes, warn_non_atomic
 from ckptstore.engine.store import Buffer, Capabilities, Entry, Multipart, Part, Store, join_path
 from ckptstore.errors import CommitConflictError, ConfigError, TransientStoreError
-from ckptstore.stores import s3_copy, s3_folders, s3_multipart
-from ckptstore.stores.options import check_s3_options, refuse_userinfo
-from ckptstore.stores.s3_body import as_body, pieces_body
-from ckptstore.stores.s3_client import CHECKSUMS, S3Client, make_s3fs
-from ckptstore.stores.s3_errors import error_code
+from ckptstore.stores.s3 import folders, multipart, server_copy
+from ckptstore.stores.s3.body import as_body, buffers_body
+from ckptstore.stores.s3.client import CHECKSUMS, S3Client, make_s3fs
+from ckptstore.stores.s3.error_map import error_code
+from ckptstore.stores.storage_options import check_s3_options, refuse_userinfo
 
 __all__ = ["S3Store", "make_s3fs"]
 
@@ -98,7 +98,7 @@ class S3Store(Store):
             f"s3://{join_path(self.bucket, self.prefix)}", storage_options, retry=retry
         )
         #: S3 multipart: parts of at least 5 MiB but the last, at most 10,000 of them; a
-        #: part may be sent from several buffers (``put_part_pieces``).
+        #: part may be sent from several buffers (``put_part_buffers``).
         self.capabilities = Capabilities(max_parts=10_000, min_part_size=5 * MiB, gather_parts=True)
         self.checksum = checksum
         client_kwargs = self.storage_options.get("client_kwargs") or {}
@@ -260,10 +260,10 @@ class S3Store(Store):
         base = self._key(prefix)
         listed, _ = self.client.list_objects(f"{base}/" if base else "")
         keys = [k for k in listed if not k.endswith("/")]
-        folders = [k for k in listed if k.endswith("/")]
+        dir_keys = [k for k in listed if k.endswith("/")]
         if not keys and prefix and self.exists(prefix):
-            return [base], folders
-        return keys, folders
+            return [base], dir_keys
+        return keys, dir_keys
 
     def find(self, prefix: str = "") -> list[str]:
         return sorted(self._rel(k) for k in self._keys_under(prefix))
@@ -293,41 +293,41 @@ class S3Store(Store):
         return sorted((e for e in out if e.name), key=lambda e: (e.name, e.kind))
 
     def copy(self, src: str, dst: str) -> None:
-        """CopyObject, or UploadPartCopy part for part (checks: ``s3_copy``)."""
+        """CopyObject, or UploadPartCopy part for part (checks: ``server_copy``)."""
         what = f"copy of {self.describe(src)} to {dst}"
-        s3_copy.copy_object(self.client, self._key(src), self._key(dst), what)
+        server_copy.copy_object(self.client, self._key(src), self._key(dst), what)
 
     def delete(self, path: str) -> None:
         self.client.call("delete_object", f"delete of {self.describe(path)}", Key=self._key(path))
 
     def delete_many(self, paths: Iterable[str]) -> None:
         """DeleteObjects, 1000 keys a request."""
-        s3_folders.delete_keys(self.client, [self._key(p) for p in paths], self.describe())
+        folders.delete_keys(self.client, [self._key(p) for p in paths], self.describe())
 
     def remove_empty_dirs(self, prefix: str = "") -> None:
         """Delete the folder keys (``a/b/``) under ``prefix`` that hold no object, deepest
-        first, and ``prefix``'s own when it is empty too (see ``s3_folders``). A folder
+        first, and ``prefix``'s own when it is empty too (see ``folders``). A folder
         still holding an object is left alone."""
-        empty = s3_folders.empty_folders(self.client, self._key(prefix))
-        s3_folders.delete_by_depth(self.client, empty, self.describe(prefix))
+        empty = folders.empty_folders(self.client, self._key(prefix))
+        folders.delete_by_depth(self.client, empty, self.describe(prefix))
 
     def delete_prefix(self, prefix: str) -> None:
         """Delete every object under ``prefix`` with DeleteObjects, 1000 keys a request.
 
         Then the folder keys (``a/b/``) of ``prefix`` and of every folder the objects were
         in, deepest first, so the prefix no longer lists (as ``LocalStore`` removes emptied
-        directories; see ``s3_folders``). Deleting a folder key never deletes objects still
+        directories; see ``folders``). Deleting a folder key never deletes objects still
         in the folder.
         """
         keys, markers = self._list_under(prefix)
-        s3_folders.delete_keys(self.client, keys, self.describe(prefix))
-        folders = s3_folders.folders_of(keys, markers, self._key(prefix))
-        s3_folders.delete_by_depth(self.client, folders, self.describe(prefix))
+        folders.delete_keys(self.client, keys, self.describe(prefix))
+        marked = folders.folders_of(keys, markers, self._key(prefix))
+        folders.delete_by_depth(self.client, marked, self.describe(prefix))
 
-    # -- multipart (see ``s3_multipart``) ---------------------------------------------------
+    # -- multipart (see ``multipart``) ------------------------------------------------------
     def begin_multipart(self, path: str) -> Multipart:
         name = self.describe(path)
-        upload_id = s3_multipart.begin(self.client, self._key(path), self.checksum, name)
+        upload_id = multipart.begin(self.client, self._key(path), self.checksum, name)
         return Multipart(path, upload_id, extra={"checksums": {}})
 
     def put_part(self, upload: Multipart, number: int, offset: int, data: Buffer) -> Part:
@@ -336,43 +336,43 @@ class S3Store(Store):
             upload, number, offset, body, len(body), self.client.integrity(body)
         )
 
-    def put_part_pieces(
+    def put_part_buffers(
         self,
         upload: Multipart,
         number: int,
         offset: int,
-        pieces: Sequence[Buffer],
+        buffers: Sequence[Buffer],
         *,
         crc32c: int | None = None,
     ) -> Part:
-        """UploadPart of ``pieces`` as one body, each sent from its own memory (no join);
+        """UploadPart of ``buffers`` as one body, each sent from its own memory (no join);
         the checksum header covers their concatenation (``crc32c``, when the engine
         computed it, is used as is: the bytes are not hashed again)."""
-        body = pieces_body(pieces)
-        integrity = self.client.integrity(pieces, crc32c=crc32c)
+        body = buffers_body(buffers)
+        integrity = self.client.integrity(buffers, crc32c=crc32c)
         return self._upload_part(upload, number, offset, body, len(body), integrity)
 
     def _upload_part(
         self, upload: Multipart, number: int, offset: int, body: Any, size: int, integrity: dict
     ) -> Part:
         key, name = self._key(upload.path), self.describe(upload.path)
-        return s3_multipart.upload_part(
+        return multipart.upload_part(
             self.client, key, upload, number, offset, body, size, integrity, name
         )
 
     def complete_multipart(self, upload: Multipart, parts: Sequence[Part]) -> None:
         """CompleteMultipartUpload; a retry after a lost response finds it done."""
         key, name = self._key(upload.path), self.describe(upload.path)
-        s3_multipart.complete(self.client, key, upload, parts, name)
+        multipart.complete(self.client, key, upload, parts, name)
 
     def abort_multipart(self, upload: Multipart) -> None:
         key, name = self._key(upload.path), self.describe(upload.path)
-        s3_multipart.abort(self.client, key, upload.upload_id, name)
+        multipart.abort(self.client, key, upload.upload_id, name)
 
     def list_multipart(self, prefix: str = "") -> list[Multipart]:
-        return s3_multipart.unfinished(self.client, self._key(prefix), self._rel)
+        return multipart.unfinished(self.client, self._key(prefix), self._rel)
 
     def list_parts(self, upload: Multipart) -> list[Part]:
         """The parts the server holds for an unfinished upload (offsets unknown: 0)."""
         key = self._key(upload.path)
-        return s3_multipart.held_parts(self.client, key, upload.upload_id)
+        return multipart.held_parts(self.client, key, upload.upload_id)

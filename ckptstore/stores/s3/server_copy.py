@@ -21,7 +21,7 @@ from typing import Any
 from ckptstore.engine.checksum import crc32c
 from ckptstore.errors import CorruptCheckpointError
 from ckptstore.stores._cloud import parallel
-from ckptstore.stores.s3_client import S3Client
+from ckptstore.stores.s3.client import S3Client
 
 __all__ = ["copy_object"]
 

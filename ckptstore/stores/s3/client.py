@@ -4,7 +4,7 @@
 ckptstore's client settings. ``S3Client`` calls the S3 API on one bucket from any thread
 (each call runs on fsspec's I/O event loop, bounded by the request timeout), translates
 failures into ckptstore errors, and walks paginated listings; its request bodies are
-:mod:`ckptstore.stores.s3_body`'s.
+:mod:`ckptstore.stores.s3.body`'s.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from ckptstore.config import RetryConfig
 from ckptstore.engine.checksum import crc32c as _crc32c
 from ckptstore.engine.store import Buffer
 from ckptstore.errors import TransientStoreError, missing_dependency
-from ckptstore.stores.options import rejected_error
-from ckptstore.stores.s3_body import b64, no_expect_for_pieces, pieces_body_type
-from ckptstore.stores.s3_errors import error_code, translate_s3_error
-from ckptstore.stores.s3_session import http_session_class, process_session
+from ckptstore.stores.s3.body import b64, buffers_body_type, no_expect_for_buffers
+from ckptstore.stores.s3.error_map import error_code, translate_s3_error
+from ckptstore.stores.s3.session import http_session_class, process_session
+from ckptstore.stores.storage_options import rejected_error
 
 __all__ = [
     "S3Client",
@@ -54,7 +54,7 @@ def make_s3fs(
     which an on-path attacker cannot forge, for a CRC32C they could: pass
     ``config_kwargs={"s3": {"payload_signing_enabled": True}}`` to keep it.
 
-    The client's session is this process's (``s3_session.process_session``, its botocore
+    The client's session is this process's (``session.process_session``, its botocore
     data loaded once, before any fork), unless the caller passes a ``session`` or session
     options other than ``profile``.
     """
@@ -121,8 +121,8 @@ class S3Client:
     async def _request(self, method: str, kwargs: dict[str, Any], read_body: bool) -> Any:
         async def go() -> Any:
             client = await self._session()
-            if isinstance(kwargs.get("Body"), pieces_body_type()):
-                no_expect_for_pieces(client)
+            if isinstance(kwargs.get("Body"), buffers_body_type()):
+                no_expect_for_buffers(client)
             response = await getattr(client, method)(**kwargs)
             if not read_body:
                 return response
@@ -198,18 +198,18 @@ class S3Client:
         """The checksum header for ``body`` (CRC32C or Content-MD5), per ``checksum``; a
         sequence of buffers is checksummed as their concatenation. ``crc32c``: the CRC32C
         of ``body`` if the caller computed it already (it is not hashed again)."""
-        pieces = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else body
+        buffers = (body,) if isinstance(body, (bytes, bytearray, memoryview)) else body
         if self.checksum == "crc32c":
             crc = crc32c
             if crc is None:
                 crc = 0
-                for piece in pieces:
-                    crc = _crc32c(piece, crc)
+                for buf in buffers:
+                    crc = _crc32c(buf, crc)
             return {"ChecksumCRC32C": b64(crc.to_bytes(4, "big"))}
         if self.checksum == "md5":
             md5 = hashlib.md5()
-            for piece in pieces:
-                md5.update(piece)
+            for buf in buffers:
+                md5.update(buf)
             return {"ContentMD5": b64(md5.digest())}
         return {}
 

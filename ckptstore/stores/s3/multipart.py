@@ -19,9 +19,9 @@ from typing import Any
 
 from ckptstore.engine.store import Multipart, Part
 from ckptstore.errors import StoreNotFoundError
-from ckptstore.stores.s3_body import multipart_etag
-from ckptstore.stores.s3_client import S3Client
-from ckptstore.stores.s3_errors import error_code
+from ckptstore.stores.s3.body import multipart_etag
+from ckptstore.stores.s3.client import S3Client
+from ckptstore.stores.s3.error_map import error_code
 
 __all__ = ["begin", "upload_part", "complete", "abort", "unfinished", "held_parts"]
 

@@ -1,7 +1,7 @@
 """S3 request bodies, and the ETag S3 gives a multipart object.
 
-``as_body`` hands botocore one buffer without a copy; ``pieces_body`` makes one request
-body of several buffers, sent as they are (no join), and ``no_expect_for_pieces`` keeps
+``as_body`` hands botocore one buffer without a copy; ``buffers_body`` makes one request
+body of several buffers, sent as they are (no join), and ``no_expect_for_buffers`` keeps
 botocore from holding such a body back behind ``Expect: 100-continue``.
 """
 
@@ -21,9 +21,9 @@ __all__ = [
     "as_body",
     "b64",
     "multipart_etag",
-    "no_expect_for_pieces",
-    "pieces_body",
-    "pieces_body_type",
+    "buffers_body",
+    "buffers_body_type",
+    "no_expect_for_buffers",
 ]
 
 
@@ -51,11 +51,11 @@ def as_body(data: Buffer) -> bytearray:
     return bytearray(data)
 
 
-def pieces_body(pieces: Sequence[Buffer]) -> Any:
-    """One request body of ``pieces``, sent one after another as they are (no join).
+def buffers_body(buffers: Sequence[Buffer]) -> Any:
+    """One request body of ``buffers``, sent one after another as they are (no join).
 
-    An aiohttp ``Payload`` (aiohttp sends it by writing each piece to the transport, no
-    slice or join of a whole piece; Python 3.11's transport still copies what the socket
+    An aiohttp ``Payload`` (aiohttp sends it by writing each buffer to the transport, no
+    slice or join of a whole buffer; Python 3.11's transport still copies what the socket
     does not take at once into its own buffer, 3.12 keeps a reference) that is
     also the file-like object botocore accepts for a body (``read``/``seek``/``tell``, used
     only when the payload is signed, ``checksum="none"``); ``len()`` is its size. botocore
@@ -63,22 +63,22 @@ def pieces_body(pieces: Sequence[Buffer]) -> Any:
     before every part: ``S3Client`` removes it for these bodies (a bytearray body never
     had it).
     """
-    return pieces_body_type()(pieces)
+    return buffers_body_type()(buffers)
 
 
-#: Bytes of a ``pieces_body`` written first, with the request head (see its ``write``).
+#: Bytes of a ``buffers_body`` written first, with the request head (see its ``write``).
 FIRST_WRITE = 64 * 1024
 
-#: Clients whose events already drop ``Expect`` for piece bodies.
+#: Clients whose events already drop ``Expect`` for such bodies.
 _NO_EXPECT: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
-def no_expect_for_pieces(client: Any) -> None:
+def no_expect_for_buffers(client: Any) -> None:
     """Register, once per client, a handler that drops botocore's ``Expect: 100-continue``
-    header from requests whose body is a ``pieces_body`` (runs on the event loop)."""
+    header from requests whose body is a ``buffers_body`` (runs on the event loop)."""
     if client in _NO_EXPECT:
         return
-    body_type = pieces_body_type()
+    body_type = buffers_body_type()
 
     def drop_expect(params: dict[str, Any], **_: Any) -> None:
         if isinstance(params.get("body"), body_type):
@@ -90,17 +90,17 @@ def no_expect_for_pieces(client: Any) -> None:
 
 
 @functools.cache
-def pieces_body_type() -> type:
-    """The class ``pieces_body`` makes (an aiohttp ``Payload``; built once, on first use)."""
+def buffers_body_type() -> type:
+    """The class ``buffers_body`` makes (an aiohttp ``Payload``; built once, on first use)."""
     from aiohttp.payload import Payload
 
-    class PiecesBody(Payload):
-        """See ``pieces_body``."""
+    class BuffersBody(Payload):
+        """See ``buffers_body``."""
 
         _autoclose = True
 
-        def __init__(self, pieces: Sequence[Buffer]) -> None:
-            views = tuple(memoryview(p).cast("B") for p in pieces)
+        def __init__(self, buffers: Sequence[Buffer]) -> None:
+            views = tuple(memoryview(b).cast("B") for b in buffers)
             super().__init__(views, content_type="application/octet-stream")
             self._size = sum(len(v) for v in views)
             self._pos = 0
@@ -150,7 +150,7 @@ def pieces_body_type() -> type:
         def tell(self) -> int:
             return self._pos
 
-    return PiecesBody
+    return BuffersBody
 
 
 def b64(raw: bytes) -> str:

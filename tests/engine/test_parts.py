@@ -1,4 +1,4 @@
-"""PartBuilder (parts built from pieces, ``ckptstore.engine.pieces``) with a real BufferPool:
+"""PartBuilder (parts sent from several buffers, ``ckptstore.engine.parts``) with a real BufferPool:
 the bytes, the part sizes, the memory budget and the checksums computed on the way (each
 part's CRC32C, each large write's), for any sequence of small and large writes."""
 
@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ckptstore.engine.buffers import UNLOCKED_COPY_MIN, BufferPool, copy_into
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.pieces import PartBuilder, Release
+from ckptstore.engine.parts import PartBuilder, Release
 
 PART, BUF = 64, 16
 
@@ -27,9 +27,9 @@ class Sent:
         self.releases: list[Release] = []
         self.crcs: list[int] = []
 
-    def __call__(self, pieces: list[memoryview], release: Release, crc: int) -> None:
+    def __call__(self, buffers: list[memoryview], release: Release, crc: int) -> None:
         assert self.pool.in_use <= PART * (len(self.releases) + 1)  # this part holds <= PART
-        self.parts.append(pieces)
+        self.parts.append(buffers)
         self.releases.append(release)
         self.crcs.append(crc)
 

@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ckptstore.errors import TransientStoreError
-from ckptstore.stores.s3_client import S3Client
+from ckptstore.stores.s3.client import S3Client
 
 __all__ = ["delete_keys", "delete_by_depth", "empty_folders", "folders_of"]
 

@@ -1,4 +1,4 @@
-"""S3 parts built from pieces (``ckptstore.engine.pieces``) against SeaweedFS: a large write
+"""S3 parts sent from several buffers (``ckptstore.engine.parts``) against SeaweedFS: a large write
 goes out from the caller's memory inside parts of the usual size, small writes through small
 buffers, and a fault on the wire still leaves nothing visible."""
 
@@ -13,9 +13,9 @@ import pytest
 
 from ckptstore.config import MiB, RetryConfig, TransferConfig
 from ckptstore.engine.checksum import crc32c
-from ckptstore.engine.filewriter import GATHER_BUFFER
 from ckptstore.engine.store import Buffer, Multipart, Part
 from ckptstore.engine.transfer import TransferEngine
+from ckptstore.engine.writeplan import GATHER_BUFFER
 from ckptstore.errors import CkptStoreError, TransferError
 from ckptstore.stores.s3 import S3Store
 from ckptstore.testing.faults import FaultyStore
@@ -25,7 +25,7 @@ from .conftest import via
 
 pytestmark = pytest.mark.server
 
-PART = 6 * MiB  # the smallest part size that builds parts from pieces (5 MiB + a buffer)
+PART = 6 * MiB  # the smallest part size that builds parts from several buffers (5 MiB + a buffer)
 FAST = RetryConfig(attempts=3, base_backoff_s=0.01, max_backoff_s=0.05, deadline_s=60)
 
 
@@ -36,25 +36,25 @@ def engine() -> TransferEngine:
 
 
 class Recorded(FaultyStore):
-    """Passes each part's pieces to the S3 store as they are, noting where they point."""
+    """Passes each part's buffers to the S3 store as they are, noting where they point."""
 
     def __init__(self, inner: S3Store) -> None:
         super().__init__(inner)
         self.parts: dict[int, list[tuple[int, int]]] = {}  # number -> [(address, length)]
         self.crcs: dict[int, int | None] = {}  # number -> the CRC32C the engine passed
 
-    def put_part_pieces(
+    def put_part_buffers(
         self,
         upload: Multipart,
         number: int,
         offset: int,
-        pieces: Sequence[Buffer],
+        buffers: Sequence[Buffer],
         *,
         crc32c: int | None = None,
     ) -> Part:
-        self.parts[number] = [(np.frombuffer(p, np.uint8).ctypes.data, len(p)) for p in pieces]
+        self.parts[number] = [(np.frombuffer(p, np.uint8).ctypes.data, len(p)) for p in buffers]
         self.crcs[number] = crc32c
-        return self.inner.put_part_pieces(upload, number, offset, pieces, crc32c=crc32c)
+        return self.inner.put_part_buffers(upload, number, offset, buffers, crc32c=crc32c)
 
 
 def write_items(eng: TransferEngine, store: Any, items: list[np.ndarray]) -> tuple[Any, bytes]:
@@ -145,7 +145,7 @@ def test_a_part_damaged_in_transit_is_resent_from_the_same_memory(
     assert s3.get("f.bin") == expected
 
 
-def test_signed_bodies_are_read_from_their_pieces(
+def test_signed_bodies_are_read_from_their_buffers(
     seaweedfs: Any, s3: S3Store, proxy: FaultProxy
 ) -> None:
     """Without a checksum header botocore hashes each body for the signature (``read``)."""
@@ -172,24 +172,24 @@ def test_a_connection_reset_mid_upload_leaves_nothing(
     assert s3.find() == [] and s3.list_multipart() == []
 
 
-def test_stores_without_pieces_get_them_joined(s3: S3Store) -> None:
-    """The contract's default ``put_part_pieces`` joins the pieces and calls ``put_part``."""
+def test_stores_without_gathering_get_the_buffers_joined(s3: S3Store) -> None:
+    """The contract's default ``put_part_buffers`` joins the buffers and calls ``put_part``."""
     upload = s3.begin_multipart("j.bin")
     head, body = b"head", bytearray(os.urandom(5 * MiB))
-    wrapped = FaultyStore(s3)  # a store without its own put_part_pieces
-    part = wrapped.put_part_pieces(upload, 1, 0, [head, memoryview(body)])
+    wrapped = FaultyStore(s3)  # a store without its own put_part_buffers
+    part = wrapped.put_part_buffers(upload, 1, 0, [head, memoryview(body)])
     s3.complete_multipart(upload, [part])
     assert wrapped.calls["put_part"] == 1 and part.size == len(head) + len(body)
     assert s3.get("j.bin") == head + body
 
 
 def test_the_crc_the_engine_passes_is_the_one_sent(s3: S3Store) -> None:
-    """``put_part_pieces(crc32c=)`` is sent as the part's checksum header as is: a wrong
+    """``put_part_buffers(crc32c=)`` is sent as the part's checksum header as is: a wrong
     one is refused by the server (it checks the bytes against it), the right one accepted."""
     upload = s3.begin_multipart("c.bin")
     body = bytearray(os.urandom(5 * MiB))
     with pytest.raises(CkptStoreError):
-        s3.put_part_pieces(upload, 1, 0, [memoryview(body)], crc32c=crc32c(body) ^ 1)
-    part = s3.put_part_pieces(upload, 1, 0, [memoryview(body)], crc32c=crc32c(body))
+        s3.put_part_buffers(upload, 1, 0, [memoryview(body)], crc32c=crc32c(body) ^ 1)
+    part = s3.put_part_buffers(upload, 1, 0, [memoryview(body)], crc32c=crc32c(body))
     s3.complete_multipart(upload, [part])
     assert s3.get("c.bin") == body

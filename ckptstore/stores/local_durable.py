@@ -1,6 +1,6 @@
 """How the volume store makes a file durable and visible: ``LocalStore``'s writes.
 
-Every publish is write temp -> fsync(file) -> rename -> fsync(directory). A create-only
+Every durable write is write temp -> fsync(file) -> rename -> fsync(directory). A create-only
 write ``link()``-s a fully written, fsynced temp file to its final name instead, which
 fails with EEXIST if another writer got there first. Parts of a multipart write are
 ``pwrite`` at their offsets into one temp file, in parallel: a large part's page-aligned
@@ -16,7 +16,7 @@ directory on the way swapped for a symlink meanwhile refuses the write instead o
 elsewhere. ``what`` names the write in errors. An fsync error fails the write
 (``DurabilityError``), never retried.
 
-Call order: ``publish`` / ``publish_many`` / ``create`` for whole files; ``begin``, then
+Call order: ``write_durably`` / ``write_many_durably`` / ``create`` for whole files; ``begin``, then
 ``write_part`` (any order, concurrently), then ``finish`` for a multipart write, whose
 temp file's path (relative to the root) is the upload's handle.
 """
@@ -32,8 +32,8 @@ from ckptstore.engine.names import TMP_MARK
 from ckptstore.engine.store import Buffer
 from ckptstore.errors import StoreNotFoundError
 from ckptstore.stores._direct import write_aligned
-from ckptstore.stores._dirfd import (
-    Anchor,
+from ckptstore.stores._dirfd import Anchor
+from ckptstore.stores._dirfd_acts import (
     create_new,
     link_new,
     open_existing,
@@ -44,8 +44,8 @@ from ckptstore.stores._posix import fsync, fsync_all, start_writeback, translate
 
 __all__ = [
     "WRITEBACK_MIN",
-    "publish",
-    "publish_many",
+    "write_durably",
+    "write_many_durably",
     "create",
     "begin",
     "write_part",
@@ -93,7 +93,7 @@ def _write_temp(dfd: int, name: str, data: Buffer) -> str:
     return tmp
 
 
-def publish(anchor: Anchor, path: str, data: Buffer, what: str) -> None:
+def write_durably(anchor: Anchor, path: str, data: Buffer, what: str) -> None:
     """``path`` holds ``data``, whole and durable, replacing what it held."""
     try:
         with anchor.parent(path, create=True) as (dfd, name):
@@ -108,7 +108,7 @@ def publish(anchor: Anchor, path: str, data: Buffer, what: str) -> None:
         raise translate(exc, what) from exc
 
 
-def publish_many(anchor: Anchor, items: Sequence[tuple[str, Buffer]], what: str) -> None:
+def write_many_durably(anchor: Anchor, items: Sequence[tuple[str, Buffer]], what: str) -> None:
     """Every temp file written, then all of them fsynced at once (``fsync_all``: each
     file synced, in parallel), then all renamed in the order given, then each directory
     fsynced once (not once per file). A crash before it returns may keep any of them,
