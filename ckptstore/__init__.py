@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from ckptstore import errors as _errors
 from ckptstore._version import __version__
-from ckptstore.config import RetryConfig, TransferConfig
+from ckptstore.config import RetryConfig, TransferConfig, WriterOptions
 from ckptstore.errors import (  # errors.CHECKPOINT_ERRORS, which __all__ takes from there
     CheckpointExistsError,
     CkptStoreError,
@@ -139,6 +139,7 @@ __all__ = [
     "AppState",
     "TransferConfig",
     "RetryConfig",
+    "WriterOptions",
     "Store",
     "open_store",
     "TransferEngine",

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ckptstore.config import TransferConfig
+from ckptstore.config import TransferConfig, WriterOptions, fold_writer_keywords, warn_renamed
 from ckptstore.dcp.reader import CkptReader
 from ckptstore.dcp.save_load import unwrap_checkpoint_exception
 from ckptstore.dcp.writer import CkptWriter
@@ -30,36 +30,39 @@ __all__ = [
 
 def writer(
     url: str | Store,
+    options: WriterOptions | None = None,
     *,
     storage_options: dict[str, Any] | None = None,
-    config: TransferConfig | None = None,
     overwrite: bool = False,
-    codec: str = "none",
     step: int | None = None,
-    key_layout: str = "flat",
+    codec: str | None = None,
+    key_layout: str | None = None,
+    config: TransferConfig | None = None,
 ) -> CkptWriter:
-    """A DCP ``StorageWriter`` for ``url`` (a path, ``file://``, ``s3://``, ``gs://``, ...).
+    """A DCP ``StorageWriter`` for ``url`` (a path, ``file://``, ``s3://``, ``gs://``, ...),
+    writing as ``options`` say (``WriterOptions``: codec, key layout, transfer settings).
 
     A save refuses a destination holding a committed checkpoint (``CheckpointExistsError``,
     unless ``overwrite``), checked by the coordinator when that save starts, on the URL it
     writes: a writer kept across saves that each name their own ``checkpoint_id`` may be
     built on a directory that holds one. The store is asked once here, so a wrong
     endpoint or credential fails at once (``TransientStoreError`` / ``StoreAccessError``).
-    ``codec="zstd"`` compresses every item in the format of DCP's own ``ZStandard``
-    extension (stock readers load it when ``zstandard`` is installed).
+    ``WriterOptions(codec="zstd")`` compresses every item in the format of DCP's own
+    ``ZStandard`` extension (stock readers load it when ``zstandard`` is installed);
+    ``WriterOptions(key_layout="spread")`` spreads the shard files over 256 sub-prefixes,
+    for object stores that limit request rates per key prefix (see ``ckptstore.dcp.writer``).
     ``step`` is recorded in the manifest (default: from ``step_<n>``).
-    ``key_layout="spread"`` spreads the shard files over 256 sub-prefixes, for object
-    stores that limit request rates per key prefix (see ``ckptstore.dcp.writer``).
+    ``codec=``, ``key_layout=`` and ``config=`` (the transfer settings) are the old
+    spellings of ``options``' fields: they work until ckptstore 0.2, with a
+    ``DeprecationWarning``.
     """
-    w = CkptWriter(
-        url,
-        storage_options=storage_options,
-        config=config,
-        overwrite=overwrite,
-        codec=codec,
-        step=step,
-        key_layout=key_layout,
+    old = {"codec": codec, "key_layout": key_layout, "config": config}
+    options = fold_writer_keywords(
+        options,
+        {name: value for name, value in old.items() if value is not None},
+        "ckptstore.writer(url, WriterOptions({}=...))",
     )
+    w = CkptWriter(url, options, storage_options=storage_options, overwrite=overwrite, step=step)
     w.probe()
     return w
 
@@ -68,10 +71,11 @@ def reader(
     url: str | Store,
     *,
     storage_options: dict[str, Any] | None = None,
-    config: TransferConfig | None = None,
+    transfer: TransferConfig | None = None,
     verify: bool = True,
     allow_pickle: bool = False,
     share_group: Any = None,
+    config: TransferConfig | None = None,
 ) -> CkptReader:
     """A DCP ``StorageReader`` for a committed checkpoint at ``url``.
 
@@ -83,12 +87,16 @@ def reader(
     ``share_group``: the process group ``dcp.load`` runs on (e.g. ``dist.group.WORLD``):
     a range several of its ranks need is read from the store by one and sent to the
     others, checked on both ends (``ckptstore.dcp.shared_read``); every rank of it must
-    load with this reader.
+    load with this reader. ``transfer``: the transfer settings (``config=``, its old
+    spelling, works until ckptstore 0.2, with a ``DeprecationWarning``).
     """
+    if config is not None:
+        warn_renamed("config", "transfer=")
+        transfer = transfer or config
     return CkptReader(
         url,
         storage_options=storage_options,
-        config=config,
+        config=transfer,
         verify=verify,
         allow_pickle=allow_pickle,
         share_group=share_group,

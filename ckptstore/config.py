@@ -1,10 +1,32 @@
-"""Options as frozen dataclasses. They travel unchanged through every layer."""
+"""Options as frozen dataclasses. They travel unchanged through every layer.
+
+``WriterOptions`` is the writer's settings as one value (its codec, key layout and
+transfer settings): ``ckptstore.writer``, ``CkptWriter``, ``ManagerOptions`` (and through
+it ``save_step`` in a writer process: it pickles) and the torchtitan plugin take it whole.
+The keywords these settings had before it (``codec=``, ``key_layout=``, ``config=``) still
+work until ckptstore 0.2, with a ``DeprecationWarning`` naming the new spelling
+(``fold_writer_keywords``; ``warn_renamed`` is the one place such a warning is made).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import warnings
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["RetryConfig", "TransferConfig", "MiB"]
+from ckptstore._stack import user_stacklevel
+
+__all__ = [
+    "RetryConfig",
+    "TransferConfig",
+    "WriterOptions",
+    "WRITER_KEYWORDS",
+    "MiB",
+    "fold_writer_keywords",
+    "warn_renamed",
+]
 
 MiB = 1024 * 1024
 
@@ -70,3 +92,63 @@ class TransferConfig:
             raise ValueError("TransferConfig.part_size and concurrency must be >= 1")
         if self.memory_budget < self.part_size:
             raise ValueError("TransferConfig.memory_budget must hold at least one part")
+
+
+@dataclass(frozen=True)
+class WriterOptions:
+    """How a checkpoint is written: given once, passed on whole to every writer.
+
+    ``codec``: "none", "zstd" (per item, in DCP's own ``ZStandard`` format) or another
+    codec of ``engine.codec_registry``. ``key_layout``: "flat", or "spread" over 256 key
+    prefixes for stores that limit the request rate per prefix. ``transfer``: the
+    transfer settings (parts, concurrency, memory budget, retries). The codec and key
+    layout are checked, against the registry and ``engine.names.KEY_LAYOUTS``, by what
+    takes the value (``CkptWriter``, ``ManagerOptions``): ``ConfigError`` listing the
+    choices.
+    """
+
+    codec: str = "none"
+    key_layout: str = "flat"
+    transfer: TransferConfig = TransferConfig()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.transfer, TransferConfig):
+            raise TypeError(
+                f"WriterOptions.transfer must be a TransferConfig, not {self.transfer!r}"
+            )
+
+
+#: Writer settings that were keywords of their own before ``WriterOptions``: the old
+#: keyword -> its field there (``config`` is ``transfer`` now, the glossary's word).
+WRITER_KEYWORDS: Mapping[str, str] = {
+    "codec": "codec",
+    "key_layout": "key_layout",
+    "config": "transfer",
+}
+
+
+def warn_renamed(old: str, new: str) -> None:
+    """Warn (``DeprecationWarning``, at the user's line) that the keyword ``old=`` is now
+    spelled ``new``; the old one works until ckptstore 0.2."""
+    warnings.warn(
+        f"the keyword {old}= is deprecated and goes in ckptstore 0.2: pass {new} instead",
+        DeprecationWarning,
+        stacklevel=user_stacklevel(),
+    )
+
+
+def fold_writer_keywords(
+    options: WriterOptions | None, keywords: dict[str, Any], spelling: str
+) -> WriterOptions:
+    """``options`` (default ``WriterOptions()``) with the writer settings ``keywords`` gives
+    the old way (``WRITER_KEYWORDS``; None: not given): each is popped from ``keywords``
+    and warned about (``warn_renamed``), its new spelling ``spelling.format(field)``."""
+    options = options if options is not None else WriterOptions()
+    changes: dict[str, Any] = {}
+    for old, new in WRITER_KEYWORDS.items():
+        if old in keywords:
+            value = keywords.pop(old)
+            warn_renamed(old, spelling.format(new))
+            if value is not None:
+                changes[new] = value
+    return dataclasses.replace(options, **changes) if changes else options

@@ -8,9 +8,10 @@ so no two saves (overwrites of a step included, or a zombie of an earlier job) e
 touch each other's files, and nothing DCP caches across saves holds an id. A
 ``WriteSchedule`` (``dcp.schedule``) given at construction decides the grouping and
 order of a rank's files; ``StagedWriter`` (``dcp.staged``) changes where they go through
-the protected hooks listed in the class docstring. Writers pickle (``dcp.async_save``
+the protected hooks listed in the class docstring; how one file's items are serialised is
+``dcp.shard_file``'s. Writers pickle (``dcp.async_save``
 with the process executor sends them to a subprocess): the store and engine are
-re-opened there from the URL, options and config.
+re-opened there from the URL, storage options and transfer settings.
 """
 
 from __future__ import annotations
@@ -23,23 +24,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.planner import SavePlan, SavePlanner, WriteItem, WriteItemType
+from torch.distributed.checkpoint.planner import SavePlan, SavePlanner
 from torch.distributed.checkpoint.storage import StorageWriter, WriteResult
 from torch.futures import Future
 
-from ckptstore.config import TransferConfig
-from ckptstore.dcp.encoding import (
-    PAYLOAD_MIN,
-    ItemInfo,
-    cpu_item,
-    encode_item,
-    payload_lead,
-    payload_of,
-    small_item_bytes,
-    write_item,
-)
+from ckptstore.config import TransferConfig, WriterOptions
+from ckptstore.dcp.encoding import ItemInfo
 from ckptstore.dcp.indexes import build_indexes
-from ckptstore.dcp.schedule import PlainSchedule, WriteSchedule, item_bytes
+from ckptstore.dcp.schedule import PlainSchedule, WriteSchedule
+from ckptstore.dcp.shard_file import write_items
 from ckptstore.dcp.storebound import StoreBound
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.codec_registry import get_codec
@@ -47,9 +40,8 @@ from ckptstore.engine.codecs import Codec
 from ckptstore.engine.commit import commit, warn_after_commit
 from ckptstore.engine.crashpoints import crashpoint
 from ckptstore.engine.filewriter import FileInfo, FileWriter
-from ckptstore.engine.itemsink import GATHER_MAX
 from ckptstore.engine.lease import Heartbeat, hold_step_lease
-from ckptstore.engine.manifest import MARKER_NAME, Manifest, Span
+from ckptstore.engine.manifest import MARKER_NAME, Manifest
 from ckptstore.engine.names import KEY_LAYOUTS, parse_step
 from ckptstore.engine.owner import run_identity
 from ckptstore.engine.store import Store
@@ -120,23 +112,23 @@ class CkptWriter(StoreBound, StorageWriter):
     ``_shard_store()`` (where ``write_data`` serialises the files), ``_shard_writer(store,
     name)`` per file, then ``_shards_failed(exc)`` if that raised, else
     ``_shards_written(files)``; ``_committed(manifest, metadata_bytes)`` at the end of
-    ``finish``. ``key_layout="spread"`` puts each rank's files under one of 256
+    ``finish``. ``options`` (``WriterOptions``; default: the defaults, with ``engine``'s
+    transfer settings): ``key_layout="spread"`` puts each rank's files under one of 256
     two-hex-digit sub-prefixes (``shard_prefix``) for stores that limit the request rate
-    per key prefix; ``codec`` names a codec of ``engine.codec_registry`` (with ``"zstd"`` stock
-    readers load it too, through DCP's ``stream.zstd/1`` transform).
+    per key prefix; ``codec`` names a codec of ``engine.codec_registry`` (with ``"zstd"``
+    stock readers load it too, through DCP's ``stream.zstd/1`` transform); ``transfer``
+    is the engine's settings (a given ``engine`` is used as it is).
     """
 
     def __init__(
         self,
         url: str | Store,
+        options: WriterOptions | None = None,
         *,
         storage_options: dict[str, Any] | None = None,
-        config: TransferConfig | None = None,
         overwrite: bool = False,
-        codec: str = "none",
         step: int | None = None,
         files_per_rank: int = 1,
-        key_layout: str = "flat",
         engine: TransferEngine | None = None,
         schedule: WriteSchedule | None = None,
         check_files: bool = True,
@@ -145,11 +137,13 @@ class CkptWriter(StoreBound, StorageWriter):
         #: False: the destination holds only the coordinator's node's files (a save to
         #: node-local tiers), so the commit does not check that every file is there.
         self.check_files = check_files
-        shard_prefix(0, key_layout)  # validates it
-        self.key_layout = key_layout
-        self._bind(url, storage_options, config, engine)
+        if options is None:  # the defaults, with the engine's transfer settings if given
+            options = WriterOptions(transfer=engine.config if engine else TransferConfig())
+        shard_prefix(0, options.key_layout)  # validates it
+        self.key_layout = options.key_layout
+        self._bind(url, storage_options, options.transfer, engine)
         self.overwrite = overwrite
-        self.codec = codec  # validated (see the property)
+        self.codec = options.codec  # validated (see the property)
         self._step = step
         self.files_per_rank = max(1, files_per_rank)
         #: How this rank's shard files are grouped and ordered (``dcp.schedule``).
@@ -326,40 +320,10 @@ class CkptWriter(StoreBound, StorageWriter):
     def _write_file(
         self, name: str, items: list, planner: SavePlanner, store: Store | None = None
     ) -> list[WriteResult]:
-        """Serialise ``items`` into file ``name`` of ``store`` (default: the destination).
-
-        Bytes items first (as stock DCP writes them), then the larger tensors, then the
-        smaller ones, each in plan order. With the identity codec small items are gathered and
-        written together (``_SmallItems``), each larger one streamed through an
-        ``ItemSink`` (hashed once, its storage recorded as a span), after zeros that put its
-        storage's bytes where a volume writes them from their own memory
-        (``FileWriter.align``: DCP's metadata locates every item, no reader reads between).
-        """
-        written: list[tuple[Any, int, int, int, int, Span | None]] = []
+        """Serialise ``items`` into file ``name`` of ``store`` (default: the destination)
+        through ``_shard_writer``, in the order and form ``dcp.shard_file`` writes them."""
         with self._shard_writer(store or self.store, name) as w:
-            small = _SmallItems(w, written)
-            for item in sorted(items, key=_write_order):
-                data = cpu_item(planner.resolve_data(item))
-                if self._codec.identity:  # stream straight into part buffers, hashed once
-                    if small.add(item, data):
-                        continue
-                    small.flush()
-                    payload = payload_of(data)
-                    lead = payload_lead(data) if payload is not None else None
-                    if payload is not None and lead is not None:
-                        w.align(payload[0], lead, payload[1])  # its storage written in place
-                    with w.item(payload, owner=data) as sink:
-                        write_item(data, sink)
-                    written.append(
-                        (item, sink.offset, sink.length, sink.crc32c, sink.length, sink.span)
-                    )
-                    continue
-                raw = encode_item(data)
-                stored = self._codec.encode(raw)
-                crc = crc32c(stored)
-                offset = w.write(stored, crc)
-                written.append((item, offset, len(stored), crc, len(raw), None))
-            small.flush()
+            written = write_items(w, items, planner.resolve_data, self._codec)
             info: FileInfo = w.close()
         crashpoint("after_shards")
         return [
@@ -408,53 +372,6 @@ class CkptWriter(StoreBound, StorageWriter):
     def storage_meta(self) -> StorageMeta | None:
         """The checkpoint's URL and this save's attempt id, as stored in ``.metadata``."""
         return StorageMeta(checkpoint_id=self.url, save_id=self.attempt)
-
-
-def _write_order(item: WriteItem) -> int:
-    """Bytes items first, then tensors of ``PAYLOAD_MIN`` or more, then the smaller ones
-    (a sort key; the sort is stable)."""
-    if item.type == WriteItemType.BYTE_IO:
-        return 0
-    return 2 if item_bytes(item) < PAYLOAD_MIN else 1
-
-
-class _SmallItems:
-    """Small items of one file, encoded into one buffer and written together: one write,
-    hashed once for the file, instead of an ``ItemSink`` each (a model state's few
-    hundred biases, norms, step counters and hyperparameters cost the save thread, which
-    holds the GIL training needs, ~25 us each through a sink; profiled).
-
-    Call order: ``add`` per item (False: not small, nothing taken), ``flush`` before any
-    other write to the file and before it closes.
-    """
-
-    def __init__(self, writer: FileWriter | TeeWriter, written: list) -> None:
-        self._writer = writer
-        self._written = written  # (item, offset, length, crc32c, raw length, span)
-        self._buf = bytearray()
-        self._pending: list[tuple[Any, int, int, int]] = []  # (item, start, length, crc)
-
-    def add(self, item: Any, data: Any) -> bool:
-        """Take ``item`` (``data``: its ``cpu_item``) if it is small; False if not."""
-        raw = small_item_bytes(data)
-        if raw is None:
-            return False
-        self._pending.append((item, len(self._buf), len(raw), crc32c(raw)))
-        self._buf += raw
-        if len(self._buf) >= GATHER_MAX:
-            self.flush()
-        return True
-
-    def flush(self) -> None:
-        """Write the gathered items (a new buffer each time: the writer may keep it)."""
-        if not self._pending:
-            return
-        buf, self._buf = self._buf, bytearray()
-        base = self._writer.write(buf)
-        self._written.extend(
-            (item, base + start, n, crc, n, None) for item, start, n, crc in self._pending
-        )
-        self._pending = []
 
 
 def _world_size() -> int:

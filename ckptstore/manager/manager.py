@@ -96,7 +96,7 @@ class CheckpointManager:
         """``options`` (``ManagerOptions``, checked) with any of its fields given as keywords
         on top: ``CheckpointManager(root, keep=KeepLast(5), local_tier_dir="/nvme/ckpt")``."""
         self.options = opts = ManagerOptions.from_keywords(options, **keywords)
-        self.engine = TransferEngine(opts.config)
+        self.engine = TransferEngine(opts.writer.transfer)
         storage_options = dict(opts.storage_options) if opts.storage_options else None
         # Every control call on the root (HEAD of a marker, listings, marker and manifest
         # GETs, deletes) is retried per the engine's RetryConfig through this view.

@@ -4,6 +4,10 @@ Built once (by the caller, or from the manager's keywords) and passed down: the 
 its save backends and the plugins read their options from it, so a new option is
 added here once and reaches every one of them. ``from_keywords`` refuses an unknown
 keyword with the list of known ones, and an old name with the name that replaced it.
+The writer's settings are one field, ``writer`` (``WriterOptions``: codec, key layout,
+transfer settings), passed on whole; their old keywords (``codec=``, ``key_layout=``,
+``config=``) still work until ckptstore 0.2, to the constructor and ``from_keywords``
+alike, with a ``DeprecationWarning`` (``config.fold_writer_keywords``).
 ``SaveOptions`` is the part a save needs, derived from it once by the manager and handed
 to the save backends, the writer process and ``save_step`` as one picklable value.
 """
@@ -11,11 +15,12 @@ to the save backends, the writer process and ``save_step`` as one picklable valu
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ckptstore.config import TransferConfig
+from ckptstore.config import WRITER_KEYWORDS, WriterOptions, fold_writer_keywords
 from ckptstore.engine.codec_registry import get_codec
 from ckptstore.engine.names import KEY_LAYOUTS
 from ckptstore.engine.replicas import check_replicas
@@ -31,6 +36,8 @@ BACKENDS = ("thread", "process", "auto")
 ON_BUSY = ("wait", "skip")
 #: Keywords that were renamed: old name -> new name (refused with a message naming it).
 RENAMED = {"staging_dir": "local_tier_dir"}
+#: How a writer setting given the old way is spelled now (``WRITER_KEYWORDS``).
+WRITER_SPELLING = "writer=WriterOptions({}=...)"
 
 
 def check_budget(value: object) -> int | None:
@@ -58,12 +65,13 @@ class ManagerOptions:
         (``engine.tier_jobs``); a new run reads the root, not an earlier run's copies
         (pass the same ``run_id`` to continue one run).
     keep: retention of committed steps (default ``KeepLast(3)``).
-    config: the transfer engine's tuning (parts, concurrency, retries).
+    writer: how each step is written (``WriterOptions``): its codec ("none" or "zstd",
+        per item, in DCP's own ``ZStandard`` format), key layout ("flat", or "spread" over
+        256 key prefixes for request-rate-limited stores) and transfer settings (parts,
+        concurrency, retries: the manager's transfer engine, its restores' too).
     async_save: False writes each save before ``save`` returns.
     on_busy: a save while the previous one is uploading "wait"s for it or is "skip"ped.
     strict: raise a failed background save at the next call even after a first commit.
-    codec: "none" or "zstd" (per item, in DCP's own ``ZStandard`` format).
-    key_layout: "flat", or "spread" over 256 key prefixes for request-rate-limited stores.
     grace_period_s: what ``finalize`` may take after a preemption notice.
     handle_sigterm: install a SIGTERM handler that ``preemption_requested`` reports.
     background: "auto" (default: the writer process where this node has room for it and
@@ -103,12 +111,10 @@ class ManagerOptions:
     storage_options: Mapping[str, Any] | None = None
     local_tier_dir: str | None = None
     keep: RetentionPolicy = field(default_factory=lambda: KeepLast(3))
-    config: TransferConfig | None = None
+    writer: WriterOptions = WriterOptions()
     async_save: bool = True
     on_busy: str = "wait"
     strict: bool = False
-    codec: str = "none"
-    key_layout: str = "flat"
     grace_period_s: float = 120.0
     handle_sigterm: bool = False
     background: str = "auto"
@@ -132,11 +138,13 @@ class ManagerOptions:
             raise ConfigError(
                 f"background must be 'thread', 'process' or 'auto', not {self.background!r}"
             )
-        get_codec(self.codec)  # ConfigError listing the choices
-        if self.key_layout not in KEY_LAYOUTS:
+        if not isinstance(self.writer, WriterOptions):
+            raise ConfigError(f"writer must be a WriterOptions, not {self.writer!r}")
+        get_codec(self.writer.codec)  # ConfigError listing the choices
+        if self.writer.key_layout not in KEY_LAYOUTS:
             raise ConfigError(
                 f"key_layout must be one of {', '.join(map(repr, KEY_LAYOUTS))}, "
-                f"not {self.key_layout!r}"
+                f"not {self.writer.key_layout!r}"
             )
         check_budget(self.max_staging_bytes)
         check_replicas(self.replicas)
@@ -185,8 +193,12 @@ class ManagerOptions:
         """``base`` (default: the defaults) with ``keywords`` replacing its fields.
 
         An unknown keyword is a ``ConfigError`` listing the known ones; an old name
-        (``RENAMED``) one naming its new name."""
+        (``RENAMED``) one naming its new name; a writer setting given the old way
+        (``codec=``, ...) goes into ``writer``, with a ``DeprecationWarning``."""
         known = {f.name for f in dataclasses.fields(cls)}
+        if keywords.keys() & WRITER_KEYWORDS.keys():
+            writer = keywords.get("writer", (base or cls()).writer)
+            keywords["writer"] = fold_writer_keywords(writer, keywords, WRITER_SPELLING)
         for name in keywords:
             if name in RENAMED:
                 raise ConfigError(
@@ -199,6 +211,25 @@ class ManagerOptions:
                     f"{', '.join(sorted(known))}"
                 )
         return dataclasses.replace(base or cls(), **keywords)
+
+
+def _takes_writer_keywords(cls: type[ManagerOptions]) -> type[ManagerOptions]:
+    """``ManagerOptions(codec=..., key_layout=..., config=...)``, the old spellings, keep
+    working until ckptstore 0.2: folded into ``writer``, with a ``DeprecationWarning``."""
+    init = cls.__init__
+
+    @functools.wraps(init)
+    def __init__(self: ManagerOptions, *args: Any, **keywords: Any) -> None:
+        if keywords.keys() & WRITER_KEYWORDS.keys():
+            writer = keywords.get("writer")
+            keywords["writer"] = fold_writer_keywords(writer, keywords, WRITER_SPELLING)
+        init(self, *args, **keywords)
+
+    setattr(cls, "__init__", __init__)  # noqa: B010 - mypy keeps the dataclass's signature
+    return cls
+
+
+_takes_writer_keywords(ManagerOptions)
 
 
 @dataclass(frozen=True)
@@ -214,9 +245,7 @@ class SaveOptions:
 
     storage_options: dict[str, Any] | None = None
     local_tier_dir: str | None = None
-    config: TransferConfig = field(default_factory=TransferConfig)
-    codec: str = "none"
-    key_layout: str = "flat"
+    writer: WriterOptions = WriterOptions()
     background: str = "auto"
     max_staging_bytes: int | None = None
     run_id: str | None = None
@@ -231,9 +260,7 @@ class SaveOptions:
         return cls(
             storage_options=dict(options.storage_options) if options.storage_options else None,
             local_tier_dir=options.local_tier_dir,
-            config=options.config or TransferConfig(),
-            codec=options.codec,
-            key_layout=options.key_layout,
+            writer=options.writer,
             background=options.background,
             max_staging_bytes=options.max_staging_bytes,
             run_id=run_id,

@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     from ckptstore import CheckpointManager, KeepAll, KeepLast, RNGState
-    from ckptstore.config import RetryConfig, TransferConfig
+    from ckptstore.config import RetryConfig, TransferConfig, WriterOptions
     from ckptstore.data import DataLoader, ShardedDataset
     from ckptstore.launch import init_process_group
 
@@ -222,9 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         storage_options=json.loads(a.storage_options) or None,
         local_tier_dir=a.staging or None,
         keep=KeepLast(a.keep) if a.keep else KeepAll(),
-        config=TransferConfig(retry=RetryConfig(attempts=a.retry_attempts))
+        writer=WriterOptions(transfer=TransferConfig(retry=RetryConfig(attempts=a.retry_attempts)))
         if a.retry_attempts
-        else None,
+        else WriterOptions(),
         strict=not a.lenient,
         handle_sigterm=True,
         background=a.background,

@@ -15,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 
 import ckptstore
 from ckptstore.cli.main import main as cli_main
+from ckptstore.config import WriterOptions
 from ckptstore.dcp.transcode import transcode
 from ckptstore.engine.codec_registry import get_codec, register_codec
 from ckptstore.engine.codecs import Codec
@@ -62,7 +63,7 @@ def test_the_manifest_records_versioned_descriptors_and_old_bare_names_still_loa
 ) -> None:
     plain, packed = tmp_path / "step_000000001", tmp_path / "step_000000002"
     ckptstore.save(_state(), ckptstore.writer(str(plain)))
-    ckptstore.save(_state(), ckptstore.writer(str(packed), codec="zstd"))
+    ckptstore.save(_state(), ckptstore.writer(str(packed), WriterOptions(codec="zstd")))
     assert _doc(plain)["codec"] == "none"  # what older ckptstore readers understand
     assert _doc(packed)["codec"] == "zstd/1"
     for step_dir in (plain, packed):
@@ -80,7 +81,7 @@ def test_the_manifest_records_versioned_descriptors_and_old_bare_names_still_loa
 @pytest.mark.parametrize("descriptor", ["lz4/1", "zstd/2", "test-xor/9"])
 def test_an_unknown_codec_in_a_manifest_is_refused_by_name(tmp_path: Path, descriptor: str) -> None:
     step_dir = tmp_path / "step_000000003"
-    ckptstore.save(_state(), ckptstore.writer(str(step_dir), codec="zstd"))
+    ckptstore.save(_state(), ckptstore.writer(str(step_dir), WriterOptions(codec="zstd")))
     _resign(step_dir, {**_doc(step_dir), "codec": descriptor})
     pattern = rf"records codec '{descriptor}', which this ckptstore does not know.*upgrade"
     with pytest.raises(CorruptCheckpointError, match=pattern):
@@ -95,7 +96,7 @@ def test_a_registered_codec_round_trips_through_writer_reader_and_transcode(
     tmp_path: Path,
 ) -> None:
     url = tmp_path / "step_000000004"
-    writer = ckptstore.writer(str(url), codec="test-xor")
+    writer = ckptstore.writer(str(url), WriterOptions(codec="test-xor"))
     assert pickle.loads(pickle.dumps(writer))._codec == get_codec("test-xor")
     ckptstore.save(_state(), writer)
     doc = _doc(url)
@@ -137,9 +138,9 @@ def test_convert_offers_the_registered_codecs(
 
 def test_writers_and_managers_refuse_an_unknown_codec_listing_the_choices(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"unknown codec 'lz5'; choose one of none, .*zstd"):
-        ckptstore.writer(str(tmp_path / "a"), codec="lz5")
+        ckptstore.writer(str(tmp_path / "a"), WriterOptions(codec="lz5"))
     with pytest.raises(ConfigError, match=r"unknown codec 'lz5'; choose one of none, .*zstd"):
-        ckptstore.CheckpointManager(str(tmp_path / "root"), codec="lz5")
+        ckptstore.CheckpointManager(str(tmp_path / "root"), writer=WriterOptions(codec="lz5"))
     assert not (tmp_path / "a").exists()
 
 
@@ -147,10 +148,10 @@ def test_a_zstd_checkpoint_without_zstandard_names_the_extra(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     url = str(tmp_path / "step_000000006")
-    ckptstore.save(_state(), ckptstore.writer(url, codec="zstd"))
+    ckptstore.save(_state(), ckptstore.writer(url, WriterOptions(codec="zstd")))
     monkeypatch.setitem(sys.modules, "zstandard", None)  # `import zstandard` now fails
     with pytest.raises(MissingDependencyError, match=r"pip install 'ckptstore\[zstd\]'"):
         ckptstore.reader(url)
     with pytest.raises(MissingDependencyError, match=r"pip install 'ckptstore\[zstd\]'"):
-        ckptstore.writer(str(tmp_path / "b"), codec="zstd")
+        ckptstore.writer(str(tmp_path / "b"), WriterOptions(codec="zstd"))
     assert cli_main(["ls", str(tmp_path)]) == 0  # listing needs no codec

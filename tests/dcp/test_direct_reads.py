@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import ckptstore
+from ckptstore.config import WriterOptions
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import Manifest, RangeEntry, Span
@@ -110,7 +111,7 @@ def test_corrupted_tensor_bytes_name_the_file_and_range(ckpt) -> None:
 def test_zstd_checkpoints_record_no_spans(tmp_path) -> None:
     pytest.importorskip("zstandard")
     path = str(tmp_path / "step_000000003")
-    ckptstore.save(state(), ckptstore.writer(path, codec="zstd"))
+    ckptstore.save(state(), ckptstore.writer(path, WriterOptions(codec="zstd")))
     assert all(r.span is None for r in open_committed(LocalStore(path)).manifest.ranges)
     out = targets()
     ckptstore.load(out, path)

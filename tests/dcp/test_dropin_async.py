@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import ckptstore
+from ckptstore.config import WriterOptions
 from ckptstore.engine.committed import open_committed
 from ckptstore.stores.local import LocalStore
 from harness.dist import run_distributed
@@ -90,7 +91,7 @@ def test_async_save_process_executor_on_s3(seaweedfs: Any) -> None:
 
 def test_writer_and_reader_pickle_and_reopen_their_store(tmp_path) -> None:
     url = str(tmp_path / "step_000000001")
-    w = ckptstore.writer(url, codec="zstd", key_layout="spread")
+    w = ckptstore.writer(url, WriterOptions(codec="zstd", key_layout="spread"))
     w2 = pickle.loads(pickle.dumps(w))
     assert (w2.url, w2.codec, w2.key_layout, w2.config) == (w.url, w.codec, w.key_layout, w.config)
     assert w2.engine is w.engine  # the receiving process's shared engine for that config

@@ -1,5 +1,5 @@
-"""zstd both ways: ckptstore's ``codec="zstd"`` checkpoints load in stock readers (they
-use DCP's own ``ZStandard`` stream format and name it in ``.metadata``), and stock
+"""zstd both ways: ckptstore's ``WriterOptions(codec="zstd")`` checkpoints load in stock readers
+(they use DCP's own ``ZStandard`` stream format and name it in ``.metadata``), and stock
 checkpoints written with ``FileSystemWriter(_extensions=[ZStandard()])`` load in
 ``ckptstore.reader``."""
 
@@ -11,6 +11,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint._extension import ZStandard
 
 import ckptstore
+from ckptstore.config import WriterOptions
 from ckptstore.dcp.reader import StockCheckpointWarning
 from ckptstore.engine.committed import open_committed
 from ckptstore.errors import CorruptCheckpointError
@@ -38,7 +39,7 @@ def _equal(a: dict, b: dict) -> bool:
 
 def test_ckptstore_zstd_checkpoint_loads_in_a_stock_reader(tmp_path) -> None:
     url = str(tmp_path / "step_000000012")
-    ckptstore.save(_state(), ckptstore.writer(url, codec="zstd"))
+    ckptstore.save(_state(), ckptstore.writer(url, WriterOptions(codec="zstd")))
     assert open_committed(LocalStore(url)).manifest.codec == "zstd"
     stock = _blank()
     dcp.load(stock, storage_reader=dcp.FileSystemReader(url))

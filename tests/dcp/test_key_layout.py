@@ -7,6 +7,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckptstore
+from ckptstore.config import WriterOptions
 from ckptstore.dcp.writer import shard_prefix
 from ckptstore.engine.committed import open_committed
 from ckptstore.errors import ConfigError
@@ -33,12 +34,12 @@ def test_shard_prefix_spreads_ranks_evenly_and_stably() -> None:
     with pytest.raises(ConfigError, match="key_layout"):
         shard_prefix(0, "hashed")
     with pytest.raises(ConfigError, match="key_layout"):
-        ckptstore.writer("/tmp/never-written", key_layout="random")
+        ckptstore.writer("/tmp/never-written", WriterOptions(key_layout="random"))
 
 
 def test_spread_checkpoint_round_trips_and_loads_with_stock_reader(tmp_path) -> None:
     path = str(tmp_path / "step_000000003")
-    ckptstore.save(state(), ckptstore.writer(path, key_layout="spread"))
+    ckptstore.save(state(), ckptstore.writer(path, WriterOptions(key_layout="spread")))
     manifest = open_committed(LocalStore(path)).manifest
     shards = [name for name in manifest.files if name.endswith(".distcp")]
     assert shards and all(name.startswith(shard_prefix(0, "spread")) for name in shards)
@@ -55,14 +56,19 @@ def test_spread_checkpoint_round_trips_and_loads_with_stock_reader(tmp_path) -> 
 def test_manager_with_spread_layout_keeps_and_deletes_whole_steps(tmp_path) -> None:
     root = str(tmp_path / "run")
     with ckptstore.CheckpointManager(
-        root, keep=ckptstore.KeepLast(1), async_save=False, key_layout="spread"
+        root,
+        keep=ckptstore.KeepLast(1),
+        async_save=False,
+        writer=WriterOptions(key_layout="spread"),
     ) as mgr:
         for step in (1, 2, 3):
             mgr.save(step, state())
         assert mgr.steps() == [3]
     assert sorted(os.listdir(root)) == ["step_000000003"]
     out = {"w": torch.zeros(128, 32), "meta": {"step": 0}}
-    with ckptstore.CheckpointManager(root, key_layout="spread", background="thread") as mgr:
+    with ckptstore.CheckpointManager(
+        root, writer=WriterOptions(key_layout="spread"), background="thread"
+    ) as mgr:
         assert mgr.restore(out) == 3
     assert torch.equal(out["w"], state()["w"])
 
@@ -74,7 +80,7 @@ def test_two_managers_in_one_process_keep_their_own_layouts(tmp_path) -> None:
     from ckptstore import CheckpointManager, ManagerOptions
 
     for layout in ("flat", "spread", "flat"):
-        opts = ManagerOptions(key_layout=layout, async_save=False)
+        opts = ManagerOptions(writer=WriterOptions(key_layout=layout), async_save=False)
         with CheckpointManager(str(tmp_path / layout), options=opts) as mgr:
             mgr.save(1, state())
         files = open_committed(LocalStore(str(tmp_path / layout / "step_000000001"))).manifest.files

@@ -8,6 +8,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 import ckptstore
+from ckptstore.config import WriterOptions
 from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.errors import (
@@ -77,7 +78,7 @@ def test_stock_checkpoint_loads_with_a_warning(tmp_path) -> None:
 
 def test_zstd_codec_round_trip(tmp_path) -> None:
     path = str(tmp_path / "z")
-    ckptstore.save(state(), path, codec="zstd")
+    ckptstore.save(state(), path, options=WriterOptions(codec="zstd"))
     assert open_committed(LocalStore(path)).manifest.codec == "zstd"
     out = empty()
     ckptstore.load(out, path)

@@ -4,7 +4,7 @@ import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
-from ckptstore.config import RetryConfig, TransferConfig
+from ckptstore.config import RetryConfig, TransferConfig, WriterOptions
 from ckptstore.dcp.staged import StagedWriter
 from ckptstore.engine.committed import open_committed
 from ckptstore.engine.local_tier import local_copy_matches
@@ -31,7 +31,12 @@ def test_local_copy_and_upload_are_identical_and_the_tier_matches(tmp_path, budg
     root = LocalStore(str(tmp_path / "root"))
     url = root.child("step_000000001")
     cfg = TransferConfig(part_size=PART, memory_budget=budget_parts * PART, retry=FAST)
-    w = StagedWriter(url, local_tier_dir=str(tmp_path / "nvme"), config=cfg, files_per_rank=2)
+    w = StagedWriter(
+        url,
+        local_tier_dir=str(tmp_path / "nvme"),
+        options=WriterOptions(transfer=cfg),
+        files_per_rank=2,
+    )
     dcp.save(state(), storage_writer=w, no_dist=True)
     remote = shards(url)
     assert len(remote) == 2 and remote == shards(w.local)
@@ -47,7 +52,12 @@ def test_a_failed_upload_keeps_the_complete_local_copy(tmp_path):
     inner = LocalStore(str(tmp_path / "root" / "step_000000001"))
     url = FaultyStore(inner, [Fault("put_part", calls={2}, error=StoreAccessError("link down"))])
     cfg = TransferConfig(part_size=PART, memory_budget=8 * PART, retry=FAST)
-    w = StagedWriter(url, local_tier_dir=str(tmp_path / "nvme"), config=cfg, files_per_rank=2)
+    w = StagedWriter(
+        url,
+        local_tier_dir=str(tmp_path / "nvme"),
+        options=WriterOptions(transfer=cfg),
+        files_per_rank=2,
+    )
     with pytest.raises(BaseException, match="the complete local copy is kept") as err:
         dcp.save(state(), storage_writer=w, no_dist=True)
     assert "link down" in str(err.value)
@@ -55,7 +65,7 @@ def test_a_failed_upload_keeps_the_complete_local_copy(tmp_path):
     good = StagedWriter(
         LocalStore(str(tmp_path / "ok" / "step_000000001")),
         local_tier_dir=str(tmp_path / "nvme2"),
-        config=cfg,
+        options=WriterOptions(transfer=cfg),
         files_per_rank=2,
     )
     dcp.save(state(), storage_writer=good, no_dist=True)

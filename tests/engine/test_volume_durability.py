@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.config import TransferConfig
+from ckptstore.config import TransferConfig, WriterOptions
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine import transfer
 from ckptstore.engine.checksum import crc32c
@@ -121,7 +121,7 @@ def test_a_write_torn_mid_file_never_looks_committed(tmp_path) -> None:
     )
     cfg = TransferConfig(part_size=1 << 19, memory_budget=1 << 21)
     with pytest.raises((TransferError, OSError)):
-        ckptstore.save(state(), CkptWriter(store, config=cfg))
+        ckptstore.save(state(), CkptWriter(store, WriterOptions(transfer=cfg)))
     assert store.calls["put_part"] >= 2
     assert not (path / MARKER_NAME).exists()
     assert LocalStore(str(path)).find() == []
@@ -131,7 +131,9 @@ def test_a_write_torn_mid_file_never_looks_committed(tmp_path) -> None:
 def test_a_corrupted_byte_in_a_multipart_shard_is_caught(tmp_path) -> None:
     path = tmp_path / "step_000000004"
     cfg = TransferConfig(part_size=1 << 20)
-    ckptstore.save(state(), CkptWriter(str(path), config=cfg))  # two parts of 1 MiB
+    ckptstore.save(
+        state(), CkptWriter(str(path), WriterOptions(transfer=cfg))
+    )  # two parts of 1 MiB
     shard = next(p for p in path.iterdir() if p.name.endswith(".distcp"))
     with open(shard, "r+b") as f:
         f.seek(shard.stat().st_size // 2)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from ckptstore.config import WriterOptions
 from ckptstore.engine.catalog import step_name
 from ckptstore.errors import ConfigError, StoreAccessError
 from ckptstore.manager import CheckpointManager
@@ -79,7 +80,9 @@ def test_single_process_round_trip_reuses_the_staging_arena(tmp_path) -> None:
     root = str(tmp_path / "root")
     model, opt = model_and_optim(0)
     state = app_state(model, opt)
-    with CheckpointManager(root, background="process", key_layout="spread") as mgr:
+    with CheckpointManager(
+        root, background="process", writer=WriterOptions(key_layout="spread")
+    ) as mgr:
         mgr.save(0, state)
         train(model, opt, 2)
         state["extra"]["t"] = torch.arange(300)  # the state grew: a new arena, once

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 import ckptstore
+from ckptstore.config import WriterOptions
 from ckptstore.engine.catalog import list_steps, step_name
 from ckptstore.errors import StorageFullError
 from ckptstore.manager import CheckpointManager
@@ -211,7 +212,7 @@ def test_unreachable_remote_fails_clearly_and_keeps_the_local_copy(tmp_path) -> 
     )
     fast = TransferConfig(retry=RetryConfig(attempts=3, base_backoff_s=0.01, deadline_s=5))
     staging = str(tmp_path / "nvme")
-    mgr = CheckpointManager(remote, local_tier_dir=staging, config=fast)
+    mgr = CheckpointManager(remote, local_tier_dir=staging, writer=WriterOptions(transfer=fast))
     mgr.save(7, state(7.0))
     with pytest.raises(ckptstore.TransferError, match="after 3 attempts.*local copy is kept"):
         mgr.wait()  # the manager's first save: nothing of the run is protected, it raises

@@ -10,6 +10,7 @@ import dataclasses
 
 import pytest
 
+from ckptstore.config import WriterOptions
 from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.options import ManagerOptions
@@ -21,8 +22,12 @@ from ckptstore.manager.retention import KeepAll, KeepLast
     [
         ({"on_busy": "queue"}, "on_busy must be 'wait' or 'skip'"),
         ({"background": "fork"}, "background must be 'thread', 'process' or 'auto'"),
-        ({"codec": "lz5"}, "lz5"),
-        ({"key_layout": "deep"}, "key_layout must be one of 'flat', 'spread'"),
+        ({"writer": WriterOptions(codec="lz5")}, "lz5"),
+        (
+            {"writer": WriterOptions(key_layout="deep")},
+            "key_layout must be one of 'flat', 'spread'",
+        ),
+        ({"writer": {"codec": "zstd"}}, "writer must be a WriterOptions"),
         ({"max_staging_bytes": 0}, "max_staging_bytes must be a positive number"),
         ({"max_staging_bytes": True}, "max_staging_bytes must be a positive number"),
         ({"replicas": -1}, "replicas must be a whole number >= 0"),
@@ -50,15 +55,15 @@ def test_an_unknown_keyword_lists_the_options(tmp_path) -> None:
 
 
 def test_keywords_replace_fields_of_the_options_given(tmp_path) -> None:
-    base = ManagerOptions(keep=KeepAll(), codec="zstd", async_save=False)
-    with CheckpointManager(str(tmp_path / "root"), base, codec="none") as mgr:
-        assert mgr.options == dataclasses.replace(base, codec="none")
+    base = ManagerOptions(keep=KeepAll(), writer=WriterOptions(codec="zstd"), async_save=False)
+    with CheckpointManager(str(tmp_path / "root"), base, writer=WriterOptions()) as mgr:
+        assert mgr.options == dataclasses.replace(base, writer=WriterOptions())
         assert isinstance(mgr.options.keep, KeepAll)
-    assert base.codec == "zstd"  # the caller's value is not changed
+    assert base.writer.codec == "zstd"  # the caller's value is not changed
 
 
 def test_options_are_frozen_and_default_to_keep_last_3() -> None:
     opts = ManagerOptions(keep=None)  # type: ignore[arg-type]  # None means the default
     assert opts.keep == KeepLast(3) and ManagerOptions().keep == KeepLast(3)
     with pytest.raises(dataclasses.FrozenInstanceError):
-        opts.codec = "zstd"  # type: ignore[misc]
+        opts.writer = WriterOptions()  # type: ignore[misc]

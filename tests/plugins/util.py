@@ -135,18 +135,16 @@ def every_manager_option(tmp_path: Any) -> dict[str, Any]:
     plugin takes every one but ``CADENCES``."""
     import dataclasses
 
-    from ckptstore import KeepLast, ManagerOptions, TransferConfig
+    from ckptstore import KeepLast, ManagerOptions, TransferConfig, WriterOptions
 
     values = {
         "storage_options": {"anon": True},
         "local_tier_dir": str(tmp_path / "local-tier"),
         "keep": KeepLast(7),
-        "config": TransferConfig(concurrency=3),
+        "writer": WriterOptions("zstd", "spread", TransferConfig(concurrency=3)),
         "async_save": False,
         "on_busy": "skip",
         "strict": True,
-        "codec": "zstd",
-        "key_layout": "spread",
         "grace_period_s": 7.5,
         "handle_sigterm": True,
         "background": "process",
@@ -190,7 +188,7 @@ def assert_refuses_wrong_options(make: Any) -> None:
 
     with pytest.raises(ConfigError, match="now called 'local_tier_dir'"):
         make(staging_dir="/nvme")
-    with pytest.raises(ConfigError, match="unknown CheckpointManager option 'nope'.*codec"):
+    with pytest.raises(ConfigError, match="unknown CheckpointManager option 'nope'.*writer"):
         make(nope=1)
     with pytest.raises(ConfigError, match="on_busy"):
         make(on_busy="later")

@@ -81,7 +81,7 @@ def save_step(
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
     on every rank of ``process_group``; the post-commit warnings.
 
-    ``options`` say how (codec, key layout, local tier and its job, run id);
+    ``options`` say how (the writer's options, local tier and its job, run id);
     ``overwrite`` replaces a committed ``step`` (one found damaged) atomically; ``local``
     saves ``step`` to the local tier alone: each rank writes its files into its own node's
     ``local_tier_dir/<job>/<step>/`` (``engine.tier_jobs``: a job directory that is not
@@ -116,11 +116,9 @@ def save_step(
     elif pieces is not None:
         schedule = Piecewise(pieces, manifest_timings)
     common: dict[str, Any] = dict(
-        codec=options.codec,
-        key_layout=options.key_layout,
+        options=options.writer,  # its transfer settings are the engine's
         step=step,
         engine=engine,
-        config=engine.config,
         overwrite=overwrite,
         schedule=schedule,
     )
@@ -149,7 +147,7 @@ def save_step(
                 state,
                 storage_writer=writer,
                 process_group=process_group,
-                planner=CachedPlanner(options.key_layout, process_group),
+                planner=CachedPlanner(options.writer.key_layout, process_group),
             )
         except CheckpointException as exc:
             raise dcp.unwrap_checkpoint_exception(exc) from exc

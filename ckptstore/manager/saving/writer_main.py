@@ -216,7 +216,7 @@ def main(argv: list[str]) -> int:
         from ckptstore.engine.transfer import TransferEngine
         from ckptstore.stores import open_store
 
-        engine = TransferEngine(settings.options.config)
+        engine = TransferEngine(settings.options.writer.transfer)
         root = open_store(settings.root, settings.options.storage_options)
         if settings.rendezvous is not None:
             _join_group(settings)

@@ -116,20 +116,23 @@ def test_accelerate_save_state_commits_and_resume_takes_the_committed_copy(tmp_p
 
 
 def test_manager_options_pass_through(tmp_path) -> None:
-    from ckptstore import KeepLast
+    from ckptstore import KeepLast, WriterOptions
     from ckptstore_hf import CkptStoreCallback
 
     cb = CkptStoreCallback(
         str(tmp_path / "root"),
         keep=KeepLast(5),
-        codec="zstd",
+        writer=WriterOptions(codec="zstd", key_layout="spread"),
         strict=True,
-        key_layout="spread",
         background="thread",
     )
     mgr = cb.folders.manager  # a real one (test_hf_options.py: every option, through a spy)
-    assert (mgr.options.keep, mgr.options.codec, mgr.options.strict) == (KeepLast(5), "zstd", True)
-    assert (mgr.options.key_layout, mgr.options.background) == ("spread", "thread")
+    assert (mgr.options.keep, mgr.options.writer.codec, mgr.options.strict) == (
+        KeepLast(5),
+        "zstd",
+        True,
+    )
+    assert (mgr.options.writer.key_layout, mgr.options.background) == ("spread", "thread")
     cb.close()
 
 

@@ -19,7 +19,7 @@ to the step, written once the step has committed, so ``ModelCheckpoint``'s top-k
 
 Options: ``CkptStoreIO(root, options, **keywords)`` takes a ``ckptstore.ManagerOptions``
 and/or any of its fields as keywords, as ``CheckpointManager`` does (``local_tier_dir``,
-``codec``, ``background``, ``max_staging_bytes``, ...); ``keep`` is the IO's own pruning
+``writer``, ``background``, ``max_staging_bytes``, ...); ``keep`` is the IO's own pruning
 beyond the names (default ``KeepLast(1)``).
 
 Several processes (``strategy="ddp"`` under Lightning's launcher or ``torchrun``): every

@@ -14,7 +14,7 @@ pytest.importorskip("lightning")
 from lightning import Trainer  # noqa: E402
 from lightning.pytorch.strategies import FSDPStrategy, ModelParallelStrategy  # noqa: E402
 
-from ckptstore import CheckpointManager, KeepAll  # noqa: E402
+from ckptstore import CheckpointManager, KeepAll, WriterOptions  # noqa: E402
 from ckptstore.errors import CommitConflictError, ConfigError, check_version  # noqa: E402
 from ckptstore.stores.local import LocalStore  # noqa: E402
 from ckptstore.testing.faults import Fault, FaultyStore  # noqa: E402
@@ -120,9 +120,9 @@ def test_a_root_another_job_commits_to_first_fails_this_save_and_tears_nothing(t
 
 
 def test_lightning_io_passes_key_layout_and_background_to_its_manager(tmp_path) -> None:
-    io = CkptStoreIO(str(tmp_path), key_layout="spread", background="thread")
+    io = CkptStoreIO(str(tmp_path), writer=WriterOptions(key_layout="spread"), background="thread")
     mgr = io.manager()
-    assert (mgr.options.key_layout, mgr.options.background) == ("spread", "thread")
+    assert (mgr.options.writer.key_layout, mgr.options.background) == ("spread", "thread")
     io.teardown()
     with pytest.raises(ConfigError, match="background"):
         CkptStoreIO(str(tmp_path), background="fork").manager()

@@ -167,3 +167,16 @@ def test_a_volume_write_needs_its_directory(tmp_path) -> None:
         with pytest.raises(error, match="does not exist; create it"):
             storage.write(tmp_path / "absent/x", b"x")
     assert not (tmp_path / "absent").exists()
+
+
+def test_the_transfer_settings_given_once_reach_the_engine(tmp_path) -> None:
+    """``transfer`` (the glossary's word for the transfer settings, as in
+    ``ckptstore.WriterOptions(transfer=...)`` and ``ckptstore.reader(transfer=...)``)."""
+    from ckptstore import RetryConfig, TransferConfig
+
+    transfer = TransferConfig(part_size=1 << 20, concurrency=3, retry=RetryConfig(attempts=2))
+    config = CkptStoreStorageConfig(str(tmp_path), transfer=transfer)
+    storage = config.create_storage()
+    assert storage.engine.config == transfer
+    storage.write(tmp_path / "f", bytes(3 << 20))  # three parts of 1 MiB
+    assert os.path.getsize(tmp_path / "f") == 3 << 20

@@ -23,11 +23,12 @@ import logging
 import posixpath
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import torch
 
 import ckptstore
+from ckptstore.config import WriterOptions, fold_writer_keywords
 from ckptstore.errors import (
     ConfigError,
     CorruptCheckpointError,
@@ -94,8 +95,13 @@ class CkptStoreCheckpointManager(CheckpointManager):
         """Reuse DCP's save plan while the state's layout is unchanged
         (``DefaultSavePlanner(enable_plan_caching=True)``)."""
 
-        codec: Literal["none", "zstd"] = "none"
-        """Compress every stored item (``zstd`` needs ``pip install 'ckptstore[zstd]'``)."""
+        writer: WriterOptions = field(default_factory=WriterOptions)
+        """How each step is written, passed to ``ckptstore.writer`` whole: its codec
+        (``WriterOptions(codec="zstd")`` compresses every stored item; it needs ``pip
+        install 'ckptstore[zstd]'``), key layout and transfer settings."""
+
+        codec: str | None = None
+        """Deprecated (until ckptstore 0.2): ``writer=WriterOptions(codec=...)``."""
 
         allow_pickle: bool = False
         """Load non-tensor items with full unpickling; by default only what
@@ -112,6 +118,15 @@ class CkptStoreCheckpointManager(CheckpointManager):
 
         def __post_init__(self) -> None:
             CheckpointManager.Config.__post_init__(self)  # slots: no zero-argument super()
+            if self.codec is not None:  # the old spelling: into writer, with a warning
+                self.writer = fold_writer_keywords(
+                    self.writer, {"codec": self.codec}, "writer=WriterOptions({}=...)"
+                )
+                self.codec = None
+            if not isinstance(self.writer, WriterOptions):
+                raise ConfigError(
+                    f"checkpoint.writer must be a ckptstore WriterOptions, got {self.writer!r}"
+                )
             if not isinstance(self.storage_options, dict):
                 raise ConfigError(
                     f"checkpoint.storage_options must be a dict, got {self.storage_options!r}"
@@ -127,7 +142,7 @@ class CkptStoreCheckpointManager(CheckpointManager):
             return
         self.keep_latest_k = config.keep_latest_k
         self._options = dict(config.storage_options)
-        self._codec = config.codec
+        self._writer = config.writer
         self._allow_pickle = config.allow_pickle
         self._replace_through = -1  # a rollback's discarded steps: saved over, up to this
         self._planner = DefaultSavePlanner(enable_plan_caching=config.enable_plan_caching)
@@ -169,8 +184,8 @@ class CkptStoreCheckpointManager(CheckpointManager):
             )
         writer = ckptstore.writer(
             checkpoint_id,
+            self._writer,
             storage_options=self._options_for(checkpoint_id),
-            codec=self._codec,
             overwrite=(_step_of(checkpoint_id) or 0) <= self._replace_through,
         )
         kwargs: dict[str, Any] = {"storage_writer": writer, "planner": self._planner}

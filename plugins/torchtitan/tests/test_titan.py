@@ -168,6 +168,31 @@ def test_the_config_keeps_torchtitans_settings_and_refuses_bad_storage_options()
         CkptStoreCheckpointManager.Config(keep_latest_k=1)
 
 
+def test_writer_options_given_once_reach_every_save(tmp_path) -> None:
+    folder = str(tmp_path / "ckpt")
+    writer = ckptstore.WriterOptions(codec="zstd", key_layout="spread")
+    config = dict(folder=folder, interval=1, last_save_model_only=False, writer=writer)
+    _run(train, 2, 2, config)
+    for step in _committed(folder):
+        root = ckptstore.open_store(folder).child(ckptstore.step_name(step))
+        manifest = ckptstore.open_committed(root).manifest
+        shards = [name for name in manifest.files if name.endswith(".distcp")]
+        assert manifest.codec == "zstd" and len(shards) == 2
+        assert all(name[2] == "/" for name in shards)  # spread: under <hh>/
+
+
+def test_the_old_codec_field_warns_naming_writer_and_still_works() -> None:
+    from ckptstore_titan import CkptStoreCheckpointManager
+
+    with pytest.warns(DeprecationWarning, match=r"codec=.*writer=WriterOptions\(codec=\.\.\.\)"):
+        ours = CkptStoreCheckpointManager.Config(codec="zstd")
+    assert (ours.writer, ours.codec) == (ckptstore.WriterOptions(codec="zstd"), None)
+    kept = CkptStoreCheckpointManager.Config.from_titan(ours, folder="s3://b/r")
+    assert kept.writer.codec == "zstd"  # from_titan keeps it, with no second warning
+    with pytest.raises(ckptstore.ConfigError, match="checkpoint.writer must be"):
+        CkptStoreCheckpointManager.Config(writer={"codec": "zstd"})  # type: ignore[arg-type]
+
+
 def test_torchtitans_command_line_keeps_the_plugins_config_and_overrides_its_fields() -> None:
     from ckptstore_titan import CkptStoreCheckpointManager
     from torchtitan.config import ConfigManager
