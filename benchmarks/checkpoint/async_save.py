@@ -20,7 +20,7 @@ Contenders (one after another in the same run, same directory type):
 - ckptstore ``CheckpointManager.save`` (cached staging buffers; background write + commit),
   the same with ``local_tier_dir`` (local staging tier, then upload to the root), with
   ``background="process"`` (shared-memory staging arena; a writer process per rank), and in
-  process mode with ``max_staging_bytes`` = half the rank's state (staged in pieces).
+  process mode with ``max_staging_bytes`` = half the rank's state (staged in rounds).
   The managers are built together and their saves interleaved round by round (the order
   rotated each round), so that the machine's load drifts over all of them alike; their
   peak RSS is the peak over all of them.

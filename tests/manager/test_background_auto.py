@@ -116,7 +116,7 @@ def test_a_writer_never_sent_a_save_is_stopped_at_once_one_that_saved_exits(tmp_
 @pytest.mark.processes
 def test_a_state_the_writer_cannot_take_is_saved_on_the_thread(tmp_path, monkeypatch) -> None:
     """A tensor larger than ``max_staging_bytes`` cannot go to a writer process (its
-    arena holds a piece at most that large); the thread backend writes it straight from
+    arena holds a round at most that large); the thread backend writes it straight from
     training's memory."""
     monkeypatch.setattr(backend_module, "node_share", lambda ranks: (8.0, 64 * GIB))
     root = str(tmp_path / "root")

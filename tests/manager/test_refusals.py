@@ -78,7 +78,7 @@ def _process_mode_refusals(rank: int, world: int, root: str) -> dict:
         out["unpicklable_saved"] = mgr.save(2, odd)
         out["unpicklable"] = _outcome(mgr.wait)
         out["marker_2"] = os.path.exists(os.path.join(root, step_name(2), MARKER_NAME))
-        # 3. The state fixed (the large tensor in pieces that fit): saves and restores.
+        # 3. The state fixed (the large tensor split into tensors that fit): saves and restores.
         fixed = {"w": torch.full((256,), 3.0)}
         if rank == 1:
             fixed.update({f"big{i}": torch.full((8 * KIB,), float(i)) for i in range(4)})

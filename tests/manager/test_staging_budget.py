@@ -1,5 +1,5 @@
 """Staging and its host-memory budget (``max_staging_bytes``): the thread backend's arena,
-and the process backend's shared memory in pieces."""
+and the process backend's shared memory in rounds."""
 
 import json
 
@@ -167,7 +167,7 @@ def test_bad_budgets_are_config_errors_in_process_mode(tmp_path, bad) -> None:
 
 
 def _two_ranks_over_budget(rank: int, world: int, root: str, background: str) -> bool:
-    # thread: the 12 and 16 KiB tensors stay live; process: 3 pieces (each tensor must fit)
+    # thread: the 12 and 16 KiB tensors stay live; process: 3 rounds (each tensor must fit)
     budget = 12 * KIB if background == "thread" else 20 * KIB
     with CheckpointManager(root, max_staging_bytes=budget, background=background) as mgr:
         state = make_state(10, tag=f"r{rank}.")
@@ -194,8 +194,8 @@ def test_two_ranks_over_the_budget_save_and_restore_bitwise(tmp_path, background
     assert run_distributed(_two_ranks_over_budget, 2, str(tmp_path), background) == [True] * 2
 
 
-# -- background="process": the shared-memory staging in pieces -----------------------------
-def pieces_state(seed: int) -> dict:
+# -- background="process": the shared-memory staging in rounds -----------------------------
+def rounds_state(seed: int) -> dict:
     """~86 KiB in 6 tensors of 4-24 KiB, an int tensor and non-tensor values."""
     g = torch.Generator().manual_seed(seed)
     return {
@@ -205,29 +205,29 @@ def pieces_state(seed: int) -> dict:
     }
 
 
-def test_the_shared_stager_holds_one_piece_of_at_most_its_budget() -> None:
+def test_the_shared_stager_holds_one_round_of_at_most_its_budget() -> None:
     """Counted from the layout and by the kernel (the memfd's allocated blocks)."""
-    state = pieces_state(1)
+    state = rounds_state(1)
     tensors = [*state["model"].values(), state["ints"]]
     budget = 32 * KIB
     stager = SharedStager(budget=budget)
     staged = stager.stage(state)
     try:
-        assert staged.pieces == 4  # 86 KiB in pieces of at most 32 KiB
+        assert staged.rounds == 4  # 86 KiB in rounds of at most 32 KiB
         assert stager.arena is not None and staged.arena_size <= budget  # one segment for all
-        for piece in range(staged.pieces):
-            if piece:
-                stager.stage_piece(piece)
+        for round in range(staged.rounds):
+            if round:
+                stager.stage_round(round)
             assert 0 < stager.in_use <= budget and stager.arena.resident() <= budget
-            here = [i for i, s in enumerate(staged.slots) if s.piece == piece]
+            here = [i for i, s in enumerate(staged.slots) if s.round == round]
             assert here
             for i in here:
                 assert torch.equal(stager.views[i], tensors[i])
         assert stager.peak_in_use <= budget and 0 < stager.peak_resident <= budget
         stager.release()
-        with pytest.raises(ValueError, match="without a state of several pieces"):
-            stager.stage_piece(1)  # training's tensors are no longer held
-        assert stager.stage(state).pieces == 4 and stager.allocations == 1
+        with pytest.raises(ValueError, match="without a state of several rounds"):
+            stager.stage_round(1)  # training's tensors are no longer held
+        assert stager.stage(state).rounds == 4 and stager.allocations == 1
     finally:
         stager.close()
 
@@ -241,31 +241,31 @@ def test_a_tensor_larger_than_the_process_budget_is_a_config_error() -> None:
 
 @pytest.mark.parametrize("staging", [False, True], ids=["direct", "local_tier_dir"])
 @pytest.mark.processes
-def test_process_mode_over_the_budget_saves_in_pieces_and_restores_bitwise(
+def test_process_mode_over_the_budget_saves_in_rounds_and_restores_bitwise(
     tmp_path, staging
 ) -> None:
-    budget = 32 * KIB  # the state holds ~86 KiB of tensors: written in 4 pieces
+    budget = 32 * KIB  # the state holds ~86 KiB of tensors: written in 4 rounds
     kwargs = {"local_tier_dir": str(tmp_path / "nvme")} if staging else {}
     root = tmp_path / "root"
     with CheckpointManager(
         str(root), max_staging_bytes=budget, background="process", strict=True, **kwargs
     ) as mgr:
         for step in (1, 2):  # the second save reuses the first one's arena
-            state = pieces_state(step)
-            want = pieces_state(step)
+            state = rounds_state(step)
+            want = rounds_state(step)
             assert mgr.save(step, state)
-            scribble(state)  # no piece may see this, staged or still to stage
+            scribble(state)  # no round may see this, staged or still to stage
             mgr.wait()
             record = mgr.records[-1]
             assert record.status == "committed"
             assert record.bytes == sum(v.nbytes for v in want["model"].values()) + 300 * 8
             with open(root / step_name(step) / "ckptstore.manifest.json") as f:
                 manifest = json.load(f)
-            # training waited for the pieces: blocking time, in the record and the manifest
+            # training waited for the rounds: blocking time, in the record and the manifest
             assert manifest["extra"]["timings"]["blocking_s"] == record.blocking_s
             assert record.blocking_s > record.staging_s
             shards = [name for name in manifest["files"] if name.endswith(".distcp")]
-            assert len(shards) == 4  # one shard file per piece
+            assert len(shards) == 4  # one shard file per round
             shared = mgr._shared
             assert shared is not None and shared.arena is not None
             assert 0 < shared.peak_in_use <= budget and 0 < shared.peak_resident <= budget
@@ -276,15 +276,15 @@ def test_process_mode_over_the_budget_saves_in_pieces_and_restores_bitwise(
 
 
 @pytest.mark.processes
-def test_a_writer_killed_between_pieces_commits_nothing(tmp_path, monkeypatch) -> None:
-    """SIGKILL after the first piece's file: the save fails, training is let go, the step
-    is not committed; the next save starts a new writer and commits (restores of pieces
+def test_a_writer_killed_between_rounds_commits_nothing(tmp_path, monkeypatch) -> None:
+    """SIGKILL after the first round's file: the save fails, training is let go, the step
+    is not committed; the next save starts a new writer and commits (restores of rounds
     are checked above)."""
     monkeypatch.setenv("CKPTSTORE_CRASH_AT", "after_shards:1")  # the writer inherits it
     root = tmp_path / "root"
     mgr = CheckpointManager(str(root), max_staging_bytes=32 * KIB, background="process")
     try:
-        state = pieces_state(1)
+        state = rounds_state(1)
         assert mgr.save(1, state)  # returns: the dead writer releases training too
         with pytest.raises(WriterProcessDiedError, match="SIGKILL.*step 1 was not committed"):
             mgr.wait()  # the manager's first save: raised, not a warning
@@ -292,7 +292,7 @@ def test_a_writer_killed_between_pieces_commits_nothing(tmp_path, monkeypatch) -
         assert mgr.steps() == []
         assert not (root / step_name(1) / "COMMITTED").exists()
         monkeypatch.delenv("CKPTSTORE_CRASH_AT")  # the next writer must not crash
-        assert mgr.save(2, pieces_state(2))
+        assert mgr.save(2, rounds_state(2))
         mgr.wait()
         assert mgr.records[-1].status == "committed" and mgr.steps() == [2]
     finally:

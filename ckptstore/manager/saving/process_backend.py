@@ -2,9 +2,9 @@
 
 It copies into a shared-memory arena (``shared_stager.SharedStager``) and has this rank's
 writer process (``writer_process.BackgroundWriter``) call the same ``save_step`` as the
-thread backend, on the writers' own gloo group. With a budget the arena holds one piece
-of the state at a time: the writer writes piece by piece, asking for each
-(``schedule.Piecewise``), and ``wait_staged`` waits until the last one is copied.
+thread backend, on the writers' own gloo group. With a budget the arena holds one round
+of the state at a time: the writer writes round by round, asking for each
+(``write_order.InRounds``), and ``wait_staged`` waits until the last one is copied.
 """
 
 from __future__ import annotations
@@ -27,16 +27,16 @@ __all__ = ["ProcessBackend"]
 
 class _SharedSave:
     """One save staged by ``ProcessBackend``: the ``StagedState`` the writer gets, and
-    when training may go on (at once, unless pieces remain to be staged)."""
+    when training may go on (at once, unless rounds remain to be staged)."""
 
     def __init__(self, state: StagedState, deferred_bytes: int) -> None:
         self.state = state
-        self.pieces = state.pieces
+        self.rounds = state.rounds
         self.deferred_bytes = deferred_bytes  # copied by ``write`` first
         self._released = threading.Event()
         self._staged_at = time.perf_counter()
         self._waited = 0.0
-        if self.pieces == 1 and not deferred_bytes:
+        if self.rounds == 1 and not deferred_bytes:
             self._released.set()
 
     @property
@@ -46,7 +46,7 @@ class _SharedSave:
 
     def release(self) -> float:
         """Training may change its state now: the seconds it waited beyond the copy
-        (0.0 for one piece copied whole); the same on every call."""
+        (0.0 for one round copied whole); the same on every call."""
         if not self._released.is_set():
             self._waited = time.perf_counter() - self._staged_at
             self._released.set()
@@ -69,10 +69,10 @@ class ProcessBackend:
     a writer still starting: ``write`` does (so the first save's blocking time is the
     copy's), and a start that fails then fails that save like any failed save.
 
-    With ``max_staging_bytes`` the arena holds one piece of at most that many bytes at a
+    With ``max_staging_bytes`` the arena holds one round of at most that many bytes at a
     time (``SharedStager``): ``stage`` copies the first, ``write`` stages each other one
-    when the writer asks for it (``schedule.Piecewise``), and ``wait_staged``
-    returns once the last piece the writer needs is copied (or the save ended).
+    when the writer asks for it (``write_order.InRounds``), and ``wait_staged``
+    returns once the last round the writer needs is copied (or the save ended).
     """
 
     name = "process"
@@ -125,8 +125,8 @@ class ProcessBackend:
             self.writer.restart()
 
     def stage(self, prepared: Any, defer: Callable[[torch.Tensor], bool] | None) -> tuple[Any, int]:
-        """Copy the state (its first piece, with a budget) into the shared-memory arena;
-        with one piece, the tensors ``defer`` names are left to ``write``."""
+        """Copy the state (its first round, with a budget) into the shared-memory arena;
+        with one round, the tensors ``defer`` names are left to ``write``."""
         staged = self.stager.stage(prepared, defer)
         later = sum(t.numel() * t.element_size() for _, t in self.stager.later)
         return _SharedSave(staged, later), staged.nbytes
@@ -140,20 +140,20 @@ class ProcessBackend:
         self, step: int, staged: Any, timings: dict[str, float], overwrite: bool, local: bool
     ) -> list[str]:
         """Have the writer process run ``save_step`` on the staged arena, staging each
-        piece it asks for; wait for it (and, on the first save, for its start)."""
+        round it asks for; wait for it (and, on the first save, for its start)."""
         assert self.stager.arena is not None, "write() before stage()"
         save: _SharedSave = staged
 
         def on_fetch(request: Fetch) -> Fetched:  # raising: the writer fails the save
-            if request.step != step or (save.released and request.piece is not None):
-                return Fetched(request.piece, error=f"no piece of step {request.step} is held")
-            if request.piece is not None:
-                self.stager.stage_piece(request.piece)
+            if request.step != step or (save.released and request.round is not None):
+                return Fetched(request.round, error=f"no round of step {request.step} is held")
+            if request.round is not None:
+                self.stager.stage_round(request.round)
             waited = 0.0
             if request.last:
                 self.stager.release()
                 waited = save.release()
-            return Fetched(request.piece, waited_s=waited)
+            return Fetched(request.round, waited_s=waited)
 
         try:
             if save.deferred_bytes:
@@ -175,7 +175,7 @@ class ProcessBackend:
         return list(outcome.warnings)
 
     def wait_staged(self, staged: Any) -> float:
-        """Wait until the last piece the writer needs is staged (at once for one piece
+        """Wait until the last round the writer needs is staged (at once for one round
         copied whole)."""
         save: _SharedSave = staged
         return save.wait_released()

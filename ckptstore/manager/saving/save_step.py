@@ -32,7 +32,7 @@ from ckptstore.engine.tier_jobs import open_job
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CkptStoreError
 from ckptstore.manager.options import SaveOptions
-from ckptstore.manager.saving.write_order import LiveFirst, Pieces, Piecewise, Refusing
+from ckptstore.manager.saving.write_order import InRounds, LiveFirst, Refusing, Rounds
 from ckptstore.stores.local import LocalStore
 
 __all__ = ["CachedPlanner", "save_step"]
@@ -75,7 +75,7 @@ def save_step(
     local: bool = False,
     is_live: Callable[[torch.Tensor], bool] | None = None,
     release: Callable[[], float] | None = None,
-    pieces: Pieces | None = None,
+    rounds: Rounds | None = None,
     refusal: BaseException | None = None,
 ) -> list[str]:
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
@@ -89,8 +89,8 @@ def save_step(
     (its manifest says ``LOCAL_ONLY``; a step saved again replaces it) and the root is not
     touched. The
     schedule: with ``is_live`` (part of ``state`` is training's own memory, not a copy)
-    ``LiveFirst``, calling ``release`` once those tensors are durable; with ``pieces`` (a
-    state staged in shared memory one piece at a time) ``Piecewise``; with ``refusal``
+    ``LiveFirst``, calling ``release`` once those tensors are durable; with ``rounds`` (a
+    state staged in shared memory one round at a time) ``InRounds``; with ``refusal``
     (this rank could not get its state ready) ``Refusing``, which fails the save on every
     rank at once in DCP's planning step. ``timings`` go into the manifest
     (``extra["timings"]``), the run id into ``extra["run"]`` and the step lease.
@@ -113,8 +113,8 @@ def save_step(
     elif is_live is not None:
         assert release is not None, "is_live needs release"
         schedule = LiveFirst(is_live, release, manifest_timings)
-    elif pieces is not None:
-        schedule = Piecewise(pieces, manifest_timings)
+    elif rounds is not None:
+        schedule = InRounds(rounds, manifest_timings)
     common: dict[str, Any] = dict(
         options=options.writer,  # its transfer settings are the engine's
         step=step,

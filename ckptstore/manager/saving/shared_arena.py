@@ -5,9 +5,9 @@ last process holding it (an fd or a mapping) exits, whichever way it exits. The 
 side owns an ``Arena`` and copies into it (``shared_stager.SharedStager``); the writer
 process maps it once (``ArenaView``) and rebuilds each save's state over its bytes
 (``StagedState.rebuild``), no copy. With a staging budget the arena is one segment that
-holds one *piece* of the state at a time; the view maps it once per piece, each at an
-address of its own, so every tensor has its own address and ``ArenaView.piece_of`` tells
-its piece by it.
+holds one *round* of the state at a time; the view maps it once per round, each at an
+address of its own, so every tensor has its own address and ``ArenaView.round_of`` tells
+its round by it.
 """
 
 from __future__ import annotations
@@ -29,13 +29,13 @@ __all__ = ["Arena", "ArenaView", "StagedState"]
 @dataclass(frozen=True)
 class StagedState:
     """One staged state: its pickled structure (tensors replaced by holes) and slots, in
-    ``pieces`` pieces (1: ``stage`` copied the whole state)."""
+    ``rounds`` rounds (1: ``stage`` copied the whole state)."""
 
     skeleton: bytes
     slots: tuple[Slot, ...]
     arena_id: int
     arena_size: int
-    pieces: int = 1
+    rounds: int = 1
 
     @property
     def nbytes(self) -> int:
@@ -108,7 +108,7 @@ class Arena:
 
 class ArenaView:
     """A reader's mappings of an arena, from the fd it was handed (kept, closed by
-    ``close``): one mapping per piece, made when a slot of that piece is first asked for."""
+    ``close``): one mapping per round, made when a slot of that round is first asked for."""
 
     def __init__(self, fd: int, size: int, arena_id: int) -> None:
         self.arena_id, self.size, self._fd = arena_id, size, fd
@@ -120,42 +120,42 @@ class ArenaView:
             self.close()
             raise
 
-    def _mapping(self, piece: int) -> mmap.mmap:
-        while len(self._maps) <= piece:
+    def _mapping(self, round: int) -> mmap.mmap:
+        while len(self._maps) <= round:
             m = mmap.mmap(self._fd, self.size)
             first = torch.frombuffer(m, dtype=torch.uint8, count=1)
             self._bases.append(first.data_ptr())
             del first
             self._maps.append(m)
-        return self._maps[piece]
+        return self._maps[round]
 
     def tensor(self, slot: Slot) -> torch.Tensor:
-        """The tensor over ``slot``'s bytes of its piece's mapping (no copy; a new empty one
+        """The tensor over ``slot``'s bytes of its round's mapping (no copy; a new empty one
         if 0 bytes)."""
         if slot.nbytes == 0:
             return torch.empty(slot.shape, dtype=slot.dtype)
         numel = slot.nbytes // torch.empty((), dtype=slot.dtype).element_size()
         flat = torch.frombuffer(
-            self._mapping(slot.piece), dtype=slot.dtype, count=numel, offset=slot.offset
+            self._mapping(slot.round), dtype=slot.dtype, count=numel, offset=slot.offset
         )
         return flat.view(slot.shape)
 
-    def piece_of(self, tensor: torch.Tensor) -> int | None:
-        """The piece whose mapping holds ``tensor``'s bytes; None if none does (or it has
+    def round_of(self, tensor: torch.Tensor) -> int | None:
+        """The round whose mapping holds ``tensor``'s bytes; None if none does (or it has
         no bytes)."""
         if tensor.numel() == 0:
             return None
         ptr = tensor.data_ptr()
-        for piece, base in enumerate(self._bases):
+        for round, base in enumerate(self._bases):
             if base <= ptr < base + self.size:
-                return piece
+                return round
         return None
 
-    def drop(self, piece: int) -> None:
-        """Done with ``piece`` for now: drop its mapping's pages from this process (the
+    def drop(self, round: int) -> None:
+        """Done with ``round`` for now: drop its mapping's pages from this process (the
         memory stays the arena's; reading them again maps them again)."""
-        if piece < len(self._maps):
-            self._maps[piece].madvise(mmap.MADV_DONTNEED)
+        if round < len(self._maps):
+            self._maps[round].madvise(mmap.MADV_DONTNEED)
 
     def close(self) -> None:
         """Unmap (once no tensor over a mapping is alive; else when the last one goes) and

@@ -6,12 +6,12 @@ Only plain dense tensors are staged (``nn.Parameter`` too); DTensor, ShardedTens
 sparse, quantized and nested tensors raise ``ConfigError``. Slots are laid out again only
 when the tensors' dtypes and shapes change, and a new arena is allocated only when they
 no longer fit, so steady saves copy into the same memory. With ``budget=B`` the tensors,
-in the state's order, are packed into *pieces* of at most B bytes, each laid out from
-offset 0 of one segment of at most B bytes: ``stage`` copies piece 0, ``stage_piece(k)``
-piece k over the one before (once the writer has written it). Training, which must not
-change its tensors until the last piece is copied, waits about the write time of all
-pieces but the last; a tensor larger than B is a ``ConfigError``. Given a ``defer``
-predicate, a state of one piece has the tensors it names copied by ``copy_later`` (on
+in the state's order, are packed into *rounds* of at most B bytes, each laid out from
+offset 0 of one segment of at most B bytes: ``stage`` copies round 0, ``stage_round(k)``
+round k over the one before (once the writer has written it). Training, which must not
+change its tensors until the last round is copied, waits about the write time of all
+rounds but the last; a tensor larger than B is a ``ConfigError``. Given a ``defer``
+predicate, a state of one round has the tensors it names copied by ``copy_later`` (on
 the save thread, staging behind the next step) instead of by ``stage``.
 """
 
@@ -32,7 +32,7 @@ from ckptstore.manager.saving.slots import ALIGN, Hole, Slot, allocated, user_va
 
 __all__ = ["Prepared", "SharedStager"]
 
-_Plan = tuple[tuple[Slot, ...], list[list[int]], int]  # slots, pieces' slot indices, size
+_Plan = tuple[tuple[Slot, ...], list[list[int]], int]  # slots, rounds' slot indices, size
 
 
 @dataclass(frozen=True)
@@ -57,17 +57,17 @@ class SharedStager:
         stager.reserve(prepared)          # optional: lays out and allocates the arena
                                           # (StagingMemoryError); nothing copied
         staged = stager.stage(prepared, defer)
-                                          # copies piece 0 (all, without a budget; with
-                                          # one piece, all but what ``defer`` names),
+                                          # copies round 0 (all, without a budget; with
+                                          # one round, all but what ``defer`` names),
                                           # pickles the rest: a StagedState (small,
                                           # picklable)
         stager.copy_later()               # the save thread: the deferred copies
         stager.arena.fd                   # handed once to the reader (``ArenaView``)
-        stager.stage_piece(k)             # with a budget: piece k over the written one
-        stager.release()                  # no more pieces: training's tensors let go
+        stager.stage_round(k)             # with a budget: round k over the written one
+        stager.release()                  # no more rounds: training's tensors let go
         stager.close()                    # frees the arena, once no reader uses it
 
-    ``in_use`` / ``peak_in_use`` count the bytes of the piece in the segment,
+    ``in_use`` / ``peak_in_use`` count the bytes of the round in the segment,
     ``peak_resident`` the memfd's allocated bytes sampled after each copy.
     """
 
@@ -78,21 +78,21 @@ class SharedStager:
         self._copier = HostCopier()
         #: How many arenas were allocated so far (steady saves allocate none).
         self.allocations = 0
-        #: Arena bytes holding the piece copied last, and the most ever; the most the
+        #: Arena bytes holding the round copied last, and the most ever; the most the
         #: kernel said the arena held (with a budget: sampled after each copy).
         self.in_use = 0
         self.peak_in_use = 0
         self.peak_resident = 0
         self._key: tuple | None = None
         self._slots: tuple[Slot, ...] = ()
-        self._pieces: list[list[int]] = [[]]  # per piece: its slots' indices
-        self._sources: list[torch.Tensor] = []  # the tensors of a state with pieces left
+        self._rounds: list[list[int]] = [[]]  # per round: its slots' indices
+        self._sources: list[torch.Tensor] = []  # the tensors of a state with rounds left
         #: The (arena view, tensor) pairs ``copy_later`` still copies, and the CUDA event
         #: it starts after (``HostCopier.mark``, at ``stage``).
         self.later: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._later_after: Any = None
         #: The staged tensors of the current layout, views into the arena (with a budget,
-        #: the views of different pieces share its bytes).
+        #: the views of different rounds share its bytes).
         self.views: list[torch.Tensor] = []
 
     def prepare(self, state: Any) -> Prepared:
@@ -130,14 +130,14 @@ class SharedStager:
 
     @torch.no_grad()
     def stage(self, state: Any, defer: Callable[[torch.Tensor], bool] | None = None) -> StagedState:
-        """Copy every tensor of ``state`` (with a budget: piece 0's; with one piece, all
+        """Copy every tensor of ``state`` (with a budget: round 0's; with one round, all
         but those ``defer`` names, left to ``copy_later``) into the arena and pickle the
         rest; ``state`` may be what ``prepare`` returned for it.
 
         Lays the slots out again (allocating a larger arena if they no longer fit) when the
         tensors' dtypes and shapes differ from the last call's. Returns once every copy is
-        done (CUDA copies included). With more than one piece, ``state``'s tensors are kept
-        for ``stage_piece`` until ``release``.
+        done (CUDA copies included). With more than one round, ``state``'s tensors are kept
+        for ``stage_round`` until ``release``.
 
         Raises:
             ConfigError: as ``prepare``; or no memfd (not Linux).
@@ -148,31 +148,31 @@ class SharedStager:
         self.reserve(prepared)
         assert self.arena is not None
         self.later = []
-        if defer is not None and len(self._pieces) == 1:
+        if defer is not None and len(self._rounds) == 1:
             self.later = [(self.views[i], t) for i, t in enumerate(tensors) if defer(t)]
             now = [t if not defer(t) else None for t in tensors]
             self._copy(0, now)
             self._later_after = self._copier.mark() if self.later else None
         else:
             self._copy(0, tensors)
-        self._sources = tensors if len(self._pieces) > 1 else []
+        self._sources = tensors if len(self._rounds) > 1 else []
         return StagedState(
             prepared.skeleton,
             self._slots,
             self.arena.arena_id,
             self.arena.size,
-            len(self._pieces),
+            len(self._rounds),
         )
 
-    def stage_piece(self, piece: int) -> None:
-        """Copy piece ``piece`` of the state ``stage`` was last given over the piece in the
+    def stage_round(self, round: int) -> None:
+        """Copy round ``round`` of the state ``stage`` was last given over the round in the
         arena. Only until ``release``; the caller guarantees that no reader still needs the
-        piece it replaces."""
+        round it replaces."""
         if not self._sources:
-            raise ValueError("stage_piece() without a state of several pieces staged")
-        if not 0 <= piece < len(self._pieces):
-            raise ValueError(f"the staged state has {len(self._pieces)} pieces, not {piece + 1}")
-        self._copy(piece, self._sources)
+            raise ValueError("stage_round() without a state of several rounds staged")
+        if not 0 <= round < len(self._rounds):
+            raise ValueError(f"the staged state has {len(self._rounds)} rounds, not {round + 1}")
+        self._copy(round, self._sources)
 
     @torch.no_grad()
     def copy_later(self) -> None:
@@ -182,12 +182,12 @@ class SharedStager:
             self._copier.copy(self.later, self.pin, self._later_after, behind=True)
 
     def release(self) -> None:
-        """The save needs no more piece: drop the references to the staged state's tensors."""
+        """The save needs no more rounds: drop the references to the staged state's tensors."""
         self._sources, self.later, self._later_after = [], [], None
 
-    def _copy(self, piece: int, tensors: Sequence[torch.Tensor | None]) -> None:
+    def _copy(self, round: int, tensors: Sequence[torch.Tensor | None]) -> None:
         assert self.arena is not None
-        indices = self._pieces[piece]
+        indices = self._rounds[round]
         pairs = [(self.views[i], tensors[i]) for i in indices]
         self._copier.copy([(dst, src) for dst, src in pairs if src is not None], self.pin)
         end = max((self._slots[i].offset + self._slots[i].nbytes for i in indices), default=0)
@@ -197,11 +197,11 @@ class SharedStager:
             self.peak_resident = max(self.peak_resident, self.arena.resident())
 
     def _plan(self, key: tuple) -> _Plan:
-        """The slots, pieces and arena size of a state of tensors ``key``; ConfigError for
+        """The slots, rounds and arena size of a state of tensors ``key``; ConfigError for
         a tensor larger than the budget. Changes nothing."""
         budget = self.budget
         slots: list[Slot] = []
-        pieces: list[list[int]] = [[]]
+        rounds: list[list[int]] = [[]]
         offset = 0
         for i, (dtype, shape) in enumerate(key):
             numel = 1
@@ -217,22 +217,22 @@ class SharedStager:
                         "background='thread', which writes such a tensor straight from "
                         "training's memory"
                     )
-                offset = 0  # a new piece, over the same segment
-                pieces.append([])
-            slots.append(Slot(offset, nbytes, dtype, shape, len(pieces) - 1))
-            pieces[-1].append(i)
+                offset = 0  # a new round, over the same segment
+                rounds.append([])
+            slots.append(Slot(offset, nbytes, dtype, shape, len(rounds) - 1))
+            rounds[-1].append(i)
             offset += -(-nbytes // ALIGN) * ALIGN
         size = max([ALIGN] + [s.offset + s.nbytes for s in slots])
         if budget is not None:
             size = max(1, min(size, budget))
-        return tuple(slots), pieces, size
+        return tuple(slots), rounds, size
 
     def _layout(self, key: tuple, plan: _Plan) -> None:
-        slots, pieces, size = plan
+        slots, rounds, size = plan
         self.views = []
         if self.arena is None or self.arena.size < size:
             old, self.arena = self.arena, None
-            self._key, self._slots, self._pieces = None, (), [[]]  # until the new one is made
+            self._key, self._slots, self._rounds = None, (), [[]]  # until the new one is made
             if old is not None:
                 old.close()
             self.arena = allocated(size, lambda: Arena(size, self.allocations + 1, self.pin))
@@ -242,7 +242,7 @@ class SharedStager:
         self.views = [
             whole[s.offset : s.offset + s.nbytes].view(s.dtype).view(s.shape) for s in slots
         ]
-        self._key, self._slots, self._pieces = key, slots, pieces
+        self._key, self._slots, self._rounds = key, slots, rounds
 
     def close(self) -> None:
         """Free the arena (this process's fd and mapping) and stop the copy threads; the

@@ -31,7 +31,7 @@ class Slot:
     nbytes: int
     dtype: torch.dtype
     shape: tuple[int, ...]
-    piece: int = 0  # with a staging budget: the piece it belongs to (offset: in the segment)
+    round: int = 0  # with a staging budget: the round it belongs to (offset: in the segment)
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 ``LiveFirst`` (thread backend, a state over the staging budget): the tensors not copied
 (*live*: training's own memory) go first, in a file of their own, and training is
-released once that file is durable. ``Piecewise`` (process backend with a budget): one
-file per staged piece, in order, each piece fetched from the training side first.
+released once that file is durable. ``InRounds`` (process backend with a budget): one
+file per staged round, in order, each round fetched from the training side first.
 ``Refusing``: a rank that could not get its state ready fails the save in DCP's planning
 step, which every rank enters, so every rank fails at once. The seconds training waited
 are added to the manifest's ``timings["blocking_s"]``, as the manager's record does.
@@ -20,7 +20,7 @@ from torch.distributed.checkpoint.planner import WriteItem, WriteItemType
 from ckptstore.dcp.schedule import PlainSchedule, split_items
 from ckptstore.manager.saving.shared_arena import ArenaView
 
-__all__ = ["LiveFirst", "Pieces", "Piecewise", "Refusing"]
+__all__ = ["LiveFirst", "Rounds", "InRounds", "Refusing"]
 
 _Resolve = Callable[[WriteItem], Any]
 
@@ -74,52 +74,52 @@ class LiveFirst(PlainSchedule):
             _add_wait(self.timings, self.release())
 
 
-class Pieces:
-    """The writer process's view of one save's pieces: which piece a tensor lies in, and
-    ``fetch``. ``fetch(piece, last)`` asks the training side to stage ``piece`` (None: no
-    piece, only ``last``) and returns, for the last request, the seconds training waited."""
+class Rounds:
+    """The writer process's view of one save's rounds: which round a tensor lies in, and
+    ``fetch``. ``fetch(round, last)`` asks the training side to stage ``round`` (None: no
+    round, only ``last``) and returns, for the last request, the seconds training waited."""
 
     def __init__(self, view: ArenaView, fetch: Callable[[int | None, bool], float]) -> None:
         self.view, self._fetch = view, fetch
-        self.current = 0  # the piece in memory: the training side staged piece 0
+        self.current = 0  # the round in memory: the training side staged round 0
 
-    def piece_of(self, data: object) -> int | None:
-        """The piece holding ``data``'s bytes; None for bytes or an empty tensor."""
-        return self.view.piece_of(data) if isinstance(data, torch.Tensor) else None
+    def round_of(self, data: object) -> int | None:
+        """The round holding ``data``'s bytes; None for bytes or an empty tensor."""
+        return self.view.round_of(data) if isinstance(data, torch.Tensor) else None
 
-    def fetch(self, piece: int | None, last: bool) -> float:
-        """Have ``piece`` staged over the piece in memory (which must be written)."""
-        if piece is not None:
+    def fetch(self, round: int | None, last: bool) -> float:
+        """Have ``round`` staged over the round in memory (which must be written)."""
+        if round is not None:
             self.view.drop(self.current)  # written: its pages leave this process's mappings
-        waited = self._fetch(piece, last)
-        if piece is not None:
-            self.current = piece
+        waited = self._fetch(round, last)
+        if round is not None:
+            self.current = round
         return waited
 
 
-class Piecewise(PlainSchedule):
-    """One file per piece this rank needs, in ascending order (items of no piece join the
-    first); before each file whose piece is not in memory, ``pieces.fetch`` it. The
-    request for the last needed piece says so (training may go on: its tensors are no
-    longer needed); a rank that needs no piece beyond the one in memory says so at once.
-    A piece is fetched over the one before only after that one's file is durable."""
+class InRounds(PlainSchedule):
+    """One file per round this rank needs, in ascending order (items of no round join the
+    first); before each file whose round is not in memory, ``rounds.fetch`` it. The
+    request for the last needed round says so (training may go on: its tensors are no
+    longer needed); a rank that needs no round beyond the one in memory says so at once.
+    A round is fetched over the one before only after that one's file is durable."""
 
-    def __init__(self, pieces: Pieces, timings: dict[str, float]) -> None:
-        self.pieces, self.timings = pieces, timings
+    def __init__(self, rounds: Rounds, timings: dict[str, float]) -> None:
+        self.rounds, self.timings = rounds, timings
         self._need: list[int] = []
         self._released = False
 
     def group(self, items: list[WriteItem], resolve: _Resolve, files_per_rank: int) -> list[list]:
-        """The items of each needed piece, one group per piece (``files_per_rank`` unused)."""
-        piece = {
-            i.index: None if i.type == WriteItemType.BYTE_IO else self.pieces.piece_of(resolve(i))
+        """The items of each needed round, one group per round (``files_per_rank`` unused)."""
+        round_of = {
+            i.index: None if i.type == WriteItemType.BYTE_IO else self.rounds.round_of(resolve(i))
             for i in items
         }
-        self._need = sorted({p for p in piece.values() if p is not None})
-        if not self._need or self._need == [self.pieces.current]:
-            self._fetch(None)  # the piece in memory is all this rank writes
-        loose = [i for i in items if piece[i.index] is None]
-        groups = [[i for i in items if piece[i.index] == p] for p in self._need]
+        self._need = sorted({p for p in round_of.values() if p is not None})
+        if not self._need or self._need == [self.rounds.current]:
+            self._fetch(None)  # the round in memory is all this rank writes
+        loose = [i for i in items if round_of[i.index] is None]
+        groups = [[i for i in items if round_of[i.index] == p] for p in self._need]
         if groups:
             groups[0] = loose + groups[0]
         elif loose:
@@ -127,13 +127,13 @@ class Piecewise(PlainSchedule):
         return groups
 
     def before_file(self, index: int) -> None:
-        """Fetch the file's piece unless it is the one in memory."""
-        if index < len(self._need) and self._need[index] != self.pieces.current:
+        """Fetch the file's round unless it is the one in memory."""
+        if index < len(self._need) and self._need[index] != self.rounds.current:
             self._fetch(self._need[index])
 
-    def _fetch(self, piece: int | None) -> None:
-        last = piece is None or piece == self._need[-1]
-        waited = self.pieces.fetch(piece, last)
+    def _fetch(self, round: int | None) -> None:
+        last = round is None or round == self._need[-1]
+        waited = self.rounds.fetch(round, last)
         if last and not self._released:
             self._released = True
             _add_wait(self.timings, waited)

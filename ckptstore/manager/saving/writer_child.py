@@ -86,12 +86,12 @@ def _answer(request: Fetch, on_fetch: Callable[[Fetch], Fetched] | None) -> Fetc
     """``on_fetch``'s answer to ``request``; an error answer (the writer then fails its
     save) if there is none or it raised."""
     if on_fetch is None:
-        return Fetched(request.piece, error="no save staged in pieces is in flight")
+        return Fetched(request.round, error="no save staged in rounds is in flight")
     try:
         return on_fetch(request)
     except Exception as exc:  # noqa: BLE001 - the writer fails the save with it
-        log.exception("staging piece %s of step %d failed", request.piece, request.step)
-        return Fetched(request.piece, error=f"{type(exc).__name__}: {exc}")
+        log.exception("staging round %s of step %d failed", request.round, request.step)
+        return Fetched(request.round, error=f"{type(exc).__name__}: {exc}")
 
 
 def _reap(proc: subprocess.Popen, sock: socket.socket) -> None:

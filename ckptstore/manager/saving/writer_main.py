@@ -84,17 +84,17 @@ def _join_group(s: WriterSettings) -> None:
 
 
 def _fetcher(sock: socket.socket, step: int) -> Callable[[int | None, bool], float]:
-    """``Pieces``' fetch over ``sock``: ask the training side to stage a piece; wait."""
+    """``Rounds``' fetch over ``sock``: ask the training side to stage a round; wait."""
     from ckptstore.errors import CkptStoreError
     from ckptstore.manager.saving.writer_protocol import Fetch, Fetched, recv, send
 
-    def fetch(piece: int | None, last: bool) -> float:
-        send(sock, Fetch(step, piece, last))
+    def fetch(round: int | None, last: bool) -> float:
+        send(sock, Fetch(step, round, last))
         reply, _ = recv(sock)
-        if not isinstance(reply, Fetched) or reply.error or reply.piece != piece:
+        if not isinstance(reply, Fetched) or reply.error or reply.round != round:
             why = reply.error if isinstance(reply, Fetched) else f"the answer {reply!r}"
             raise CkptStoreError(
-                f"the training process did not stage piece {piece} of step {step} for "
+                f"the training process did not stage round {round} of step {step} for "
                 f"its writer ({why}); the step is not committed"
             )
         return reply.waited_s
@@ -105,7 +105,7 @@ def _fetcher(sock: socket.socket, step: int) -> Callable[[int | None, bool], flo
 def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root: Store) -> None:
     from ckptstore.manager.saving.save_step import save_step
     from ckptstore.manager.saving.shared_arena import ArenaView
-    from ckptstore.manager.saving.write_order import Pieces
+    from ckptstore.manager.saving.write_order import Rounds
     from ckptstore.manager.saving.writer_protocol import Outcome, SaveJob, failure, recv, send
 
     view: ArenaView | None = None
@@ -132,9 +132,9 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
                 state = job.staged.rebuild(view)
             except Exception as exc:  # noqa: BLE001 - failed on every rank by save_step
                 state, refusal = {}, exc
-            pieces = (
-                Pieces(view, _fetcher(sock, job.step))
-                if job.staged.pieces > 1 and refusal is None
+            rounds = (
+                Rounds(view, _fetcher(sock, job.step))
+                if job.staged.rounds > 1 and refusal is None
                 else None
             )
             notes = save_step(
@@ -146,7 +146,7 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
                 timings=job.timings,
                 overwrite=job.overwrite,
                 local=job.local,
-                pieces=pieces,
+                rounds=rounds,
                 refusal=refusal,
             )
             outcome = Outcome(
@@ -158,7 +158,7 @@ def _serve(sock: socket.socket, s: WriterSettings, engine: TransferEngine, root:
         except BaseException as exc:  # noqa: BLE001 - every failure goes to the manager
             log.error("saving step %d failed: %s: %s", job.step, type(exc).__name__, exc)
             outcome = failure(job.step, exc, time.perf_counter() - t, mapped)
-        state = pieces = None
+        state = rounds = None
         send(sock, outcome)
 
 
@@ -175,7 +175,7 @@ def main(argv: list[str]) -> int:
               map the arena if its fd came with the job (once per arena)
               state = job.staged.rebuild(arena)  # tensors over the shared bytes (if that
                                                  # fails, save_step refuses on every rank)
-              save_step(state, ...)              # a state in pieces asks for each (Fetch)
+              save_step(state, ...)              # a state in rounds asks for each (Fetch)
               answer the Outcome (the error, pickled, if it failed)
     """
     parent_pid = int(argv[1]) if len(argv) > 1 else os.getppid()

@@ -204,7 +204,7 @@ class BackgroundWriter:
     ) -> Outcome:
         """Have the writer save ``staged`` as ``step`` (``local``: to the local tier alone);
         its outcome, or raise its error. ``on_fetch`` answers the writer's requests for
-        the next piece of ``staged``."""
+        the next round of ``staged``."""
         job = SaveJob(step, staged, timings, overwrite, local)
         try:
             self.writer.request(job, arena)

@@ -7,8 +7,8 @@ length, with SCM_RIGHTS)::
                                                    Store of the user's must unpickle)
     writer -> manager  Outcome(step=-1)            ready (joined its group), or why not
     manager -> writer  SaveJob [+ arena fd]        a save; the fd when the arena is new
-    writer -> manager  Fetch(step, piece, last)    a state in pieces, any number of times:
-    manager -> writer  Fetched(piece, ...)         ``piece`` staged over the written one
+    writer -> manager  Fetch(step, round, last)    a state in rounds, any number of times:
+    manager -> writer  Fetched(round, ...)         ``round`` staged over the written one
     writer -> manager  Outcome(step)               committed, or the error (pickled + text)
     manager -> writer  None                        exit
 
@@ -90,21 +90,21 @@ class SaveJob:
 
 @dataclass(frozen=True)
 class Fetch:
-    """A writer's request during a save: stage ``piece`` (None: no piece) over the piece it
-    has written; ``last`` says it needs no piece after this one."""
+    """A writer's request during a save: stage ``round`` (None: no round) over the round it
+    has written; ``last`` says it needs no round after this one."""
 
     step: int
-    piece: int | None
+    round: int | None
     last: bool
 
 
 @dataclass(frozen=True)
 class Fetched:
-    """The manager's answer to a ``Fetch``: the piece is in the arena (``error`` empty), and
+    """The manager's answer to a ``Fetch``: the round is in the arena (``error`` empty), and
     for the ``last`` one the seconds training waited for it (the manifest's
     ``blocking_s`` includes them)."""
 
-    piece: int | None
+    round: int | None
     waited_s: float = 0.0
     error: str = ""
 
