@@ -139,6 +139,8 @@ class CkptWriter(StoreBound, StorageWriter):
         self.check_files = check_files
         if options is None:  # the defaults, with the engine's transfer settings if given
             options = WriterOptions(transfer=engine.config if engine else TransferConfig())
+        elif not isinstance(options, WriterOptions):
+            raise ConfigError(f"a writer's options are a WriterOptions, not {options!r}")
         shard_prefix(0, options.key_layout)  # validates it
         self.key_layout = options.key_layout
         self._bind(url, storage_options, options.transfer, engine)

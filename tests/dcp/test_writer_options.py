@@ -91,4 +91,6 @@ def test_writer_options_are_frozen_and_checked() -> None:
         WriterOptions(transfer={"part_size": 1})  # type: ignore[arg-type]
     with pytest.raises(ckptstore.ConfigError, match="lz5"):
         ckptstore.writer("/tmp/never-written", WriterOptions(codec="lz5"))
+    with pytest.raises(ckptstore.ConfigError, match="a WriterOptions, not 'zstd'"):
+        ckptstore.writer("/tmp/never-written", "zstd")  # type: ignore[arg-type]
     assert ckptstore.WriterOptions is WriterOptions  # public
