@@ -2,7 +2,7 @@
 
 Every rank writes its shard files through the transfer engine, each durable before
 ``write_data`` returns; the coordinator then writes the manifest, ``.metadata`` and the
-create-only ``COMMITTED`` marker (``engine.commit.publish``). Shard files keep DCP's
+create-only ``COMMITTED`` marker (``engine.commit.commit``). Shard files keep DCP's
 per-rank layout, named ``__<rank>_<i>.<attempt>.distcp`` with an id per rank and save,
 so no two saves (overwrites of a step included, or a zombie of an earlier job) ever
 touch each other's files, and nothing DCP caches across saves holds an id. A
@@ -341,7 +341,7 @@ class CkptWriter(StoreBound, StorageWriter):
         """Commit (coordinator only): manifest, ``.metadata`` (``dcp.indexes``), then the
         ``COMMITTED`` marker.
 
-        See ``engine.commit.publish``. The marker is create-only unless ``overwrite``: one
+        See ``engine.commit.commit``. The marker is create-only unless ``overwrite``: one
         already there raises ``CommitConflictError`` (this attempt's files are removed).
         Then calls ``_committed`` (a failure there is a warning in the save's record: the
         checkpoint is committed).

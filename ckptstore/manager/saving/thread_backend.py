@@ -4,7 +4,7 @@ It copies into a reused host-memory arena (``host_arena.ArenaStager``, at most
 ``max_staging_bytes``; DCP's ``DefaultStager`` for a state of sharded tensors without a
 budget) and calls ``save_step`` over the manager's checkpoint gloo group. A state larger
 than the budget leaves part of its tensors live (not copied): ``save_step`` writes them
-first (``schedule.LiveFirst``) and ``wait_staged`` waits for that. A ``DefaultStager``
+first (``write_order.LiveFirst``) and ``wait_staged`` waits for that. A ``DefaultStager``
 copy that cannot be allocated fails the save inside DCP, on every rank.
 """
 
