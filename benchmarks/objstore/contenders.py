@@ -247,11 +247,13 @@ def load_fsspec(ctx: RankCtx, link: str, key: str) -> None:
 
 def save_ckptstore(ctx: RankCtx, link: str, key: str, tuned: bool = False) -> None:
     import ckptstore
+    from ckptstore import WriterOptions
 
     config = ctx.cfg.transfer_config(tuned)
     opts = ctx.options(link, stock=False)
     ckptstore.save(
-        ctx.state, ckptstore.writer(ctx.url(link, key), storage_options=opts, config=config)
+        ctx.state,
+        ckptstore.writer(ctx.url(link, key), WriterOptions(transfer=config), storage_options=opts),
     )
 
 
@@ -261,7 +263,7 @@ def load_ckptstore(ctx: RankCtx, link: str, key: str, tuned: bool = False) -> No
     config = ctx.cfg.transfer_config(tuned)
     opts = ctx.options(link, stock=False)
     ckptstore.load(
-        ctx.dest, ckptstore.reader(ctx.url(link, key), storage_options=opts, config=config)
+        ctx.dest, ckptstore.reader(ctx.url(link, key), storage_options=opts, transfer=config)
     )
 
 

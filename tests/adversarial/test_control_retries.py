@@ -14,6 +14,7 @@ import pytest
 import torch
 
 import ckptstore
+from ckptstore import WriterOptions
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.retry import RetryingStore, retrying
 from ckptstore.errors import TransientStoreError
@@ -33,7 +34,7 @@ def state(v: float) -> dict[str, Any]:
 
 
 def _saved(root: str, steps: tuple[int, ...] = (1, 2)) -> None:
-    with CheckpointManager(root, config=FAST, background="thread") as mgr:
+    with CheckpointManager(root, writer=WriterOptions(transfer=FAST), background="thread") as mgr:
         for s in steps:
             mgr.save(s, state(float(s)))
 
@@ -46,7 +47,7 @@ def test_restore_survives_one_transient_failure_of_each_control_call(
     _saved(root)
     faulty = FaultyStore(LocalStore(root), [Fault(method, calls={1}, error=ONE_503)])
     out = state(0.0)
-    with CheckpointManager(faulty, config=FAST, background="thread") as mgr:
+    with CheckpointManager(faulty, writer=WriterOptions(transfer=FAST), background="thread") as mgr:
         assert mgr.restore(out) == 2
         assert mgr.engine.stats.retries >= 1
     assert out["n"] == 2 and torch.equal(out["w"], state(2.0)["w"])
@@ -58,14 +59,14 @@ def test_reader_survives_a_transient_marker_get(tmp_path: Any) -> None:
     step = LocalStore(root).child("step_000000003")
     faulty = FaultyStore(step, [Fault("get", calls={1}, error=ONE_503)])
     out = state(0.0)
-    ckptstore.load(out, ckptstore.reader(faulty, config=FAST))
+    ckptstore.load(out, ckptstore.reader(faulty, transfer=FAST))
     assert out["n"] == 3
     assert faulty.calls["get"] >= 2  # the failed marker GET and its retry
 
 
 def test_transient_head_of_the_marker_in_save_does_not_reach_training(tmp_path: Any) -> None:
     faulty = FaultyStore(LocalStore(str(tmp_path)), [Fault("size", calls={1}, error=ONE_503)])
-    with CheckpointManager(faulty, config=FAST, async_save=False) as mgr:
+    with CheckpointManager(faulty, writer=WriterOptions(transfer=FAST), async_save=False) as mgr:
         assert mgr.save(1, state(1.0))  # its "already committed?" HEAD failed once
         assert mgr.records[-1].status == "committed"
 
@@ -73,7 +74,9 @@ def test_transient_head_of_the_marker_in_save_does_not_reach_training(tmp_path: 
 def test_cleanup_failing_after_the_marker_is_a_warning_not_a_failed_save(tmp_path: Any) -> None:
     # Every LIST fails for good: post-marker cleanup (step 5) cannot run at all.
     faulty = FaultyStore(LocalStore(str(tmp_path)), [Fault("find", error=ONE_503)])
-    mgr = CheckpointManager(faulty, config=FAST, keep=KeepLast(3), background="thread")
+    mgr = CheckpointManager(
+        faulty, writer=WriterOptions(transfer=FAST), keep=KeepLast(3), background="thread"
+    )
     mgr.save(1, state(1.0))
     mgr.close()  # does not raise: the save is committed
     (record,) = mgr.records
@@ -87,7 +90,7 @@ def test_cleanup_failing_after_the_marker_is_a_warning_not_a_failed_save(tmp_pat
 
 def test_one_failed_list_in_cleanup_is_retried_without_a_warning(tmp_path: Any) -> None:
     faulty = FaultyStore(LocalStore(str(tmp_path)), [Fault("find", calls={1}, error=ONE_503)])
-    with CheckpointManager(faulty, config=FAST) as mgr:
+    with CheckpointManager(faulty, writer=WriterOptions(transfer=FAST)) as mgr:
         mgr.save(1, state(1.0))
     (record,) = mgr.records
     assert record.status == "committed" and record.warnings == []
@@ -98,7 +101,9 @@ def test_retention_failing_after_a_commit_is_a_warning(tmp_path: Any) -> None:
     _saved(root, (1,))
     # Deletes fail for good: retention cannot remove step 1 after step 2 commits.
     faulty = FaultyStore(LocalStore(root), [Fault("delete", error=ONE_503)])
-    mgr = CheckpointManager(faulty, config=FAST, keep=KeepLast(1), background="thread")
+    mgr = CheckpointManager(
+        faulty, writer=WriterOptions(transfer=FAST), keep=KeepLast(1), background="thread"
+    )
     mgr.save(2, state(2.0))
     mgr.close()
     record = mgr.records[-1]
@@ -118,7 +123,9 @@ def s3_root(seaweedfs: Any) -> str:
     import uuid
 
     root = f"s3://{BUCKET}/retries-{uuid.uuid4().hex[:10]}"
-    with CheckpointManager(root, storage_options=seaweedfs.storage_options, config=FAST) as m:
+    with CheckpointManager(
+        root, storage_options=seaweedfs.storage_options, writer=WriterOptions(transfer=FAST)
+    ) as m:
         for s in (1, 2):
             m.save(s, state(float(s)))
     return root
@@ -142,7 +149,9 @@ def test_restore_over_s3_survives_one_fault(
         Rule(op, action, times=1, key_suffix="/COMMITTED" if op == "GetObject" else "")
     )
     out = state(0.0)
-    with CheckpointManager(s3_root, storage_options=_via(seaweedfs, proxy), config=FAST) as mgr:
+    with CheckpointManager(
+        s3_root, storage_options=_via(seaweedfs, proxy), writer=WriterOptions(transfer=FAST)
+    ) as mgr:
         assert mgr.restore(out) == 2
         assert mgr.engine.stats.retries >= 1  # the faulted call was made again
     assert out["n"] == 2 and torch.equal(out["w"], state(2.0)["w"])
@@ -156,7 +165,9 @@ def test_reader_over_s3_survives_a_503_on_the_marker(
     rule = proxy.add(Rule("GetObject", "status", times=1, key_suffix="/COMMITTED"))
     out = state(0.0)
     url = f"{s3_root}/step_000000002"
-    ckptstore.load(out, ckptstore.reader(url, storage_options=_via(seaweedfs, proxy), config=FAST))
+    ckptstore.load(
+        out, ckptstore.reader(url, storage_options=_via(seaweedfs, proxy), transfer=FAST)
+    )
     assert out["n"] == 2
     assert rule.hits == 1
 
@@ -168,7 +179,9 @@ def test_save_over_s3_survives_a_503_on_the_marker_head_and_cleanup_list(
     proxy.add(Rule("HeadObject", "status", times=1))
     proxy.add(Rule("ListObjects", "status", times=1))
     opts = _via(seaweedfs, proxy)
-    with CheckpointManager(s3_root, storage_options=opts, config=FAST, async_save=False) as mgr:
+    with CheckpointManager(
+        s3_root, storage_options=opts, writer=WriterOptions(transfer=FAST), async_save=False
+    ) as mgr:
         assert mgr.save(3, state(3.0))
         record = mgr.records[-1]
         assert mgr.engine.stats.retries >= 2

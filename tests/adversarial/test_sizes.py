@@ -29,6 +29,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystemWriter, _StorageInfo
 
 import ckptstore
+from ckptstore import WriterOptions
 from ckptstore.engine.checksum import crc32c, format_crc
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Marker
 from ckptstore.manager import CheckpointManager
@@ -135,7 +136,9 @@ def _info_of(md: Any, fqn: str) -> tuple[Any, Any]:
 
 def two_steps(root: Path, codec: str = "none") -> Path:
     """A root with committed steps 1 and 2 of ``{"w": 64 floats, "n": step}``; step 2's dir."""
-    with CheckpointManager(str(root), codec=codec, background="thread") as mgr:
+    with CheckpointManager(
+        str(root), writer=WriterOptions(codec=codec), background="thread"
+    ) as mgr:
         for step in (1, 2):
             mgr.save(step, {"w": torch.full((64,), float(step)), "n": step})
     return root / "step_000000002"

@@ -12,6 +12,7 @@ import time
 import pytest
 
 import ckptstore
+from ckptstore import WriterOptions
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import StoreAccessError, TransferError, TransientStoreError
@@ -98,7 +99,9 @@ def test_wrong_endpoint_fails_fast_and_names_it(server):
     options = {"connection_string": server.connection_string().replace(str(server.port), str(port))}
     t0 = time.monotonic()
     with pytest.raises(StoreAccessError, match=f"127.0.0.1:{port}"):
-        ckptstore.writer("az://cont/run/step_000000001", storage_options=options, config=CFG)
+        ckptstore.writer(
+            "az://cont/run/step_000000001", WriterOptions(transfer=CFG), storage_options=options
+        )
     assert time.monotonic() - t0 < 5
 
 

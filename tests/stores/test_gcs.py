@@ -12,6 +12,7 @@ import time
 import pytest
 
 import ckptstore
+from ckptstore import WriterOptions
 from ckptstore.config import TransferConfig
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.transfer import TransferEngine
@@ -125,7 +126,9 @@ def test_wrong_endpoint_fails_fast_and_names_it():
     options = {"endpoint_url": f"http://127.0.0.1:{port}", "token": "anon"}
     t0 = time.monotonic()
     with pytest.raises(StoreAccessError, match=f"127.0.0.1:{port}"):
-        ckptstore.writer("gs://bkt/run/step_000000001", storage_options=options, config=CFG)
+        ckptstore.writer(
+            "gs://bkt/run/step_000000001", WriterOptions(transfer=CFG), storage_options=options
+        )
     with pytest.raises(StoreAccessError, match="cannot connect"):
         TransferEngine(CFG).put(GCSStore("gs://bkt/x", options), "a", b"data")
     assert time.monotonic() - t0 < 5

@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 
 import ckptstore
+from ckptstore import WriterOptions
 from ckptstore.config import RetryConfig, TransferConfig
 from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MARKER_NAME
@@ -126,7 +127,7 @@ def _save_single(url: str, options: dict[str, Any]) -> None:
     import torch
 
     state = {"w": torch.arange(50_000, dtype=torch.float32), "b": torch.ones(3, 3)}
-    ckptstore.save(state, url, storage_options=options, config=CFG)
+    ckptstore.save(state, url, storage_options=options, options=WriterOptions(transfer=CFG))
 
 
 def test_reader_refuses_shards_without_marker(bucket: Bucket) -> None:
@@ -150,7 +151,7 @@ def test_corrupted_shard_is_named_with_its_range(bucket: Bucket) -> None:
     store.put(shard, data)
     target = {"w": torch.zeros(50_000), "b": torch.zeros(3, 3)}
     with pytest.raises(CorruptCheckpointError) as info:
-        ckptstore.load(target, url, storage_options=bucket.server.storage_options, config=CFG)
+        ckptstore.load(target, url, storage_options=bucket.server.storage_options, transfer=CFG)
     assert f"{bucket.url(shard, scheme)} bytes [" in str(info.value)
 
 

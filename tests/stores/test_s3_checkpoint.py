@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import ckptstore
+from ckptstore import WriterOptions
 from ckptstore.dcp.writer import shard_prefix
 from ckptstore.engine.committed import open_committed
 from ckptstore.engine.manifest import MARKER_NAME
@@ -155,7 +156,9 @@ def test_reshard_four_ranks_to_two(seaweedfs: Any, step_url: str) -> None:
 
 def _spread_body(rank: int, world: int, url: str, options: dict) -> tuple[bool, Any]:
     state = {"w": _mesh_tensor(world, expected_tensor(), 0), "step": 5}
-    ckptstore.save(state, ckptstore.writer(url, storage_options=options, key_layout="spread"))
+    ckptstore.save(
+        state, ckptstore.writer(url, WriterOptions(key_layout="spread"), storage_options=options)
+    )
     return _load_body(rank, world, url, options, dim=1)
 
 

@@ -64,7 +64,7 @@ def saved(seaweedfs: Any) -> S3Store:
 def test_small_items_share_gets_and_large_ones_are_split(saved: S3Store) -> None:
     store = CountingStore(saved)
     out = targets()
-    ckptstore.load(out, ckptstore.reader(store, config=CONFIG))
+    ckptstore.load(out, ckptstore.reader(store, transfer=CONFIG))
     ref = state()
     for name in ref:
         if isinstance(ref[name], torch.Tensor):
@@ -96,7 +96,7 @@ def test_a_flipped_byte_inside_a_coalesced_window_is_caught(saved: S3Store, name
     saved.put(entry.file, data)
     store = CountingStore(saved)
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch") as err:
-        ckptstore.load(targets(), ckptstore.reader(store, config=CONFIG))
+        ckptstore.load(targets(), ckptstore.reader(store, transfer=CONFIG))
     assert f"{saved.describe(entry.file)} bytes [{start}, {end})" in str(err.value)
     # the damaged item was read inside a window shared with a neighbour
     assert any(
@@ -117,7 +117,7 @@ def test_the_first_item_is_read_as_smaller_gets_than_the_rest(seaweedfs: Any) ->
     store = CountingStore(S3Store(url, seaweedfs.storage_options))
     out = {k: torch.zeros_like(v) for k, v in saved.items()}
     config = TransferConfig(part_size=8 * MiB, concurrency=4, memory_budget=64 * MiB)
-    ckptstore.load(out, ckptstore.reader(store, config=config))
+    ckptstore.load(out, ckptstore.reader(store, transfer=config))
     assert all(torch.equal(out[k], saved[k]) for k in saved)
     ranges = {r.key.split("@")[0]: r for r in open_committed(store).manifest.ranges}
     gets = [g for g in store.gets if g[0].endswith(".distcp")]

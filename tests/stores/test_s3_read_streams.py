@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import ckptstore
+from ckptstore import WriterOptions
 from ckptstore.config import MiB, TransferConfig
 from ckptstore.engine.committed import open_committed
 from ckptstore.engine.readplan import READ_RANGE, range_size, read_streams
@@ -65,7 +66,10 @@ class Watched(FaultyStore):
 def saved(seaweedfs: Any) -> S3Store:
     url = f"s3://{BUCKET}/{unique('streams')}/step_000000003"
     ckptstore.save(
-        state(), ckptstore.writer(url, storage_options=seaweedfs.storage_options, config=CONFIG)
+        state(),
+        ckptstore.writer(
+            url, WriterOptions(transfer=CONFIG), storage_options=seaweedfs.storage_options
+        ),
     )
     return S3Store(url, seaweedfs.storage_options)
 
@@ -83,7 +87,7 @@ def test_the_plan_keeps_the_save_budget_in_flight_as_smaller_gets() -> None:
 def test_large_tensors_are_read_as_ranges_over_more_connections(saved: S3Store) -> None:
     store = Watched(saved)
     out = {n: torch.zeros(TENSOR) for n in NAMES}
-    ckptstore.load(out, ckptstore.reader(store, config=CONFIG))
+    ckptstore.load(out, ckptstore.reader(store, transfer=CONFIG))
     ref = state()
     assert all(torch.equal(out[n], ref[n]) for n in NAMES)
 
@@ -122,7 +126,7 @@ def test_a_range_that_does_not_verify_fails_the_load_and_nothing_keeps_writing(
     store = Watched(saved)
     out = {n: torch.zeros(TENSOR) for n in NAMES}
     with pytest.raises(CorruptCheckpointError, match="checksum mismatch") as err:
-        ckptstore.load(out, ckptstore.reader(store, config=CONFIG))
+        ckptstore.load(out, ckptstore.reader(store, transfer=CONFIG))
     assert f"{saved.describe(entry.file)} bytes [{start}, {end})" in str(err.value)
     assert store.active == 0  # every GET of the load had finished when the error came
     snapshot = {n: t.clone() for n, t in out.items()}

@@ -16,6 +16,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ckptstore import WriterOptions
 from ckptstore.engine.store import Buffer, Multipart, Part, Store
 from ckptstore.testing.faults import FaultyStore
 
@@ -129,14 +130,16 @@ def dcp_roundtrip_rank(
     import ckptstore
 
     state = {**_state(seed=0), f"rank{rank}": _state(seed=rank + 1)["w"]}
-    ckptstore.save(state, url, storage_options=options, config=_config(part_size))
+    ckptstore.save(
+        state, url, storage_options=options, options=WriterOptions(transfer=_config(part_size))
+    )
     expected = {
         **_state(seed=0),
         **{f"rank{r}": _state(seed=r + 1)["w"] for r in range(world_size)},
     }
     target: dict[str, Any] = {k: torch.zeros_like(v) for k, v in expected.items() if k != "meta"}
     target["meta"] = {"step": 0, "name": ""}  # DCP loads the leaves a state dict names
-    ckptstore.load(target, url, storage_options=options, config=_config(part_size))
+    ckptstore.load(target, url, storage_options=options, transfer=_config(part_size))
     bad = [k for k, v in expected.items() if torch.is_tensor(v) and not torch.equal(target[k], v)]
     if target["meta"] != expected["meta"]:
         bad.append("meta")
@@ -168,7 +171,12 @@ def dcp_reshard_save_rank(
     full = reshard_tensor()
     local = full.chunk(world_size, dim=0)[rank].clone()
     dt = DTensor.from_local(local, _mesh(world_size), [Shard(0)], run_check=False)
-    ckptstore.save({"w": dt, "step": 3}, url, storage_options=options, config=_config(part_size))
+    ckptstore.save(
+        {"w": dt, "step": 3},
+        url,
+        storage_options=options,
+        options=WriterOptions(transfer=_config(part_size)),
+    )
     return int(local.shape[0])
 
 
@@ -187,7 +195,7 @@ def dcp_reshard_load_rank(
         torch.zeros_like(expected), _mesh(world_size), [Shard(0)], run_check=False
     )
     state: dict[str, Any] = {"w": dt, "step": 0}
-    ckptstore.load(state, url, storage_options=options, config=_config(part_size))
+    ckptstore.load(state, url, storage_options=options, transfer=_config(part_size))
     local = state["w"].to_local()
     same_bits = torch.equal(local.view(torch.int32), expected.contiguous().view(torch.int32))
     return bool(same_bits and state["step"] == 3)
