@@ -318,7 +318,15 @@ class TierStampError(InUseError):
     symlink, FIFO or directory, oversized or not a stamp, or missing from a directory that
     holds files. Its copies may be another job's, so nothing in it was used, written or
     deleted. The message names the directory and how to clear it
-    (``ckptstore.engine.tier_jobs``)."""
+    (``ckptstore.tier.jobs``)."""
 
 
 __all__ += ["InUseError", "RootInUseError", "OwnerFileError", "TierStampError"]
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes in the unit a reader takes in at a glance (``38.4 MB``)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"

@@ -8,7 +8,7 @@ save holds a fresh lease is marked in flight (``in_flight``), and the root's liv
 if any, is shown (``owner``; ``engine.owner``). ``--local-tier DIR`` (a node's local tier
 directory, repeatable) adds which tiers hold each committed step: the bucket, and how many
 of its data files each local tier holds with the recorded size in the directory of the
-job (root and run) that wrote it (``engine.tier_jobs``: its own shards and its peers'
+job (root and run) that wrote it (``tier.jobs``: its own shards and its peers'
 replicas), lists the steps saved to the local tier alone (``local_every``), which the
 bucket does not hold (``"durable": false``), and reports whose copies each tier holds:
 every job's root, run, steps and bytes, job directories whose stamp is refused, and step
@@ -30,13 +30,13 @@ from ckptstore.cli.sources import classify, is_dcp_listing, list_or_missing
 from ckptstore.engine.catalog import Skipped, scan_root
 from ckptstore.engine.committed import METADATA_NAME
 from ckptstore.engine.deletion import step_in_flight
-from ckptstore.engine.local_tier import LOCAL_ONLY, local_files
 from ckptstore.engine.names import step_name
 from ckptstore.engine.owner import read_owner
 from ckptstore.engine.store import Multipart
-from ckptstore.engine.tier_jobs import TierEntry, TierJob, open_job, survey
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 from ckptstore.stores.local import LocalStore
+from ckptstore.tier.jobs import TierEntry, TierJob, open_job, survey
+from ckptstore.tier.rules import LOCAL_ONLY, local_files
 
 __all__ = ["add_parser", "run", "list_root", "tier_report", "upload_age_s"]
 
@@ -182,7 +182,7 @@ def local_only_rows(tiers: list[str], root_url: str, listed: set[int]) -> list[d
 
 def tier_report(tier: str, root_url: str | None) -> list[dict[str, Any]]:
     """Whose copies local tier directory ``tier`` holds: one dict per entry directly
-    under it (``engine.tier_jobs.survey``), ``this_root`` set on the jobs of
+    under it (``tier.jobs.survey``), ``this_root`` set on the jobs of
     ``root_url``."""
     return [
         {**_entry_fields(e), "this_root": e.root is not None and e.root == root_url}

@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from ckptstore.engine.names import JOB_STAMP, step_name
-from ckptstore.engine.tier_jobs import TierJob
 from ckptstore.errors import TierStampError
 from ckptstore.manager import CheckpointManager
+from ckptstore.tier.jobs import TierJob
 from harness.dist import run_distributed
 from tests.adversarial.clirun import run_cli
 from tests.tier_dirs import PLANTED, job_dir, plant_stamp

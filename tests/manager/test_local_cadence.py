@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import torch
 
-from ckptstore.engine.local_tier import LOCAL_ONLY, save_tier
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.engine.names import JOB_STAMP, step_name
 from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.stores.local import LocalStore
+from ckptstore.tier.rules import LOCAL_ONLY, save_tier
 from harness.dist import run_distributed
 from tests.manager.test_peer_tier import DataReads
 from tests.tier_dirs import job_dir, step_dir, steps_in

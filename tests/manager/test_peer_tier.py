@@ -21,11 +21,11 @@ import torch
 import ckptstore
 from ckptstore.engine.names import TMP_MARK, step_name
 from ckptstore.engine.store import Store
-from ckptstore.engine.tier_jobs import TierJob
 from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager, peer_copy, peer_tier
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import FaultyStore
+from ckptstore.tier.jobs import TierJob
 from harness.dist import run_distributed
 from tests.tier_dirs import job_dir, steps_in
 

@@ -58,7 +58,7 @@ def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> 
 @pytest.mark.parametrize("local_tier", [False, True], ids=["direct", "local_tier_dir"])
 def test_save_step_refusal_fails_in_dcp_planning_and_writes_nothing(tmp_path, local_tier) -> None:
     """The Refusing schedule raises the carried error from DCP's planning step (with a
-    local tier too: the writer is a StagedWriter then), and nothing is written."""
+    local tier too: the writer is a TierWriter then), and nothing is written."""
     root = LocalStore(str(tmp_path / "root"))
     options = SaveOptions(local_tier_dir=str(tmp_path / "nvme") if local_tier else None)
     engine = TransferEngine()

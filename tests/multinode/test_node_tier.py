@@ -147,8 +147,8 @@ def test_every_nodes_local_tier_keeps_what_rank_0_decided(tmp_path) -> None:
 
 
 def test_the_local_tier_decision_is_pure_and_keeps_what_it_must() -> None:
-    from ckptstore.engine.local_tier import local_tier_deletions, local_tier_keeps
     from ckptstore.errors import ConfigError
+    from ckptstore.tier.rules import local_tier_deletions, local_tier_keeps
 
     assert local_tier_keeps([3, 9, 5], 1) == {9} and local_tier_keeps([3, 9, 5], 2) == {5, 9}
     assert local_tier_keeps([4], 3) == {4}

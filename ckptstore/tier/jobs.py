@@ -20,13 +20,15 @@ The layout before job directories kept step directories directly under the tier
 (``local_tier_dir/step_*``, stamped with the run alone, ``RUN_STAMP``): nothing there
 records the root, so no job can prove such a copy its own. They are never used or
 deleted; ``survey`` reports them (``ckptstore-tool ls --local-tier``), with everything else
-in the tier: each job directory's root, run, steps and bytes.
+in the tier: each job directory's root, run, steps and bytes. ``check_local_tier_dir``
+refuses a tier directory that overlaps the root (pure ``os.path`` arithmetic).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 
@@ -44,12 +46,15 @@ from ckptstore.errors import (
     TierStampError,
     UnsafePathError,
 )
+from ckptstore.stores.local import LocalStore
 
 __all__ = [
     "MAX_ROOT_CHARS",
     "MAX_STAMP_BYTES",
     "TierEntry",
     "TierJob",
+    "TierSpec",
+    "check_local_tier_dir",
     "is_job_name",
     "open_job",
     "parse_stamp",
@@ -108,6 +113,24 @@ class TierJob:
     def describe(self) -> str:
         """``run R of root U``, for messages (both printable, as ``TierJob`` checks)."""
         return f"run {self.run} of root {self.root}"
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """Where one job's copies lie on a node: the tier's directory (``local_tier_dir``) and
+    the job. Small, frozen and picklable: what ``LocalTier.spec`` hands the save step, in
+    the save thread or the writer process (``tier.writer.TierWriter``)."""
+
+    path: str
+    job: TierJob
+
+    def store(self) -> Store:
+        """The tier's directory, as a store (every job's directories are below it)."""
+        return LocalStore(self.path)
+
+    def open(self, *, create: bool = False) -> Store | None:
+        """The job's directory, its stamp checked (``open_job``)."""
+        return open_job(self.store(), self.job, create=create)
 
 
 def _good_root(root: object) -> bool:
@@ -293,3 +316,42 @@ def _legacy_run(step_dir: Store) -> str | None:
     except (CkptStoreError, ValueError, RecursionError):
         return None
     return run
+
+
+def _local_path(url: str) -> str | None:
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("file", "local"):
+        url = rest
+    elif sep:
+        return None  # an object store: it cannot overlap a local directory
+    return os.path.realpath(os.path.abspath(os.path.expanduser(url)))
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def check_local_tier_dir(root_url: str, local_tier_dir: str | None) -> None:
+    """ConfigError if the local ``local_tier_dir`` is, is inside, or holds the root ``root_url``.
+
+    The local tier trims its own old copies; sharing a directory with the root would let
+    it delete committed checkpoints (and retention would count the tier copies).
+    """
+    if not local_tier_dir:
+        return
+    root, tier = _local_path(root_url), _local_path(local_tier_dir)
+    if root is None or tier is None:
+        return
+    if root == tier:
+        why = "is the checkpoint root itself"
+    elif _inside(tier, root):
+        why = f"is inside the checkpoint root {root_url}"
+    elif _inside(root, tier):
+        why = f"holds the checkpoint root {root_url}"
+    else:
+        return
+    raise ConfigError(
+        f"local_tier_dir {local_tier_dir!r} {why}; the local tier must be a directory of its "
+        "own (e.g. node-local NVMe such as /local_nvme/ckpt), outside the root and not "
+        "above it."
+    )

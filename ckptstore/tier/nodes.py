@@ -59,18 +59,19 @@ class NodeMap:
 
 
 class Nodes:
-    """The ``NodeMap`` of ``group``, gathered at the first ``get()`` (a collective then,
-    on every rank of ``group``; nothing afterwards). Shared by the save thread and the
-    restore, which never use ``group`` at the same time."""
+    """The ``NodeMap`` of ``group`` (``path``: this rank's tier directory; None: none),
+    gathered at the first ``get()`` (a collective then, on every rank of ``group``; nothing
+    afterwards). Shared by the save thread and the restore, which never use ``group`` at
+    the same time."""
 
-    def __init__(self, local_tier_dir: str | None, group: Any) -> None:
-        self.local_tier_dir, self.group = local_tier_dir, group
+    def __init__(self, path: str | None, group: Any) -> None:
+        self.path, self.group = path, group
         self._map: NodeMap | None = None
 
     def get(self) -> NodeMap:
         """The map, gathered the first time."""
         if self._map is None:
-            where = os.path.realpath(self.local_tier_dir) if self.local_tier_dir else None
+            where = os.path.realpath(self.path) if self.path else None
             key = (socket.gethostname(), where) if where is not None else None
             if self.group is None:
                 self._map = NodeMap((key,), 0)

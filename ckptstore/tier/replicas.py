@@ -1,6 +1,6 @@
 """Where the peer tier puts each node's shards, and which node sends each missing file.
 
-Pure functions (no I/O, no process group): ``ckptstore.manager.peer_tier`` gathers what
+Pure functions (no I/O, no process group): ``ckptstore.tier.peers`` gathers what
 every node holds and runs the copies these return, the same list on every rank.
 
 Placement is a ring: node ``i``'s shards go to the ``k`` nodes after it
