@@ -177,7 +177,7 @@ def test_a_local_tier_overlapping_the_root_is_a_config_error(tmp_path) -> None:
         with pytest.raises(ConfigError, match="local_tier_dir"):
             CheckpointManager(root, local_tier_dir=staging, background="thread")
         with pytest.raises(ConfigError, match="local_tier_dir"):
-            TierWriter(step(root, 1), local_tier_dir=staging)
+            TierWriter(step(root, 1), tier=staging)
     CheckpointManager(root, local_tier_dir=str(tmp_path / "nvme"), background="thread").close()
     # the bug it prevents: staging == root left one checkpoint under KeepLast(3)
     with CheckpointManager(

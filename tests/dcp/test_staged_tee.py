@@ -1,4 +1,4 @@
-"""The staged writer writes each shard's local copy and its upload at once, one process."""
+"""The tier writer writes each shard's tier copy and its upload at once, one process."""
 
 import pytest
 import torch
@@ -31,7 +31,7 @@ def test_local_copy_and_upload_are_identical_and_the_tier_matches(tmp_path, budg
     root = LocalStore(str(tmp_path / "root"))
     url = root.child("step_000000001")
     cfg = TransferConfig(part_size=PART, memory_budget=budget_parts * PART, retry=FAST)
-    w = TierWriter(url, local_tier_dir=str(tmp_path / "nvme"), config=cfg, files_per_rank=2)
+    w = TierWriter(url, tier=str(tmp_path / "nvme"), config=cfg, files_per_rank=2)
     dcp.save(state(), storage_writer=w, no_dist=True)
     remote = shards(url)
     assert len(remote) == 2 and remote == shards(w.local)
@@ -47,14 +47,14 @@ def test_a_failed_upload_keeps_the_complete_local_copy(tmp_path):
     inner = LocalStore(str(tmp_path / "root" / "step_000000001"))
     url = FaultyStore(inner, [Fault("put_part", calls={2}, error=StoreAccessError("link down"))])
     cfg = TransferConfig(part_size=PART, memory_budget=8 * PART, retry=FAST)
-    w = TierWriter(url, local_tier_dir=str(tmp_path / "nvme"), config=cfg, files_per_rank=2)
-    with pytest.raises(BaseException, match="the complete local copy is kept") as err:
+    w = TierWriter(url, tier=str(tmp_path / "nvme"), config=cfg, files_per_rank=2)
+    with pytest.raises(BaseException, match="the complete tier copy is kept") as err:
         dcp.save(state(), storage_writer=w, no_dist=True)
     assert "link down" in str(err.value)
     local = shards(w.local)
     good = TierWriter(
         LocalStore(str(tmp_path / "ok" / "step_000000001")),
-        local_tier_dir=str(tmp_path / "nvme2"),
+        tier=str(tmp_path / "nvme2"),
         config=cfg,
         files_per_rank=2,
     )

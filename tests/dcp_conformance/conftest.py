@@ -50,7 +50,7 @@ class Backend:
 
             return TierWriter(
                 self.url(name),
-                local_tier_dir=local_tier_dir,
+                tier=local_tier_dir,
                 storage_options=self.storage_options or None,
             )
         import ckptstore

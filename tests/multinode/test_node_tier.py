@@ -63,8 +63,8 @@ def test_own_shards_are_read_locally(saved, caplog) -> None:
     caplog.set_level("INFO", logger="ckptstore.manager")
     out = restore(remote, local)
     assert torch.equal(out["w"], state(5.0)["w"]) and out["extra"] == {"v": 5.0}
-    assert "from the local copy" in caplog.text
-    read = re.search(r"step 5: (\d+) bytes read locally, (\d+) from the remote", caplog.text)
+    assert "from the tier copy" in caplog.text
+    read = re.search(r"step 5: (\d+) bytes read from the tier copy, (\d+) from the root", caplog.text)
     assert read and int(read[1]) >= 4000  # the tensor's bytes came from the local shard
 
 
@@ -75,7 +75,7 @@ def test_a_damaged_local_shard_falls_back_to_the_remote(saved, caplog) -> None:
     with pytest.warns(RuntimeWarning, match="local files of step 5 .* could not be restored"):
         out = restore(remote, local)
     assert torch.equal(out["w"], state(5.0)["w"])
-    assert "from the remote copy" in caplog.text
+    assert "from the root " in caplog.text
 
 
 def test_a_local_shard_of_another_size_is_not_used(saved, caplog) -> None:
@@ -85,8 +85,8 @@ def test_a_local_shard_of_another_size_is_not_used(saved, caplog) -> None:
     caplog.set_level("INFO", logger="ckptstore.manager")
     out = restore(remote, local)
     assert torch.equal(out["w"], state(5.0)["w"])
-    read = re.search(r"step 5: (\d+) bytes read locally, (\d+) from the remote", caplog.text)
-    assert read and int(read[1]) < 4000 <= int(read[2])  # the shard came from the remote
+    read = re.search(r"step 5: (\d+) bytes read from the tier copy, (\d+) from the root", caplog.text)
+    assert read and int(read[1]) < 4000 <= int(read[2])  # the shard came from the root
 
 
 # -- every node's local tier follows one retention decision (2 simulated nodes) -----------
