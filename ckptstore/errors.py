@@ -313,7 +313,7 @@ class OwnerFileError(RootInUseError):
 
 
 class TierStampError(InUseError):
-    """A job's directory of the node-local tier (``local_tier_dir/job-<hex>/``) cannot be
+    """A job's directory of the local tier (``local_tier_dir/job-<hex>/``) cannot be
     shown to be this job's: its stamp (``ckptstore.job.json``) is another job's, a
     symlink, FIFO or directory, oversized or not a stamp, or missing from a directory that
     holds files. Its copies may be another job's, so nothing in it was used, written or

@@ -35,7 +35,7 @@ from ckptstore.engine.owner import read_owner
 from ckptstore.engine.store import Multipart
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
 from ckptstore.stores.local import LocalStore
-from ckptstore.tier.jobs import TierEntry, TierJob, open_job, survey
+from ckptstore.tier.jobs import TierEntry, TierJob, TierSpec, survey
 from ckptstore.tier.rules import LOCAL_ONLY, local_files
 
 __all__ = ["add_parser", "run", "list_root", "tier_report", "upload_age_s"]
@@ -123,7 +123,7 @@ def _job_dir(tier: str, root_url: str, run: Any) -> Store | None:
     """The directory of the job (``root_url``, ``run``) in local tier ``tier``, its stamp
     checked; None when there is none or it is refused (the tier report says why)."""
     try:
-        return open_job(LocalStore(tier), TierJob(root_url, run))
+        return TierSpec(tier, TierJob(root_url, run)).open()
     except (OSError, CkptStoreError):  # ConfigError: a run that is no run; TierStampError
         return None
 

@@ -1,6 +1,6 @@
-"""Whose copies a node-local tier holds: one directory per job, and the stamp that says so.
+"""Whose copies a local tier holds: one directory per job, and the stamp that says so.
 
-Several jobs on a node may share one ``local_tier_dir`` (one NVMe per node). A node-local
+Several jobs on a node may share one ``local_tier_dir`` (one NVMe per node). A tier
 copy is used only by the job that made it (DESIGN.md, trust rule 9), and a job is a root
 and a run (``TierJob``). So each job keeps its copies in a directory of its own::
 
@@ -78,7 +78,7 @@ def is_job_name(name: str) -> bool:
 
 @dataclass(frozen=True)
 class TierJob:
-    """The job a node-local copy belongs to: the root URL its steps are saved to (as its
+    """The job a tier copy belongs to: the root URL its steps are saved to (as its
     store names it) and its run identity (``engine.owner.run_identity``). ``ConfigError``
     for a root that is empty, longer than ``MAX_ROOT_CHARS`` or holds a character that is
     not printable, or a run that is not a run identity (``engine.lease.check_run_id``):
@@ -188,7 +188,7 @@ _KINDS = {"file": "regular file", "link": "symlink", "other": "FIFO, socket or d
 
 
 def open_job(tier: Store, job: TierJob, *, create: bool = False) -> Store | None:
-    """``job``'s directory of ``tier`` (a node-local tier's store), its stamp read and found
+    """``job``'s directory of ``tier`` (a local tier's store), its stamp read and found
     to be ``job``'s; None when there is none (``create``: made then, its stamp first).
 
     ``TierStampError`` when the directory is there but not provably ``job``'s: its stamp
@@ -246,7 +246,7 @@ def stored_bytes(store: Store, prefix: str = "") -> int:
 
 @dataclass(frozen=True)
 class TierEntry:
-    """One entry directly under a node-local tier, as ``survey`` found it.
+    """One entry directly under a local tier, as ``survey`` found it.
 
     ``kind``: ``"job"`` (a job directory: ``root`` and ``run`` from its stamp, or
     ``problem`` saying why the stamp is refused), ``"legacy"`` (a step directory of the
@@ -264,7 +264,7 @@ class TierEntry:
 
 
 def survey(tier: Store) -> list[TierEntry]:
-    """Every entry directly under ``tier`` (a node-local tier's store), by name: whose
+    """Every entry directly under ``tier`` (a local tier's store), by name: whose
     copies it holds (stamps read with the same caps and refusals as ``open_job``; links
     never followed). Reads, never writes."""
     out = []

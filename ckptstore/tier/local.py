@@ -46,19 +46,32 @@ class TierOptions(Protocol):
     """What ``LocalTier.of`` reads of the manager's options (``ManagerOptions``)."""
 
     @property
-    def local_tier_dir(self) -> str | None: ...
+    def local_tier_dir(self) -> str | None:
+        """The tier's directory on each node (None: no local tier)."""
+
     @property
-    def keep_local(self) -> int: ...
+    def keep_local(self) -> int:
+        """Steps every node's tier keeps."""
+
     @property
-    def local_every(self) -> int | None: ...
+    def local_every(self) -> int | None:
+        """The cadence of local-only saves (None: none)."""
+
     @property
-    def root_every(self) -> int: ...
+    def root_every(self) -> int:
+        """The cadence of saves to the root."""
+
     @property
-    def replicas(self) -> int: ...
+    def replicas(self) -> int:
+        """Peer nodes each node's files are copied to."""
+
     @property
-    def replica_rate(self) -> int | None: ...
+    def replica_rate(self) -> int | None:
+        """Bytes/s a node sends at most (None: no limit)."""
+
     @property
-    def tier_limit(self) -> int | None: ...
+    def tier_limit(self) -> int | None:
+        """Bytes a node's tier may hold (None: no limit)."""
 
 
 class LocalTier:

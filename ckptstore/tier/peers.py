@@ -1,5 +1,5 @@
 """The peer tier: each node's local-tier shards copied to ``replicas`` peer nodes, and a
-restore that takes what its node lacks from the peers instead of the bucket.
+restore that takes what its node lacks from the peers instead of the root.
 
 After a committed save, every node's leader sends the step's files it wrote to the next
 ``replicas`` nodes on the ring (``tier.replicas``), over the manager's checkpoint gloo
@@ -8,12 +8,12 @@ each node's leader lists the step's files it holds (checked against the committe
 manifest: size and CRC32C), every rank says which files its part of the load reads, and
 each file a node's ranks read and the node lacks is sent by a node that holds it (so a
 sharded state moves only the shards each node loads); what no node holds is read from the
-bucket as before (``tier.view``). A received file is kept
+root as before (``tier.view``). A received file is kept
 only when its size and CRC32C are the manifest's (``tier.peer_copy``). Every node sends
 from and receives into this job's directory of its local tier alone (``tier.local``:
 its stamp names this root and run), so another job's copies are never sent, replaced or
 evicted. A step saved to
-the local tier alone has no bucket copy: its marker, manifest and ``.metadata`` go to
+the local tier alone has no copy in the root: its marker, manifest and ``.metadata`` go to
 every node too (``seed``), so that any node can serve it at a restore.
 
 Copies run in rounds that every rank computes alike (``tier.replicas.copy_rounds``), in
@@ -64,7 +64,7 @@ __all__ = ["CHUNK", "PeerTier", "PeerReport"]
 
 log = logging.getLogger(__name__)
 
-#: The step's own small objects: never copied (rank 0 reads them from the bucket).
+#: The step's own small objects: never copied (rank 0 reads them from the root).
 _SMALL = frozenset({MARKER_NAME, MANIFEST_NAME, METADATA_NAME})
 
 
@@ -90,12 +90,13 @@ class PeerReport:
 
 
 class PeerTier:
-    """The peer tier of one manager.
+    """The peer tier of one ``LocalTier`` (``tier.peers``).
 
     Call order (every rank, each a collective over ``nodes.group``)::
 
         peers = PeerTier(nodes, tier, engine, replicas, rate, limit)
-                                         # the manager's constructor
+                                         # LocalTier's constructor (built once, by the
+                                         # manager's ``LocalTier.of``)
         peers.after_save(step, manifest, url, small)
                                          # save thread, after every save: ``replicate``
                                          # (rank 0 passes the committed step's manifest,
@@ -133,7 +134,7 @@ class PeerTier:
         self, step: int, manifest: Manifest | None, small: Committed | None = None
     ) -> PeerReport:
         """Copy every node's files of the committed ``step`` to its ring targets; rank 0
-        gives the step's ``manifest`` and, for a step the bucket does not hold, the step
+        gives the step's ``manifest`` and, for a step the root does not hold, the step
         as opened (``small``: written on every node first, ``seed``). Files a target
         already holds (size checked) are not sent again."""
         if not self.active:
@@ -171,7 +172,7 @@ class PeerTier:
         dist.all_gather_object(needs, sorted(set(need) & data), group=self.group)
         wants: list[set[str]] = [set() for _ in node_map.nodes]
         for node, names in zip(node_map.node_of, needs):
-            if node is not None:  # a rank without a local tier reads from the bucket
+            if node is not None:  # a rank without a local tier reads from the root
                 wants[node].update(names)
         mine = wants[node_map.node] if node_map.node is not None else set()
         return self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
@@ -404,7 +405,7 @@ class PeerTier:
 
 
 def committed_step(root: Store, tier: LocalTier, step: int) -> Committed | None:
-    """The committed ``step`` as opened: from this node's local copy when it has one (the
+    """The committed ``step`` as opened: from this node's tier copy when it has one (the
     coordinator's does; a local-only step has no other), else from ``root``; None if
     neither opens. Never raises: rank 0 hands what it gets to every rank's collective."""
     for where in ("local", "root"):

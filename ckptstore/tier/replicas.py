@@ -69,7 +69,7 @@ def plan_copies(
 ) -> tuple[list[Copy], list[set[str]]]:
     """The copies that give each node what it ``wants`` and does not hold, each from a
     node that ``holds`` the file, and per node the wanted files no node holds (they come
-    from the bucket). Among several holders the one with the fewest bytes to send so far
+    from the root). Among several holders the one with the fewest bytes to send so far
     is picked (ties: the nearest before the receiver on the ring), so a replaced node's
     shards are drawn from all its replicas at once. Deterministic: every rank computes the
     same plan from the same gathered facts; ordered by receiver, then name."""

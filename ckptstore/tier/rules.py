@@ -1,12 +1,12 @@
-"""The node-local tier's rules, in one place: what a node keeps, and what a restore trusts.
+"""The local tier's rules, in one place: what a node keeps, and what a restore trusts.
 
-The node-local tier (``local_tier_dir``) holds each save's shard files, written there
-first and uploaded from there (``tier.writer``), as a restore tier. Keeping: after a save
-each node keeps the newest ``keep_local`` of the steps the root keeps
+The local tier (``local_tier_dir``) holds each save's shard files, written there and
+uploaded to the root at once (``tier.writer``), as tier copies a restore can read.
+Keeping: after a save each node keeps the newest ``keep_local`` of the steps the root keeps
 (``local_tier_keeps``, decided once, by rank 0) and deletes the older ones
-(``local_tier_deletions``, ``trim_local_tier``; ``keep_newest`` for a staged writer used
-alone). Trusting: a local copy is used whole only when its marker is the committed remote
-one and every file the manifest lists is there with its size (``local_copy_matches``),
+(``local_tier_deletions``, ``trim_local_tier``; ``keep_newest`` for a ``TierWriter`` used
+alone). Trusting: a tier copy is used whole only when its marker is the committed one of
+the root and every file the manifest lists is there with its size (``local_copy_matches``),
 else file by file (``local_files``). With two cadences (``save_tier``) some steps are
 saved to the local tier alone: their manifest says so (``LOCAL_ONLY``). Only canonical
 step directories and ckptstore's own files are ever deleted; symlinks are never followed
@@ -145,8 +145,8 @@ def local_files(local: Store, manifest: Manifest) -> list[str]:
 
 
 def local_copy_matches(local: Store, committed: Committed) -> bool:
-    """True when ``local`` (a local store) holds a whole copy of the committed remote
-    step: its marker is the remote one and every file the manifest lists is a regular
+    """True when ``local`` (a tier copy) holds a whole copy of the committed step of the
+    root: its marker is the root's and every file the manifest lists is a regular
     file (never a symlink) of the recorded size. Reads only the local marker."""
     try:
         data = get_capped(local, MARKER_NAME, MAX_MARKER_SIZE)

@@ -51,9 +51,7 @@ def _save_and_load(rank: int, world: int, url: str, mode: str, tmp: str, options
                 warnings.simplefilter("ignore", FutureWarning)
                 dcp.save_state_dict(_replicated(), storage_writer=w, coordinator_rank=1)
             return _loaded(url, options)
-        ckptstore.save(
-            _replicated(), TierWriter(url, tier=staging, storage_options=options)
-        )
+        ckptstore.save(_replicated(), TierWriter(url, tier=staging, storage_options=options))
     else:  # the manager's writer process (writer_process.write_step), staged locally
         from ckptstore.manager import CheckpointManager
 

@@ -63,7 +63,8 @@ def test_remote_every_still_works_on_the_options_value() -> None:
 
 def test_an_old_keyword_reaches_the_manager(tmp_path) -> None:
     tier = tmp_path / "nvme"
-    with pytest.warns(DeprecationWarning, match="'staging_dir' is now called 'local_tier_dir'") as w:
+    renamed = "'staging_dir' is now called 'local_tier_dir'"
+    with pytest.warns(DeprecationWarning, match=renamed) as w:
         mgr = CheckpointManager(str(tmp_path / "root"), staging_dir=str(tier), async_save=False)
     assert w[0].filename == __file__  # the warning points at the caller's line
     with mgr:

@@ -23,9 +23,9 @@ from ckptstore.engine.names import TMP_MARK, step_name
 from ckptstore.engine.store import Store
 from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager
-from ckptstore.tier import peer_copy, peers
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import FaultyStore
+from ckptstore.tier import peer_copy, peers
 from ckptstore.tier.jobs import TierJob
 from harness.dist import run_distributed
 from tests.tier_dirs import job_dir, steps_in

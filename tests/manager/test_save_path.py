@@ -35,11 +35,12 @@ def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> 
     engine = TransferEngine()
     try:
         for step, local_tier_dir in ((1, None), (2, staging)):
+            tier = local_tier_dir and TierSpec(local_tier_dir, TierJob(root.url, "r"))
             notes = save_step(
                 {"w": torch.arange(10.0) + step},
                 root,
                 step,
-                SaveOptions(tier=local_tier_dir and TierSpec(local_tier_dir, TierJob(root.url, "r"))),
+                SaveOptions(tier=tier),
                 engine=engine,
                 timings={"blocking_s": 0.5},
             )

@@ -20,6 +20,8 @@ from tests.tier_dirs import job_dir, make_job_dir, step_dir
 
 #: The run of the two-node saves (its job directory is known before they start).
 RUN = "two-nodes"
+#: The restore's log line of where its bytes came from.
+READ = r"step 5: (\d+) bytes read from the tier copy, (\d+) from the root"
 
 
 def state(v: float) -> dict:
@@ -64,7 +66,7 @@ def test_own_shards_are_read_locally(saved, caplog) -> None:
     out = restore(remote, local)
     assert torch.equal(out["w"], state(5.0)["w"]) and out["extra"] == {"v": 5.0}
     assert "from the tier copy" in caplog.text
-    read = re.search(r"step 5: (\d+) bytes read from the tier copy, (\d+) from the root", caplog.text)
+    read = re.search(READ, caplog.text)
     assert read and int(read[1]) >= 4000  # the tensor's bytes came from the local shard
 
 
@@ -85,7 +87,7 @@ def test_a_local_shard_of_another_size_is_not_used(saved, caplog) -> None:
     caplog.set_level("INFO", logger="ckptstore.manager")
     out = restore(remote, local)
     assert torch.equal(out["w"], state(5.0)["w"])
-    read = re.search(r"step 5: (\d+) bytes read from the tier copy, (\d+) from the root", caplog.text)
+    read = re.search(READ, caplog.text)
     assert read and int(read[1]) < 4000 <= int(read[2])  # the shard came from the root
 
 

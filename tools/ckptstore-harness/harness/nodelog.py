@@ -128,7 +128,7 @@ def restore_bytes(ready: dict[str, Any]) -> dict[str, int]:
     nodes (the manager's restore log)."""
     out = {"local": 0, "remote": 0, "peers": 0}
     for m in ready["restore_log"]:
-        if found := re.match(r"step \d+: (\d+) bytes read from the tier copy, (\d+) from the root", m):
+        if found := re.match(r"step \d+: (\d+) bytes read from the tier copy, (\d+) from the", m):
             out["local"], out["remote"] = int(found[1]), int(found[2])
         elif found := re.match(r"step \d+: (\d+) bytes copied from peer nodes", m):
             out["peers"] = int(found[1])
