@@ -46,7 +46,6 @@ from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.engine.verify import verify_files
 from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError, size_text
-from ckptstore.tier.nodes import Nodes
 from ckptstore.tier.peer_copy import CHUNK, Incoming, Outgoing, chunks
 from ckptstore.tier.replicas import (
     Copy,
@@ -58,7 +57,7 @@ from ckptstore.tier.replicas import (
 from ckptstore.tier.rules import evict_for, local_files
 
 if TYPE_CHECKING:
-    from ckptstore.tier.local import LocalTier
+    from ckptstore.tier.local import LocalTier, Nodes
 
 __all__ = ["CHUNK", "PeerTier", "PeerReport"]
 
