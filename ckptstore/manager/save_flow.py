@@ -45,7 +45,6 @@ from ckptstore.manager.report import report
 from ckptstore.manager.saving.backend import SaveBackend
 from ckptstore.manager.step_guard import StepGuard
 from ckptstore.tier.local import LocalTier
-from ckptstore.tier.peers import committed_step
 
 __all__ = ["SaveFlow"]
 
@@ -423,7 +422,7 @@ class SaveFlow:
             return
         committed = None
         if self.rank == 0 and record.status == SaveStatus.COMMITTED:
-            committed = committed_step(self.root, self.tier, record.step)
+            committed = self._peers.committed(self.root, record.step)
         local = record.tier == "local"
         where = str(self.tier) if local else self.root.url
         notes, error = self._peers.after_save(

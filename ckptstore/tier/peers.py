@@ -96,6 +96,8 @@ class PeerTier:
         peers = PeerTier(nodes, tier, engine, replicas, rate, limit)
                                          # LocalTier's constructor (built once, by the
                                          # manager's ``LocalTier.of``)
+        small = peers.committed(root, step)  # rank 0, save thread, after a save: the
+                                         # step as opened, for after_save
         peers.after_save(step, manifest, url, small)
                                          # save thread, after every save: ``replicate``
                                          # (rank 0 passes the committed step's manifest,
@@ -207,6 +209,22 @@ class PeerTier:
             log.warning("%s", note)
             return [note], None
         return [], None
+
+    def committed(self, root: Store, step: int) -> Committed | None:
+        """The committed ``step`` as opened, what rank 0 hands ``after_save``: from this
+        node's tier copy when it has one (the coordinator's does; a local-only step has no
+        other), else from ``root``; None if neither opens. Never raises: rank 0 hands what
+        it gets to every rank's collective."""
+        for where in ("tier", "root"):
+            try:
+                if where == "root":
+                    return open_committed(root.child(step_name(step)))
+                local = self.tier.step(step)
+                if local is not None:
+                    return open_committed(local)
+            except Exception as exc:  # noqa: BLE001 - None is the answer: nothing replicated
+                log.debug("step %d's manifest not read from the %s copy: %s", step, where, exc)
+        return None
 
     def _over_limit(self, over: tuple[tuple[int, int], ...], root_url: str) -> ConfigError:
         """The error for the nodes whose local tier cannot hold a step within ``limit``."""
@@ -401,22 +419,6 @@ class PeerTier:
             ahead = sent / self.rate - (time.monotonic() - start)
             if ahead > 0:
                 time.sleep(ahead)
-
-
-def committed_step(root: Store, tier: LocalTier, step: int) -> Committed | None:
-    """The committed ``step`` as opened: from this node's tier copy when it has one (the
-    coordinator's does; a local-only step has no other), else from ``root``; None if
-    neither opens. Never raises: rank 0 hands what it gets to every rank's collective."""
-    for where in ("local", "root"):
-        try:
-            if where == "root":
-                return open_committed(root.child(step_name(step)))
-            local = tier.step(step)
-            if local is not None:
-                return open_committed(local)
-        except Exception as exc:  # noqa: BLE001 - None is the answer: nothing is replicated
-            log.debug("step %d's manifest not read from the %s copy: %s", step, where, exc)
-    return None
 
 
 def _sizes(manifest: Manifest) -> dict[str, int]:
