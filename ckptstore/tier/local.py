@@ -87,6 +87,11 @@ class LocalTier:
     """This job's local tier on every node (``spec``; None: no local tier, and every call
     below is a no-op that says so: None, nothing trimmed, an inactive ``peers``).
 
+    It does not pickle (it holds the checkpoint process group and the engine): what crosses
+    into the save thread or the background writer process is ``spec``, a small frozen
+    ``TierSpec``, from which the save step builds its ``TierWriter`` there. Everything else
+    runs in the training process.
+
     Call order (the manager builds it once; every call reads the stamp again)::
 
         tier = LocalTier.of(options, root_url, run_id, group=pg, engine=engine)
@@ -115,8 +120,8 @@ class LocalTier:
         self,
         spec: TierSpec | None,
         *,
+        engine: TransferEngine,
         group: Any = None,
-        engine: TransferEngine | None = None,
         keep_local: int = 1,
         local_every: int | None = None,
         root_every: int = 1,
@@ -132,9 +137,7 @@ class LocalTier:
         #: replication both act through each node's leader.
         self.nodes = Nodes(self.path, group)
         #: The replication between nodes' tiers and a restore's copies from them.
-        self.peers = PeerTier(
-            self.nodes, self, engine or TransferEngine(), replicas, replica_rate, tier_limit
-        )
+        self.peers = PeerTier(self.nodes, self, engine, replicas, replica_rate, tier_limit)
 
     @classmethod
     def of(
@@ -143,8 +146,8 @@ class LocalTier:
         root_url: str,
         run_id: str,
         *,
+        engine: TransferEngine,
         group: Any = None,
-        engine: TransferEngine | None = None,
     ) -> LocalTier:
         """The tier ``options`` describe, for the job (``root_url``, ``run_id``)."""
         check_local_tier_dir(root_url, options.local_tier_dir)
