@@ -325,7 +325,9 @@ __all__ += ["InUseError", "RootInUseError", "OwnerFileError", "TierStampError"]
 
 
 def size_text(n: int) -> str:
-    """``n`` bytes in the unit a reader takes in at a glance (``38.4 MB``)."""
+    """``n`` bytes in the unit a reader takes in at a glance (``38.4 MB``): the one size
+    format of messages and log lines, here (the lowest layer) so that the manager's and
+    the tier's messages share it."""
     for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
         if n >= scale:
             return f"{n / scale:.1f} {unit}"
