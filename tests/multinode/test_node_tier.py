@@ -70,11 +70,11 @@ def test_own_shards_are_read_locally(saved, caplog) -> None:
     assert read and int(read[1]) >= 4000  # the tensor's bytes came from the local shard
 
 
-def test_a_damaged_local_shard_falls_back_to_the_remote(saved, caplog) -> None:
+def test_a_damaged_tier_shard_falls_back_to_the_root(saved, caplog) -> None:
     remote, local = saved
     flip(shard(local))
     caplog.set_level("INFO", logger="ckptstore.manager")
-    with pytest.warns(RuntimeWarning, match="local files of step 5 .* could not be restored"):
+    with pytest.warns(RuntimeWarning, match="tier files of step 5 .* could not be restored"):
         out = restore(remote, local)
     assert torch.equal(out["w"], state(5.0)["w"])
     assert "from the root " in caplog.text
