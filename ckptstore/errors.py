@@ -313,12 +313,22 @@ class OwnerFileError(RootInUseError):
 
 
 class TierStampError(InUseError):
-    """A job's directory of the node-local tier (``local_tier_dir/job-<hex>/``) cannot be
+    """A job's directory of the local tier (``local_tier_dir/job-<hex>/``) cannot be
     shown to be this job's: its stamp (``ckptstore.job.json``) is another job's, a
     symlink, FIFO or directory, oversized or not a stamp, or missing from a directory that
     holds files. Its copies may be another job's, so nothing in it was used, written or
     deleted. The message names the directory and how to clear it
-    (``ckptstore.engine.tier_jobs``)."""
+    (``ckptstore.tier.jobs``)."""
 
 
 __all__ += ["InUseError", "RootInUseError", "OwnerFileError", "TierStampError"]
+
+
+def size_text(n: int) -> str:
+    """``n`` bytes in the unit a reader takes in at a glance (``38.4 MB``): the one size
+    format of messages and log lines, here (the lowest layer) so that the manager's and
+    the tier's messages share it."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} bytes"

@@ -103,8 +103,6 @@ if TYPE_CHECKING:
     from ckptstore.engine.copy import CopyResult, check_empty_destination, copy_checkpoint
     from ckptstore.engine.deletion import HeldFence, held_fences, release_held, step_in_flight
     from ckptstore.engine.fence import fence_name
-    from ckptstore.engine.local_tier import LOCAL_ONLY
-    from ckptstore.engine.local_tier import local_files as tier_copy_files
     from ckptstore.engine.manifest import (
         FORMAT_VERSION,
         MANIFEST_NAME,
@@ -126,10 +124,12 @@ if TYPE_CHECKING:
     )
     from ckptstore.engine.owner import RepairPlan, apply_repair, plan_repair, read_owner
     from ckptstore.engine.store import Store
-    from ckptstore.engine.tier_jobs import TierEntry, TierJob
-    from ckptstore.engine.tier_jobs import open_job as open_tier_job
-    from ckptstore.engine.tier_jobs import survey as survey_tier
     from ckptstore.engine.verify import BadRange, FileCheck, VerifyReport, verify_checkpoint
+    from ckptstore.tier.jobs import TierEntry, TierJob
+    from ckptstore.tier.jobs import open_job as open_tier_job
+    from ckptstore.tier.jobs import survey as survey_tier
+    from ckptstore.tier.rules import LOCAL_ONLY
+    from ckptstore.tier.rules import local_files as tier_copy_files
 
 _ENGINE = "ckptstore.engine."
 
@@ -217,12 +217,12 @@ _LAZY: dict[str, tuple[str, str]] = {
     # codecs
     **{n: (_ENGINE + "codec_registry", n) for n in ("codec_names", "stored_codec")},
     # a local tier
-    "survey_tier": (_ENGINE + "tier_jobs", "survey"),
-    "TierEntry": (_ENGINE + "tier_jobs", "TierEntry"),
-    "TierJob": (_ENGINE + "tier_jobs", "TierJob"),
-    "open_tier_job": (_ENGINE + "tier_jobs", "open_job"),
-    "tier_copy_files": (_ENGINE + "local_tier", "local_files"),
-    "LOCAL_ONLY": (_ENGINE + "local_tier", "LOCAL_ONLY"),
+    "survey_tier": ("ckptstore.tier.jobs", "survey"),
+    "TierEntry": ("ckptstore.tier.jobs", "TierEntry"),
+    "TierJob": ("ckptstore.tier.jobs", "TierJob"),
+    "open_tier_job": ("ckptstore.tier.jobs", "open_job"),
+    "tier_copy_files": ("ckptstore.tier.rules", "local_files"),
+    "LOCAL_ONLY": ("ckptstore.tier.rules", "LOCAL_ONLY"),
     # .metadata and shards: these import torch
     "load_metadata": ("ckptstore.dcp.metadata", "load_metadata"),
     "check_metadata": ("ckptstore.dcp.metadata_bounds", "check_metadata"),

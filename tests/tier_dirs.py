@@ -1,4 +1,4 @@
-"""Where a job's copies lie in a node-local tier (``engine.tier_jobs``), for tests: each
+"""Where a job's copies lie in a node-local tier (``tier.jobs``), for tests: each
 job's step directories are in a directory of its own, ``<tier>/job-<hex>/``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 import os
 
 from ckptstore.engine.names import JOB_STAMP, step_name
-from ckptstore.engine.tier_jobs import TierJob, is_job_name
+from ckptstore.tier.jobs import TierJob, is_job_name
 
 
 def job_dirs(tier: str) -> list[str]:

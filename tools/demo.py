@@ -7,8 +7,9 @@
 
 The job is ``examples/resilience/train.py``: a small causal transformer (3.2 M parameters,
 38 MB with its AdamW state) on a generated Parquet token dataset, DDP over 2 gloo processes
-under ``torchrun --max-restarts``, with ``CheckpointManager`` (async saves staged on local
-disk, then uploaded and committed), ``RNGState`` and the ckptstore ``DataLoader``.
+under ``torchrun --max-restarts``, with ``CheckpointManager`` (async saves written to a
+local tier on local disk and uploaded to the root at once, then committed), ``RNGState``
+and the ckptstore ``DataLoader``.
 
 1. reference  the job runs uninterrupted; at each save rank 0 also ``torch.save``s the same
               state (+ fsync), to compare what a save blocks training for.
@@ -117,7 +118,7 @@ class Demo:
         args = [
             "--data", self.data, "--cache", os.path.join(self.root, "cache"),
             "--root", self.ckpt_root(name), "--storage-options", json.dumps(self.storage_options),
-            "--staging", os.path.join(d, "nvme"), "--out", os.path.join(d, "out"),
+            "--local-tier", os.path.join(d, "nvme"), "--out", os.path.join(d, "out"),
             "--steps", str(p.steps), "--save-every", str(p.every), "--keep", str(p.keep),
             "--global-batch", str(p.global_batch), *MODEL, *extra,
         ]  # fmt: skip
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
             f"ckptstore demo: a {model_size()} on "
             f"{plan.samples} Parquet token samples, {plan.steps} steps of a global batch of "
             f"{plan.global_batch}, DDP on 2 gloo processes under torchrun; a checkpoint every "
-            f"{plan.every} steps to {demo.store_label}, staged on local disk"
+            f"{plan.every} steps to {demo.store_label}, through a local tier on local disk"
         )
         t = step("1/3 uninterrupted reference run ...")
         _, ref = demo.run("reference", [Segment(2)], "--torch-save-dir", f"{root}/torch-save")

@@ -23,7 +23,7 @@ repeat, fresh restores (barrier -> restore -> barrier, max over ranks, checked b
 Node 1's tier is put back (copied, untimed) between restores. The bytes over the link are
 counted for each (the peers restore must move only the marker, manifest and ``.metadata``).
 Two cadences: the same state saved alternately to the local tiers alone (``local_every=1``,
-``remote_every`` never; replicated) and to the bucket, each a fresh manager, async: the
+``root_every`` never; replicated) and to the bucket, each a fresh manager, async: the
 save's blocking time and its time to committed + replicated, and the bytes sent over the
 link; then node 1 replaced restores the newest step, a local-only one, from node 0
 (``local-only``: nothing but control files over the link).
@@ -195,7 +195,7 @@ def _timed_save(
 
     from ckptstore.manager import CheckpointManager
 
-    cadence = {"local_every": 1, "remote_every": 1 << 40} if kind == LOCAL_ONLY else {}
+    cadence = {"local_every": 1, "root_every": 1 << 40} if kind == LOCAL_ONLY else {}
     with CheckpointManager(
         url, storage_options=options, local_tier_dir=tier, run_id=RUN_ID, **cadence
     ) as mgr:

@@ -1,7 +1,7 @@
 """Serialising one shard file: a rank's items, in write order, through one file writer.
 
 ``write_items`` is what ``CkptWriter._write_file`` runs inside the writer its hooks give
-(``engine.filewriter.FileWriter``, or ``engine.tee.TeeWriter`` for ``StagedWriter``):
+(``engine.filewriter.FileWriter``, or ``engine.tee.TeeWriter`` for ``TierWriter``):
 bytes items first (as stock DCP writes them), then the larger tensors, then the smaller
 ones, each in plan order. With the identity codec small items are gathered and written
 together (``SmallItems``), each larger one streamed through an ``ItemSink`` (hashed once,

@@ -9,7 +9,7 @@ then the rest is read as at most ``limit + 1`` bytes in all, and more is refused
 file may have grown in between). A 1 GiB marker, lease or manifest costs at most 1 MiB
 and a stat, not the file. Every control file is
 read through it: marker, manifest (capped by its marker's ``manifest_size``), lease, root
-owner, ``.metadata``, the local tier's job stamp (``engine.tier_jobs``).
+owner, ``.metadata``, the local tier's job stamp (``tier.jobs``).
 """
 
 from __future__ import annotations

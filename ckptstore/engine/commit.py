@@ -266,7 +266,7 @@ def _after_marker(
     own = [attempt_manifest_name(attempt), attempt_metadata_name(attempt)] if attempt else []
     own_lease = [lease_name(attempt)] if attempt and live else []
     keep = {MARKER_NAME, MANIFEST_NAME, METADATA_NAME, RUN_STAMP, *own, *own_lease}
-    keep |= set(manifest.files)  # RUN_STAMP: a local tier's (``engine.local_tier``)
+    keep |= set(manifest.files)  # RUN_STAMP: a local tier's (``tier.rules``)
     names = store.find()
     others = live_leases(store, names, exclude=own_lease)
     if others:

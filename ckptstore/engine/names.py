@@ -19,7 +19,7 @@ Names of a step directory::
                                                   meet (engine.fence)
     ckptstore.run.json                            in a local tier of the layout before
                                                   job directories: the run whose step the
-                                                  directory holds (engine.tier_jobs reports
+                                                  directory holds (tier.jobs reports
                                                   it; the commit keeps it)
     <any of the above>.ckptstore-tmp-<hex>        a temp object of an unfinished write: a
                                                   volume's temp file, or an emulated
@@ -29,7 +29,7 @@ Names of a step directory::
 Directly under a root, ``ckptstore.owner.json`` is the root owner's lease
 (``engine.owner``): ckptstore's, never listed as someone else's file.
 
-A local tier holds one directory per job, ``job-<32 hex>/`` (``engine.tier_jobs``),
+A local tier holds one directory per job, ``job-<32 hex>/`` (``tier.jobs``),
 with the job's stamp ``ckptstore.job.json`` and the job's step directories in it.
 
 Pure functions; no I/O.
@@ -64,11 +64,11 @@ TMP_MARK = ".ckptstore-tmp-"
 OWNER_NAME = "ckptstore.owner.json"
 
 #: In a local tier's job directory: the root and run of the job whose copies it holds
-#: (``engine.tier_jobs``).
+#: (``tier.jobs``).
 JOB_STAMP = "ckptstore.job.json"
 
 #: In a step directory directly under a local tier, the layout before job
-#: directories: the run whose step it held (``engine.tier_jobs`` reports it).
+#: directories: the run whose step it held (``tier.jobs`` reports it).
 RUN_STAMP = "ckptstore.run.json"
 
 _STEP = re.compile(r"^step_(\d{9})$")

@@ -16,18 +16,16 @@ on some servers), and a name that is not a ``str``. A *prefix* (``find``, ``list
 ``ckptstore.engine.store``), so a new store is contained without writing a line; the volume
 store adds symlink checks of its own (a link is never followed below the root).
 
-:func:`check_local_tier_dir` refuses a local tier directory that overlaps the root.
-Pure functions; no I/O but ``os.path`` arithmetic.
+Pure functions; no I/O.
 """
 
 from __future__ import annotations
 
-import os
 import re
 
-from ckptstore.errors import ConfigError, UnsafePathError
+from ckptstore.errors import UnsafePathError
 
-__all__ = ["check_name", "check_prefix", "is_safe_name", "check_local_tier_dir"]
+__all__ = ["check_name", "check_prefix", "is_safe_name"]
 
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -78,42 +76,3 @@ def check_prefix(prefix: str, root: str) -> str:
             "must be relative, normalised and stay inside it."
         )
     return prefix[:-1] if prefix.endswith("/") else prefix
-
-
-def _local_path(url: str) -> str | None:
-    scheme, sep, rest = url.partition("://")
-    if sep and scheme.lower() in ("file", "local"):
-        url = rest
-    elif sep:
-        return None  # an object store: it cannot overlap a local directory
-    return os.path.realpath(os.path.abspath(os.path.expanduser(url)))
-
-
-def _inside(child: str, parent: str) -> bool:
-    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
-
-
-def check_local_tier_dir(root_url: str, local_tier_dir: str | None) -> None:
-    """ConfigError if the local ``local_tier_dir`` is, is inside, or holds the root ``root_url``.
-
-    The local tier trims its own old copies; sharing a directory with the root would let
-    it delete committed checkpoints (and retention would count the staged copies).
-    """
-    if not local_tier_dir:
-        return
-    root, staging = _local_path(root_url), _local_path(local_tier_dir)
-    if root is None or staging is None:
-        return
-    if root == staging:
-        why = "is the checkpoint root itself"
-    elif _inside(staging, root):
-        why = f"is inside the checkpoint root {root_url}"
-    elif _inside(root, staging):
-        why = f"holds the checkpoint root {root_url}"
-    else:
-        return
-    raise ConfigError(
-        f"local_tier_dir {local_tier_dir!r} {why}; the node-local tier must be a directory of its "
-        "own (e.g. node-local NVMe such as /local_nvme/ckpt), outside the root and not "
-        "above it."
-    )

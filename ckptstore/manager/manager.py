@@ -24,29 +24,25 @@ from ckptstore.engine.cores import local_ranks
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.names import step_name
 from ckptstore.engine.owner import run_identity
-from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
-from ckptstore.engine.tier_jobs import TierJob
 from ckptstore.engine.transfer import TransferEngine
-from ckptstore.errors import ConfigError, NewerFormatError, NoLoadableCheckpointError
+from ckptstore.errors import ConfigError, NewerFormatError, NoLoadableCheckpointError, size_text
 from ckptstore.launch import fresh_new_group
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.failures import FailureLog, interrupted
-from ckptstore.manager.nodes import Nodes
 from ckptstore.manager.options import ManagerOptions, SaveOptions
 from ckptstore.manager.ownership import RootOwner, describe_run, run_of
-from ckptstore.manager.peer_tier import PeerTier
 from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
-from ckptstore.manager.report import report, size_text
+from ckptstore.manager.report import report
 from ckptstore.manager.restore import StepLoader
 from ckptstore.manager.save_flow import SaveFlow
 from ckptstore.manager.saving.backend import make_backend
 from ckptstore.manager.saving.process_backend import ProcessBackend
 from ckptstore.manager.saving.shared_stager import SharedStager
 from ckptstore.manager.saving.writer_process import BackgroundWriter
-from ckptstore.manager.tier_dir import TierDir
 from ckptstore.stores import open_store
+from ckptstore.tier.local import LocalTier
 
 __all__ = ["CheckpointManager", "MANIFEST_TIMINGS", "SaveRecord", "SaveStatus"]
 
@@ -68,7 +64,7 @@ class CheckpointManager:
                                       # tensors: while the next step runs, its
                                       # optimizer.step waiting for them); serialisation,
                                       # upload and commit run in the background (with
-                                      # local_every / remote_every: to the root, to the
+                                      # local_every / root_every: to the root, to the
                                       # local tier alone, or not at all, by step)
         mgr.wait_staged()             # before changing the optimizers' tensors other
                                       # than by their step (defer_staging)
@@ -103,7 +99,6 @@ class CheckpointManager:
         self.root = retrying(
             open_store(root, storage_options), self.engine.config.retry, self.engine.stats
         )
-        check_local_tier_dir(self.root.url, opts.local_tier_dir)
         distributed = dist.is_available() and dist.is_initialized()
         self.rank = dist.get_rank() if distributed else 0
         # Checkpoint traffic and small agreements each get their own gloo group, so they
@@ -115,12 +110,14 @@ class CheckpointManager:
         #: and the root owner's lease names it (``engine.owner``).
         self.run_id: str = self._agree.broadcast(run_identity(opts.run_id))
         self._owner = RootOwner(self.root, self.run_id)  # rank 0 claims it at each save
-        # This job (root and run) in each node's local tier: its copies live in a directory
-        # of its own there, stamped with both (``tier_dir``).
-        job = TierJob(self.root.url, self.run_id) if opts.local_tier_dir else None
-        self._tier = TierDir(opts.local_tier_dir, job)
+        # The local tier, built once (ConfigError if it overlaps the root): this job (root
+        # and run) keeps its copies in a directory of its own in each node's tier, stamped
+        # with both; its keep rules, node map and peers (``ckptstore.tier``).
+        self._tier = LocalTier.of(
+            opts, self.root.url, self.run_id, group=self._pg, engine=self.engine
+        )
         # The part of the options a save needs, as every backend and writer gets it.
-        self._save_options = SaveOptions.of(opts, self.run_id, job)
+        self._save_options = SaveOptions.of(opts, self.run_id, self._tier.spec)
         self._backend = make_backend(
             root,
             self.root,
@@ -134,12 +131,6 @@ class CheckpointManager:
             local_ranks=local_ranks(dist.get_world_size() if distributed else 1),
             asynchronous=opts.async_save,
         )
-        # Which ranks share a node's local tier (gathered once, on the checkpoint group);
-        # the trim and the peer tier both act through each node's leader.
-        nodes = Nodes(opts.local_tier_dir, self._pg)
-        self._peers = PeerTier(
-            nodes, self._tier, self.engine, opts.replicas, opts.replica_rate, opts.tier_limit
-        )
         self._loader = StepLoader(
             self.root,
             engine=self.engine,
@@ -147,7 +138,6 @@ class CheckpointManager:
             allow_pickle=opts.allow_pickle,
             process_group=self._pg,
             agree=self._agree,
-            peers=self._peers,
         )
         self._failures = FailureLog(self.root.url, opts.strict)
         self._flow = SaveFlow(
@@ -155,7 +145,7 @@ class CheckpointManager:
             opts,
             self._backend,
             agree=self._agree,
-            peers=self._peers,
+            tier=self._tier,
             failures=self._failures,
             owner=self._owner,
             run_id=self.run_id,

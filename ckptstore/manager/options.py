@@ -3,7 +3,8 @@
 Built once (by the caller, or from the manager's keywords) and passed down: the manager,
 its save backends and the plugins read their options from it, so a new option is
 added here once and reaches every one of them. ``from_keywords`` refuses an unknown
-keyword with the list of known ones, and an old name with the name that replaced it.
+keyword with the list of known ones; an old name (``RENAMED``) still works for one minor
+version, with a ``DeprecationWarning`` naming the name that replaced it.
 The writer's settings are one field, ``writer`` (``WriterOptions``: codec, key layout,
 transfer settings), passed on whole; their old keywords (``codec=``, ``key_layout=``,
 ``config=``) still work until ckptstore 0.2, to the constructor and ``from_keywords``
@@ -17,16 +18,16 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 from typing import Any
 
-from ckptstore.config import WRITER_KEYWORDS, WriterOptions, fold_writer_keywords
+from ckptstore.config import WRITER_KEYWORDS, WriterOptions, fold_writer_keywords, warn_renamed
 from ckptstore.engine.codec_registry import get_codec
 from ckptstore.engine.names import KEY_LAYOUTS
-from ckptstore.engine.replicas import check_replicas
-from ckptstore.engine.tier_jobs import TierJob
 from ckptstore.errors import ConfigError
 from ckptstore.manager.retention import KeepLast, RetentionPolicy
+from ckptstore.tier.jobs import TierSpec
+from ckptstore.tier.replicas import check_replicas
 
 __all__ = ["BACKENDS", "ON_BUSY", "RENAMED", "ManagerOptions", "SaveOptions", "check_budget"]
 
@@ -34,8 +35,9 @@ __all__ = ["BACKENDS", "ON_BUSY", "RENAMED", "ManagerOptions", "SaveOptions", "c
 BACKENDS = ("thread", "process", "auto")
 #: The values of ``on_busy``.
 ON_BUSY = ("wait", "skip")
-#: Keywords that were renamed: old name -> new name (refused with a message naming it).
-RENAMED = {"staging_dir": "local_tier_dir"}
+#: Keywords that were renamed: old name -> new name. The old name still works until
+#: ckptstore 0.2, with a ``DeprecationWarning`` naming the new one (``config.warn_renamed``).
+RENAMED = {"staging_dir": "local_tier_dir", "remote_every": "root_every"}
 #: How a writer setting given the old way is spelled now (``WRITER_KEYWORDS``).
 WRITER_SPELLING = "writer=WriterOptions({}=...)"
 
@@ -57,13 +59,14 @@ class ManagerOptions:
     """What a ``CheckpointManager`` does; every field is checked when the value is made.
 
     storage_options: the store's options (credentials, endpoint), as ``open_store`` takes.
-    local_tier_dir: the node-local tier, a directory on node-local disk (NVMe, tmpfs):
-        each save lands there first and is uploaded from it, and a restore reads a step
-        from it when this node still holds it. Outside the root. None: no local tier.
-        Jobs may share it: each job's copies live in a directory of their own there,
+    local_tier_dir: the local tier, a directory on node-local disk (NVMe, tmpfs): each
+        save lands there first and is uploaded to the root from it, and a restore reads a
+        step from its tier copy when this node still holds it. Outside the root. None: no
+        local tier. Jobs may share it: each job's copies live in a directory of their own there,
         stamped with the root and run, and no job uses, trims or evicts another's
-        (``engine.tier_jobs``); a new run reads the root, not an earlier run's copies
-        (pass the same ``run_id`` to continue one run).
+        (``tier.jobs``); a new run reads the root, not an earlier run's copies
+        (pass the same ``run_id`` to continue one run). The manager builds one
+        ``LocalTier`` (``ckptstore.tier``) from it and the tier options below.
     keep: retention of committed steps (default ``KeepLast(3)``).
     writer: how each step is written (``WriterOptions``): its codec ("none" or "zstd",
         per item, in DCP's own ``ZStandard`` format), key layout ("flat", or "spread" over
@@ -90,7 +93,7 @@ class ManagerOptions:
         without an optimizer, is copied whole before ``save`` returns, as with False.
     run_id: this job's identity (default: from the launcher; see ``engine.owner``).
     replicas: peer nodes that get a copy of each node's local-tier shards after a save
-        (the peer tier, ``manager.peer_tier``): a replaced node restores from them, not
+        (the peer tier, ``tier.peers``): a replaced node restores from them, not
         from the bucket. Only with a local tier and two nodes or more; 0: none.
     replica_rate: bytes/s each node sends to its peers at most (None: as fast as the
         checkpoint group carries them), so that replication leaves training's network.
@@ -100,12 +103,15 @@ class ManagerOptions:
         within it takes none, and the next ``save`` raises ``ConfigError`` saying so.
     remote_every: a ``save(step, ...)`` goes to the root only when ``step`` is a multiple
         of it (default 1: every save).
-    local_every: a save of a step that is a multiple of it (and not of ``remote_every``)
-        goes to the local tier alone, with its replicas (``engine.local_tier.save_tier``);
+    local_every: a save of a step that is a multiple of it (and not of ``root_every``)
+        goes to the local tier alone, with its replicas (``tier.rules.save_tier``);
         a save of any other step is skipped. None: no local-only saves. Needs a local
         tier. A restore takes the newest step complete across the tiers.
     keep_local: steps every node's local tier keeps (the newest that a restore could
         pick: local-only steps and those the root keeps); ``keep`` is the root's.
+    root_every: a save of a step that is a multiple of it goes to the root (through the
+        local tier when there is one); default every step. ``remote_every`` is its old
+        name (a ``DeprecationWarning``, until the next minor version).
     """
 
     storage_options: Mapping[str, Any] | None = None
@@ -125,11 +131,16 @@ class ManagerOptions:
     replicas: int = 1
     replica_rate: int | None = None
     tier_limit: int | None = None
-    remote_every: int = 1
+    root_every: int = 1
     local_every: int | None = None
     keep_local: int = 1
+    #: The old name of ``root_every`` (deprecated; not a field).
+    remote_every: InitVar[int | None] = None
 
-    def __post_init__(self) -> None:
+    def __post_init__(self, remote_every: int | None = None) -> None:
+        if remote_every is not None:
+            warn_renamed("remote_every", "root_every=...")
+            object.__setattr__(self, "root_every", remote_every)
         if self.keep is None:  # None means the default, as it does for the keyword
             object.__setattr__(self, "keep", KeepLast(3))
         if self.on_busy not in ON_BUSY:
@@ -157,7 +168,7 @@ class ManagerOptions:
                     f"{name} must be a positive number of {unit} (or None for no limit), "
                     f"not {value!r}"
                 )
-        for name in ("remote_every", "local_every", "keep_local"):
+        for name in ("root_every", "local_every", "keep_local"):
             value = getattr(self, name)
             if (value is not None or name != "local_every") and (
                 isinstance(value, bool) or not isinstance(value, int) or value < 1
@@ -176,13 +187,13 @@ class ManagerOptions:
             )
 
     def refuse_cadences(self, who: str) -> None:
-        """Raise ``ConfigError`` when ``local_every`` or ``remote_every`` is set: ``who``
+        """Raise ``ConfigError`` when ``local_every`` or ``root_every`` is set: ``who``
         (a trainer plugin) saves every checkpoint its trainer asks for, to the root, so
         that a checkpoint the trainer names always exists where it says."""
-        if self.local_every is not None or self.remote_every != 1:
+        if self.local_every is not None or self.root_every != 1:
             raise ConfigError(
                 f"{who} saves every checkpoint its trainer asks for to the root; "
-                "local_every / remote_every (two cadences) are CheckpointManager's: set the "
+                "local_every / root_every (two cadences) are CheckpointManager's: set the "
                 "trainer's own checkpoint interval instead"
             )
 
@@ -193,18 +204,22 @@ class ManagerOptions:
         """``base`` (default: the defaults) with ``keywords`` replacing its fields.
 
         An unknown keyword is a ``ConfigError`` listing the known ones; an old name
-        (``RENAMED``) one naming its new name; a writer setting given the old way
-        (``codec=``, ...) goes into ``writer``, with a ``DeprecationWarning``."""
+        (``RENAMED``) is taken as its new name, with a ``DeprecationWarning`` (both at
+        once: ``ConfigError``); a writer setting given the old way (``codec=``, ...) goes
+        into ``writer``, with a ``DeprecationWarning``."""
         known = {f.name for f in dataclasses.fields(cls)}
         if keywords.keys() & WRITER_KEYWORDS.keys():
             writer = keywords.get("writer", (base or cls()).writer)
             keywords["writer"] = fold_writer_keywords(writer, keywords, WRITER_SPELLING)
+        for old, new in RENAMED.items():
+            if old in keywords:
+                if new in keywords:
+                    raise ConfigError(
+                        f"pass {new}=... alone: {old!r} is its old name, given beside it"
+                    )
+                warn_renamed(old, f"{new}=...")
+                keywords[new] = keywords.pop(old)
         for name in keywords:
-            if name in RENAMED:
-                raise ConfigError(
-                    f"the option {name!r} is now called {RENAMED[name]!r}: pass "
-                    f"{RENAMED[name]}=... instead"
-                )
             if name not in known:
                 raise ConfigError(
                     f"unknown CheckpointManager option {name!r}; the options are "
@@ -238,31 +253,29 @@ class SaveOptions:
 
     Picklable (the writer process of ``background="process"`` gets it), so it holds no
     retention policy or other user object; ``run_id`` is the run identity the manager
-    settled on (rank 0's), recorded in each manifest and step lease; ``tier_job`` (with a
-    ``local_tier_dir``) the job whose directory of the local tier the save writes into
-    (``engine.tier_jobs``: the root and that run).
+    settled on (rank 0's), recorded in each manifest and step lease; ``tier`` where the
+    save's tier copy goes (``LocalTier.spec``: the tier's directory and the job, the root
+    and that run, whose directory of it the save writes into; None: no local tier).
     """
 
     storage_options: dict[str, Any] | None = None
-    local_tier_dir: str | None = None
     writer: WriterOptions = WriterOptions()
     background: str = "auto"
     max_staging_bytes: int | None = None
     run_id: str | None = None
-    tier_job: TierJob | None = None
+    tier: TierSpec | None = None
 
     @classmethod
     def of(
-        cls, options: ManagerOptions, run_id: str | None = None, tier_job: TierJob | None = None
+        cls, options: ManagerOptions, run_id: str | None = None, tier: TierSpec | None = None
     ) -> SaveOptions:
-        """The save's part of ``options``, with the run identity ``run_id`` and the job of
-        the local tier ``tier_job``."""
+        """The save's part of ``options``, with the run identity ``run_id`` and the local
+        tier's ``tier`` (``LocalTier.spec``)."""
         return cls(
             storage_options=dict(options.storage_options) if options.storage_options else None,
-            local_tier_dir=options.local_tier_dir,
             writer=options.writer,
             background=options.background,
             max_staging_bytes=options.max_staging_bytes,
             run_id=run_id,
-            tier_job=tier_job,
+            tier=tier,
         )

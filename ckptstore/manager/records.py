@@ -53,9 +53,9 @@ class SaveRecord:
     deferred_bytes: int = 0
     step_waited_s: float = 0.0
     error: str = ""
-    #: Where the save went: "remote" (the root) or "local" (the local tier alone; see
+    #: Where the save went: "root" or "local" (the local tier alone; see
     #: ``ManagerOptions.local_every``).
-    tier: str = "remote"
+    tier: str = "root"
     #: Problems after the commit (canonical copies, cleanup, retention): the save is
     #: committed all the same; ``ckptstore-tool gc`` or the next restore tidies up.
     warnings: list[str] = field(default_factory=list)

@@ -18,7 +18,7 @@ import sys
 
 from ckptstore.redact import has_output_handlers, redact
 
-__all__ = ["REPORT", "report", "size_text"]
+__all__ = ["REPORT", "report"]
 
 REPORT = logging.getLogger("ckptstore.report")
 
@@ -44,11 +44,3 @@ def report(message: str, *args: object) -> None:
     else:
         record.msg, record.args = redact(record.getMessage()), None
         _stderr.handle(record)
-
-
-def size_text(n: int) -> str:
-    """``n`` bytes in the unit a reader takes in at a glance (``38.4 MB``)."""
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= scale:
-            return f"{n / scale:.1f} {unit}"
-    return f"{n} bytes"

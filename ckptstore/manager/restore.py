@@ -1,4 +1,4 @@
-"""Loading one committed step for ``CheckpointManager.restore``: local tier first, then remote.
+"""Loading one committed step for ``CheckpointManager.restore``: local tier first, then root.
 
 Only rank 0 reads a step's small objects (and lists the root), once per restore and only
 for the steps the restore gets to: the newest that opens, then older ones one at a time
@@ -6,12 +6,13 @@ as fallbacks need them. The other ranks get the bytes it read and verified in on
 broadcast per step and hand them to their ``CkptReader`` (its ``committed=`` seam), which
 re-checks them without a store read. So a restore's request count on a step's prefix
 grows neither with the world size (bar each rank's shard reads) nor with the number of
-steps the root keeps. A step rank 0 cannot open is never a candidate, on any rank. Which
-local files a restore trusts is ``engine.local_tier``'s rule, and only this job's
-directory of each node's tier is looked into (``manager.tier_dir``: its stamp names this
-root and run); another job's copies in the same tier are never read. A step saved to the
-local tier alone (``LOCAL_ONLY``) is found on the nodes instead: each rank opens the
-newest in its job's directory whose manifest names this run, and the rank holding the
+steps the root keeps. A step rank 0 cannot open is never a candidate, on any rank. The
+local tier is reached through the ``LocalTier`` alone (``ckptstore.tier``): which tier
+copies a restore trusts is ``tier.rules``'s rule, and only this job's directory of each
+node's tier is looked into (its stamp names this root and run); another job's copies in
+the same tier are never read. A step saved to the local tier alone (``LOCAL_ONLY``) is
+found on the nodes instead: each rank opens the newest in its job's directory whose
+manifest names this run (``LocalTier.newest_local_only``), and the rank holding the
 newest of all broadcasts it; it is tried first when it is newer than the root's newest,
 and its files come from the nodes only.
 """
@@ -22,7 +23,6 @@ import functools
 import logging
 import warnings
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from typing import Any
 
 import torch.distributed as dist
@@ -34,11 +34,8 @@ from ckptstore.engine.catalog import list_steps
 from ckptstore.engine.commit import finish_commit
 from ckptstore.engine.committed import (
     Committed,
-    committed_from_bytes,
     open_committed,
 )
-from ckptstore.engine.local_tier import LOCAL_ONLY, local_copy_matches, local_files
-from ckptstore.engine.manifest import Marker
 from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Store
 from ckptstore.engine.transfer import TransferEngine
@@ -49,64 +46,18 @@ from ckptstore.errors import (
     NewerFormatError,
 )
 from ckptstore.manager.agreement import Agreement
-from ckptstore.manager.node_tier import NodeTier, from_peers, where_from
-from ckptstore.manager.peer_tier import PeerTier
+from ckptstore.manager.opened import Opened
 from ckptstore.manager.state import RNGState
-from ckptstore.manager.tier_dir import TierDir
+from ckptstore.tier.local import LocalTier
+from ckptstore.tier.view import TierView, from_peers, where_from
 
-__all__ = ["Opened", "StepLoader"]
+__all__ = ["StepLoader"]
 
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class Opened:
-    """What rank 0 read of one step, as broadcast: the marker, manifest and ``.metadata``
-    bytes of a committed step, or (``error`` set) why it could not be opened
-    (``incomplete``: no marker; ``newer``: a newer ckptstore's format; anything else:
-    damaged). ``local``: a local-only step, read by the rank whose local tier holds it."""
-
-    step: int
-    marker: Marker | None = None
-    manifest_bytes: bytes = b""
-    metadata_bytes: bytes = b""
-    error: str = ""
-    incomplete: bool = False
-    local: bool = False
-    newer: bool = False
-
-    @classmethod
-    def of(cls, step: int, committed: Committed, local: bool = False) -> Opened:
-        """The broadcast form of a checkpoint ``open_committed`` opened."""
-        return cls(
-            step,
-            committed.marker,
-            committed.manifest_bytes,
-            committed.metadata_bytes,
-            local=local,
-        )
-
-    @classmethod
-    def failed(cls, step: int, exc: CkptStoreError) -> Opened:
-        """The broadcast form of a step that failed to open with ``exc``."""
-        return cls(
-            step,
-            error=str(exc),
-            incomplete=isinstance(exc, IncompleteCheckpointError),
-            newer=isinstance(exc, NewerFormatError),
-        )
-
-    def committed(self, where: str) -> Committed:
-        """The verified checkpoint (re-checked here, no store read), or raise
-        ``CorruptCheckpointError`` (``NewerFormatError``) saying why it is not one."""
-        if self.error:
-            raise (NewerFormatError if self.newer else CorruptCheckpointError)(self.error)
-        assert self.marker is not None
-        return committed_from_bytes(self.marker, self.manifest_bytes, self.metadata_bytes, where)
-
-
 class StepLoader:
-    """Loads steps of ``root`` (and of this job's staged local copies, ``tier``).
+    """Loads steps of ``root`` (and of this job's tier copies, ``tier``).
 
     Call order (every rank, the same steps in the same order; the manager drives it)::
 
@@ -117,9 +68,9 @@ class StepLoader:
                                          # until one verifies, finishing a commit cut
                                          # short after its marker, and broadcasts it
             error = loader.try_load(s, state)
-                                         # collective: the local copy if every rank has
+                                         # collective: the tier copy if every rank has
                                          # one matching the committed step, else (or if it
-                                         # fails) this node's files and the remote; the
+                                         # fails) this node's files and the root; the
                                          # error that makes the step unloadable, or None
             if error is None:
                 break                    # an older step is opened only if this one failed
@@ -131,18 +82,13 @@ class StepLoader:
         root: Store,
         *,
         engine: TransferEngine,
-        tier: TierDir,
+        tier: LocalTier,
         allow_pickle: bool,
         process_group: Any,
         agree: Agreement,
-        peers: PeerTier | None = None,
     ) -> None:
-        self.root = root
-        self.peers = peers
-        self.engine = engine
-        self.tier = tier
-        #: The node's local tier directory, for messages (None: no local tier).
-        self.local_tier_dir = tier.path
+        self.root, self.engine, self.tier = root, engine, tier
+        self.peers = tier.peers
         self.allow_pickle = allow_pickle
         self.process_group = process_group
         self.agree = agree
@@ -215,45 +161,14 @@ class StepLoader:
         """The newest local-only step any rank's local tier holds whole enough to open
         (``step`` alone if given), as the rank holding it opened it, on every rank (a
         collective; None: no rank holds one)."""
-        own = self._own_local(step)
+        found = self.tier.newest_local_only(step)
+        own = Opened.of(*found, local=True) if found is not None else None
         newest = self.agree.max_of([own.step if own else -1])[0]
         if newest < 0:
             return None
         holder = self.agree.max_of([self.agree.rank if own and own.step == newest else -1])[0]
         mine = own if own is not None and self.agree.rank == holder else None
         return self.agree.broadcast(mine, src=holder)
-
-    def _own_local(self, step: int | None) -> Opened | None:
-        """The newest local-only step of this job's directory of this rank's local tier
-        (``step`` alone if given) that opens and whose manifest names this run; None if
-        there is none, or a newer step there was saved to the root (which the root's
-        listing covers)."""
-        job = self.tier.usable()
-        if job is None:
-            return None
-        try:
-            entries = list_steps(job, with_status=False, once=True)
-        except (OSError, CkptStoreError):
-            return None
-        for entry in reversed(entries):
-            if step is not None and entry.step != step:
-                continue
-            try:
-                committed = open_committed(job.child(entry.name))
-            except (OSError, CkptStoreError):
-                continue  # no marker here (another node's), or damaged
-            if committed.manifest.extra.get("tier") != LOCAL_ONLY:
-                return None
-            assert self.tier.job is not None
-            run = committed.manifest.extra.get("run")
-            if run != self.tier.job.run:  # a step directory moved in from elsewhere
-                log.warning(
-                    "local-only step %d in %s names run %r, not this job's (%r): not restored",
-                    entry.step, job.url, run, self.tier.job.run,
-                )  # fmt: skip
-                continue
-            return Opened.of(entry.step, committed, local=True)
-        return None
 
     def forget(self) -> None:
         """Drop what discovery kept; call once a restore is over."""
@@ -325,7 +240,7 @@ class StepLoader:
         if opened.incomplete:
             return None
         where = (
-            f"local-only step {step} in {self.local_tier_dir}"
+            f"local-only step {step} in {self.tier}"
             if opened.local
             else self.root.describe(step_name(step))
         )
@@ -336,7 +251,7 @@ class StepLoader:
 
     # -- loading ------------------------------------------------------------------------
     def try_load(self, step: int, state: dict[str, Any]) -> CkptStoreError | None:
-        """Load ``step`` (its local copy first, if any, then the remote one); the error
+        """Load ``step`` (its tier copy first, if any, then the root's); the error
         that makes it unloadable, or None. The same on every rank."""
         opened = self._shared_open(step)
         if not self.agree.all(not isinstance(opened, CkptStoreError)):
@@ -345,120 +260,107 @@ class StepLoader:
             return CorruptCheckpointError(f"step {step} failed to verify on another rank")
         assert not isinstance(opened, CkptStoreError)
         committed = self.loaded = opened
-        remote = self.root.child(step_name(step))
+        in_root = self.root.child(step_name(step))
         self.size = sum(e.size for e in committed.manifest.files.values()) if committed else None
-        self.source = f"the remote copy in {self.root.url}"
+        self.source = f"the root {self.root.url}"
         if committed is None:
-            return self._load_from(remote, step, state, None)
-        if self._local_only:  # no remote copy: what no node holds is missing
+            return self._load_from(in_root, step, state, None)
+        if self._local_only:  # not in the root: what no node holds is missing
             return self._load_local_only(step, state, committed)
-        local = self._local_tier(step, committed)
+        local = self._whole_copy(step, committed)
         if local is not None:
-            log.info("restoring step %d from the local copy in %s", step, self.local_tier_dir)
-            self.source = f"the local copy in {self.local_tier_dir}"
+            log.info("restoring step %d from the tier copy in %s", step, self.tier.path)
+            self.source = f"the tier copy in {self.tier.path}"
             error = self._load_from(local, step, state, committed)
             if error is None:
                 return None
             warnings.warn(
-                f"the local copy of step {step} in {self.local_tier_dir} could not be restored "
+                f"the tier copy of step {step} in {self.tier.path} could not be restored "
                 f"({error}); loading the same step from {self.root.url} instead",
                 RuntimeWarning,
                 stacklevel=3,
             )
-        tier = self._node_tier(step, remote, committed) if local is None else None
+        tier = self._tier_view(step, in_root, committed) if local is None else None
         if tier is not None:
             hook = None
-            if self.peers is not None and self.peers.active:  # the same on every rank
+            if self.peers.active:  # the same on every rank
                 hook = functools.partial(
                     from_peers, self.peers, step, committed, tier, self.root.url, self.is_root
                 )
             else:
-                where_from(step, tier, committed, self.local_tier_dir, self.root.url)
+                where_from(step, tier, committed, self.tier.path, self.root.url)
             error = self._load_from(tier, step, state, committed, before_read=hook)
             log.info(
-                "step %d: %d bytes read locally, %d from the remote",
-                step, tier.bytes_local, tier.bytes_remote,
+                "step %d: %d bytes read from the tier copy, %d from the root",
+                step, tier.bytes_local, tier.bytes_root,
             )  # fmt: skip
             if tier.local_files:
                 self.source = (
-                    f"the local copy in {self.local_tier_dir} and the remote copy in "
-                    f"{self.root.url} (rank 0: {tier.bytes_local} bytes local, "
-                    f"{tier.bytes_remote} remote"
+                    f"the tier copy in {self.tier.path} and the root {self.root.url} "
+                    f"(rank 0: {tier.bytes_local} bytes from the tier copy, "
+                    f"{tier.bytes_root} from the root"
                     + (f"; {tier.bytes_peers} bytes sent between nodes" if tier.bytes_peers else "")
                     + ")"
                 )
             if error is None:
                 return None
             warnings.warn(
-                f"the local files of step {step} in {self.local_tier_dir} could not be restored "
+                f"the tier files of step {step} in {self.tier.path} could not be restored "
                 f"({error}); loading the same step from {self.root.url} instead",
                 RuntimeWarning,
                 stacklevel=3,
             )
-        log.info("restoring step %d from the remote copy in %s", step, self.root.url)
-        self.source = f"the remote copy in {self.root.url}"
+        log.info("restoring step %d from the root %s", step, self.root.url)
+        self.source = f"the root {self.root.url}"
         # Read once, share (``dcp.shared_read``): an object store serves each range several
         # ranks need once; a volume's reads are local preads, cheaper than the group.
-        share = not remote.capabilities.zero_copy_parts
-        return self._load_from(remote, step, state, committed, share=share)
+        share = not in_root.capabilities.zero_copy_parts
+        return self._load_from(in_root, step, state, committed, share=share)
 
     def _load_local_only(
         self, step: int, state: dict[str, Any], committed: Committed
     ) -> CkptStoreError | None:
         """Load the local-only ``step``: this node's files and its peers', nothing from
         the root (a file no node holds fails the load: the restore falls back)."""
-        self.source = f"the local tier {self.local_tier_dir} (a local-only step)"
-        local = self._local_tier(step, committed)
+        self.source = f"{self.tier} (a local-only step)"
+        local = self._whole_copy(step, committed)
         if local is not None:
-            log.info("restoring local-only step %d from %s", step, self.local_tier_dir)
+            log.info("restoring local-only step %d from %s", step, self.tier.path)
             return self._load_from(local, step, state, committed)
-        tier = self._node_tier(step, None, committed)
+        tier = self._tier_view(step, None, committed)
         if tier is None:
             return IncompleteCheckpointError(
-                f"local-only step {step}: no node holds its files in {self.local_tier_dir}"
+                f"local-only step {step}: no node holds its files in {self.tier}"
             )
         hook = None
-        if self.peers is not None and self.peers.active:
+        if self.peers.active:
             hook = functools.partial(
-                from_peers, self.peers, step, committed, tier, tier.remote.url, self.is_root
+                from_peers, self.peers, step, committed, tier, tier.root.url, self.is_root
             )
         error = self._load_from(tier, step, state, committed, before_read=hook)
         if tier.bytes_peers:
             self.source += f"; {tier.bytes_peers} bytes sent between nodes"
         return error
 
-    def _node_tier(self, step: int, remote: Store | None, committed: Committed) -> NodeTier | None:
-        """This node's share of ``step`` when no rank-agreed whole local copy exists (on
-        several nodes, each local tier directory holds its own ranks' shards), the rest
-        read from ``remote`` (None: a local-only step, which only the nodes hold). A
-        collective: used only if every rank can use it or none can, so a load that fails
-        on one falls back to the remote on all (a rank with none of the files reads them
-        all remotely)."""
-        peers = self.peers is not None and self.peers.active  # they may send files
-        local = self.tier.step(step, create=peers)  # peers' files are received there
-        files: list[str] = []
-        if local is not None:
-            try:
-                files = local_files(local, committed.manifest)
-            except (OSError, CkptStoreError):
-                files = []
+    def _tier_view(self, step: int, root: Store | None, committed: Committed) -> TierView | None:
+        """This node's share of ``step`` when no rank-agreed whole tier copy exists (on
+        several nodes, each node's tier holds its own ranks' shards), the rest read from
+        ``root`` (None: a local-only step, which only the nodes hold). A collective: used
+        only if every rank can use it or none can, so a load that fails on one falls back
+        to the root on all (a rank with none of the files reads them all from the root)."""
+        peers = self.peers.active  # they may send files: received in the step's directory
+        local, files = self.tier.files_of(step, committed, create=peers)
         if not self.agree.any(bool(files)) and not peers:
             return None
-        if remote is None:  # no remote copy: what this node lacks is missing
-            remote = local if local is not None else self.root.child(step_name(step))
-        return NodeTier(local, remote, files)  # a rank with no files reads all remotely
+        if root is None:  # not in the root: what this node lacks is missing
+            root = local if local is not None else self.root.child(step_name(step))
+        return TierView(local, root, files)  # a rank with no files reads all from the root
 
-    def _local_tier(self, step: int, committed: Committed) -> Store | None:
-        """The local staged copy of ``step`` if every rank has one identical to the
-        committed remote checkpoint (a collective), else None. Only local files are read:
-        the remote marker is the one rank 0 broadcast."""
-        local = self.tier.step(step)
-        if local is not None:
-            try:
-                if not local_copy_matches(local, committed):
-                    local = None
-            except (OSError, CkptStoreError):
-                local = None
+    def _whole_copy(self, step: int, committed: Committed) -> Store | None:
+        """This node's tier copy of ``step`` if every rank has one identical to the
+        committed step (a collective), else None. Only local files are read: the root's
+        marker is the one rank 0 broadcast."""
+        local = self.tier.whole_copy(step, committed)
         return local if self.agree.all(local is not None) else None
 
     def _load_from(

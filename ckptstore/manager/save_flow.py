@@ -5,7 +5,7 @@ busy, can every rank reach the root and take the save, must the step be replaced
 has the backend stage it; the write then runs on the save thread (or inline), followed by
 retention on rank 0, every node's local-tier trim and the peer tier's replication. With
 two cadences a step goes to the root, to the local tier alone, or nowhere
-(``engine.local_tier.save_tier``). What can refuse a save is found before that agreement
+(``tier.rules.save_tier``). What can refuse a save is found before that agreement
 and carried by it, so every rank raises at once. With ``defer_staging`` the tensors of
 the state's optimizers are copied on the save thread, first, and the optimizers' next
 step waits for that copy (``step_guard.StepGuard``).
@@ -24,7 +24,6 @@ from torch.distributed.checkpoint.stateful import Stateful
 from ckptstore import errors
 from ckptstore.engine.catalog import committed_steps
 from ckptstore.engine.committed import CheckpointStatus, open_committed
-from ckptstore.engine.local_tier import local_tier_keeps, save_tier
 from ckptstore.engine.manifest import MARKER_NAME
 from ckptstore.engine.names import step_name
 from ckptstore.engine.store import Store
@@ -34,18 +33,18 @@ from ckptstore.errors import (
     IncompleteCheckpointError,
     NewerFormatError,
     TransientStoreError,
+    size_text,
 )
 from ckptstore.manager.agreement import Agreement, StepView
 from ckptstore.manager.failures import FailureLog
-from ckptstore.manager.local_tier import LocalTierTrimmer
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.manager.ownership import RootOwner, describe_run, run_of
-from ckptstore.manager.peer_tier import PeerTier, committed_step
 from ckptstore.manager.prune import apply_prune, plan_prune
 from ckptstore.manager.records import SaveRecord, SaveStatus
-from ckptstore.manager.report import report, size_text
+from ckptstore.manager.report import report
 from ckptstore.manager.saving.backend import SaveBackend
 from ckptstore.manager.step_guard import StepGuard
+from ckptstore.tier.local import LocalTier
 
 __all__ = ["SaveFlow"]
 
@@ -77,7 +76,7 @@ class SaveFlow:
         backend: SaveBackend,
         *,
         agree: Agreement,
-        peers: PeerTier,
+        tier: LocalTier,
         failures: FailureLog,
         owner: RootOwner,
         run_id: str,
@@ -92,11 +91,11 @@ class SaveFlow:
         #: Rank 0 reported where saves run and why (``background="auto"``: with the
         #: first commit).
         self._told_backend = False
-        #: Every node's local tier trimmed by one decision after each save, then the step
-        #: replicated to peer nodes (on the checkpoint group, from the save thread:
+        #: The local tier: every node's trimmed by one decision after each save, then the
+        #: step replicated to peer nodes (on the checkpoint group, from the save thread:
         #: nothing else uses that group meanwhile).
-        self._local_tiers = LocalTierTrimmer(peers.nodes, peers.tier)
-        self._peers = peers
+        self.tier = tier
+        self._peers = tier.peers
         #: Set (on every rank alike) when a node's local tier cannot hold a step within
         #: ``tier_limit``: every later save raises it.
         self._tier_error: errors.ConfigError | None = None
@@ -104,7 +103,6 @@ class SaveFlow:
         #: the newest of them: what a restore could pick, the local tier's candidates.
         self._root_kept: set[int] = set()
         self._local_only: set[int] = set()
-        self._cadences = (options.local_every, options.remote_every)
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="ckptstore-save")
         self.inflight: Future[None] | None = None
         self._guard = StepGuard()
@@ -123,12 +121,12 @@ class SaveFlow:
         """Start saving ``state`` as ``step`` (``durable``: to the root, whatever the
         cadences say); False if skipped (see ``CheckpointManager``)."""
         start = time.perf_counter()
-        tier = "remote" if durable else save_tier(step, *self._cadences)
-        record = SaveRecord(step, tier=tier or "remote")
+        tier = "root" if durable else self.tier.where(step)
+        record = SaveRecord(step, tier=tier or "root")
         if tier is None:  # the same on every rank: no collective
             record.status = SaveStatus.SKIPPED
             self.records.append(record)
-            log.debug("step %d is neither a remote nor a local save: not saved", step)
+            log.debug("step %d is neither a root nor a local save: not saved", step)
             return False
         busy = self.inflight is not None and not self.inflight.done()
         # Whatever can refuse the state (a Stateful's state_dict() raising; in process mode
@@ -237,7 +235,7 @@ class SaveFlow:
         (made with its stamp if absent): it is not provably this job's
         (``TierStampError``), or cannot be made; None when it can (or there is no tier)."""
         try:
-            self._peers.tier.open(create=True)
+            self.tier.open(create=True)
         except (OSError, CkptStoreError) as exc:
             return exc
         return None
@@ -321,7 +319,7 @@ class SaveFlow:
                     "step %d committed to %s: %s from rank 0, %.2f s after save() "
                     "(training blocked %.3f s)",
                     record.step,
-                    f"the local tier {self.options.local_tier_dir}" if local else self.root.url,
+                    str(self.tier) if local else self.root.url,
                     size_text(record.bytes),
                     time.perf_counter() - start,
                     record.blocking_s,
@@ -405,9 +403,9 @@ class SaveFlow:
         node's local tier keeps the newest ``keep_local`` of the steps rank 0 says a
         restore could pick (``kept``; None: the save failed, nothing is trimmed). A
         failure here is a warning in the save's record."""
-        keeps = local_tier_keeps(kept, self.options.keep_local) if kept else None
+        keeps = self.tier.keeps(kept) if kept else None
         try:
-            self._local_tiers.after_save(keeps)
+            self.tier.after_save(keeps)
         except Exception as exc:  # noqa: BLE001 - the save itself is done either way
             note = f"trimming the local tier after step {record.step} failed: {exc}"
             log.warning("%s", note)
@@ -424,9 +422,9 @@ class SaveFlow:
             return
         committed = None
         if self.rank == 0 and record.status == SaveStatus.COMMITTED:
-            committed = committed_step(self.root, self._peers.tier, record.step)
+            committed = self._peers.committed(self.root, record.step)
         local = record.tier == "local"
-        where = f"the local tier {self.options.local_tier_dir}" if local else self.root.url
+        where = str(self.tier) if local else self.root.url
         notes, error = self._peers.after_save(
             record.step,
             committed.manifest if committed else None,

@@ -2,7 +2,7 @@
 
     python examples/resilience/tokens.py /tmp/tokens
     torchrun --standalone --nproc-per-node 2 --max-restarts 3 examples/resilience/train.py \\
-        --data /tmp/tokens --root /tmp/ckpts --staging /tmp/nvme --events /tmp/log
+        --data /tmp/tokens --root /tmp/ckpts --local-tier /tmp/nvme --events /tmp/log
 
 torchrun's defaults as they are: the process group comes from
 ``ckptstore.launch.init_process_group``, which meets in torchrun's shared store under a
@@ -42,7 +42,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--cache", default="", help="node-local data cache directory")
     p.add_argument("--root", required=True, help="checkpoint root URL")
     p.add_argument("--storage-options", default="{}", help="JSON storage options for --root")
-    p.add_argument("--staging", default="", help="local tier directory (NVMe)")
+    p.add_argument("--local-tier", default="", help="local tier directory (node-local NVMe)")
     p.add_argument("--events", default="", help="event log directory (default: the chaos run's)")
     p.add_argument("--out", default="", help="write final.rank<r>.pt here")
     p.add_argument("--steps", type=int, default=48)
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> None:
     mgr = CheckpointManager(
         a.root,
         storage_options=json.loads(a.storage_options) or None,
-        local_tier_dir=a.staging or None,
+        local_tier_dir=a.local_tier or None,
         keep=KeepLast(a.keep) if a.keep else KeepAll(),
         writer=WriterOptions(transfer=TransferConfig(retry=RetryConfig(attempts=a.retry_attempts)))
         if a.retry_attempts

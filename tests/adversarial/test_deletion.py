@@ -170,14 +170,14 @@ def test_damaged_steps_neither_count_nor_go(tmp_path) -> None:
 
 # -- local_tier_dir overlapping the root -----------------------------------------------------
 def test_a_local_tier_overlapping_the_root_is_a_config_error(tmp_path) -> None:
-    from ckptstore.dcp.staged import StagedWriter
+    from ckptstore.tier.writer import TierWriter
 
     root = str(tmp_path / "root")
     for staging in (root, os.path.join(root, "nvme"), str(tmp_path), root + "/"):
         with pytest.raises(ConfigError, match="local_tier_dir"):
             CheckpointManager(root, local_tier_dir=staging, background="thread")
         with pytest.raises(ConfigError, match="local_tier_dir"):
-            StagedWriter(step(root, 1), local_tier_dir=staging)
+            TierWriter(step(root, 1), tier=staging)
     CheckpointManager(root, local_tier_dir=str(tmp_path / "nvme"), background="thread").close()
     # the bug it prevents: staging == root left one checkpoint under KeepLast(3)
     with CheckpointManager(

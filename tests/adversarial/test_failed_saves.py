@@ -144,12 +144,12 @@ def test_a_foreign_step_entry_in_the_local_tier_changes_nothing(tmp_path, kind) 
 
 
 def test_a_failure_after_the_marker_is_a_warning_not_a_failed_save(tmp_path, monkeypatch):
-    from ckptstore.dcp.staged import StagedWriter
+    from ckptstore.tier.writer import TierWriter
 
     def broken(self):
         raise OSError("injected: the local tier cannot be trimmed")
 
-    monkeypatch.setattr(StagedWriter, "_trim_local", broken)
+    monkeypatch.setattr(TierWriter, "_trim_local", broken)
     with CheckpointManager(  # the thread: the patch reaches no writer process
         str(tmp_path / "root"), local_tier_dir=str(tmp_path / "nvme"), background="thread"
     ) as mgr:

@@ -1,5 +1,5 @@
 """Recovery semantics: damaged steps are replaced on re-save, the local tier falls back to
-the remote copy of the same step, and a racing loser always gets a conflict error."""
+the root's copy of the same step, and a racing loser always gets a conflict error."""
 
 from __future__ import annotations
 
@@ -121,7 +121,7 @@ def test_damaged_local_copy_falls_back_to_the_remote_copy_of_the_same_step(
     damage(shards(local)[0])
     out = state(0.0)
     with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
-        with pytest.warns(RuntimeWarning, match="local copy of step 2") as caught:
+        with pytest.warns(RuntimeWarning, match="tier copy of step 2") as caught:
             assert mgr.restore(out) == 2
         assert mgr._damaged == set()
     assert not any("falling back" in str(w.message) for w in caught)

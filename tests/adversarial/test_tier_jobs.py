@@ -1,4 +1,4 @@
-"""Trust rule 9: a node-local copy is used only by the job (root and run) that made it.
+"""Trust rule 9: a tier copy is used only by the job (root and run) that made it.
 
 Attacked through the manager on real gloo ranks and through ``ckptstore-tool``: two jobs
 (two roots, or one root and two runs) share each node's ``local_tier_dir``; job B never
@@ -23,9 +23,9 @@ import pytest
 import torch
 
 from ckptstore.engine.names import JOB_STAMP, step_name
-from ckptstore.engine.tier_jobs import TierJob
 from ckptstore.errors import TierStampError
 from ckptstore.manager import CheckpointManager
+from ckptstore.tier.jobs import TierJob
 from harness.dist import run_distributed
 from tests.adversarial.clirun import run_cli
 from tests.tier_dirs import PLANTED, job_dir, plant_stamp
@@ -67,7 +67,7 @@ def _two_jobs(rank: int, world: int, tmp: str, same_root: bool) -> dict[str, Any
             root, local_tier_dir=tier, run_id=run, background="thread", local_every=1, **kw
         )
 
-    with manager(root_a, "job-a", remote_every=2, keep_local=2) as a:
+    with manager(root_a, "job-a", root_every=2, keep_local=2) as a:
         for s in (2, 3):
             a.save(s, state(rank, float(s)))
             a.wait()
@@ -78,7 +78,7 @@ def _two_jobs(rank: int, world: int, tmp: str, same_root: bool) -> dict[str, Any
     # B's budget: A's copies, B's peak (a step with its replica, plus the next save's own
     # shards) and about one step more; keep_local=4 would hold four.
     limit = a_bytes + (a_bytes // 2) * 5 // 2
-    with manager(root_b, "job-b", remote_every=100, keep_local=4, tier_limit=limit) as b:
+    with manager(root_b, "job-b", root_every=100, keep_local=4, tier_limit=limit) as b:
         out = state(rank, 0.0)
         got_b = b.restore(out)
         b_source = b._loader.source
@@ -89,7 +89,7 @@ def _two_jobs(rank: int, world: int, tmp: str, same_root: bool) -> dict[str, Any
         b_records = [(str(r.status), r.warnings) for r in b.records]
     b_steps = steps_in_job(tier, root_b, "job-b")
     dist.barrier()
-    with manager(root_a, "job-a", remote_every=2, keep_local=2) as a:
+    with manager(root_a, "job-a", root_every=2, keep_local=2) as a:
         out = state(rank, 0.0)
         got_a = a.restore(out)
         a_source = a._loader.source
@@ -118,7 +118,7 @@ def test_two_jobs_sharing_a_tier_never_restore_trim_or_evict_each_others_copies(
         got_b, b_source, b_equal = r["b"]
         if same_root:  # A's durable step 2 from the root, never A's local step 3 or copies
             assert got_b == 2 and b_equal, (rank, r["b"])
-            assert b_source.startswith("the remote copy"), b_source
+            assert b_source.startswith("the root "), b_source
         else:  # a root of its own, empty: a fresh start, never A's newest
             assert got_b is None, (rank, r["b"])
         assert r["b_records"] == [("committed", [])] * 5, r["b_records"]
@@ -179,8 +179,8 @@ def test_a_planted_stamp_refuses_the_save_on_every_rank_and_the_restore_reads_th
     for rank, r in enumerate(results):
         got, ok, source = r["restored"]
         assert got == 1 and ok, (rank, r)
-        # the restore agreed on no whole local copy: rank 0 read its own, rank 1 the root
-        assert "the local copy" not in source or "remote copy" in source, source
+        # the restore agreed on no whole tier copy: rank 0 read its own, rank 1 the root
+        assert "the tier copy" not in source or "the root " in source, source
         assert bad in r["refused"] and "local_tier_dir" in r["refused"], r["refused"]
         assert "Traceback" not in r["refused"]
         assert r["untouched"], rank
@@ -195,7 +195,7 @@ def test_a_planted_stamp_through_one_manager(tmp_path, what, caplog) -> None:
     directory is left as it was."""
     root, tier = str(tmp_path / "root"), str(tmp_path / "nvme")
     kw: dict[str, Any] = dict(local_tier_dir=tier, run_id="job", background="thread")
-    with CheckpointManager(root, local_every=1, remote_every=2, keep_local=2, **kw) as m:
+    with CheckpointManager(root, local_every=1, root_every=2, keep_local=2, **kw) as m:
         for s in (2, 3):  # 3: the tiers alone
             m.save(s, {"w": torch.full((100,), float(s))})
             m.wait()
@@ -204,7 +204,7 @@ def test_a_planted_stamp_through_one_manager(tmp_path, what, caplog) -> None:
     plant_stamp(os.path.join(d, JOB_STAMP), what, TierJob(str(tmp_path / "elsewhere"), "job"))
     before = files(d) if what != "fifo" else sorted(os.listdir(d))
     out = {"w": torch.zeros(100)}
-    caplog.set_level(logging.WARNING, logger="ckptstore.manager")
+    caplog.set_level(logging.WARNING, logger="ckptstore")
     with CheckpointManager(root, **kw) as m:
         assert m.restore(out) == 2 and torch.equal(out["w"], torch.full((100,), 2.0))
         assert "the local tier is not used" in caplog.text and d in caplog.text
@@ -224,7 +224,7 @@ def test_ls_says_whose_copies_a_tier_holds(tmp_path, capsys) -> None:
             run_id=run,
             background="thread",
             local_every=1,
-            remote_every=2,
+            root_every=2,
             keep_local=2,
         ) as m:
             for s in (2, 3):  # 3: to the tier alone

@@ -138,7 +138,7 @@ def test_ls_lists_the_steps_saved_to_the_local_tier_alone(tool, tmp_path) -> Non
 
     root, tier = str(tmp_path / "root"), str(tmp_path / "node0")
     with CheckpointManager(
-        root, local_tier_dir=tier, local_every=1, remote_every=2, keep_local=2, background="thread"
+        root, local_tier_dir=tier, local_every=1, root_every=2, keep_local=2, background="thread"
     ) as mgr:
         for n in (2, 3):  # 2 to the bucket, 3 to the local tier alone
             mgr.save(n, {"w": torch.full((10,), float(n))})

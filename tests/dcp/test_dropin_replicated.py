@@ -12,9 +12,9 @@ import pytest
 import torch
 
 import ckptstore
-from ckptstore.dcp.staged import StagedWriter
 from ckptstore.engine.committed import open_committed
 from ckptstore.stores import open_store
+from ckptstore.tier.writer import TierWriter
 from harness.dist import run_distributed
 
 pytestmark = [
@@ -46,14 +46,12 @@ def _save_and_load(rank: int, world: int, url: str, mode: str, tmp: str, options
 
             import torch.distributed.checkpoint as dcp
 
-            w = StagedWriter(url, local_tier_dir=staging, storage_options=options)
+            w = TierWriter(url, tier=staging, storage_options=options)
             with warnings.catch_warnings():  # dcp.save has no coordinator_rank; this still does
                 warnings.simplefilter("ignore", FutureWarning)
                 dcp.save_state_dict(_replicated(), storage_writer=w, coordinator_rank=1)
             return _loaded(url, options)
-        ckptstore.save(
-            _replicated(), StagedWriter(url, local_tier_dir=staging, storage_options=options)
-        )
+        ckptstore.save(_replicated(), TierWriter(url, tier=staging, storage_options=options))
     else:  # the manager's writer process (writer_process.write_step), staged locally
         from ckptstore.manager import CheckpointManager
 

@@ -1,16 +1,16 @@
-"""The staged writer writes each shard's local copy and its upload at once, one process."""
+"""The tier writer writes each shard's tier copy and its upload at once, one process."""
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
 
 from ckptstore.config import RetryConfig, TransferConfig, WriterOptions
-from ckptstore.dcp.staged import StagedWriter
 from ckptstore.engine.committed import open_committed
-from ckptstore.engine.local_tier import local_copy_matches
 from ckptstore.errors import StoreAccessError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
+from ckptstore.tier.rules import local_copy_matches
+from ckptstore.tier.writer import TierWriter
 
 FAST = RetryConfig(attempts=2, base_backoff_s=0.01, max_backoff_s=0.02, deadline_s=10)
 PART = 64 * 1024
@@ -31,11 +31,8 @@ def test_local_copy_and_upload_are_identical_and_the_tier_matches(tmp_path, budg
     root = LocalStore(str(tmp_path / "root"))
     url = root.child("step_000000001")
     cfg = TransferConfig(part_size=PART, memory_budget=budget_parts * PART, retry=FAST)
-    w = StagedWriter(
-        url,
-        local_tier_dir=str(tmp_path / "nvme"),
-        options=WriterOptions(transfer=cfg),
-        files_per_rank=2,
+    w = TierWriter(
+        url, tier=str(tmp_path / "nvme"), options=WriterOptions(transfer=cfg), files_per_rank=2
     )
     dcp.save(state(), storage_writer=w, no_dist=True)
     remote = shards(url)
@@ -52,19 +49,16 @@ def test_a_failed_upload_keeps_the_complete_local_copy(tmp_path):
     inner = LocalStore(str(tmp_path / "root" / "step_000000001"))
     url = FaultyStore(inner, [Fault("put_part", calls={2}, error=StoreAccessError("link down"))])
     cfg = TransferConfig(part_size=PART, memory_budget=8 * PART, retry=FAST)
-    w = StagedWriter(
-        url,
-        local_tier_dir=str(tmp_path / "nvme"),
-        options=WriterOptions(transfer=cfg),
-        files_per_rank=2,
+    w = TierWriter(
+        url, tier=str(tmp_path / "nvme"), options=WriterOptions(transfer=cfg), files_per_rank=2
     )
-    with pytest.raises(BaseException, match="the complete local copy is kept") as err:
+    with pytest.raises(BaseException, match="the complete tier copy is kept") as err:
         dcp.save(state(), storage_writer=w, no_dist=True)
     assert "link down" in str(err.value)
     local = shards(w.local)
-    good = StagedWriter(
+    good = TierWriter(
         LocalStore(str(tmp_path / "ok" / "step_000000001")),
-        local_tier_dir=str(tmp_path / "nvme2"),
+        tier=str(tmp_path / "nvme2"),
         options=WriterOptions(transfer=cfg),
         files_per_rank=2,
     )

@@ -46,11 +46,11 @@ class Backend:
 
             return FileSystemWriter(self.url(name), overwrite=overwrite)
         if local_tier_dir is not None:
-            from ckptstore.dcp.staged import StagedWriter
+            from ckptstore.tier.writer import TierWriter
 
-            return StagedWriter(
+            return TierWriter(
                 self.url(name),
-                local_tier_dir=local_tier_dir,
+                tier=local_tier_dir,
                 storage_options=self.storage_options or None,
             )
         import ckptstore

@@ -1,4 +1,4 @@
-"""Fuzz the node-local tier's job stamp parser (``engine.tier_jobs.parse_stamp``): a stamp
+"""Fuzz the node-local tier's job stamp parser (``tier.jobs.parse_stamp``): a stamp
 is read from a directory anyone who can write the tier may have changed; only a
 ``TierJob`` or ``TierStampError`` comes out, and the root and run it returns are printable
 text (safe in a message) that make the same stamp again."""
@@ -10,8 +10,8 @@ import json
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from ckptstore.engine.tier_jobs import MAX_STAMP_BYTES, TierJob, parse_stamp
 from ckptstore.errors import TierStampError
+from ckptstore.tier.jobs import MAX_STAMP_BYTES, TierJob, parse_stamp
 
 _GOOD = {"ckptstore_tier_job": 1, "root": "s3://bucket/run", "run": "slurm:42"}
 

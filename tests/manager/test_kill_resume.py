@@ -28,9 +28,8 @@ def job_env(crash: dict[str, str] | None = None) -> dict[str, str]:
 
 
 def loop_args(root: str, out: str, staging: str | None, extra: tuple[str, ...]) -> list[str]:
-    return [SCRIPT, "--root", root, "--out", out, *(["--staging", staging] if staging else [])] + [
-        *extra
-    ]
+    tier = ["--local-tier", staging] if staging else []
+    return [SCRIPT, "--root", root, "--out", out, *tier, *extra]
 
 
 def torchrun(

@@ -1,4 +1,4 @@
-"""Two cadences: the local tier every ``local_every`` steps, the root every ``remote_every``.
+"""Two cadences: the local tier every ``local_every`` steps, the root every ``root_every``.
 
 A local-only step is committed in the local tier alone (its manifest says so) and never
 touches the root; a restore takes the newest step complete across the tiers (a newer
@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import torch
 
-from ckptstore.engine.local_tier import LOCAL_ONLY, save_tier
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME
 from ckptstore.engine.names import JOB_STAMP, step_name
 from ckptstore.errors import ConfigError
 from ckptstore.manager import CheckpointManager
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.stores.local import LocalStore
+from ckptstore.tier.rules import LOCAL_ONLY, save_tier
 from harness.dist import run_distributed
 from tests.manager.test_peer_tier import DataReads
 from tests.tier_dirs import job_dir, step_dir, steps_in
@@ -34,16 +34,16 @@ pytestmark = pytest.mark.filterwarnings("ignore:torch.distributed is disabled:Us
 
 
 @pytest.mark.parametrize(
-    ("local_every", "remote_every", "want"),
+    ("local_every", "root_every", "want"),
     [
-        (None, 1, ["remote"] * 6),
-        (None, 3, [None, None, "remote", None, None, "remote"]),
-        (2, 4, [None, "local", None, "remote", None, "local"]),
-        (1, 3, ["local", "local", "remote", "local", "local", "remote"]),
+        (None, 1, ["root"] * 6),
+        (None, 3, [None, None, "root", None, None, "root"]),
+        (2, 4, [None, "local", None, "root", None, "local"]),
+        (1, 3, ["local", "local", "root", "local", "local", "root"]),
     ],
 )
-def test_save_tier_routes_each_step(local_every, remote_every, want) -> None:
-    assert [save_tier(s, local_every, remote_every) for s in range(1, 7)] == want
+def test_save_tier_routes_each_step(local_every, root_every, want) -> None:
+    assert [save_tier(s, local_every, root_every) for s in range(1, 7)] == want
 
 
 @pytest.mark.parametrize(
@@ -51,7 +51,7 @@ def test_save_tier_routes_each_step(local_every, remote_every, want) -> None:
     [
         ({"local_every": 2}, "local_tier_dir"),
         ({"local_every": 0, "local_tier_dir": "/x"}, "local_every"),
-        ({"remote_every": True}, "remote_every"),
+        ({"root_every": True}, "root_every"),
         ({"keep_local": 0}, "keep_local"),
     ],
 )
@@ -94,13 +94,13 @@ def restore(tmp: str) -> tuple[int | None, dict[str, Any]]:
 
 def test_local_only_steps_never_reach_the_root_and_the_newest_is_restored(tmp_path) -> None:
     tmp = str(tmp_path)
-    records = run_cadence(tmp, range(1, 7), local_every=2, remote_every=4)
+    records = run_cadence(tmp, range(1, 7), local_every=2, root_every=4)
     assert [(s, str(st), t) for s, st, t in records] == [
-        (1, "skipped", "remote"),
+        (1, "skipped", "root"),
         (2, "committed", "local"),
-        (3, "skipped", "remote"),
-        (4, "committed", "remote"),
-        (5, "skipped", "remote"),
+        (3, "skipped", "root"),
+        (4, "committed", "root"),
+        (5, "skipped", "root"),
         (6, "committed", "local"),
     ]
     assert sorted(os.listdir(os.path.join(tmp, "root"))) == [step_name(4)]
@@ -114,19 +114,19 @@ def test_local_only_steps_never_reach_the_root_and_the_newest_is_restored(tmp_pa
 def test_keep_local_keeps_the_newest_steps_a_restore_could_pick(tmp_path) -> None:
     tmp = str(tmp_path)
     tier = os.path.join(tmp, "tier")
-    run_cadence(tmp, range(1, 7), local_every=2, remote_every=4, keep_local=2)
+    run_cadence(tmp, range(1, 7), local_every=2, root_every=4, keep_local=2)
     assert steps_in(tier) == [step_name(4), step_name(6)]
-    run_cadence(tmp, range(7, 9), local_every=2, remote_every=4, keep_local=2)
+    run_cadence(tmp, range(7, 9), local_every=2, root_every=4, keep_local=2)
     # durable step 8 supersedes local-only step 6: the root's 4 and 8 are what a restore
     # could pick
     assert steps_in(tier) == [step_name(4), step_name(8)]
-    run_cadence(tmp, range(9, 10), local_every=1, remote_every=10, keep_local=2)
+    run_cadence(tmp, range(9, 10), local_every=1, root_every=10, keep_local=2)
     assert steps_in(tier) == [step_name(8), step_name(9)]
 
 
 def test_a_damaged_local_only_step_falls_back_to_the_roots_newest(tmp_path) -> None:
     tmp = str(tmp_path)
-    run_cadence(tmp, range(1, 7), local_every=2, remote_every=4)
+    run_cadence(tmp, range(1, 7), local_every=2, root_every=4)
     d = step_dir(os.path.join(tmp, "tier"), 6)
     (shard,) = [n for n in os.listdir(d) if n.endswith(".distcp")]
     with open(os.path.join(d, shard), "r+b") as f:
@@ -141,7 +141,7 @@ def test_a_damaged_local_only_step_falls_back_to_the_roots_newest(tmp_path) -> N
 
 def test_a_local_only_step_asked_for_by_number_is_restored(tmp_path) -> None:
     tmp = str(tmp_path)
-    run_cadence(tmp, range(1, 4), local_every=1, remote_every=2, keep_local=2)
+    run_cadence(tmp, range(1, 4), local_every=1, root_every=2, keep_local=2)
     out = state(0.0)
     with CheckpointManager(
         os.path.join(tmp, "root"), local_tier_dir=os.path.join(tmp, "tier"), background="thread"
@@ -153,7 +153,7 @@ def test_a_local_only_step_asked_for_by_number_is_restored(tmp_path) -> None:
 @pytest.mark.processes
 def test_the_process_backend_saves_local_only_steps(tmp_path) -> None:
     tmp = str(tmp_path)
-    run_cadence(tmp, range(1, 4), local_every=1, remote_every=2, background="process")
+    run_cadence(tmp, range(1, 4), local_every=1, root_every=2, background="process")
     assert os.listdir(os.path.join(tmp, "root")) == [step_name(2)]
     assert extra(step_dir(os.path.join(tmp, "tier"), 3))["tier"] == LOCAL_ONLY
     step, out = restore(tmp)
@@ -175,7 +175,7 @@ def _nodes(rank: int, world: int, tmp: str, restore: bool) -> Any:
         root,
         local_tier_dir=tier,
         local_every=5,
-        remote_every=10,
+        root_every=10,
         background="thread",
         run_id="cadence",
     ) as mgr:
@@ -224,12 +224,12 @@ def test_finalize_saves_to_the_root_whatever_the_cadences_say(tmp_path) -> None:
         os.path.join(tmp, "root"),
         local_tier_dir=os.path.join(tmp, "tier"),
         local_every=1,
-        remote_every=10,
+        root_every=10,
         background="thread",
     ) as mgr:
         mgr.save(3, state(3.0))
         assert mgr.finalize(4, state(4.0))
-        assert [r.tier for r in mgr.records] == ["local", "remote"]
+        assert [r.tier for r in mgr.records] == ["local", "root"]
     assert os.listdir(os.path.join(tmp, "root")) == [step_name(4)]
 
 
@@ -253,7 +253,7 @@ def test_another_jobs_steps_in_the_local_tier_are_never_deleted(tmp_path, caplog
     assert sorted(os.listdir(a)) == [JOB_STAMP, step_name(2)]
     assert sorted(os.listdir(b)) == [JOB_STAMP, step_name(4)]
     os.makedirs(os.path.join(tier, step_name(0)))
-    caplog.set_level("INFO", logger="ckptstore.manager")
+    caplog.set_level("INFO", logger="ckptstore")
     with CheckpointManager(
         os.path.join(tmp, "run-b"),
         local_tier_dir=tier,

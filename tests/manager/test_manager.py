@@ -116,7 +116,7 @@ def test_local_tier_is_used_when_it_matches(tmp_path, caplog) -> None:
     caplog.set_level("INFO", logger="ckptstore.manager")
     with CheckpointManager(root, local_tier_dir=staging, background="thread") as mgr:
         assert mgr.restore(out) == 5
-    assert "from the local copy" in caplog.text
+    assert "from the tier copy" in caplog.text
     assert torch.equal(out["w"], state(5.0)["w"])
 
 
@@ -214,7 +214,7 @@ def test_unreachable_remote_fails_clearly_and_keeps_the_local_copy(tmp_path) -> 
     staging = str(tmp_path / "nvme")
     mgr = CheckpointManager(remote, local_tier_dir=staging, writer=WriterOptions(transfer=fast))
     mgr.save(7, state(7.0))
-    with pytest.raises(ckptstore.TransferError, match="after 3 attempts.*local copy is kept"):
+    with pytest.raises(ckptstore.TransferError, match="after 3 attempts.*tier copy is kept"):
         mgr.wait()  # the manager's first save: nothing of the run is protected, it raises
     assert mgr.records[-1].status == "failed"
     kept = os.listdir(step_dir(staging, 7))

@@ -1,7 +1,8 @@
 """``ManagerOptions``: one checked value for every manager option, built once.
 
 Each bad value is refused when the options are made (before any store is opened), an
-unknown keyword names the known ones, and a renamed keyword names its new name.
+unknown keyword names the known ones, and a renamed keyword still works for one minor
+version with a DeprecationWarning naming its new name.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
+import torch
 
 from ckptstore.config import WriterOptions
 from ckptstore.errors import ConfigError
@@ -43,10 +45,37 @@ def test_a_bad_value_is_refused_when_the_options_are_made(keywords, message) -> 
         ManagerOptions.from_keywords(**keywords)
 
 
-def test_an_old_keyword_names_the_new_one(tmp_path) -> None:
-    with pytest.raises(ConfigError, match="'staging_dir' is now called 'local_tier_dir'"):
-        CheckpointManager(str(tmp_path / "root"), staging_dir=str(tmp_path / "nvme"))
-    assert not (tmp_path / "root").exists()  # refused before anything was made
+@pytest.mark.parametrize(
+    ("old", "new", "value"),
+    [("staging_dir", "local_tier_dir", "/nvme/ckpt"), ("remote_every", "root_every", 5)],
+)
+def test_an_old_keyword_still_works_and_warns_naming_the_new_one(old, new, value) -> None:
+    """For one minor version an old keyword is its new one, with a DeprecationWarning;
+    given beside the new one it is refused."""
+    with pytest.warns(DeprecationWarning, match=f"'{old}' is now called '{new}'") as caught:
+        options = ManagerOptions.from_keywords(**{old: value})
+    assert getattr(options, new) == value and len(caught) == 1
+    with pytest.raises(ConfigError, match=f"pass {new}=... alone: '{old}' is its old name"):
+        ManagerOptions.from_keywords(**{old: value, new: value})
+
+
+def test_remote_every_still_works_on_the_options_value() -> None:
+    with pytest.warns(DeprecationWarning, match="'remote_every' is now called 'root_every'") as w:
+        options = ManagerOptions(remote_every=4)
+    assert options.root_every == 4 and w[0].filename == __file__
+    assert "remote_every" not in {f.name for f in dataclasses.fields(ManagerOptions)}
+
+
+def test_an_old_keyword_reaches_the_manager(tmp_path) -> None:
+    tier = tmp_path / "nvme"
+    renamed = "'staging_dir' is now called 'local_tier_dir'"
+    with pytest.warns(DeprecationWarning, match=renamed) as w:
+        mgr = CheckpointManager(str(tmp_path / "root"), staging_dir=str(tier), async_save=False)
+    assert w[0].filename == __file__  # the warning points at the caller's line
+    with mgr:
+        assert mgr.options.local_tier_dir == str(tier)
+        mgr.save(1, {"w": torch.ones(2)})
+    assert any(tier.iterdir())  # the tier copy is where the old keyword said
 
 
 def test_an_unknown_keyword_lists_the_options(tmp_path) -> None:

@@ -21,11 +21,12 @@ import torch
 import ckptstore
 from ckptstore.engine.names import TMP_MARK, step_name
 from ckptstore.engine.store import Store
-from ckptstore.engine.tier_jobs import TierJob
 from ckptstore.errors import ConfigError
-from ckptstore.manager import CheckpointManager, peer_copy, peer_tier
+from ckptstore.manager import CheckpointManager
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import FaultyStore
+from ckptstore.tier import peer_copy, peers
+from ckptstore.tier.jobs import TierJob
 from harness.dist import run_distributed
 from tests.tier_dirs import job_dir, steps_in
 
@@ -76,7 +77,7 @@ def state(rank: int, v: float) -> dict[str, Any]:
 
 def _body(rank: int, world: int, tmp: str, replicas: int, restore: bool, chunk: int = 0) -> Any:
     if chunk:  # files of many messages each (the default chunk is larger than these files)
-        peer_copy.CHUNK = peer_tier.CHUNK = chunk
+        peer_copy.CHUNK = peers.CHUNK = chunk
     tier = os.path.join(tmp, f"node{rank}")
     root = DataReads(LocalStore(os.path.join(tmp, "root")))
     with CheckpointManager(root, local_tier_dir=tier, replicas=replicas, run_id=RUN) as mgr:

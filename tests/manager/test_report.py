@@ -64,7 +64,7 @@ def test_saves_and_restores_are_reported_without_logging_configured(tmp_path) ->
     assert said[2].startswith("ckptstore: saves run on the ")  # the default, "auto", says
     assert "backend (background='auto': " in said[2]  # which it took, with the first commit
     assert "step 2 committed to " in said[3]
-    assert said[4].startswith("ckptstore: restored step 2 from the local copy in ")
+    assert said[4].startswith("ckptstore: restored step 2 from the tier copy in ")
     assert " MB) in " in said[4]
 
 

@@ -18,6 +18,7 @@ from ckptstore.manager.saving.save_step import save_step
 from ckptstore.manager.saving.thread_backend import ThreadBackend
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
+from ckptstore.tier.jobs import TierJob, TierSpec
 from tests.tier_dirs import step_dir
 
 
@@ -34,11 +35,12 @@ def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> 
     engine = TransferEngine()
     try:
         for step, local_tier_dir in ((1, None), (2, staging)):
+            tier = local_tier_dir and TierSpec(local_tier_dir, TierJob(root.url, "r"))
             notes = save_step(
                 {"w": torch.arange(10.0) + step},
                 root,
                 step,
-                SaveOptions(local_tier_dir=local_tier_dir),
+                SaveOptions(tier=tier),
                 engine=engine,
                 timings={"blocking_s": 0.5},
             )
@@ -46,7 +48,7 @@ def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> 
     finally:
         engine.close()
     assert [e.step for e in list_steps(root) if e.status == "committed"] == [1, 2]
-    # the staged save left a committed local copy (the restore tier) beside the remote one
+    # the save through the tier left a committed tier copy beside the root's step
     local = step_dir(staging, 2)
     assert "COMMITTED" in os.listdir(local)
     for step in (1, 2):
@@ -58,9 +60,10 @@ def test_save_step_saves_staged_and_direct_and_returns_no_warnings(tmp_path) -> 
 @pytest.mark.parametrize("local_tier", [False, True], ids=["direct", "local_tier_dir"])
 def test_save_step_refusal_fails_in_dcp_planning_and_writes_nothing(tmp_path, local_tier) -> None:
     """The Refusing schedule raises the carried error from DCP's planning step (with a
-    local tier too: the writer is a StagedWriter then), and nothing is written."""
+    local tier too: the writer is a TierWriter then), and nothing is written."""
     root = LocalStore(str(tmp_path / "root"))
-    options = SaveOptions(local_tier_dir=str(tmp_path / "nvme") if local_tier else None)
+    tier = TierSpec(str(tmp_path / "nvme"), TierJob(root.url, "r")) if local_tier else None
+    options = SaveOptions(tier=tier)
     engine = TransferEngine()
     try:
         with pytest.raises(ConfigError, match="cannot rebuild"):

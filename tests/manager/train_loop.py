@@ -43,7 +43,7 @@ class AppState(Stateful):
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--root", required=True)
-    p.add_argument("--staging", default=None)
+    p.add_argument("--local-tier", default=None)
     p.add_argument("--steps", type=int, default=12)
     p.add_argument("--every", type=int, default=3)
     p.add_argument("--out", required=True)
@@ -65,7 +65,7 @@ def main() -> None:
     state = {"app": AppState(model, opt), "rng": RNGState(seed=1000)}
     mgr = CheckpointManager(
         args.root,
-        local_tier_dir=args.staging,
+        local_tier_dir=args.local_tier,
         keep=KeepLast(2),
         strict=True,
         handle_sigterm=True,

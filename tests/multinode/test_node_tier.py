@@ -20,6 +20,8 @@ from tests.tier_dirs import job_dir, make_job_dir, step_dir
 
 #: The run of the two-node saves (its job directory is known before they start).
 RUN = "two-nodes"
+#: The restore's log line of where its bytes came from.
+READ = r"step 5: (\d+) bytes read from the tier copy, (\d+) from the root"
 
 
 def state(v: float) -> dict:
@@ -63,19 +65,19 @@ def test_own_shards_are_read_locally(saved, caplog) -> None:
     caplog.set_level("INFO", logger="ckptstore.manager")
     out = restore(remote, local)
     assert torch.equal(out["w"], state(5.0)["w"]) and out["extra"] == {"v": 5.0}
-    assert "from the local copy" in caplog.text
-    read = re.search(r"step 5: (\d+) bytes read locally, (\d+) from the remote", caplog.text)
+    assert "from the tier copy" in caplog.text
+    read = re.search(READ, caplog.text)
     assert read and int(read[1]) >= 4000  # the tensor's bytes came from the local shard
 
 
-def test_a_damaged_local_shard_falls_back_to_the_remote(saved, caplog) -> None:
+def test_a_damaged_tier_shard_falls_back_to_the_root(saved, caplog) -> None:
     remote, local = saved
     flip(shard(local))
     caplog.set_level("INFO", logger="ckptstore.manager")
-    with pytest.warns(RuntimeWarning, match="local files of step 5 .* could not be restored"):
+    with pytest.warns(RuntimeWarning, match="tier files of step 5 .* could not be restored"):
         out = restore(remote, local)
     assert torch.equal(out["w"], state(5.0)["w"])
-    assert "from the remote copy" in caplog.text
+    assert "from the root " in caplog.text
 
 
 def test_a_local_shard_of_another_size_is_not_used(saved, caplog) -> None:
@@ -85,8 +87,8 @@ def test_a_local_shard_of_another_size_is_not_used(saved, caplog) -> None:
     caplog.set_level("INFO", logger="ckptstore.manager")
     out = restore(remote, local)
     assert torch.equal(out["w"], state(5.0)["w"])
-    read = re.search(r"step 5: (\d+) bytes read locally, (\d+) from the remote", caplog.text)
-    assert read and int(read[1]) < 4000 <= int(read[2])  # the shard came from the remote
+    read = re.search(READ, caplog.text)
+    assert read and int(read[1]) < 4000 <= int(read[2])  # the shard came from the root
 
 
 # -- every node's local tier follows one retention decision (2 simulated nodes) -----------
@@ -147,8 +149,8 @@ def test_every_nodes_local_tier_keeps_what_rank_0_decided(tmp_path) -> None:
 
 
 def test_the_local_tier_decision_is_pure_and_keeps_what_it_must() -> None:
-    from ckptstore.engine.local_tier import local_tier_deletions, local_tier_keeps
     from ckptstore.errors import ConfigError
+    from ckptstore.tier.rules import local_tier_deletions, local_tier_keeps
 
     assert local_tier_keeps([3, 9, 5], 1) == {9} and local_tier_keeps([3, 9, 5], 2) == {5, 9}
     assert local_tier_keeps([4], 3) == {4}

@@ -126,7 +126,7 @@ def run_job(
 
 
 #: The options a trainer plugin refuses (``ManagerOptions.refuse_cadences``).
-CADENCES = ("local_every", "remote_every")
+CADENCES = ("local_every", "root_every")
 
 
 def every_manager_option(tmp_path: Any) -> dict[str, Any]:
@@ -155,7 +155,7 @@ def every_manager_option(tmp_path: Any) -> dict[str, Any]:
         "replicas": 2,
         "replica_rate": 1 << 20,
         "tier_limit": 1 << 30,
-        "remote_every": 2,
+        "root_every": 2,
         "local_every": 3,
         "keep_local": 2,
     }
@@ -180,14 +180,14 @@ class ManagerSpy:
 
 
 def assert_refuses_wrong_options(make: Any) -> None:
-    """``make(**keywords)`` refuses a renamed, an unknown and an invalid manager option at
-    once, as ``CheckpointManager`` does."""
+    """``make(**keywords)`` refuses an option given under its old and its new name, an
+    unknown and an invalid manager option at once, as ``CheckpointManager`` does."""
     import pytest
 
     from ckptstore.errors import ConfigError
 
-    with pytest.raises(ConfigError, match="now called 'local_tier_dir'"):
-        make(staging_dir="/nvme")
+    with pytest.raises(ConfigError, match="'staging_dir' is its old name"):
+        make(staging_dir="/nvme", local_tier_dir="/nvme")
     with pytest.raises(ConfigError, match="unknown CheckpointManager option 'nope'.*writer"):
         make(nope=1)
     with pytest.raises(ConfigError, match="on_busy"):

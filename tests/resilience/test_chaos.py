@@ -47,7 +47,7 @@ def run_job(
     d: str, data: str, segments: list[Segment], *extra: str, seed: int = 0
 ) -> tuple[ChaosResult, list[Attempt]]:
     args = [
-        "--data", data, "--cache", f"{d}/cache", "--root", f"{d}/ckpt", "--staging",
+        "--data", data, "--cache", f"{d}/cache", "--root", f"{d}/ckpt", "--local-tier",
         f"{d}/nvme", "--out", f"{d}/out", "--steps", str(STEPS), "--save-every", str(EVERY),
         "--global-batch", str(GLOBAL_BATCH), *extra,
     ]  # fmt: skip
@@ -99,7 +99,7 @@ def test_kills_in_every_phase_of_a_save_resume_bitwise_exact(tmp_path, data, ref
     ref_dir, ref_attempts = reference
     d = str(tmp_path)
     kills = (
-        Kill("after_shards:2", rank=1),  # a shard staged on local disk, not uploaded
+        Kill("after_shards:2", rank=1),  # a shard in the local tier, not uploaded
         Kill("mid_upload:1"),  # the background upload has sent its first part
         Kill("before_marker:1"),  # manifest and .metadata written, no COMMITTED yet
         Kill("after_marker:1"),  # committed, canonical copies not yet written

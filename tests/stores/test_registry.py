@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.errors import ConfigError, MissingDependencyError
 from ckptstore.stores import (
     BUILTIN_STORES,
@@ -17,6 +16,7 @@ from ckptstore.stores import (
     store_spec,
 )
 from ckptstore.stores.local import LocalStore
+from ckptstore.tier.jobs import check_local_tier_dir
 
 from .conftest import unique
 

@@ -3,7 +3,7 @@
 The one save path of ``CheckpointManager``: its thread backend calls it on a thread of
 the training process, its process backend in each writer process (``writer_main``);
 both with the state already staged. It builds the DCP writer (``CkptWriter``, or
-``StagedWriter`` with a local tier) with the schedule the save needs (``schedule``),
+``TierWriter`` with a local tier) with the schedule the save needs (``schedule``),
 runs ``dcp.save`` over ``process_group`` and turns DCP's ``CheckpointException`` into
 the first rank's ckptstore error. It returns the problems the commit met after its
 marker was written (each also logged): the step is committed all the same.
@@ -21,19 +21,17 @@ from torch.distributed.checkpoint.default_planner import DefaultSavePlanner
 
 from ckptstore.dcp import save_load as dcp  # dcp.save, quiet without a process group
 from ckptstore.dcp.schedule import WriteSchedule
-from ckptstore.dcp.staged import StagedWriter
 from ckptstore.dcp.writer import CkptWriter
 from ckptstore.engine.commit import collect_warnings
-from ckptstore.engine.local_tier import LOCAL_ONLY
 from ckptstore.engine.names import step_name
 from ckptstore.engine.retry import retrying
 from ckptstore.engine.store import Store
-from ckptstore.engine.tier_jobs import open_job
 from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import CkptStoreError
 from ckptstore.manager.options import SaveOptions
 from ckptstore.manager.saving.write_order import InRounds, LiveFirst, Refusing, Rounds
-from ckptstore.stores.local import LocalStore
+from ckptstore.tier.rules import LOCAL_ONLY
+from ckptstore.tier.writer import TierWriter
 
 __all__ = ["CachedPlanner", "save_step"]
 
@@ -81,10 +79,11 @@ def save_step(
     """Save ``state`` (already staged: nobody changes it meanwhile) as ``step`` of ``root``
     on every rank of ``process_group``; the post-commit warnings.
 
-    ``options`` say how (the writer's options, local tier and its job, run id);
+    ``options`` say how (the writer's options, run id, and the local tier: ``options.tier``,
+    ``LocalTier.spec``, which becomes a ``TierWriter`` here);
     ``overwrite`` replaces a committed ``step`` (one found damaged) atomically; ``local``
     saves ``step`` to the local tier alone: each rank writes its files into its own node's
-    ``local_tier_dir/<job>/<step>/`` (``engine.tier_jobs``: a job directory that is not
+    tier copy, ``local_tier_dir/<job>/<step>/`` (``tier.jobs``: a job directory that is not
     provably this job's refuses the save on every rank), the coordinator commits there
     (its manifest says ``LOCAL_ONLY``; a step saved again replaces it) and the root is not
     touched. The
@@ -98,9 +97,9 @@ def save_step(
     """
     url: Store = retrying(root, engine.config.retry, engine.stats).child(step_name(step))
     if local:
-        assert options.local_tier_dir and options.tier_job, "a local-only save needs a local tier"
+        assert options.tier is not None, "a local-only save needs a local tier"
         try:  # this job's directory of the tier, its stamp checked (made if absent)
-            job_dir = open_job(LocalStore(options.local_tier_dir), options.tier_job, create=True)
+            job_dir = options.tier.open(create=True)
         except (OSError, CkptStoreError) as exc:  # refused on every rank, in DCP's planning
             refusal = refusal or exc
         else:
@@ -126,14 +125,8 @@ def save_step(
         CkptWriter(url, check_files=False, **common)  # the coordinator's node's files
         if local
         # the manager trims every node's local tier itself (``save_flow``)
-        else StagedWriter(
-            url,
-            local_tier_dir=options.local_tier_dir,
-            keep_local=None,
-            job=options.tier_job,
-            **common,
-        )
-        if options.local_tier_dir
+        else TierWriter(url, tier=options.tier, keep_local=None, **common)
+        if options.tier is not None
         else CkptWriter(url, **common)
     )
     if local:

@@ -58,7 +58,7 @@ def test_two_jobs_sharing_a_local_tier_keep_their_copies_apart(tmp_path, caplog)
     caplog.set_level(logging.INFO, logger="ckptstore")
     a = io("a")
     assert weight(a.load_checkpoint(names["a"] / "last.ckpt")) == 2.0
-    assert "restoring step 2 from the local copy" in caplog.text
+    assert "restoring step 2 from the tier copy" in caplog.text
     a.teardown()
     # a's stamp copied into b's directory: b can no longer show the directory its own
     shutil.copy(

@@ -120,15 +120,15 @@ def restores(nj: NodeJob, node: int, incarnation: int | None = None) -> list[dic
 
 def tier(ready: dict[str, Any]) -> str:
     (msg,) = [m for m in ready["restore_log"] if m.startswith("restoring step")]
-    return "local" if "local copy" in msg else "remote"
+    return "local" if "tier copy" in msg else "remote"
 
 
 def restore_bytes(ready: dict[str, Any]) -> dict[str, int]:
-    """The bytes a rank's restore read locally, from the remote, and received from peer
+    """The bytes a rank's restore read from the tier copy, from the root, and received from peer
     nodes (the manager's restore log)."""
     out = {"local": 0, "remote": 0, "peers": 0}
     for m in ready["restore_log"]:
-        if found := re.match(r"step \d+: (\d+) bytes read locally, (\d+) from the remote", m):
+        if found := re.match(r"step \d+: (\d+) bytes read from the tier copy, (\d+) from the", m):
             out["local"], out["remote"] = int(found[1]), int(found[2])
         elif found := re.match(r"step \d+: (\d+) bytes copied from peer nodes", m):
             out["peers"] = int(found[1])

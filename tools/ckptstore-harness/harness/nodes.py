@@ -19,7 +19,7 @@ Each node is ``torchrun --nnodes N --nproc-per-node P --rdzv-backend ckptstore-c
 otherwise (``rdzv_backend="c10d"``: the stock backend, for the upstream canaries)
 (``nnodes`` may be elastic, ``"1:3"``; ``rdzv_conf`` adds ``--rdzv-conf``;
 ``nproc_per_node`` may name each node's count). Node ``i`` passes the training script its
-own node-local directories, ``run_dir/node<i>/staging`` (``--staging``) and
+own node-local directories, ``run_dir/node<i>/tier`` (``--local-tier``) and
 ``run_dir/node<i>/cache`` (``--cache``), and an event log directory of the node's
 incarnation, ``run_dir/log/node<i>.<n>`` (``--events``): each agent counts its own restarts,
 so after a replacement two nodes' ``TORCHELASTIC_RESTART_COUNT`` differ and one directory
@@ -127,8 +127,8 @@ class Node:
         return f"{self.job}-" if self.job else ""
 
     @property
-    def staging(self) -> str:
-        return os.path.join(self.dir, "staging")
+    def local_tier(self) -> str:
+        return os.path.join(self.dir, "tier")
 
     @property
     def cache(self) -> str:
@@ -216,13 +216,13 @@ class NodeJob:
             *(["--rdzv-conf", self.rdzv_conf] if self.rdzv_conf else []),
             "--max-restarts", str(self.max_restarts),
             self.script, *self.args,
-            "--staging", node.staging, "--cache", node.cache, "--events", node.events(),
+            "--local-tier", node.local_tier, "--cache", node.cache, "--events", node.events(),
             *(self.node_args(node.index) if self.node_args else []),
         ]  # fmt: skip
 
     def start_node(self, i: int) -> Node:
         node = self.nodes[i]
-        for d in (node.staging, node.cache, node.events()):
+        for d in (node.local_tier, node.cache, node.events()):
             os.makedirs(d, exist_ok=True)
         with open(node.output(), "wb") as out:
             node.proc = subprocess.Popen(

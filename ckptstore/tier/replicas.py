@@ -1,6 +1,6 @@
 """Where the peer tier puts each node's shards, and which node sends each missing file.
 
-Pure functions (no I/O, no process group): ``ckptstore.manager.peer_tier`` gathers what
+Pure functions (no I/O, no process group): ``ckptstore.tier.peers`` gathers what
 every node holds and runs the copies these return, the same list on every rank.
 
 Placement is a ring: node ``i``'s shards go to the ``k`` nodes after it
@@ -69,7 +69,7 @@ def plan_copies(
 ) -> tuple[list[Copy], list[set[str]]]:
     """The copies that give each node what it ``wants`` and does not hold, each from a
     node that ``holds`` the file, and per node the wanted files no node holds (they come
-    from the bucket). Among several holders the one with the fewest bytes to send so far
+    from the root). Among several holders the one with the fewest bytes to send so far
     is picked (ties: the nearest before the receiver on the ring), so a replaced node's
     shards are drawn from all its replicas at once. Deterministic: every rank computes the
     same plan from the same gathered facts; ordered by receiver, then name."""

@@ -1,17 +1,17 @@
-"""The node-local tier's rules, in one place: what a node keeps, and what a restore trusts.
+"""The local tier's rules, in one place: what a node keeps, and what a restore trusts.
 
-The node-local tier (``local_tier_dir``) holds each save's shard files, written there
-first and uploaded from there (``dcp.staged``), as a restore tier. Keeping: after a save
-each node keeps the newest ``keep_local`` of the steps the root keeps
+The local tier (``local_tier_dir``) holds each save's shard files, written there and
+uploaded to the root at once (``tier.writer``), as tier copies a restore can read.
+Keeping: after a save each node keeps the newest ``keep_local`` of the steps the root keeps
 (``local_tier_keeps``, decided once, by rank 0) and deletes the older ones
-(``local_tier_deletions``, ``trim_local_tier``; ``keep_newest`` for a staged writer used
-alone). Trusting: a local copy is used whole only when its marker is the committed remote
-one and every file the manifest lists is there with its size (``local_copy_matches``),
+(``local_tier_deletions``, ``trim_local_tier``; ``keep_newest`` for a ``TierWriter`` used
+alone). Trusting: a tier copy is used whole only when its marker is the committed one of
+the root and every file the manifest lists is there with its size (``local_copy_matches``),
 else file by file (``local_files``). With two cadences (``save_tier``) some steps are
 saved to the local tier alone: their manifest says so (``LOCAL_ONLY``). Only canonical
 step directories and ckptstore's own files are ever deleted; symlinks are never followed
 (``engine.deletion``). Every rule acts within one job's directory of the tier
-(``engine.tier_jobs``: a job is a root and a run), opened only once its stamp proves it
+(``tier.jobs``: a job is a root and a run), opened only once its stamp proves it
 the job's own: another job's copies in the same tier are never used, trimmed or evicted.
 """
 
@@ -25,8 +25,8 @@ from ckptstore.engine.committed import Committed
 from ckptstore.engine.deletion import delete_step
 from ckptstore.engine.manifest import MARKER_NAME, Manifest, Marker
 from ckptstore.engine.store import Store
-from ckptstore.engine.tier_jobs import TierJob, open_job, stored_bytes
 from ckptstore.errors import ConfigError, StoreNotFoundError, UnsafePathError
+from ckptstore.tier.jobs import TierJob, open_job, stored_bytes
 
 __all__ = [
     "LOCAL_ONLY",
@@ -45,13 +45,13 @@ __all__ = [
 LOCAL_ONLY = "local"
 
 
-def save_tier(step: int, local_every: int | None, remote_every: int) -> str | None:
-    """Where the save of ``step`` goes: ``"remote"`` (the root, through the local tier
-    when there is one) every ``remote_every`` steps, else ``"local"`` (the local tier
-    alone) every ``local_every`` steps, else None (no save). ``remote_every=1`` and no
-    ``local_every``: every save goes to the root."""
-    if step % remote_every == 0:
-        return "remote"
+def save_tier(step: int, local_every: int | None, root_every: int) -> str | None:
+    """Where the save of ``step`` goes: ``"root"`` (through the local tier when there is
+    one) every ``root_every`` steps, else ``"local"`` (the local tier alone) every
+    ``local_every`` steps, else None (no save). ``root_every=1`` and no ``local_every``:
+    every save goes to the root."""
+    if step % root_every == 0:
+        return "root"
     if local_every is not None and step % local_every == 0:
         return "local"
     return None
@@ -78,7 +78,7 @@ def local_tier_deletions(local_steps: Iterable[int], keeps: Collection[int]) -> 
 
 def trim_local_tier(job_dir: Store, keeps: Collection[int]) -> list[str]:
     """Delete the step directories of ``job_dir`` (a job's directory of a local tier,
-    ``engine.tier_jobs.open_job``) that ``keeps`` lets go; their names. Only canonical
+    ``tier.jobs.open_job``) that ``keeps`` lets go; their names. Only canonical
     step directories count: an entry that is not one (a symlink, a file named like a step)
     is warned about once per process and left alone, never followed or deleted."""
     steps = _steps(job_dir)
@@ -145,8 +145,8 @@ def local_files(local: Store, manifest: Manifest) -> list[str]:
 
 
 def local_copy_matches(local: Store, committed: Committed) -> bool:
-    """True when ``local`` (a local store) holds a whole copy of the committed remote
-    step: its marker is the remote one and every file the manifest lists is a regular
+    """True when ``local`` (a tier copy) holds a whole copy of the committed step of the
+    root: its marker is the root's and every file the manifest lists is a regular
     file (never a symlink) of the recorded size. Reads only the local marker."""
     try:
         data = get_capped(local, MARKER_NAME, MAX_MARKER_SIZE)

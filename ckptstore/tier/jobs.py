@@ -1,6 +1,6 @@
-"""Whose copies a node-local tier holds: one directory per job, and the stamp that says so.
+"""Whose copies a local tier holds: one directory per job, and the stamp that says so.
 
-Several jobs on a node may share one ``local_tier_dir`` (one NVMe per node). A node-local
+Several jobs on a node may share one ``local_tier_dir`` (one NVMe per node). A tier
 copy is used only by the job that made it (DESIGN.md, trust rule 9), and a job is a root
 and a run (``TierJob``). So each job keeps its copies in a directory of its own::
 
@@ -20,13 +20,15 @@ The layout before job directories kept step directories directly under the tier
 (``local_tier_dir/step_*``, stamped with the run alone, ``RUN_STAMP``): nothing there
 records the root, so no job can prove such a copy its own. They are never used or
 deleted; ``survey`` reports them (``ckptstore-tool ls --local-tier``), with everything else
-in the tier: each job directory's root, run, steps and bytes.
+in the tier: each job directory's root, run, steps and bytes. ``check_local_tier_dir``
+refuses a tier directory that overlaps the root (pure ``os.path`` arithmetic).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from dataclasses import dataclass
 
@@ -44,12 +46,15 @@ from ckptstore.errors import (
     TierStampError,
     UnsafePathError,
 )
+from ckptstore.stores.local import LocalStore
 
 __all__ = [
     "MAX_ROOT_CHARS",
     "MAX_STAMP_BYTES",
     "TierEntry",
     "TierJob",
+    "TierSpec",
+    "check_local_tier_dir",
     "is_job_name",
     "open_job",
     "parse_stamp",
@@ -73,7 +78,7 @@ def is_job_name(name: str) -> bool:
 
 @dataclass(frozen=True)
 class TierJob:
-    """The job a node-local copy belongs to: the root URL its steps are saved to (as its
+    """The job a tier copy belongs to: the root URL its steps are saved to (as its
     store names it) and its run identity (``engine.owner.run_identity``). ``ConfigError``
     for a root that is empty, longer than ``MAX_ROOT_CHARS`` or holds a character that is
     not printable, or a run that is not a run identity (``engine.lease.check_run_id``):
@@ -108,6 +113,24 @@ class TierJob:
     def describe(self) -> str:
         """``run R of root U``, for messages (both printable, as ``TierJob`` checks)."""
         return f"run {self.run} of root {self.root}"
+
+
+@dataclass(frozen=True)
+class TierSpec:
+    """Where one job's copies lie on a node: the tier's directory (``local_tier_dir``) and
+    the job. Small, frozen and picklable: what ``LocalTier.spec`` hands the save step, in
+    the save thread or the writer process (``tier.writer.TierWriter``)."""
+
+    path: str
+    job: TierJob
+
+    def store(self) -> Store:
+        """The tier's directory, as a store (every job's directories are below it)."""
+        return LocalStore(self.path)
+
+    def open(self, *, create: bool = False) -> Store | None:
+        """The job's directory, its stamp checked (``open_job``)."""
+        return open_job(self.store(), self.job, create=create)
 
 
 def _good_root(root: object) -> bool:
@@ -165,7 +188,7 @@ _KINDS = {"file": "regular file", "link": "symlink", "other": "FIFO, socket or d
 
 
 def open_job(tier: Store, job: TierJob, *, create: bool = False) -> Store | None:
-    """``job``'s directory of ``tier`` (a node-local tier's store), its stamp read and found
+    """``job``'s directory of ``tier`` (a local tier's store), its stamp read and found
     to be ``job``'s; None when there is none (``create``: made then, its stamp first).
 
     ``TierStampError`` when the directory is there but not provably ``job``'s: its stamp
@@ -223,7 +246,7 @@ def stored_bytes(store: Store, prefix: str = "") -> int:
 
 @dataclass(frozen=True)
 class TierEntry:
-    """One entry directly under a node-local tier, as ``survey`` found it.
+    """One entry directly under a local tier, as ``survey`` found it.
 
     ``kind``: ``"job"`` (a job directory: ``root`` and ``run`` from its stamp, or
     ``problem`` saying why the stamp is refused), ``"legacy"`` (a step directory of the
@@ -241,7 +264,7 @@ class TierEntry:
 
 
 def survey(tier: Store) -> list[TierEntry]:
-    """Every entry directly under ``tier`` (a node-local tier's store), by name: whose
+    """Every entry directly under ``tier`` (a local tier's store), by name: whose
     copies it holds (stamps read with the same caps and refusals as ``open_job``; links
     never followed). Reads, never writes."""
     out = []
@@ -293,3 +316,42 @@ def _legacy_run(step_dir: Store) -> str | None:
     except (CkptStoreError, ValueError, RecursionError):
         return None
     return run
+
+
+def _local_path(url: str) -> str | None:
+    scheme, sep, rest = url.partition("://")
+    if sep and scheme.lower() in ("file", "local"):
+        url = rest
+    elif sep:
+        return None  # an object store: it cannot overlap a local directory
+    return os.path.realpath(os.path.abspath(os.path.expanduser(url)))
+
+
+def _inside(child: str, parent: str) -> bool:
+    return child == parent or child.startswith(parent.rstrip(os.sep) + os.sep)
+
+
+def check_local_tier_dir(root_url: str, local_tier_dir: str | None) -> None:
+    """ConfigError if the local ``local_tier_dir`` is, is inside, or holds the root ``root_url``.
+
+    The local tier trims its own old copies; sharing a directory with the root would let
+    it delete committed checkpoints (and retention would count the tier copies).
+    """
+    if not local_tier_dir:
+        return
+    root, tier = _local_path(root_url), _local_path(local_tier_dir)
+    if root is None or tier is None:
+        return
+    if root == tier:
+        why = "is the checkpoint root itself"
+    elif _inside(tier, root):
+        why = f"is inside the checkpoint root {root_url}"
+    elif _inside(root, tier):
+        why = f"holds the checkpoint root {root_url}"
+    else:
+        return
+    raise ConfigError(
+        f"local_tier_dir {local_tier_dir!r} {why}; the local tier must be a directory of its "
+        "own (e.g. node-local NVMe such as /local_nvme/ckpt), outside the root and not "
+        "above it."
+    )

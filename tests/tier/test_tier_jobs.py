@@ -1,4 +1,4 @@
-"""A node-local tier shared by jobs (``engine.tier_jobs``, ``engine.local_tier``): each job's
+"""A node-local tier shared by jobs (``tier.jobs``, ``tier.rules``): each job's
 copies in a directory of its own, used only once its stamp proves it the job's.
 
 The library level: two jobs (two roots, or one root and two runs) in one tier never share
@@ -17,17 +17,17 @@ import threading
 
 import pytest
 
-from ckptstore.engine.local_tier import evict_for, keep_newest, trim_local_tier
 from ckptstore.engine.names import JOB_STAMP, RUN_STAMP, step_name
-from ckptstore.engine.tier_jobs import (
+from ckptstore.errors import ConfigError, TierStampError
+from ckptstore.stores.local import LocalStore
+from ckptstore.tier.jobs import (
     MAX_STAMP_BYTES,
     TierJob,
     open_job,
     parse_stamp,
     survey,
 )
-from ckptstore.errors import ConfigError, TierStampError
-from ckptstore.stores.local import LocalStore
+from ckptstore.tier.rules import evict_for, keep_newest, trim_local_tier
 from tests.tier_dirs import PLANTED, plant_stamp
 
 A = TierJob("/data/ckpt/a", "run-1")

@@ -1,16 +1,15 @@
-"""``StagedWriter``: each shard written to the node-local tier and uploaded at once.
+"""``TierWriter``: each shard written to the local tier and uploaded to the root at once.
 
 A ``CkptWriter`` that serialises each shard file once and streams the same bytes to two
-files at the same time (``engine.tee.TeeWriter``): the local copy in this job's directory
-of the tier, ``local_tier_dir/<job>/<step>/`` (``engine.tier_jobs``: a job is the root
+files at the same time (``engine.tee.TeeWriter``): the tier copy in this job's directory
+of the tier, ``local_tier_dir/<job>/<step>/`` (``tier.jobs``: a job is the root
 and run; its directory is made with its stamp, and used only once the stamp proves it
-this job's), and the upload to the destination. After the commit at the destination (the
-only commit that counts) the same manifest and marker are published locally, which makes
-the local copy a restore tier, and this job's directory is trimmed to ``keep_local``
-steps (the rules: ``engine.local_tier``); other jobs' copies in the tier are never
-touched. If writing the local copy fails, its partial files and this save's uploads are
-removed; if the upload fails, the complete local files are kept, uncommitted, and the
-error says where.
+this job's), and the upload to the root. After the commit in the root (the only commit
+that counts) the same manifest and marker are committed in the tier copy, which makes it
+a copy a restore can read, and this job's directory is trimmed to ``keep_local`` steps
+(the rules: ``tier.rules``); other jobs' copies in the tier are never touched. If
+writing the tier copy fails, its partial files and this save's uploads are removed; if
+the upload fails, the complete tier copy is kept, uncommitted, and the error says where.
 """
 
 from __future__ import annotations
@@ -25,38 +24,37 @@ from torch.futures import Future
 from ckptstore.dcp.writer import CkptWriter, step_from_url
 from ckptstore.engine.commit import commit
 from ckptstore.engine.filewriter import FileWriter
-from ckptstore.engine.local_tier import keep_newest, local_tier_keeps
 from ckptstore.engine.manifest import Manifest
 from ckptstore.engine.owner import run_identity
-from ckptstore.engine.paths import check_local_tier_dir
 from ckptstore.engine.store import Store
 from ckptstore.engine.tee import TeeWriter
-from ckptstore.engine.tier_jobs import TierJob, open_job
 from ckptstore.errors import CkptStoreError, StoreNotFoundError, TransferError
-from ckptstore.stores.local import LocalStore
+from ckptstore.tier.jobs import TierJob, TierSpec, check_local_tier_dir, open_job
+from ckptstore.tier.rules import keep_newest, local_tier_keeps
 
-__all__ = ["StagedWriter"]
+__all__ = ["TierWriter"]
 
 log = logging.getLogger(__name__)
 
 
-class StagedWriter(CkptWriter):
+class TierWriter(CkptWriter):
     """A ``CkptWriter`` that writes every shard to local disk and uploads it at once.
 
     Call order is ``CkptWriter``'s; it overrides only its hooks. ``write_data``: every
-    rank opens this job's directory of the tier (``engine.tier_jobs.open_job``, made with
+    rank opens this job's directory of the tier (``tier.jobs.open_job``, made with
     its stamp if absent; one that is not provably this job's fails the save on every rank,
     nothing written), writes each shard file locally and uploads it in parallel parts of
     each, returning when both are durable and agree on size and CRC32C; with a
     ``memory_budget`` too small for a part of each, the local file is written first and
     then uploaded (``engine.copy``, checking its CRC32C). ``finish``: the coordinator
-    commits at the destination, then publishes the same manifest and marker locally and
-    keeps the newest ``keep_local`` local copies of this job
-    (``engine.local_tier.keep_newest``; None: none are trimmed here, the caller decides,
-    as ``CheckpointManager`` does for every node).
+    commits in the root, then commits the same manifest and marker in the tier copy and
+    keeps the newest ``keep_local`` tier copies of this job
+    (``tier.rules.keep_newest``; None: none are trimmed here, the caller decides,
+    as ``CheckpointManager`` does for every node, ``LocalTier.after_save``).
 
-    ``job``: whose copies these are (``TierJob``); default the destination's parent (the
-    root of its ``step_*`` directories) and this process's run
+    ``tier``: the job's place in a local tier (``TierSpec``: ``LocalTier.spec``, what the
+    save step gets), or a tier directory alone: the job is then the root (the parent of
+    the ``step_*`` directory written) and this process's run
     (``engine.owner.run_identity``: ``CKPTSTORE_RUN_ID``, torchrun's or Slurm's job id,
     else this process), so a writer in a later process of another run never trims this
     one's copies.
@@ -66,26 +64,26 @@ class StagedWriter(CkptWriter):
         self,
         url: str | Store,
         *,
-        local_tier_dir: str,
+        tier: TierSpec | str,
         keep_local: int | None = 1,
-        job: TierJob | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(url, **kwargs)
-        url = self.store.url.rstrip("/")  # a step's staging must not overlap its run root
+        url = self.store.url.rstrip("/")  # a step's tier copy must not overlap its root
         root = url.rpartition("/")[0] if step_from_url(url) is not None else url
-        check_local_tier_dir(root, local_tier_dir)
+        if isinstance(tier, str):
+            tier = TierSpec(tier, TierJob(url.rpartition("/")[0], run_identity()))
+        check_local_tier_dir(root, tier.path)
         if keep_local is not None:
             local_tier_keeps((), keep_local)  # checks it (ConfigError)
-        self.tier_root = LocalStore(local_tier_dir)
-        self.job = job if job is not None else TierJob(url.rpartition("/")[0], run_identity())
+        self.tier = tier
         self.keep_local = keep_local
         self._job_dir: Store | None = None  # opened by each write_data
         self._tees: list[tuple[str, TeeWriter]] = []  # this write_data's, in file order
 
     @property
     def local(self) -> Store:
-        """The local copy of the current destination: ``<job directory>/<its last path
+        """The tier copy of the step written: ``<job directory>/<its last path
         segment>`` (the job's directory as this save's ``write_data`` opened it)."""
         assert self._job_dir is not None, "write_data opens the job's directory first"
         return self._job_dir.child(self.store.url.rstrip("/").rsplit("/", 1)[-1])
@@ -100,10 +98,10 @@ class StagedWriter(CkptWriter):
 
     # -- CkptWriter's hooks ------------------------------------------------------------
     def _shard_store(self) -> Store:
-        """Shards are serialised into the local copy, ``local_tier_dir/<job>/<step>/``:
+        """Shards are serialised into the tier copy, ``local_tier_dir/<job>/<step>/``:
         the job's directory is opened (its stamp checked, made if absent) now, inside
         DCP's collective write, so a refusal fails the save on every rank."""
-        self._job_dir = open_job(self.tier_root, self.job, create=True)
+        self._job_dir = open_job(self.tier.store(), self.tier.job, create=True)
         return self.local
 
     def _shard_writer(self, store: Store, name: str) -> FileWriter | TeeWriter:
@@ -121,7 +119,7 @@ class StagedWriter(CkptWriter):
         return tee
 
     def _shards_failed(self, exc: BaseException) -> None:
-        """Writing the local copy failed (a full staging disk): remove its partial files
+        """Writing the tier copy failed (a full tier disk): remove its partial files
         and the uploads this save already made (the one in flight was aborted)."""
         self.local.delete_prefix("")
         for name, tee in self._tees:
@@ -149,12 +147,12 @@ class StagedWriter(CkptWriter):
         except CkptStoreError as exc:
             if isinstance(exc, StoreNotFoundError):
                 self._raise_if_committed_meanwhile(exc)
-            exc.args = (f"{exc}; the complete local copy is kept in {local.url}",)
+            exc.args = (f"{exc}; the complete tier copy is kept in {local.url}",)
             raise
 
     def _committed(self, manifest: Manifest, metadata_bytes: bytes) -> None:
-        """Publish the same manifest and marker locally (the restore tier), then trim the
-        committed local copies to ``keep_local``."""
+        """Commit the same manifest and marker in the tier copy (a restore reads it), then
+        trim the committed tier copies to ``keep_local``."""
         commit(
             self.local,
             self.engine,

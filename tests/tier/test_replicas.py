@@ -1,11 +1,11 @@
-"""The peer tier's placement and copy plan (``engine.replicas``): pure functions."""
+"""The peer tier's placement and copy plan (``tier.replicas``): pure functions."""
 
 from __future__ import annotations
 
 import pytest
 
-from ckptstore.engine.local_tier import evictions
-from ckptstore.engine.replicas import (
+from ckptstore.errors import ConfigError
+from ckptstore.tier.replicas import (
     Copy,
     check_replicas,
     copy_rounds,
@@ -14,7 +14,7 @@ from ckptstore.engine.replicas import (
     ring_targets,
     tier_peaks,
 )
-from ckptstore.errors import ConfigError
+from ckptstore.tier.rules import evictions
 
 
 def test_ring_targets_never_the_node_itself_and_at_most_the_other_nodes() -> None:

@@ -1,22 +1,22 @@
 """The peer tier: each node's local-tier shards copied to ``replicas`` peer nodes, and a
-restore that takes what its node lacks from the peers instead of the bucket.
+restore that takes what its node lacks from the peers instead of the root.
 
 After a committed save, every node's leader sends the step's files it wrote to the next
-``replicas`` nodes on the ring (``engine.replicas``), over the manager's checkpoint gloo
+``replicas`` nodes on the ring (``tier.replicas``), over the manager's checkpoint gloo
 group, in the save thread. At a restore, as the reads start (the reader's ``before_read``),
 each node's leader lists the step's files it holds (checked against the committed
 manifest: size and CRC32C), every rank says which files its part of the load reads, and
 each file a node's ranks read and the node lacks is sent by a node that holds it (so a
 sharded state moves only the shards each node loads); what no node holds is read from the
-bucket as before (``manager.node_tier``). A received file is kept
-only when its size and CRC32C are the manifest's (``manager.peer_copy``). Every node sends
-from and receives into this job's directory of its local tier alone (``manager.tier_dir``:
+root as before (``tier.view``). A received file is kept
+only when its size and CRC32C are the manifest's (``tier.peer_copy``). Every node sends
+from and receives into this job's directory of its local tier alone (``tier.local``:
 its stamp names this root and run), so another job's copies are never sent, replaced or
 evicted. A step saved to
-the local tier alone has no bucket copy: its marker, manifest and ``.metadata`` go to
+the local tier alone has no copy in the root: its marker, manifest and ``.metadata`` go to
 every node too (``seed``), so that any node can serve it at a restore.
 
-Copies run in rounds that every rank computes alike (``engine.replicas.copy_rounds``), in
+Copies run in rounds that every rank computes alike (``tier.replicas.copy_rounds``), in
 each of which a node sends at most one file and receives at most one, both at once,
 chunk by chunk: chunk ``i``'s sends and receives are posted together and waited for
 before chunk ``i + 1``, so every node finishes chunk ``i`` of a round and the exchange
@@ -30,7 +30,7 @@ import logging
 import time
 from collections.abc import Collection
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.distributed as dist
 
@@ -40,31 +40,30 @@ from ckptstore.engine.committed import (
     committed_from_bytes,
     open_committed,
 )
-from ckptstore.engine.local_tier import evict_for, local_files
 from ckptstore.engine.manifest import MANIFEST_NAME, MARKER_NAME, Manifest
 from ckptstore.engine.names import step_name
-from ckptstore.engine.replicas import (
+from ckptstore.engine.store import Store
+from ckptstore.engine.transfer import TransferEngine
+from ckptstore.engine.verify import verify_files
+from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError, size_text
+from ckptstore.tier.peer_copy import CHUNK, Incoming, Outgoing, chunks
+from ckptstore.tier.replicas import (
     Copy,
     copy_rounds,
     plan_copies,
     replica_wants,
     tier_peaks,
 )
-from ckptstore.engine.store import Store
-from ckptstore.engine.transfer import TransferEngine
-from ckptstore.engine.verify import verify_files
-from ckptstore.errors import CkptStoreError, ConfigError, StoreNotFoundError
-from ckptstore.manager.nodes import Nodes
-from ckptstore.manager.peer_copy import CHUNK, Incoming, Outgoing, chunks
-from ckptstore.manager.report import size_text
-from ckptstore.manager.tier_dir import TierDir
-from ckptstore.stores.local import LocalStore
+from ckptstore.tier.rules import evict_for, local_files
+
+if TYPE_CHECKING:
+    from ckptstore.tier.local import LocalTier, Nodes
 
 __all__ = ["CHUNK", "PeerTier", "PeerReport"]
 
 log = logging.getLogger(__name__)
 
-#: The step's own small objects: never copied (rank 0 reads them from the bucket).
+#: The step's own small objects: never copied (rank 0 reads them from the root).
 _SMALL = frozenset({MARKER_NAME, MANIFEST_NAME, METADATA_NAME})
 
 
@@ -80,7 +79,7 @@ class PeerReport:
     missing: tuple[frozenset[str], ...] = ()
     received: int = 0
     #: ``replicate``: the nodes whose tier would outgrow ``tier_limit``, with the bytes
-    #: they would need (``engine.replicas.tier_peaks``); they took no replicas.
+    #: they would need (``tier.replicas.tier_peaks``); they took no replicas.
     over_limit: tuple[tuple[int, int], ...] = ()
 
     @property
@@ -90,12 +89,15 @@ class PeerReport:
 
 
 class PeerTier:
-    """The peer tier of one manager.
+    """The peer tier of one ``LocalTier`` (``tier.peers``).
 
     Call order (every rank, each a collective over ``nodes.group``)::
 
         peers = PeerTier(nodes, tier, engine, replicas, rate, limit)
-                                         # the manager's constructor
+                                         # LocalTier's constructor (built once, by the
+                                         # manager's ``LocalTier.of``)
+        small = peers.committed(root, step)  # rank 0, save thread, after a save: the
+                                         # step as opened, for after_save
         peers.after_save(step, manifest, url, small)
                                          # save thread, after every save: ``replicate``
                                          # (rank 0 passes the committed step's manifest,
@@ -112,7 +114,7 @@ class PeerTier:
     def __init__(
         self,
         nodes: Nodes,
-        tier: TierDir,
+        tier: LocalTier,
         engine: TransferEngine,
         replicas: int,
         rate: int | None = None,
@@ -133,7 +135,7 @@ class PeerTier:
         self, step: int, manifest: Manifest | None, small: Committed | None = None
     ) -> PeerReport:
         """Copy every node's files of the committed ``step`` to its ring targets; rank 0
-        gives the step's ``manifest`` and, for a step the bucket does not hold, the step
+        gives the step's ``manifest`` and, for a step the root does not hold, the step
         as opened (``small``: written on every node first, ``seed``). Files a target
         already holds (size checked) are not sent again."""
         if not self.active:
@@ -171,7 +173,7 @@ class PeerTier:
         dist.all_gather_object(needs, sorted(set(need) & data), group=self.group)
         wants: list[set[str]] = [set() for _ in node_map.nodes]
         for node, names in zip(node_map.node_of, needs):
-            if node is not None:  # a rank without a local tier reads from the bucket
+            if node is not None:  # a rank without a local tier reads from the root
                 wants[node].update(names)
         mine = wants[node_map.node] if node_map.node is not None else set()
         return self._exchange(step, manifest, self._gather_holds(step, manifest, mine), wants)
@@ -208,6 +210,22 @@ class PeerTier:
             return [note], None
         return [], None
 
+    def committed(self, root: Store, step: int) -> Committed | None:
+        """The committed ``step`` as opened, what rank 0 hands ``after_save``: from this
+        node's tier copy when it has one (the coordinator's does; a local-only step has no
+        other), else from ``root``; None if neither opens. Never raises: rank 0 hands what
+        it gets to every rank's collective."""
+        for where in ("tier", "root"):
+            try:
+                if where == "root":
+                    return open_committed(root.child(step_name(step)))
+                local = self.tier.step(step)
+                if local is not None:
+                    return open_committed(local)
+            except Exception as exc:  # noqa: BLE001 - None is the answer: nothing replicated
+                log.debug("step %d's manifest not read from the %s copy: %s", step, where, exc)
+        return None
+
     def _over_limit(self, over: tuple[tuple[int, int], ...], root_url: str) -> ConfigError:
         """The error for the nodes whose local tier cannot hold a step within ``limit``."""
         keys = self.nodes.get().nodes
@@ -225,13 +243,13 @@ class PeerTier:
         """This node's leader: the oldest steps of this job's directory of its tier besides
         ``step`` deleted until the node's peak (``peaks``) fits within ``limit`` beside
         them and everything else the tier holds (other jobs' copies are counted, never
-        deleted: ``engine.local_tier.evict_for``)."""
+        deleted: ``tier.rules.evict_for``)."""
         node_map = self.nodes.get()
         if not node_map.is_leader or node_map.node is None or self.limit is None:
             return
-        assert self.tier.path is not None and self.tier.job is not None
-        tier = LocalStore(self.tier.path)
-        for name in evict_for(tier, self.tier.job, step, peaks[node_map.node], self.limit):
+        assert self.tier.spec is not None
+        spec = self.tier.spec
+        for name in evict_for(spec.store(), spec.job, step, peaks[node_map.node], self.limit):
             log.info(
                 "evicted %s from %s: the local tier keeps step %d within tier_limit=%d",
                 name, self.tier.path, step, self.limit,
@@ -401,22 +419,6 @@ class PeerTier:
             ahead = sent / self.rate - (time.monotonic() - start)
             if ahead > 0:
                 time.sleep(ahead)
-
-
-def committed_step(root: Store, tier: TierDir, step: int) -> Committed | None:
-    """The committed ``step`` as opened: from this node's local copy when it has one (the
-    coordinator's does; a local-only step has no other), else from ``root``; None if
-    neither opens. Never raises: rank 0 hands what it gets to every rank's collective."""
-    for where in ("local", "root"):
-        try:
-            if where == "root":
-                return open_committed(root.child(step_name(step)))
-            local = tier.step(step)
-            if local is not None:
-                return open_committed(local)
-        except Exception as exc:  # noqa: BLE001 - None is the answer: nothing is replicated
-            log.debug("step %d's manifest not read from the %s copy: %s", step, where, exc)
-    return None
 
 
 def _sizes(manifest: Manifest) -> dict[str, int]:

@@ -1,8 +1,8 @@
 """One file of the peer tier on the wire: the sending end and the receiving end.
 
-``manager.peer_tier`` pairs them round by round. A file travels as ``chunks(copy)``
+``tier.peers`` pairs them round by round. A file travels as ``chunks(copy)``
 messages of at most ``CHUNK`` bytes (the memory each end holds). Both ends are this job's
-directory of their node's local tier (``manager.tier_dir``: its stamp checked when the
+directory of their node's local tier (``tier.local``: its stamp checked when the
 copy starts, the receiver's made with its stamp if absent). The sender always sends
 exactly the size the plan says, zeros past what it can read; the receiver writes into a
 temp file of its step directory (the local store's own multipart upload, resolved from
@@ -20,9 +20,9 @@ import torch
 
 from ckptstore.engine.checksum import crc32c
 from ckptstore.engine.manifest import Manifest
-from ckptstore.engine.replicas import Copy
 from ckptstore.engine.store import Multipart, Part, Store
 from ckptstore.errors import CkptStoreError
+from ckptstore.tier.replicas import Copy
 
 __all__ = ["CHUNK", "Incoming", "Outgoing", "chunks"]
 
