@@ -7,7 +7,7 @@ per-rank layout, named ``__<rank>_<i>.<attempt>.distcp`` with an id per rank and
 so no two saves (overwrites of a step included, or a zombie of an earlier job) ever
 touch each other's files, and nothing DCP caches across saves holds an id. A
 ``WriteSchedule`` (``dcp.schedule``) given at construction decides the grouping and
-order of a rank's files; ``TierWriter`` (``tier.writer``) changes where they go through
+order of a rank's files; ``TierWriter`` (``tier.tier_writer``) changes where they go through
 the protected hooks listed in the class docstring; how one file's items are serialised is
 ``dcp.shard_file``'s. Writers pickle (``dcp.async_save``
 with the process executor sends them to a subprocess): the store and engine are

@@ -42,7 +42,7 @@ from ckptstore.manager.saving.process_backend import ProcessBackend
 from ckptstore.manager.saving.shared_stager import SharedStager
 from ckptstore.manager.saving.writer_process import BackgroundWriter
 from ckptstore.stores import open_store
-from ckptstore.tier.local import LocalTier
+from ckptstore.tier.local_tier import LocalTier
 
 __all__ = ["CheckpointManager", "MANIFEST_TIMINGS", "SaveRecord", "SaveStatus"]
 

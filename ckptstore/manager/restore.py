@@ -48,7 +48,7 @@ from ckptstore.errors import (
 from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.opened import Opened
 from ckptstore.manager.state import RNGState
-from ckptstore.tier.local import LocalTier
+from ckptstore.tier.local_tier import LocalTier
 from ckptstore.tier.view import TierView, from_peers, where_from
 
 __all__ = ["StepLoader"]

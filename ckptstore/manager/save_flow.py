@@ -44,7 +44,7 @@ from ckptstore.manager.records import SaveRecord, SaveStatus
 from ckptstore.manager.report import report
 from ckptstore.manager.saving.backend import SaveBackend
 from ckptstore.manager.step_guard import StepGuard
-from ckptstore.tier.local import LocalTier
+from ckptstore.tier.local_tier import LocalTier
 
 __all__ = ["SaveFlow"]
 

@@ -1,6 +1,6 @@
 """The local tier: a node's own disk where a job keeps fresh copies of its steps.
 
-One object, ``LocalTier`` (``tier.local``), built once by the manager from its options,
+One object, ``LocalTier`` (``tier.local_tier``), built once by the manager from its options,
 the root and the run id, holds all of it: its store (this job's directory of each node's
 tier), its keep rules and cadences, its nodes and peers; it is what the save, the trim,
 the replication and the restore are handed. Its parts, one concern each:

@@ -119,7 +119,7 @@ class TierJob:
 class TierSpec:
     """Where one job's copies lie on a node: the tier's directory (``local_tier_dir``) and
     the job. Small, frozen and picklable: what ``LocalTier.spec`` hands the save step, in
-    the save thread or the writer process (``tier.writer.TierWriter``)."""
+    the save thread or the writer process (``tier.tier_writer.TierWriter``)."""
 
     path: str
     job: TierJob

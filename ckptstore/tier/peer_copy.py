@@ -2,7 +2,7 @@
 
 ``tier.peers`` pairs them round by round. A file travels as ``chunks(copy)``
 messages of at most ``CHUNK`` bytes (the memory each end holds). Both ends are this job's
-directory of their node's local tier (``tier.local``: its stamp checked when the
+directory of their node's local tier (``tier.local_tier``: its stamp checked when the
 copy starts, the receiver's made with its stamp if absent). The sender always sends
 exactly the size the plan says, zeros past what it can read; the receiver writes into a
 temp file of its step directory (the local store's own multipart upload, resolved from

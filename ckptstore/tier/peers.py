@@ -10,7 +10,7 @@ each file a node's ranks read and the node lacks is sent by a node that holds it
 sharded state moves only the shards each node loads); what no node holds is read from the
 root as before (``tier.view``). A received file is kept
 only when its size and CRC32C are the manifest's (``tier.peer_copy``). Every node sends
-from and receives into this job's directory of its local tier alone (``tier.local``:
+from and receives into this job's directory of its local tier alone (``tier.local_tier``:
 its stamp names this root and run), so another job's copies are never sent, replaced or
 evicted. A step saved to
 the local tier alone has no copy in the root: its marker, manifest and ``.metadata`` go to
@@ -57,7 +57,7 @@ from ckptstore.tier.replicas import (
 from ckptstore.tier.rules import evict_for, local_files
 
 if TYPE_CHECKING:
-    from ckptstore.tier.local import LocalTier, Nodes
+    from ckptstore.tier.local_tier import LocalTier, Nodes
 
 __all__ = ["CHUNK", "PeerTier", "PeerReport"]
 

@@ -1,7 +1,7 @@
 """The local tier's rules, in one place: what a node keeps, and what a restore trusts.
 
 The local tier (``local_tier_dir``) holds each save's shard files, written there and
-uploaded to the root at once (``tier.writer``), as tier copies a restore can read.
+uploaded to the root at once (``tier.tier_writer``), as tier copies a restore can read.
 Keeping: after a save each node keeps the newest ``keep_local`` of the steps the root keeps
 (``local_tier_keeps``, decided once, by rank 0) and deletes the older ones
 (``local_tier_deletions``, ``trim_local_tier``; ``keep_newest`` for a ``TierWriter`` used

@@ -170,7 +170,7 @@ def test_damaged_steps_neither_count_nor_go(tmp_path) -> None:
 
 # -- local_tier_dir overlapping the root -----------------------------------------------------
 def test_a_local_tier_overlapping_the_root_is_a_config_error(tmp_path) -> None:
-    from ckptstore.tier.writer import TierWriter
+    from ckptstore.tier.tier_writer import TierWriter
 
     root = str(tmp_path / "root")
     for staging in (root, os.path.join(root, "nvme"), str(tmp_path), root + "/"):

@@ -144,7 +144,7 @@ def test_a_foreign_step_entry_in_the_local_tier_changes_nothing(tmp_path, kind) 
 
 
 def test_a_failure_after_the_marker_is_a_warning_not_a_failed_save(tmp_path, monkeypatch):
-    from ckptstore.tier.writer import TierWriter
+    from ckptstore.tier.tier_writer import TierWriter
 
     def broken(self):
         raise OSError("injected: the local tier cannot be trimmed")

@@ -14,7 +14,7 @@ import torch
 import ckptstore
 from ckptstore.engine.committed import open_committed
 from ckptstore.stores import open_store
-from ckptstore.tier.writer import TierWriter
+from ckptstore.tier.tier_writer import TierWriter
 from harness.dist import run_distributed
 
 pytestmark = [

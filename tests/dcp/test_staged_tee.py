@@ -10,7 +10,7 @@ from ckptstore.errors import StoreAccessError
 from ckptstore.stores.local import LocalStore
 from ckptstore.testing.faults import Fault, FaultyStore
 from ckptstore.tier.rules import local_copy_matches
-from ckptstore.tier.writer import TierWriter
+from ckptstore.tier.tier_writer import TierWriter
 
 FAST = RetryConfig(attempts=2, base_backoff_s=0.01, max_backoff_s=0.02, deadline_s=10)
 PART = 64 * 1024

@@ -46,7 +46,7 @@ class Backend:
 
             return FileSystemWriter(self.url(name), overwrite=overwrite)
         if local_tier_dir is not None:
-            from ckptstore.tier.writer import TierWriter
+            from ckptstore.tier.tier_writer import TierWriter
 
             return TierWriter(
                 self.url(name),

@@ -52,7 +52,9 @@ def test_a_bad_value_is_refused_when_the_options_are_made(keywords, message) -> 
 def test_an_old_keyword_still_works_and_warns_naming_the_new_one(old, new, value) -> None:
     """For one minor version an old keyword is its new one, with a DeprecationWarning;
     given beside the new one it is refused."""
-    with pytest.warns(DeprecationWarning, match=f"keyword {old}= is deprecated .* pass {new}=") as caught:
+    with pytest.warns(
+        DeprecationWarning, match=f"keyword {old}= is deprecated .* pass {new}="
+    ) as caught:
         options = ManagerOptions.from_keywords(**{old: value})
     assert getattr(options, new) == value and len(caught) == 1
     with pytest.raises(ConfigError, match=f"pass {new}=... alone: '{old}' is its old name"):
@@ -60,7 +62,9 @@ def test_an_old_keyword_still_works_and_warns_naming_the_new_one(old, new, value
 
 
 def test_remote_every_still_works_on_the_options_value() -> None:
-    with pytest.warns(DeprecationWarning, match="keyword remote_every= is deprecated .* pass root_every=") as w:
+    with pytest.warns(
+        DeprecationWarning, match="keyword remote_every= is deprecated .* pass root_every="
+    ) as w:
         options = ManagerOptions(remote_every=4)
     assert options.root_every == 4 and w[0].filename == __file__
     assert "remote_every" not in {f.name for f in dataclasses.fields(ManagerOptions)}

@@ -20,7 +20,7 @@ from ckptstore.engine.transfer import TransferEngine
 from ckptstore.errors import ConfigError
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.tier.jobs import TierJob, TierSpec
-from ckptstore.tier.local import LocalTier
+from ckptstore.tier.local_tier import LocalTier
 
 
 @pytest.fixture

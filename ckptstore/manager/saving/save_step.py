@@ -31,7 +31,7 @@ from ckptstore.errors import CkptStoreError
 from ckptstore.manager.options import SaveOptions
 from ckptstore.manager.saving.write_order import InRounds, LiveFirst, Refusing, Rounds
 from ckptstore.tier.rules import LOCAL_ONLY
-from ckptstore.tier.writer import TierWriter
+from ckptstore.tier.tier_writer import TierWriter
 
 __all__ = ["CachedPlanner", "save_step"]
 

@@ -4,7 +4,7 @@ Other jobs may share the node's ``local_tier_dir``. This job's copies live in a 
 of their own there (``tier.jobs``: named by a hash of the root and run, and stamped with
 both), used only once its stamp has been read and found to be this job's. The manager
 builds one ``LocalTier`` from its options; the save step (``spec``, rebuilt into a
-``tier.writer.TierWriter``), the trim (``after_save``), the replication (``peers``) and
+``tier.tier_writer.TierWriter``), the trim (``after_save``), the replication (``peers``) and
 the restore's loader (``newest_local_only``, ``whole_copy``, ``files_of``) reach the
 tier through it alone; none of them ever looks at another job's directory or at the
 older layout's step directories. The rules it applies (what a node keeps, what a restore
@@ -99,7 +99,7 @@ class LocalTier:
                                        # directory overlaps the root
         tier.spec                      # picklable (TierSpec): what the save step gets, in
                                        # the save thread or the writer process, and turns
-                                       # into a TierWriter (``tier.writer``) there
+                                       # into a TierWriter (``tier.tier_writer``) there
         tier.where(step)               # "root", "local" (this tier alone) or None: the
                                        # cadences ``root_every`` / ``local_every``
         job = tier.open(create=True)   # where a save writes: made with its stamp if absent;
