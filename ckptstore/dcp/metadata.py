@@ -34,6 +34,13 @@ every supported torch, with stock readers too.
 
 :func:`~ckptstore.dcp.metadata_bounds.check_metadata` then checks every stored item
 against the files it lives in.
+
+At a save, :func:`build_indexes` makes both indexes a step commits besides its shard files
+from every rank's ``WriteResult`` (each one's ``storage_data`` an ``ItemInfo``,
+``dcp.encoding``): ckptstore's ``Manifest`` (files with their sizes and CRC32Cs, one range
+per item, for verified reads and ``ckptstore-tool``) and DCP's stock ``Metadata``,
+pickled by :func:`dump_metadata`, with a stock ``_StorageInfo`` per item, so stock readers
+load the checkpoint too.
 """
 
 from __future__ import annotations
@@ -57,7 +64,9 @@ from torch.distributed.checkpoint.metadata import (
     TensorProperties,
     TensorStorageMetadata,
 )
+from torch.distributed.checkpoint.storage import WriteResult
 
+from ckptstore.dcp.encoding import ItemInfo
 from ckptstore.dcp.metadata_checks import (
     DAMAGED,
     MAX_STRIDE,
@@ -66,10 +75,11 @@ from ckptstore.dcp.metadata_checks import (
     is_int,
     validate,
 )
-from ckptstore.engine.manifest import version_text
+from ckptstore.engine.codecs import Codec
+from ckptstore.engine.manifest import FileEntry, Manifest, RangeEntry, version_text
 from ckptstore.errors import CorruptCheckpointError, NewerFormatError, torch_name
 
-__all__ = ["StorageInfo", "dump_metadata", "load_metadata"]
+__all__ = ["StorageInfo", "build_indexes", "dump_metadata", "load_metadata"]
 
 _MAX_NDIM = 64  # torch's own limit on tensor dimensions
 _MAX_PATH = 4096
@@ -243,3 +253,61 @@ def dump_metadata(metadata: Metadata) -> bytes:
     pickler.dispatch_table = {**copyreg.dispatch_table, TensorProperties: reduce}
     pickler.dump(metadata)
     return buf.getvalue()
+
+
+# -- building both indexes at a save -----------------------------------------------------
+def build_indexes(
+    metadata: Metadata,
+    results: list[list[WriteResult]],
+    *,
+    step: int | None,
+    codec: Codec,
+    extra: dict[str, Any],
+    storage_meta: StorageMeta | None,
+) -> tuple[Manifest, bytes]:
+    """The manifest and pickled stock ``Metadata`` (with stock ``_StorageInfo`` entries).
+
+    ``metadata`` gets its ``storage_data`` and ``storage_meta`` set; ``extra`` is copied
+    into the manifest's.
+    """
+    manifest = Manifest(
+        step=step,
+        world_size=len(results),
+        codec=codec.name,
+        codec_version=codec.version,
+        torch_version=torch.__version__,
+        ckptstore_version=_version(),
+        extra=dict(extra),
+    )
+    storage_md = {}
+    transform = codec.dcp_transform
+    for rank_results in results:
+        for wr in rank_results:
+            info: ItemInfo = wr.storage_data
+            storage_md[wr.index] = StorageInfo(
+                info.relative_path,
+                info.offset,
+                info.length,
+                transform_descriptors=[transform] if transform is not None else None,
+            )
+            manifest.files[info.relative_path] = FileEntry(info.file_size, info.file_crc32c)
+            manifest.ranges.append(
+                RangeEntry(
+                    info.relative_path,
+                    info.offset,
+                    info.length,
+                    info.crc32c,
+                    key=f"{wr.index.fqn}@{','.join(map(str, wr.index.offset or ()))}",
+                    raw_length=None if codec.identity else info.raw_length,
+                    span=info.span,
+                )
+            )
+    metadata.storage_data = storage_md
+    metadata.storage_meta = storage_meta
+    return manifest, dump_metadata(metadata)
+
+
+def _version() -> str:
+    from ckptstore._version import __version__
+
+    return __version__

@@ -30,7 +30,7 @@ from torch.futures import Future
 
 from ckptstore.config import TransferConfig, WriterOptions
 from ckptstore.dcp.encoding import ItemInfo
-from ckptstore.dcp.indexes import build_indexes
+from ckptstore.dcp.metadata import build_indexes
 from ckptstore.dcp.schedule import PlainSchedule, WriteSchedule
 from ckptstore.dcp.shard_file import write_items
 from ckptstore.dcp.storebound import StoreBound
@@ -338,8 +338,8 @@ class CkptWriter(StoreBound, StorageWriter):
         ]
 
     def finish(self, metadata: Metadata, results: list[list[WriteResult]]) -> None:
-        """Commit (coordinator only): manifest, ``.metadata`` (``dcp.indexes``), then the
-        ``COMMITTED`` marker.
+        """Commit (coordinator only): manifest, ``.metadata``
+        (``dcp.metadata.build_indexes``), then the ``COMMITTED`` marker.
 
         See ``engine.commit.commit``. The marker is create-only unless ``overwrite``: one
         already there raises ``CommitConflictError`` (this attempt's files are removed).

@@ -12,20 +12,34 @@ NUL and other control characters, backslashes (``a\..\b`` is a traversal on Wind
 on some servers), and a name that is not a ``str``. A *prefix* (``find``, ``listdir``,
 ``child``...) may be empty (the root itself) and may end with one ``/``.
 
-``Store`` applies it to every path-taking method of every store (see
-``ckptstore.engine.store``), so a new store is contained without writing a line; the volume
-store adds symlink checks of its own (a link is never followed below the root).
+``Store.__init_subclass__`` calls :func:`guard_class` on every subclass, so the first
+argument of each path-taking method (an object name, a prefix, a ``Multipart``, an
+iterable of names, or of ``(name, data)`` items) is checked before the store's own code
+runs: nothing unsafe is read, written or deleted, and a new store is contained without
+writing a line, including methods it takes from a mixin. The volume store resolves every
+path from the root's descriptor besides (a link is never followed below the root).
 
-Pure functions; no I/O.
+No I/O.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable, Iterable
+from typing import Any
 
 from ckptstore.errors import UnsafePathError
 
-__all__ = ["check_name", "check_prefix", "is_safe_name"]
+__all__ = [
+    "check_name",
+    "check_prefix",
+    "is_safe_name",
+    "guard_class",
+    "NAME_METHODS",
+    "PREFIX_METHODS",
+    "UPLOAD_METHODS",
+]
 
 _BAD_CHARS = re.compile(r"[\x00-\x1f\x7f\\]")
 
@@ -76,3 +90,84 @@ def check_prefix(prefix: str, root: str) -> str:
             "must be relative, normalised and stay inside it."
         )
     return prefix[:-1] if prefix.endswith("/") else prefix
+
+
+# -- the guard every store gets ----------------------------------------------------------
+#: Store methods whose first argument is an object name / a prefix / a Multipart.
+NAME_METHODS = ("put", "put_if_absent", "get", "get_into", "size", "exists", "delete")
+NAME_METHODS_MP = ("begin_multipart",)
+PREFIX_METHODS = (
+    "child",
+    "find",
+    "listdir",
+    "scan",
+    "delete_prefix",
+    "list_multipart",
+    "remove_empty_dirs",
+)
+UPLOAD_METHODS = ("put_part", "put_part_buffers", "complete_multipart", "abort_multipart")
+
+
+def _guarded(fn: Callable[..., Any], kind: str) -> Callable[..., Any]:
+    """``fn`` with its first argument checked by ``ckptstore.engine.paths``."""
+    if getattr(fn, "_ckptstore_guarded", False):
+        return fn
+
+    if kind == "name":
+
+        @functools.wraps(fn)
+        def wrapper(self: Any, path: str, *args: Any, **kwargs: Any) -> Any:
+            return fn(self, check_name(path, self.url), *args, **kwargs)
+
+    elif kind == "prefix":
+
+        @functools.wraps(fn)
+        def wrapper(self: Any, prefix: str = "", *args: Any, **kwargs: Any) -> Any:
+            return fn(self, check_prefix(prefix, self.url), *args, **kwargs)
+
+    elif kind == "names":
+
+        @functools.wraps(fn)
+        def wrapper(self: Any, paths: Iterable[str], *args: Any, **kwargs: Any) -> Any:
+            return fn(self, [check_name(p, self.url) for p in paths], *args, **kwargs)
+
+    elif kind == "pair":  # copy(src, dst): both are names
+
+        @functools.wraps(fn)
+        def wrapper(self: Any, src: str, dst: str, *args: Any, **kwargs: Any) -> Any:
+            return fn(self, check_name(src, self.url), check_name(dst, self.url), *args, **kwargs)
+
+    elif kind == "items":
+
+        @functools.wraps(fn)
+        def wrapper(self: Any, items: Iterable[Any], *args: Any, **kwargs: Any) -> Any:
+            checked = [(check_name(p, self.url), data) for p, data in items]
+            return fn(self, checked, *args, **kwargs)
+
+    else:
+
+        @functools.wraps(fn)
+        def wrapper(self: Any, upload: Any, *args: Any, **kwargs: Any) -> Any:
+            check_name(upload.path, self.url)
+            return fn(self, upload, *args, **kwargs)
+
+    wrapper._ckptstore_guarded = True  # type: ignore[attr-defined]
+    return wrapper
+
+
+def guard_class(cls: type) -> None:
+    """Wrap every path-taking method of ``cls`` not wrapped yet: its own, and ones it
+    inherits from a class that is not a store (a mixin), found along the MRO."""
+    groups = (
+        (NAME_METHODS + NAME_METHODS_MP, "name"),
+        (PREFIX_METHODS, "prefix"),
+        (UPLOAD_METHODS, "upload"),
+        (("delete_many",), "names"),
+        (("put_many",), "items"),
+        (("copy",), "pair"),
+    )
+    for names, kind in groups:
+        for name in names:
+            fn = next((k.__dict__[name] for k in cls.__mro__ if name in k.__dict__), None)
+            if callable(fn) and not getattr(fn, "_ckptstore_guarded", False):
+                setattr(cls, name, _guarded(fn, kind))

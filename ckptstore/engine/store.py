@@ -21,7 +21,7 @@ from typing import Any
 
 from ckptstore.config import RetryConfig
 from ckptstore.engine import create_only, emulated
-from ckptstore.engine.store_guard import guard_class
+from ckptstore.engine.paths import guard_class
 from ckptstore.errors import ConfigError, StoreNotFoundError
 from ckptstore.redact import remember
 
@@ -186,7 +186,7 @@ class Store(abc.ABC):
     ``CommitConflictError`` (``put_if_absent`` lost), ``UnsafePathError`` (containment).
 
     Containment: every path-taking method of every subclass is wrapped when the class is
-    defined (``engine.store_guard``), so its path, prefix or ``Multipart.path`` is checked by
+    defined (``engine.paths.guard_class``), so its path, prefix or ``Multipart.path`` is checked by
     ``ckptstore.engine.paths`` before the store's own code runs: an absolute name, a ``..``
     segment, NUL or backslash raises ``UnsafePathError`` and nothing is read, written or
     deleted. Stores with links of their own (volumes) also refuse to follow a symlink below

@@ -33,8 +33,7 @@ from ckptstore.manager.agreement import Agreement
 from ckptstore.manager.failures import FailureLog, interrupted
 from ckptstore.manager.options import ManagerOptions, SaveOptions
 from ckptstore.manager.ownership import RootOwner, describe_run, run_of
-from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus
-from ckptstore.manager.report import report
+from ckptstore.manager.records import MANIFEST_TIMINGS, SaveRecord, SaveStatus, report
 from ckptstore.manager.restore import StepLoader
 from ckptstore.manager.save_flow import SaveFlow
 from ckptstore.manager.saving.backend import make_backend

@@ -40,8 +40,7 @@ from ckptstore.manager.failures import FailureLog
 from ckptstore.manager.options import ManagerOptions
 from ckptstore.manager.ownership import RootOwner, describe_run, run_of
 from ckptstore.manager.prune import apply_prune, plan_prune
-from ckptstore.manager.records import SaveRecord, SaveStatus
-from ckptstore.manager.report import report
+from ckptstore.manager.records import SaveRecord, SaveStatus, report
 from ckptstore.manager.saving.backend import SaveBackend
 from ckptstore.manager.step_guard import StepGuard
 from ckptstore.tier.local_tier import LocalTier
