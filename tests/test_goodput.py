@@ -546,7 +546,7 @@ def test_worked_sweep_binding_limits_and_crossovers() -> None:
     # Restores: rank 0 alone reads the 3 small objects, so the step's own prefix sees 3 GETs
     # at any GPU count; spread at 10k: 40 ranks x 60 GETs per sub-prefix, and each rank's own
     # 2 GB at 2 GB/s binds.
-    r = points[(10_000, "spread")].restore_remote
+    r = points[(10_000, "spread")].restore_root
     assert r.binding == Limit.PER_RANK_BANDWIDTH and r.seconds == pytest.approx(1.0)
     assert r.hottest_prefix == "shard" and r.hottest_prefix_requests == 40 * 60
     assert r.requests == 10_000 * 60 + 3
@@ -620,7 +620,7 @@ def test_costs() -> None:
     p = project(FIG, Cluster(), 1_000, "spread", keep_last=2, prices=prices)
     assert p.checkpoint_gb == pytest.approx(2_000)
     assert p.cost.per_save == pytest.approx(p.save.requests / 1000 * 0.005)
-    assert p.cost.per_restore == pytest.approx(p.restore_remote.requests / 1000 * 0.0004)
+    assert p.cost.per_restore == pytest.approx(p.restore_root.requests / 1000 * 0.0004)
     assert p.cost.storage_month == pytest.approx(2 * 2_000 * 0.023)
     assert p.cost.blocking_month == pytest.approx(1.5 * p.saves_per_month * 1_000 / 3600 * 2)
     total = p.cost.storage_month + p.cost.requests_month + p.cost.blocking_month
@@ -636,7 +636,7 @@ def test_monotone_in_gpus(fig: RankFigures, cluster: Cluster, a: int, b: int) ->
     for lay in LAYOUTS:
         p, q = project(fig, cluster, lo, lay), project(fig, cluster, hi, lay)
         assert q.save.seconds >= p.save.seconds and q.blocking_s >= p.blocking_s
-        assert q.restore_remote.seconds >= p.restore_remote.seconds
+        assert q.restore_root.seconds >= p.restore_root.seconds
         assert q.save.requests >= p.save.requests
         assert q.save.hottest_prefix_requests >= p.save.hottest_prefix_requests
         assert q.checkpoint_gb >= p.checkpoint_gb

@@ -1,4 +1,4 @@
-"""Restore from the node-local tier vs from the remote store, on a shaped link.
+"""Restore from the local tier vs from the remote store, on a shaped link.
 
     python -m benchmarks.checkpoint.restore_tier            # 512 MiB, 2 gloo ranks, 5 repeats
     python -m benchmarks.checkpoint.restore_tier --quick    # 128 MiB, 3 repeats

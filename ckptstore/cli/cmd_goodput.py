@@ -87,7 +87,7 @@ def add_parser(sub: Any, common: Any) -> None:
         "--staging-copies", type=float, default=2.0, help="checkpoint copies on NVMe (2)"
     )
     peers = p.add_argument_group(
-        "a peer tier (optional): node-local saves with peer replicas, beside the bucket's"
+        "a peer tier (optional): local-tier saves with peer replicas, beside the bucket's"
     )
     peers.add_argument(
         "--peer-interval-min", type=float, metavar="M", help="training minutes between its saves"

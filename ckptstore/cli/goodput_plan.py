@@ -119,7 +119,7 @@ def add_plan_arguments(p: Any) -> None:
     g.add_argument("--store-gb-s", type=float, help="store's aggregate bandwidth cap (none)")
     g.add_argument("--put-per-prefix", type=float, default=3500.0, help="PUT/s per prefix")
     g.add_argument("--get-per-prefix", type=float, default=5500.0, help="GET/s per prefix")
-    g.add_argument("--local-gb-s", type=float, help="node-local tier read GB/s (no local row)")
+    g.add_argument("--local-gb-s", type=float, help="local tier read GB/s (no local row)")
     g.add_argument("--put-per-1k", type=float, help="price of 1,000 PUT requests")
     g.add_argument("--get-per-1k", type=float, help="price of 1,000 GET requests")
 
@@ -306,21 +306,21 @@ def _rows(a: ScalePoint, b: ScalePoint, fmt: Any, cur: str) -> list[list[str]]:
             b.save.prefix_rate,
             f"1/s (limit {fmt(a.save.prefix_limit)})",
         ),
-        ("Restore from the store", a.restore_remote.seconds, b.restore_remote.seconds, "s"),
-        ("Restore bound by", str(a.restore_remote.binding), str(b.restore_remote.binding), ""),
+        ("Restore from the root", a.restore_root.seconds, b.restore_root.seconds, "s"),
+        ("Restore bound by", str(a.restore_root.binding), str(b.restore_root.binding), ""),
         (
             "Hottest prefix (restore)",
-            a.restore_remote.hottest_prefix,
-            b.restore_remote.hottest_prefix,
+            a.restore_root.hottest_prefix,
+            b.restore_root.hottest_prefix,
             "",
         ),
         (
             "GET rate on the hottest prefix",
-            a.restore_remote.prefix_rate,
-            b.restore_remote.prefix_rate,
-            f"1/s (limit {fmt(a.restore_remote.prefix_limit)})",
+            a.restore_root.prefix_rate,
+            b.restore_root.prefix_rate,
+            f"1/s (limit {fmt(a.restore_root.prefix_limit)})",
         ),
-        ("Restore from the node-local tier", a.restore_local_s, b.restore_local_s, "s"),
+        ("Restore from the local tier", a.restore_local_s, b.restore_local_s, "s"),
         ("Request cost per save", a.cost.per_save, b.cost.per_save, cur),
         ("Request cost per restore", a.cost.per_restore, b.cost.per_restore, cur),
         ("Storage per month", a.cost.storage_month, b.cost.storage_month, cur),

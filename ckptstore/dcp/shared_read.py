@@ -151,12 +151,12 @@ def _start(
         groups.setdefault((load.plan.owners[key], load.plan.needers[key]), []).append(key)
     nodes, node, out = load.nodes, load.nodes.node[load.rank], _Batch()
     for j, ((owner, needers), keys) in enumerate(groups.items()):
-        remote_holders = [
+        other_holders = [
             n
             for n in {nodes.node[r] for r in needers}
             if nodes.node[owner] != n and nodes.segment(needers, n)
         ]
-        out.barrier = out.barrier or bool(remote_holders)
+        out.barrier = out.barrier or bool(other_holders)
         if load.rank not in needers:  # the owner is one of the ranks that need the range
             continue
         size = sum(k[2] for k in keys)

@@ -135,7 +135,7 @@ class CkptWriter(StoreBound, StorageWriter):
     ) -> None:
         super().__init__()
         #: False: the destination holds only the coordinator's node's files (a save to
-        #: node-local tiers), so the commit does not check that every file is there.
+        #: local tiers), so the commit does not check that every file is there.
         self.check_files = check_files
         if options is None:  # the defaults, with the engine's transfer settings if given
             options = WriterOptions(transfer=engine.config if engine else TransferConfig())

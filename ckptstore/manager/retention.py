@@ -7,7 +7,7 @@ A policy only says which steps it *keeps*; :func:`select_deletions` is the one p
 turns that into deletions, and it never deletes the newest committed step or a protected one
 (a save in flight, a checkpoint being restored), whatever the policy says. Pure functions:
 no I/O, shared by ``ckptstore-tool gc`` and the checkpoint manager.
-The node-local tiers follow one decision too: see ``tier.rules``.
+The local tiers follow one decision too: see ``tier.rules``.
 """
 
 from __future__ import annotations

@@ -60,9 +60,9 @@ class GoodputInputs:
     Cost-account fields: ``checkpoint_gb`` (one whole checkpoint; None, the default, when
     unknown: the storage, transfer and staging-disk items are then None), ``keep_last`` (retention),
     ``gpus_per_node``, ``data_cache_gb`` (local dataset cache per node) and ``staging_copies``
-    (checkpoint copies staged on local NVMe per node, each the node's even share).
+    (tier copies on local NVMe per node, each the node's even share).
 
-    A second, faster tier (the node-local tier with peer replicas): ``peer_interval_min``
+    A second, faster tier (the local tier with peer replicas): ``peer_interval_min``
     (training minutes between its saves; None: no such tier), ``peer_share`` (the fraction
     of failures it survives: worker crashes, and node losses that leave every shard on a
     surviving peer), ``peer_restart_min`` (a restart from it; default ``restart_min``).

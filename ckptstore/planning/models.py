@@ -133,18 +133,18 @@ def two_tier_goodput(
     rate: float,
     share: float,
     local_tau: float,
-    remote_tau: float,
+    root_tau: float,
     cost: float,
     local_restart: float,
-    remote_restart: float,
+    root_restart: float,
 ) -> float:
     """First-order goodput of two checkpoint tiers (multi-level, as in SCR: Moody et al.).
 
-    A fast tier (node-local with peer replicas) every ``local_tau`` hours and the
-    bucket every ``remote_tau``; a failure is survived by the fast tier with probability
+    A fast tier (the local tier with peer replicas) every ``local_tau`` hours and the
+    bucket every ``root_tau``; a failure is survived by the fast tier with probability
     ``share`` (a worker crash, or fewer nodes lost than there are replicas) and needs the
     bucket otherwise. Each save blocks ``cost`` hours (the staging copy, whichever tier it
-    goes to), a restart takes ``local_restart`` or ``remote_restart`` hours::
+    goes to), a restart takes ``local_restart`` or ``root_restart`` hours::
 
         goodput = 1 - C / tau_L
                     - lam * (share * (tau_L / 2 + R_L) + (1 - share) * (tau_R / 2 + R_R))
@@ -156,6 +156,6 @@ def two_tier_goodput(
     if local_tau <= 0:
         return 0.0 if cost > 0 else 1.0
     rework = share * (local_tau / 2.0 + local_restart) + (1.0 - share) * (
-        remote_tau / 2.0 + remote_restart
+        root_tau / 2.0 + root_restart
     )
     return min(1.0, max(0.0, 1.0 - cost / local_tau - rate * rework))

@@ -99,7 +99,7 @@ class ScalePoint:
     checkpoint_gb: float
     blocking_s: float
     save: Phase
-    restore_remote: Phase
+    restore_root: Phase
     restore_local_s: float | None
     saves_per_month: float
     cost: ScaleCost
@@ -182,7 +182,7 @@ def save_phase(fig: RankFigures, cluster: Cluster, gpus: int, layout: str) -> Ph
 
 
 def restore_phase(fig: RankFigures, cluster: Cluster, gpus: int, layout: str) -> Phase:
-    """Time for every rank to read its shard back from the remote store."""
+    """Time for every rank to read its shard back from the root."""
     return _phase(
         fig,
         cluster,
@@ -197,7 +197,7 @@ def restore_phase(fig: RankFigures, cluster: Cluster, gpus: int, layout: str) ->
 
 
 def local_restore_s(fig: RankFigures, cluster: Cluster, gpus: int) -> float | None:
-    """Restore time from the node-local tier (None without ``local_gb_s``): the node's shards
+    """Restore time from the local tier (None without ``local_gb_s``): the node's shards
     over its local bandwidth, at most each rank's read throughput, and at least the time the
     step's prefix takes to answer the marker checks (rank 0's small-object GETs, plus any
     per-rank ones)."""
@@ -269,12 +269,12 @@ def project(
       its busiest sub-prefix holds 7 ranks of 1,000 (not 4), 47 of 10,000 (not 40) and 406 of
       100,000 (not 391), so spread's shard-prefix times are up to that much optimistic. The
       step's own prefix (commit objects, metadata reads) is one prefix in both layouts.
-    * **Restore.** From the remote store every rank reads its shard; from the node-local tier
-      (the staged writer's local copy) each node reads its ranks' shards from local disk at
+    * **Restore.** From the root every rank reads its shard; from the local tier
+      (the tier copy the tier writer made) each node reads its ranks' shards from local disk at
       ``local_gb_s``, still at most the per-rank read throughput, after every rank has compared
-      its local marker with the remote one: the one rank 0 read (``meta_gets_per_restore``) and
+      its tier copy's marker with the root's: the one rank 0 read (``meta_gets_per_restore``) and
       broadcast by default, or ``local_check_gets_per_rank`` GETs per rank on the step's prefix
-      where each rank reads the remote marker itself.
+      where each rank reads the root's marker itself.
     """
     check("scale", "interval_min", interval_min, positive=True)
     check("scale", "keep_last", keep_last, whole=True)
@@ -308,7 +308,7 @@ def project(
         checkpoint_gb=size_gb,
         blocking_s=blocking,
         save=save,
-        restore_remote=restore,
+        restore_root=restore,
         restore_local_s=local_restore_s(fig, cluster, gpus),
         saves_per_month=saves_month,
         cost=cost,

@@ -78,7 +78,7 @@ class Cluster:
     step's own prefix (see :mod:`ckptstore.planning.scale`). The defaults are
     ``CheckpointManager.restore``'s: rank 0 reads the marker, manifest and ``.metadata`` once
     (3 GETs per restore) and broadcasts them, so no rank reads them itself and a rank checks
-    its local copy against the broadcast marker (0 GETs per rank). A job whose every rank
+    its tier copy against the broadcast marker (0 GETs per rank). A job whose every rank
     opens the checkpoint itself (``dcp.load`` with a bare ``ckptstore.reader`` per rank) is
     ``meta_gets_per_restore=0, meta_gets_per_rank=3, local_check_gets_per_rank=1``.
     """

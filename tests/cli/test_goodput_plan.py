@@ -47,7 +47,7 @@ def test_plan_from_a_real_root(tool, tmp_path) -> None:
     limits = {x.value for x in Limit}
     for p in points:
         assert set(p) >= {"gpus", "nodes", "layout", "checkpoint_gb", "blocking_s", "cost"}
-        for phase in (p["save"], p["restore_remote"]):
+        for phase in (p["save"], p["restore_root"]):
             assert phase["binding"] in limits and set(phase["limit_s"]) == limits
             assert phase["seconds"] == max(phase["limit_s"].values())
             assert phase["hottest_prefix"] in ("step", "shard")
@@ -87,7 +87,7 @@ def test_plan_table(tool) -> None:
     for n in ("1,000 GPUs (125 nodes)", "10,000 GPUs", "100,000 GPUs (12,500 nodes)"):
         assert n in r.out
     assert r.out.count("FLAT") == 3 and "prefix_request_rate" in r.out
-    assert "Restore from the node-local tier" in r.out and "Request cost per save" in r.out
+    assert "Restore from the local tier" in r.out and "Request cost per save" in r.out
     assert "GPU time blocked" not in r.out  # no --gpu-hour: not priced
     assert (
         "Store-side limits bind the save (flat: prefix_request_rate from 113 GPUs; spread: "
