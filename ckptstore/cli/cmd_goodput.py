@@ -84,7 +84,12 @@ def add_parser(sub: Any, common: Any) -> None:
     run_g.add_argument("--gpus-per-node", type=int, default=8, help="GPUs per node (8)")
     run_g.add_argument("--data-cache-gb", type=float, default=0.0, help="local data cache/node")
     run_g.add_argument(
-        "--staging-copies", type=float, default=2.0, help="checkpoint copies on NVMe (2)"
+        "--tier-copies",
+        "--staging-copies",  # its old name, until ckptstore 0.2
+        dest="tier_copies",
+        type=float,
+        default=2.0,
+        help="tier copies of a checkpoint on each node's NVMe (2)",
     )
     peers = p.add_argument_group(
         "a peer tier (optional): local-tier saves with peer replicas, beside the bucket's"
@@ -177,7 +182,7 @@ FLAGS = {
     for name in (
         *("interval_min", "days", "failures_per_day", "gpus", "afr", "blocking_s"),
         *("restart_min", "checkpoint_gb", "keep_last", "gpus_per_node", "data_cache_gb"),
-        *("staging_copies", "gpu_hour", "storage_gb_month", "transfer_gb", "nvme_gb"),
+        *("tier_copies", "gpu_hour", "storage_gb_month", "transfer_gb", "nvme_gb"),
         *("peer_interval_min", "peer_share", "peer_restart_min"),
     )
 }
@@ -229,7 +234,7 @@ def _run(args: argparse.Namespace, ctx: Context) -> int:
         keep_last=args.keep_last,
         gpus_per_node=args.gpus_per_node,
         data_cache_gb=args.data_cache_gb,
-        staging_copies=args.staging_copies,
+        tier_copies=args.tier_copies,
         peer_interval_min=args.peer_interval_min,
         peer_share=args.peer_share,
         peer_restart_min=args.peer_restart_min,

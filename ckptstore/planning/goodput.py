@@ -59,7 +59,7 @@ class GoodputInputs:
 
     Cost-account fields: ``checkpoint_gb`` (one whole checkpoint; None, the default, when
     unknown: the storage, transfer and staging-disk items are then None), ``keep_last`` (retention),
-    ``gpus_per_node``, ``data_cache_gb`` (local dataset cache per node) and ``staging_copies``
+    ``gpus_per_node``, ``data_cache_gb`` (local dataset cache per node) and ``tier_copies``
     (tier copies on local NVMe per node, each the node's even share).
 
     A second, faster tier (the local tier with peer replicas): ``peer_interval_min``
@@ -80,7 +80,7 @@ class GoodputInputs:
     keep_last: int = 3
     gpus_per_node: int = 8
     data_cache_gb: float = 0.0
-    staging_copies: float = 2.0
+    tier_copies: float = 2.0
     peer_interval_min: float | None = None
     peer_share: float = 0.9
     peer_restart_min: float | None = None
@@ -121,7 +121,7 @@ class GoodputInputs:
         check(own, "keep_last", self.keep_last, whole=True, hint=" (checkpoints kept by retention)")
         check(own, "gpus_per_node", self.gpus_per_node, whole=True)
         check(own, "data_cache_gb", self.data_cache_gb)
-        check(own, "staging_copies", self.staging_copies)
+        check(own, "tier_copies", self.tier_copies)
         check(own, "peer_interval_min", self.peer_interval_min, positive=True)
         check(own, "peer_restart_min", self.peer_restart_min)
         check(own, "peer_share", self.peer_share, hint=" (a fraction of failures: 90 % is 0.9)")
@@ -201,7 +201,7 @@ class CostAccount:
 
     ``saves = run_hours / interval``; ``restores`` = expected failures, each reading one
     checkpoint back. Storage is ``keep_last * checkpoint_gb`` for the whole run (an upper
-    bound: it ignores the ramp-up). Staging disk per node is ``staging_copies *
+    bound: it ignores the ramp-up). Local tier disk per node is ``tier_copies *
     checkpoint_gb / nodes + data_cache_gb``; None when ``gpus`` is unknown. Storage, transfer
     and staging disk are None when ``checkpoint_gb`` is.
     """
@@ -292,7 +292,7 @@ def plan(inputs: GoodputInputs, prices: Prices | None = None) -> GoodputReport:
     nodes = inputs.nodes
     per_node = total_disk = None
     if nodes is not None and size is not None:
-        per_node = inputs.staging_copies * size / nodes + inputs.data_cache_gb
+        per_node = inputs.tier_copies * size / nodes + inputs.data_cache_gb
         total_disk = per_node * nodes
     account = CostAccount(
         run_hours=run_h,
