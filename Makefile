@@ -11,10 +11,10 @@ demo: setup
 	$(PY) tools/demo.py
 
 # Everything: server and multi-process tests included (what CI runs), on two workers
-# (pytest-xdist; conftest.py keeps a module's or package's shared fixture on one worker),
+# (pytest-xdist: a file is one unit of work, the files with long tests first: conftest.py),
 # then the few tests marked `alone` (they read machine-wide state) with nothing beside them.
 # Both runs run; either failing fails the target.
-XDIST := -n 2 --dist loadgroup
+XDIST := -n 2 --dist loadfile --no-loadscope-reorder
 test: setup
 	s=0; $(PYTEST) -q $(XDIST) -m "not alone" --durations=25 || s=1; \
 	$(PYTEST) -q -m alone || s=1; exit $$s

@@ -6,10 +6,9 @@ tests/conftest.py (which plugins/ does not see), each plugin's tests would start
 and clients cached in the pytest process would meet the wrong server. moto, used by tests/
 alone, stays there.
 
-``make test`` runs on two workers (``-n 2 --dist loadgroup``): each worker has its own
-servers (free ports, its own data directory), and a test that uses a module- or
-package-scoped fixture runs on the worker that holds it (``xdist_group``), so that fixture
-is set up once, as in one process, not once per worker.
+``make test`` runs on two workers (``-n 2 --dist loadfile``): each worker has its own
+servers (free ports, its own data directory); a file, or a package that shares a fixture,
+is one unit of work, so a fixture wider than a test is set up once, not once per worker.
 """
 
 from __future__ import annotations
@@ -21,24 +20,42 @@ import pytest
 
 from tests.conftest import BUCKET
 
+#: Packages whose conftest holds a package-scoped fixture (the multi-node data set and
+#: reference job): under ``--dist loadfile`` each is one unit of work, as a file is.
+SHARED_PACKAGES = ("tests/multinode/",)
 
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook reads the groups
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile`` keeping each of ``SHARED_PACKAGES`` whole on one worker, so
+    that its fixture is set up once, as in one process (a file's module-scoped fixtures
+    already are: a file is one unit)."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class SharedSetupScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return next((p for p in SHARED_PACKAGES if path.startswith(p)), path)
+
+    return SharedSetupScheduling(config, log)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Under pytest-xdist, each test that uses a fixture wider than itself but narrower
-    than the session (a reference run, a data set) joins the group of that fixture's
-    module or package: one worker runs them all and sets the fixture up once."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        info = getattr(item, "_fixtureinfo", None)
-        defs = [d for ds in (info.name2fixturedefs.values() if info else ()) for d in ds]
-        if any(d.scope == "package" for d in defs):
-            group = min(d.baseid for d in defs if d.scope == "package")
-        elif any(d.scope in ("module", "class") for d in defs):
-            group = item.nodeid.split("::")[0]
-        else:
-            continue
-        item.add_marker(pytest.mark.xdist_group(group))
+    """On a pytest-xdist worker, the long tests first (slow, then those that start
+    processes): the files that hold them are handed out first, and the short ones at the
+    end fill both workers until they finish together."""
+    if hasattr(config, "workerinput"):
+        items.sort(key=_length_rank)  # stable: every worker collects the same order
+
+
+def _length_rank(item: pytest.Item) -> int:
+    if item.get_closest_marker("slow"):
+        return 0
+    if item.get_closest_marker("distributed") or item.get_closest_marker("processes"):
+        return 1
+    return 2
 
 
 @pytest.fixture(scope="session")
