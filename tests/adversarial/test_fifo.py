@@ -129,9 +129,14 @@ def test_a_fifo_in_a_step_is_refused_by_ls_gc_and_restore(tmp_path, capsys, name
         assert not _step(root, 2).exists()
 
 
-def test_a_fifo_at_the_owner_lease_is_refused_by_save_and_ls(tmp_path, capsys, caplog) -> None:
+def test_a_fifo_at_the_owner_lease_is_refused_by_save_and_ls(
+    tmp_path, capsys, caplog, monkeypatch
+) -> None:
     from ckptstore.cli.main import main
 
+    # the claim watches an owner file that is no lease for PROBE_S (15 s) before refusing
+    # it; refused, not hung, is the property: 1 s of watching shows it
+    monkeypatch.setattr("ckptstore.engine.owner.PROBE_S", 1.0)
     root = tmp_path / "run"
     _saved(root, (1,))
     fifo = _plant(root / OWNER_NAME)

@@ -197,6 +197,7 @@ def test_a_failed_read_leaves_no_segment() -> None:
     assert _left_by([r[2] for r in results]) == set()
 
 
+@pytest.mark.alone  # any load beside it (same pid namespace) may sweep the leftovers first
 def test_the_segments_of_a_killed_owner_are_swept_by_the_next_load() -> None:
     before = _segments()
     results = run_distributed(_node_run, 3, 0, "kill", exits={1}, timeout=120)

@@ -234,6 +234,7 @@ def _kill_the_writer(rank: int, world: int, tmp: str) -> dict:
 
 @pytest.mark.distributed
 @pytest.mark.slow
+@pytest.mark.alone  # counts new /dev/shm segments: a load beside it makes some
 def test_killed_writer_fails_its_step_keeps_the_last_checkpoint_and_is_replaced(
     tmp_path,
 ) -> None:
