@@ -15,9 +15,11 @@ demo: setup
 # then the few tests marked `alone` (they read machine-wide state) with nothing beside them.
 # Both runs run; either failing fails the target.
 XDIST := -n 2 --dist loadfile --no-loadscope-reorder
+# The files holding `alone` tests, so the second run collects those alone (not the suite).
+ALONE_FILES = $(shell grep -rl "mark\.alone" tests plugins --include='test_*.py')
 test: setup
 	s=0; $(PYTEST) -q $(XDIST) -m "not alone" --durations=25 || s=1; \
-	$(PYTEST) -q -m alone || s=1; exit $$s
+	$(PYTEST) -q -m alone $(ALONE_FILES) || s=1; exit $$s
 
 # The quick inner loop (under a minute on 2 cores, two workers): every test that runs in
 # the pytest process alone -- no object-store server, no torch.distributed group, no child
