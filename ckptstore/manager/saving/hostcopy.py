@@ -30,18 +30,19 @@ MIN_PARALLEL_BYTES = 4 << 20
 #: number of elements of every dtype.
 CUT_ALIGN = 64
 
-Piece = tuple[int, int, int]  # (pair index, first byte, end byte)
+#: What one copy lane copies of one tensor: (pair index, first byte, end byte).
+Cut = tuple[int, int, int]
 
 
-def split_bytes(sizes: Sequence[int], lanes: int) -> list[list[Piece]]:
+def split_bytes(sizes: Sequence[int], lanes: int) -> list[list[Cut]]:
     """Split tensors of ``sizes`` bytes, in order, into at most ``lanes`` runs of about
     equal bytes; a tensor may be cut (at a multiple of ``CUT_ALIGN`` bytes from its
-    start). Every byte is in exactly one piece; empty tensors are in none."""
+    start). Every byte is in exactly one cut; empty tensors are in none."""
     total = sum(sizes)
     if lanes <= 1 or total == 0:
         return [[(i, 0, s) for i, s in enumerate(sizes) if s]] if total else []
     share = -(-total // lanes)
-    out: list[list[Piece]] = [[]]
+    out: list[list[Cut]] = [[]]
     room = share
     for i, size in enumerate(sizes):
         start = 0
@@ -162,7 +163,7 @@ class HostCopier:
             return
         views = [(_bytes(dst), _bytes(src)) for dst, src in flat]
 
-        def run(lane: list[Piece]) -> None:
+        def run(lane: list[Cut]) -> None:
             for i, start, stop in lane:
                 dst, src = views[i]
                 dst[start:stop].copy_(src[start:stop])
