@@ -3,8 +3,8 @@
 Built once (by the caller, or from the manager's keywords) and passed down: the manager,
 its save backends and the plugins read their options from it, so a new option is
 added here once and reaches every one of them. ``from_keywords`` refuses an unknown
-keyword with the list of known ones; an old name (``RENAMED``) still works for one minor
-version, with a ``DeprecationWarning`` naming the name that replaced it.
+keyword with the list of known ones; an old name (``RENAMED``) still works until
+ckptstore 0.2, with a ``DeprecationWarning`` naming the name that replaced it.
 The writer's settings are one field, ``writer`` (``WriterOptions``: codec, key layout,
 transfer settings), passed on whole; their old keywords (``codec=``, ``key_layout=``,
 ``config=``) still work until ckptstore 0.2, to the constructor and ``from_keywords``
@@ -94,15 +94,13 @@ class ManagerOptions:
     run_id: this job's identity (default: from the launcher; see ``engine.owner``).
     replicas: peer nodes that get a copy of each node's local-tier shards after a save
         (the peer tier, ``tier.peers``): a replaced node restores from them, not
-        from the bucket. Only with a local tier and two nodes or more; 0: none.
+        from the root. Only with a local tier and two nodes or more; 0: none.
     replica_rate: bytes/s each node sends to its peers at most (None: as fast as the
         checkpoint group carries them), so that replication leaves training's network.
     tier_limit: bytes a node's local tier may hold (None: no limit). It needs state per
         node x (2 + replicas): one step with its replicas, and the next save's own shards
         written before that step is trimmed. A node that cannot take a step's replicas
         within it takes none, and the next ``save`` raises ``ConfigError`` saying so.
-    remote_every: a ``save(step, ...)`` goes to the root only when ``step`` is a multiple
-        of it (default 1: every save).
     local_every: a save of a step that is a multiple of it (and not of ``root_every``)
         goes to the local tier alone, with its replicas (``tier.rules.save_tier``);
         a save of any other step is skipped. None: no local-only saves. Needs a local
