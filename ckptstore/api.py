@@ -42,7 +42,7 @@ def writer(
     """A DCP ``StorageWriter`` for ``url`` (a path, ``file://``, ``s3://``, ``gs://``, ...),
     writing as ``options`` say (``WriterOptions``: codec, key layout, transfer settings).
 
-    A save refuses a destination holding a committed checkpoint (``CheckpointExistsError``,
+    A save refuses a step that is committed already (``CheckpointExistsError``,
     unless ``overwrite``), checked by the coordinator when that save starts, on the URL it
     writes: a writer kept across saves that each name their own ``checkpoint_id`` may be
     built on a directory that holds one. The store is asked once here, so a wrong

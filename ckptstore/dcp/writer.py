@@ -97,7 +97,7 @@ class CkptWriter(StoreBound, StorageWriter):
                                       ``schedule.set_up()``; refuses use_collectives=False
                                       on several ranks
         prepare_local_plan(plan)      every rank: the coordinator refuses a committed
-                                      destination and starts the step lease
+                                      step and starts the step lease
                                       (``engine.lease``) before any rank writes
         prepare_global_plan(plans)    coordinator: gives each rank its file prefix
         write_data(plan, planner)     every rank: its shard files as ``schedule`` groups and
@@ -134,7 +134,7 @@ class CkptWriter(StoreBound, StorageWriter):
         check_files: bool = True,
     ) -> None:
         super().__init__()
-        #: False: the destination holds only the coordinator's node's files (a save to
+        #: False: the step holds only the coordinator's node's files (a save to
         #: local tiers), so the commit does not check that every file is there.
         self.check_files = check_files
         if options is None:  # the defaults, with the engine's transfer settings if given
@@ -223,13 +223,13 @@ class CkptWriter(StoreBound, StorageWriter):
             )
 
     def probe(self) -> None:
-        """Ask the store about the destination once (whether it holds a marker), so that a
-        wrong endpoint or credential raises now; a committed destination is refused only
-        by the save that would write it (``check_destination``)."""
+        """Ask the store about the step once (whether it holds a marker), so that a
+        wrong endpoint or credential raises now; a committed step is refused only
+        by the save that would write it (``check_step``)."""
         self.store.exists(MARKER_NAME)
 
-    def check_destination(self) -> None:
-        """Refuse a destination holding a committed checkpoint, unless ``overwrite``."""
+    def check_step(self) -> None:
+        """Refuse a step that is committed already, unless ``overwrite``."""
         if self.store.exists(MARKER_NAME) and not self.overwrite:
             raise CheckpointExistsError(
                 f"{self.url} already holds a committed checkpoint; pick another step/path or "
@@ -237,9 +237,9 @@ class CkptWriter(StoreBound, StorageWriter):
             )
 
     def prepare_local_plan(self, plan: SavePlan) -> SavePlan:
-        """Return ``plan`` unchanged; the coordinator first runs :meth:`check_destination`."""
+        """Return ``plan`` unchanged; the coordinator first runs :meth:`check_step`."""
         if self.is_coordinator:
-            self.check_destination()
+            self.check_step()
             self._hold_lease()
         return plan
 
@@ -287,7 +287,7 @@ class CkptWriter(StoreBound, StorageWriter):
 
     # -- hooks for subclasses (``TierWriter``), in the order write_data / finish call them
     def _shard_store(self) -> Store:
-        """Where ``write_data`` serialises this rank's shard files: the destination."""
+        """Where ``write_data`` serialises this rank's shard files: the step."""
         return self.store
 
     def _shard_writer(self, store: Store, name: str) -> FileWriter | TeeWriter:
@@ -306,7 +306,7 @@ class CkptWriter(StoreBound, StorageWriter):
         ``files`` holds (name, CRC32C of the whole file) of each. Here: nothing to do."""
 
     def _committed(self, manifest: Manifest, metadata_bytes: bytes) -> None:
-        """``finish`` committed the checkpoint at the destination (coordinator only): its
+        """``finish`` committed the checkpoint at the step (coordinator only): its
         manifest and pickled ``.metadata``. A failure here is a warning in the save's
         record, never a failed save: the checkpoint is committed. Here: nothing to do."""
 
@@ -322,7 +322,7 @@ class CkptWriter(StoreBound, StorageWriter):
     def _write_file(
         self, name: str, items: list, planner: SavePlanner, store: Store | None = None
     ) -> list[WriteResult]:
-        """Serialise ``items`` into file ``name`` of ``store`` (default: the destination)
+        """Serialise ``items`` into file ``name`` of ``store`` (default: the step)
         through ``_shard_writer``, in the order and form ``dcp.shard_file`` writes them."""
         with self._shard_writer(store or self.store, name) as w:
             written = write_items(w, items, planner.resolve_data, self._codec)
