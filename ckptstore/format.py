@@ -131,105 +131,85 @@ if TYPE_CHECKING:
     from ckptstore.tier.rules import LOCAL_ONLY
     from ckptstore.tier.rules import local_files as tier_copy_files
 
-_ENGINE = "ckptstore.engine."
-
-#: public name -> (module, its name there), imported on first use. Only the ``dcp`` group
-#: imports torch.
-_LAZY: dict[str, tuple[str, str]] = {
+#: module -> the public names it gives under their own name, imported on first use. Only
+#: the ``ckptstore.dcp`` modules import torch.
+_FROM: dict[str, tuple[str, ...]] = {
     # names and layout
-    **{
-        n: (_ENGINE + "names", n)
-        for n in (
-            "STEP_PREFIX",
-            "TMP_MARK",
-            "OWNER_NAME",
-            "JOB_STAMP",
-            "step_name",
-            "parse_step",
-            "attempt_of",
-            "is_ckptstore_file",
-        )
-    },
-    "fence_name": (_ENGINE + "fence", "fence_name"),
+    "ckptstore.engine.names": (
+        "STEP_PREFIX",
+        "TMP_MARK",
+        "OWNER_NAME",
+        "JOB_STAMP",
+        "step_name",
+        "parse_step",
+        "attempt_of",
+        "is_ckptstore_file",
+    ),
+    "ckptstore.engine.fence": ("fence_name",),
     # manifest and marker
-    **{
-        n: (_ENGINE + "manifest", n)
-        for n in (
-            "FORMAT_VERSION",
-            "MANIFEST_NAME",
-            "MARKER_NAME",
-            "Manifest",
-            "FileEntry",
-            "RangeEntry",
-            "Marker",
-        )
-    },
-    **{n: (_ENGINE + "checksum", n) for n in ("crc32c", "format_crc", "parse_crc")},
-    **{
-        n: (_ENGINE + "bounded", n)
-        for n in ("MAX_MARKER_SIZE", "MAX_MANIFEST_SIZE", "MAX_METADATA_SIZE", "get_capped")
-    },
+    "ckptstore.engine.manifest": (
+        "FORMAT_VERSION",
+        "MANIFEST_NAME",
+        "MARKER_NAME",
+        "Manifest",
+        "FileEntry",
+        "RangeEntry",
+        "Marker",
+    ),
+    "ckptstore.engine.checksum": ("crc32c", "format_crc", "parse_crc"),
+    "ckptstore.engine.bounded": (
+        "MAX_MARKER_SIZE",
+        "MAX_MANIFEST_SIZE",
+        "MAX_METADATA_SIZE",
+        "get_capped",
+    ),
     # a committed step
-    **{
-        n: (_ENGINE + "committed", n)
-        for n in (
-            "METADATA_NAME",
-            "attempt_manifest_name",
-            "attempt_metadata_name",
-            "open_committed",
-            "Committed",
-            "checkpoint_status",
-            "CheckpointStatus",
-        )
-    },
-    "uncommit": (_ENGINE + "commit", "uncommit"),
+    "ckptstore.engine.committed": (
+        "METADATA_NAME",
+        "attempt_manifest_name",
+        "attempt_metadata_name",
+        "open_committed",
+        "Committed",
+        "checkpoint_status",
+        "CheckpointStatus",
+    ),
+    "ckptstore.engine.commit": ("uncommit",),
     # the catalog
-    **{
-        n: (_ENGINE + "catalog", n)
-        for n in (
-            "scan_root",
-            "RootListing",
-            "StepEntry",
-            "Skipped",
-            "list_steps",
-            "committed_steps",
-            "newer_steps",
-        )
-    },
+    "ckptstore.engine.catalog": (
+        "scan_root",
+        "RootListing",
+        "StepEntry",
+        "Skipped",
+        "list_steps",
+        "committed_steps",
+        "newer_steps",
+    ),
     # verify and copy
-    **{
-        n: (_ENGINE + "verify", n)
-        for n in ("verify_checkpoint", "VerifyReport", "FileCheck", "BadRange")
-    },
-    **{
-        n: (_ENGINE + "copy", n)
-        for n in ("copy_checkpoint", "CopyResult", "check_empty_destination")
-    },
+    "ckptstore.engine.verify": ("verify_checkpoint", "VerifyReport", "FileCheck", "BadRange"),
+    "ckptstore.engine.copy": ("copy_checkpoint", "CopyResult", "check_empty_destination"),
     # deletion and the owner lease
-    **{
-        n: (_ENGINE + "deletion", n)
-        for n in ("step_in_flight", "HeldFence", "held_fences", "release_held")
-    },
-    **{
-        n: (_ENGINE + "owner", n)
-        for n in ("read_owner", "plan_repair", "apply_repair", "RepairPlan")
-    },
+    "ckptstore.engine.deletion": ("step_in_flight", "HeldFence", "held_fences", "release_held"),
+    "ckptstore.engine.owner": ("read_owner", "plan_repair", "apply_repair", "RepairPlan"),
     # codecs
-    **{n: (_ENGINE + "codec_registry", n) for n in ("codec_names", "stored_codec")},
+    "ckptstore.engine.codec_registry": ("codec_names", "stored_codec"),
     # a local tier
+    "ckptstore.tier.jobs": ("TierEntry", "TierJob"),
+    "ckptstore.tier.rules": ("LOCAL_ONLY",),
+    # .metadata and shards: these import torch
+    "ckptstore.dcp.metadata": ("load_metadata",),
+    "ckptstore.dcp.metadata_bounds": ("check_metadata",),
+    "ckptstore.dcp.safe_objects": ("load_safe_object",),
+    "ckptstore.dcp.reader": ("CkptReader", "StockCheckpointWarning"),
+    "ckptstore.dcp.transcode": ("transcode",),
+}
+
+#: public name -> (module, its name there): every name of ``_FROM``, and the names given
+#: here under another name than their module's.
+_LAZY: dict[str, tuple[str, str]] = {
+    **{name: (module, name) for module, names in _FROM.items() for name in names},
     "survey_tier": ("ckptstore.tier.jobs", "survey"),
-    "TierEntry": ("ckptstore.tier.jobs", "TierEntry"),
-    "TierJob": ("ckptstore.tier.jobs", "TierJob"),
     "open_tier_job": ("ckptstore.tier.jobs", "open_job"),
     "tier_copy_files": ("ckptstore.tier.rules", "local_files"),
-    "LOCAL_ONLY": ("ckptstore.tier.rules", "LOCAL_ONLY"),
-    # .metadata and shards: these import torch
-    "load_metadata": ("ckptstore.dcp.metadata", "load_metadata"),
-    "check_metadata": ("ckptstore.dcp.metadata_bounds", "check_metadata"),
-    "load_safe_object": ("ckptstore.dcp.safe_objects", "load_safe_object"),
-    "CkptReader": ("ckptstore.dcp.reader", "CkptReader"),
-    "StockCheckpointWarning": ("ckptstore.dcp.reader", "StockCheckpointWarning"),
-    "transcode": ("ckptstore.dcp.transcode", "transcode"),
 }
 
 
